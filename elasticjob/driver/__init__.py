@@ -1,0 +1,1 @@
+"""The elastic driver: discovery, host ordering and blacklisting, slots, decisions."""

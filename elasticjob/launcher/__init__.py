@@ -1,0 +1,1 @@
+"""``elasticjob-run``: a horovodrun-style local launcher for elastic jobs."""

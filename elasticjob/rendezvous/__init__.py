@@ -1,0 +1,1 @@
+"""The rendezvous service: one aiohttp process serving rounds and notices to many jobs."""

@@ -1,0 +1,118 @@
+"""Small abstract types of the rendezvous service.
+
+One service process serves many jobs. Each job has a :class:`JobRendezvous`: the in-memory
+state of its rounds and notices, driven by that job's driver (through the methods under
+"driver side") and read by its workers over HTTP (``server.py``; the HTTP API is documented
+in ``docs/rendezvous-api.yaml``). A :class:`RendezvousListener` (the job's driver) hears about
+what workers do.
+
+Everything runs on one asyncio event loop; none of these methods is thread-safe.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+from elasticjob.wire import (
+    Notice,
+    NoticeKind,
+    NoticesResponse,
+    ProgressRequest,
+    RendezvousRequest,
+    RendezvousResponse,
+    ResultRequest,
+    RoundInfo,
+    SlotInfo,
+    WorkerId,
+)
+
+
+class RendezvousError(RuntimeError):
+    """A driver-side misuse of a job's rendezvous (for example publishing a round whose
+    rank 0 never registered)."""
+
+
+class RendezvousListener(Protocol):
+    """What a job's driver hears from its workers. Called on the event loop; must not block."""
+
+    def on_worker_ready(self, worker: WorkerId, after_round: int) -> None:
+        """``worker`` waits for a round newer than ``after_round`` (called once per
+        (worker, after_round): a long-poll that is retried does not call it again)."""
+
+    def on_worker_result(self, request: ResultRequest) -> None:
+        """The worker reported how its process ended."""
+
+    def on_progress(self, progress: ProgressRequest) -> None:
+        """Rank 0 reported training progress."""
+
+
+class JobRendezvous(abc.ABC):
+    """The rendezvous state of one job."""
+
+    job: str
+
+    # ---- driver side -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def publish_round(
+        self, round_number: int, slots: Mapping[WorkerId, SlotInfo], *, sync: bool
+    ) -> None:
+        """Make ``round_number`` (strictly greater than the current round) current with the
+        given members. Every member waiting in :meth:`rendezvous` (and every later request of a
+        member with ``after_round < round_number``) gets ``ASSIGNED`` with its slot, the store
+        endpoint of the rank-0 member (the address and store port it registered with), the
+        latest notice sequence number and ``sync``. Raises :class:`RendezvousError` if the
+        rank-0 member has not registered."""
+
+    @abc.abstractmethod
+    def remove_workers(self, workers: Iterable[WorkerId]) -> None:
+        """These workers are out of the job: their pending and later rendezvous requests get
+        ``REMOVED`` (they exit 0, which is not a failure)."""
+
+    @abc.abstractmethod
+    def post_notice(self, kind: NoticeKind, hosts: Iterable[str] = ()) -> Notice:
+        """Append a notice (about the current round) with the next sequence number and wake
+        every long-poll waiting for notices."""
+
+    @abc.abstractmethod
+    def finish(self, message: str) -> None:
+        """The job has ended: every pending and later rendezvous request gets ``FINISHED``."""
+
+    @abc.abstractmethod
+    def registered(self, worker: WorkerId) -> bool:
+        """Whether ``worker`` has made at least one rendezvous request."""
+
+    @property
+    @abc.abstractmethod
+    def current_round(self) -> int:
+        """The round in force (0 before the first is published)."""
+
+    @property
+    @abc.abstractmethod
+    def current_slots(self) -> Mapping[WorkerId, SlotInfo]:
+        """Members of the current round."""
+
+    # ---- worker side (called by the HTTP layer after authentication and validation) ----
+
+    @abc.abstractmethod
+    async def rendezvous(self, request: RendezvousRequest) -> RendezvousResponse:
+        """Register the worker as READY for a round newer than ``request.after_round`` and
+        wait up to ``request.wait_seconds`` for it; ``PENDING`` if none came in time."""
+
+    @abc.abstractmethod
+    async def notices(self, after_seq: int, wait_seconds: float) -> NoticesResponse:
+        """Notices with ``seq > after_seq``, waiting up to ``wait_seconds`` for one."""
+
+    @abc.abstractmethod
+    def report_result(self, request: ResultRequest) -> None:
+        """Record a worker's result and tell the listener."""
+
+    @abc.abstractmethod
+    def report_progress(self, request: ProgressRequest) -> None:
+        """Record rank 0's progress and tell the listener."""
+
+    @abc.abstractmethod
+    def round_info(self) -> RoundInfo:
+        """The current round, its members' hosts, the latest notice and progress."""
