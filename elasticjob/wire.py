@@ -33,7 +33,8 @@ HostName = Annotated[
 """A host as discovery names it: a DNS name, a pod name or an IPv4 address."""
 
 JobName = Annotated[
-    str, StringConstraints(min_length=1, max_length=253, pattern=r"^[a-z0-9]([a-z0-9.\-]*[a-z0-9])?$")
+    str,
+    StringConstraints(min_length=1, max_length=253, pattern=r"^[a-z0-9]([a-z0-9.\-]*[a-z0-9])?$"),
 ]
 """A job's name: a Kubernetes object name (``namespace.name`` for the operator)."""
 
@@ -128,7 +129,7 @@ class RendezvousRequest(_Strict):
     store_port: Port
     """Port of the TCPStore server the worker hosts; used when it becomes rank 0."""
     after_round: RoundNumber = 0
-    wait_seconds: Annotated[float, Field(ge=0, le=60)] = 30.0
+    wait_seconds: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 30.0
 
 
 class RendezvousResponse(_Strict):
@@ -163,7 +164,7 @@ class ProgressRequest(_Strict):
     round: RoundNumber
     epoch: Annotated[int, Field(ge=0)]
     step: Annotated[int, Field(ge=0)]
-    samples_per_second: Annotated[float, Field(ge=0)] = 0.0
+    samples_per_second: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
 
 
 class RoundInfo(_Strict):

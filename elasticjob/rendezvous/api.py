@@ -72,6 +72,11 @@ class JobRendezvous(abc.ABC):
         ``REMOVED`` (they exit 0, which is not a failure)."""
 
     @abc.abstractmethod
+    def readmit(self, workers: Iterable[WorkerId]) -> None:
+        """A new process is about to run for each of these (previously removed or exited)
+        workers: forget that they were removed and announced, so the new process is heard."""
+
+    @abc.abstractmethod
     def post_notice(self, kind: NoticeKind, hosts: Iterable[str] = ()) -> Notice:
         """Append a notice (about the current round) with the next sequence number and wake
         every long-poll waiting for notices."""

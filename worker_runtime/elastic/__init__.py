@@ -1,0 +1,27 @@
+"""Elastic training API (Horovod's ``hvd.elastic``)."""
+
+from elasticjob.worker_runtime.elastic.run import run
+from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
+from elasticjob.worker_runtime.elastic.state import (
+    ModelStateHandler,
+    ObjectState,
+    ObjectStateHandler,
+    OptimizerStateHandler,
+    SamplerStateHandler,
+    State,
+    StateHandler,
+    TorchState,
+)
+
+__all__ = [
+    "ElasticSampler",
+    "ModelStateHandler",
+    "ObjectState",
+    "ObjectStateHandler",
+    "OptimizerStateHandler",
+    "SamplerStateHandler",
+    "State",
+    "StateHandler",
+    "TorchState",
+    "run",
+]

@@ -1,0 +1,94 @@
+"""Turning ordered hosts into per-process slots, and checking that a round can continue."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Sequence
+
+from elasticjob.driver.api import DriverError
+from elasticjob.wire import SlotInfo, WorkerId
+
+logger = logging.getLogger(__name__)
+
+
+class NotEnoughSlotsError(DriverError):
+    """Fewer slots are available than the job's minimum number of processes."""
+
+
+class NoSurvivorError(DriverError):
+    """No host of the previous round remains, so no worker holds the trained state."""
+
+
+def assign_slots(
+    hosts: Sequence[tuple[str, int]], *, min_np: int, max_np: int | None
+) -> dict[WorkerId, SlotInfo]:
+    """Place one process per slot, walking ``hosts`` in order, up to ``max_np`` processes.
+
+    Ranks are consecutive across hosts in their order; ``local_rank`` counts a host's
+    processes and ``local_size`` is how many it got; ``cross_rank`` is the index of the host
+    among the hosts that have a process with the same local rank, ``cross_size`` their
+    number. The result is in rank order. Raises :class:`NotEnoughSlotsError` when the hosts
+    have fewer than ``min_np`` slots in all.
+    """
+    if min_np < 1:
+        raise ValueError(f"min_np must be at least 1, got {min_np}")
+    if max_np is not None and max_np < min_np:
+        raise ValueError(f"max_np ({max_np}) must not be less than min_np ({min_np})")
+    names = [host for host, _ in hosts]
+    if len(set(names)) != len(names):
+        raise ValueError(f"hosts must be distinct, got {names}")
+    for host, slots in hosts:
+        if slots < 1:
+            raise ValueError(f"host {host} must have at least 1 slot, got {slots}")
+    available = sum(slots for _, slots in hosts)
+    if available < min_np:
+        raise NotEnoughSlotsError(
+            f"{available} slots available on {len(hosts)} hosts, "
+            f"but the job needs at least {min_np} processes (min_np)"
+        )
+    size = available if max_np is None else min(available, max_np)
+    local_sizes: dict[str, int] = {}
+    placed = 0
+    for host, slots in hosts:
+        if placed == size:
+            break
+        local_sizes[host] = min(slots, size - placed)
+        placed += local_sizes[host]
+    # cross_sizes[r]: how many hosts have a process of local rank r.
+    cross_sizes = [0] * max(local_sizes.values())
+    for local_size in local_sizes.values():
+        for local_rank in range(local_size):
+            cross_sizes[local_rank] += 1
+    next_cross_rank = [0] * len(cross_sizes)
+    assignment: dict[WorkerId, SlotInfo] = {}
+    for host, local_size in local_sizes.items():
+        for local_rank in range(local_size):
+            assignment[WorkerId(host, local_rank)] = SlotInfo(
+                hostname=host,
+                rank=len(assignment),
+                local_rank=local_rank,
+                cross_rank=next_cross_rank[local_rank],
+                size=size,
+                local_size=local_size,
+                cross_size=cross_sizes[local_rank],
+            )
+            next_cross_rank[local_rank] += 1
+    logger.debug("assigned %d slots on %d hosts", size, len(local_sizes))
+    return assignment
+
+
+def check_continuity(previous_hosts: Collection[str], hosts: Sequence[str]) -> None:
+    """Check that the next round's rank 0 host, ``hosts[0]``, was in the previous round.
+
+    Hosts are ordered oldest first, so ``hosts[0]`` is a survivor whenever any host of the
+    previous round remains. If none does, nobody holds the trained state: raises
+    :class:`NoSurvivorError`. Nothing to check for a first round (``previous_hosts`` empty).
+    """
+    if not previous_hosts:
+        return
+    if not hosts or hosts[0] not in previous_hosts:
+        raise NoSurvivorError(
+            f"no host of the previous round ({', '.join(sorted(previous_hosts))}) is left "
+            f"(hosts now: {', '.join(hosts) or 'none'}), so no worker holds the trained "
+            "state; a durable-checkpoint fallback is not implemented yet"
+        )

@@ -1,0 +1,152 @@
+"""``elasticjob-run``: horovodrun's elastic mode, on one machine.
+
+    elasticjob-run -np 4 --min-np 2 --max-np 8 \\
+        --host-discovery-script ./discover_hosts.sh python train.py
+
+It runs the elastic driver and the rendezvous service in this process and starts a worker
+process for every assigned (host, slot). The exit code is the job's result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Sequence
+
+from elasticjob.driver.api import BlacklistPolicy, DriverError, HostDiscovery
+from elasticjob.driver.discovery import FixedHosts, ScriptDiscovery, parse_hosts
+from elasticjob.driver.driver import DriverSettings, ElasticDriver, JobResult
+from elasticjob.driver.hosts import HostManager
+from elasticjob.launcher.processes import LocalWorkerLauncher, WorkerEnvironment
+from elasticjob.rendezvous.server import RendezvousService
+
+logger = logging.getLogger("elasticjob.launcher")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="elasticjob-run",
+        description="Run an elastic PyTorch job on this machine (horovodrun's elastic flags).",
+    )
+    parser.add_argument(
+        "-np", "--num-proc", type=int, dest="np", help="number of processes to start with"
+    )
+    parser.add_argument("--min-np", type=int, help="fewest processes to train with (default: -np)")
+    parser.add_argument(
+        "--max-np", type=int, help="most processes (default: unbounded with discovery, else -np)"
+    )
+    hosts = parser.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", help="fixed hosts: host1:slots,host2:slots,...")
+    hosts.add_argument("--host-discovery-script", help="executable printing host[:slots] lines")
+    parser.add_argument("--slots", "--slots-per-host", type=int, default=1, dest="slots",
+                        help="slots of a host given without :slots (default 1)")  # fmt: skip
+    parser.add_argument("--reset-limit", type=int, help="fail after this many resets")
+    parser.add_argument("--elastic-timeout", type=float, default=600.0,
+                        help="seconds to wait while fewer than --min-np slots are available")  # fmt: skip
+    parser.add_argument("--start-timeout", type=float, default=120.0,
+                        help="seconds a new worker may take to register")  # fmt: skip
+    parser.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"),
+                        default=(10.0, 300.0), help="cooldown of a failed host, in seconds")  # fmt: skip
+    parser.add_argument("--network-interface", help="interface for Gloo/NCCL traffic (e.g. lo)")
+    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    parser.add_argument("--job-name", default="local", help="name of the job (default: local)")
+    parser.add_argument("--verbose", action="store_true", help="debug logging of the driver")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the worker command")
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> tuple[HostDiscovery, DriverSettings, BlacklistPolicy]:
+    if not args.command:
+        raise DriverError("no worker command given (e.g. elasticjob-run -np 2 python train.py)")
+    if args.np is not None and args.np < 1:
+        raise DriverError(f"-np must be >= 1, got {args.np}")
+    discovery: HostDiscovery
+    if args.host_discovery_script:
+        discovery = ScriptDiscovery(args.host_discovery_script, default_slots=args.slots)
+        max_np = args.max_np
+    else:
+        discovery = FixedHosts(parse_hosts(args.hosts or f"localhost:{args.np or 1}", args.slots))
+        max_np = args.max_np if args.max_np is not None else args.np
+    min_np = args.min_np if args.min_np is not None else (args.np or 1)
+    try:
+        settings = DriverSettings(
+            min_np=min_np, max_np=max_np, reset_limit=args.reset_limit,
+            elastic_timeout_s=args.elastic_timeout, start_timeout_s=args.start_timeout,
+        )  # fmt: skip
+        policy = BlacklistPolicy(*args.blacklist_cooldown_range)
+    except ValueError as exc:
+        raise DriverError(str(exc)) from exc
+    return discovery, settings, policy
+
+
+async def run_job(args: argparse.Namespace) -> JobResult:
+    """Run the job ``args`` describe and return its result."""
+    discovery, settings, policy = _settings(args)
+    service = RendezvousService()
+    await service.start("127.0.0.1", 0)
+    token = secrets.token_urlsafe(24)
+    environment = WorkerEnvironment(
+        rendezvous_url=service.url, job=args.job_name, token=token,
+        backend=args.backend, network_interface=args.network_interface,
+    )  # fmt: skip
+
+    def make_launcher(driver: ElasticDriver) -> LocalWorkerLauncher:
+        return LocalWorkerLauncher(args.command, environment, driver.on_worker_exit, driver.rank_of)
+
+    try:
+        driver = ElasticDriver(
+            HostManager(discovery, policy),
+            make_launcher,
+            lambda listener: service.add_job(args.job_name, token, listener),
+            settings,
+            time.monotonic,
+        )
+        return await driver.run()
+    finally:
+        await service.stop()
+
+
+async def _run_until_signalled(args: argparse.Namespace) -> JobResult:
+    """Run the job; SIGTERM stops it like Ctrl-C does, stopping every worker first."""
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await run_job(args)
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="elasticjob-run %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if not args.verbose:
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    try:
+        result = asyncio.run(_run_until_signalled(args))
+    except DriverError as exc:
+        print(f"elasticjob-run: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    if not result.success:
+        print(f"elasticjob-run: job failed: {result.message}", file=sys.stderr)
+        return 1
+    print(
+        f"elasticjob-run: job succeeded after {result.rounds} rounds and {result.resets} resets",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Worker processes on this machine, one per (host, slot), for ``elasticjob-run``.
+
+Several "hosts" share the machine: each host name must resolve to a local address
+(``localhost``, ``127.0.0.1``, ``127.0.1.7``...), and the host's workers bind to it.
+Every output line of a worker is prefixed with its current rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+from elasticjob import wire
+from elasticjob.driver.api import DriverError, WorkerLauncher
+from elasticjob.wire import WorkerId
+
+logger = logging.getLogger(__name__)
+
+
+def _local_addresses() -> set[str]:
+    names = {socket.gethostname(), socket.getfqdn()}
+    addresses: set[str] = set()
+    for name in names:
+        with contextlib.suppress(OSError):
+            addresses.update(str(info[4][0]) for info in socket.getaddrinfo(name, None))
+    return {str(a) for a in addresses}
+
+
+def resolve_local_host(host: str) -> str:
+    """The local address ``host`` names; raises :class:`DriverError` if it is not local."""
+    try:
+        address = socket.gethostbyname(host)
+    except OSError as exc:
+        raise DriverError(f"host {host!r} does not resolve: {exc}") from exc
+    if ipaddress.ip_address(address).is_loopback or address in _local_addresses():
+        return address
+    raise DriverError(
+        f"host {host!r} resolves to {address}, which is not an address of this machine; "
+        "elasticjob-run starts workers locally (use 127.0.0.1, 127.0.1.N, localhost...)"
+    )
+
+
+@dataclass(frozen=True)
+class WorkerEnvironment:
+    """What every worker of the job is told."""
+
+    rendezvous_url: str
+    job: str
+    token: str
+    backend: str = "auto"
+    network_interface: str | None = None
+
+    def for_worker(self, worker: WorkerId, bind_address: str) -> dict[str, str]:
+        env = {
+            wire.ENV_RENDEZVOUS_URL: self.rendezvous_url,
+            wire.ENV_JOB: self.job,
+            wire.ENV_TOKEN: self.token,
+            wire.ENV_HOSTNAME: worker.hostname,
+            wire.ENV_LOCAL_RANK: str(worker.local_rank),
+            wire.ENV_BIND_ADDRESS: bind_address,
+            wire.ENV_BACKEND: self.backend,
+            "PYTHONUNBUFFERED": "1",
+        }
+        if self.network_interface:
+            env["GLOO_SOCKET_IFNAME"] = self.network_interface
+            env["NCCL_SOCKET_IFNAME"] = self.network_interface
+        return env
+
+
+class LocalWorkerLauncher(WorkerLauncher):
+    """Runs ``command`` once per worker as a local process."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        environment: WorkerEnvironment,
+        on_exit: Callable[[WorkerId, int], None],
+        rank_of: Callable[[WorkerId], int | None],
+        *,
+        base_env: Mapping[str, str] | None = None,
+        output: TextIO = sys.stdout,
+        stop_grace_s: float = 10.0,
+    ) -> None:
+        if not command:
+            raise ValueError("no worker command given")
+        self._command = list(command)
+        self._environment = environment
+        self._on_exit = on_exit
+        self._rank_of = rank_of
+        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._output = output
+        self._stop_grace_s = stop_grace_s
+        self._processes: dict[WorkerId, asyncio.subprocess.Process] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, worker: WorkerId) -> None:
+        bind_address = resolve_local_host(worker.hostname)
+        env = self._base_env | self._environment.for_worker(worker, bind_address)
+        process = await asyncio.create_subprocess_exec(
+            *self._command,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._processes[worker] = process
+        logger.debug("started worker %s (pid %d)", worker, process.pid)
+        task = asyncio.create_task(self._supervise(worker, process), name=f"worker {worker}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _supervise(self, worker: WorkerId, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        async for raw in process.stdout:
+            rank = self._rank_of(worker)
+            prefix = f"[{rank}]" if rank is not None else f"[{worker}]"
+            self._output.write(f"{prefix}<stdout>:{raw.decode(errors='replace')}")
+            self._output.flush()
+        code = await process.wait()
+        self._processes.pop(worker, None)
+        logger.debug("worker %s exited with %d", worker, code)
+        self._on_exit(worker, code)
+
+    async def stop(self, worker: WorkerId) -> None:
+        process = self._processes.get(worker)
+        if process is None or process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), self._stop_grace_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+
+    async def stop_all(self) -> None:
+        await asyncio.gather(*(self.stop(w) for w in list(self._processes)))
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=self._stop_grace_s)
+
+    def pid_of(self, worker: WorkerId) -> int | None:
+        """The worker's process id while it runs (tests use it to inject faults)."""
+        process = self._processes.get(worker)
+        return process.pid if process is not None else None

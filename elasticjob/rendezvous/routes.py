@@ -1,0 +1,220 @@
+"""HTTP routes of the rendezvous service: parse, validate and authorize, then call the job.
+
+Every error is answered with a JSON :class:`~elasticjob.wire.ErrorResponse`. A request is
+authorized and its query or body fully validated before anything of the job is called, so a
+rejected request never changes any job's state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Annotated, Final, TypeVar
+
+from aiohttp import hdrs, typedefs, web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
+from elasticjob.rendezvous.stats import RequestStats
+from elasticjob.wire import (
+    API_PREFIX,
+    ErrorResponse,
+    ProgressRequest,
+    RendezvousRequest,
+    ResultRequest,
+)
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES: Final = 64 * 1024
+"""Largest request body accepted; larger ones get 413."""
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+class ApiError(Exception):
+    """An error answered to the client as a JSON :class:`~elasticjob.wire.ErrorResponse`."""
+
+    def __init__(
+        self,
+        status: int,
+        error: str,
+        detail: list[dict[str, object]] | str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
+        self.detail = detail
+        self.headers = dict(headers or {})
+
+    def response(self) -> web.Response:
+        """The JSON response that carries this error."""
+        body = ErrorResponse(error=self.error, detail=self.detail)
+        return _json(body, status=self.status, headers=self.headers)
+
+
+class _NoticesQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    after: Annotated[int, Field(ge=0)] = 0
+    wait: Annotated[float, Field(ge=0, le=60)] = 0.0
+
+
+def _json(
+    model: BaseModel, *, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        body=model.model_dump_json().encode(),
+        status=status,
+        headers=headers,
+        content_type="application/json",
+    )
+
+
+def _where(err: Mapping[str, object], what: str) -> str:
+    loc = err.get("loc")
+    parts = [str(part) for part in loc] if isinstance(loc, list) else []
+    return ".".join(parts) or what
+
+
+def _invalid(what: str, exc: ValidationError) -> ApiError:
+    detail: list[dict[str, object]] = json.loads(exc.json(include_url=False, include_input=False))
+    fields = "; ".join(f"{_where(err, what)}: {err.get('msg')}" for err in detail[:5])
+    status = 400 if any(err.get("type") == "json_invalid" for err in detail) else 422
+    return ApiError(status, f"invalid {what}: {fields}", detail)
+
+
+def _bearer_token(request: web.Request) -> str:
+    header = request.headers.get(hdrs.AUTHORIZATION)
+    scheme, _, token = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not token or " " in token:
+        raise ApiError(
+            401,
+            "missing or malformed Authorization header (expected 'Bearer <token>')",
+            headers={hdrs.WWW_AUTHENTICATE: "Bearer"},
+        )
+    return token
+
+
+async def _read_body(request: web.Request) -> bytes:
+    too_large = ApiError(413, f"request body is larger than {MAX_BODY_BYTES} bytes")
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise too_large
+    body = bytearray()
+    while chunk := await request.content.readany():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise too_large
+    return bytes(body)
+
+
+def _route_name(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    return f"{request.method} {resource.canonical}" if resource is not None else "unmatched"
+
+
+class _Api:
+    """The request handlers, over a live view of the service's jobs."""
+
+    def __init__(self, jobs: Mapping[str, InMemoryJobRendezvous]) -> None:
+        self._jobs = jobs
+
+    def authorize(self, request: web.Request) -> InMemoryJobRendezvous:
+        """The job named in the path, if the request carries its token."""
+        token = _bearer_token(request)
+        name = request.match_info["job"]
+        job = self._jobs.get(name)
+        if job is None:
+            raise ApiError(404, f"no job named {name!r}")
+        if not job.check_token(token):
+            raise ApiError(403, f"the token is not valid for job {name!r}")
+        return job
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "jobs": len(self._jobs)})
+
+    async def rendezvous(self, request: web.Request) -> web.Response:
+        job = self.authorize(request)
+        body = await _parse_body(request, RendezvousRequest)
+        return _json(await job.rendezvous(body))
+
+    async def notices(self, request: web.Request) -> web.Response:
+        job = self.authorize(request)
+        for key in request.query:
+            if len(request.query.getall(key)) > 1:
+                raise ApiError(400, f"query parameter {key!r} is given more than once")
+        try:
+            query = _NoticesQuery.model_validate(dict(request.query))
+        except ValidationError as exc:
+            raise _invalid("query", exc) from exc
+        return _json(await job.notices(query.after, query.wait))
+
+    async def results(self, request: web.Request) -> web.Response:
+        job = self.authorize(request)
+        job.report_result(await _parse_body(request, ResultRequest))
+        return web.Response(status=204)
+
+    async def progress(self, request: web.Request) -> web.Response:
+        job = self.authorize(request)
+        job.report_progress(await _parse_body(request, ProgressRequest))
+        return web.Response(status=204)
+
+    async def round(self, request: web.Request) -> web.Response:
+        return _json(self.authorize(request).round_info())
+
+
+async def _parse_body(request: web.Request, model: type[_Model]) -> _Model:
+    body = await _read_body(request)
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise _invalid("request body", exc) from exc
+
+
+def _stats_and_errors(stats: RequestStats) -> typedefs.Middleware:
+    @web.middleware
+    async def middleware(request: web.Request, handler: typedefs.Handler) -> web.StreamResponse:
+        started = time.monotonic()
+        try:
+            response = await handler(request)
+        except ApiError as exc:
+            response = exc.response()
+        except web.HTTPException as exc:
+            allow = {str(hdrs.ALLOW): exc.headers[hdrs.ALLOW]} if hdrs.ALLOW in exc.headers else {}
+            response = ApiError(exc.status, exc.reason, headers=allow).response()
+        except Exception:
+            logger.exception("%s %s failed", request.method, request.path)
+            response = ApiError(500, "internal error").response()
+        if response.status >= 400:
+            logger.info("%s %s -> %d", request.method, request.path, response.status)
+        stats.record(_route_name(request), response.status, time.monotonic() - started)
+        return response
+
+    return middleware
+
+
+def create_app(jobs: Mapping[str, InMemoryJobRendezvous], stats: RequestStats) -> web.Application:
+    """The aiohttp application serving ``jobs`` (a live mapping: jobs added to or removed
+    from it later are served or not accordingly) and counting requests in ``stats``.
+
+    On application shutdown every job's pending long-polls are answered at once.
+    """
+    api = _Api(jobs)
+    app = web.Application(middlewares=[_stats_and_errors(stats)])
+    job_path = f"{API_PREFIX}/jobs/{{job}}"
+    app.router.add_route("GET", "/healthz", api.healthz)
+    app.router.add_route("POST", f"{job_path}/rendezvous", api.rendezvous)
+    app.router.add_route("GET", f"{job_path}/notices", api.notices)
+    app.router.add_route("POST", f"{job_path}/results", api.results)
+    app.router.add_route("POST", f"{job_path}/progress", api.progress)
+    app.router.add_route("GET", f"{job_path}/round", api.round)
+
+    async def close_waits(_: web.Application) -> None:
+        for job in list(jobs.values()):
+            job.close_waits()
+
+    app.on_shutdown.append(close_waits)
+    return app

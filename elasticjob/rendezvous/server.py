@@ -1,0 +1,118 @@
+"""The rendezvous service: one aiohttp application serving the rounds and notices of many jobs.
+
+The HTTP API is documented in ``docs/rendezvous-api.yaml``; the routes live in ``routes.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+from aiohttp import web
+
+from elasticjob.rendezvous.api import RendezvousListener
+from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
+from elasticjob.rendezvous.routes import create_app
+from elasticjob.rendezvous.stats import RequestStats
+
+logger = logging.getLogger(__name__)
+
+SHUTDOWN_TIMEOUT_S: Final = 5.0
+"""How long :meth:`RendezvousService.stop` waits for requests in progress to be answered."""
+
+
+class RendezvousService:
+    """Hosts the rendezvous of many jobs in one aiohttp application.
+
+    Use :meth:`start` / :meth:`stop` to serve it on its own, or mount :attr:`app` in another
+    application (then that application's shutdown answers pending long-polls).
+    """
+
+    def __init__(self, *, shutdown_timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
+        self._jobs: dict[str, InMemoryJobRendezvous] = {}
+        self._stats = RequestStats()
+        self._app = create_app(self._jobs, self._stats)
+        self._shutdown_timeout = shutdown_timeout
+        self._runner: web.AppRunner | None = None
+        self._host = ""
+        self._port: int | None = None
+        self._stopped = False
+
+    @property
+    def app(self) -> web.Application:
+        """The aiohttp application (``/healthz`` and the ``/v1`` job routes)."""
+        return self._app
+
+    @property
+    def stats(self) -> RequestStats:
+        """Per-route request counters and latency sums."""
+        return self._stats
+
+    def add_job(self, job: str, token: str, listener: RendezvousListener) -> InMemoryJobRendezvous:
+        """Serve a new job whose workers authenticate with ``token``.
+
+        Raises :class:`ValueError` if a job of that name is served already, the name is not a
+        valid job name, or the token is not usable in a bearer header.
+        """
+        if job in self._jobs:
+            raise ValueError(f"job {job!r} already exists")
+        rendezvous = InMemoryJobRendezvous(job, token, listener)
+        self._jobs[job] = rendezvous
+        logger.info("serving job %s", job)
+        return rendezvous
+
+    def remove_job(self, job: str) -> None:
+        """Stop serving ``job``: finish it (its pending long-polls get ``FINISHED``) and answer
+        404 to its later requests. Does nothing for a job that is not served."""
+        rendezvous = self._jobs.pop(job, None)
+        if rendezvous is not None:
+            rendezvous.finish("the job was removed from the rendezvous service")
+            logger.info("stopped serving job %s", job)
+
+    def get_job(self, job: str) -> InMemoryJobRendezvous | None:
+        """The job of that name, or None if it is not served."""
+        return self._jobs.get(job)
+
+    async def start(self, host: str, port: int = 0) -> None:
+        """Listen on ``host``:``port`` (0: any free port); returns once listening.
+
+        A service starts once: if it cannot bind, it is stopped (the error propagates)."""
+        if self._runner is not None or self._stopped:
+            raise RuntimeError("the rendezvous service can be started only once")
+        runner = web.AppRunner(
+            self._app, handle_signals=False, shutdown_timeout=self._shutdown_timeout
+        )
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except BaseException:
+            self._stopped = True
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self._host = host
+        self._port = int(runner.addresses[0][1])
+        logger.info("rendezvous service listening on %s", self.url)
+
+    async def stop(self) -> None:
+        """Stop listening, answer pending long-polls at once (``PENDING`` for rendezvous, the
+        notices so far for notices) and wait at most the shutdown timeout for requests in
+        progress. Jobs are not finished: their workers retry against a new service."""
+        runner, self._runner = self._runner, None
+        self._stopped = True
+        if runner is not None:
+            await runner.cleanup()
+            logger.info("rendezvous service stopped")
+
+    @property
+    def port(self) -> int:
+        """The port the service listens on (after :meth:`start`)."""
+        if self._port is None:
+            raise RuntimeError("the rendezvous service is not started")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` of the service (after :meth:`start`)."""
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"http://{host}:{self.port}"

@@ -1,0 +1,190 @@
+"""Training script of the multi-process tests: a small MLP on synthetic data, with scripted
+failures and an event log per process.
+
+Exactly-once accounting rides in the model itself: the buffer ``seen`` counts, per sample,
+how often it was trained (padding excluded), summed over ranks with an allreduce at every
+step. It is committed, restored and synced exactly like the weights, so at the end it tells
+what the *committed trajectory* trained: every entry must equal the number of epochs.
+
+Each epoch ends only once the world has the size the test expects for it (the discovery
+schedule changes hosts when rank 0 starts an epoch), which makes per-epoch assertions
+deterministic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import elasticjob.worker_runtime as hvd
+
+
+class Model(torch.nn.Module):
+    def __init__(self, samples: int, features: int, hidden: int) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(features, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 4)
+        )
+        self.register_buffer("seen", torch.zeros(samples, dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.net(x)
+        return out
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--log-dir", type=Path, required=True)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=96)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=16)
+    parser.add_argument("--commit-every", type=int, default=2)
+    parser.add_argument("--step-time", type=float, default=0.0, help="simulated compute per step")
+    parser.add_argument("--expect-sizes", default="", help="world size each epoch must end with")
+    parser.add_argument("--epoch-file", type=Path, help="rank 0 writes the epoch it starts here")
+    parser.add_argument(
+        "--fail",
+        action="append",
+        default=[],
+        help="EPOCH:BATCH:RANK:MODE, MODE in exception|sigkill",
+    )
+    parser.add_argument("--wait-deadline", type=float, default=90.0)
+    return parser.parse_args()
+
+
+class EventLog:
+    def __init__(self, log_dir: Path) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        host = os.environ.get("ELASTICJOB_HOSTNAME", "standalone")
+        slot = os.environ.get("ELASTICJOB_LOCAL_RANK", "0")
+        self._path = log_dir / f"{host}-{slot}-{os.getpid()}.jsonl"
+
+    def write(self, event: str, **fields: Any) -> None:
+        record = {"ev": event, "host": os.environ.get("ELASTICJOB_HOSTNAME", "standalone"),
+                  "slot": int(os.environ.get("ELASTICJOB_LOCAL_RANK", "0")), "pid": os.getpid(),
+                  "time": time.time(), **fields}  # fmt: skip
+        with self._path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def maybe_fail(args: argparse.Namespace, log: EventLog, epoch: int, batch: int) -> None:
+    for spec in args.fail:
+        e, b, r, mode = spec.split(":")
+        if (int(e), int(b), int(r)) != (epoch, batch, hvd.rank()):
+            continue
+        marker = args.log_dir / f"fired-{spec.replace(':', '_')}"
+        try:
+            marker.touch(exist_ok=False)  # every scripted failure fires once
+        except FileExistsError:
+            continue
+        log.write("fail", epoch=epoch, batch=batch, rank=hvd.rank(), mode=mode)
+        if mode == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"scripted failure at epoch {epoch} batch {batch}")
+
+
+def main() -> None:
+    args = parse_args()
+    log = EventLog(args.log_dir)
+    torch.set_num_threads(1)
+    hvd.init()
+    expected = [int(s) for s in args.expect_sizes.split(",") if s]
+
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(args.samples, 8, generator=generator)
+    labels = torch.randint(0, 4, (args.samples,), generator=generator)
+    dataset = TensorDataset(features, labels, torch.arange(args.samples))
+
+    torch.manual_seed(1234)
+    model = Model(args.samples, 8, args.hidden)
+    base_lr = 0.01
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=base_lr * hvd.size(), momentum=0.9)
+    )
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=7)
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
+    state = hvd.elastic.TorchState(
+        model=model, optimizer=optimizer, sampler=sampler, epoch=0, batch=0
+    )
+
+    def on_reset() -> None:
+        for group in optimizer.param_groups:
+            group["lr"] = base_lr * hvd.size()
+        log.write("reset", round=hvd.current_round(), rank=hvd.rank(), size=hvd.size())
+
+    state.register_reset_callbacks([on_reset])
+    log.write("start", round=hvd.current_round(), rank=hvd.rank(), size=hvd.size())
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> None:
+        while state.epoch < args.epochs:
+            if hvd.rank() == 0 and args.epoch_file is not None:
+                args.epoch_file.write_text(str(state.epoch))
+            real = state.sampler.num_real_samples
+            for batch_idx, (x, y, idx) in enumerate(loader):
+                maybe_fail(args, log, state.epoch, state.batch)
+                position = torch.arange(
+                    batch_idx * args.batch_size, batch_idx * args.batch_size + len(idx)
+                )
+                weight = (position < real).float()
+                optimizer.zero_grad()
+                loss = (
+                    torch.nn.functional.cross_entropy(model(x), y, reduction="none") * weight
+                ).mean()
+                loss.backward()
+                optimizer.step()
+                counts = torch.bincount(idx[weight.bool()], minlength=args.samples)
+                model.seen += hvd.allreduce(counts, op=hvd.Sum)
+                if args.step_time:
+                    time.sleep(args.step_time)
+                state.sampler.record_batch(batch_idx, args.batch_size)
+                log.write("step", epoch=state.epoch, batch=state.batch, round=hvd.current_round(),
+                          rank=hvd.rank(), size=hvd.size())  # fmt: skip
+                state.batch += 1
+                if state.batch % args.commit_every == 0:
+                    state.commit()
+            wait_for_world(state, expected, args.wait_deadline)
+            log.write("epoch_end", epoch=state.epoch, round=hvd.current_round(),
+                      rank=hvd.rank(), size=hvd.size())  # fmt: skip
+            state.epoch += 1
+            state.batch = 0
+            state.sampler.set_epoch(state.epoch)
+            state.commit()
+
+    train(state)
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().numpy().tobytes())
+    seen = model.seen
+    log.write("done", round=hvd.current_round(), rank=hvd.rank(), size=hvd.size(),
+              digest=digest.hexdigest(), seen_min=int(seen.min()), seen_max=int(seen.max()),
+              processed=state.sampler.processed_num)  # fmt: skip
+    hvd.shutdown()
+
+
+def wait_for_world(state: hvd.elastic.TorchState, expected: list[int], deadline_s: float) -> None:
+    """End the epoch only once the world has the expected size (host updates that the
+    schedule triggered at the epoch's start land within it)."""
+    if state.epoch >= len(expected):
+        return
+    deadline = time.monotonic() + deadline_s
+    while hvd.size() != expected[state.epoch]:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"world size {hvd.size()} never became {expected[state.epoch]}")
+        state.check_host_updates()
+        time.sleep(0.02)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Runs ``elasticjob-run`` with the test training script and reads back what happened."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+WORKER = HERE / "elastic_worker.py"
+DISCOVERY = HERE / "schedule_discovery.py"
+
+
+@dataclass
+class JobRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["ev"] == kind]
+
+    def explain(self) -> str:
+        return (
+            f"exit {self.returncode}\n--- stderr ---\n{self.stderr[-6000:]}\n"
+            f"--- stdout ---\n{self.stdout[-3000:]}"
+        )
+
+    def epoch_ends(self) -> dict[int, list[dict[str, Any]]]:
+        """The epoch_end events of the committed trajectory, per epoch (the last round that
+        ended each epoch)."""
+        ends: dict[int, list[dict[str, Any]]] = {}
+        for event in self.of("epoch_end"):
+            ends.setdefault(event["epoch"], []).append(event)
+        return {
+            epoch: [e for e in events if e["round"] == max(x["round"] for x in events)]
+            for epoch, events in ends.items()
+        }
+
+
+def write_discovery(tmp_path: Path, schedule: dict[int, str]) -> tuple[Path, Path]:
+    """A discovery script following ``schedule`` (epoch -> hosts) and its epoch file."""
+    schedule_file = tmp_path / "schedule.json"
+    schedule_file.write_text(json.dumps({str(k): v for k, v in schedule.items()}))
+    epoch_file = tmp_path / "epoch"
+    script = tmp_path / "discover.sh"
+    script.write_text(
+        f"#!/bin/sh\nexec {sys.executable} {DISCOVERY} {schedule_file} {epoch_file}\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script, epoch_file
+
+
+def run_job(
+    tmp_path: Path,
+    *,
+    launcher_args: Sequence[str],
+    worker_args: Sequence[str] = (),
+    schedule: dict[int, str] | None = None,
+    timeout_s: float = 240.0,
+) -> JobRun:
+    """Run a job to its end (or kill it at ``timeout_s``) and collect the workers' events."""
+    log_dir = tmp_path / "events"
+    args = [sys.executable, "-m", "elasticjob.launcher.cli", *launcher_args]
+    worker = [sys.executable, str(WORKER), "--log-dir", str(log_dir), *worker_args]
+    if schedule is not None:
+        script, epoch_file = write_discovery(tmp_path, schedule)
+        args += ["--host-discovery-script", str(script)]
+        worker += ["--epoch-file", str(epoch_file)]
+    process = subprocess.Popen(
+        [*args, *worker], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            stdout, stderr = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+        stderr += f"\n[harness] killed after {timeout_s} s"
+    run = JobRun(process.returncode, stdout, stderr, read_events(log_dir))
+    kill_leftovers(run)
+    return run
+
+
+def read_events(log_dir: Path) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    for path in sorted(log_dir.glob("*.jsonl")) if log_dir.exists() else []:
+        events.extend(json.loads(line) for line in path.read_text().splitlines() if line)
+    return sorted(events, key=lambda e: e["time"])
+
+
+def kill_leftovers(run: JobRun) -> list[int]:
+    """SIGKILL any worker still alive after the launcher ended; returns their pids."""
+    alive = []
+    for pid in {e["pid"] for e in run.events}:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            alive.append(pid)
+    return alive

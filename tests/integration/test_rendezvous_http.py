@@ -1,0 +1,526 @@
+"""The rendezvous service over real HTTP: a server on a loopback port and an aiohttp client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml  # type: ignore[import-untyped]
+from pydantic import BaseModel
+
+from elasticjob import wire
+from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
+from elasticjob.rendezvous.routes import MAX_BODY_BYTES
+from elasticjob.rendezvous.server import RendezvousService
+from elasticjob.wire import (
+    NoticeKind,
+    NoticesResponse,
+    RendezvousResponse,
+    RendezvousStatus,
+    RoundInfo,
+    SlotInfo,
+    WorkerId,
+)
+
+DEADLINE = 5.0
+"""Upper bound on any await that must complete (a hang fails the test instead)."""
+
+OPENAPI = Path(__file__).resolve().parents[2] / "docs" / "rendezvous-api.yaml"
+TOKEN_A = "token-of-job-a"
+TOKEN_B = "token-of-job-b"
+W0 = WorkerId("host-a", 0)
+W1 = WorkerId("host-b", 0)
+
+
+class RecordingListener:
+    """Records what a job tells its driver; ``ready_event`` is set on every READY."""
+
+    def __init__(self) -> None:
+        self.ready: list[tuple[WorkerId, int]] = []
+        self.results: list[wire.ResultRequest] = []
+        self.progress: list[wire.ProgressRequest] = []
+        self.ready_event = asyncio.Event()
+
+    def on_worker_ready(self, worker: WorkerId, after_round: int) -> None:
+        self.ready.append((worker, after_round))
+        self.ready_event.set()
+
+    def on_worker_result(self, request: wire.ResultRequest) -> None:
+        self.results.append(request)
+
+    def on_progress(self, progress: wire.ProgressRequest) -> None:
+        self.progress.append(progress)
+
+
+class Cluster:
+    """A started service with jobs ``job-a`` and ``job-b``, and a client session."""
+
+    def __init__(self, service: RendezvousService, session: aiohttp.ClientSession) -> None:
+        self.service = service
+        self.session = session
+        self.listener_a = RecordingListener()
+        self.listener_b = RecordingListener()
+        self.job_a = service.add_job("job-a", TOKEN_A, self.listener_a)
+        self.job_b = service.add_job("job-b", TOKEN_B, self.listener_b)
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        token: str | None = TOKEN_A,
+        json: object = None,
+        data: bytes | AsyncIterator[bytes] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
+        """Send a request; returns the status and the decoded JSON body (None if empty)."""
+        all_headers = dict(headers or {})
+        if token is not None:
+            all_headers["Authorization"] = f"Bearer {token}"
+        async with self.session.request(
+            method, self.service.url + path, json=json, data=data, headers=all_headers
+        ) as response:
+            body = await response.read()
+            return response.status, (await response.json() if body else None)
+
+    async def rendezvous(
+        self, worker: WorkerId, *, after_round: int = 0, wait: float = 0.0, job: str = "job-a"
+    ) -> RendezvousResponse:
+        status, body = await self.call(
+            "POST",
+            f"/v1/jobs/{job}/rendezvous",
+            token=TOKEN_A if job == "job-a" else TOKEN_B,
+            json=rendezvous_body(worker, after_round=after_round, wait=wait),
+        )
+        assert status == 200, body
+        return RendezvousResponse.model_validate(body)
+
+
+def rendezvous_body(worker: WorkerId, *, after_round: int = 0, wait: float = 0.0) -> dict[str, Any]:
+    return {
+        "hostname": worker.hostname,
+        "local_rank": worker.local_rank,
+        "address": f"addr-{worker.hostname}",
+        "store_port": 29500 + len(worker.hostname),
+        "after_round": after_round,
+        "wait_seconds": wait,
+    }
+
+
+def slots_for(workers: list[WorkerId]) -> dict[WorkerId, SlotInfo]:
+    return {
+        w: SlotInfo(
+            hostname=w.hostname,
+            rank=rank,
+            local_rank=w.local_rank,
+            cross_rank=rank,
+            size=len(workers),
+            local_size=1,
+            cross_size=len(workers),
+        )
+        for rank, w in enumerate(workers)
+    }
+
+
+def snapshot(job: InMemoryJobRendezvous, listener: RecordingListener) -> object:
+    """Everything observable about a job's state."""
+    return (
+        job.round_info(),
+        job.current_slots,
+        job.registered(W0),
+        job.registered(W1),
+        job.results,
+        job.finished,
+        list(listener.ready),
+        list(listener.results),
+        list(listener.progress),
+    )
+
+
+async def until_done(task: Awaitable[Any]) -> Any:
+    return await asyncio.wait_for(task, DEADLINE)
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    service = RendezvousService()
+    await service.start("127.0.0.1", 0)
+    timeout = aiohttp.ClientTimeout(total=90)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        yield Cluster(service, session)
+    await service.stop()
+
+
+ROUTES: list[tuple[str, str, object]] = [
+    ("POST", "rendezvous", rendezvous_body(W0)),
+    ("GET", "notices", None),
+    ("POST", "results", {"hostname": "host-a", "local_rank": 0, "state": "SUCCESS"}),
+    ("POST", "progress", {"round": 1, "epoch": 0, "step": 1}),
+    ("GET", "round", None),
+]
+
+
+# ---- rounds ----------------------------------------------------------------------------
+
+
+async def test_full_round_flow(cluster: Cluster) -> None:
+    assert (await cluster.rendezvous(W0)).status is RendezvousStatus.PENDING
+    assert (await cluster.rendezvous(W1)).status is RendezvousStatus.PENDING
+    cluster.job_a.publish_round(1, slots_for([W1, W0]), sync=False)
+
+    a, b = await asyncio.gather(cluster.rendezvous(W0), cluster.rendezvous(W1))
+    assert a.status is b.status is RendezvousStatus.ASSIGNED
+    assert a.slot is not None and b.slot is not None
+    assert (a.slot.rank, b.slot.rank) == (1, 0)
+    for answer in (a, b):
+        assert (answer.round, answer.sync) == (1, False)
+        assert (answer.store_address, answer.store_port) == ("addr-host-b", 29506)
+
+    retry = await until_done(cluster.rendezvous(W0, after_round=0, wait=60))
+    assert retry.status is RendezvousStatus.ASSIGNED and retry.round == 1
+    status, info = await cluster.call("GET", "/v1/jobs/job-a/round")
+    assert status == 200
+    assert RoundInfo.model_validate(info).hosts == ("host-b", "host-a")
+
+
+async def test_long_poll_wakes_on_publish(cluster: Cluster) -> None:
+    await cluster.rendezvous(W0)
+    cluster.listener_a.ready_event.clear()
+    waiter = asyncio.create_task(cluster.rendezvous(W1, wait=60))
+    await until_done(cluster.listener_a.ready_event.wait())
+    assert not waiter.done()
+    cluster.job_a.publish_round(1, slots_for([W0, W1]), sync=True)
+    answer = await until_done(waiter)
+    assert answer.status is RendezvousStatus.ASSIGNED
+    assert (answer.store_address, answer.notice_seq) == ("addr-host-a", 0)
+
+
+async def test_pending_after_short_wait(cluster: Cluster) -> None:
+    answer = await until_done(cluster.rendezvous(W0, wait=0.05))
+    assert answer.status is RendezvousStatus.PENDING
+
+
+async def test_removed_and_finished(cluster: Cluster) -> None:
+    waiter = asyncio.create_task(cluster.rendezvous(W1, wait=60))
+    await until_done(cluster.listener_a.ready_event.wait())
+    cluster.job_a.remove_workers([W1])
+    assert (await until_done(waiter)).status is RendezvousStatus.REMOVED
+
+    cluster.listener_a.ready_event.clear()
+    waiter = asyncio.create_task(cluster.rendezvous(W0, wait=60))
+    await until_done(cluster.listener_a.ready_event.wait())
+    cluster.job_a.finish("training complete")
+    answer = await until_done(waiter)
+    assert (answer.status, answer.message) == (RendezvousStatus.FINISHED, "training complete")
+
+
+async def test_remove_job_finishes_waiters_then_404(cluster: Cluster) -> None:
+    waiter = asyncio.create_task(cluster.rendezvous(W0, wait=60))
+    await until_done(cluster.listener_a.ready_event.wait())
+    cluster.service.remove_job("job-a")
+    assert (await until_done(waiter)).status is RendezvousStatus.FINISHED
+    assert cluster.service.get_job("job-a") is None
+    status, body = await cluster.call("GET", "/v1/jobs/job-a/round")
+    assert status == 404 and "job-a" in body["error"]
+    status, body = await cluster.call("GET", "/healthz", token=None)
+    assert (status, body) == (200, {"status": "ok", "jobs": 1})
+
+
+async def test_listener_told_once_per_worker_and_after_round(cluster: Cluster) -> None:
+    for after_round in (0, 0, 4, 4):
+        await cluster.rendezvous(W0, after_round=after_round)
+    assert cluster.listener_a.ready == [(W0, 0), (W0, 4)]
+
+
+async def test_results_and_progress(cluster: Cluster) -> None:
+    for method, route, body in ROUTES[2:4]:
+        status, answer = await cluster.call(method, f"/v1/jobs/job-a/{route}", json=body)
+        assert (status, answer) == (204, None)
+    assert cluster.listener_a.results[0].state is wire.WorkerState.SUCCESS
+    assert cluster.listener_a.progress[0].step == 1
+    status, info = await cluster.call("GET", "/v1/jobs/job-a/round")
+    assert status == 200 and info["progress"]["step"] == 1
+
+
+# ---- notices ---------------------------------------------------------------------------
+
+
+async def notices(cluster: Cluster, query: str) -> NoticesResponse:
+    status, body = await cluster.call("GET", f"/v1/jobs/job-a/notices{query}")
+    assert status == 200, body
+    return NoticesResponse.model_validate(body)
+
+
+async def test_notices_order_filter_and_long_poll(cluster: Cluster) -> None:
+    cluster.job_a.post_notice(NoticeKind.HOSTS_ADDED, ["host-b"])
+    cluster.job_a.post_notice(NoticeKind.HOSTS_REMOVED, ["host-a"])
+    every = await notices(cluster, "")
+    assert [(n.seq, n.kind) for n in every.notices] == [
+        (1, NoticeKind.HOSTS_ADDED),
+        (2, NoticeKind.HOSTS_REMOVED),
+    ]
+    assert [n.seq for n in (await notices(cluster, "?after=1")).notices] == [2]
+    assert (await until_done(notices(cluster, "?after=2&wait=0.05"))).notices == ()
+
+    arrived = asyncio.Event()
+    original = cluster.job_a.notices
+
+    async def observed(after_seq: int, wait_seconds: float) -> NoticesResponse:
+        arrived.set()
+        return await original(after_seq, wait_seconds)
+
+    cluster.job_a.notices = observed  # type: ignore[method-assign]
+    poll = asyncio.create_task(notices(cluster, "?after=2&wait=60"))
+    await until_done(arrived.wait())
+    posted = cluster.job_a.post_notice(NoticeKind.ROUND_FAILED)
+    answer = await until_done(poll)
+    assert answer.notices == (posted,) and answer.latest_seq == 3
+
+
+async def test_notices_capped_at_thousand(cluster: Cluster) -> None:
+    for _ in range(1003):
+        cluster.job_a.post_notice(NoticeKind.HOSTS_ADDED)
+    kept = await notices(cluster, "?after=1")
+    assert len(kept.notices) == 1000 and kept.notices[0].seq == 4
+    assert kept.latest_seq == 1003
+
+
+# ---- authentication and authorization --------------------------------------------------
+
+
+@pytest.mark.parametrize(("method", "route", "body"), ROUTES)
+@pytest.mark.parametrize("header", [None, "Basic abc", "Bearer", "Bearer ", "Bearer a b"])
+async def test_missing_or_malformed_authorization_is_401(
+    cluster: Cluster, method: str, route: str, body: object, header: str | None
+) -> None:
+    headers = {} if header is None else {"Authorization": header}
+    before = snapshot(cluster.job_a, cluster.listener_a)
+    status, answer = await cluster.call(
+        method, f"/v1/jobs/job-a/{route}", token=None, json=body, headers=headers
+    )
+    assert status == 401 and "Authorization" in answer["error"]
+    assert snapshot(cluster.job_a, cluster.listener_a) == before
+
+
+@pytest.mark.parametrize(("method", "route", "body"), ROUTES)
+@pytest.mark.parametrize("token", [TOKEN_A, "wrong-token"])
+async def test_foreign_or_wrong_token_is_403_and_changes_nothing(
+    cluster: Cluster, method: str, route: str, body: object, token: str
+) -> None:
+    cluster.job_b.post_notice(NoticeKind.HOSTS_ADDED)
+    before = snapshot(cluster.job_b, cluster.listener_b)
+    status, answer = await cluster.call(method, f"/v1/jobs/job-b/{route}", token=token, json=body)
+    assert status == 403 and "job-b" in answer["error"]
+    assert token not in str(answer)
+    assert snapshot(cluster.job_b, cluster.listener_b) == before
+
+
+@pytest.mark.parametrize(("method", "route", "body"), ROUTES)
+async def test_unknown_job_is_404(cluster: Cluster, method: str, route: str, body: object) -> None:
+    status, answer = await cluster.call(method, f"/v1/jobs/job-c/{route}", json=body)
+    assert status == 404 and "job-c" in answer["error"]
+
+
+# ---- malformed requests ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"surprise": 1}, "surprise"),
+        ({"local_rank": -1}, "local_rank"),
+        ({"hostname": "bad host!"}, "hostname"),
+        ({"store_port": "many"}, "store_port"),
+        ({"wait_seconds": 61}, "wait_seconds"),
+    ],
+)
+async def test_invalid_rendezvous_body_is_422_naming_the_field(
+    cluster: Cluster, change: dict[str, object], field: str
+) -> None:
+    before = snapshot(cluster.job_a, cluster.listener_a)
+    body = rendezvous_body(W0) | change
+    status, answer = await cluster.call("POST", "/v1/jobs/job-a/rendezvous", json=body)
+    assert status == 422 and field in answer["error"]
+    assert [field] in [entry["loc"] for entry in answer["detail"]]
+    assert snapshot(cluster.job_a, cluster.listener_a) == before
+
+
+@pytest.mark.parametrize(
+    ("route", "data", "expected"),
+    [
+        ("rendezvous", b"{not json", 400),
+        ("rendezvous", b"", 400),
+        ("rendezvous", b"[]", 422),
+        ("results", b'{"hostname": "host-a", "local_rank": 0, "state": "DONE"}', 422),
+        ("progress", b'{"round": 1, "epoch": -3, "step": 0}', 422),
+        ("results", b'{"hostname": "host-a", "local_rank": 0, "state": "SUCCESS", "x": 1}', 422),
+        ("rendezvous", b'{"a": "' + b"x" * MAX_BODY_BYTES + b'"}', 413),
+        ("progress", b" " * (MAX_BODY_BYTES + 1), 413),
+    ],
+)
+async def test_malformed_body_is_4xx_and_changes_nothing(
+    cluster: Cluster, route: str, data: bytes, expected: int
+) -> None:
+    before = snapshot(cluster.job_a, cluster.listener_a)
+    status, answer = await cluster.call(
+        "POST", f"/v1/jobs/job-a/{route}", data=data, headers={"Content-Type": "application/json"}
+    )
+    assert status == expected and answer["error"]
+    assert snapshot(cluster.job_a, cluster.listener_a) == before
+
+
+async def test_chunked_body_over_limit_is_413(cluster: Cluster) -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(5):
+            yield b" " * (MAX_BODY_BYTES // 4)
+
+    status, answer = await cluster.call("POST", "/v1/jobs/job-a/rendezvous", data=chunks())
+    assert status == 413 and str(MAX_BODY_BYTES) in answer["error"]
+    assert not cluster.job_a.registered(W0)
+
+
+@pytest.mark.parametrize(
+    ("query", "expected", "field"),
+    [
+        ("?after=-1", 422, "after"),
+        ("?wait=61", 422, "wait"),
+        ("?wait=nan", 422, "wait"),
+        ("?wait=soon", 422, "wait"),
+        ("?since=3", 422, "since"),
+        ("?after=1&after=2", 400, "after"),
+    ],
+)
+async def test_invalid_notices_query(
+    cluster: Cluster, query: str, expected: int, field: str
+) -> None:
+    status, answer = await cluster.call("GET", f"/v1/jobs/job-a/notices{query}")
+    assert status == expected and field in answer["error"]
+
+
+async def test_401_names_the_bearer_scheme(cluster: Cluster) -> None:
+    async with cluster.session.get(cluster.service.url + "/v1/jobs/job-a/round") as response:
+        assert response.status == 401
+        assert response.headers["WWW-Authenticate"] == "Bearer"
+        assert response.content_type == "application/json"
+
+
+async def test_start_twice_or_after_stop_is_refused(cluster: Cluster) -> None:
+    with pytest.raises(RuntimeError, match="only once"):
+        await cluster.service.start("127.0.0.1")
+
+
+async def test_wrong_method_and_unknown_path(cluster: Cluster) -> None:
+    status, answer = await cluster.call("GET", "/v1/jobs/job-a/rendezvous")
+    assert status == 405 and answer["error"]
+    async with cluster.session.delete(cluster.service.url + "/v1/jobs/job-a/round") as response:
+        assert response.status == 405 and response.headers["Allow"] == "GET"
+    status, answer = await cluster.call("GET", "/v1/nothing-here")
+    assert status == 404 and answer["error"]
+
+
+async def test_request_stats(cluster: Cluster) -> None:
+    await cluster.call("GET", "/v1/jobs/job-a/round")
+    await cluster.call("GET", "/v1/jobs/job-a/round", token=None)
+    stats = cluster.service.stats.snapshot()["GET /v1/jobs/{job}/round"]
+    assert (stats.requests, stats.errors, dict(stats.by_status)) == (2, 1, {200: 1, 401: 1})
+    assert stats.latency_seconds_sum > 0
+
+
+# ---- service lifecycle -----------------------------------------------------------------
+
+
+async def test_stop_answers_pending_long_polls_promptly() -> None:
+    service = RendezvousService()
+    await service.start("127.0.0.1")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=90)) as session:
+        cluster = Cluster(service, session)
+        arrived = asyncio.Event()
+        original = cluster.job_a.notices
+
+        async def observed(after_seq: int, wait_seconds: float) -> NoticesResponse:
+            arrived.set()
+            return await original(after_seq, wait_seconds)
+
+        cluster.job_a.notices = observed  # type: ignore[method-assign]
+        waiter = asyncio.create_task(cluster.rendezvous(W0, wait=60))
+        poll = asyncio.create_task(notices(cluster, "?wait=60"))
+        await until_done(asyncio.gather(cluster.listener_a.ready_event.wait(), arrived.wait()))
+        await until_done(service.stop())
+        assert (await until_done(waiter)).status is RendezvousStatus.PENDING
+        assert (await until_done(poll)).notices == ()
+    assert not cluster.job_a.finished
+
+
+async def test_add_job_refuses_duplicates_and_bad_names(cluster: Cluster) -> None:
+    with pytest.raises(ValueError, match="already exists"):
+        cluster.service.add_job("job-a", "other", RecordingListener())
+    with pytest.raises(ValueError, match="invalid job name"):
+        cluster.service.add_job("Job_A", "other", RecordingListener())
+    assert cluster.service.get_job("job-a") is cluster.job_a
+    cluster.service.remove_job("never-added")
+
+
+# ---- API document ----------------------------------------------------------------------
+
+
+def registered_routes(service: RendezvousService) -> set[tuple[str, str]]:
+    return {
+        (route.method.lower(), route.resource.canonical)
+        for route in service.app.router.routes()
+        if route.resource is not None
+    }
+
+
+def test_openapi_document_lists_every_route_and_wire_model() -> None:
+    document = yaml.safe_load(OPENAPI.read_text())
+    assert document["openapi"].startswith("3.0")
+    documented = {
+        (method, path)
+        for path, item in document["paths"].items()
+        for method in item
+        if method != "parameters"
+    }
+    assert documented == registered_routes(RendezvousService())
+    assert document["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
+
+    schemas = document["components"]["schemas"]
+    models: list[type[BaseModel]] = [
+        wire.RendezvousRequest,
+        wire.RendezvousResponse,
+        wire.SlotInfo,
+        wire.Notice,
+        wire.NoticesResponse,
+        wire.ResultRequest,
+        wire.ProgressRequest,
+        wire.RoundInfo,
+        wire.ErrorResponse,
+    ]
+    for model in models:
+        schema = schemas[model.__name__]
+        assert set(schema["properties"]) == set(model.model_fields), model.__name__
+        required = {name for name, info in model.model_fields.items() if info.is_required()}
+        assert set(schema["required"]) == required, model.__name__
+    for enum in (wire.WorkerState, wire.NoticeKind, wire.RendezvousStatus):
+        assert schemas[enum.__name__]["enum"] == [member.value for member in enum]
+
+
+def test_openapi_refs_resolve() -> None:
+    document = yaml.safe_load(OPENAPI.read_text())
+
+    def refs(node: object) -> list[str]:
+        if isinstance(node, dict):
+            own = [node["$ref"]] if "$ref" in node else []
+            return own + [ref for value in node.values() for ref in refs(value)]
+        if isinstance(node, list):
+            return [ref for value in node for ref in refs(value)]
+        return []
+
+    for ref in refs(document):
+        target: Any = document
+        for part in ref.removeprefix("#/").split("/"):
+            target = target[part]
+        assert isinstance(target, dict), ref

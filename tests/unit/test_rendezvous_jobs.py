@@ -1,0 +1,347 @@
+"""Tests of the in-memory rendezvous state of one job (no HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from elasticjob.rendezvous.api import RendezvousError
+from elasticjob.rendezvous.jobs import MAX_NOTICES, InMemoryJobRendezvous
+from elasticjob.wire import (
+    NoticeKind,
+    ProgressRequest,
+    RendezvousRequest,
+    RendezvousStatus,
+    ResultRequest,
+    SlotInfo,
+    WorkerId,
+    WorkerState,
+)
+
+DEADLINE = 5.0
+"""Upper bound on any await that must complete (a hang fails the test instead)."""
+
+
+class RecordingListener:
+    """Records what the job tells its driver; ``ready_event`` is set on every READY."""
+
+    def __init__(self) -> None:
+        self.ready: list[tuple[WorkerId, int]] = []
+        self.results: list[ResultRequest] = []
+        self.progress: list[ProgressRequest] = []
+        self.ready_event = asyncio.Event()
+
+    def on_worker_ready(self, worker: WorkerId, after_round: int) -> None:
+        self.ready.append((worker, after_round))
+        self.ready_event.set()
+
+    def on_worker_result(self, request: ResultRequest) -> None:
+        self.results.append(request)
+
+    def on_progress(self, progress: ProgressRequest) -> None:
+        self.progress.append(progress)
+
+
+class FailingListener(RecordingListener):
+    def on_worker_ready(self, worker: WorkerId, after_round: int) -> None:
+        super().on_worker_ready(worker, after_round)
+        raise RuntimeError("listener bug")
+
+
+W0 = WorkerId("host-a", 0)
+W1 = WorkerId("host-b", 0)
+W2 = WorkerId("host-a", 1)
+
+
+def request(
+    worker: WorkerId, *, after_round: int = 0, wait: float = 0.0, port: int = 29500
+) -> RendezvousRequest:
+    return RendezvousRequest(
+        hostname=worker.hostname,
+        local_rank=worker.local_rank,
+        address=f"addr-{worker.hostname}",
+        store_port=port,
+        after_round=after_round,
+        wait_seconds=wait,
+    )
+
+
+def slots_for(workers: Sequence[WorkerId]) -> dict[WorkerId, SlotInfo]:
+    """Slots giving ``workers`` ranks in list order."""
+    hosts = list(dict.fromkeys(w.hostname for w in workers))
+    return {
+        w: SlotInfo(
+            hostname=w.hostname,
+            rank=rank,
+            local_rank=w.local_rank,
+            cross_rank=hosts.index(w.hostname),
+            size=len(workers),
+            local_size=sum(1 for other in workers if other.hostname == w.hostname),
+            cross_size=len(hosts),
+        )
+        for rank, w in enumerate(workers)
+    }
+
+
+@pytest.fixture
+def listener() -> RecordingListener:
+    return RecordingListener()
+
+
+@pytest.fixture
+def job(listener: RecordingListener) -> InMemoryJobRendezvous:
+    return InMemoryJobRendezvous("job-a", "secret-a", listener)
+
+
+async def test_round_flow_assigns_members_with_rank0_store(job: InMemoryJobRendezvous) -> None:
+    first = await job.rendezvous(request(W0, port=29500))
+    await job.rendezvous(request(W1, port=29600))
+    assert first.status is RendezvousStatus.PENDING
+    job.post_notice(NoticeKind.HOSTS_ADDED, ["host-b"])
+    job.publish_round(1, slots_for([W1, W0]), sync=False)
+
+    a = await job.rendezvous(request(W0, port=29500))
+    b = await job.rendezvous(request(W1, port=29600))
+    assert (a.status, b.status) == (RendezvousStatus.ASSIGNED, RendezvousStatus.ASSIGNED)
+    assert a.slot is not None and a.slot.rank == 1
+    assert b.slot is not None and b.slot.rank == 0
+    for answer in (a, b):
+        assert answer.round == 1
+        assert (answer.store_address, answer.store_port) == ("addr-host-b", 29600)
+        assert answer.notice_seq == 1
+        assert answer.sync is False
+    assert job.current_round == 1
+    assert set(job.current_slots) == {W0, W1}
+    assert job.registered(W0) and not job.registered(W2)
+
+
+async def test_retry_with_older_after_round_is_answered_at_once(
+    job: InMemoryJobRendezvous,
+) -> None:
+    await job.rendezvous(request(W0))
+    job.publish_round(1, slots_for([W0]), sync=True)
+    job.publish_round(2, slots_for([W0]), sync=True)
+    answer = await asyncio.wait_for(job.rendezvous(request(W0, after_round=1, wait=60)), DEADLINE)
+    assert answer.status is RendezvousStatus.ASSIGNED and answer.round == 2
+
+
+async def test_long_poll_wakes_on_publish(
+    job: InMemoryJobRendezvous, listener: RecordingListener
+) -> None:
+    await job.rendezvous(request(W0))
+    listener.ready_event.clear()
+    waiter = asyncio.create_task(job.rendezvous(request(W1, wait=60)))
+    await asyncio.wait_for(listener.ready_event.wait(), DEADLINE)
+    assert not waiter.done()
+    job.publish_round(1, slots_for([W0, W1]), sync=True)
+    answer = await asyncio.wait_for(waiter, DEADLINE)
+    assert answer.status is RendezvousStatus.ASSIGNED and answer.round == 1
+
+
+async def test_non_member_keeps_waiting_through_a_round(
+    job: InMemoryJobRendezvous, listener: RecordingListener
+) -> None:
+    await job.rendezvous(request(W0))
+    waiter = asyncio.create_task(job.rendezvous(request(W1, wait=60)))
+    await asyncio.wait_for(listener.ready_event.wait(), DEADLINE)
+    job.publish_round(1, slots_for([W0]), sync=True)
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    job.publish_round(2, slots_for([W0, W1]), sync=True)
+    assert (await asyncio.wait_for(waiter, DEADLINE)).round == 2
+
+
+async def test_pending_after_wait_runs_out(job: InMemoryJobRendezvous) -> None:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    answer = await asyncio.wait_for(job.rendezvous(request(W0, wait=0.05)), DEADLINE)
+    assert answer.status is RendezvousStatus.PENDING
+    assert loop.time() - started >= 0.04
+
+
+async def test_removed_worker_is_woken_and_not_registered_again(
+    job: InMemoryJobRendezvous, listener: RecordingListener
+) -> None:
+    waiter = asyncio.create_task(job.rendezvous(request(W1, wait=60)))
+    await asyncio.wait_for(listener.ready_event.wait(), DEADLINE)
+    job.remove_workers([W1])
+    assert (await asyncio.wait_for(waiter, DEADLINE)).status is RendezvousStatus.REMOVED
+    listener.ready.clear()
+    later = await job.rendezvous(request(W1, after_round=3, wait=60))
+    assert later.status is RendezvousStatus.REMOVED
+    assert listener.ready == []
+
+
+async def test_publishing_a_removed_worker_admits_it_again(job: InMemoryJobRendezvous) -> None:
+    await job.rendezvous(request(W0))
+    job.remove_workers([W1])
+    job.publish_round(1, slots_for([W0, W1]), sync=True)
+    answer = await job.rendezvous(request(W1))
+    assert answer.status is RendezvousStatus.ASSIGNED
+
+
+async def test_finish_wakes_everyone_and_answers_later_requests(
+    job: InMemoryJobRendezvous, listener: RecordingListener
+) -> None:
+    waiter = asyncio.create_task(job.rendezvous(request(W0, wait=60)))
+    poll = asyncio.create_task(job.notices(0, 60))
+    await asyncio.wait_for(listener.ready_event.wait(), DEADLINE)
+    job.finish("all done")
+    answer = await asyncio.wait_for(waiter, DEADLINE)
+    assert (answer.status, answer.message) == (RendezvousStatus.FINISHED, "all done")
+    assert (await asyncio.wait_for(poll, DEADLINE)).notices == ()
+    assert (await job.rendezvous(request(W1, wait=60))).status is RendezvousStatus.FINISHED
+    assert job.finished
+
+
+async def test_listener_told_once_per_worker_and_after_round(
+    job: InMemoryJobRendezvous, listener: RecordingListener
+) -> None:
+    await job.rendezvous(request(W0))
+    await job.rendezvous(request(W0))
+    await job.rendezvous(request(W1))
+    await job.rendezvous(request(W0, after_round=2))
+    await job.rendezvous(request(W0, after_round=2))
+    assert listener.ready == [(W0, 0), (W1, 0), (W0, 2)]
+
+
+async def test_failing_listener_does_not_fail_the_request() -> None:
+    job = InMemoryJobRendezvous("job-a", "secret-a", FailingListener())
+    assert (await job.rendezvous(request(W0))).status is RendezvousStatus.PENDING
+    assert job.registered(W0)
+
+
+@pytest.mark.parametrize(
+    ("round_number", "workers", "match"),
+    [
+        (1, [W1, W0], "rank-0 member host-b"),
+        (0, [W0], "not newer"),
+        (1, [], "every rank"),
+    ],
+)
+async def test_publish_round_refuses(
+    job: InMemoryJobRendezvous, round_number: int, workers: list[WorkerId], match: str
+) -> None:
+    await job.rendezvous(request(W0))
+    with pytest.raises(RendezvousError, match=match):
+        job.publish_round(round_number, slots_for(workers), sync=True)
+    assert job.current_round == 0 and job.current_slots == {}
+
+
+async def test_publish_round_refuses_gaps_duplicates_and_stale_rounds(
+    job: InMemoryJobRendezvous,
+) -> None:
+    await job.rendezvous(request(W0))
+    good = slots_for([W0, W1])
+    gap = {W0: good[W0], W1: good[W1].model_copy(update={"rank": 2})}
+    dup = {W0: good[W0], W1: good[W1].model_copy(update={"rank": 0})}
+    wrong_size = {W0: good[W0], W1: good[W1].model_copy(update={"size": 3})}
+    misnamed = {W0: good[W0], W2: good[W1]}
+    for slots, match in [
+        (gap, r"missing \[1\]"),
+        (dup, "rank 0 given to"),
+        (wrong_size, "size 3"),
+        (misnamed, "names host-b"),
+    ]:
+        with pytest.raises(RendezvousError, match=match):
+            job.publish_round(1, slots, sync=True)
+    job.publish_round(3, good, sync=True)
+    with pytest.raises(RendezvousError, match="not newer"):
+        job.publish_round(3, good, sync=True)
+    assert job.current_round == 3
+
+
+async def test_notices_sequence_round_and_after_filter(job: InMemoryJobRendezvous) -> None:
+    await job.rendezvous(request(W0))
+    first = job.post_notice(NoticeKind.HOSTS_ADDED, ["host-b"])
+    job.publish_round(1, slots_for([W0]), sync=True)
+    second = job.post_notice(NoticeKind.ROUND_FAILED)
+    assert (first.seq, first.round, second.seq, second.round) == (1, 0, 2, 1)
+    everything = await job.notices(0, 0)
+    assert [n.seq for n in everything.notices] == [1, 2]
+    assert everything.latest_seq == 2
+    newer = await job.notices(1, 0)
+    assert newer.notices == (second,)
+    assert (await job.notices(2, 0)).notices == ()
+
+
+async def test_notices_long_poll_wakes_on_post(job: InMemoryJobRendezvous) -> None:
+    job.post_notice(NoticeKind.HOSTS_ADDED)
+    poll = asyncio.create_task(job.notices(1, 60))
+    await asyncio.sleep(0)
+    assert not poll.done()
+    posted = job.post_notice(NoticeKind.HOSTS_REMOVED, ["host-b"])
+    answer = await asyncio.wait_for(poll, DEADLINE)
+    assert answer.notices == (posted,) and answer.latest_seq == 2
+
+
+async def test_notices_wait_runs_out_empty(job: InMemoryJobRendezvous) -> None:
+    answer = await asyncio.wait_for(job.notices(0, 0.05), DEADLINE)
+    assert answer.notices == () and answer.latest_seq == 0
+
+
+async def test_notices_keep_only_the_last_thousand(job: InMemoryJobRendezvous) -> None:
+    for _ in range(MAX_NOTICES + 5):
+        job.post_notice(NoticeKind.HOSTS_ADDED)
+    kept = await job.notices(0, 0)
+    assert len(kept.notices) == MAX_NOTICES
+    assert kept.notices[0].seq == 6 and kept.notices[-1].seq == MAX_NOTICES + 5
+    assert kept.latest_seq == MAX_NOTICES + 5
+    assert [n.seq for n in (await job.notices(MAX_NOTICES + 3, 0)).notices] == [1004, 1005]
+
+
+def test_post_notice_refuses_bad_host(job: InMemoryJobRendezvous) -> None:
+    with pytest.raises(RendezvousError, match="invalid notice"):
+        job.post_notice(NoticeKind.HOSTS_ADDED, ["not a host"])
+
+
+async def test_results_progress_and_round_info(
+    job: InMemoryJobRendezvous, listener: RecordingListener
+) -> None:
+    assert job.round_info().model_dump() == {
+        "job": "job-a",
+        "round": 0,
+        "size": 0,
+        "hosts": (),
+        "latest_notice_seq": 0,
+        "progress": None,
+    }
+    await job.rendezvous(request(W1))
+    job.publish_round(1, slots_for([W1, W0, W2]), sync=True)
+    job.post_notice(NoticeKind.ROUND_FAILED)
+    result = ResultRequest(hostname="host-a", local_rank=1, state=WorkerState.FAILURE, exit_code=1)
+    progress = ProgressRequest(round=1, epoch=2, step=30, samples_per_second=12.5)
+    job.report_result(result)
+    job.report_progress(progress)
+    assert listener.results == [result] and listener.progress == [progress]
+    assert job.results == {W2: result}
+    info = job.round_info()
+    assert (info.round, info.size, info.hosts) == (1, 3, ("host-b", "host-a"))
+    assert (info.latest_notice_seq, info.progress) == (1, progress)
+
+
+async def test_close_waits_answers_pending_long_polls(
+    job: InMemoryJobRendezvous, listener: RecordingListener
+) -> None:
+    waiter = asyncio.create_task(job.rendezvous(request(W0, wait=60)))
+    poll = asyncio.create_task(job.notices(0, 60))
+    await asyncio.wait_for(listener.ready_event.wait(), DEADLINE)
+    job.close_waits()
+    assert (await asyncio.wait_for(waiter, DEADLINE)).status is RendezvousStatus.PENDING
+    assert (await asyncio.wait_for(poll, DEADLINE)).notices == ()
+    later = await asyncio.wait_for(job.rendezvous(request(W1, wait=60)), DEADLINE)
+    assert later.status is RendezvousStatus.PENDING
+
+
+def test_token_check_and_construction_errors(listener: RecordingListener) -> None:
+    job = InMemoryJobRendezvous("ns.job-1", "tok", listener)
+    assert job.check_token("tok")
+    assert not job.check_token("tok2") and not job.check_token("") and not job.check_token("tök")
+    for name in ["", "Upper", "-lead", "trail-", "a b"]:
+        with pytest.raises(ValueError, match="invalid job name"):
+            InMemoryJobRendezvous(name, "tok", listener)
+    for token in ["", "has space", "tök", "tab\t"]:
+        with pytest.raises(ValueError, match="token"):
+            InMemoryJobRendezvous("job", token, listener)

@@ -1,0 +1,103 @@
+"""Process-wide entry points: ``init``, ``shutdown`` and the rank/size queries."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+
+import torch
+
+from elasticjob.worker_runtime.runtime import Runtime, WorkerConfig
+
+_runtime: Runtime | None = None
+
+
+def init() -> None:
+    """Start the worker runtime and join the job's first round.
+
+    Under ``elasticjob-run`` or the operator, the worker's identity comes from the
+    environment; without it the process runs standalone as a world of one. Calling ``init``
+    again is a no-op."""
+    global _runtime
+    if _runtime is not None:
+        return
+    runtime = Runtime(WorkerConfig.from_env())
+    _runtime = runtime
+    atexit.register(_leave, runtime)
+    runtime.start()
+
+
+def _leave(runtime: Runtime) -> None:
+    """At interpreter exit: shut down, and skip native teardown if it could crash.
+
+    A collective abandoned when its group was aborted keeps a backend thread and the old
+    group's sockets until that group's timeout; tearing them down in native destructors at
+    interpreter exit can abort the process. When the exit status is known (the elastic loop
+    ended, or the worker was removed), leave with it right away instead."""
+    shutdown()
+    if runtime.group.abandoned and runtime.exit_code is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(runtime.exit_code)
+
+
+def shutdown() -> None:
+    """Leave the job: destroy the process group and stop following notices."""
+    global _runtime
+    if _runtime is not None:
+        _runtime.shutdown()
+        _runtime = None
+
+
+def current() -> Runtime:
+    """The process's runtime; raises if ``init()`` was not called."""
+    if _runtime is None:
+        raise ValueError("elasticjob.worker_runtime.init() has not been called")
+    return _runtime
+
+
+def is_initialized() -> bool:
+    return _runtime is not None
+
+
+def current_round() -> int:
+    """The number of the round this process is in (rounds count from 1)."""
+    return current().round
+
+
+def rank() -> int:
+    """This process's rank in the current round."""
+    return current().slot.rank
+
+
+def size() -> int:
+    """Number of processes in the current round."""
+    return current().slot.size
+
+
+def local_rank() -> int:
+    """This process's slot on its host."""
+    return current().slot.local_rank
+
+
+def local_size() -> int:
+    """Number of processes of the current round on this host."""
+    return current().slot.local_size
+
+
+def cross_rank() -> int:
+    """Index of this host among the hosts that run a process with this local rank."""
+    return current().slot.cross_rank
+
+
+def cross_size() -> int:
+    """Number of hosts that run a process with this local rank."""
+    return current().slot.cross_size
+
+
+def device() -> torch.device:
+    """The device collectives run on: ``cuda:local_rank`` under NCCL, else the CPU."""
+    return current().device

@@ -1,0 +1,65 @@
+"""``elastic.run``: the retry loop around a training function."""
+
+from __future__ import annotations
+
+import functools
+import traceback
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec, TypeVar
+
+from elasticjob.wire import WorkerState
+from elasticjob.worker_runtime.basics import current
+from elasticjob.worker_runtime.elastic.state import State
+from elasticjob.worker_runtime.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from elasticjob.worker_runtime.log import get_logger
+
+logger = get_logger(__name__)
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_S = TypeVar("_S", bound=State)
+
+
+def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
+    """Run ``func(state, ...)`` elastically.
+
+    - A collective failure (:class:`HorovodInternalError`): roll ``state`` back to its last
+      commit, join the next round, resync, retry.
+    - Hosts added or removed (:class:`HostsUpdatedInterrupt`, raised on all ranks at the same
+      step): keep the live state, join the next round, resync only if the driver says the new
+      round needs it (newcomers), retry.
+
+    After each reset, the state's reset callbacks run once the new group exists and before
+    the sync. A worker that is no longer part of the job exits 0 from the reset. When
+    ``func`` returns, the driver is told the worker succeeded; when it raises, that it
+    failed and why.
+    """
+
+    def wrapper(state: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        runtime = current()
+        sync = runtime.sync_required
+        while True:
+            try:
+                if sync:
+                    state.sync()
+                result = func(state, *args, **kwargs)
+            except HorovodInternalError as exc:
+                logger.warning("collective failed (%s); rolling back to the last commit", exc)
+                state.restore()
+            except HostsUpdatedInterrupt:
+                logger.info("hosts updated; re-forming the group with live state")
+            except Exception as exc:
+                runtime.exit_code = 1
+                runtime.report_result(
+                    WorkerState.FAILURE, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+                )
+                raise
+            else:
+                runtime.exit_code = 0
+                runtime.report_result(WorkerState.SUCCESS)
+                return result
+            sync = runtime.reset()
+            state.on_reset()
+
+    functools.update_wrapper(wrapper, func)
+    return wrapper

@@ -1,0 +1,102 @@
+"""``DistributedOptimizer``: averages gradients across the round before every step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import torch
+
+from elasticjob.worker_runtime.basics import current
+from elasticjob.worker_runtime.collectives import Average, ReduceOp, allreduce_
+from elasticjob.worker_runtime.log import CONTEXT
+
+_Optimizer = TypeVar("_Optimizer", bound=torch.optim.Optimizer)
+
+
+class Compression:
+    """Gradient compression for the allreduce (Horovod's ``hvd.Compression``)."""
+
+    class none:
+        @staticmethod
+        def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.dtype]:
+            return tensor, tensor.dtype
+
+        @staticmethod
+        def decompress(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+            return tensor
+
+    class fp16:
+        @staticmethod
+        def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.dtype]:
+            if tensor.is_floating_point():
+                return tensor.to(torch.float16), tensor.dtype
+            return tensor, tensor.dtype
+
+        @staticmethod
+        def decompress(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+            return tensor.to(dtype)
+
+
+class _DistributedMixin:
+    """Mixed into the wrapped optimizer's own class, so ``isinstance`` checks, learning-rate
+    schedulers and ``state_dict`` keep working."""
+
+    _ej_op: ReduceOp
+    _ej_compression: type[Compression.none] | type[Compression.fp16]
+    _ej_predivide: float
+    param_groups: list[dict[str, Any]]
+
+    def synchronize(self) -> None:
+        """Average every gradient across the round: one coalesced allreduce per dtype."""
+        grads = [
+            p.grad for group in self.param_groups for p in group["params"] if p.grad is not None
+        ]
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for grad in grads:
+            by_dtype.setdefault(grad.dtype, []).append(grad)
+        for group in by_dtype.values():
+            flat = torch.cat([g.reshape(-1) for g in group])
+            compressed, dtype = self._ej_compression.compress(flat)
+            allreduce_(
+                compressed,
+                op=self._ej_op,
+                prescale_factor=1.0 / self._ej_predivide,
+                postscale_factor=self._ej_predivide,
+            )
+            flat = self._ej_compression.decompress(compressed, dtype)
+            offset = 0
+            for grad in group:
+                n = grad.numel()
+                grad.copy_(flat[offset : offset + n].view_as(grad))
+                offset += n
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        self.synchronize()
+        runtime = current()
+        runtime.step += 1
+        CONTEXT.step = runtime.step
+        return super().step(closure)  # type: ignore[misc, no-any-return]
+
+
+def DistributedOptimizer(
+    optimizer: _Optimizer,
+    named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+    compression: type[Compression.none] | type[Compression.fp16] = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: ReduceOp = Average,
+    gradient_predivide_factor: float = 1.0,
+) -> _Optimizer:
+    """Make ``optimizer`` average gradients across all ranks before each ``step()``.
+
+    The optimizer object is kept (its state too); its class becomes a subclass of its own
+    class. Gradients accumulate locally over ``backward_passes_per_step`` backward passes and
+    are reduced once, at ``step()``. ``named_parameters`` is accepted for compatibility."""
+    del named_parameters, backward_passes_per_step
+    base = type(optimizer)
+    optimizer.__class__ = type(base.__name__, (_DistributedMixin, base), {})
+    wrapped: Any = optimizer
+    wrapped._ej_op = op
+    wrapped._ej_compression = compression
+    wrapped._ej_predivide = gradient_predivide_factor
+    return optimizer

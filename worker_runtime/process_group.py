@@ -1,0 +1,162 @@
+"""The process group of one round, with a configure / abort / errored contract.
+
+Every round gets a fresh default ``torch.distributed`` group on a fresh store prefix; the
+previous one is aborted (when it broke) and destroyed first, never leaked.
+
+Collectives are issued asynchronously and waited on here, so a group can be abandoned the
+moment the driver announces that a member failed (:meth:`RoundGroup.abort`, called from the
+notice thread): Gloo would otherwise block a survivor until its timeout when the dead peer is
+not its direct neighbour. A bounded timeout is the last resort.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, Store
+
+from elasticjob.worker_runtime.exceptions import HorovodInternalError
+from elasticjob.worker_runtime.log import get_logger
+
+logger = get_logger(__name__)
+
+
+class _Work(Protocol):
+    def get_future(self) -> torch.futures.Future[object]: ...
+
+    def wait(self) -> bool: ...
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A collective being waited on."""
+
+    event: threading.Event
+    completed: bool = False
+    abandoned: bool = False
+
+
+class RoundGroup:
+    """Owns the default process group of the current round."""
+
+    def __init__(self, backend: str, device: torch.device) -> None:
+        self.backend = backend
+        self.device = device
+        self._lock = threading.Lock()
+        self._error: str | None = None
+        self._waiters: set[_Pending] = set()
+        self._abandoned = 0
+        self._configured = False
+
+    @property
+    def configured(self) -> bool:
+        return self._configured
+
+    def configure(
+        self,
+        store: Store,
+        prefix: str,
+        rank: int,
+        size: int,
+        timeout: datetime.timedelta,
+    ) -> None:
+        """Destroy the previous group and form a new one of ``size`` ranks on the store keys
+        under ``prefix``. Raises :class:`HorovodInternalError` if forming it fails."""
+        self.destroy()
+        with self._lock:
+            self._error = None
+        kwargs: dict[str, object] = {}
+        if self.backend == "nccl":
+            kwargs["device_id"] = self.device
+        try:
+            dist.init_process_group(
+                self.backend,
+                store=PrefixStore(prefix, store),
+                rank=rank,
+                world_size=size,
+                timeout=timeout,
+                **kwargs,  # type: ignore[arg-type]
+            )
+        except (RuntimeError, dist.DistError) as exc:
+            raise HorovodInternalError(f"forming the process group failed: {exc}") from exc
+        self._configured = True
+
+    def abort(self, reason: str) -> None:
+        """Mark the group broken and wake every collective waiting on it. Thread-safe."""
+        with self._lock:
+            if self._error is None:
+                self._error = reason
+            waiters = list(self._waiters)
+        for pending in waiters:
+            pending.event.set()
+        if self.backend == "nccl" and self._configured:
+            # NCCL kernels of a broken group never finish on their own: abort the
+            # communicators now, which also unblocks collectives issued outside this module
+            # (DistributedDataParallel's gradient hooks).
+            self._abort_backend()
+
+    def errored(self) -> str | None:
+        """Why the group was aborted, or None while it is healthy."""
+        with self._lock:
+            return self._error
+
+    @property
+    def abandoned(self) -> int:
+        """Collectives given up on when their group was aborted that have not finished yet:
+        backend threads still hold an old group's sockets for them until its timeout."""
+        with self._lock:
+            return self._abandoned
+
+    def wait(self, work: _Work) -> None:
+        """Wait for an asynchronous collective, or raise as soon as the group is aborted."""
+        pending = _Pending(threading.Event())
+        with self._lock:
+            if self._error is not None:
+                raise HorovodInternalError(self._error)
+            self._waiters.add(pending)
+        work.get_future().add_done_callback(lambda _future: self._complete(pending))
+        pending.event.wait()
+        with self._lock:
+            self._waiters.discard(pending)
+            reason = self._error
+            if reason is not None and not pending.completed:
+                pending.abandoned = True
+                self._abandoned += 1
+        if reason is not None:
+            raise HorovodInternalError(reason)
+        try:
+            work.wait()
+        except (RuntimeError, dist.DistError) as exc:
+            self.abort(f"collective failed: {exc}")
+            raise HorovodInternalError(f"collective failed: {exc}") from exc
+
+    def _complete(self, pending: _Pending) -> None:
+        with self._lock:
+            pending.completed = True
+            if pending.abandoned:
+                self._abandoned -= 1
+        pending.event.set()
+
+    def destroy(self) -> None:
+        """Tear the current group down (aborting it first if it broke)."""
+        if not self._configured:
+            return
+        self._configured = False
+        if self.errored() is not None:
+            self._abort_backend()
+        try:
+            dist.destroy_process_group()
+        except (RuntimeError, ValueError) as exc:  # a broken group may refuse a clean destroy
+            logger.debug("destroying the process group: %s", exc)
+
+    def _abort_backend(self) -> None:
+        try:
+            group = dist.distributed_c10d._get_default_group()
+            group.abort()
+        except (RuntimeError, ValueError) as exc:
+            logger.debug("aborting the process group: %s", exc)

@@ -1,0 +1,115 @@
+"""A small synchronous client of the rendezvous service, for worker processes.
+
+It uses only the standard library (the worker image carries no aiohttp), sends the job's
+bearer token on every request and retries connection errors with bounded exponential backoff,
+so a restarting operator does not kill training.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import time
+import urllib.parse
+
+from pydantic import BaseModel
+
+from elasticjob.wire import (
+    API_PREFIX,
+    NoticesResponse,
+    ProgressRequest,
+    RendezvousRequest,
+    RendezvousResponse,
+    ResultRequest,
+    RoundInfo,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class RendezvousClientError(RuntimeError):
+    """The rendezvous service refused a request or stayed unreachable past the deadline."""
+
+
+class RendezvousClient:
+    """Talks to one job's endpoints of the rendezvous service."""
+
+    def __init__(
+        self,
+        url: str,
+        job: str,
+        token: str,
+        *,
+        retry_deadline_s: float = 120.0,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme != "http" or not parsed.hostname:
+            raise ValueError(f"rendezvous URL must look like http://host:port, got {url!r}")
+        self._host = parsed.hostname
+        self._port = parsed.port or 80
+        self._base = f"{API_PREFIX}/jobs/{urllib.parse.quote(job, safe='')}"
+        self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self._retry_deadline_s = retry_deadline_s
+        self._connect_timeout_s = connect_timeout_s
+
+    def rendezvous(self, request: RendezvousRequest) -> RendezvousResponse:
+        """Long-poll for the worker's next round (see ``RendezvousRequest``)."""
+        data = self._request("POST", "/rendezvous", request, wait_s=request.wait_seconds)
+        return RendezvousResponse.model_validate_json(data)
+
+    def notices(self, after_seq: int, wait_seconds: float) -> NoticesResponse:
+        """Long-poll for notices newer than ``after_seq``."""
+        path = f"/notices?after={after_seq}&wait={wait_seconds}"
+        return NoticesResponse.model_validate_json(
+            self._request("GET", path, None, wait_s=wait_seconds)
+        )
+
+    def report_result(self, request: ResultRequest) -> None:
+        self._request("POST", "/results", request)
+
+    def report_progress(self, request: ProgressRequest) -> None:
+        self._request("POST", "/progress", request)
+
+    def round_info(self) -> RoundInfo:
+        return RoundInfo.model_validate_json(self._request("GET", "/round", None))
+
+    def _request(
+        self, method: str, path: str, body: BaseModel | None, *, wait_s: float = 0.0
+    ) -> bytes:
+        payload = body.model_dump_json().encode() if body is not None else None
+        deadline = time.monotonic() + self._retry_deadline_s
+        delay = 0.05
+        while True:
+            try:
+                status, data = self._send(method, self._base + path, payload, wait_s)
+            except OSError as exc:
+                if time.monotonic() + delay > deadline:
+                    raise RendezvousClientError(
+                        f"rendezvous service at {self._host}:{self._port} unreachable for "
+                        f"{self._retry_deadline_s:.0f} s: {exc}"
+                    ) from exc
+                logger.debug("rendezvous %s %s failed (%s); retrying", method, path, exc)
+            else:
+                if status < 300:
+                    return data
+                if status < 500 or time.monotonic() + delay > deadline:
+                    raise RendezvousClientError(
+                        f"rendezvous {method} {path} refused with {status}: "
+                        f"{data.decode(errors='replace')}"
+                    )
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def _send(
+        self, method: str, path: str, payload: bytes | None, wait_s: float
+    ) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection(
+            self._host, self._port, timeout=self._connect_timeout_s + wait_s
+        )
+        try:
+            conn.request(method, path, body=payload, headers=self._headers)
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()

@@ -1,0 +1,318 @@
+"""The per-process worker runtime: rounds, the process group, host-update agreement.
+
+One :class:`Runtime` lives in each worker process (created by ``init()``). It
+
+- hosts a TCPStore server on the worker's bind address, used when this worker is rank 0;
+- asks the rendezvous service for each round (rank, size, local and cross ranks, the store
+  of the round's rank 0) and forms a fresh process group on a fresh store prefix;
+- follows the job's notices on a background thread: hosts added or removed raise the
+  agreed sequence number that ``check_host_updates()`` max-reduces across ranks, and a
+  failed member of the current round aborts the group at once.
+
+Without the launcher's environment it runs standalone as a world of one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import HashStore, Store, TCPStore
+
+from elasticjob import wire
+from elasticjob.wire import (
+    Notice,
+    NoticeKind,
+    ProgressRequest,
+    RendezvousRequest,
+    RendezvousStatus,
+    ResultRequest,
+    SlotInfo,
+    WorkerState,
+)
+from elasticjob.worker_runtime.exceptions import (
+    HorovodInternalError,
+    HostsUpdatedInterrupt,
+    WorkerRemoved,
+)
+from elasticjob.worker_runtime.log import CONTEXT, get_logger
+from elasticjob.worker_runtime.notices import NoticeWatcher
+from elasticjob.worker_runtime.process_group import RoundGroup
+from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
+
+logger = get_logger(__name__)
+
+_RENDEZVOUS_POLL_S = 20.0
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What a launcher (or the operator) tells a worker through its environment."""
+
+    rendezvous_url: str
+    job: str
+    token: str
+    hostname: str
+    local_rank: int
+    bind_address: str
+    backend: str = "auto"
+    collective_timeout_s: float = 60.0
+    """Bound on any collective; failures the driver sees abort groups much sooner."""
+    round_wait_s: float = 900.0
+    """How long a worker waits for its next round before giving up."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> WorkerConfig | None:
+        """Read the config, or None when the process was not started by a launcher."""
+        url = environ.get(wire.ENV_RENDEZVOUS_URL)
+        if not url:
+            return None
+        missing = [
+            name
+            for name in (wire.ENV_JOB, wire.ENV_TOKEN, wire.ENV_HOSTNAME, wire.ENV_LOCAL_RANK)
+            if not environ.get(name)
+        ]
+        if missing:
+            raise RuntimeError(f"{wire.ENV_RENDEZVOUS_URL} is set but {', '.join(missing)} not")
+        hostname = environ[wire.ENV_HOSTNAME]
+        return cls(
+            rendezvous_url=url,
+            job=environ[wire.ENV_JOB],
+            token=environ[wire.ENV_TOKEN],
+            hostname=hostname,
+            local_rank=int(environ[wire.ENV_LOCAL_RANK]),
+            bind_address=environ.get(wire.ENV_BIND_ADDRESS, hostname),
+            backend=environ.get(wire.ENV_BACKEND, "auto"),
+            collective_timeout_s=float(environ.get("ELASTICJOB_COLLECTIVE_TIMEOUT", "60")),
+            round_wait_s=float(environ.get("ELASTICJOB_ROUND_WAIT", "900")),
+        )
+
+
+def resolve_backend(requested: str) -> str:
+    """``auto`` means NCCL when CUDA is available, else Gloo."""
+    if requested == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if requested not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be gloo, nccl or auto, got {requested!r}")
+    return requested
+
+
+class Runtime:
+    """The worker's view of the job (see the module docstring)."""
+
+    def __init__(self, config: WorkerConfig | None) -> None:
+        self.config = config
+        local_rank = config.local_rank if config else 0
+        self.backend = resolve_backend(config.backend if config else "auto")
+        if self.backend == "nccl":
+            torch.cuda.set_device(local_rank)
+            self.device = torch.device("cuda", local_rank)
+        else:
+            self.device = torch.device("cpu")
+        self.group = RoundGroup(self.backend, self.device)
+        hostname = config.hostname if config else "localhost"
+        self.slot = SlotInfo(
+            hostname=hostname, rank=0, local_rank=local_rank, cross_rank=0,
+            size=1, local_size=1, cross_size=1,
+        )  # fmt: skip
+        self.round = 0
+        self.step = 0
+        self.sync_required = True
+        self.exit_code: int | None = None
+        """The status the process will exit with, once the elastic loop knows it."""
+        self._lock = threading.Lock()
+        self._latest_update_seq = 0
+        self._handled_update_seq = 0
+        self._max_failed_round = 0
+        self._client: RendezvousClient | None = None
+        self._watcher: NoticeWatcher | None = None
+        self._store: Store
+        self._round_store: Store | None = None
+        CONTEXT.job = config.job if config else "standalone"
+        if config is None:
+            self._store = HashStore()
+            return
+        timeout = datetime.timedelta(seconds=config.collective_timeout_s)
+        server = TCPStore(
+            config.bind_address, 0, is_master=True, wait_for_workers=False, timeout=timeout
+        )
+        self._store, self._store_port = server, server.port
+        self._client = RendezvousClient(config.rendezvous_url, config.job, config.token)
+        self._watcher = NoticeWatcher(self._client, self._on_notice)
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Join the first round (or form the world of one when standalone)."""
+        if self._watcher is None:
+            self.group.configure(self._store, "standalone/", 0, 1, datetime.timedelta(60))
+            self.sync_required = False
+            return
+        self._watcher.start()
+        self.sync_required = self._join()
+
+    def reset(self) -> bool:
+        """Leave the current round and join the next; return whether state must be synced.
+
+        Raises :class:`WorkerRemoved` when this worker is no longer part of the job."""
+        self.group.destroy()
+        if self._watcher is None:
+            self.group.configure(self._store, f"standalone-{self.round}/", 0, 1,
+                                 datetime.timedelta(60))  # fmt: skip
+            self.round += 1
+            return False
+        self.sync_required = self._join()
+        return self.sync_required
+
+    def shutdown(self) -> None:
+        """Destroy the group and stop following notices."""
+        self.group.destroy()
+        if self._watcher is not None:
+            self._watcher.stop()
+
+    @property
+    def _worker_name(self) -> str:
+        return f"{self.slot.hostname}[{self.slot.local_rank}]"
+
+    # ---- rounds ------------------------------------------------------------------------
+
+    def _join(self) -> bool:
+        assert self.config is not None and self._client is not None
+        deadline = time.monotonic() + self.config.round_wait_s
+        after_round = self.round
+        while True:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"no round assigned within {self.config.round_wait_s:.0f} s "
+                    f"(job {self.config.job}, worker {self._worker_name})"
+                )
+            response = self._client.rendezvous(
+                RendezvousRequest(
+                    hostname=self.config.hostname,
+                    local_rank=self.config.local_rank,
+                    address=self.config.bind_address,
+                    store_port=self._store_port,
+                    after_round=after_round,
+                    wait_seconds=_RENDEZVOUS_POLL_S,
+                )
+            )
+            if response.status is RendezvousStatus.PENDING:
+                continue
+            if response.status in (RendezvousStatus.REMOVED, RendezvousStatus.FINISHED):
+                self.shutdown()
+                self.exit_code = 0
+                raise WorkerRemoved(
+                    f"worker {self._worker_name} leaves the job: "
+                    f"{response.message or response.status.value.lower()}"
+                )
+            assert response.slot is not None and response.store_address is not None
+            assert response.store_port is not None
+            after_round = response.round
+            with self._lock:
+                if response.round <= self._max_failed_round:
+                    logger.info(
+                        "round %d failed before it formed; waiting for the next", after_round
+                    )
+                    continue
+                self.round = response.round
+                self._handled_update_seq = max(self._handled_update_seq, response.notice_seq)
+            self.slot = response.slot
+            CONTEXT.round, CONTEXT.rank = self.round, self.slot.rank
+            try:
+                self._form_group(response.store_address, response.store_port)
+            except HorovodInternalError as exc:
+                logger.warning("round %d: %s; waiting for the next round", self.round, exc)
+                continue
+            logger.info(
+                "%s joined round %d as rank %d of %d (local %d/%d, cross %d/%d, sync=%s)",
+                self.config.hostname, self.round, self.slot.rank, self.slot.size,
+                self.slot.local_rank, self.slot.local_size, self.slot.cross_rank,
+                self.slot.cross_size, response.sync,
+            )  # fmt: skip
+            return response.sync
+
+    def _form_group(self, store_address: str, store_port: int) -> None:
+        assert self.config is not None
+        timeout = datetime.timedelta(seconds=self.config.collective_timeout_s)
+        if self.slot.rank == 0:
+            store = self._store
+        else:
+            try:
+                store = TCPStore(
+                    store_address, store_port, is_master=False, wait_for_workers=False,
+                    timeout=timeout,
+                )  # fmt: skip
+            except (RuntimeError, dist.DistError) as exc:
+                raise HorovodInternalError(f"cannot reach the round's store: {exc}") from exc
+        self._round_store = store
+        prefix = f"{self.config.job}/round-{self.round}/"
+        self.group.configure(store, prefix, self.slot.rank, self.slot.size, timeout)
+        if self._round_failed():
+            self.group.abort(f"a member of round {self.round} failed")
+
+    def _round_failed(self) -> bool:
+        with self._lock:
+            return self.round <= self._max_failed_round
+
+    # ---- notices -----------------------------------------------------------------------
+
+    def _on_notice(self, notice: Notice) -> None:
+        if notice.kind is NoticeKind.ROUND_FAILED:
+            with self._lock:
+                self._max_failed_round = max(self._max_failed_round, notice.round)
+                current = self.round
+            if notice.round == current:
+                logger.info("a member of round %d failed; aborting the group", notice.round)
+                self.group.abort(f"a member of round {notice.round} failed (driver notice)")
+            return
+        with self._lock:
+            self._latest_update_seq = max(self._latest_update_seq, notice.seq)
+        logger.info("notice %d: %s %s", notice.seq, notice.kind.value, ",".join(notice.hosts))
+
+    def check_host_updates(self) -> None:
+        """Raise :class:`HostsUpdatedInterrupt` on every rank at the same step once any rank
+        has seen a hosts-added or hosts-removed notice (a max-reduction, not rank 0's view)."""
+        with self._lock:
+            local = self._latest_update_seq
+        agreed = torch.tensor([local], dtype=torch.int64, device=self.device)
+        self.group.wait(dist.all_reduce(agreed, op=dist.ReduceOp.MAX, async_op=True))
+        seq = int(agreed.item())
+        if seq > self._handled_update_seq:
+            self._handled_update_seq = seq
+            raise HostsUpdatedInterrupt(skip_sync=False)
+
+    # ---- reports -----------------------------------------------------------------------
+
+    def report_result(
+        self, state: WorkerState, message: str = "", exit_code: int | None = None
+    ) -> None:
+        """Tell the driver how this worker's process ends (best effort)."""
+        if self._client is None or self.config is None:
+            return
+        try:
+            self._client.report_result(
+                ResultRequest(
+                    hostname=self.config.hostname, local_rank=self.config.local_rank,
+                    state=state, exit_code=exit_code, message=message[-4000:],
+                )
+            )  # fmt: skip
+        except RendezvousClientError as exc:
+            logger.warning("could not report %s: %s", state.value, exc)
+
+    def report_progress(self, epoch: int, step: int, samples_per_second: float) -> None:
+        """Rank 0 reports training progress for the job's status (others do nothing)."""
+        if self._client is None or self.slot.rank != 0:
+            return
+        try:
+            self._client.report_progress(
+                ProgressRequest(round=self.round, epoch=epoch, step=step,
+                                samples_per_second=max(samples_per_second, 0.0))
+            )  # fmt: skip
+        except RendezvousClientError as exc:
+            logger.warning("could not report progress: %s", exc)
