@@ -118,9 +118,14 @@ class Runtime:
         self.group = RoundGroup(self.backend, self.device)
         hostname = config.hostname if config else "localhost"
         self.slot = SlotInfo(
-            hostname=hostname, rank=0, local_rank=local_rank, cross_rank=0,
-            size=1, local_size=1, cross_size=1,
-        )  # fmt: skip
+            hostname=hostname,
+            rank=0,
+            local_rank=local_rank,
+            cross_rank=0,
+            size=1,
+            local_size=1,
+            cross_size=1,
+        )
         self.round = 0
         self.step = 0
         self.sync_required = True
@@ -163,8 +168,9 @@ class Runtime:
         Raises :class:`WorkerRemoved` when this worker is no longer part of the job."""
         self.group.destroy()
         if self._watcher is None:
-            self.group.configure(self._store, f"standalone-{self.round}/", 0, 1,
-                                 datetime.timedelta(60))  # fmt: skip
+            self.group.configure(
+                self._store, f"standalone-{self.round}/", 0, 1, datetime.timedelta(60)
+            )
             self.round += 1
             return False
         self.sync_required = self._join()
@@ -231,10 +237,16 @@ class Runtime:
                 continue
             logger.info(
                 "%s joined round %d as rank %d of %d (local %d/%d, cross %d/%d, sync=%s)",
-                self.config.hostname, self.round, self.slot.rank, self.slot.size,
-                self.slot.local_rank, self.slot.local_size, self.slot.cross_rank,
-                self.slot.cross_size, response.sync,
-            )  # fmt: skip
+                self.config.hostname,
+                self.round,
+                self.slot.rank,
+                self.slot.size,
+                self.slot.local_rank,
+                self.slot.local_size,
+                self.slot.cross_rank,
+                self.slot.cross_size,
+                response.sync,
+            )
             return response.sync
 
     def _form_group(self, store_address: str, store_port: int) -> None:
@@ -245,9 +257,12 @@ class Runtime:
         else:
             try:
                 store = TCPStore(
-                    store_address, store_port, is_master=False, wait_for_workers=False,
+                    store_address,
+                    store_port,
+                    is_master=False,
+                    wait_for_workers=False,
                     timeout=timeout,
-                )  # fmt: skip
+                )
             except (RuntimeError, dist.DistError) as exc:
                 raise HorovodInternalError(f"cannot reach the round's store: {exc}") from exc
         self._round_store = store
@@ -298,10 +313,13 @@ class Runtime:
         try:
             self._client.report_result(
                 ResultRequest(
-                    hostname=self.config.hostname, local_rank=self.config.local_rank,
-                    state=state, exit_code=exit_code, message=message[-4000:],
+                    hostname=self.config.hostname,
+                    local_rank=self.config.local_rank,
+                    state=state,
+                    exit_code=exit_code,
+                    message=message[-4000:],
                 )
-            )  # fmt: skip
+            )
         except RendezvousClientError as exc:
             logger.warning("could not report %s: %s", state.value, exc)
 
@@ -311,8 +329,12 @@ class Runtime:
             return
         try:
             self._client.report_progress(
-                ProgressRequest(round=self.round, epoch=epoch, step=step,
-                                samples_per_second=max(samples_per_second, 0.0))
-            )  # fmt: skip
+                ProgressRequest(
+                    round=self.round,
+                    epoch=epoch,
+                    step=step,
+                    samples_per_second=max(samples_per_second, 0.0),
+                )
+            )
         except RendezvousClientError as exc:
             logger.warning("could not report progress: %s", exc)

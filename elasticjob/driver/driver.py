@@ -247,8 +247,11 @@ class ElasticDriver(RendezvousListener):
             await self._check_round()
 
     async def _check_round(self) -> None:
-        decision = decide(self.registry.records(), resets=self.registry.reset_count,
-                          reset_limit=self.settings.reset_limit)  # fmt: skip
+        decision = decide(
+            self.registry.records(),
+            resets=self.registry.reset_count,
+            reset_limit=self.settings.reset_limit,
+        )
         if decision.action is Action.WAIT:
             await self._prepare_newcomers()
         elif decision.action is Action.SUCCEED:
@@ -276,10 +279,12 @@ class ElasticDriver(RendezvousListener):
                 ) from exc
             now = self._clock()
             action = decide_capacity(
-                available_slots=sum(n for _, n in hosts), min_np=self.settings.min_np,
-                waiting_since=self._capacity_wait_since, now=now,
+                available_slots=sum(n for _, n in hosts),
+                min_np=self.settings.min_np,
+                waiting_since=self._capacity_wait_since,
+                now=now,
                 elastic_timeout_s=self.settings.elastic_timeout_s,
-            )  # fmt: skip
+            )
             if action is CapacityAction.TIMEOUT:
                 raise DriverError(
                     f"elastic timeout: {exc} for {self.settings.elastic_timeout_s:.0f} s"
@@ -318,10 +323,14 @@ class ElasticDriver(RendezvousListener):
         self._newcomers_announced = False
         self.phase = Phase.RUNNING
         logger.info(
-            "round %d: %d workers on %s (sync=%s, newcomers=%d, removed=%d)", next_round,
-            len(plan), ",".join(dict.fromkeys(w.hostname for w in plan)), sync, len(newcomers),
+            "round %d: %d workers on %s (sync=%s, newcomers=%d, removed=%d)",
+            next_round,
+            len(plan),
+            ",".join(dict.fromkeys(w.hostname for w in plan)),
+            sync,
+            len(newcomers),
             len(outgoing),
-        )  # fmt: skip
+        )
 
     async def _reap(self, workers: list[WorkerId]) -> None:
         """Stop removed workers that have not exited after the grace period."""

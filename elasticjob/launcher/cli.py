@@ -43,15 +43,35 @@ def build_parser() -> argparse.ArgumentParser:
     hosts = parser.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", help="fixed hosts: host1:slots,host2:slots,...")
     hosts.add_argument("--host-discovery-script", help="executable printing host[:slots] lines")
-    parser.add_argument("--slots", "--slots-per-host", type=int, default=1, dest="slots",
-                        help="slots of a host given without :slots (default 1)")  # fmt: skip
+    parser.add_argument(
+        "--slots",
+        "--slots-per-host",
+        type=int,
+        default=1,
+        dest="slots",
+        help="slots of a host given without :slots (default 1)",
+    )
     parser.add_argument("--reset-limit", type=int, help="fail after this many resets")
-    parser.add_argument("--elastic-timeout", type=float, default=600.0,
-                        help="seconds to wait while fewer than --min-np slots are available")  # fmt: skip
-    parser.add_argument("--start-timeout", type=float, default=120.0,
-                        help="seconds a new worker may take to register")  # fmt: skip
-    parser.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"),
-                        default=(10.0, 300.0), help="cooldown of a failed host, in seconds")  # fmt: skip
+    parser.add_argument(
+        "--elastic-timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait while fewer than --min-np slots are available",
+    )
+    parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=120.0,
+        help="seconds a new worker may take to register",
+    )
+    parser.add_argument(
+        "--blacklist-cooldown-range",
+        type=float,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        default=(10.0, 300.0),
+        help="cooldown of a failed host, in seconds",
+    )
     parser.add_argument("--network-interface", help="interface for Gloo/NCCL traffic (e.g. lo)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     parser.add_argument("--job-name", default="local", help="name of the job (default: local)")
@@ -75,9 +95,12 @@ def _settings(args: argparse.Namespace) -> tuple[HostDiscovery, DriverSettings, 
     min_np = args.min_np if args.min_np is not None else (args.np or 1)
     try:
         settings = DriverSettings(
-            min_np=min_np, max_np=max_np, reset_limit=args.reset_limit,
-            elastic_timeout_s=args.elastic_timeout, start_timeout_s=args.start_timeout,
-        )  # fmt: skip
+            min_np=min_np,
+            max_np=max_np,
+            reset_limit=args.reset_limit,
+            elastic_timeout_s=args.elastic_timeout,
+            start_timeout_s=args.start_timeout,
+        )
         policy = BlacklistPolicy(*args.blacklist_cooldown_range)
     except ValueError as exc:
         raise DriverError(str(exc)) from exc
@@ -91,9 +114,12 @@ async def run_job(args: argparse.Namespace) -> JobResult:
     await service.start("127.0.0.1", 0)
     token = secrets.token_urlsafe(24)
     environment = WorkerEnvironment(
-        rendezvous_url=service.url, job=args.job_name, token=token,
-        backend=args.backend, network_interface=args.network_interface,
-    )  # fmt: skip
+        rendezvous_url=service.url,
+        job=args.job_name,
+        token=token,
+        backend=args.backend,
+        network_interface=args.network_interface,
+    )
 
     def make_launcher(driver: ElasticDriver) -> LocalWorkerLauncher:
         return LocalWorkerLauncher(args.command, environment, driver.on_worker_exit, driver.rank_of)

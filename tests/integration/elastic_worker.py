@@ -70,9 +70,14 @@ class EventLog:
         self._path = log_dir / f"{host}-{slot}-{os.getpid()}.jsonl"
 
     def write(self, event: str, **fields: Any) -> None:
-        record = {"ev": event, "host": os.environ.get("ELASTICJOB_HOSTNAME", "standalone"),
-                  "slot": int(os.environ.get("ELASTICJOB_LOCAL_RANK", "0")), "pid": os.getpid(),
-                  "time": time.time(), **fields}  # fmt: skip
+        record = {
+            "ev": event,
+            "host": os.environ.get("ELASTICJOB_HOSTNAME", "standalone"),
+            "slot": int(os.environ.get("ELASTICJOB_LOCAL_RANK", "0")),
+            "pid": os.getpid(),
+            "time": time.time(),
+            **fields,
+        }
         with self._path.open("a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -148,14 +153,25 @@ def main() -> None:
                 if args.step_time:
                     time.sleep(args.step_time)
                 state.sampler.record_batch(batch_idx, args.batch_size)
-                log.write("step", epoch=state.epoch, batch=state.batch, round=hvd.current_round(),
-                          rank=hvd.rank(), size=hvd.size())  # fmt: skip
+                log.write(
+                    "step",
+                    epoch=state.epoch,
+                    batch=state.batch,
+                    round=hvd.current_round(),
+                    rank=hvd.rank(),
+                    size=hvd.size(),
+                )
                 state.batch += 1
                 if state.batch % args.commit_every == 0:
                     state.commit()
             wait_for_world(state, expected, args.wait_deadline)
-            log.write("epoch_end", epoch=state.epoch, round=hvd.current_round(),
-                      rank=hvd.rank(), size=hvd.size())  # fmt: skip
+            log.write(
+                "epoch_end",
+                epoch=state.epoch,
+                round=hvd.current_round(),
+                rank=hvd.rank(),
+                size=hvd.size(),
+            )
             state.epoch += 1
             state.batch = 0
             state.sampler.set_epoch(state.epoch)
@@ -167,9 +183,16 @@ def main() -> None:
         digest.update(name.encode())
         digest.update(tensor.detach().numpy().tobytes())
     seen = model.seen
-    log.write("done", round=hvd.current_round(), rank=hvd.rank(), size=hvd.size(),
-              digest=digest.hexdigest(), seen_min=int(seen.min()), seen_max=int(seen.max()),
-              processed=state.sampler.processed_num)  # fmt: skip
+    log.write(
+        "done",
+        round=hvd.current_round(),
+        rank=hvd.rank(),
+        size=hvd.size(),
+        digest=digest.hexdigest(),
+        seen_min=int(seen.min()),
+        seen_max=int(seen.max()),
+        processed=state.sampler.processed_num,
+    )
     hvd.shutdown()
 
 

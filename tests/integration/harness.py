@@ -77,9 +77,13 @@ def run_job(
         args += ["--host-discovery-script", str(script)]
         worker += ["--epoch-file", str(epoch_file)]
     process = subprocess.Popen(
-        [*args, *worker], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
-    )  # fmt: skip
+        [*args, *worker],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
