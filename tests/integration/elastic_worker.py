@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import os
 import signal
 import time
@@ -100,6 +101,7 @@ def maybe_fail(args: argparse.Namespace, log: EventLog, epoch: int, batch: int) 
 
 def main() -> None:
     args = parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     log = EventLog(args.log_dir)
     torch.set_num_threads(1)
     hvd.init()

@@ -1,0 +1,183 @@
+"""Elastic scenarios with real processes: the launcher, the driver, the rendezvous service and
+workers training over Gloo on loopback "hosts" (127.0.1.N).
+
+Each scenario scripts hosts per epoch (a discovery schedule) and failures per (epoch, batch,
+rank), then checks per epoch: world size, ranks and hosts, rounds; and at the end: identical
+model state on every rank and exactly-once sample accounting in the committed trajectory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.harness import JobRun, run_job
+
+pytestmark = pytest.mark.integration
+
+EPOCHS = 3
+SAMPLES = 96
+
+
+def worker_args(*extra: str, epochs: int = EPOCHS) -> list[str]:
+    return ["--epochs", str(epochs), "--samples", str(SAMPLES), *extra]
+
+
+def assert_trained_exactly_once(run: JobRun, epochs: int = EPOCHS) -> list[dict[str, Any]]:
+    """Every survivor ends with the same weights and every sample trained once per epoch."""
+    done = run.of("done")
+    assert done, run.explain()
+    assert len({d["digest"] for d in done}) == 1, f"ranks disagree: {done}"
+    for d in done:
+        assert (d["seen_min"], d["seen_max"]) == (epochs, epochs), d
+    final = max(d["round"] for d in done)
+    assert {d["round"] for d in done} == {final}
+    assert sorted(d["rank"] for d in done) == list(range(done[0]["size"]))
+    return done
+
+
+def ranks_by_host(events: list[dict[str, Any]]) -> dict[tuple[str, int], int]:
+    return {(e["host"], e["slot"]): e["rank"] for e in events}
+
+
+def test_steady_job_on_two_hosts(tmp_path: Path) -> None:
+    run = run_job(
+        tmp_path,
+        launcher_args=["-np", "4", "-H", "127.0.1.1:2,127.0.1.2:2"],
+        worker_args=worker_args(epochs=2),
+    )
+    assert run.returncode == 0, run.explain()
+    done = assert_trained_exactly_once(run, epochs=2)
+    assert {d["round"] for d in done} == {1}
+    assert ranks_by_host(done) == {
+        ("127.0.1.1", 0): 0,
+        ("127.0.1.1", 1): 1,
+        ("127.0.1.2", 0): 2,
+        ("127.0.1.2", 1): 3,
+    }
+    assert "[0]<stdout>:" in run.stdout and "[3]<stdout>:" in run.stdout
+
+
+def test_scale_out_newcomers_get_state_from_rank_0(tmp_path: Path) -> None:
+    run = run_job(
+        tmp_path,
+        launcher_args=["-np", "2", "--min-np", "2", "--max-np", "8"],
+        worker_args=worker_args("--expect-sizes", "2,4,4", "--step-time", "0.02"),
+        schedule={0: "127.0.1.1:1,127.0.1.2:1", 1: "127.0.1.1:1,127.0.1.2:1,127.0.1.3:2"},
+    )
+    assert run.returncode == 0, run.explain()
+    done = assert_trained_exactly_once(run)
+    ends = run.epoch_ends()
+    assert [ends[e][0]["size"] for e in range(EPOCHS)] == [2, 4, 4]
+    # Survivors keep their order (rank 0 stays on the oldest host), newcomers go last.
+    assert ranks_by_host(done) == {
+        ("127.0.1.1", 0): 0,
+        ("127.0.1.2", 0): 1,
+        ("127.0.1.3", 0): 2,
+        ("127.0.1.3", 1): 3,
+    }
+    assert {d["round"] for d in done} == {2}
+    assert "rolling back" not in run.stdout, "a hosts-updated reset must keep live state"
+    # Every survivor was interrupted at the same step (the agreed host-update check).
+    last_steps = {
+        (e["epoch"], e["batch"]) for e in run.of("step") if e["round"] == 1 and e["size"] == 2
+    }
+    survivors_last = {
+        max((e["epoch"], e["batch"]) for e in run.of("step") if e["round"] == 1 and e["rank"] == r)
+        for r in (0, 1)
+    }
+    assert len(survivors_last) == 1 and survivors_last <= last_steps
+
+
+def test_graceful_scale_in_keeps_live_state_and_loses_no_sample(tmp_path: Path) -> None:
+    run = run_job(
+        tmp_path,
+        launcher_args=["-np", "2", "--min-np", "2"],
+        worker_args=worker_args("--expect-sizes", "4,2,2", "--step-time", "0.02"),
+        schedule={0: "127.0.1.1:2,127.0.1.2:2", 1: "127.0.1.1:2"},
+    )
+    assert run.returncode == 0, run.explain()
+    done = assert_trained_exactly_once(run)
+    assert [run.epoch_ends()[e][0]["size"] for e in range(EPOCHS)] == [4, 2, 2]
+    assert ranks_by_host(done) == {("127.0.1.1", 0): 0, ("127.0.1.1", 1): 1}
+    assert "rolling back" not in run.stdout
+    assert "left the job (exit code 0)" in run.stderr, run.explain()
+    assert "failed" not in run.stderr.replace("job failed", ""), run.explain()
+
+
+@pytest.mark.parametrize("mode", ["sigkill", "exception"])
+def test_failed_worker_blacklists_its_host_and_survivors_roll_back(
+    tmp_path: Path, mode: str
+) -> None:
+    run = run_job(
+        tmp_path,
+        launcher_args=["-np", "4", "--min-np", "2", "-H", "127.0.1.1:2,127.0.1.2:2"],
+        worker_args=worker_args("--fail", f"1:3:3:{mode}", "--expect-sizes", "4,2,2"),
+    )
+    assert run.returncode == 0, run.explain()
+    done = assert_trained_exactly_once(run)
+    assert ranks_by_host(done) == {("127.0.1.1", 0): 0, ("127.0.1.1", 1): 1}
+    assert "blacklisted host 127.0.1.2" in run.stderr
+    assert "rolling back to the last commit" in run.stdout
+    # The failed worker's host-mate was removed, not failed.
+    assert "worker 127.0.1.2[0] left the job (exit code 0)" in run.stderr, run.explain()
+    assert "job succeeded after 2 rounds and 1 resets" in run.stderr
+
+
+def test_blacklisted_host_returns_after_cooldown_and_rejoins(tmp_path: Path) -> None:
+    run = run_job(
+        tmp_path,
+        launcher_args=["-np", "3", "--min-np", "2", "--blacklist-cooldown-range", "1", "2"],
+        worker_args=worker_args("--fail", "0:2:2:sigkill", "--expect-sizes", "3,3,3"),
+        schedule={0: "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1"},
+    )
+    assert run.returncode == 0, run.explain()
+    done = assert_trained_exactly_once(run)
+    assert sorted(d["host"] for d in done) == ["127.0.1.1", "127.0.1.2", "127.0.1.3"]
+    assert {d["round"] for d in done} == {3}, "failure round, then the host's return"
+    assert "blacklisted host 127.0.1.3" in run.stderr
+
+
+def test_all_workers_failing_fails_the_job(tmp_path: Path) -> None:
+    run = run_job(
+        tmp_path,
+        launcher_args=["-np", "2", "-H", "127.0.1.1:1,127.0.1.2:1"],
+        worker_args=worker_args("--fail", "0:2:0:exception", "--fail", "0:2:1:exception"),
+    )
+    assert run.returncode == 1, run.explain()
+    assert "job failed: all 2 workers failed" in run.stderr, run.explain()
+    assert "scripted failure at epoch 0 batch 2" in run.stderr
+
+
+def test_every_host_blacklisted_fails_the_job(tmp_path: Path) -> None:
+    run = run_job(
+        tmp_path,
+        launcher_args=["-np", "2", "--min-np", "1", "-H", "127.0.1.1:2"],
+        worker_args=worker_args("--fail", "0:1:1:sigkill"),
+    )
+    assert run.returncode == 1, run.explain()
+    assert "every discovered host is blacklisted" in run.stderr, run.explain()
+
+
+def test_reset_limit_exceeded_fails_the_job(tmp_path: Path) -> None:
+    run = run_job(
+        tmp_path,
+        launcher_args=["-np", "3", "--min-np", "1", "--reset-limit", "1"],
+        worker_args=worker_args("--fail", "0:1:2:sigkill", "--fail", "0:3:1:sigkill"),
+        schedule={0: "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1"},
+    )
+    assert run.returncode == 1, run.explain()
+    assert "reset limit 1 exceeded" in run.stderr, run.explain()
+
+
+def test_too_few_slots_for_min_np_times_out(tmp_path: Path) -> None:
+    run = run_job(
+        tmp_path,
+        launcher_args=["-np", "2", "--min-np", "2", "--elastic-timeout", "2"],
+        worker_args=worker_args("--fail", "0:1:1:sigkill"),
+        schedule={0: "127.0.1.1:1,127.0.1.2:1"},
+    )
+    assert run.returncode == 1, run.explain()
+    assert "elastic timeout" in run.stderr and "min_np" in run.stderr, run.explain()
