@@ -24,6 +24,7 @@ from elasticjob.worker_runtime.basics import (
     local_rank,
     local_size,
     rank,
+    report_progress,
     shutdown,
     size,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "local_rank",
     "local_size",
     "rank",
+    "report_progress",
     "shutdown",
     "size",
 ]

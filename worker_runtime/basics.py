@@ -68,6 +68,12 @@ def current_round() -> int:
     return current().round
 
 
+def report_progress(epoch: int, step: int, samples_per_second: float = 0.0) -> None:
+    """Report training progress to the driver (shown in the job's status). Only rank 0's
+    report is sent; on other ranks this does nothing."""
+    current().report_progress(epoch, step, samples_per_second)
+
+
 def rank() -> int:
     """This process's rank in the current round."""
     return current().slot.rank

@@ -9,7 +9,6 @@ import torch
 
 from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.collectives import Average, ReduceOp, allreduce_
-from elasticjob.worker_runtime.log import CONTEXT
 
 _Optimizer = TypeVar("_Optimizer", bound=torch.optim.Optimizer)
 
@@ -73,9 +72,7 @@ class _DistributedMixin:
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         self.synchronize()
-        runtime = current()
-        runtime.step += 1
-        CONTEXT.step = runtime.step
+        current().step += 1
         return super().step(closure)  # type: ignore[misc, no-any-return]
 
 

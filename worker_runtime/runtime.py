@@ -127,8 +127,9 @@ class Runtime:
             cross_size=1,
         )
         self.round = 0
-        self.step = 0
+        self._step = 0
         self.sync_required = True
+        self._join_deferred = False
         self.exit_code: int | None = None
         """The status the process will exit with, once the elastic loop knows it."""
         self._lock = threading.Lock()
@@ -137,11 +138,10 @@ class Runtime:
         self._max_failed_round = 0
         self._client: RendezvousClient | None = None
         self._watcher: NoticeWatcher | None = None
-        self._store: Store
+        self._store: Store | None = None
         self._round_store: Store | None = None
         CONTEXT.job = config.job if config else "standalone"
         if config is None:
-            self._store = HashStore()
             return
         timeout = datetime.timedelta(seconds=config.collective_timeout_s)
         server = TCPStore(
@@ -154,13 +154,30 @@ class Runtime:
     # ---- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
-        """Join the first round (or form the world of one when standalone)."""
+        """Join the first round; or, for a worker added to a running job, form a provisional
+        world of one and defer joining to :meth:`join_deferred` (called by ``elastic.run``),
+        so that the members keep training while this process builds its model."""
         if self._watcher is None:
-            self.group.configure(self._store, "standalone/", 0, 1, datetime.timedelta(60))
+            self._form_world_of_one("standalone/")
             self.sync_required = False
             return
         self._watcher.start()
+        assert self._client is not None
+        if self._client.round_info().round > 0:
+            logger.info("joining a running job: deferred until the training loop starts")
+            self._join_deferred = True
+            self._form_world_of_one("provisional/")
+            return
         self.sync_required = self._join()
+
+    def join_deferred(self) -> bool:
+        """Join the job now if :meth:`start` deferred it; return whether it did."""
+        if not self._join_deferred:
+            return False
+        self._join_deferred = False
+        self.group.destroy()
+        self.sync_required = self._join()
+        return True
 
     def reset(self) -> bool:
         """Leave the current round and join the next; return whether state must be synced.
@@ -168,19 +185,29 @@ class Runtime:
         Raises :class:`WorkerRemoved` when this worker is no longer part of the job."""
         self.group.destroy()
         if self._watcher is None:
-            self.group.configure(
-                self._store, f"standalone-{self.round}/", 0, 1, datetime.timedelta(60)
-            )
             self.round += 1
+            self._form_world_of_one(f"standalone-{self.round}/")
             return False
         self.sync_required = self._join()
         return self.sync_required
+
+    def _form_world_of_one(self, prefix: str) -> None:
+        self.group.configure(HashStore(), prefix, 0, 1, datetime.timedelta(seconds=60))
 
     def shutdown(self) -> None:
         """Destroy the group and stop following notices."""
         self.group.destroy()
         if self._watcher is not None:
             self._watcher.stop()
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (synced from rank 0 whenever state is)."""
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._step = CONTEXT.step = value
 
     @property
     def _worker_name(self) -> str:
@@ -190,7 +217,8 @@ class Runtime:
 
     def _join(self) -> bool:
         assert self.config is not None and self._client is not None
-        deadline = time.monotonic() + self.config.round_wait_s
+        started = time.monotonic()
+        deadline = started + self.config.round_wait_s
         after_round = self.round
         while True:
             if time.monotonic() > deadline:
@@ -236,9 +264,10 @@ class Runtime:
                 logger.warning("round %d: %s; waiting for the next round", self.round, exc)
                 continue
             logger.info(
-                "%s joined round %d as rank %d of %d (local %d/%d, cross %d/%d, sync=%s)",
+                "%s joined round %d in %.3f s as rank %d of %d (local %d/%d, cross %d/%d, sync=%s)",
                 self.config.hostname,
                 self.round,
+                time.monotonic() - started,
                 self.slot.rank,
                 self.slot.size,
                 self.slot.local_rank,
@@ -253,6 +282,7 @@ class Runtime:
         assert self.config is not None
         timeout = datetime.timedelta(seconds=self.config.collective_timeout_s)
         if self.slot.rank == 0:
+            assert self._store is not None
             store = self._store
         else:
             try:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import time
 import traceback
 from collections.abc import Callable
 from typing import Concatenate, ParamSpec, TypeVar
 
 from elasticjob.wire import WorkerState
 from elasticjob.worker_runtime.basics import current
+from elasticjob.worker_runtime.collectives import broadcast_object
 from elasticjob.worker_runtime.elastic.state import State
 from elasticjob.worker_runtime.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from elasticjob.worker_runtime.log import get_logger
@@ -29,6 +31,9 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
       step): keep the live state, join the next round, resync only if the driver says the new
       round needs it (newcomers), retry.
 
+    A worker added to a running job joins here, on entering the loop (its ``init()`` left it in
+    a world of one), so the others keep training while it starts up.
+
     After each reset, the state's reset callbacks run once the new group exists and before
     the sync. A worker that is no longer part of the job exits 0 from the reset. When
     ``func`` returns, the driver is told the worker succeeded; when it raises, that it
@@ -37,14 +42,19 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
 
     def wrapper(state: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         runtime = current()
+        if runtime.join_deferred():
+            state.on_reset()
         sync = runtime.sync_required
         while True:
             try:
                 if sync:
+                    started = time.monotonic()
                     state.sync()
+                    runtime.step = broadcast_object(runtime.step, root_rank=0)
+                    logger.info("state synced from rank 0 in %.3f s", time.monotonic() - started)
                 result = func(state, *args, **kwargs)
             except HorovodInternalError as exc:
-                logger.warning("collective failed (%s); rolling back to the last commit", exc)
+                logger.warning("%s; rolling back to the last commit", exc)
                 state.restore()
             except HostsUpdatedInterrupt:
                 logger.info("hosts updated; re-forming the group with live state")

@@ -1,0 +1,113 @@
+"""Worker of the recovery benchmark: a ~5M-parameter MLP on random data, commit every 5 steps,
+one timestamped event per completed step (and per scripted kill) in a JSON-lines file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import elasticjob.worker_runtime as hvd
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--log-dir", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--commit-every", type=int, default=5)
+    parser.add_argument("--kill-at", type=int, default=-1, help="rank 3 SIGKILLs itself here")
+    parser.add_argument("--join-file", type=Path, help="rank 0 writes the step it is at here")
+    parser.add_argument("--steady", type=int, default=0, help="steps per block of the A/B run")
+    return parser.parse_args()
+
+
+def model_5m() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(1024, 2048),
+        torch.nn.ReLU(),
+        torch.nn.Linear(2048, 1024),
+        torch.nn.ReLU(),
+        torch.nn.Linear(1024, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 10),
+    )
+
+
+def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    torch.set_num_threads(1)
+    hvd.init()
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    out = (args.log_dir / f"{os.getpid()}.jsonl").open("a", buffering=1)
+
+    def log(event: str, **fields: Any) -> None:
+        out.write(json.dumps({"ev": event, "t": time.time(), "pid": os.getpid(), **fields}) + "\n")
+
+    model = model_5m()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9))
+    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0)
+    x = torch.randn(args.batch_size, 1024)
+    y = torch.randint(0, 10, (args.batch_size,))
+
+    def step() -> None:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    if args.steady:
+        steady_ab(args.steady, step, state, log)
+        return
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> None:
+        while state.step < args.steps:
+            if state.step == args.kill_at and hvd.rank() == 3 and hvd.current_round() == 1:
+                log("kill", step=state.step)
+                out.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+            step()
+            state.step += 1
+            log(
+                "step", step=state.step, rank=hvd.rank(), size=hvd.size(), round=hvd.current_round()
+            )
+            if hvd.rank() == 0 and args.join_file is not None:
+                args.join_file.write_text(str(state.step))
+            if state.step % args.commit_every == 0:
+                state.commit()
+            else:
+                state.check_host_updates()
+
+    train(state)
+    hvd.shutdown()
+
+
+def steady_ab(block: int, step: Any, state: hvd.elastic.TorchState, log: Any) -> None:
+    """Alternate blocks of the same loop with and without the per-step host-update check, so
+    both see the same machine load; rank 0 logs each block's mean step time."""
+    for _ in range(3):
+        step()  # warm up
+    for repeat in range(6):
+        for elastic in (repeat % 2 == 0, repeat % 2 == 1):
+            hvd.allreduce(torch.zeros(1))  # align ranks before timing
+            started = time.perf_counter()
+            for _ in range(block):
+                step()
+                if elastic:
+                    state.check_host_updates()
+            seconds = (time.perf_counter() - started) / block
+            if hvd.rank() == 0:
+                log("block", elastic=elastic, step_s=seconds)
+
+
+if __name__ == "__main__":
+    main()
