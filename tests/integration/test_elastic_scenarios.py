@@ -124,6 +124,10 @@ def test_failed_worker_blacklists_its_host_and_survivors_roll_back(
     # The failed worker's host-mate was removed, not failed.
     assert "worker 127.0.1.2[0] left the job (exit code 0)" in run.stderr, run.explain()
     assert "job succeeded after 2 rounds and 1 resets" in run.stderr
+    # Survivors learn of the failure from the driver, not from a collective timeout (60 s).
+    failed_at = run.of("fail")[0]["time"]
+    resumed_at = min(e["time"] for e in run.of("reset") if e["round"] == 2)
+    assert resumed_at - failed_at < 15, f"survivors took {resumed_at - failed_at:.1f} s to resume"
 
 
 def test_blacklisted_host_returns_after_cooldown_and_rejoins(tmp_path: Path) -> None:

@@ -1,0 +1,56 @@
+"""The worker runtime's pure parts: its configuration, backend choice and log prefix."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from elasticjob import wire
+from elasticjob.worker_runtime.log import CONTEXT, get_logger
+from elasticjob.worker_runtime.runtime import WorkerConfig, resolve_backend
+
+FULL_ENV = {
+    wire.ENV_RENDEZVOUS_URL: "http://127.0.0.1:7000",
+    wire.ENV_JOB: "demo",
+    wire.ENV_TOKEN: "secret",
+    wire.ENV_HOSTNAME: "127.0.1.7",
+    wire.ENV_LOCAL_RANK: "1",
+}
+
+
+def test_no_launcher_environment_means_standalone() -> None:
+    assert WorkerConfig.from_env({}) is None
+
+
+def test_config_from_environment() -> None:
+    config = WorkerConfig.from_env(FULL_ENV)
+    assert config is not None
+    assert (config.job, config.hostname, config.local_rank) == ("demo", "127.0.1.7", 1)
+    assert config.bind_address == "127.0.1.7", "binds to the host's own address by default"
+    assert config.backend == "auto"
+
+
+@pytest.mark.parametrize("missing", [wire.ENV_JOB, wire.ENV_TOKEN, wire.ENV_HOSTNAME])
+def test_partial_environment_is_a_clear_error(missing: str) -> None:
+    env = {k: v for k, v in FULL_ENV.items() if k != missing}
+    with pytest.raises(RuntimeError, match=missing):
+        WorkerConfig.from_env(env)
+
+
+def test_backend_choice() -> None:
+    assert resolve_backend("gloo") == "gloo"
+    assert resolve_backend("nccl") == "nccl"
+    assert resolve_backend("auto") in ("gloo", "nccl")
+    with pytest.raises(ValueError, match="mpi"):
+        resolve_backend("mpi")
+
+
+def test_log_lines_carry_job_round_rank_and_step(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for field, value in {"job": "demo", "round": 3, "rank": 2, "step": 41}.items():
+        monkeypatch.setattr(CONTEXT, field, value)
+    with caplog.at_level(logging.INFO):
+        get_logger("elasticjob.test").info("hello %s", "world")
+    assert caplog.messages == ["[demo round=3 rank=2 step=41] hello world"]
