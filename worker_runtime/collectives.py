@@ -9,9 +9,10 @@ and results come back on the caller's device.
 
 from __future__ import annotations
 
+import copy
 import enum
 import pickle
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,25 +196,33 @@ class _TensorSlot:
     on_accelerator: bool
 
 
-def _split(obj: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(obj, torch.Tensor):
-        tensors.append(obj)
-        return _TensorSlot(len(tensors) - 1, tuple(obj.shape), obj.dtype, obj.device.type != "cpu")
+def _rebuild(obj: Any, leaf: Callable[[Any], Any]) -> Any:
+    """Rebuild nested dicts, lists and tuples, keeping their types (an ``OrderedDict`` with its
+    attributes, a ``defaultdict``, a named tuple), with ``leaf`` applied to everything else."""
     if isinstance(obj, dict):
-        return {key: _split(value, tensors) for key, value in obj.items()}
+        rebuilt = copy.copy(obj)
+        for key, value in obj.items():
+            rebuilt[key] = _rebuild(value, leaf)
+        return rebuilt
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_rebuild(value, leaf) for value in obj))
     if isinstance(obj, list | tuple):
-        return type(obj)(_split(value, tensors) for value in obj)
-    return obj
+        return type(obj)(_rebuild(value, leaf) for value in obj)
+    return leaf(obj)
 
 
-def _join(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(skeleton, _TensorSlot):
-        return tensors[skeleton.index]
-    if isinstance(skeleton, dict):
-        return {key: _join(value, tensors) for key, value in skeleton.items()}
-    if isinstance(skeleton, list | tuple):
-        return type(skeleton)(_join(value, tensors) for value in skeleton)
-    return skeleton
+def _split(state: Any, tensors: list[torch.Tensor]) -> Any:
+    """``state`` with every tensor replaced by a :class:`_TensorSlot`; tensors go to ``tensors``."""
+
+    def slot(leaf: Any) -> Any:
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        tensors.append(leaf)
+        return _TensorSlot(
+            len(tensors) - 1, tuple(leaf.shape), leaf.dtype, leaf.device.type != "cpu"
+        )
+
+    return _rebuild(state, slot)
 
 
 def broadcast_state(state: Any, root_rank: int = 0) -> Any:
@@ -226,7 +235,9 @@ def broadcast_state(state: Any, root_rank: int = 0) -> Any:
     skeleton = broadcast_object(skeleton, root_rank)
     if runtime.slot.rank != root_rank:
         slots: list[_TensorSlot] = []
-        _collect_slots(skeleton, slots)
+        _rebuild(
+            skeleton, lambda leaf: slots.append(leaf) if isinstance(leaf, _TensorSlot) else None
+        )
         tensors = [
             torch.empty(
                 slot.shape,
@@ -236,18 +247,11 @@ def broadcast_state(state: Any, root_rank: int = 0) -> Any:
             for slot in sorted(slots, key=lambda s: s.index)
         ]
     _broadcast_tensors_(tensors, root_rank)
-    return state if runtime.slot.rank == root_rank else _join(skeleton, tensors)
-
-
-def _collect_slots(skeleton: Any, out: list[_TensorSlot]) -> None:
-    if isinstance(skeleton, _TensorSlot):
-        out.append(skeleton)
-    elif isinstance(skeleton, dict):
-        for value in skeleton.values():
-            _collect_slots(value, out)
-    elif isinstance(skeleton, list | tuple):
-        for value in skeleton:
-            _collect_slots(value, out)
+    if runtime.slot.rank == root_rank:
+        return state
+    return _rebuild(
+        skeleton, lambda leaf: tensors[leaf.index] if isinstance(leaf, _TensorSlot) else leaf
+    )
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:

@@ -158,6 +158,7 @@ class Runtime:
         world of one and defer joining to :meth:`join_deferred` (called by ``elastic.run``),
         so that the members keep training while this process builds its model."""
         if self._watcher is None:
+            self.round = 1
             self._form_world_of_one("standalone/")
             self.sync_required = False
             return

@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _settings(args: argparse.Namespace) -> tuple[HostDiscovery, DriverSettings, BlacklistPolicy]:
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
     if not args.command:
         raise DriverError("no worker command given (e.g. elasticjob-run -np 2 python train.py)")
     if args.np is not None and args.np < 1:
