@@ -1,0 +1,281 @@
+"""The ElasticJob custom resource: its identity, labels and the models of its spec and status.
+
+Fields are snake_case in Python and camelCase on the wire (pydantic aliases). The CRD under
+``deploy/crds/`` is generated from these models (see ``crd.py``), so the docstrings below are
+also what ``kubectl explain elasticjob`` shows.
+
+The spec models accept exactly what the API server stores: camelCase keys only, unknown keys
+refused, integers never coerced from strings, floats or booleans. So a spec that validates
+dumps back (``by_alias=True, exclude_unset=True``) to the same document. The status models
+are written by the operator, accept snake_case names too and ignore unknown keys.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic.alias_generators import to_camel
+
+GROUP = "elasticjob.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "ElasticJob"
+PLURAL = "elasticjobs"
+SINGULAR = "elasticjob"
+SHORT_NAMES = ("ej",)
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+LABEL_JOB_NAME = f"{GROUP}/job-name"
+"""Label on every pod of a job: the ElasticJob's name."""
+LABEL_ROLE = f"{GROUP}/role"
+"""Label on every pod of a job: its role (``worker``)."""
+ROLE_WORKER = "worker"
+FINALIZER = f"{GROUP}/finalizer"
+"""Finalizer the operator keeps on a job until it has released the job's rendezvous state."""
+
+WORKER_CONTAINER = "worker"
+"""Name of the container the worker runtime runs in, when the template has several."""
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def worker_labels(job_name: str) -> dict[str, str]:
+    """The labels of a job's worker pods."""
+    return {LABEL_JOB_NAME: job_name, LABEL_ROLE: ROLE_WORKER}
+
+
+def worker_selector(job_name: str) -> str:
+    """The label selector of a job's worker pods, as ``status.selector`` carries it."""
+    return ",".join(f"{key}={value}" for key, value in worker_labels(job_name).items())
+
+
+# --- spec ----------------------------------------------------------------------------------
+
+Count = Annotated[StrictInt, Field(ge=1)]
+"""A number of pods (or seconds) that must be positive."""
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, extra="forbid", frozen=True, use_attribute_docstrings=True
+    )
+
+
+class _PassThrough(BaseModel):
+    """Part of the pod template: fields not modelled here are kept as they are."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, extra="allow", frozen=True, use_attribute_docstrings=True
+    )
+
+
+class Backend(enum.StrEnum):
+    """The torch.distributed backend of the workers."""
+
+    GLOO = "gloo"
+    NCCL = "nccl"
+    AUTO = "auto"
+
+
+class BlacklistScope(enum.StrEnum):
+    """What a worker failure blacklists."""
+
+    NODE = "Node"
+    POD = "Pod"
+
+
+class CleanPodPolicy(enum.StrEnum):
+    """Which worker pods are deleted when the job completes."""
+
+    ALL = "All"
+    RUNNING = "Running"
+    NONE = "None"
+
+
+class CooldownRange(_Spec):
+    """Blacklist cooldown in seconds: the n-th blacklisting of the same node (or pod) lasts
+    min(max, min * 2^(n-1)) seconds. min must not exceed max."""
+
+    min: Count = 10
+    max: Count = 300
+
+
+class BlacklistPolicy(_Spec):
+    """How failed nodes (or pods) are kept out of the job for a while."""
+
+    cooldown_seconds: CooldownRange = CooldownRange()
+    scope: BlacklistScope = BlacklistScope.NODE
+    """Node: the failed pod's node is blacklisted, so replacement pods avoid it until its
+    cooldown ends (they are kept off it by node affinity). Pod: only the failed pod is, and
+    its replacement may land on the same node."""
+
+
+class TemplateMetadata(_PassThrough):
+    """Metadata of the worker pods (an ObjectMeta). The operator adds its own labels."""
+
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+
+
+class Container(_PassThrough):
+    """A container of the worker pods (a core/v1 Container)."""
+
+    name: Annotated[StrictStr, Field(min_length=1)]
+
+
+class PodSpec(_PassThrough):
+    """Spec of the worker pods (a core/v1 PodSpec). Every field is passed to the pods."""
+
+    containers: Annotated[list[Container], Field(min_length=1)]
+    """The pod's containers: the worker runtime runs in the one named "worker", or in the
+    only container when there is one."""
+    scheduler_name: StrictStr | None = None
+    """Passed through, e.g. for a gang scheduler."""
+    priority_class_name: StrictStr | None = None
+    """Passed through, e.g. for a gang scheduler."""
+
+    def worker_container(self) -> Container | None:
+        """The container the worker runtime runs in (None when the choice is ambiguous)."""
+        if len(self.containers) == 1:
+            return self.containers[0]
+        return next((c for c in self.containers if c.name == WORKER_CONTAINER), None)
+
+
+class PodTemplateSpec(_PassThrough):
+    """Template of the worker pods (a core/v1 PodTemplateSpec)."""
+
+    metadata: TemplateMetadata | None = None
+    spec: PodSpec
+
+
+class ElasticJobSpec(_Spec):
+    """Desired state of an elastic training job. Replica counts are worker pods; each pod runs
+    slotsPerWorker worker processes."""
+
+    replicas: Count
+    """Desired number of worker pods, within [minReplicas, maxReplicas]. `kubectl scale` and
+    autoscalers change it through the scale subresource."""
+    min_replicas: Count = 1
+    """Fewest worker pods training may run with."""
+    max_replicas: Count
+    """Most worker pods the job may grow to."""
+    slots_per_worker: Annotated[StrictInt, Field(ge=1, le=64)] = 1
+    """Worker processes per pod (e.g. GPUs per pod)."""
+    template: PodTemplateSpec
+    backend: Backend = Backend.AUTO
+    """The torch.distributed backend; auto: NCCL when the worker sees a CUDA device, else
+    Gloo."""
+    reset_limit: Annotated[StrictInt, Field(ge=0)] | None = None
+    """The job fails after this many resets (failure recoveries); unlimited when absent."""
+    elastic_timeout_seconds: Annotated[StrictInt, Field(ge=1, le=86400)] = 600
+    """Seconds to wait for minReplicas pods to be available before the job fails."""
+    blacklist: BlacklistPolicy = BlacklistPolicy()
+    clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
+    """All: every worker pod is deleted when the job ends. Running: only those still running
+    (finished pods stay for their logs). None: no pod is deleted."""
+
+
+# --- status --------------------------------------------------------------------------------
+
+NonNegative = Annotated[int, Field(ge=0)]
+
+
+class _Status(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, use_attribute_docstrings=True
+    )
+
+
+class Phase(enum.StrEnum):
+    """Where a job is in its life."""
+
+    CREATED = "Created"
+    RUNNING = "Running"
+    SCALING = "Scaling"
+    RECOVERING = "Recovering"
+    DEGRADED = "Degraded"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class ConditionType(enum.StrEnum):
+    """Types of the conditions of a job."""
+
+    CREATED = "Created"
+    RUNNING = "Running"
+    SCALING = "Scaling"
+    RECOVERING = "Recovering"
+    DEGRADED = "Degraded"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    INVALID_SPEC = "InvalidSpec"
+
+
+class ConditionStatus(enum.StrEnum):
+    """Whether a condition holds."""
+
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(_Status):
+    """One observation about the job, in the Kubernetes condition convention."""
+
+    type: ConditionType
+    status: ConditionStatus
+    reason: str = ""
+    """A CamelCase word for programs."""
+    message: str = ""
+    """A sentence for people."""
+    last_transition_time: AwareDatetime
+
+
+class WorkerStatus(_Status):
+    """A worker pod of the current round."""
+
+    pod: str
+    node: str | None = None
+    ranks: list[NonNegative] = []
+    """Global ranks of the pod's processes."""
+
+
+class BlacklistedNode(_Status):
+    """A node that new worker pods avoid until its cooldown ends."""
+
+    node: str
+    until: AwareDatetime
+
+
+class Progress(_Status):
+    """Training progress as rank 0 last reported it."""
+
+    epoch: NonNegative = 0
+    step: NonNegative = 0
+    samples_per_second: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+
+
+class ElasticJobStatus(_Status):
+    """Observed state of an elastic training job, written by the operator."""
+
+    phase: Phase | None = None
+    """Degraded: training runs with fewer live worker pods than desired."""
+    conditions: list[Condition] = []
+    """InvalidSpec (True): the spec breaks a rule the schema cannot express, and the
+    operator does not act on the job until it is fixed."""
+    replicas: NonNegative = 0
+    """Live worker pods."""
+    selector: str | None = None
+    """Label selector of the worker pods (for the scale subresource)."""
+    round: NonNegative = 0
+    """The current rendezvous round."""
+    world_size: NonNegative = 0
+    """Worker processes in the current round."""
+    workers: list[WorkerStatus] = []
+    blacklisted_nodes: list[BlacklistedNode] = []
+    reset_count: NonNegative = 0
+    last_reset_reason: str | None = None
+    start_time: AwareDatetime | None = None
+    completion_time: AwareDatetime | None = None
+    progress: Progress | None = None

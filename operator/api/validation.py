@@ -1,0 +1,169 @@
+"""Validation of an ElasticJob spec, as a pure function for the admission webhook and the
+operator alike.
+
+Besides the types, required fields and ranges that the models (and so the CRD schema)
+express, a spec must satisfy these rules, which a Kubernetes 1.20 schema cannot express:
+
+- ``minReplicas <= maxReplicas`` and ``minReplicas <= replicas <= maxReplicas``;
+- ``blacklist.cooldownSeconds.min <= blacklist.cooldownSeconds.max``;
+- container names in the template are unique, and the worker container is determined: the
+  container named ``worker``, or the only container when there is exactly one;
+- when the worker container asks for N >= 1 ``nvidia.com/gpu`` (in its limits, else in its
+  requests), N is a whole number and ``slotsPerWorker <= N``: each process needs a GPU.
+  Fewer slots than GPUs is allowed (a process may use several); no GPU asked, no rule.
+
+Every error names its field by its path in the object, e.g. ``spec.minReplicas``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from elasticjob.operator.api.models import (
+    GPU_RESOURCE,
+    WORKER_CONTAINER,
+    Container,
+    ElasticJobSpec,
+)
+
+_WHOLE_NUMBER = re.compile(r"[0-9]+")
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """A rule a spec breaks: the field's path (``spec.minReplicas``) and what is wrong."""
+
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class InvalidSpecError(ValueError):
+    """A spec that breaks at least one rule; ``errors`` lists them all."""
+
+    def __init__(self, errors: Sequence[FieldError]) -> None:
+        self.errors = tuple(errors)
+        super().__init__("; ".join(str(error) for error in self.errors))
+
+
+def parse_spec(spec: Mapping[str, Any]) -> ElasticJobSpec:
+    """The spec as a model; raises :class:`InvalidSpecError` when it breaks any rule."""
+    try:
+        model = ElasticJobSpec.model_validate(spec)
+    except ValidationError as exc:
+        raise InvalidSpecError(
+            [FieldError(_path(error["loc"]), error["msg"]) for error in exc.errors()]
+        ) from None
+    errors = [*_replica_errors(model), *_cooldown_errors(model), *_container_errors(model)]
+    if errors:
+        raise InvalidSpecError(errors)
+    return model
+
+
+def validate(spec: Mapping[str, Any]) -> list[FieldError]:
+    """Every rule ``spec`` breaks; empty when it is valid."""
+    try:
+        parse_spec(spec)
+    except InvalidSpecError as exc:
+        return list(exc.errors)
+    return []
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    return "spec" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)
+
+
+def _replica_errors(spec: ElasticJobSpec) -> list[FieldError]:
+    low, high = spec.min_replicas, spec.max_replicas
+    if low > high:
+        return [FieldError("spec.minReplicas", f"must be <= spec.maxReplicas ({high}), got {low}")]
+    if spec.replicas < low:
+        return [
+            FieldError("spec.replicas", f"must be >= spec.minReplicas ({low}), got {spec.replicas}")
+        ]
+    if spec.replicas > high:
+        return [
+            FieldError(
+                "spec.replicas", f"must be <= spec.maxReplicas ({high}), got {spec.replicas}"
+            )
+        ]
+    return []
+
+
+def _cooldown_errors(spec: ElasticJobSpec) -> list[FieldError]:
+    cooldown = spec.blacklist.cooldown_seconds
+    if cooldown.min > cooldown.max:
+        return [
+            FieldError(
+                "spec.blacklist.cooldownSeconds.min",
+                f"must be <= spec.blacklist.cooldownSeconds.max ({cooldown.max}), "
+                f"got {cooldown.min}",
+            )
+        ]
+    return []
+
+
+def _container_errors(spec: ElasticJobSpec) -> list[FieldError]:
+    containers = spec.template.spec.containers
+    field = "spec.template.spec.containers"
+    errors = [
+        FieldError(f"{field}[{index}].name", f"duplicate container name {container.name!r}")
+        for index, container in enumerate(containers)
+        if container.name in {c.name for c in containers[:index]}
+    ]
+    worker = spec.template.spec.worker_container()
+    if worker is None:
+        errors.append(
+            FieldError(
+                field,
+                f"with {len(containers)} containers, one must be named {WORKER_CONTAINER!r} "
+                "(the container the worker runtime runs in)",
+            )
+        )
+    elif not errors:
+        errors.extend(_gpu_errors(spec, worker, f"{field}[{containers.index(worker)}]"))
+    return errors
+
+
+def _gpu_errors(spec: ElasticJobSpec, worker: Container, field: str) -> list[FieldError]:
+    resources = (worker.model_extra or {}).get("resources")
+    if not isinstance(resources, Mapping):
+        return []
+    for kind in ("limits", "requests"):
+        amounts = resources.get(kind)
+        if isinstance(amounts, Mapping) and GPU_RESOURCE in amounts:
+            gpus = _whole_number(amounts[GPU_RESOURCE])
+            path = f"{field}.resources.{kind}.{GPU_RESOURCE}"
+            if gpus is None:
+                return [
+                    FieldError(
+                        path, f"must be a whole number of GPUs, got {amounts[GPU_RESOURCE]!r}"
+                    )
+                ]
+            if 1 <= gpus < spec.slots_per_worker:
+                return [
+                    FieldError(
+                        "spec.slotsPerWorker",
+                        f"must be <= the {gpus} GPUs the worker container asks for "
+                        f"({path}), got {spec.slots_per_worker}",
+                    )
+                ]
+            return []
+    return []
+
+
+def _whole_number(amount: object) -> int | None:
+    if isinstance(amount, bool):
+        return None
+    if isinstance(amount, int):
+        return amount if amount >= 0 else None
+    if isinstance(amount, str) and _WHOLE_NUMBER.fullmatch(amount):
+        return int(amount)
+    return None
