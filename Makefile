@@ -1,12 +1,17 @@
 # The two commands the README starts with are `make demo` and `make test`.
 PY := .venv/bin/python
 
-.PHONY: venv demo test lint unit integration bench clean
+.PHONY: venv prereqs demo test lint unit integration devcluster-tests bench clean
 
 venv: .venv/.installed
 .venv/.installed: pyproject.toml scripts/setup-venv.sh
 	bash scripts/setup-venv.sh
 	touch $@
+
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler (built once per machine and
+# cached outside the checkout: the first run takes about 7 minutes) and helm.
+prereqs:
+	bash scripts/devcluster-prereqs.sh
 
 demo: venv
 	$(PY) examples/digits/demo.py
@@ -15,6 +20,7 @@ lint: venv
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy
+	.venv/bin/mypy devcluster
 	.venv/bin/lint-imports
 
 unit: venv
@@ -23,7 +29,10 @@ unit: venv
 integration: venv
 	$(PY) -m pytest tests/integration -q
 
-test: lint
+devcluster-tests: venv prereqs
+	$(PY) -m pytest tests/devcluster -q
+
+test: lint prereqs
 	$(PY) -m pytest -q
 
 bench: venv

@@ -128,6 +128,10 @@ class ElasticDriver(RendezvousListener):
         self._wake = asyncio.Event()
         self._result: JobResult | None = None
         self._reapers: list[asyncio.Task[None]] = []
+        self.last_reset_reason: str | None = None
+        self.recoveries = 0
+        self.recovery_seconds_sum = 0.0
+        self._failed_at: float | None = None
 
     # ---- queries -----------------------------------------------------------------------
 
@@ -138,6 +142,16 @@ class ElasticDriver(RendezvousListener):
     @property
     def slots(self) -> Mapping[WorkerId, SlotInfo]:
         return self.rendezvous.current_slots
+
+    @property
+    def result(self) -> JobResult | None:
+        """How the job ended, once it has."""
+        return self._result
+
+    @property
+    def recovering(self) -> bool:
+        """Whether the round being formed follows a failure."""
+        return self._round_failed
 
     def rank_of(self, worker: WorkerId) -> int | None:
         slot = self.slots.get(worker)
@@ -185,6 +199,7 @@ class ElasticDriver(RendezvousListener):
                 self.registry.record(worker, WorkerState.FAILURE)
                 if not self._round_failed:
                     self._round_failed = True
+                    self._failed_at = self._clock()
                     self.rendezvous.post_notice(NoticeKind.ROUND_FAILED, (worker.hostname,))
         elif exit_code != 0:
             logger.warning("worker %s failed between rounds (exit code %d)", worker, exit_code)
@@ -261,6 +276,7 @@ class ElasticDriver(RendezvousListener):
         else:
             self._blacklist(decision.blacklist)
             self.registry.count_reset()
+            self.last_reset_reason = decision.reason or "hosts changed"
             self.phase = Phase.FORMING
             self._capacity_wait_since = None
             await self._form_round()
@@ -319,6 +335,10 @@ class ElasticDriver(RendezvousListener):
             self._workers[worker].last_round = next_round
         self.registry.start_round(next_round, frozenset(plan))
         self._leaving.clear()
+        if self._failed_at is not None:
+            self.recoveries += 1
+            self.recovery_seconds_sum += self._clock() - self._failed_at
+            self._failed_at = None
         self._round_failed = False
         self._newcomers_announced = False
         self.phase = Phase.RUNNING

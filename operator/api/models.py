@@ -270,6 +270,9 @@ class ElasticJobStatus(_Status):
     """Label selector of the worker pods (for the scale subresource)."""
     round: NonNegative = 0
     """The current rendezvous round."""
+    notice_seq: NonNegative = 0
+    """The latest notice sequence number of the job's rendezvous; an operator that restarts
+    continues numbering from it, so running workers keep hearing notices."""
     world_size: NonNegative = 0
     """Worker processes in the current round."""
     workers: list[WorkerStatus] = []

@@ -1,0 +1,107 @@
+{{/*
+Names, labels and RBAC rules shared by the templates.
+*/}}
+
+{{/* The chart's name, or nameOverride. */}}
+{{- define "elasticjob-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The name of the release's objects: fullnameOverride, else the release name when it already
+holds the chart name, else "<release>-<chart>". At most 63 characters: it is also a DNS label
+(the Service) and the name of the ValidatingWebhookConfiguration the operator manages.
+*/}}
+{{- define "elasticjob-operator.fullname" -}}
+{{- $name := include "elasticjob-operator.name" . -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "<chart>-<version>", the value of the helm.sh/chart label. */}}
+{{- define "elasticjob-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels that select the operator's pod; they never change across upgrades. */}}
+{{- define "elasticjob-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "elasticjob-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Labels of every object of the release. */}}
+{{- define "elasticjob-operator.labels" -}}
+{{ include "elasticjob-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: elasticjob
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ include "elasticjob-operator.chart" . }}
+{{- end -}}
+
+{{/* The operator's ServiceAccount. */}}
+{{- define "elasticjob-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "elasticjob-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The image reference; the tag defaults to the chart's appVersion. */}}
+{{- define "elasticjob-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* Where workers reach the rendezvous service. */}}
+{{- define "elasticjob-operator.rendezvousURL" -}}
+{{- printf "http://%s.%s.svc:8470" (include "elasticjob-operator.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
+{{/*
+RBAC rules on the namespaced resources the operator handles: in a ClusterRole when every
+namespace is watched, else in a Role per watched namespace.
+*/}}
+{{- define "elasticjob-operator.namespacedRules" -}}
+- apiGroups: ["elasticjob.dev"]
+  resources: ["elasticjobs", "elasticjobs/status", "elasticjobs/scale"]
+  verbs: ["get", "list", "watch", "patch", "update"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end -}}
+
+{{/* RBAC rules on cluster-scoped resources: always in a ClusterRole. */}}
+{{- define "elasticjob-operator.clusterRules" -}}
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["get", "list", "watch"]
+{{- if .Values.webhook.enabled }}
+# The operator creates its ValidatingWebhookConfiguration (a create cannot be limited by name)
+# and may only read and change that one afterwards.
+- apiGroups: ["admissionregistration.k8s.io"]
+  resources: ["validatingwebhookconfigurations"]
+  verbs: ["create"]
+- apiGroups: ["admissionregistration.k8s.io"]
+  resources: ["validatingwebhookconfigurations"]
+  resourceNames: [{{ include "elasticjob-operator.fullname" . | quote }}]
+  verbs: ["get", "list", "watch", "patch", "update"]
+{{- end }}
+{{- end -}}

@@ -1,0 +1,248 @@
+"""The Python API of devcluster: start, stop and inspect a cluster.
+
+>>> cluster = Cluster(ClusterConfig(nodes=2))
+>>> cluster.up()           # returns once /readyz is ok, nodes are Ready and
+...                        # the default ServiceAccount exists
+>>> cluster.kubectl("get", "nodes")
+>>> cluster.down()         # stops everything, leaves no process behind
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from devcluster import controlplane as cp
+from devcluster import pki, procs
+from devcluster.build import Binaries, find_binaries
+from devcluster.config import ClusterConfig, read_token
+from devcluster.faults import Faults
+
+logger = logging.getLogger(__name__)
+
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "agent")
+
+
+class Cluster:
+    """One devcluster, identified by its run directory."""
+
+    def __init__(self, config: ClusterConfig | None = None) -> None:
+        self.config = config or ClusterConfig()
+        self.faults = Faults(self.config)
+        self._pids: dict[str, int] = {}
+
+    @classmethod
+    def from_run_dir(cls, run_dir: Path) -> Cluster:
+        """Attach to a cluster started earlier (reads its config and pids)."""
+        cluster = cls(ClusterConfig.load(run_dir))
+        cluster._pids = cluster._read_pids()
+        return cluster
+
+    # ----- state ---------------------------------------------------------
+    @property
+    def kubeconfig(self) -> Path:
+        """Path of the admin kubeconfig."""
+        return self.config.kubeconfig
+
+    def env(self) -> dict[str, str]:
+        """os.environ plus KUBECONFIG and PATH with helm/kubectl of this cluster."""
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["PATH"] = f"{self.config.bin_dir}{os.pathsep}{env.get('PATH', '')}"
+        return env
+
+    def _pid_file(self) -> Path:
+        return self.config.run_dir / "pids.json"
+
+    def _read_pids(self) -> dict[str, int]:
+        try:
+            data: dict[str, int] = json.loads(self._pid_file().read_text())
+        except (OSError, ValueError):
+            return {}
+        return data
+
+    def _write_pids(self) -> None:
+        self._pid_file().write_text(json.dumps(self._pids))
+
+    def pid(self, component: str) -> int | None:
+        """Process id of a component (etcd, kube-apiserver, ..., agent)."""
+        return (self._pids or self._read_pids()).get(component)
+
+    def running(self) -> dict[str, bool]:
+        """Which components are alive."""
+        run_dir = self.config.run_dir
+        return {
+            name: procs.is_marked(self._pids[name], run_dir)
+            for name in COMPONENTS
+            if name in self._pids
+        }
+
+    def _dead_component(self) -> str | None:
+        for name, pid in self._pids.items():
+            if not procs.alive(pid):
+                tail = self.log_tail(name)
+                return f"{name} (log {self.config.logs_dir / (name + '.log')}):\n{tail}"
+        return None
+
+    def log_tail(self, component: str, lines: int = 30) -> str:
+        """The last lines of a component's log."""
+        try:
+            text = (self.config.logs_dir / f"{component}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    # ----- lifecycle -----------------------------------------------------
+    def _prepare(self, bins: Binaries) -> None:
+        cfg = self.config
+        if procs.marked_pids(cfg.run_dir):
+            raise RuntimeError(
+                f"a cluster is already running in {cfg.run_dir}; run `python -m devcluster down`"
+            )
+        cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in ("etcd", "pods", "logs", "volumes"):
+            shutil.rmtree(cfg.run_dir / stale, ignore_errors=True)
+        cfg.logs_dir.mkdir()
+        cfg.pods_dir.mkdir()
+        cfg.save()
+        pki.ensure_pki(cfg)
+        pki.write_kubeconfig(cfg, cfg.kubeconfig, "admin", read_token(cfg, "admin"))
+        for user, name in (
+            ("kube-controller-manager", "controller-manager"),
+            ("kube-scheduler", "scheduler"),
+            ("devcluster-agent", "agent"),
+        ):
+            path = cfg.run_dir / f"{name}.kubeconfig"
+            pki.write_kubeconfig(cfg, path, user, read_token(cfg, user))
+        cfg.bin_dir.mkdir(exist_ok=True)
+        for tool in (bins.helm, bins.kubectl):
+            if tool is not None:
+                link = cfg.bin_dir / tool.name
+                link.unlink(missing_ok=True)
+                link.symlink_to(tool)
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        self._pids[name] = procs.spawn(name, argv, self.config.run_dir, self.config.logs_dir)
+        self._write_pids()
+
+    def up(self, timeout: float = 120.0) -> None:
+        """Start every component and wait until the cluster is usable.
+
+        On failure (or Ctrl-C) everything started so far is stopped again.
+        """
+        cfg = self.config
+        bins = find_binaries(cfg.cache_dir)
+        started = time.monotonic()
+        self._prepare(bins)
+        try:
+            self._start(bins, timeout)
+        except BaseException:
+            logger.error("devcluster up failed; stopping what was started")
+            self.down()
+            raise
+        logger.info(
+            "devcluster is up in %.1f s (%d nodes); KUBECONFIG=%s",
+            time.monotonic() - started,
+            cfg.nodes,
+            cfg.kubeconfig,
+        )
+
+    def _start(self, bins: Binaries, timeout: float) -> None:
+        cfg = self.config
+        deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            return max(1.0, deadline - time.monotonic())
+
+        t0 = time.monotonic()
+        self._spawn("etcd", cp.etcd_argv(cfg, bins))
+        cp.wait_for("etcd", lambda: cp.etcd_healthy(cfg), left(), self._dead_component)
+        logger.debug("etcd healthy after %.1f s", time.monotonic() - t0)
+        self._spawn("kube-apiserver", cp.apiserver_argv(cfg, bins))
+        probe = cp.ApiProbe(cfg, read_token(cfg, "admin"))
+        cp.wait_for(
+            "kube-apiserver /readyz",
+            lambda: probe.get("/readyz")[0] == 200,
+            left(),
+            self._dead_component,
+        )
+        logger.debug("kube-apiserver ready after %.1f s", time.monotonic() - t0)
+        self._spawn("kube-controller-manager", cp.controller_manager_argv(cfg, bins))
+        self._spawn("kube-scheduler", cp.scheduler_argv(cfg, bins))
+        self._spawn("agent", cp.agent_argv(cfg))
+        cp.wait_for(
+            "the default ServiceAccount",
+            lambda: bool(
+                (probe.get_json("/api/v1/namespaces/default/serviceaccounts/default") or {}).get(
+                    "secrets"
+                )
+            ),
+            left(),
+            self._dead_component,
+        )
+        logger.debug("default ServiceAccount after %.1f s", time.monotonic() - t0)
+        cp.wait_for(
+            f"{cfg.nodes} Ready nodes",
+            lambda: cp.nodes_ready(probe, cfg.node_names()),
+            left(),
+            self._dead_component,
+        )
+
+    def down(self) -> None:
+        """Stop every process of this cluster (pods first, etcd last)."""
+        pids = self._pids or self._read_pids()
+        order = [pids[name] for name in reversed(COMPONENTS) if name in pids]
+        procs.stop_all(self.config.run_dir, order)
+        self._pids = {}
+        self._pid_file().unlink(missing_ok=True)
+        self.config.agent_socket.unlink(missing_ok=True)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait for /readyz and Ready nodes of an already running cluster."""
+        probe = cp.ApiProbe(self.config, read_token(self.config, "admin"))
+        cp.wait_for("/readyz", lambda: probe.get("/readyz")[0] == 200, timeout, lambda: None)
+        cp.wait_for(
+            "Ready nodes",
+            lambda: cp.nodes_ready(probe, self.config.node_names()),
+            timeout,
+            lambda: None,
+        )
+
+    # ----- tools ---------------------------------------------------------
+    def run_tool(
+        self,
+        tool: str,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 60.0,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``kubectl``/``helm``/... against this cluster, capturing output."""
+        result = subprocess.run(
+            [tool, *args],
+            input=input,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise subprocess.CalledProcessError(
+                result.returncode, result.args, result.stdout, result.stderr
+            )
+        return result
+
+    def kubectl(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against this cluster."""
+        return self.run_tool("kubectl", *args, **kwargs)
+
+    def helm(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        """Run helm against this cluster."""
+        return self.run_tool("helm", *args, **kwargs)

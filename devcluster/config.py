@@ -1,0 +1,164 @@
+"""Cluster configuration and on-disk layout of a devcluster run directory.
+
+Everything a running cluster needs to know about itself is written to
+``<run_dir>/config.json`` by ``up``; the node agent, the CLI and the pytest
+fixtures read it back from there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable set on every process a cluster starts (control plane,
+#: agent, pod processes); ``down`` uses it to find stragglers.
+MARKER_ENV = "DEVCLUSTER_RUN_DIR"
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def default_run_dir() -> Path:
+    """The run directory used when none is given: outside the checkout."""
+    if env := os.environ.get("DEVCLUSTER_RUN_DIR"):
+        return Path(env)
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    return Path(base) / "elasticjob-devcluster"
+
+
+def default_cache_dir() -> Path:
+    """Where built binaries are cached, keyed by version (shared by all runs)."""
+    if env := os.environ.get("DEVCLUSTER_CACHE"):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "elasticjob" / "devcluster"
+
+
+def project_venv() -> Path | None:
+    """The project's virtualenv, whose bin/ runs the project's images."""
+    if sys.prefix != sys.base_prefix:
+        return Path(sys.prefix)
+    candidate = REPO_ROOT / ".venv"
+    return candidate if (candidate / "bin" / "python").exists() else None
+
+
+@dataclass
+class ClusterConfig:
+    """Settings of one cluster; serialised to ``config.json`` in the run directory."""
+
+    run_dir: Path = field(default_factory=default_run_dir)
+    nodes: int = 4
+    node_cpu: str = "4"
+    node_memory: str = "8Gi"
+    node_pods: int = 110
+    #: Extended resources every node advertises, e.g. {"nvidia.com/gpu": "2"}.
+    extended_resources: dict[str, str] = field(default_factory=dict)
+    #: Second octet of node and pod addresses: node i is 127.<net>.<i>.1 and
+    #: its pods get 127.<net>.<i>.2 ... 127.<net>.<i>.254.
+    net: int = 0
+    apiserver_port: int = 6443
+    etcd_port: int = 2379
+    etcd_peer_port: int = 2380
+    controller_manager_port: int = 10257
+    scheduler_port: int = 10259
+    kubelet_port: int = 10250
+    #: How often the agent renews each node's Lease.
+    heartbeat_seconds: float = 2.0
+    #: Node-lifecycle controller: a node whose heartbeats stop for this long is NotReady.
+    node_monitor_grace_seconds: int = 10
+    #: Default toleration of not-ready/unreachable taints: pods are evicted this
+    #: long after their node went NotReady.
+    eviction_toleration_seconds: int = 5
+    #: Extra image-name rules, "pattern=kind" (kind: project, python, host).
+    image_map: list[str] = field(default_factory=list)
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    #: If set, the agent stops the whole cluster when this process dies
+    #: (test sessions that are killed without running their teardown).
+    owner_pid: int | None = None
+
+    # ----- derived paths -------------------------------------------------
+    @property
+    def pki_dir(self) -> Path:
+        """Certificates, keys and the token file."""
+        return self.run_dir / "pki"
+
+    @property
+    def logs_dir(self) -> Path:
+        """Logs of the control-plane processes and the agent."""
+        return self.run_dir / "logs"
+
+    @property
+    def pods_dir(self) -> Path:
+        """One directory per pod: logs, volumes, hosts file."""
+        return self.run_dir / "pods"
+
+    @property
+    def bin_dir(self) -> Path:
+        """Links to helm and kubectl; put it on PATH."""
+        return self.run_dir / "bin"
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The admin kubeconfig."""
+        return self.run_dir / "kubeconfig"
+
+    @property
+    def agent_socket(self) -> Path:
+        """Unix socket of the node agent's control endpoint (faults)."""
+        return self.run_dir / "agent.sock"
+
+    @property
+    def server(self) -> str:
+        """URL of the API server."""
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    def node_name(self, index: int) -> str:
+        """Name of node ``index`` (1-based)."""
+        return f"node-{index}"
+
+    def node_ip(self, index: int) -> str:
+        """Address of node ``index`` (1-based); its kubelet endpoint listens there."""
+        return f"127.{self.net}.{index}.1"
+
+    def node_names(self) -> list[str]:
+        """All node names."""
+        return [self.node_name(i) for i in range(1, self.nodes + 1)]
+
+    # ----- persistence ---------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable dict."""
+        data = asdict(self)
+        data["run_dir"] = str(self.run_dir)
+        data["cache_dir"] = str(self.cache_dir)
+        return data
+
+    def save(self) -> None:
+        """Write ``config.json`` into the run directory."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / "config.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=2))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, run_dir: Path) -> ClusterConfig:
+        """Read ``config.json`` from a run directory."""
+        data = json.loads((run_dir / "config.json").read_text())
+        data["run_dir"] = Path(data["run_dir"])
+        data["cache_dir"] = Path(data["cache_dir"])
+        return cls(**data)
+
+
+def read_token(cfg: ClusterConfig, user: str) -> str:
+    """The bearer token of ``user`` from the cluster's static token file."""
+    for line in (cfg.pki_dir / "tokens.csv").read_text().splitlines():
+        parts = line.split(",")
+        if len(parts) >= 2 and parts[1] == user:
+            return parts[0]
+    raise KeyError(f"no token for {user!r}")

@@ -1,0 +1,148 @@
+"""Bounded, retried Kubernetes API calls for the operator.
+
+The official client is synchronous; every call runs in a thread with a request timeout and is
+retried with exponential backoff when the cause is transient (connection errors, 429, 5xx),
+so a handler never waits kopf's default 60 s for a hiccup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from elasticjob.operator.api import GROUP, KIND, PLURAL, VERSION
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_TRANSIENT = {408, 409, 429, 500, 502, 503, 504}
+REQUEST_TIMEOUT_S = 10.0
+
+
+def load_config() -> None:
+    """In-cluster config when running in a pod, else the local kubeconfig."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+
+
+class KubeApi:
+    """The few API calls the operator makes."""
+
+    def __init__(self, attempts: int = 5) -> None:
+        self.core = kubernetes.client.CoreV1Api()
+        self.custom = kubernetes.client.CustomObjectsApi()
+        self._attempts = attempts
+
+    async def _call(self, what: str, call: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        delay = 0.2
+        for attempt in range(1, self._attempts + 1):
+            try:
+                return await asyncio.to_thread(
+                    call, *args, _request_timeout=REQUEST_TIMEOUT_S, **kwargs
+                )
+            except ApiException as exc:
+                if exc.status not in _TRANSIENT or attempt == self._attempts:
+                    raise
+                logger.warning("%s: %s %s; retrying", what, exc.status, exc.reason)
+            except OSError as exc:  # connection refused/reset, timeouts
+                if attempt == self._attempts:
+                    raise
+                logger.warning("%s: %s; retrying", what, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+        raise AssertionError("unreachable")
+
+    async def create_pod(self, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
+        created = await self._call("create pod", self.core.create_namespaced_pod, namespace, pod)
+        result: dict[str, Any] = kubernetes.client.ApiClient().sanitize_for_serialization(created)
+        return result
+
+    async def delete_pod(self, namespace: str, name: str, grace_s: int | None = None) -> None:
+        try:
+            await self._call(
+                "delete pod",
+                self.core.delete_namespaced_pod,
+                name,
+                namespace,
+                grace_period_seconds=grace_s,
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        try:
+            secret = await self._call(
+                "read secret", self.core.read_namespaced_secret, name, namespace
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        data = secret.data or {}
+        return base64.b64decode(data[key]).decode() if key in data else None
+
+    async def create_secret(self, namespace: str, secret: dict[str, Any]) -> None:
+        try:
+            await self._call("create secret", self.core.create_namespaced_secret, namespace, secret)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    async def not_ready_nodes(self) -> set[str]:
+        nodes = await self._call("list nodes", self.core.list_node)
+        not_ready: set[str] = set()
+        for node in nodes.items:
+            conditions = (node.status.conditions if node.status else None) or []
+            ready = [c for c in conditions if c.type == "Ready"]
+            if node.metadata and node.metadata.name and (not ready or ready[0].status != "True"):
+                not_ready.add(str(node.metadata.name))
+        return not_ready
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        await self._call(
+            "patch status",
+            self.custom.patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            {"status": status},
+        )
+
+    async def event(
+        self, namespace: str, job: dict[str, Any], reason: str, message: str, warning: bool = False
+    ) -> None:
+        """Record an Event on the ElasticJob (best effort: never fails the caller)."""
+        now = datetime.datetime.now(datetime.UTC)
+        body = {
+            "metadata": {"generateName": f"{job['metadata']['name']}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": KIND,
+                "name": job["metadata"]["name"],
+                "namespace": namespace,
+                "uid": job["metadata"]["uid"],
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "firstTimestamp": now.isoformat(),
+            "lastTimestamp": now.isoformat(),
+            "count": 1,
+            "source": {"component": "elasticjob-operator"},
+        }
+        try:
+            await self._call("create event", self.core.create_namespaced_event, namespace, body)
+        except (ApiException, OSError) as exc:
+            logger.warning("could not record event %s: %s", reason, exc)

@@ -1,0 +1,85 @@
+"""``elasticjob-operator``: runs the ElasticJob operator (kopf) in this process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+import kopf
+
+from elasticjob.operator import handlers
+from elasticjob.operator.runtime import OperatorConfig, OperatorRuntime
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="elasticjob-operator", description=__doc__)
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch this namespace (repeatable; default: all namespaces)",
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=("debug", "info", "warning", "error")
+    )
+    parser.add_argument(
+        "--rendezvous-url",
+        default=os.environ.get("ELASTICJOB_RENDEZVOUS_URL"),
+        help="how worker pods reach this operator's rendezvous service",
+    )
+    parser.add_argument(
+        "--bind-address",
+        default=os.environ.get("POD_IP", "0.0.0.0"),
+        help="address to serve on (default: $POD_IP, else all)",
+    )
+    parser.add_argument(
+        "--webhook",
+        action="store_true",
+        help="serve the validating admission webhook (needs $ELASTICJOB_SERVICE_NAME"
+        " and $POD_NAMESPACE)",
+    )
+    parser.add_argument("--webhook-port", type=int, default=8443)
+    parser.add_argument("--rendezvous-port", type=int, default=8470)
+    parser.add_argument("--metrics-port", type=int, default=8471)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    if not args.rendezvous_url:
+        print(
+            "elasticjob-operator: --rendezvous-url (or ELASTICJOB_RENDEZVOUS_URL) is required",
+            file=sys.stderr,
+        )
+        return 2
+    config = OperatorConfig(
+        rendezvous_url=args.rendezvous_url,
+        bind_address=args.bind_address,
+        rendezvous_port=args.rendezvous_port,
+        metrics_port=args.metrics_port,
+    )
+    memo = kopf.Memo(runtime=OperatorRuntime(config))
+    asyncio.run(
+        kopf.operator(
+            registry=handlers.REGISTRY,
+            memo=memo,
+            standalone=True,
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

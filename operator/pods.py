@@ -1,0 +1,223 @@
+"""Worker pods as the operator sees them: their manifests, and what a pod's state means for
+the driver. Pure functions over plain dicts (the API objects), table-testable."""
+
+from __future__ import annotations
+
+import copy
+import enum
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from elasticjob import wire
+from elasticjob.operator.api import (
+    API_VERSION,
+    KIND,
+    LABEL_JOB_NAME,
+    ElasticJobSpec,
+    worker_labels,
+)
+
+TOKEN_KEY = "token"
+"""Key of the job's rendezvous token in its Secret."""
+
+
+def job_id(namespace: str, name: str) -> str:
+    """The job's name on the rendezvous service (unique across namespaces)."""
+    return f"{namespace}.{name}"
+
+
+def token_secret_name(job_name: str) -> str:
+    return f"{job_name}-rendezvous"
+
+
+def token_secret(job: Mapping[str, Any]) -> dict[str, Any]:
+    """A Secret holding a fresh rendezvous token, owned by the job."""
+    name = job["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": token_secret_name(name),
+            "labels": worker_labels(name),
+            "ownerReferences": [owner_reference(job)],
+        },
+        "type": "Opaque",
+        "stringData": {TOKEN_KEY: secrets.token_urlsafe(24)},
+    }
+
+
+def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": job["metadata"]["name"],
+        "uid": job["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def worker_pod(
+    job: Mapping[str, Any],
+    spec: ElasticJobSpec,
+    *,
+    rendezvous_url: str,
+    avoid_nodes: Iterable[str] = (),
+) -> dict[str, Any]:
+    """The manifest of a new worker pod of ``job`` (named by the API server from a prefix).
+
+    The pod carries the job's labels and an owner reference, never restarts (the driver
+    replaces failed workers), stays off ``avoid_nodes`` (blacklisted) by node affinity, and
+    hands its worker container the runtime's environment: the rendezvous URL, the job, the
+    token from the job's Secret, its own name as host name and its IP as bind address."""
+    name = job["metadata"]["name"]
+    namespace = job["metadata"]["namespace"]
+    template = spec.template.model_dump(by_alias=True, exclude_none=True)
+    metadata = copy.deepcopy(template.get("metadata", {}))
+    metadata["generateName"] = f"{name}-worker-"
+    metadata["labels"] = {**metadata.get("labels", {}), **worker_labels(name)}
+    metadata["ownerReferences"] = [owner_reference(job)]
+    pod_spec = copy.deepcopy(template["spec"])
+    pod_spec["restartPolicy"] = "Never"
+    worker = spec.template.spec.worker_container()
+    assert worker is not None, "validated specs have a worker container"
+    for container in pod_spec["containers"]:
+        if container["name"] == worker.name:
+            container["env"] = [
+                *_runtime_env(namespace, name, spec, rendezvous_url),
+                *container.get("env", []),
+            ]
+    avoid = sorted(set(avoid_nodes))
+    if avoid:
+        _add_node_anti_affinity(pod_spec, avoid)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _runtime_env(
+    namespace: str, name: str, spec: ElasticJobSpec, rendezvous_url: str
+) -> list[dict[str, Any]]:
+    def field(path: str) -> dict[str, Any]:
+        return {"fieldRef": {"fieldPath": path}}
+
+    return [
+        {"name": wire.ENV_RENDEZVOUS_URL, "value": rendezvous_url},
+        {"name": wire.ENV_JOB, "value": job_id(namespace, name)},
+        {
+            "name": wire.ENV_TOKEN,
+            "valueFrom": {"secretKeyRef": {"name": token_secret_name(name), "key": TOKEN_KEY}},
+        },
+        {"name": wire.ENV_HOSTNAME, "valueFrom": field("metadata.name")},
+        {"name": wire.ENV_BIND_ADDRESS, "valueFrom": field("status.podIP")},
+        {"name": wire.ENV_LOCAL_RANK, "value": "0"},
+        {"name": wire.ENV_BACKEND, "value": spec.backend.value},
+        {"name": "ELASTICJOB_SLOTS", "value": str(spec.slots_per_worker)},
+    ]
+
+
+def _add_node_anti_affinity(pod_spec: dict[str, Any], nodes: list[str]) -> None:
+    term = {
+        "matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": nodes}
+        ]
+    }
+    required = (
+        pod_spec.setdefault("affinity", {})
+        .setdefault("nodeAffinity", {})
+        .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {"nodeSelectorTerms": []})
+    )
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append(term)
+    else:  # terms are ORed: every term must also exclude the nodes
+        for existing in terms:
+            existing.setdefault("matchExpressions", []).extend(term["matchExpressions"])
+
+
+class PodState(enum.Enum):
+    """What a worker pod means for the job."""
+
+    PENDING = "pending"
+    """Not running yet (being scheduled or started)."""
+    RUNNING = "running"
+    """Its worker processes run: it is a host the driver may use."""
+    LEAVING = "leaving"
+    """Being deleted or preempted: its workers leave gracefully."""
+    SUCCEEDED = "succeeded"
+    """Its processes exited 0."""
+    FAILED = "failed"
+    """Its processes failed, or it was lost."""
+
+
+@dataclass(frozen=True)
+class PodView:
+    """The parts of a worker pod the operator acts on."""
+
+    name: str
+    state: PodState
+    node: str | None
+    ip: str | None
+    created: str
+    exit_code: int | None = None
+    reason: str = ""
+
+
+def view(pod: Mapping[str, Any], *, not_ready_nodes: Iterable[str] = ()) -> PodView:
+    """Classify a pod (see :class:`PodState`)."""
+    metadata, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
+    node = spec.get("nodeName")
+    phase = status.get("phase", "Pending")
+    exit_code = _exit_code(status)
+    state: PodState
+    reason = status.get("reason", "")
+    if phase == "Failed" or (exit_code not in (None, 0)):
+        state = PodState.FAILED
+        reason = reason or f"worker exited with {exit_code}"
+    elif phase == "Succeeded":
+        state = PodState.SUCCEEDED
+    elif node is not None and node in set(not_ready_nodes):
+        state, reason = PodState.FAILED, f"node {node} is not ready"
+    elif metadata.get("deletionTimestamp") or _disruption_target(status):
+        state, reason = PodState.LEAVING, reason or "deleted or preempted"
+    elif phase == "Running":
+        state = PodState.RUNNING
+    else:
+        state = PodState.PENDING
+    return PodView(
+        name=metadata["name"],
+        state=state,
+        node=node,
+        ip=status.get("podIP"),
+        created=metadata.get("creationTimestamp", ""),
+        exit_code=exit_code,
+        reason=reason,
+    )
+
+
+def _exit_code(status: Mapping[str, Any]) -> int | None:
+    for container in status.get("containerStatuses", []) or []:
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated is not None and terminated.get("exitCode") is not None:
+            return int(terminated["exitCode"])
+    return None
+
+
+def _disruption_target(status: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+        for c in status.get("conditions", []) or []
+    )
+
+
+def newest_first(pods: Iterable[PodView], count: int) -> list[PodView]:
+    """The ``count`` most recently created pods: the ones scale-in removes (the oldest keep
+    rank 0 and the freshest state)."""
+    return sorted(pods, key=lambda p: (p.created, p.name), reverse=True)[:count]
+
+
+def job_of(pod: Mapping[str, Any]) -> str | None:
+    """The name of the job a worker pod belongs to."""
+    labels = pod.get("metadata", {}).get("labels") or {}
+    value = labels.get(LABEL_JOB_NAME)
+    return str(value) if value is not None else None

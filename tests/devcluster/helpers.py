@@ -1,0 +1,178 @@
+"""Helpers for tests against a devcluster: manifests, waits with deadlines, dumps."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devcluster import Cluster
+
+Obj = dict[str, Any]
+
+
+class WaitTimeout(AssertionError):
+    """A wait ran past its deadline; the message holds a dump of the namespace."""
+
+
+def pod_manifest(
+    name: str,
+    script: str,
+    *,
+    image: str = "python:3.11",
+    restart: str = "Never",
+    env: list[Obj] | None = None,
+    **spec: Any,
+) -> Obj:
+    """A single-container pod running ``python -c script``."""
+    container: Obj = {"name": "main", "image": image, "command": ["python", "-c", script]}
+    if env:
+        container["env"] = env
+    for key in ("readinessProbe", "livenessProbe", "volumeMounts", "ports"):
+        if key in spec:
+            container[key] = spec.pop(key)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": spec.pop("labels", {"app": name})},
+        "spec": {"restartPolicy": restart, "containers": [container], **spec},
+    }
+
+
+class Kube:
+    """kubectl-driven helper bound to one test namespace."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.cluster = cluster
+        self.ns = namespace
+
+    # ----- commands ------------------------------------------------------
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        """Run kubectl in the namespace; return stdout."""
+        result = self.cluster.kubectl("-n", self.ns, *args, input=input, check=False)
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stderr}"
+            )
+        return result.stdout
+
+    def apply(self, *manifests: Obj) -> None:
+        """kubectl apply the manifests."""
+        text = yaml.safe_dump_all(list(manifests))
+        self.kubectl("apply", "-f", "-", input=text)
+
+    def get(self, kind: str, name: str) -> Obj | None:
+        """The object, or None if it does not exist."""
+        result = self.cluster.kubectl("-n", self.ns, "get", kind, name, "-o", "json", check=False)
+        if result.returncode != 0:
+            if "NotFound" in result.stderr or "not found" in result.stderr:
+                return None
+            raise AssertionError(f"kubectl get {kind} {name}: {result.stderr}")
+        obj: Obj = json.loads(result.stdout)
+        return obj
+
+    def pods(self, selector: str) -> list[Obj]:
+        """Pods matching a label selector."""
+        out = self.kubectl("get", "pods", "-l", selector, "-o", "json")
+        items: list[Obj] = json.loads(out)["items"]
+        return items
+
+    # ----- waits ---------------------------------------------------------
+    def wait(self, what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+        """Poll ``check`` until it returns something truthy; dump the namespace on timeout."""
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while True:
+            value = check()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise WaitTimeout(
+                    f"timed out after {timeout:g} s waiting for {what}\n{self.dump()}"
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    def wait_pod(
+        self, name: str, check: Callable[[Obj], bool], what: str, timeout: float = 30.0
+    ) -> Obj:
+        """Wait until pod ``name`` exists and ``check(pod)`` holds; return the pod."""
+
+        def probe() -> Obj | None:
+            pod = self.get("pod", name)
+            return pod if pod is not None and check(pod) else None
+
+        result: Obj = self.wait(f"pod {name} {what}", probe, timeout)
+        return result
+
+    def wait_phase(self, name: str, *phases: str, timeout: float = 30.0) -> Obj:
+        """Wait until the pod is in one of ``phases``."""
+        return self.wait_pod(
+            name,
+            lambda p: p.get("status", {}).get("phase") in phases,
+            f"phase in {phases}",
+            timeout,
+        )
+
+    def wait_ready(self, name: str, timeout: float = 30.0) -> Obj:
+        """Wait until the pod's Ready condition is True."""
+        return self.wait_pod(name, is_ready, "Ready", timeout)
+
+    def wait_gone(self, kind: str, name: str, timeout: float = 30.0) -> None:
+        """Wait until the object no longer exists."""
+        self.wait(f"{kind} {name} to disappear", lambda: self.get(kind, name) is None, timeout)
+
+    # ----- diagnostics ---------------------------------------------------
+    def disk_log(self, pod: str, container: str = "main") -> str:
+        """The latest log of a container, read from the agent's disk (also after deletion)."""
+        dirs = sorted(
+            self.cluster.config.pods_dir.glob(f"{self.ns}_{pod}_*/logs/{container}"),
+            key=lambda p: p.stat().st_mtime,
+        )
+        if not dirs:
+            return ""
+        runs = sorted(dirs[-1].glob("*.log"), key=lambda p: int(p.stem))
+        return runs[-1].read_text(errors="replace") if runs else ""
+
+    def dump(self) -> str:
+        """Pods, events and logs of the namespace, plus the agent's log tail."""
+        parts = []
+        for args in (("get", "pods", "-o", "wide"), ("get", "events", "--sort-by=.lastTimestamp")):
+            try:
+                result = self.cluster.kubectl("-n", self.ns, *args, check=False, timeout=20)
+                parts.append(f"$ kubectl {' '.join(args)}\n{result.stdout}{result.stderr}")
+            except subprocess.TimeoutExpired:
+                parts.append(f"$ kubectl {' '.join(args)}: timed out")
+        for log in sorted(self.cluster.config.pods_dir.glob(f"{self.ns}_*/logs/*/*.log")):
+            text = log.read_text(errors="replace")[-2000:]
+            parts.append(f"--- {log.relative_to(self.cluster.config.pods_dir)}\n{text}")
+        parts.append("--- agent log (tail)\n" + self.cluster.log_tail("agent", 20))
+        return "\n".join(parts)
+
+
+def is_ready(pod: Obj) -> bool:
+    """True if the pod's Ready condition is True."""
+    for cond in pod.get("status", {}).get("conditions") or []:
+        if cond["type"] == "Ready":
+            return bool(cond["status"] == "True")
+    return False
+
+
+def container_state(pod: Obj, name: str = "main") -> Obj:
+    """``state`` of a container (empty if not reported yet)."""
+    for status in pod.get("status", {}).get("containerStatuses") or []:
+        if status["name"] == name:
+            state: Obj = status["state"]
+            return state
+    return {}
+
+
+def read_proc_state(pid: int) -> str:
+    """The one-letter state of a process (R, S, T, ...)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rfind(")") + 2]

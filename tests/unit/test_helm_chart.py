@@ -1,0 +1,534 @@
+"""The operator's Helm chart: ``helm lint`` and ``helm template`` checked against the contract
+between the chart and the operator process (no cluster needed).
+
+The tests use the helm binary that ``scripts/devcluster-prereqs.sh`` caches; without it they
+fail (they are never skipped).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tomllib
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devcluster.build import cached_helm
+from devcluster.config import default_cache_dir
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy" / "helm" / "elasticjob-operator"
+CRD = REPO / "deploy" / "crds" / "elasticjob.dev_elasticjobs.yaml"
+CHART_CRD = CHART / "crds" / CRD.name
+PREREQS = "scripts/devcluster-prereqs.sh"
+EXAMPLE = "examples/elasticjob.yaml"
+
+RELEASE = "ej"
+NAMESPACE = "elasticjob-system"
+FULLNAME = "ej-elasticjob-operator"
+SERVICE_ACCOUNT = FULLNAME
+APP_VERSION = "0.1.0"
+#: Seconds any helm command may take.
+TIMEOUT = 60
+
+Manifest = dict[str, Any]
+#: (apiGroup, resource) -> verbs.
+Grants = dict[tuple[str, str], set[str]]
+
+JOB_GRANTS: Grants = {
+    ("elasticjob.dev", "elasticjobs"): {"get", "list", "watch", "patch", "update"},
+    ("elasticjob.dev", "elasticjobs/status"): {"get", "list", "watch", "patch", "update"},
+    ("elasticjob.dev", "elasticjobs/scale"): {"get", "list", "watch", "patch", "update"},
+    ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
+    ("", "secrets"): {"get", "list", "watch", "create", "delete"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+CLUSTER_GRANTS: Grants = {
+    ("", "nodes"): {"get", "list", "watch"},
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+}
+WEBHOOK = ("admissionregistration.k8s.io", "validatingwebhookconfigurations")
+WEBHOOK_GRANTS: Grants = {WEBHOOK: {"get", "list", "watch", "create", "patch", "update"}}
+LABELS = {
+    "app.kubernetes.io/name": "elasticjob-operator",
+    "app.kubernetes.io/instance": RELEASE,
+    "app.kubernetes.io/version": APP_VERSION,
+    "app.kubernetes.io/managed-by": "Helm",
+    "helm.sh/chart": f"elasticjob-operator-{APP_VERSION}",
+}
+SELECTOR = {"app.kubernetes.io/name": "elasticjob-operator", "app.kubernetes.io/instance": RELEASE}
+
+
+class Helm:
+    """The cached helm binary, run with its own empty config and no cluster."""
+
+    def __init__(self, binary: Path | None, home: Path) -> None:
+        self.binary = binary
+        self.home = home
+        self.env = {
+            **os.environ,
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data"),
+            "KUBECONFIG": str(home / "no-kubeconfig"),
+        }
+        self._rendered: dict[str, list[Manifest]] = {}
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``helm ARGS``, failing the test when helm is not cached."""
+        if self.binary is None:
+            pytest.fail(
+                f"no helm binary is cached in {default_cache_dir()}: "
+                f"run `bash {PREREQS}` once (it caches helm for these tests and devcluster)",
+                pytrace=False,
+            )
+        return subprocess.run(
+            [str(self.binary), *args],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            timeout=TIMEOUT,
+            check=False,
+        )
+
+    def values_file(self, values: Mapping[str, Any]) -> str:
+        """A values file holding ``values`` (YAML keeps their types, unlike ``--set``)."""
+        path = self.home / f"values-{uuid.uuid4().hex}.yaml"
+        path.write_text(yaml.safe_dump(dict(values)))
+        return str(path)
+
+    def template_result(
+        self, values: Mapping[str, Any] | None = None, *extra: str, release: str = RELEASE
+    ) -> subprocess.CompletedProcess[str]:
+        """``helm template`` of the chart, as a completed process."""
+        args = ["template", release, str(CHART), "--namespace", NAMESPACE, *extra]
+        if values:
+            args += ["--values", self.values_file(values)]
+        return self.run(*args)
+
+    def template(
+        self, values: Mapping[str, Any] | None = None, *extra: str, release: str = RELEASE
+    ) -> list[Manifest]:
+        """The objects ``helm template`` renders; the call must succeed."""
+        key = json.dumps([values, extra, release], sort_keys=True)
+        if key not in self._rendered:
+            result = self.template_result(values, *extra, release=release)
+            assert result.returncode == 0, f"helm template failed:\n{result.stderr}"
+            docs = [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
+            assert all(isinstance(doc, dict) for doc in docs), result.stdout
+            self._rendered[key] = docs
+        return self._rendered[key]
+
+
+@pytest.fixture(scope="session")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    return Helm(cached_helm(default_cache_dir()), tmp_path_factory.mktemp("helm"))
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def named(
+    objects: Iterable[Manifest], kind: str, name: str, namespace: str | None = None
+) -> Manifest:
+    """The one rendered object of that kind, name and namespace."""
+    found = [
+        o
+        for o in objects
+        if o["kind"] == kind
+        and o["metadata"]["name"] == name
+        and o["metadata"].get("namespace") == namespace
+    ]
+    assert len(found) == 1, f"{len(found)} {kind} {namespace}/{name} rendered"
+    return found[0]
+
+
+def of_kind(objects: Iterable[Manifest], kind: str) -> list[Manifest]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def identities(objects: Iterable[Manifest]) -> set[tuple[str, str, str | None]]:
+    return {(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace")) for o in objects}
+
+
+def container(objects: Iterable[Manifest]) -> Manifest:
+    """The operator container of the Deployment."""
+    deployment = named(objects, "Deployment", FULLNAME, NAMESPACE)
+    containers: list[Manifest] = deployment["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["operator"]
+    return containers[0]
+
+
+def container_ports(c: Manifest) -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+
+
+def env_of(c: Manifest) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+
+
+def grants(role: Manifest) -> Grants:
+    """The verbs a (Cluster)Role grants per (apiGroup, resource)."""
+    result: Grants = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                result.setdefault((group, resource), set()).update(rule["verbs"])
+    return result
+
+
+def all_grants(roles: Iterable[Manifest]) -> Grants:
+    result: Grants = {}
+    for role in roles:
+        for key, verbs in grants(role).items():
+            result.setdefault(key, set()).update(verbs)
+    return result
+
+
+def chart_metadata() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    return data
+
+
+# --- lint ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["lint", "lint-strict"])
+@pytest.mark.parametrize(
+    "values",
+    [{}, {"watchNamespaces": ["a", "b"], "webhook": {"enabled": False}, "rbac": {"create": False}}],
+    ids=["defaults", "namespaced"],
+)
+def test_helm_lint_passes(helm: Helm, strict: bool, values: dict[str, Any]) -> None:
+    args = ["lint", str(CHART), "--namespace", NAMESPACE]
+    if strict:
+        args.append("--strict")
+    if values:
+        args += ["--values", helm.values_file(values)]
+    result = helm.run(*args)
+    assert result.returncode == 0, f"helm lint failed:\n{result.stdout}\n{result.stderr}"
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_chart_metadata_matches_the_project() -> None:
+    chart = chart_metadata()
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert chart["apiVersion"] == "v2"
+    assert chart["name"] == "elasticjob-operator"
+    assert chart["appVersion"] == APP_VERSION == project["version"]
+
+
+# --- what is rendered --------------------------------------------------------------------------
+
+
+def test_defaults_render_the_expected_objects(helm: Helm) -> None:
+    objects = helm.template()
+    assert identities(objects) == {
+        ("ServiceAccount", FULLNAME, NAMESPACE),
+        ("ClusterRole", f"{FULLNAME}-cluster", None),
+        ("ClusterRoleBinding", f"{FULLNAME}-cluster", None),
+        ("ClusterRole", FULLNAME, None),
+        ("ClusterRoleBinding", FULLNAME, None),
+        ("Service", FULLNAME, NAMESPACE),
+        ("Deployment", FULLNAME, NAMESPACE),
+    }
+
+
+def test_the_crd_comes_only_from_crds_and_no_webhook_configuration_is_rendered(
+    helm: Helm,
+) -> None:
+    kinds = {o["kind"] for o in helm.template()}
+    assert "CustomResourceDefinition" not in kinds
+    assert not kinds & {"ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"}
+    with_crds = helm.template(None, "--include-crds")
+    crds = of_kind(with_crds, "CustomResourceDefinition")
+    assert crds == [yaml.safe_load(CRD.read_text())]
+
+
+@pytest.mark.parametrize(
+    ("release", "values", "fullname"),
+    [
+        ("elasticjob-operator", {}, "elasticjob-operator"),
+        ("my-elasticjob-operator", {}, "my-elasticjob-operator"),
+        ("ej", {"fullnameOverride": "ejo"}, "ejo"),
+        ("ej", {"nameOverride": "op"}, "ej-op"),
+    ],
+)
+def test_object_names_follow_the_release(
+    helm: Helm, release: str, values: dict[str, Any], fullname: str
+) -> None:
+    objects = helm.template(values, release=release)
+    deployment = named(objects, "Deployment", fullname, NAMESPACE)
+    named(objects, "Service", fullname, NAMESPACE)
+    named(objects, "ClusterRole", f"{fullname}-cluster")
+    env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
+    assert env["ELASTICJOB_RENDEZVOUS_URL"] == f"http://{fullname}.{NAMESPACE}.svc:8470"
+    assert env["ELASTICJOB_SERVICE_NAME"] == fullname
+
+
+def test_every_object_carries_the_helm_labels_and_selectors_agree(helm: Helm) -> None:
+    objects = helm.template()
+    for o in objects:
+        labels = o["metadata"]["labels"]
+        assert labels.items() >= LABELS.items(), f"{o['kind']} {o['metadata']['name']}"
+    deployment = named(objects, "Deployment", FULLNAME, NAMESPACE)
+    assert deployment["spec"]["selector"] == {"matchLabels": SELECTOR}
+    assert deployment["spec"]["template"]["metadata"]["labels"].items() >= SELECTOR.items()
+    assert named(objects, "Service", FULLNAME, NAMESPACE)["spec"]["selector"] == SELECTOR
+
+
+# --- the operator container ----------------------------------------------------------------
+
+
+def test_container_matches_the_operator_contract(helm: Helm) -> None:
+    c = container(helm.template())
+    assert c["image"] == f"elasticjob/operator:{chart_metadata()['appVersion']}"
+    assert c["imagePullPolicy"] == "IfNotPresent"
+    assert c["command"] == ["elasticjob-operator"]
+    assert c["args"] == ["--log-level", "info", "--webhook"]
+    env = env_of(c)
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["ELASTICJOB_RENDEZVOUS_URL"] == f"http://{FULLNAME}.{NAMESPACE}.svc:8470"
+    assert container_ports(c) == {"rendezvous": 8470, "metrics": 8471, "webhook": 8443}
+    assert all(p["protocol"] == "TCP" for p in c["ports"])
+    for probe in ("readinessProbe", "livenessProbe"):
+        get = c[probe]["httpGet"]
+        assert get["path"] == "/healthz"
+        port = get["port"] if isinstance(get["port"], int) else container_ports(c)[get["port"]]
+        assert port == 8471, probe
+
+
+def test_pod_runs_locked_down(helm: Helm) -> None:
+    objects = helm.template()
+    deployment = named(objects, "Deployment", FULLNAME, NAMESPACE)
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == SERVICE_ACCOUNT
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    c = container(objects)
+    assert c["securityContext"] == {
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert c["resources"] == {
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "limits": {"memory": "512Mi"},
+    }
+    # With a read-only root filesystem, temporary files go to an emptyDir.
+    tmpdir = env_of(c)["TMPDIR"]
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts[tmpdir]]
+
+
+def test_values_reach_the_pod(helm: Helm) -> None:
+    values: dict[str, Any] = {
+        "image": {"repository": "registry.example/elasticjob/operator", "tag": "1.2.3"},
+        "logLevel": "debug",
+        "replicas": 0,
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["x"]}]}
+                    ]
+                }
+            }
+        },
+        "priorityClassName": "system-cluster-critical",
+        "podAnnotations": {"prometheus.io/port": "8471"},
+        "imagePullSecrets": [{"name": "pull"}],
+    }
+    objects = helm.template(values)
+    deployment = named(objects, "Deployment", FULLNAME, NAMESPACE)
+    assert deployment["spec"]["replicas"] == 0
+    assert deployment["metadata"]["labels"]["app.kubernetes.io/version"] == "1.2.3"
+    pod = deployment["spec"]["template"]["spec"]
+    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName"):
+        assert pod[key] == values[key], key
+    assert pod["imagePullSecrets"] == [{"name": "pull"}]
+    assert deployment["spec"]["template"]["metadata"]["annotations"] == values["podAnnotations"]
+    c = container(objects)
+    assert c["image"] == "registry.example/elasticjob/operator:1.2.3"
+    assert c["args"][:2] == ["--log-level", "debug"]
+    assert c["resources"] == values["resources"]
+
+
+def test_service_exposes_rendezvous_metrics_and_webhook(helm: Helm) -> None:
+    objects = helm.template()
+    service = named(objects, "Service", FULLNAME, NAMESPACE)
+    assert service["spec"]["type"] == "ClusterIP"
+    targets = container_ports(container(objects))
+    ports = {
+        p["name"]: (p["port"], targets.get(p["targetPort"], p["targetPort"]))
+        for p in service["spec"]["ports"]
+    }
+    assert ports == {"rendezvous": (8470, 8470), "metrics": (8471, 8471), "webhook": (443, 8443)}
+
+
+def test_webhook_disabled_drops_flag_port_and_rbac(helm: Helm) -> None:
+    objects = helm.template({"webhook": {"enabled": False}})
+    c = container(objects)
+    assert c["args"] == ["--log-level", "info"]
+    assert "webhook" not in container_ports(c)
+    service = named(objects, "Service", FULLNAME, NAMESPACE)
+    assert [p["name"] for p in service["spec"]["ports"]] == ["rendezvous", "metrics"]
+    cluster = grants(named(objects, "ClusterRole", f"{FULLNAME}-cluster"))
+    assert cluster == CLUSTER_GRANTS
+
+
+# --- RBAC ------------------------------------------------------------------------------------
+
+
+def assert_least_privilege(objects: Iterable[Manifest]) -> None:
+    for role in [*of_kind(objects, "ClusterRole"), *of_kind(objects, "Role")]:
+        for rule in role["rules"]:
+            assert "nonResourceURLs" not in rule
+            for key in ("apiGroups", "resources", "verbs", "resourceNames"):
+                assert "*" not in rule.get(key, []), f"{role['metadata']['name']}: {rule}"
+                assert not any("*" in item for item in rule.get(key, [])), rule
+
+
+def assert_bindings_are_consistent(objects: list[Manifest]) -> None:
+    """Every binding binds the operator's ServiceAccount to a role the chart renders."""
+    for binding in [*of_kind(objects, "ClusterRoleBinding"), *of_kind(objects, "RoleBinding")]:
+        ref = binding["roleRef"]
+        assert ref["apiGroup"] == "rbac.authorization.k8s.io"
+        namespace = binding["metadata"].get("namespace") if ref["kind"] == "Role" else None
+        named(objects, ref["kind"], ref["name"], namespace)
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}
+        ]
+
+
+def test_cluster_wide_rbac_grants_exactly_what_the_operator_needs(helm: Helm) -> None:
+    objects = helm.template()
+    assert_least_privilege(objects)
+    assert_bindings_are_consistent(objects)
+    assert grants(named(objects, "ClusterRole", FULLNAME)) == JOB_GRANTS
+    cluster = named(objects, "ClusterRole", f"{FULLNAME}-cluster")
+    assert grants(cluster) == CLUSTER_GRANTS | WEBHOOK_GRANTS
+    assert not of_kind(objects, "Role")
+    assert not of_kind(objects, "RoleBinding")
+
+
+def test_webhook_configuration_access_is_limited_to_its_own_name(helm: Helm) -> None:
+    cluster = named(helm.template(), "ClusterRole", f"{FULLNAME}-cluster")
+    webhook_rules = [r for r in cluster["rules"] if r["resources"] == [WEBHOOK[1]]]
+    unrestricted = {v for r in webhook_rules if "resourceNames" not in r for v in r["verbs"]}
+    assert unrestricted == {"create"}  # a create cannot be limited by name
+    for rule in webhook_rules:
+        if "resourceNames" in rule:
+            assert rule["resourceNames"] == [FULLNAME]
+
+
+def test_watch_namespaces_render_roles_per_namespace(helm: Helm) -> None:
+    objects = helm.template({"watchNamespaces": ["a", "b"]})
+    assert_least_privilege(objects)
+    assert_bindings_are_consistent(objects)
+    assert container(objects)["args"] == [
+        "--log-level",
+        "info",
+        "--namespace",
+        "a",
+        "--namespace",
+        "b",
+        "--webhook",
+    ]
+    for namespace in ("a", "b"):
+        assert grants(named(objects, "Role", FULLNAME, namespace)) == JOB_GRANTS
+        binding = named(objects, "RoleBinding", FULLNAME, namespace)
+        assert binding["roleRef"]["kind"] == "Role"
+    assert {o["metadata"]["namespace"] for o in of_kind(objects, "Role")} == {"a", "b"}
+    # Only cluster-scoped resources stay in a ClusterRole.
+    cluster_roles = of_kind(objects, "ClusterRole")
+    assert [r["metadata"]["name"] for r in cluster_roles] == [f"{FULLNAME}-cluster"]
+    assert all_grants(cluster_roles) == CLUSTER_GRANTS | WEBHOOK_GRANTS
+    bindings = of_kind(objects, "ClusterRoleBinding")
+    assert [b["metadata"]["name"] for b in bindings] == [f"{FULLNAME}-cluster"]
+
+
+def test_rbac_and_service_account_can_be_left_to_the_cluster_admin(helm: Helm) -> None:
+    objects = helm.template(
+        {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "operator"}}
+    )
+    assert identities(objects) == {
+        ("Service", FULLNAME, NAMESPACE),
+        ("Deployment", FULLNAME, NAMESPACE),
+    }
+    pod = named(objects, "Deployment", FULLNAME, NAMESPACE)["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "operator"
+
+
+# --- the CRD copy and the values schema ------------------------------------------------------
+
+
+def test_chart_crd_is_an_exact_copy_of_the_generated_crd() -> None:
+    assert sorted(p.name for p in CHART_CRD.parent.iterdir()) == [CRD.name]
+    assert CHART_CRD.read_bytes() == CRD.read_bytes(), (
+        f"{CHART_CRD.relative_to(REPO)} differs from {CRD.relative_to(REPO)}; refresh the "
+        f"chart's copy from the repository root: "
+        f"cp {CRD.relative_to(REPO)} {CHART_CRD.parent.relative_to(REPO)}/"
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "path"),
+    [
+        ({"logLevel": "loud"}, "/logLevel"),
+        ({"replicas": "1"}, "/replicas"),
+        ({"replicas": 2}, "/replicas"),
+        ({"watchNamespaces": "a"}, "/watchNamespaces"),
+        ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
+        ({"watchNamespaces": ["a", "a"]}, "/watchNamespaces"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+        ({"webhook": {"enabled": "yes"}}, "/webhook/enabled"),
+        ({"watchNamespace": ["a"]}, "watchNamespace"),
+    ],
+)
+def test_schema_rejects_bad_values(helm: Helm, values: dict[str, Any], path: str) -> None:
+    result = helm.template_result(values)
+    assert result.returncode != 0, f"helm template accepted {values}"
+    assert "schema" in result.stderr
+    assert path in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("level", ["debug", "info", "warning", "error"])
+def test_schema_accepts_every_log_level(helm: Helm, level: str) -> None:
+    assert container(helm.template({"logLevel": level}))["args"][:2] == ["--log-level", level]
+
+
+def test_schema_describes_every_default_value() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert schema["additionalProperties"] is False
+    assert set(defaults) <= set(schema["properties"])
+
+
+def test_notes_show_how_to_use_the_operator(helm: Helm) -> None:
+    result = helm.run("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client")
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    example = yaml.safe_load((REPO / EXAMPLE).read_text())
+    for text in (
+        f"kubectl apply -f {EXAMPLE}",
+        "kubectl get ej",
+        f"kubectl scale ej/{example['metadata']['name']} --replicas=5",
+        f"http://{FULLNAME}.{NAMESPACE}.svc:8470",
+    ):
+        assert text in notes, text
