@@ -29,6 +29,7 @@ from elasticjob.driver.api import BlacklistPolicy, HostDiscovery, WorkerLauncher
 from elasticjob.driver.driver import DriverSettings, ElasticDriver, JobResult
 from elasticjob.driver.driver import Phase as DriverPhase
 from elasticjob.driver.hosts import HostManager, cooldown_s
+from elasticjob.driver.slots import assign_slots
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.api import (
     BlacklistScope,
@@ -130,6 +131,7 @@ class JobController:
         self._wake = asyncio.Event()
         self._last_status: dict[str, Any] | None = None
         self._slots = 1
+        self._rank_order: list[str] = []
         self.phase: Phase = Phase.CREATED
         self.pods_created = 0
         self.pods_deleted = 0
@@ -182,7 +184,12 @@ class JobController:
             time.monotonic,
         )
         self.driver = driver
-        await self._api.event(self.namespace, dict(body), "Created", f"job {self.job_id} started")
+        for pod in await self._api.list_pods(self.namespace, worker_selector(self.name)):
+            self._pods[pod["metadata"]["name"]] = pod
+        if not self._adopt(body, driver):
+            await self._api.event(
+                self.namespace, dict(body), "Created", f"job {self.job_id} started"
+            )
         driver_task = asyncio.create_task(driver.run(), name=f"driver {self.job_id}")
         try:
             while not driver_task.done() and not stopped.is_set():
@@ -197,6 +204,35 @@ class JobController:
             driver_task.cancel()
             await asyncio.gather(driver_task, return_exceptions=True)
             self._service.remove_job(self.job_id)
+
+    def _adopt(self, body: Mapping[str, Any], driver: ElasticDriver) -> bool:
+        """After an operator restart: take over the round the status records, so its workers
+        train on undisturbed. Members whose pods are gone are reported failed."""
+        status = body.get("status") or {}
+        workers = status.get("workers") or []
+        if not status.get("round") or not workers:
+            return False
+        order = sorted(workers, key=lambda w: min(w["ranks"] or [0]))
+        slots = assign_slots([(w["pod"], self._slots) for w in order], min_np=1, max_np=None)
+        recorded = {(w["pod"], r) for w in workers for r in w["ranks"]}
+        if {(worker.hostname, slot.rank) for worker, slot in slots.items()} != recorded:
+            logger.warning(
+                "job %s: the recorded round does not fit its pods; not adopted", self.job_id
+            )
+            return False
+        driver.adopt(int(status["round"]), slots, int(status.get("noticeSeq") or 0))
+        self._rank_order = [w["pod"] for w in order]
+        for worker in slots:
+            if worker.hostname not in self._pods:
+                self._fail_pod(
+                    podlib.PodView(worker.hostname, podlib.PodState.FAILED, None, None, ""),
+                    "the pod disappeared while the operator was away",
+                    137,
+                )
+        logger.info(
+            "job %s: resumed round %s after an operator restart", self.job_id, status["round"]
+        )
+        return True
 
     def _current_spec(self, body: Mapping[str, Any], spec: ElasticJobSpec) -> ElasticJobSpec:
         try:
@@ -242,14 +278,21 @@ class JobController:
         for view in views.values():
             await self._account(body, spec, view)
         blacklisted = self._nodes.active(now)
-        usable = {
-            v.name: spec.slots_per_worker
+        if spec.blacklist.scope is BlacklistScope.NODE:
+            for v in views.values():  # drain blacklisted nodes: those pods leave gracefully
+                if v.state is podlib.PodState.RUNNING and v.node in blacklisted:
+                    self._chosen_to_leave.setdefault(v.name, now)
+        usable = [
+            v
             for v in views.values()
             if v.state is podlib.PodState.RUNNING
             and v.name not in self._chosen_to_leave
             and not (spec.blacklist.scope is BlacklistScope.NODE and v.node in blacklisted)
-        }
-        self._discovery.hosts = usable
+        ]
+        # Oldest first (a resumed round's members in rank order), so rank 0 keeps the state.
+        rank = {pod: i for i, pod in enumerate(self._rank_order)}
+        usable.sort(key=lambda v: (rank.get(v.name, len(rank)), v.created, v.name))
+        self._discovery.hosts = {v.name: spec.slots_per_worker for v in usable}
         await self._scale(body, spec, views, blacklisted, now)
         await self._write_status(body, self._observe(spec, views, blacklisted))
 

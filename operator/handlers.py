@@ -30,7 +30,7 @@ async def stop(memo: Any, **_: Any) -> None:
     await _runtime(memo).stop()
 
 
-@kopf.on.validate(GROUP, VERSION, PLURAL, operations=["CREATE", "UPDATE"])
+@kopf.on.validate(GROUP, VERSION, PLURAL, id="validate-spec", operations=["CREATE", "UPDATE"])
 def validate_job(spec: kopf.Spec, **_: Any) -> None:
     """Refuse specs that break rules the CRD schema cannot express (min <= replicas <= max,
     a worker container...), naming the field."""

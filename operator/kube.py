@@ -66,6 +66,13 @@ class KubeApi:
         result: dict[str, Any] = kubernetes.client.ApiClient().sanitize_for_serialization(created)
         return result
 
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        found = await self._call(
+            "list pods", self.core.list_namespaced_pod, namespace, label_selector=selector
+        )
+        serialize = kubernetes.client.ApiClient().sanitize_for_serialization
+        return [serialize(pod) for pod in found.items]
+
     async def delete_pod(self, namespace: str, name: str, grace_s: int | None = None) -> None:
         try:
             await self._call(

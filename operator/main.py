@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import kopf
 
 from elasticjob.operator import handlers
-from elasticjob.operator.runtime import OperatorConfig, OperatorRuntime
+from elasticjob.operator.runtime import OperatorConfig, OperatorRuntime, WebhookConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,11 +62,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    webhook = None
+    if args.webhook:
+        service = os.environ.get("ELASTICJOB_SERVICE_NAME")
+        namespace = os.environ.get("POD_NAMESPACE")
+        if not service or not namespace:
+            print(
+                "elasticjob-operator: --webhook needs ELASTICJOB_SERVICE_NAME and POD_NAMESPACE",
+                file=sys.stderr,
+            )
+            return 2
+        webhook = WebhookConfig(service=service, namespace=namespace, port=args.webhook_port)
     config = OperatorConfig(
         rendezvous_url=args.rendezvous_url,
         bind_address=args.bind_address,
         rendezvous_port=args.rendezvous_port,
         metrics_port=args.metrics_port,
+        webhook=webhook,
     )
     memo = kopf.Memo(runtime=OperatorRuntime(config))
     asyncio.run(

@@ -78,7 +78,8 @@ class OperatorRuntime:
                 port=hook.port,
                 cert_dir=hook.cert_dir,
             )
-            settings.admission.managed = hook.service
+            # kopf names the configuration and its webhooks after this (three or more labels).
+            settings.admission.managed = f"{hook.service}.{hook.namespace}.svc"
         load_config()
         self._api = KubeApi()
         self._service = RendezvousService()

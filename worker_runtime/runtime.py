@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -49,6 +50,7 @@ from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, Rendez
 logger = get_logger(__name__)
 
 _RENDEZVOUS_POLL_S = 20.0
+ENV_DEFER_SIGTERM = "ELASTICJOB_DEFER_SIGTERM"
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ class Runtime:
         self._step = 0
         self.sync_required = True
         self._join_deferred = False
+        self._termination_requested = False
         self.exit_code: int | None = None
         """The status the process will exit with, once the elastic loop knows it."""
         self._lock = threading.Lock()
@@ -163,6 +166,7 @@ class Runtime:
             self.sync_required = False
             return
         self._watcher.start()
+        self._defer_termination()
         assert self._client is not None
         if self._client.round_info().round > 0:
             logger.info("joining a running job: deferred until the training loop starts")
@@ -170,6 +174,24 @@ class Runtime:
             self._form_world_of_one("provisional/")
             return
         self.sync_required = self._join()
+
+    def _defer_termination(self) -> None:
+        """Under the operator, a pod being deleted or preempted gets SIGTERM while the driver
+        tells the job the pod leaves: keep training until this worker is released at the
+        next host-update check (no rollback for anyone). A second SIGTERM, or one outside a
+        round, ends the process at once."""
+        if os.environ.get(ENV_DEFER_SIGTERM) != "1":
+            return
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_sigterm(signum: int, _frame: object) -> None:
+            if self._termination_requested or self.round == 0:
+                raise SystemExit(128 + signum)
+            self._termination_requested = True
+            logger.warning("SIGTERM: leaving at the next host-update check (again: exit now)")
+
+        signal.signal(signal.SIGTERM, on_sigterm)
 
     def join_deferred(self) -> bool:
         """Join the job now if :meth:`start` deferred it; return whether it did."""

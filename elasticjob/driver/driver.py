@@ -157,6 +157,19 @@ class ElasticDriver(RendezvousListener):
         slot = self.slots.get(worker)
         return slot.rank if slot is not None and worker not in self._removed else None
 
+    def adopt(self, round_number: int, slots: Mapping[WorkerId, SlotInfo], notice_seq: int) -> None:
+        """Resume supervising a round that runs already (the driver's process restarted):
+        its members are taken as running and not at the barrier."""
+        self.rendezvous.adopt(round_number, slots, notice_seq)
+        now = self._clock()
+        for worker in slots:
+            self._workers[worker] = _Worker(
+                started_at=now, ready_after=round_number - 1, last_round=round_number
+            )
+        self.registry.start_round(round_number, frozenset(slots))
+        self.phase = Phase.RUNNING
+        logger.info("adopted round %d with %d workers", round_number, len(slots))
+
     # ---- events (listener and launcher callbacks; all on the event loop) -----------------
 
     def on_worker_ready(self, worker: WorkerId, after_round: int) -> None:

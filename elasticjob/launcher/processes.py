@@ -145,6 +145,10 @@ class LocalWorkerLauncher(WorkerLauncher):
             await process.wait()
 
     async def stop_all(self) -> None:
+        """Give every process the grace period to exit on its own (the job's end reaches
+        workers through the rendezvous), then stop the rest."""
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=self._stop_grace_s)
         await asyncio.gather(*(self.stop(w) for w in list(self._processes)))
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self._stop_grace_s)

@@ -72,6 +72,12 @@ class JobRendezvous(abc.ABC):
         ``REMOVED`` (they exit 0, which is not a failure)."""
 
     @abc.abstractmethod
+    def adopt(self, round_number: int, slots: Mapping[WorkerId, SlotInfo], notice_seq: int) -> None:
+        """Take over a round that is already running (after the service restarted): make it
+        current without any registration, and continue numbering notices after
+        ``notice_seq``, so members that kept training keep hearing notices."""
+
+    @abc.abstractmethod
     def readmit(self, workers: Iterable[WorkerId]) -> None:
         """A new process is about to run for each of these (previously removed or exited)
         workers: forget that they were removed and announced, so the new process is heard."""

@@ -60,7 +60,8 @@ class _Endpoint:
 class _Round:
     number: int
     slots: Mapping[WorkerId, SlotInfo]
-    store: _Endpoint
+    store: _Endpoint | None
+    """None for an adopted round: its members formed their group before this process ran."""
     notice_seq: int
     sync: bool
 
@@ -164,6 +165,17 @@ class InMemoryJobRendezvous(JobRendezvous):
         logger.info("job %s: removed %s", self.job, ", ".join(map(str, sorted(removed))))
         self._round_changed.fire()
 
+    def adopt(self, round_number: int, slots: Mapping[WorkerId, SlotInfo], notice_seq: int) -> None:
+        """See :meth:`JobRendezvous.adopt`."""
+        if self._round is not None:
+            raise RendezvousError(
+                f"job {self.job}: cannot adopt a round after round {self.current_round}"
+            )
+        _check_slots(slots)
+        self._latest_seq = max(self._latest_seq, notice_seq)
+        self._round = _Round(round_number, dict(slots), None, self._latest_seq, False)
+        logger.info("job %s: adopted round %d with %d members", self.job, round_number, len(slots))
+
     def readmit(self, workers: Iterable[WorkerId]) -> None:
         """See :meth:`JobRendezvous.readmit`."""
         for worker in workers:
@@ -246,6 +258,8 @@ class InMemoryJobRendezvous(JobRendezvous):
         current = self._round
         if current is None or current.number <= after_round or worker not in current.slots:
             return None
+        if current.store is None:
+            return None  # an adopted round cannot be joined late; wait for the next
         return RendezvousResponse(
             status=RendezvousStatus.ASSIGNED,
             round=current.number,

@@ -1,38 +1,10 @@
-"""Fixtures: one devcluster per test session, a fresh namespace per test.
-
-The cluster runs from its own run directory with free ports, so it does not
-collide with a developer's ``python -m devcluster up``. It is always torn down
-(also on Ctrl-C), leaving no process behind. The Kubernetes binaries must have
-been built once (``bash scripts/devcluster-prereqs.sh``); without them these
-tests fail under CI and are skipped elsewhere.
-"""
+"""devcluster's own tests: marked ``devcluster``; the cluster fixtures are in tests/conftest.py."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import tempfile
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from devcluster import Cluster, ClusterConfig, procs
-from devcluster.build import cached_helm, cached_kubernetes
-from devcluster.config import default_cache_dir
-from tests.devcluster.helpers import Kube
-
-#: Second octet of this session's node and pod addresses (127.<net>.<node>.<pod>);
-#: varies per session so that concurrent sessions on one machine do not collide.
-TEST_NET = int(os.environ.get("DEVCLUSTER_TEST_NET", str(20 + os.getpid() % 200)))
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "devcluster: runs against a real Kubernetes control plane (devcluster)"
-    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -40,73 +12,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.devcluster)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _missing_prereqs() -> str | None:
-    cache = default_cache_dir()
-    if cached_kubernetes(cache) is None or cached_helm(cache) is None:
-        return (
-            f"devcluster binaries are not built in {cache}: "
-            "run `bash scripts/devcluster-prereqs.sh`"
-        )
-    for tool in ("etcd", "unshare"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed (see scripts/devcluster-prereqs.sh)"
-    return None
-
-
-@pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
-    """A running devcluster (4 nodes, one with 2 nvidia.com/gpu), torn down at the end."""
-    problem = _missing_prereqs()
-    if problem:
-        if os.environ.get("CI"):
-            pytest.fail(problem)
-        pytest.skip(problem)
-    for stale in Path(tempfile.gettempdir()).glob("devcluster-test-*"):
-        # Left by a session that was killed; its agent already stopped its processes.
-        if not procs.marked_pids(stale):
-            shutil.rmtree(stale, ignore_errors=True)
-    run_dir = Path(tempfile.mkdtemp(prefix="devcluster-test-"))
-    cfg = ClusterConfig(
-        run_dir=run_dir,
-        nodes=4,
-        net=TEST_NET,
-        apiserver_port=_free_port(),
-        etcd_port=_free_port(),
-        etcd_peer_port=_free_port(),
-        controller_manager_port=_free_port(),
-        scheduler_port=_free_port(),
-        extended_resources={"nvidia.com/gpu": "2"},
-        owner_pid=os.getpid(),
-    )
-    c = Cluster(cfg)
-    try:
-        c.up(timeout=120)
-        yield c
-    finally:
-        c.down()
-        shutil.rmtree(run_dir, ignore_errors=True)
-
-
-@pytest.fixture
-def kube(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Kube]:
-    """A fresh namespace for one test, deleted afterwards (without waiting)."""
-    base = "".join(ch if ch.isalnum() else "-" for ch in request.node.name.lower())
-    ns = f"{base[:40].strip('-')}-{uuid.uuid4().hex[:5]}"
-    helper = Kube(cluster, ns)
-    cluster.kubectl("create", "namespace", ns)
-    helper.wait(
-        f"the default ServiceAccount of {ns} with its token",
-        lambda: (helper.get("serviceaccount", "default") or {}).get("secrets"),
-        timeout=30,
-    )
-    yield helper
-    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -60,6 +60,7 @@ def parse_args() -> argparse.Namespace:
         help="EPOCH:BATCH:RANK:MODE, MODE in exception|sigkill",
     )
     parser.add_argument("--wait-deadline", type=float, default=90.0)
+    parser.add_argument("--stop-file", type=Path, help="finish after the epoch in which it appears")
     return parser.parse_args()
 
 
@@ -174,8 +175,11 @@ def main() -> None:
                 rank=hvd.rank(),
                 size=hvd.size(),
             )
+            hvd.report_progress(state.epoch, state.batch)
             state.epoch += 1
             state.batch = 0
+            if args.stop_file is not None and hvd.broadcast_object(args.stop_file.exists(), 0):
+                args.epochs = state.epoch
             state.sampler.set_epoch(state.epoch)
             state.commit()
 
@@ -194,6 +198,7 @@ def main() -> None:
         seen_min=int(seen.min()),
         seen_max=int(seen.max()),
         processed=state.sampler.processed_num,
+        epochs=state.epoch,
     )
     hvd.shutdown()
 

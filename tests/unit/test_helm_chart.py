@@ -55,7 +55,11 @@ CLUSTER_GRANTS: Grants = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
 }
 WEBHOOK = ("admissionregistration.k8s.io", "validatingwebhookconfigurations")
-WEBHOOK_GRANTS: Grants = {WEBHOOK: {"get", "list", "watch", "create", "patch", "update"}}
+MUTATING = ("admissionregistration.k8s.io", "mutatingwebhookconfigurations")
+# kopf manages both kinds of webhook configuration (the mutating one stays empty).
+WEBHOOK_GRANTS: Grants = {
+    kind: {"get", "list", "watch", "create", "patch", "update"} for kind in (WEBHOOK, MUTATING)
+}
 LABELS = {
     "app.kubernetes.io/name": "elasticjob-operator",
     "app.kubernetes.io/instance": RELEASE,
@@ -429,12 +433,13 @@ def test_cluster_wide_rbac_grants_exactly_what_the_operator_needs(helm: Helm) ->
 
 def test_webhook_configuration_access_is_limited_to_its_own_name(helm: Helm) -> None:
     cluster = named(helm.template(), "ClusterRole", f"{FULLNAME}-cluster")
-    webhook_rules = [r for r in cluster["rules"] if r["resources"] == [WEBHOOK[1]]]
+    webhook_rules = [r for r in cluster["rules"] if WEBHOOK[1] in r["resources"]]
+    assert webhook_rules
     unrestricted = {v for r in webhook_rules if "resourceNames" not in r for v in r["verbs"]}
     assert unrestricted == {"create"}  # a create cannot be limited by name
     for rule in webhook_rules:
         if "resourceNames" in rule:
-            assert rule["resourceNames"] == [FULLNAME]
+            assert rule["resourceNames"] == [f"{FULLNAME}.{NAMESPACE}.svc"]
 
 
 def test_watch_namespaces_render_roles_per_namespace(helm: Helm) -> None:

@@ -97,11 +97,19 @@ namespace is watched, else in a Role per watched namespace.
 # The operator creates its ValidatingWebhookConfiguration (a create cannot be limited by name)
 # and may only read and change that one afterwards.
 - apiGroups: ["admissionregistration.k8s.io"]
-  resources: ["validatingwebhookconfigurations"]
+  resources: ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"]
   verbs: ["create"]
 - apiGroups: ["admissionregistration.k8s.io"]
-  resources: ["validatingwebhookconfigurations"]
-  resourceNames: [{{ include "elasticjob-operator.fullname" . | quote }}]
+  resources: ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"]
+  resourceNames: [{{ include "elasticjob-operator.webhookConfigName" . | quote }}]
   verbs: ["get", "list", "watch", "patch", "update"]
 {{- end }}
+{{- end -}}
+
+{{/*
+Name of the ValidatingWebhookConfiguration the operator manages: <service>.<namespace>.svc
+(webhook names must be domains of three or more labels, and kopf derives them from it).
+*/}}
+{{- define "elasticjob-operator.webhookConfigName" -}}
+{{- printf "%s.%s.svc" (include "elasticjob-operator.fullname" .) .Release.Namespace -}}
 {{- end -}}

@@ -1,0 +1,323 @@
+"""The operator end to end on devcluster: installed with helm, driven with kubectl.
+
+A job trains over Gloo between worker pods; it is scaled out, loses a worker to SIGKILL, loses
+one to `kubectl delete pod`, and finishes. The workers' event logs (a directory on this
+machine, which devcluster's pods share) tell whether every sample was trained exactly once
+in the committed trajectory and whether all ranks ended with the same weights.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devcluster import Cluster
+from tests.devcluster.helpers import Kube
+from tests.integration.harness import JobRun, kill_leftovers, read_events
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy" / "helm" / "elasticjob-operator"
+WORKER = REPO / "tests" / "integration" / "elastic_worker.py"
+SYSTEM_NS = "elasticjob-system"
+RELEASE = "elasticjob-operator"
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster) -> Iterator[Cluster]:
+    """The operator, installed with helm into its own namespace."""
+    result = cluster.helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "-n",
+        SYSTEM_NS,
+        "--create-namespace",
+        "--set",
+        "logLevel=debug",
+        "--wait",
+        "--timeout",
+        "120s",
+        check=False,
+        timeout=180,
+    )
+    assert result.returncode == 0, f"helm install failed:\n{result.stdout}\n{result.stderr}"
+    try:
+        yield cluster
+    finally:
+        cluster.helm("uninstall", RELEASE, "-n", SYSTEM_NS, check=False, timeout=60)
+
+
+def job_manifest(name: str, log_dir: Path, stop_file: Path, **spec: Any) -> dict[str, Any]:
+    command = [
+        "python",
+        str(WORKER),
+        "--log-dir",
+        str(log_dir),
+        "--stop-file",
+        str(stop_file),
+        "--epochs",
+        "1000",
+        "--samples",
+        "96",
+        "--step-time",
+        "0.05",
+    ]
+    return {
+        "apiVersion": "elasticjob.dev/v1alpha1",
+        "kind": "ElasticJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 3,
+            "minReplicas": 2,
+            "maxReplicas": 5,
+            "backend": "gloo",
+            "blacklist": {"cooldownSeconds": {"min": 300, "max": 600}},
+            "template": {
+                "spec": {
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [
+                        {"name": "worker", "image": "elasticjob/worker:0.1.0", "command": command}
+                    ],
+                }
+            },
+            **spec,
+        },
+    }
+
+
+def status(kube: Kube, name: str) -> dict[str, Any]:
+    job = kube.get("ej", name) or {}
+    result: dict[str, Any] = job.get("status") or {}
+    return result
+
+
+def wait_status(
+    kube: Kube, name: str, what: str, check: Any, timeout: float = 120
+) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        current = status(kube, name)
+        return current if check(current) else None
+
+    found: dict[str, Any] = kube.wait(f"ElasticJob {name}: {what}", probe, timeout)
+    return found
+
+
+def worker_logs(kube: Kube) -> str:
+    return "\n".join(
+        path.read_text(errors="replace")
+        for path in kube.cluster.config.pods_dir.glob(f"{kube.ns}_*/logs/*/*.log")
+    )
+
+
+def test_elastic_job_scales_survives_failures_and_finishes(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    log_dir, stop_file = tmp_path / "events", tmp_path / "stop"
+    kube.apply(job_manifest("train", log_dir, stop_file))
+    try:
+        run_lifecycle(kube, log_dir, stop_file)
+    finally:
+        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+
+
+def run_lifecycle(kube: Kube, log_dir: Path, stop_file: Path) -> None:
+    first = wait_status(
+        kube,
+        "train",
+        "training with 3 workers",
+        lambda s: s.get("phase") == "Running" and s.get("worldSize") == 3,
+    )
+    assert first["selector"] and first["replicas"] == 3
+    assert sorted(r for w in first["workers"] for r in w["ranks"]) == [0, 1, 2]
+
+    # Scale out: two pods join, world size 5, no rollback.
+    kube.kubectl("scale", "ej/train", "--replicas=5")
+    scaled = wait_status(
+        kube,
+        "train",
+        "world size 5",
+        lambda s: s.get("worldSize") == 5 and s.get("phase") == "Running",
+    )
+    assert scaled["round"] > first["round"]
+    assert "rolling back" not in worker_logs(kube), "scale-out must keep live state"
+
+    # SIGKILL a worker: its node is blacklisted, survivors roll back and resume, and a
+    # replacement lands on another node.
+    victim = next(w for w in scaled["workers"] if 0 not in w["ranks"])
+    kube.cluster.faults.kill(victim["pod"], kube.ns)
+    recovered = wait_status(
+        kube,
+        "train",
+        "recovery from the SIGKILL with a replacement",
+        lambda s: (
+            s.get("worldSize", 0) >= 4
+            and s.get("resetCount", 0) > scaled["resetCount"]
+            and s.get("phase") == "Running"
+            and any(b["node"] == victim["node"] for b in s.get("blacklistedNodes", []))
+        ),
+        timeout=180,
+    )
+    assert all(w["node"] != victim["node"] for w in recovered["workers"])
+    assert "rolling back to the last commit" in worker_logs(kube)
+    rollbacks = worker_logs(kube).count("rolling back")
+
+    # kubectl delete pod: a graceful departure, no rollback.
+    leaving = next(w for w in recovered["workers"] if 0 not in w["ranks"])
+    kube.kubectl("delete", "pod", leaving["pod"], "--wait=false")
+    wait_status(
+        kube,
+        "train",
+        "the deleted pod's departure",
+        lambda s: (
+            s.get("phase") == "Running"
+            and all(w["pod"] != leaving["pod"] for w in s.get("workers", []))
+            and s.get("worldSize", 0) >= 4
+        ),
+        timeout=180,
+    )
+    assert worker_logs(kube).count("rolling back") == rollbacks, (
+        "a deleted pod must leave gracefully"
+    )
+
+    # Restart the operator mid-training: the workers train on, and the new operator takes the
+    # round over (status updates resume, and it drives the next membership change).
+    before = read_events(log_dir)
+    kube.cluster.kubectl(
+        "-n",
+        SYSTEM_NS,
+        "delete",
+        "pod",
+        "-l",
+        "app.kubernetes.io/name=elasticjob-operator",
+        "--wait=true",
+    )
+    kube.wait(
+        "a new operator pod",
+        lambda: any(
+            p["status"].get("phase") == "Running" and p["metadata"].get("deletionTimestamp") is None
+            for p in json.loads(
+                kube.cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-o", "json").stdout
+            )["items"]
+        ),
+        timeout=120,
+    )
+    progressed = wait_status(
+        kube,
+        "train",
+        "progress reported to the new operator",
+        lambda s: (
+            (s.get("progress") or {}).get("epoch", -1)
+            > max(e["epoch"] for e in before if e["ev"] == "epoch_end")
+        ),
+    )
+    restarts = [
+        e for e in read_events(log_dir) if e["ev"] == "start" and e["time"] > before[-1]["time"]
+    ]
+    assert not restarts, "workers must not restart with the operator"
+    kube.kubectl("scale", "ej/train", "--replicas=4")
+    wait_status(
+        kube,
+        "train",
+        "world size 4 under the new operator",
+        lambda s: (
+            s.get("worldSize") == 4
+            and s.get("round", 0) > progressed["round"]
+            and s.get("phase") == "Running"
+        ),
+        timeout=180,
+    )
+
+    # Finish: the job succeeds and running pods are cleaned up (cleanPodPolicy Running).
+    stop_file.touch()
+    done = wait_status(kube, "train", "success", lambda s: s.get("phase") == "Succeeded", 180)
+    assert done["completionTime"]
+    kube.wait(
+        "running worker pods cleaned up",
+        lambda: (
+            not [
+                p
+                for p in kube.pods("elasticjob.dev/job-name=train")
+                if p.get("status", {}).get("phase") in ("Pending", "Running")
+            ]
+        ),
+        timeout=60,
+    )
+    events = read_events(log_dir)
+    finals = [e for e in events if e["ev"] == "done"]
+    assert finals, "no worker reported its final state"
+    assert len({e["digest"] for e in finals}) == 1, f"ranks disagree: {finals}"
+    (epochs,) = {e["epochs"] for e in finals}
+    for e in finals:  # every sample trained exactly once per epoch in the committed trajectory
+        assert e["seen_min"] == e["seen_max"] == epochs, e
+    reasons = kube.kubectl("get", "events", "-o", "json")
+    kinds = {ev["reason"] for ev in json.loads(reasons)["items"]}
+    assert {"Created", "WorkerFailed", "NodeBlacklisted", "Succeeded"} <= kinds, kinds
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"minReplicas": 4, "maxReplicas": 3, "replicas": 3}, "minReplicas"),
+        ({"replicas": 9}, "replicas"),
+        ({"template": {"spec": {"containers": []}}}, "containers"),
+    ],
+    ids=["min-above-max", "replicas-out-of-range", "no-container"],
+)
+def test_bad_specs_are_refused_with_the_field_named(
+    operator: Cluster, kube: Kube, tmp_path: Path, change: dict[str, Any], field: str
+) -> None:
+    manifest = job_manifest("bad", tmp_path, tmp_path / "stop", **change)
+    result = kube.cluster.kubectl(
+        "-n", kube.ns, "apply", "-f", "-", input=yaml.safe_dump(manifest), check=False
+    )
+    assert result.returncode != 0, "the API server accepted an invalid ElasticJob"
+    assert field in result.stderr, result.stderr
+    assert kube.get("ej", "bad") is None
+
+
+def test_a_worker_token_opens_only_its_own_job(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    for name in ("alpha", "beta"):
+        kube.apply(
+            job_manifest(name, tmp_path / name, tmp_path / "stop", replicas=2, minReplicas=2)
+        )
+    for name in ("alpha", "beta"):
+        wait_status(kube, name, "running", lambda s: s.get("phase") == "Running")
+    token = secret_token(kube, "alpha")
+    operator_ip = next(
+        p["status"]["podIP"]
+        for p in json.loads(
+            kube.cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-o", "json").stdout
+        )["items"]
+    )
+    base = f"http://{operator_ip}:8470/v1/jobs"
+    assert http_status(f"{base}/{kube.ns}.alpha/round", token) == 200
+    assert http_status(f"{base}/{kube.ns}.beta/round", token) == 403
+    assert http_status(f"{base}/{kube.ns}.beta/round", "") == 401
+    (tmp_path / "stop").touch()
+
+
+def secret_token(kube: Kube, job: str) -> str:
+    secret = kube.get("secret", f"{job}-rendezvous")
+    assert secret is not None
+    return base64.b64decode(secret["data"]["token"]).decode()
+
+
+def http_status(url: str, token: str) -> int:
+    request = urllib.request.Request(
+        url, headers={"Authorization": f"Bearer {token}"} if token else {}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
