@@ -1,7 +1,7 @@
 # The two commands the README starts with are `make demo` and `make test`.
 PY := .venv/bin/python
 
-.PHONY: venv prereqs demo test lint unit integration devcluster-tests bench clean
+.PHONY: venv prereqs demo demo-local test lint unit integration devcluster-tests bench clean
 
 venv: .venv/.installed
 .venv/.installed: pyproject.toml scripts/setup-venv.sh
@@ -13,7 +13,12 @@ venv: .venv/.installed
 prereqs:
 	bash scripts/devcluster-prereqs.sh
 
-demo: venv
+# The ElasticJob operator on a real Kubernetes control plane on this machine (devcluster).
+demo: venv prereqs
+	$(PY) examples/digits/cluster_demo.py
+
+# The same training under the local launcher, without Kubernetes.
+demo-local: venv
 	$(PY) examples/digits/demo.py
 
 lint: venv

@@ -1,0 +1,146 @@
+"""The README's first command: the digits job as an ElasticJob on a real Kubernetes control plane
+on this machine (devcluster), with the operator installed by helm.
+
+It brings devcluster up (building its binaries first if this machine has none: about
+7 minutes, once), installs the operator's chart, applies examples/elasticjob.yaml, then scales
+the job from 3 to 5 workers with `kubectl scale`, SIGKILLs a worker, and follows the job to
+its end, printing `kubectl get ej`, the job's events and rank 0's log as they change.
+The cluster is torn down at the end unless --keep is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO))  # devcluster is a tool of the repository, not of the package
+
+from devcluster import Cluster, ClusterConfig  # noqa: E402
+
+NAMESPACE = "default"
+
+
+def say(message: str) -> None:
+    print(f"\n>>> {message}", flush=True)
+
+
+class Demo:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._shown: set[str] = set()
+
+    def kubectl(self, *args: str) -> str:
+        return self.cluster.kubectl("-n", NAMESPACE, *args, timeout=60).stdout
+
+    def status(self) -> dict[str, Any]:
+        job = json.loads(self.kubectl("get", "ej", "digits", "-o", "json"))
+        result: dict[str, Any] = job.get("status") or {}
+        return result
+
+    def show_progress(self) -> None:
+        """Print what is new: the job's row, its events, rank 0's epoch lines."""
+        # `kubectl get ej` without its AGE column, so a row shows only when something changed.
+        lines = [
+            row.rsplit(maxsplit=1)[0] for row in self.kubectl("get", "ej", "digits").splitlines()
+        ]
+        events = json.loads(self.kubectl("get", "events", "-o", "json"))["items"]
+        lines += [
+            f"  event {e['type']:7} {e['reason']:16} {e['message']}"
+            for e in sorted(events, key=lambda e: e.get("lastTimestamp") or "")
+            if e["involvedObject"]["kind"] == "ElasticJob"
+        ]
+        for worker in self.status().get("workers", []):
+            if 0 in worker["ranks"]:
+                log = self.cluster.kubectl("-n", NAMESPACE, "logs", worker["pod"], check=False)
+                lines += [
+                    f"  rank 0: {line}" for line in log.stdout.splitlines() if "epoch" in line
+                ]
+        for line in lines:
+            if line not in self._shown:
+                self._shown.add(line)
+                print(line, flush=True)
+
+    def until(
+        self, what: str, check: Callable[[dict[str, Any]], bool], timeout: float = 300
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.show_progress()
+            status = self.status()
+            if check(status):
+                return status
+            time.sleep(1)
+        raise SystemExit(f"timed out waiting for {what}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--keep", action="store_true", help="leave the cluster running")
+    args = parser.parse_args()
+    run_dir = Path(tempfile.mkdtemp(prefix="elasticjob-demo-"))
+    cluster = Cluster(
+        ClusterConfig(
+            run_dir=run_dir,
+            nodes=4,
+            net=91,
+            apiserver_port=16543,
+            etcd_port=12479,
+            etcd_peer_port=12480,
+            controller_manager_port=20357,
+            scheduler_port=20359,
+        )
+    )
+    say(f"starting devcluster in {run_dir} (the first run on a machine builds Kubernetes)")
+    cluster.up(timeout=900)
+    demo = Demo(cluster)
+    try:
+        say("helm install elasticjob-operator deploy/helm/elasticjob-operator")
+        cluster.helm(
+            "install",
+            "elasticjob-operator",
+            str(REPO / "deploy/helm/elasticjob-operator"),
+            "-n",
+            "elasticjob-system",
+            "--create-namespace",
+            "--wait",
+            "--timeout",
+            "180s",
+            timeout=240,
+        )
+        say("kubectl apply -f examples/elasticjob.yaml  (3 workers, min 2, max 5)")
+        demo.kubectl("apply", "-f", str(REPO / "examples/elasticjob.yaml"))
+        demo.until("training", lambda s: s.get("phase") == "Running" and s.get("worldSize") == 3)
+        say("kubectl scale ej/digits --replicas=5")
+        demo.kubectl("scale", "ej/digits", "--replicas=5")
+        scaled = demo.until("5 workers", lambda s: s.get("worldSize") == 5)
+        victim = next(w for w in scaled["workers"] if 0 not in w["ranks"])
+        say(f"SIGKILL the worker in pod {victim['pod']} on {victim['node']}")
+        cluster.faults.kill(victim["pod"], NAMESPACE)
+        demo.until(
+            "recovery",
+            lambda s: (
+                s.get("resetCount", 0) > scaled.get("resetCount", 0) and s.get("phase") == "Running"
+            ),
+        )
+        final = demo.until(
+            "the end of training", lambda s: s.get("phase") in ("Succeeded", "Failed"), 900
+        )
+        say(f"job {final['phase']}: {final['round']} rounds, {final['resetCount']} resets")
+        return 0 if final["phase"] == "Succeeded" else 1
+    finally:
+        if args.keep:
+            say(f"cluster left running: export KUBECONFIG={cluster.kubeconfig}")
+        else:
+            cluster.down()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
