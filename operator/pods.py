@@ -84,6 +84,17 @@ def worker_pod(
     worker = spec.template.spec.worker_container()
     assert worker is not None, "validated specs have a worker container"
     for container in pod_spec["containers"]:
+        if container["name"] == worker.name and spec.slots_per_worker > 1:
+            # One worker process per slot, each with its local rank.
+            container["command"] = [
+                "python",
+                "-m",
+                "elasticjob.worker_runtime.slots",
+                str(spec.slots_per_worker),
+                "--",
+                *container.get("command", []),
+                *container.pop("args", []),
+            ]
         if container["name"] == worker.name:
             container["env"] = [
                 *_runtime_env(namespace, name, spec, rendezvous_url),

@@ -128,7 +128,15 @@ def _container_errors(spec: ElasticJobSpec) -> list[FieldError]:
             )
         )
     elif not errors:
-        errors.extend(_gpu_errors(spec, worker, f"{field}[{containers.index(worker)}]"))
+        where = f"{field}[{containers.index(worker)}]"
+        errors.extend(_gpu_errors(spec, worker, where))
+        if spec.slots_per_worker > 1 and not (worker.model_extra or {}).get("command"):
+            errors.append(
+                FieldError(
+                    f"{where}.command",
+                    "is required when slotsPerWorker > 1: the pod runs it once per slot",
+                )
+            )
     return errors
 
 

@@ -321,3 +321,32 @@ def http_status(url: str, token: str) -> int:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
+
+
+def test_slots_per_worker_runs_a_process_per_slot(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    kube.apply(
+        job_manifest(
+            "slots",
+            tmp_path / "events",
+            tmp_path / "stop",
+            replicas=2,
+            minReplicas=2,
+            slotsPerWorker=2,
+        )
+    )
+    try:
+        running = wait_status(
+            kube,
+            "slots",
+            "4 processes in 2 pods",
+            lambda s: s.get("phase") == "Running" and s.get("worldSize") == 4,
+        )
+        assert sorted(len(w["ranks"]) for w in running["workers"]) == [2, 2]
+        (tmp_path / "stop").touch()
+        wait_status(kube, "slots", "success", lambda s: s.get("phase") == "Succeeded", 180)
+        finals = [e for e in read_events(tmp_path / "events") if e["ev"] == "done"]
+        assert len(finals) == 4 and len({e["digest"] for e in finals}) == 1
+    finally:
+        kill_leftovers(JobRun(0, "", "", read_events(tmp_path / "events")))

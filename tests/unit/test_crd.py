@@ -143,7 +143,7 @@ def with_containers(*containers: dict[str, Any], slots: int = 1) -> dict[str, An
 
 
 def gpus(name: str, amount: object, kind: str = "limits") -> dict[str, Any]:
-    return {"name": name, "resources": {kind: {"nvidia.com/gpu": amount}}}
+    return {"name": name, "command": ["train"], "resources": {kind: {"nvidia.com/gpu": amount}}}
 
 
 # --- the generated CRD ----------------------------------------------------------------------
@@ -438,9 +438,14 @@ NVIDIA = "spec.template.spec.containers[0].resources"
         ),
         pytest.param(with_containers(gpus("worker", 0), slots=2), [], id="zero-gpus-no-rule"),
         pytest.param(
-            with_containers({"name": "worker"}, gpus("sidecar", 1), slots=2),
+            with_containers({"name": "worker", "command": ["train"]}, gpus("sidecar", 1), slots=2),
             [],
             id="sidecar-gpus-ignored",
+        ),
+        pytest.param(
+            with_containers({"name": "worker"}, slots=2),
+            [(f"{NVIDIA.rsplit('.', 1)[0]}.command", "is required when slotsPerWorker > 1")],
+            id="slots-need-a-command",
         ),
         pytest.param(
             with_changes(replicas="3"), [("spec.replicas", "valid integer")], id="replicas-string"
@@ -574,6 +579,8 @@ def containers(draw: st.DrawFn, valid: bool) -> list[dict[str, Any]]:
             container["resources"] = {kind: {"nvidia.com/gpu": draw(gpu), "cpu": draw(JSON_VALUES)}}
         if draw(st.booleans()):
             container["env"] = draw(JSON_VALUES)
+        if valid or draw(st.booleans()):
+            container["command"] = ["train"]
         result.append(container)
     return result
 
