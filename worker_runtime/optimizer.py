@@ -54,8 +54,24 @@ class _DistributedMixin:
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for grad in grads:
             by_dtype.setdefault(grad.dtype, []).append(grad)
-        for group in by_dtype.values():
-            flat = torch.cat([g.reshape(-1) for g in group])
+        runtime = current()
+        # The ranks' host-update votes ride along with the first exact-enough buffer, so that
+        # commit()'s check after this step needs no collective of its own.
+        vote_dtype = next(
+            (
+                d
+                for d in by_dtype
+                if d in (torch.float32, torch.float64)
+                and self._ej_compression is Compression.none
+                and self._ej_op in (ReduceOp.AVERAGE, ReduceOp.SUM)
+            ),
+            None,
+        )
+        for dtype_of_group, group in by_dtype.items():
+            parts = [g.reshape(-1) for g in group]
+            if dtype_of_group == vote_dtype:
+                parts.append(torch.tensor([runtime.host_update_vote()], dtype=vote_dtype))
+            flat = torch.cat(parts)
             compressed, dtype = self._ej_compression.compress(flat)
             allreduce_(
                 compressed,
@@ -64,6 +80,11 @@ class _DistributedMixin:
                 postscale_factor=self._ej_predivide,
             )
             flat = self._ej_compression.decompress(compressed, dtype)
+            if dtype_of_group == vote_dtype:
+                mean = float(flat[-1])
+                if self._ej_op is not ReduceOp.AVERAGE:
+                    mean /= runtime.slot.size
+                runtime.settle_host_update_vote(mean)
             offset = 0
             for grad in group:
                 n = grad.numel()

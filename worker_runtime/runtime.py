@@ -15,6 +15,7 @@ Without the launcher's environment it runs standalone as a world of one.
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import signal
 import threading
@@ -133,6 +134,7 @@ class Runtime:
         self.sync_required = True
         self._join_deferred = False
         self._termination_requested = False
+        self._settled_vote: float | None = None
         self.exit_code: int | None = None
         """The status the process will exit with, once the elastic loop knows it."""
         self._lock = threading.Lock()
@@ -279,6 +281,7 @@ class Runtime:
                     continue
                 self.round = response.round
                 self._handled_update_seq = max(self._handled_update_seq, response.notice_seq)
+                self._settled_vote = None
             self.slot = response.slot
             CONTEXT.round, CONTEXT.rank = self.round, self.slot.rank
             try:
@@ -343,11 +346,32 @@ class Runtime:
             self._latest_update_seq = max(self._latest_update_seq, notice.seq)
         logger.info("notice %d: %s %s", notice.seq, notice.kind.value, ",".join(notice.hosts))
 
+    def host_update_vote(self) -> int:
+        """This rank's view of host updates: the newest hosts notice it has seen, or the one
+        the round already accounts for. Equal on every rank while nothing new happened."""
+        with self._lock:
+            return max(self._latest_update_seq, self._handled_update_seq)
+
+    def settle_host_update_vote(self, mean: float) -> None:
+        """Record the mean of every rank's :meth:`host_update_vote`, reduced along with a
+        collective the ranks made anyway (DistributedOptimizer's gradient allreduce); the
+        next :meth:`check_host_updates` uses it instead of a collective of its own."""
+        self._settled_vote = mean
+
     def check_host_updates(self) -> None:
         """Raise :class:`HostsUpdatedInterrupt` on every rank at the same step once any rank
-        has seen a hosts-added or hosts-removed notice (a max-reduction, not rank 0's view)."""
-        with self._lock:
-            local = self._latest_update_seq
+        has seen a hosts-added or hosts-removed notice. Every rank decides from the same
+        reduced value (never from rank 0's view alone): the mean of the votes settled by the
+        last optimizer step, if any, else a max-reduction made here."""
+        settled, self._settled_vote = self._settled_vote, None
+        if settled is not None:
+            # Votes are whole numbers >= the handled one: any newer vote lifts the mean by at
+            # least 1/size, far above the rounding of a float reduction.
+            if settled - self._handled_update_seq > 0.5 / self.slot.size:
+                self._handled_update_seq = math.ceil(settled)
+                raise HostsUpdatedInterrupt(skip_sync=False)
+            return
+        local = self.host_update_vote()
         agreed = torch.tensor([local], dtype=torch.int64, device=self.device)
         self.group.wait(dist.all_reduce(agreed, op=dist.ReduceOp.MAX, async_op=True))
         seq = int(agreed.item())

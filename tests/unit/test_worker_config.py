@@ -54,3 +54,20 @@ def test_log_lines_carry_job_round_rank_and_step(
     with caplog.at_level(logging.INFO):
         get_logger("elasticjob.test").info("hello %s", "world")
     assert caplog.messages == ["[demo round=3 rank=2 step=41] hello world"]
+
+
+def test_a_vote_settled_by_the_optimizer_step_decides_the_next_check() -> None:
+    from elasticjob.worker_runtime.exceptions import HostsUpdatedInterrupt
+    from elasticjob.worker_runtime.runtime import Runtime
+
+    runtime = Runtime(None)  # standalone: a world of one
+    runtime.start()
+    try:
+        runtime.settle_host_update_vote(1e-7)  # rounding noise of a float reduction
+        runtime.check_host_updates()
+        runtime.settle_host_update_vote(1.0)  # some rank saw hosts notice 1
+        with pytest.raises(HostsUpdatedInterrupt):
+            runtime.check_host_updates()
+        runtime.check_host_updates()  # the settled vote is used once; this one reduces itself
+    finally:
+        runtime.shutdown()
