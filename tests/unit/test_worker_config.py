@@ -8,7 +8,8 @@ import pytest
 
 from elasticjob import wire
 from elasticjob.worker_runtime.log import CONTEXT, get_logger
-from elasticjob.worker_runtime.runtime import WorkerConfig, resolve_backend
+from elasticjob.worker_runtime.exceptions import HostsUpdatedInterrupt
+from elasticjob.worker_runtime.runtime import Runtime, WorkerConfig, resolve_backend
 
 FULL_ENV = {
     wire.ENV_RENDEZVOUS_URL: "http://127.0.0.1:7000",
@@ -57,9 +58,6 @@ def test_log_lines_carry_job_round_rank_and_step(
 
 
 def test_a_vote_settled_by_the_optimizer_step_decides_the_next_check() -> None:
-    from elasticjob.worker_runtime.exceptions import HostsUpdatedInterrupt
-    from elasticjob.worker_runtime.runtime import Runtime
-
     runtime = Runtime(None)  # standalone: a world of one
     runtime.start()
     try:
