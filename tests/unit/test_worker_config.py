@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from elasticjob import wire
-from elasticjob.worker_runtime.log import CONTEXT, get_logger
 from elasticjob.worker_runtime.exceptions import HostsUpdatedInterrupt
+from elasticjob.worker_runtime.log import CONTEXT, get_logger
 from elasticjob.worker_runtime.runtime import Runtime, WorkerConfig, resolve_backend
 
 FULL_ENV = {
