@@ -132,6 +132,7 @@ class JobController:
         self._last_status: dict[str, Any] | None = None
         self._slots = 1
         self._rank_order: list[str] = []
+        self._announced_round = 0
         self.phase: Phase = Phase.CREATED
         self.pods_created = 0
         self.pods_deleted = 0
@@ -294,6 +295,15 @@ class JobController:
         usable.sort(key=lambda v: (rank.get(v.name, len(rank)), v.created, v.name))
         self._discovery.hosts = {v.name: spec.slots_per_worker for v in usable}
         await self._scale(body, spec, views, blacklisted, now)
+        if self.driver.round != self._announced_round:
+            self._announced_round = self.driver.round
+            pods = sorted({w.hostname for w in self.driver.slots})
+            await self._api.event(
+                self.namespace,
+                dict(body),
+                "RoundFormed",
+                f"round {self.driver.round}: {len(self.driver.slots)} workers in {', '.join(pods)}",
+            )
         await self._write_status(body, self._observe(spec, views, blacklisted))
 
     async def _account(

@@ -39,7 +39,7 @@ def validate_job(spec: kopf.Spec, **_: Any) -> None:
         raise kopf.AdmissionError("; ".join(f"{e.field}: {e.message}" for e in errors), code=422)
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0, backoff=5.0)
 async def run_job(
     body: kopf.Body,
     namespace: str | None,

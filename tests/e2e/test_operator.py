@@ -222,6 +222,7 @@ def run_lifecycle(kube: Kube, log_dir: Path, stop_file: Path) -> None:
         e for e in read_events(log_dir) if e["ev"] == "start" and e["time"] > before[-1]["time"]
     ]
     assert not restarts, "workers must not restart with the operator"
+    rollbacks = worker_logs(kube).count("rolling back")
     kube.kubectl("scale", "ej/train", "--replicas=4")
     wait_status(
         kube,
@@ -234,6 +235,8 @@ def run_lifecycle(kube: Kube, log_dir: Path, stop_file: Path) -> None:
         ),
         timeout=180,
     )
+
+    assert worker_logs(kube).count("rolling back") == rollbacks, "scale-in must keep live state"
 
     # Finish: the job succeeds and running pods are cleaned up (cleanPodPolicy Running).
     stop_file.touch()
@@ -259,7 +262,14 @@ def run_lifecycle(kube: Kube, log_dir: Path, stop_file: Path) -> None:
         assert e["seen_min"] == e["seen_max"] == epochs, e
     reasons = kube.kubectl("get", "events", "-o", "json")
     kinds = {ev["reason"] for ev in json.loads(reasons)["items"]}
-    assert {"Created", "WorkerFailed", "NodeBlacklisted", "Succeeded"} <= kinds, kinds
+    assert {
+        "Created",
+        "RoundFormed",
+        "WorkerFailed",
+        "NodeBlacklisted",
+        "ScalingIn",
+        "Succeeded",
+    } <= kinds, kinds
 
 
 @pytest.mark.parametrize(
@@ -303,6 +313,10 @@ def test_a_worker_token_opens_only_its_own_job(
     assert http_status(f"{base}/{kube.ns}.alpha/round", token) == 200
     assert http_status(f"{base}/{kube.ns}.beta/round", token) == 403
     assert http_status(f"{base}/{kube.ns}.beta/round", "") == 401
+    with urllib.request.urlopen(f"http://{operator_ip}:8471/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    assert 'elasticjob_jobs{phase="Running"}' in metrics
+    assert f'elasticjob_pods_created_total{{job="{kube.ns}.alpha"}} 2' in metrics
     (tmp_path / "stop").touch()
 
 
@@ -350,3 +364,16 @@ def test_slots_per_worker_runs_a_process_per_slot(
         assert len(finals) == 4 and len({e["digest"] for e in finals}) == 1
     finally:
         kill_leftovers(JobRun(0, "", "", read_events(tmp_path / "events")))
+
+
+def test_without_the_webhook_an_invalid_job_is_marked_failed_and_left_alone(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    """Runs last in this module: it removes the webhook configuration."""
+    name = f"{RELEASE}.{SYSTEM_NS}.svc"
+    operator.kubectl("delete", "validatingwebhookconfiguration", name, check=False)
+    kube.apply(job_manifest("lax", tmp_path, tmp_path / "stop", minReplicas=4, maxReplicas=3))
+    failed = wait_status(kube, "lax", "refused", lambda s: s.get("phase") == "Failed")
+    invalid = [c for c in failed["conditions"] if c["type"] == "InvalidSpec"]
+    assert invalid and "minReplicas" in invalid[0]["message"], failed
+    assert not kube.pods("elasticjob.dev/job-name=lax")
