@@ -76,9 +76,21 @@ def run_job(
         script, epoch_file = write_discovery(tmp_path, schedule)
         args += ["--host-discovery-script", str(script)]
         worker += ["--epoch-file", str(epoch_file)]
+    returncode, stdout, stderr = run_to_end([*args, *worker], tmp_path, None, timeout_s)
+    run = JobRun(returncode, stdout, stderr, read_events(log_dir))
+    kill_leftovers(run)
+    return run
+
+
+def run_to_end(
+    command: Sequence[str], cwd: Path, env: dict[str, str] | None, timeout_s: float
+) -> tuple[int, str, str]:
+    """Run a launcher to its end; at ``timeout_s`` stop it (SIGTERM: it stops its workers),
+    then kill it. Returns the exit status, stdout and stderr."""
     process = subprocess.Popen(
-        [*args, *worker],
-        cwd=tmp_path,
+        command,
+        cwd=cwd,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -93,10 +105,8 @@ def run_job(
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             stdout, stderr = process.communicate()
-        stderr += f"\n[harness] killed after {timeout_s} s"
-    run = JobRun(process.returncode, stdout, stderr, read_events(log_dir))
-    kill_leftovers(run)
-    return run
+        stderr += f"\n[harness] stopped after {timeout_s} s"
+    return process.returncode, stdout, stderr
 
 
 def read_events(log_dir: Path) -> list[dict[str, Any]]:

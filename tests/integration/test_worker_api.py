@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.integration.harness import run_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -65,29 +65,10 @@ def worker_env() -> dict[str, str]:
 
 def run(command: list[str], out_dir: Path, timeout_s: float = RUN_TIMEOUT_S) -> Job:
     """Run ``command`` to its end (stopping it at ``timeout_s``) and read the result files."""
-    process = subprocess.Popen(
-        command,
-        cwd=out_dir.parent,
-        env=worker_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        # The launcher stops its workers on SIGTERM.
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            stdout, stderr = process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            stdout, stderr = process.communicate()
-        stderr += f"\n[test] stopped after {timeout_s} s"
+    returncode, stdout, stderr = run_to_end(command, out_dir.parent, worker_env(), timeout_s)
     files = sorted(out_dir.glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1]))
     results = [json.loads(path.read_text()) for path in files]
-    return Job(command, process.returncode, stdout, stderr, results)
+    return Job(command, returncode, stdout, stderr, results)
 
 
 def launcher(*args: str) -> list[str]:
