@@ -198,19 +198,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=50)
     args = parser.parse_args()
     run_dir = Path(tempfile.mkdtemp(prefix="elasticjob-bench-"))
-    cluster = Cluster(
-        ClusterConfig(
-            run_dir=run_dir,
-            nodes=4,
-            node_pods=110,
-            net=93,
-            apiserver_port=16643,
-            etcd_port=12579,
-            etcd_peer_port=12580,
-            controller_manager_port=20457,
-            scheduler_port=20459,
-        )
-    )
+    cluster = Cluster(ClusterConfig.private(run_dir, 93, nodes=4, node_pods=110))
     cluster.up(timeout=900)
     try:
         cluster.helm(

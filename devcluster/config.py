@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -81,6 +82,29 @@ class ClusterConfig:
     #: If set, the agent stops the whole cluster when this process dies
     #: (test sessions that are killed without running their teardown).
     owner_pid: int | None = None
+
+    @classmethod
+    def private(cls, run_dir: Path, net: int, **fields: Any) -> ClusterConfig:
+        """A cluster that runs beside any other on this machine: its own run directory,
+        address block 127.<net>.x.y and free ports for every component."""
+
+        def free_port() -> int:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port: int = s.getsockname()[1]
+                return port
+
+        ports = {
+            name: free_port()
+            for name in (
+                "apiserver_port",
+                "etcd_port",
+                "etcd_peer_port",
+                "controller_manager_port",
+                "scheduler_port",
+            )
+        }
+        return cls(run_dir=run_dir, net=net, **{**ports, **fields})
 
     # ----- derived paths -------------------------------------------------
     @property

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -27,13 +26,6 @@ from tests.devcluster.helpers import Kube
 #: Second octet of this session's node and pod addresses (127.<net>.<node>.<pod>);
 #: varies per session so that concurrent sessions on one machine do not collide.
 TEST_NET = int(os.environ.get("DEVCLUSTER_TEST_NET", str(20 + os.getpid() % 200)))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _missing_prereqs() -> str | None:
@@ -62,15 +54,10 @@ def cluster() -> Iterator[Cluster]:
         if not procs.marked_pids(stale):
             shutil.rmtree(stale, ignore_errors=True)
     run_dir = Path(tempfile.mkdtemp(prefix="devcluster-test-"))
-    cfg = ClusterConfig(
-        run_dir=run_dir,
+    cfg = ClusterConfig.private(
+        run_dir,
+        TEST_NET,
         nodes=4,
-        net=TEST_NET,
-        apiserver_port=_free_port(),
-        etcd_port=_free_port(),
-        etcd_peer_port=_free_port(),
-        controller_manager_port=_free_port(),
-        scheduler_port=_free_port(),
         extended_resources={"nvidia.com/gpu": "2"},
         owner_pid=os.getpid(),
     )

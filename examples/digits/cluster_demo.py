@@ -86,18 +86,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     args = parser.parse_args()
     run_dir = Path(tempfile.mkdtemp(prefix="elasticjob-demo-"))
-    cluster = Cluster(
-        ClusterConfig(
-            run_dir=run_dir,
-            nodes=4,
-            net=91,
-            apiserver_port=16543,
-            etcd_port=12479,
-            etcd_peer_port=12480,
-            controller_manager_port=20357,
-            scheduler_port=20359,
-        )
-    )
+    cluster = Cluster(ClusterConfig.private(run_dir, 91, nodes=4))
     say(f"starting devcluster in {run_dir} (the first run on a machine builds Kubernetes)")
     cluster.up(timeout=900)
     demo = Demo(cluster)
