@@ -366,6 +366,53 @@ def test_slots_per_worker_runs_a_process_per_slot(
         kill_leftovers(JobRun(0, "", "", read_events(tmp_path / "events")))
 
 
+def test_preemption_and_a_not_ready_node_are_survived(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    """A preempted pod (DisruptionTarget, then SIGTERM) leaves without a rollback; a node
+    that stops heartbeating costs its worker, and the job goes on without it."""
+    log_dir = tmp_path / "events"
+    kube.apply(job_manifest("spot", log_dir, tmp_path / "stop", replicas=3, minReplicas=2))
+    try:
+        running = wait_status(
+            kube,
+            "spot",
+            "3 workers",
+            lambda s: s.get("phase") == "Running" and s.get("worldSize") == 3,
+        )
+        preempted = next(w for w in running["workers"] if 0 not in w["ranks"])
+        operator.faults.evict(preempted["pod"], kube.ns)
+        after = wait_status(
+            kube,
+            "spot",
+            "the preempted pod replaced",
+            lambda s: (
+                s.get("phase") == "Running"
+                and s.get("worldSize") == 3
+                and s.get("round", 0) > running["round"]
+                and preempted["pod"] not in {w["pod"] for w in s.get("workers", [])}
+            ),
+            timeout=180,
+        )
+        assert "rolling back" not in worker_logs(kube), "preemption must be graceful"
+        lost = next(w for w in after["workers"] if 0 not in w["ranks"])
+        operator.faults.node_notready(lost["node"], seconds=60)
+        wait_status(
+            kube,
+            "spot",
+            "training on without the NotReady node",
+            lambda s: (
+                s.get("phase") == "Running"
+                and s.get("round", 0) > after["round"]
+                and all(w["node"] != lost["node"] for w in s.get("workers", []))
+            ),
+            timeout=180,
+        )
+        (tmp_path / "stop").touch()
+    finally:
+        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+
+
 def test_without_the_webhook_an_invalid_job_is_marked_failed_and_left_alone(
     operator: Cluster, kube: Kube, tmp_path: Path
 ) -> None:
