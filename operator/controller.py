@@ -334,8 +334,10 @@ class JobController:
         elif view.state is podlib.PodState.SUCCEEDED:
             self._reported.add(view.name)
             self._exit_workers(view.name, 0, spec.slots_per_worker)
-            if self.driver is not None and self.driver.result is None:
-                await self.delete_pod(view.name)  # a removed worker: make room
+            member = self.driver is not None and WorkerId(view.name, 0) in self.driver.slots
+            if not member:  # the driver removed it (scale-in, drain): make room
+                await self.delete_pod(view.name)
+            # A member that succeeded finished training: it stays, as cleanPodPolicy says.
 
     def _fail_pod(self, view: podlib.PodView, reason: str, exit_code: int) -> None:
         self._reported.add(view.name)

@@ -259,7 +259,10 @@ class ElasticDriver(RendezvousListener):
             return
         logger.info("hosts added: %s; removed: %s", list(update.added), list(update.removed))
         if self.phase is Phase.RUNNING and update.removed:
-            leaving = {w for w in self.slots if w.hostname in update.removed} - self._leaving
+            # Members whose process has ended already reported how; they do not "leave".
+            leaving = {
+                w for w in self.slots if w.hostname in update.removed and self._workers[w].running
+            } - self._leaving
             if leaving:
                 self._leaving |= leaving
                 self.registry.mark_removed(leaving)
