@@ -242,7 +242,7 @@ def run_lifecycle(kube: Kube, log_dir: Path, stop_file: Path) -> None:
     stop_file.touch()
     done = wait_status(kube, "train", "success", lambda s: s.get("phase") == "Succeeded", 180)
     assert done["completionTime"]
-    succeeded = [c for c in done["conditions"] if c["type"] == "Succeeded"][0]
+    succeeded = next(c for c in done["conditions"] if c["type"] == "Succeeded")
     assert succeeded["message"].startswith(f"{done['worldSize']} of {done['worldSize']} workers")
     kube.wait(
         "running worker pods cleaned up",
