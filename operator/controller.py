@@ -342,7 +342,7 @@ class JobController:
     def _fail_pod(self, view: podlib.PodView, reason: str, exit_code: int) -> None:
         self._reported.add(view.name)
         logger.warning("job %s: worker pod %s failed: %s", self.job_id, view.name, reason)
-        self._exit_workers(view.name, exit_code or 1, self._slots)
+        self._exit_workers(view.name, exit_code, self._slots)
 
     def _exit_workers(self, pod: str, exit_code: int, slots: int) -> None:
         if self.driver is None:

@@ -53,10 +53,6 @@ class RoundGroup:
         self._abandoned = 0
         self._configured = False
 
-    @property
-    def configured(self) -> bool:
-        return self._configured
-
     def configure(
         self,
         store: Store,

@@ -144,6 +144,7 @@ class Runtime:
         self._client: RendezvousClient | None = None
         self._watcher: NoticeWatcher | None = None
         self._store: Store | None = None
+        # The round's store client: held for as long as the round's group uses it.
         self._round_store: Store | None = None
         CONTEXT.job = config.job if config else "standalone"
         if config is None:

@@ -152,8 +152,3 @@ class LocalWorkerLauncher(WorkerLauncher):
         await asyncio.gather(*(self.stop(w) for w in list(self._processes)))
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self._stop_grace_s)
-
-    def pid_of(self, worker: WorkerId) -> int | None:
-        """The worker's process id while it runs (tests use it to inject faults)."""
-        process = self._processes.get(worker)
-        return process.pid if process is not None else None
