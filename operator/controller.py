@@ -25,10 +25,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from elasticjob.driver.api import BlacklistPolicy, HostDiscovery, WorkerLauncher
+from elasticjob.driver.api import HostDiscovery, WorkerLauncher
+from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
 from elasticjob.driver.driver import DriverSettings, ElasticDriver, JobResult
 from elasticjob.driver.driver import Phase as DriverPhase
-from elasticjob.driver.hosts import HostManager, cooldown_s
+from elasticjob.driver.hosts import HostManager
 from elasticjob.driver.slots import assign_slots
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.api import (
@@ -88,23 +89,6 @@ class PodLauncher(WorkerLauncher):
         return None  # the clean-pod policy decides, once the job has ended
 
 
-class NodeBlacklist:
-    """Nodes kept out of the job, each with an exponentially growing cooldown."""
-
-    def __init__(self, policy: BlacklistPolicy) -> None:
-        self._policy = policy
-        self._strikes: dict[str, int] = {}
-        self._until: dict[str, float] = {}
-
-    def add(self, node: str, now: float) -> float:
-        self._strikes[node] = self._strikes.get(node, 0) + 1
-        self._until[node] = now + cooldown_s(self._policy, self._strikes[node])
-        return self._until[node]
-
-    def active(self, now: float) -> dict[str, float]:
-        return {node: until for node, until in self._until.items() if until > now}
-
-
 class JobController:
     """Runs one ElasticJob (see the module docstring)."""
 
@@ -136,7 +120,7 @@ class JobController:
         self.phase: Phase = Phase.CREATED
         self.pods_created = 0
         self.pods_deleted = 0
-        self._nodes = NodeBlacklist(BlacklistPolicy())
+        self._nodes = Blacklist[str](BlacklistPolicy())
         self.driver: ElasticDriver | None = None
 
     # ---- pod events --------------------------------------------------------------------
@@ -167,10 +151,8 @@ class JobController:
             await self._refuse(body, str(exc))
             return
         token = await self._ensure_token(body)
-        policy = BlacklistPolicy(
-            float(spec.blacklist.cooldown_seconds.min), float(spec.blacklist.cooldown_seconds.max)
-        )
-        self._nodes = NodeBlacklist(policy)
+        policy = spec.blacklist.policy()
+        self._nodes = Blacklist[str](policy)
         slots = self._slots = spec.slots_per_worker
         driver = ElasticDriver(
             HostManager(self._discovery, policy),
@@ -278,7 +260,7 @@ class JobController:
         }
         for view in views.values():
             await self._account(body, spec, view)
-        blacklisted = self._nodes.active(now)
+        blacklisted = self._nodes.active()
         if spec.blacklist.scope is BlacklistScope.NODE:
             for v in views.values():  # drain blacklisted nodes: those pods leave gracefully
                 if v.state is podlib.PodState.RUNNING and v.node in blacklisted:
@@ -322,7 +304,7 @@ class JobController:
                 warning=True,
             )
             if view.node and spec.blacklist.scope is BlacklistScope.NODE:
-                self._nodes.add(view.node, time.monotonic())
+                self._nodes.add(view.node)
                 await self._api.event(
                     self.namespace,
                     dict(body),

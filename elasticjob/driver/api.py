@@ -4,8 +4,8 @@ The driver is plain Python (no torch, no kopf). Its pieces:
 
 - :class:`HostDiscovery` finds the hosts that may run workers (``discovery.py``: a
   horovodrun-style discovery script, a fixed list; the operator discovers pods);
-- ``hosts.py`` keeps them in a stable, oldest-first order and blacklists failed ones with an
-  exponential cooldown;
+- ``hosts.py`` keeps them in a stable, oldest-first order, leaving out the blacklisted ones
+  (``blacklist.py``: exponential cooldown, for hosts, nodes or pods);
 - ``slots.py`` turns ordered hosts into per-process :class:`~elasticjob.wire.SlotInfo`;
 - ``registry.py`` records what each worker of a round reported and decides, as a pure function,
   what the driver does next;
@@ -57,23 +57,6 @@ class HostUpdate:
         return bool(self.added or self.removed)
 
 
-@dataclass(frozen=True)
-class BlacklistPolicy:
-    """Exponential cooldown: the n-th blacklisting of a host lasts
-    ``min(cooldown_max_s, cooldown_min_s * 2 ** (n - 1))`` seconds. A host is never
-    blacklisted forever; after its cooldown it is discovered again like a new host."""
-
-    cooldown_min_s: float = 10.0
-    cooldown_max_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        if not 0 < self.cooldown_min_s <= self.cooldown_max_s:
-            raise ValueError(
-                "blacklist cooldown range must satisfy 0 < min <= max, got "
-                f"{self.cooldown_min_s}..{self.cooldown_max_s}"
-            )
-
-
 class WorkerLauncher(abc.ABC):
     """Starts and stops the processes of a job's workers (one per slot)."""
 
@@ -122,7 +105,6 @@ class CapacityAction(enum.Enum):
 
 __all__ = [
     "Action",
-    "BlacklistPolicy",
     "CapacityAction",
     "Clock",
     "Decision",

@@ -307,7 +307,7 @@ class ElasticDriver(RendezvousListener):
         except NotEnoughSlotsError as exc:
             if self.hosts.all_discovered_blacklisted():
                 raise DriverError(
-                    f"every discovered host is blacklisted: {self.hosts.blacklisted()}"
+                    f"every discovered host is blacklisted: {sorted(self.hosts.blacklist.active())}"
                 ) from exc
             now = self._clock()
             action = decide_capacity(
@@ -435,7 +435,7 @@ class ElasticDriver(RendezvousListener):
 
     def _blacklist(self, hosts: set[str] | frozenset[str]) -> None:
         for host in sorted(hosts):
-            until = self.hosts.blacklist(host)
+            until = self.hosts.exclude(host)
             logger.warning("blacklisted host %s for %.0f s", host, until - self._clock())
 
     def _with_worker_messages(self, reason: str) -> str:

@@ -10,22 +10,12 @@ next discovery if it is still there.
 from __future__ import annotations
 
 import logging
-import math
 import time
 
-from elasticjob.driver.api import BlacklistPolicy, Clock, HostDiscovery, HostUpdate
+from elasticjob.driver.api import Clock, HostDiscovery, HostUpdate
+from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
 
 logger = logging.getLogger(__name__)
-
-
-def cooldown_s(policy: BlacklistPolicy, strikes: int) -> float:
-    """How long the ``strikes``-th blacklisting (1-based) of a host lasts under ``policy``."""
-    if strikes < 1:
-        raise ValueError(f"strikes must be at least 1, got {strikes}")
-    doublings = strikes - 1
-    if doublings >= math.log2(policy.cooldown_max_s / policy.cooldown_min_s):
-        return policy.cooldown_max_s
-    return min(policy.cooldown_max_s, math.ldexp(policy.cooldown_min_s, doublings))
 
 
 class HostManager:
@@ -35,13 +25,11 @@ class HostManager:
         self, discovery: HostDiscovery, policy: BlacklistPolicy, clock: Clock = time.monotonic
     ) -> None:
         self._discovery = discovery
-        self._policy = policy
-        self._clock = clock
+        self.blacklist = Blacklist[str](policy, clock)
+        """The hosts cooling down from a blacklisting."""
         self._discovered: dict[str, int] = {}
         # Usable hosts and their slots, in the order they became usable.
         self._usable: dict[str, int] = {}
-        self._strikes: dict[str, int] = {}
-        self._cooldown_until: dict[str, float] = {}
 
     @property
     def current_hosts(self) -> tuple[tuple[str, int], ...]:
@@ -57,13 +45,9 @@ class HostManager:
         view unchanged.
         """
         discovered = self._discovery.find_available_hosts_and_slots()
-        now = self._clock()
-        for host, until in list(self._cooldown_until.items()):
-            if until <= now:
-                del self._cooldown_until[host]
-                logger.info("host %s finished its blacklist cooldown", host)
+        self.blacklist.expire()
         self._discovered = dict(discovered)
-        usable = {h: s for h, s in discovered.items() if h not in self._cooldown_until}
+        usable = {h: s for h, s in discovered.items() if h not in self.blacklist}
         removed = tuple(h for h in self._usable if h not in usable)
         added = tuple(h for h in usable if h not in self._usable)
         for host in removed:
@@ -76,33 +60,13 @@ class HostManager:
             logger.debug("hosts added: %s; hosts removed: %s", list(added), list(removed))
         return HostUpdate(added=added, removed=removed)
 
-    def blacklist(self, host: str) -> float:
-        """Blacklist ``host`` now; return the monotonic time its cooldown ends.
-
-        The n-th blacklisting of a host lasts ``min(max, min * 2 ** (n - 1))`` seconds of the
-        policy. The host leaves :attr:`current_hosts` immediately.
-        """
-        strikes = self._strikes.get(host, 0) + 1
-        self._strikes[host] = strikes
-        duration = cooldown_s(self._policy, strikes)
-        until = self._clock() + duration
-        self._cooldown_until[host] = until
+    def exclude(self, host: str) -> float:
+        """Blacklist ``host`` now (see :class:`Blacklist`); return the monotonic time its
+        cooldown ends. The host leaves :attr:`current_hosts` immediately."""
+        until = self.blacklist.add(host)
         self._usable.pop(host, None)
-        logger.warning(
-            "blacklisting host %s for %g s (blacklisting number %d)", host, duration, strikes
-        )
         return until
-
-    def is_blacklisted(self, host: str) -> bool:
-        """Whether ``host`` is still cooling down from a blacklisting."""
-        return self._cooldown_until.get(host, -math.inf) > self._clock()
-
-    def blacklisted(self) -> dict[str, float]:
-        """``{host: cooldown end}`` for the hosts still cooling down."""
-        now = self._clock()
-        return {h: until for h, until in self._cooldown_until.items() if until > now}
 
     def all_discovered_blacklisted(self) -> bool:
         """Whether the last discovery found hosts and every one of them is blacklisted."""
-        cooling = self.blacklisted()
-        return bool(self._discovered) and all(h in cooling for h in self._discovered)
+        return bool(self._discovered) and all(h in self.blacklist for h in self._discovered)

@@ -18,7 +18,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from elasticjob.driver.api import BlacklistPolicy, DriverError, HostDiscovery
+from elasticjob.driver.api import DriverError, HostDiscovery
+from elasticjob.driver.blacklist import BlacklistPolicy
 from elasticjob.driver.discovery import FixedHosts, ScriptDiscovery, parse_hosts
 from elasticjob.driver.driver import DriverSettings, ElasticDriver, JobResult
 from elasticjob.driver.hosts import HostManager

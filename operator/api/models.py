@@ -18,6 +18,8 @@ from typing import Annotated
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from pydantic.alias_generators import to_camel
 
+from elasticjob.driver.blacklist import BlacklistPolicy
+
 GROUP = "elasticjob.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -101,7 +103,7 @@ class CooldownRange(_Spec):
     max: Count = 300
 
 
-class BlacklistPolicy(_Spec):
+class BlacklistSpec(_Spec):
     """How failed nodes (or pods) are kept out of the job for a while."""
 
     cooldown_seconds: CooldownRange = CooldownRange()
@@ -109,6 +111,10 @@ class BlacklistPolicy(_Spec):
     """Node: the failed pod's node is blacklisted, so replacement pods avoid it until its
     cooldown ends (they are kept off it by node affinity). Pod: only the failed pod is, and
     its replacement may land on the same node."""
+
+    def policy(self) -> BlacklistPolicy:
+        """The cooldown policy of the blacklisting this spec asks for."""
+        return BlacklistPolicy(float(self.cooldown_seconds.min), float(self.cooldown_seconds.max))
 
 
 class TemplateMetadata(_PassThrough):
@@ -170,7 +176,7 @@ class ElasticJobSpec(_Spec):
     """The job fails after this many resets (failure recoveries); unlimited when absent."""
     elastic_timeout_seconds: Annotated[StrictInt, Field(ge=1, le=86400)] = 600
     """Seconds to wait for minReplicas pods to be available before the job fails."""
-    blacklist: BlacklistPolicy = BlacklistPolicy()
+    blacklist: BlacklistSpec = BlacklistSpec()
     clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
     """All: every worker pod is deleted when the job ends. Running: only those still running
     (finished pods stay for their logs). None: no pod is deleted."""

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticjob.driver.api import BlacklistPolicy, DiscoveryError, HostDiscovery, HostUpdate
-from elasticjob.driver.hosts import HostManager, cooldown_s
+from elasticjob.driver.api import DiscoveryError, HostDiscovery, HostUpdate
+from elasticjob.driver.blacklist import BlacklistPolicy
+from elasticjob.driver.hosts import HostManager
 
 
 class FakeClock:
@@ -106,17 +107,17 @@ def test_discovery_error_propagates_and_keeps_view() -> None:
     ],
 )
 def test_cooldown_grows_exponentially_up_to_max(strikes: int, expected: float) -> None:
-    assert cooldown_s(POLICY, strikes) == expected
+    assert POLICY.cooldown_s(strikes) == expected
 
 
 def test_blacklist_removes_host_at_once_and_returns_cooldown_end() -> None:
     manager, _, clock = make({"a": 1, "b": 2})
     manager.update_available_hosts()
-    assert manager.blacklist("a") == clock.now + 10.0
+    assert manager.exclude("a") == clock.now + 10.0
     assert manager.current_hosts == (("b", 2),)
-    assert manager.is_blacklisted("a")
-    assert not manager.is_blacklisted("b")
-    assert manager.blacklisted() == {"a": clock.now + 10.0}
+    assert "a" in manager.blacklist
+    assert "b" not in manager.blacklist
+    assert dict(manager.blacklist.active()) == {"a": clock.now + 10.0}
     # The blacklisted host is not reported as removed: it was already out of the view.
     assert manager.update_available_hosts() == HostUpdate()
 
@@ -127,7 +128,7 @@ def test_repeated_blacklisting_doubles_cooldown_up_to_max() -> None:
     for _ in range(5):
         manager.update_available_hosts()
         start = clock.now
-        durations.append(manager.blacklist("a") - start)
+        durations.append(manager.exclude("a") - start)
         clock.advance(durations[-1])
     assert durations == [10.0, 20.0, 40.0, 60.0, 60.0]
 
@@ -135,13 +136,13 @@ def test_repeated_blacklisting_doubles_cooldown_up_to_max() -> None:
 def test_host_is_usable_again_after_cooldown_and_goes_last() -> None:
     manager, _, clock = make({"a": 1, "b": 1, "c": 1})
     manager.update_available_hosts()
-    manager.blacklist("a")
+    manager.exclude("a")
     clock.advance(9.9)
     assert manager.update_available_hosts() == HostUpdate()
-    assert manager.is_blacklisted("a")
+    assert "a" in manager.blacklist
     clock.advance(0.1)
-    assert not manager.is_blacklisted("a")
-    assert manager.blacklisted() == {}
+    assert "a" not in manager.blacklist
+    assert dict(manager.blacklist.active()) == {}
     # Not usable until the next discovery, then placed last.
     assert names(manager) == ["b", "c"]
     assert manager.update_available_hosts() == HostUpdate(added=("a",))
@@ -152,7 +153,7 @@ def test_blacklisting_is_never_permanent() -> None:
     manager, _, clock = make({"a": 1})
     for _ in range(50):
         manager.update_available_hosts()
-        clock.advance(manager.blacklist("a") - clock.now)
+        clock.advance(manager.exclude("a") - clock.now)
     assert manager.update_available_hosts() == HostUpdate(added=("a",))
     assert names(manager) == ["a"]
 
@@ -160,7 +161,7 @@ def test_blacklisting_is_never_permanent() -> None:
 def test_expired_host_no_longer_discovered_stays_out() -> None:
     manager, discovery, clock = make({"a": 1, "b": 1})
     manager.update_available_hosts()
-    manager.blacklist("a")
+    manager.exclude("a")
     discovery.hosts = {"b": 1}
     clock.advance(10.0)
     assert manager.update_available_hosts() == HostUpdate()
@@ -173,9 +174,9 @@ def test_all_discovered_blacklisted() -> None:
     assert not manager.all_discovered_blacklisted(), "no host discovered"
     discovery.hosts = {"a": 1, "b": 1}
     manager.update_available_hosts()
-    manager.blacklist("a")
+    manager.exclude("a")
     assert not manager.all_discovered_blacklisted()
-    manager.blacklist("b")
+    manager.exclude("b")
     assert manager.all_discovered_blacklisted()
     assert manager.current_hosts == ()
     clock.advance(10.0)
@@ -185,7 +186,7 @@ def test_all_discovered_blacklisted() -> None:
 def test_blacklisting_an_undiscovered_host_keeps_it_out_when_it_appears() -> None:
     manager, discovery, clock = make({"a": 1})
     manager.update_available_hosts()
-    manager.blacklist("z")
+    manager.exclude("z")
     discovery.hosts = {"a": 1, "z": 1}
     assert manager.update_available_hosts() == HostUpdate()
     clock.advance(10.0)
@@ -220,9 +221,9 @@ def test_order_keeps_survivors_and_puts_new_hosts_last(
         assert current == survivors + new
         assert list(update.added) == new
         assert set(update.removed) == set(previous) - set(current)
-        assert all(h in discovered and not manager.is_blacklisted(h) for h in current)
-        assert {h for h in discovered if not manager.is_blacklisted(h)} == set(current)
+        assert all(h in discovered and h not in manager.blacklist for h in current)
+        assert {h for h in discovered if h not in manager.blacklist} == set(current)
         for host in sorted(to_blacklist):
-            manager.blacklist(host)
+            manager.exclude(host)
         previous = names(manager)
         assert not set(previous) & to_blacklist
