@@ -172,7 +172,7 @@ class ElasticDriver(RendezvousListener):
 
     # ---- events (listener and launcher callbacks; all on the event loop) -----------------
 
-    def on_worker_ready(self, worker: WorkerId, after_round: int) -> None:
+    def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
         state = self._workers.get(worker)
         if state is None:
             logger.warning("ignoring registration of unknown worker %s", worker)
@@ -180,6 +180,9 @@ class ElasticDriver(RendezvousListener):
         state.ready_after = max(state.ready_after, after_round)
         if worker in self.slots and after_round >= self.round:
             self.registry.record(worker, WorkerState.READY)
+            if rolled_back and self.phase is Phase.RUNNING:
+                logger.warning("worker %s rolled back after a collective failed", worker)
+                self._fail_round(worker.hostname)
         self._wake.set()
 
     def on_worker_result(self, request: ResultRequest) -> None:
@@ -210,14 +213,18 @@ class ElasticDriver(RendezvousListener):
                     "worker %s of round %d failed (exit code %d)", worker, self.round, exit_code
                 )
                 self.registry.record(worker, WorkerState.FAILURE)
-                if not self._round_failed:
-                    self._round_failed = True
-                    self._failed_at = self._clock()
-                    self.rendezvous.post_notice(NoticeKind.ROUND_FAILED, (worker.hostname,))
+                self._fail_round(worker.hostname)
         elif exit_code != 0:
             logger.warning("worker %s failed between rounds (exit code %d)", worker, exit_code)
             self._blacklist({worker.hostname})
         self._wake.set()
+
+    def _fail_round(self, host: str) -> None:
+        """Tell the members once that the round is broken; the next round syncs state."""
+        if not self._round_failed:
+            self._round_failed = True
+            self._failed_at = self._clock()
+            self.rendezvous.post_notice(NoticeKind.ROUND_FAILED, (host,))
 
     # ---- main loop -------------------------------------------------------------------------
 

@@ -37,9 +37,10 @@ class RendezvousError(RuntimeError):
 class RendezvousListener(Protocol):
     """What a job's driver hears from its workers. Called on the event loop; must not block."""
 
-    def on_worker_ready(self, worker: WorkerId, after_round: int) -> None:
+    def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
         """``worker`` waits for a round newer than ``after_round`` (called once per
-        (worker, after_round): a long-poll that is retried does not call it again)."""
+        (worker, after_round): a long-poll that is retried does not call it again);
+        ``rolled_back``: it rolled its state back after a collective failed on it."""
 
     def on_worker_result(self, request: ResultRequest) -> None:
         """The worker reported how its process ended."""

@@ -235,7 +235,9 @@ class InMemoryJobRendezvous(JobRendezvous):
                 announced.add(request.after_round)
                 self._tell_listener(
                     "on_worker_ready",
-                    lambda: self._listener.on_worker_ready(worker, request.after_round),
+                    lambda: self._listener.on_worker_ready(
+                        worker, request.after_round, rolled_back=request.rolled_back
+                    ),
                 )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + request.wait_seconds

@@ -45,7 +45,7 @@ class RecordingListener:
         self.progress: list[wire.ProgressRequest] = []
         self.ready_event = asyncio.Event()
 
-    def on_worker_ready(self, worker: WorkerId, after_round: int) -> None:
+    def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
         self.ready.append((worker, after_round))
         self.ready_event.set()
 

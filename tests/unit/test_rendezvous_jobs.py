@@ -29,12 +29,15 @@ class RecordingListener:
 
     def __init__(self) -> None:
         self.ready: list[tuple[WorkerId, int]] = []
+        self.rolled_back: list[tuple[WorkerId, int]] = []
         self.results: list[ResultRequest] = []
         self.progress: list[ProgressRequest] = []
         self.ready_event = asyncio.Event()
 
-    def on_worker_ready(self, worker: WorkerId, after_round: int) -> None:
+    def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
         self.ready.append((worker, after_round))
+        if rolled_back:
+            self.rolled_back.append((worker, after_round))
         self.ready_event.set()
 
     def on_worker_result(self, request: ResultRequest) -> None:
@@ -45,8 +48,8 @@ class RecordingListener:
 
 
 class FailingListener(RecordingListener):
-    def on_worker_ready(self, worker: WorkerId, after_round: int) -> None:
-        super().on_worker_ready(worker, after_round)
+    def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
+        super().on_worker_ready(worker, after_round, rolled_back=rolled_back)
         raise RuntimeError("listener bug")
 
 
@@ -56,7 +59,12 @@ W2 = WorkerId("host-a", 1)
 
 
 def request(
-    worker: WorkerId, *, after_round: int = 0, wait: float = 0.0, port: int = 29500
+    worker: WorkerId,
+    *,
+    after_round: int = 0,
+    wait: float = 0.0,
+    port: int = 29500,
+    rolled_back: bool = False,
 ) -> RendezvousRequest:
     return RendezvousRequest(
         hostname=worker.hostname,
@@ -65,6 +73,7 @@ def request(
         store_port=port,
         after_round=after_round,
         wait_seconds=wait,
+        rolled_back=rolled_back,
     )
 
 
@@ -115,6 +124,18 @@ async def test_round_flow_assigns_members_with_rank0_store(job: InMemoryJobRende
     assert job.current_round == 1
     assert set(job.current_slots) == {W0, W1}
     assert job.registered(W0) and not job.registered(W2)
+
+
+async def test_rolled_back_worker_is_reported_to_the_listener(
+    job: InMemoryJobRendezvous, listener: RecordingListener
+) -> None:
+    await job.rendezvous(request(W0))
+    await job.rendezvous(request(W1))
+    job.publish_round(1, slots_for([W0, W1]), sync=True)
+    await job.rendezvous(request(W1, after_round=1, rolled_back=True))
+    await job.rendezvous(request(W0, after_round=1))
+    assert listener.ready[-2:] == [(W1, 1), (W0, 1)]
+    assert listener.rolled_back == [(W1, 1)]
 
 
 async def test_retry_with_older_after_round_is_answered_at_once(
