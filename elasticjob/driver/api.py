@@ -12,6 +12,7 @@ The driver is plain Python (no torch, no kopf). Its pieces:
   values, everything the driver does: what a worker's exit means, how the next round is
   planned, what follows a round, when to announce newcomers;
 - :class:`WorkerLauncher` starts and stops worker processes (local processes, or pods);
+  ``workers.py`` keeps what the driver knows about each process it launched;
 - ``driver.py`` carries the decisions out against the launcher and the rendezvous service.
 """
 
