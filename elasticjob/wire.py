@@ -130,6 +130,9 @@ class RendezvousRequest(_Strict):
     """Port of the TCPStore server the worker hosts; used when it becomes rank 0."""
     after_round: RoundNumber = 0
     wait_seconds: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 30.0
+    rolled_back: bool = False
+    """The worker left round ``after_round`` after a collective failed on it and rolled its
+    state back to its last commit: the driver fails that round and re-syncs the next."""
 
 
 class RendezvousResponse(_Strict):

@@ -205,8 +205,10 @@ class Runtime:
         self.sync_required = self._join()
         return True
 
-    def reset(self) -> bool:
+    def reset(self, *, rolled_back: bool = False) -> bool:
         """Leave the current round and join the next; return whether state must be synced.
+        ``rolled_back``: this worker rolled its state back after a collective failed (the
+        driver is told, so that the next round syncs every rank from rank 0).
 
         Raises :class:`WorkerRemoved` when this worker is no longer part of the job."""
         self.group.destroy()
@@ -214,7 +216,7 @@ class Runtime:
             self.round += 1
             self._form_world_of_one(f"standalone-{self.round}/")
             return False
-        self.sync_required = self._join()
+        self.sync_required = self._join(rolled_back=rolled_back)
         return self.sync_required
 
     def _form_world_of_one(self, prefix: str) -> None:
@@ -241,7 +243,7 @@ class Runtime:
 
     # ---- rounds ------------------------------------------------------------------------
 
-    def _join(self) -> bool:
+    def _join(self, *, rolled_back: bool = False) -> bool:
         assert self.config is not None and self._client is not None
         started = time.monotonic()
         deadline = started + self.config.round_wait_s
@@ -260,6 +262,7 @@ class Runtime:
                     store_port=self._store_port,
                     after_round=after_round,
                     wait_seconds=_RENDEZVOUS_POLL_S,
+                    rolled_back=rolled_back,
                 )
             )
             if response.status is RendezvousStatus.PENDING:

@@ -7,10 +7,13 @@ The driver is plain Python (no torch, no kopf). Its pieces:
 - ``hosts.py`` keeps them in a stable, oldest-first order, leaving out the blacklisted ones
   (``blacklist.py``: exponential cooldown, for hosts, nodes or pods);
 - ``slots.py`` turns ordered hosts into per-process :class:`~elasticjob.wire.SlotInfo`;
-- ``registry.py`` records what each worker of a round reported and decides, as a pure function,
-  what the driver does next;
+- ``registry.py`` records what each member of a round reported;
+- ``decisions.py`` decides, as pure functions of state, event and time returning action
+  values, everything the driver does: what a worker's exit means, how the next round is
+  planned, what follows a round, when to announce newcomers;
 - :class:`WorkerLauncher` starts and stops worker processes (local processes, or pods);
-- ``driver.py`` ties them to the rendezvous service.
+  ``workers.py`` keeps what the driver knows about each process it launched;
+- ``driver.py`` carries the decisions out against the launcher and the rendezvous service.
 """
 
 from __future__ import annotations
@@ -75,43 +78,80 @@ class WorkerLauncher(abc.ABC):
         """Stop every process still running and wait for them."""
 
 
-class Action(enum.Enum):
-    """What the driver does once a round's workers have reported (see ``registry.decide``)."""
+class Phase(enum.Enum):
+    """The driver's lifecycle: STARTING (launch the first workers, wait until they register)
+    -> RUNNING (a round is in force) -> FORMING (the round ended at the barrier; the next one
+    is being formed) -> RUNNING ... -> FINISHED."""
 
-    WAIT = "wait"
-    """Not every member has reported yet."""
-    RESUME = "resume"
-    """Form the next round (after blacklisting ``Decision.blacklist``)."""
-    SUCCEED = "succeed"
-    """Training finished: the job ends with success."""
-    FAIL = "fail"
-    """The job ends with failure (``Decision.reason`` says why)."""
+    STARTING = "starting"
+    RUNNING = "running"
+    FORMING = "forming"
+    FINISHED = "finished"
+
+
+class Departure(enum.Enum):
+    """How a worker stops being part of the job: the one vocabulary of the driver, the
+    registry and the rendezvous.
+
+    A worker that *leaves*, one that is *dismissed* and one that *failed* are three different
+    things: only a failure breaks a round, costs a reset and gets a host blacklisted.
+    """
+
+    LEAVING = "leaving"
+    """Its host is going away (scale-in, preemption): announced with a ``HOSTS_REMOVED``
+    notice, it reaches the barrier with the other members, keeps its live state, and is then
+    dismissed. Never a failure (``WorkerRegistry.mark_leaving``)."""
+    DISMISSED = "dismissed"
+    """Told to exit: the rendezvous answers its requests ``REMOVED`` and it exits 0
+    (``JobRendezvous.dismiss``): a leaving worker once the next round is published, or a
+    worker without a place in it."""
+    FAILED = "failed"
+    """Its process ended with a non-zero status, or it did not register in time: a member's
+    failure fails the round (``ROUND_FAILED``); the host is blacklisted."""
 
 
 @dataclass(frozen=True)
-class Decision:
-    action: Action
-    blacklist: frozenset[str] = frozenset()
-    reason: str = ""
+class DriverSettings:
+    """The elastic settings of one job (horovodrun's flags, or the ElasticJob spec)."""
+
+    min_np: int = 1
+    max_np: int | None = None
+    reset_limit: int | None = None
+    elastic_timeout_s: float = 600.0
+    """How long to wait while fewer than ``min_np`` slots are available."""
+    start_timeout_s: float = 120.0
+    """How long a newly launched worker may take to register before it counts as failed."""
+    discovery_interval_s: float = 1.0
+    removal_grace_s: float = 30.0
+    """How long a dismissed worker may take to exit before it is stopped."""
+
+    def __post_init__(self) -> None:
+        if self.min_np < 1:
+            raise ValueError(f"min_np must be >= 1, got {self.min_np}")
+        if self.max_np is not None and self.max_np < self.min_np:
+            raise ValueError(f"max_np ({self.max_np}) must be >= min_np ({self.min_np})")
 
 
-class CapacityAction(enum.Enum):
-    """Whether enough slots are available to form a round (see ``registry.decide_capacity``)."""
+@dataclass(frozen=True)
+class JobResult:
+    """How a job ended: success or not and why, after how many rounds and resets."""
 
-    PROCEED = "proceed"
-    WAIT = "wait"
-    TIMEOUT = "timeout"
+    success: bool
+    message: str
+    rounds: int
+    resets: int
 
 
 __all__ = [
-    "Action",
-    "CapacityAction",
     "Clock",
-    "Decision",
+    "Departure",
     "DiscoveryError",
     "DriverError",
+    "DriverSettings",
     "HostDiscovery",
     "HostUpdate",
+    "JobResult",
+    "Phase",
     "WorkerId",
     "WorkerLauncher",
 ]

@@ -1,44 +1,55 @@
-"""The elastic driver of one job: turns discovery, worker reports and process exits into
-rounds published on the job's rendezvous.
+"""The elastic driver of one job: carries out what ``decisions.py`` decides, against the
+job's worker processes (``workers.py``, through a :class:`WorkerLauncher`) and its rendezvous.
 
-Lifecycle (``Phase``): STARTING (launch the first workers, wait until they register) ->
-RUNNING (a round is in force; host changes and failures are watched) -> FORMING (every
-counted member reached the barrier; launch and wait for the next round's members, then
-publish it) -> RUNNING ... -> FINISHED.
-
-- Scale-out: workers for new hosts are launched while the round keeps running; only once
-  every newcomer has registered is HOSTS_ADDED posted, so survivors pause only for the
-  group re-formation, not for process start-up.
-- Scale-in: the leaving hosts are announced (HOSTS_REMOVED); their workers reach the barrier
-  with everyone else and are then told they are removed (they exit 0, not a failure).
-- Failure: ROUND_FAILED is posted at once so survivors abort their group instead of waiting
-  for a collective timeout; once all members have reported, the failed hosts are
-  blacklisted and the next round is formed from the survivors, rank 0 on the oldest host.
-
-What to do at the barrier is decided by :func:`~elasticjob.driver.registry.decide`, a pure
-function; this module only carries its decisions out.
+Lifecycle (:class:`Phase`): STARTING -> RUNNING (a round is in force) -> FORMING (the round
+ended at the barrier; the next one is launched, awaited and published) -> RUNNING ... ->
+FINISHED. Newcomers are launched while a round runs and announced (HOSTS_ADDED) only once all
+have registered; members on vanished hosts *leave* (HOSTS_REMOVED), reach the barrier and are
+then *dismissed*; when a member fails, or rolls back after a collective failed on it alone,
+ROUND_FAILED is posted at once and the next round is synced from rank 0. The loop can be
+driven step by step (:meth:`ElasticDriver.discover`, :meth:`ElasticDriver.step`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from typing import Final
 
 from elasticjob.driver.api import (
-    Action,
-    CapacityAction,
     Clock,
+    Departure,
     DiscoveryError,
     DriverError,
+    DriverSettings,
+    JobResult,
+    Phase,
     WorkerLauncher,
 )
+from elasticjob.driver.decisions import (
+    Action,
+    AwaitBarrier,
+    AwaitCapacity,
+    EndJob,
+    ExitVerdict,
+    Publish,
+    ReadyVerdict,
+    ScaleOutAction,
+    classify_exit,
+    classify_ready,
+    decide_formation,
+    decide_round,
+    decide_scale_out,
+    leaving_members,
+    overdue_dismissals,
+    plan_round,
+    slow_starters,
+)
 from elasticjob.driver.hosts import HostManager
-from elasticjob.driver.registry import WorkerRegistry, decide, decide_capacity
-from elasticjob.driver.slots import NotEnoughSlotsError, assign_slots, check_continuity
+from elasticjob.driver.registry import WorkerRegistry
+from elasticjob.driver.workers import WorkerProcesses
 from elasticjob.rendezvous.api import JobRendezvous, RendezvousListener
 from elasticjob.wire import (
     NoticeKind,
@@ -51,53 +62,10 @@ from elasticjob.wire import (
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["DriverSettings", "ElasticDriver", "JobResult", "Phase"]
 
-class Phase(enum.Enum):
-    STARTING = "starting"
-    RUNNING = "running"
-    FORMING = "forming"
-    FINISHED = "finished"
-
-
-@dataclass(frozen=True)
-class DriverSettings:
-    min_np: int = 1
-    max_np: int | None = None
-    reset_limit: int | None = None
-    elastic_timeout_s: float = 600.0
-    """How long to wait while fewer than ``min_np`` slots are available."""
-    start_timeout_s: float = 120.0
-    """How long a newly launched worker may take to register before it counts as failed."""
-    discovery_interval_s: float = 1.0
-    removal_grace_s: float = 30.0
-    """How long a removed worker may take to exit before it is stopped."""
-
-    def __post_init__(self) -> None:
-        if self.min_np < 1:
-            raise ValueError(f"min_np must be >= 1, got {self.min_np}")
-        if self.max_np is not None and self.max_np < self.min_np:
-            raise ValueError(f"max_np ({self.max_np}) must be >= min_np ({self.min_np})")
-
-
-@dataclass(frozen=True)
-class JobResult:
-    success: bool
-    message: str
-    rounds: int
-    resets: int
-
-
-@dataclass
-class _Worker:
-    """What the driver knows about one worker process it launched."""
-
-    started_at: float
-    running: bool = True
-    ready_after: int = -1
-    """The worker waits for a round newer than this (-1: it has not registered)."""
-    last_round: int = 0
-    """The last round it was a member of (0: none yet)."""
-    message: str = ""
+TICK_S: Final = 1.0
+"""The loop runs a step at least this often, even when nothing wakes it (timeouts)."""
 
 
 class ElasticDriver(RendezvousListener):
@@ -119,15 +87,12 @@ class ElasticDriver(RendezvousListener):
         self.registry = WorkerRegistry()
         self.phase = Phase.STARTING
         self.progress: ProgressRequest | None = None
-        self._workers: dict[WorkerId, _Worker] = {}
-        self._leaving: set[WorkerId] = set()
-        self._removed: set[WorkerId] = set()
+        self._workers = WorkerProcesses(self.launcher, self.rendezvous, clock)
         self._newcomers_announced = False
-        self._round_failed = False
+        self._recovering = False
         self._capacity_wait_since: float | None = None
         self._wake = asyncio.Event()
         self._result: JobResult | None = None
-        self._reapers: list[asyncio.Task[None]] = []
         self.last_reset_reason: str | None = None
         self.recoveries = 0
         self.recovery_seconds_sum = 0.0
@@ -150,43 +115,52 @@ class ElasticDriver(RendezvousListener):
 
     @property
     def recovering(self) -> bool:
-        """Whether the round being formed follows a failure."""
-        return self._round_failed
+        """Whether the round being formed follows a failure (or a rollback)."""
+        return self._recovering
 
     def rank_of(self, worker: WorkerId) -> int | None:
+        """The worker's rank in the round in force; None if it has none, or is dismissed or
+        failed."""
         slot = self.slots.get(worker)
-        return slot.rank if slot is not None and worker not in self._removed else None
+        return slot.rank if slot is not None and not self._workers.gone(worker) else None
 
     def adopt(self, round_number: int, slots: Mapping[WorkerId, SlotInfo], notice_seq: int) -> None:
         """Resume supervising a round that runs already (the driver's process restarted):
         its members are taken as running and not at the barrier."""
         self.rendezvous.adopt(round_number, slots, notice_seq)
-        now = self._clock()
-        for worker in slots:
-            self._workers[worker] = _Worker(
-                started_at=now, ready_after=round_number - 1, last_round=round_number
-            )
+        self._workers.adopt(slots, round_number)
         self.registry.start_round(round_number, frozenset(slots))
         self.phase = Phase.RUNNING
         logger.info("adopted round %d with %d workers", round_number, len(slots))
 
     # ---- events (listener and launcher callbacks; all on the event loop) -----------------
 
-    def on_worker_ready(self, worker: WorkerId, after_round: int) -> None:
-        state = self._workers.get(worker)
-        if state is None:
+    def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
+        record = self._workers.get(worker)
+        verdict = classify_ready(
+            self.phase,
+            known=record is not None,
+            member=worker in self.slots,
+            after_round=after_round,
+            current_round=self.round,
+            rolled_back=rolled_back,
+        )
+        if verdict is ReadyVerdict.UNKNOWN or record is None:
             logger.warning("ignoring registration of unknown worker %s", worker)
             return
-        state.ready_after = max(state.ready_after, after_round)
-        if worker in self.slots and after_round >= self.round:
+        record.waiting_after = max(record.waiting_after or 0, after_round)
+        if verdict in (ReadyVerdict.READY, ReadyVerdict.ROLLED_BACK):
             self.registry.record(worker, WorkerState.READY)
+        if verdict is ReadyVerdict.ROLLED_BACK:
+            logger.warning("worker %s rolled back after a collective failed", worker)
+            self.registry.mark_rolled_back(worker)
+            self._fail_round(worker.hostname)
         self._wake.set()
 
     def on_worker_result(self, request: ResultRequest) -> None:
-        worker = WorkerId(request.hostname, request.local_rank)
-        state = self._workers.get(worker)
-        if state is not None and request.message:
-            state.message = request.message
+        record = self._workers.get(WorkerId(request.hostname, request.local_rank))
+        if record is not None and request.message:
+            record.message = request.message
         # The process exit (reported by the launcher) is what counts; nothing else to do.
 
     def on_progress(self, progress: ProgressRequest) -> None:
@@ -194,30 +168,38 @@ class ElasticDriver(RendezvousListener):
 
     def on_worker_exit(self, worker: WorkerId, exit_code: int) -> None:
         """Called by the launcher when a worker process ends."""
-        state = self._workers.get(worker)
-        if state is None or not state.running:
+        record = self._workers.get(worker)
+        if record is None or not record.running:
             return
-        state.running = False
-        if worker in self._removed or worker in self._leaving:
+        record.running = False
+        verdict = classify_exit(
+            self.phase, member=worker in self.slots, departure=record.departure, exit_code=exit_code
+        )
+        if verdict is ExitVerdict.DEPARTED:
             logger.info("worker %s left the job (exit code %d)", worker, exit_code)
-        elif self.phase is Phase.FINISHED:
-            pass
-        elif worker in self.slots and self.phase is Phase.RUNNING:
-            if exit_code == 0:
-                self.registry.record(worker, WorkerState.SUCCESS)
-            else:
-                logger.warning(
-                    "worker %s of round %d failed (exit code %d)", worker, self.round, exit_code
-                )
-                self.registry.record(worker, WorkerState.FAILURE)
-                if not self._round_failed:
-                    self._round_failed = True
-                    self._failed_at = self._clock()
-                    self.rendezvous.post_notice(NoticeKind.ROUND_FAILED, (worker.hostname,))
-        elif exit_code != 0:
+        elif verdict is ExitVerdict.ALREADY_FAILED:
+            logger.info("failed worker %s ended (exit code %d)", worker, exit_code)
+        elif verdict is ExitVerdict.SUCCEEDED:
+            self.registry.record(worker, WorkerState.SUCCESS)
+        elif verdict is ExitVerdict.FAILED:
+            logger.warning(
+                "worker %s of round %d failed (exit code %d)", worker, self.round, exit_code
+            )
+            record.departure = Departure.FAILED
+            self.registry.record(worker, WorkerState.FAILURE)
+            self._fail_round(worker.hostname)
+        elif verdict is ExitVerdict.FAILED_OUTSIDE_ROUND:
             logger.warning("worker %s failed between rounds (exit code %d)", worker, exit_code)
+            record.departure = Departure.FAILED
             self._blacklist({worker.hostname})
         self._wake.set()
+
+    def _fail_round(self, host: str) -> None:
+        """Tell the members once that the round is broken; the next round syncs state."""
+        if not self._recovering:
+            self._recovering = True
+            self._failed_at = self._clock()
+            self.rendezvous.post_notice(NoticeKind.ROUND_FAILED, (host,))
 
     # ---- main loop -------------------------------------------------------------------------
 
@@ -225,19 +207,14 @@ class ElasticDriver(RendezvousListener):
         """Run the job to completion and return its result."""
         discovery = asyncio.create_task(self._discover_forever(), name="discovery")
         try:
-            await self._discover_once()
+            await self.discover()
             while self._result is None:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=1.0)
-                self._wake.clear()
-                try:
-                    await self._step()
-                except DriverError as exc:
-                    self._finish(False, str(exc))
+                    await asyncio.wait_for(self._wake.wait(), timeout=TICK_S)
+                await self.step()
         finally:
-            for task in (discovery, *self._reapers):
-                task.cancel()
-            await asyncio.gather(discovery, *self._reapers, return_exceptions=True)
+            discovery.cancel()
+            await asyncio.gather(discovery, return_exceptions=True)
             self.phase = Phase.FINISHED
             self.rendezvous.finish(self._result.message if self._result else "driver stopped")
             await self.launcher.stop_all()
@@ -247,9 +224,11 @@ class ElasticDriver(RendezvousListener):
     async def _discover_forever(self) -> None:
         while True:
             await asyncio.sleep(self.settings.discovery_interval_s)
-            await self._discover_once()
+            await self.discover()
 
-    async def _discover_once(self) -> None:
+    async def discover(self) -> None:
+        """Run host discovery once and act on what changed (members on vanished hosts
+        leave)."""
         try:
             update = await asyncio.to_thread(self.hosts.update_available_hosts)
         except DiscoveryError as exc:
@@ -258,33 +237,36 @@ class ElasticDriver(RendezvousListener):
         if not update:
             return
         logger.info("hosts added: %s; removed: %s", list(update.added), list(update.removed))
-        if self.phase is Phase.RUNNING and update.removed:
-            # Members whose process has ended already reported how; they do not "leave".
-            leaving = {
-                w for w in self.slots if w.hostname in update.removed and self._workers[w].running
-            } - self._leaving
-            if leaving:
-                self._leaving |= leaving
-                self.registry.mark_removed(leaving)
-                self.rendezvous.post_notice(
-                    NoticeKind.HOSTS_REMOVED, sorted({w.hostname for w in leaving})
-                )
+        leaving = leaving_members(self.phase, update.removed, self.slots, self._workers)
+        if leaving:
+            for worker in leaving:
+                self._workers[worker].departure = Departure.LEAVING
+            self.registry.mark_leaving(leaving)
+            self.rendezvous.post_notice(
+                NoticeKind.HOSTS_REMOVED, sorted({w.hostname for w in leaving})
+            )
         self._wake.set()
 
-    async def _step(self) -> None:
-        if self.phase is Phase.STARTING or self.phase is Phase.FORMING:
-            await self._form_round()
-        elif self.phase is Phase.RUNNING:
-            await self._check_round()
+    async def step(self) -> None:
+        """One pass of the loop: act on everything that happened since the last one."""
+        self._wake.clear()
+        try:
+            await self._stop_overdue()
+            if self.phase is Phase.STARTING or self.phase is Phase.FORMING:
+                await self._form_round()
+            elif self.phase is Phase.RUNNING:
+                await self._check_round()
+        except DriverError as exc:
+            self._finish(False, str(exc))
 
     async def _check_round(self) -> None:
-        decision = decide(
+        decision = decide_round(
             self.registry.records(),
             resets=self.registry.reset_count,
             reset_limit=self.settings.reset_limit,
         )
         if decision.action is Action.WAIT:
-            await self._prepare_newcomers()
+            await self._scale_out()
         elif decision.action is Action.SUCCEED:
             self._finish(True, decision.reason or "training finished")
         elif decision.action is Action.FAIL:
@@ -299,151 +281,112 @@ class ElasticDriver(RendezvousListener):
 
     # ---- forming rounds ----------------------------------------------------------------
 
-    def _plan(self) -> dict[WorkerId, SlotInfo] | None:
-        """The next round's slots from the usable hosts, or None while capacity is short."""
-        hosts = self.hosts.current_hosts
-        try:
-            slots = assign_slots(hosts, min_np=self.settings.min_np, max_np=self.settings.max_np)
-        except NotEnoughSlotsError as exc:
-            if self.hosts.all_discovered_blacklisted():
-                raise DriverError(
-                    f"every discovered host is blacklisted: {sorted(self.hosts.blacklist.active())}"
-                ) from exc
-            now = self._clock()
-            action = decide_capacity(
-                available_slots=sum(n for _, n in hosts),
-                min_np=self.settings.min_np,
-                waiting_since=self._capacity_wait_since,
-                now=now,
-                elastic_timeout_s=self.settings.elastic_timeout_s,
-            )
-            if action is CapacityAction.TIMEOUT:
-                raise DriverError(
-                    f"elastic timeout: {exc} for {self.settings.elastic_timeout_s:.0f} s"
-                ) from exc
-            if self._capacity_wait_since is None:
-                logger.warning("%s; waiting up to %.0f s", exc, self.settings.elastic_timeout_s)
-                self._capacity_wait_since = now
-            return None
-        self._capacity_wait_since = None
-        return slots
-
     async def _form_round(self) -> None:
-        plan = self._plan()
-        if plan is None:
+        survivors = {
+            w.hostname
+            for w in self.slots
+            if w in self._workers and self._workers[w].departure is not Departure.LEAVING
+        }
+        plan = plan_round(
+            self.hosts.capacity(),
+            self.settings,
+            survivors=survivors,
+            waiting_since=self._capacity_wait_since,
+            now=self._clock(),
+        )
+        if isinstance(plan, EndJob):
+            self._finish(False, plan.reason)
             return
-        previous = {w.hostname for w in self.slots if w not in self._leaving}
-        check_continuity(previous, [w.hostname for w in plan])
-        await self._launch_missing(plan)
+        if isinstance(plan, AwaitCapacity):
+            if self._capacity_wait_since is None:
+                logger.warning("%s", plan.message)
+            self._capacity_wait_since = plan.since
+            return
+        self._capacity_wait_since = None
+        await self._launch(plan.slots)
         await self._expire_slow_starters()
-        if not all(self._at_barrier(w) for w in plan):
-            return
-        newcomers = [w for w in plan if self._workers[w].last_round == 0]
-        sync = self.round == 0 or self._round_failed or bool(newcomers)
-        next_round = self.round + 1
-        outgoing = [w for w, s in self._workers.items() if w not in plan and s.running]
-        self.rendezvous.publish_round(next_round, plan, sync=sync)
-        self._removed |= set(outgoing)
-        self.rendezvous.remove_workers(outgoing)
-        if outgoing:
-            self._reapers.append(asyncio.create_task(self._reap(outgoing)))
-        for worker in plan:
-            self._workers[worker].last_round = next_round
-        self.registry.start_round(next_round, frozenset(plan))
-        self._leaving.clear()
+        formation = decide_formation(
+            plan.slots, self._workers, current_round=self.round, recovering=self._recovering
+        )
+        if not isinstance(formation, AwaitBarrier):
+            self._publish(formation)
+
+    def _publish(self, publish: Publish) -> None:
+        self.rendezvous.publish_round(publish.round_number, publish.slots, sync=publish.sync)
+        self._workers.dismiss(publish.outgoing)
+        for worker in publish.slots:
+            record = self._workers[worker]
+            record.last_round = publish.round_number
+            record.departure = None  # a leaving worker whose host came back stays
+        self.registry.start_round(publish.round_number, frozenset(publish.slots))
         if self._failed_at is not None:
             self.recoveries += 1
             self.recovery_seconds_sum += self._clock() - self._failed_at
             self._failed_at = None
-        self._round_failed = False
+        self._recovering = False
         self._newcomers_announced = False
         self.phase = Phase.RUNNING
         logger.info(
-            "round %d: %d workers on %s (sync=%s, newcomers=%d, removed=%d)",
-            next_round,
-            len(plan),
-            ",".join(dict.fromkeys(w.hostname for w in plan)),
-            sync,
-            len(newcomers),
-            len(outgoing),
+            "round %d: %d workers on %s (sync=%s, newcomers=%d, dismissed=%d)",
+            publish.round_number,
+            len(publish.slots),
+            ",".join(dict.fromkeys(w.hostname for w in publish.slots)),
+            publish.sync,
+            len(publish.newcomers),
+            len(publish.outgoing),
         )
 
-    async def _reap(self, workers: list[WorkerId]) -> None:
-        """Stop removed workers that have not exited after the grace period."""
-        await asyncio.sleep(self.settings.removal_grace_s)
-        for worker in workers:
-            if self._workers[worker].running and worker in self._removed:
-                logger.warning("removed worker %s did not exit; stopping it", worker)
-                await self.launcher.stop(worker)
-
-    def _at_barrier(self, worker: WorkerId) -> bool:
-        state = self._workers.get(worker)
-        return state is not None and state.running and state.ready_after >= state.last_round
-
-    async def _launch_missing(self, plan: Mapping[WorkerId, SlotInfo]) -> None:
-        for worker in plan:
-            state = self._workers.get(worker)
-            if state is not None and state.running:
-                continue
-            self._workers[worker] = _Worker(started_at=self._clock())
-            self._removed.discard(worker)
-            self.rendezvous.readmit([worker])
-            try:
-                await self.launcher.start(worker)
-            except OSError as exc:
-                logger.error("could not start worker %s: %s", worker, exc)
-                self.on_worker_exit(worker, 127)
+    async def _launch(self, workers: Iterable[WorkerId]) -> None:
+        for worker in await self._workers.launch_missing(workers):
+            self.on_worker_exit(worker, 127)
 
     async def _expire_slow_starters(self) -> None:
-        now = self._clock()
-        for worker, state in list(self._workers.items()):
-            if (
-                state.running
-                and state.last_round == 0
-                and state.ready_after < 0
-                and (now - state.started_at > self.settings.start_timeout_s)
-            ):
-                logger.error(
-                    "worker %s did not register within %.0f s",
-                    worker,
-                    self.settings.start_timeout_s,
-                )
-                self._removed.add(worker)
-                await self.launcher.stop(worker)
-                self._blacklist({worker.hostname})
+        timeout = self.settings.start_timeout_s
+        for worker in slow_starters(self._workers, now=self._clock(), start_timeout_s=timeout):
+            logger.error("worker %s did not register within %.0f s", worker, timeout)
+            self._workers[worker].departure = Departure.FAILED
+            await self._workers.stop(worker)
+            self._blacklist({worker.hostname})
+            self._wake.set()  # plan again without its host
 
-    async def _prepare_newcomers(self) -> None:
+    async def _stop_overdue(self) -> None:
+        """Stop dismissed workers that have not exited after the grace period."""
+        grace = self.settings.removal_grace_s
+        for worker in overdue_dismissals(self._workers, now=self._clock(), grace_s=grace):
+            logger.warning("dismissed worker %s did not exit; stopping it", worker)
+            await self._workers.stop(worker)
+
+    async def _scale_out(self) -> None:
         """While a round runs: launch workers for newly usable hosts and announce them once
         they have all registered."""
-        if self._leaving or self._newcomers_announced:
-            return
-        plan = self._plan()
-        if plan is None:
-            return
-        newcomers = [w for w in plan if w not in self.slots]
-        if not newcomers:
-            return
-        await self._launch_missing(plan)
-        await self._expire_slow_starters()
-        if all(self._at_barrier(w) for w in newcomers):
+        capacity, now = self.hosts.capacity(), self._clock()
+        plan = plan_round(capacity, self.settings, survivors=(), waiting_since=None, now=now)
+        decision = decide_scale_out(
+            plan,
+            self.slots,
+            self._workers,
+            leaving=self._workers.any_leaving(self.slots),
+            announced=self._newcomers_announced,
+            recovering=self._recovering,
+        )
+        if decision.action is ScaleOutAction.PREPARE:
+            await self._launch(decision.newcomers)
+            await self._expire_slow_starters()
+        elif decision.action is ScaleOutAction.ANNOUNCE:
             self._newcomers_announced = True
             self.rendezvous.post_notice(
-                NoticeKind.HOSTS_ADDED, sorted({w.hostname for w in newcomers})
+                NoticeKind.HOSTS_ADDED, sorted({w.hostname for w in decision.newcomers})
             )
 
     # ---- endings -----------------------------------------------------------------------
 
-    def _blacklist(self, hosts: set[str] | frozenset[str]) -> None:
+    def _blacklist(self, hosts: Iterable[str]) -> None:
         for host in sorted(hosts):
             until = self.hosts.exclude(host)
             logger.warning("blacklisted host %s for %.0f s", host, until - self._clock())
 
     def _with_worker_messages(self, reason: str) -> str:
-        messages = [
-            f"{w}: {s.message.strip().splitlines()[-1]}"
-            for w, s in self._workers.items()
-            if s.message.strip()
-        ]
+        messages = self._workers.messages()
         return reason + ("\n" + "\n".join(messages) if messages else "")
 
     def _finish(self, success: bool, message: str) -> None:

@@ -11,11 +11,23 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 from elasticjob.driver.api import Clock, HostDiscovery, HostUpdate
 from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The hosts a round can use now (see :meth:`HostManager.capacity`)."""
+
+    hosts: tuple[tuple[str, int], ...]
+    """Usable ``(host, slots)``, oldest first."""
+    every_host_blacklisted: bool = False
+    """Discovery found hosts and every one of them is blacklisted."""
+    blacklisted: tuple[str, ...] = ()
 
 
 class HostManager:
@@ -70,3 +82,11 @@ class HostManager:
     def all_discovered_blacklisted(self) -> bool:
         """Whether the last discovery found hosts and every one of them is blacklisted."""
         return bool(self._discovered) and all(h in self.blacklist for h in self._discovered)
+
+    def capacity(self) -> Capacity:
+        """The usable hosts, and whether (and which) discovered hosts are blacklisted."""
+        return Capacity(
+            hosts=self.current_hosts,
+            every_host_blacklisted=self.all_discovered_blacklisted(),
+            blacklisted=tuple(self.blacklist.active()),
+        )

@@ -15,10 +15,6 @@ class NotEnoughSlotsError(DriverError):
     """Fewer slots are available than the job's minimum number of processes."""
 
 
-class NoSurvivorError(DriverError):
-    """No host of the previous round remains, so no worker holds the trained state."""
-
-
 def assign_slots(
     hosts: Sequence[tuple[str, int]], *, min_np: int, max_np: int | None
 ) -> dict[WorkerId, SlotInfo]:
@@ -77,18 +73,18 @@ def assign_slots(
     return assignment
 
 
-def check_continuity(previous_hosts: Collection[str], hosts: Sequence[str]) -> None:
-    """Check that the next round's rank 0 host, ``hosts[0]``, was in the previous round.
+def missing_survivor(previous_hosts: Collection[str], hosts: Sequence[str]) -> str | None:
+    """Why the next round, on ``hosts`` in order, cannot continue the previous round on
+    ``previous_hosts``; None if it can.
 
-    Hosts are ordered oldest first, so ``hosts[0]`` is a survivor whenever any host of the
-    previous round remains. If none does, nobody holds the trained state: raises
-    :class:`NoSurvivorError`. Nothing to check for a first round (``previous_hosts`` empty).
+    Hosts are ordered oldest first, so ``hosts[0]`` (rank 0) is a survivor whenever any host
+    of the previous round remains. If none does, nobody holds the trained state. Nothing to
+    check for a first round (``previous_hosts`` empty).
     """
-    if not previous_hosts:
-        return
-    if not hosts or hosts[0] not in previous_hosts:
-        raise NoSurvivorError(
-            f"no host of the previous round ({', '.join(sorted(previous_hosts))}) is left "
-            f"(hosts now: {', '.join(hosts) or 'none'}), so no worker holds the trained "
-            "state; a durable-checkpoint fallback is not implemented yet"
-        )
+    if not previous_hosts or (hosts and hosts[0] in previous_hosts):
+        return None
+    return (
+        f"no host of the previous round ({', '.join(sorted(previous_hosts))}) is left "
+        f"(hosts now: {', '.join(hosts) or 'none'}), so no worker holds the trained "
+        "state; a durable-checkpoint fallback is not implemented yet"
+    )

@@ -37,9 +37,10 @@ class RendezvousError(RuntimeError):
 class RendezvousListener(Protocol):
     """What a job's driver hears from its workers. Called on the event loop; must not block."""
 
-    def on_worker_ready(self, worker: WorkerId, after_round: int) -> None:
+    def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
         """``worker`` waits for a round newer than ``after_round`` (called once per
-        (worker, after_round): a long-poll that is retried does not call it again)."""
+        (worker, after_round): a long-poll that is retried does not call it again);
+        ``rolled_back``: it rolled its state back after a collective failed on it."""
 
     def on_worker_result(self, request: ResultRequest) -> None:
         """The worker reported how its process ended."""
@@ -67,8 +68,8 @@ class JobRendezvous(abc.ABC):
         rank-0 member has not registered."""
 
     @abc.abstractmethod
-    def remove_workers(self, workers: Iterable[WorkerId]) -> None:
-        """These workers are out of the job: their pending and later rendezvous requests get
+    def dismiss(self, workers: Iterable[WorkerId]) -> None:
+        """Tell these workers to exit: their pending and later rendezvous requests get
         ``REMOVED`` (they exit 0, which is not a failure)."""
 
     @abc.abstractmethod
@@ -79,8 +80,8 @@ class JobRendezvous(abc.ABC):
 
     @abc.abstractmethod
     def readmit(self, workers: Iterable[WorkerId]) -> None:
-        """A new process is about to run for each of these (previously removed or exited)
-        workers: forget that they were removed and announced, so the new process is heard."""
+        """A new process is about to run for each of these (previously dismissed or exited)
+        workers: forget that they were dismissed and announced, so the new process is heard."""
 
     @abc.abstractmethod
     def post_notice(self, kind: NoticeKind, hosts: Iterable[str] = ()) -> Notice:
@@ -90,10 +91,6 @@ class JobRendezvous(abc.ABC):
     @abc.abstractmethod
     def finish(self, message: str) -> None:
         """The job has ended: every pending and later rendezvous request gets ``FINISHED``."""
-
-    @abc.abstractmethod
-    def registered(self, worker: WorkerId) -> bool:
-        """Whether ``worker`` has made at least one rendezvous request."""
 
     @property
     @abc.abstractmethod

@@ -98,13 +98,12 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._listener = listener
         self._endpoints: dict[WorkerId, _Endpoint] = {}
         self._announced: dict[WorkerId, set[int]] = {}
-        self._removed: set[WorkerId] = set()
+        self._dismissed: set[WorkerId] = set()
         self._round: _Round | None = None
         self._finished: str | None = None
         self._closing = False
         self._notices: collections.deque[Notice] = collections.deque(maxlen=MAX_NOTICES)
         self._latest_seq = 0
-        self._results: dict[WorkerId, ResultRequest] = {}
         self._progress: ProgressRequest | None = None
         self._round_changed = Wakeup()
         self._notice_posted = Wakeup()
@@ -117,11 +116,6 @@ class InMemoryJobRendezvous(JobRendezvous):
     def finished(self) -> bool:
         """Whether :meth:`finish` was called."""
         return self._finished is not None
-
-    @property
-    def results(self) -> Mapping[WorkerId, ResultRequest]:
-        """The last result each worker reported."""
-        return dict(self._results)
 
     def close_waits(self) -> None:
         """Answer every pending long-poll now, as if its wait had run out, and make later
@@ -137,7 +131,7 @@ class InMemoryJobRendezvous(JobRendezvous):
     ) -> None:
         """See :meth:`JobRendezvous.publish_round`. Also raises :class:`RendezvousError` if
         ``round_number`` is not newer than the current round or the slots are not ranks
-        ``0..size-1`` exactly once (each slot naming its worker). Members that were removed
+        ``0..size-1`` exactly once (each slot naming its worker). Members that were dismissed
         are admitted again."""
         if round_number <= self.current_round:
             raise RendezvousError(
@@ -148,21 +142,21 @@ class InMemoryJobRendezvous(JobRendezvous):
         if store is None:
             raise RendezvousError(f"job {self.job}: rank-0 member {rank0} has not registered")
         self._round = _Round(round_number, dict(slots), store, self._latest_seq, sync)
-        self._removed.difference_update(slots)
+        self._dismissed.difference_update(slots)
         logger.info(
             "job %s: round %d published with %d members", self.job, round_number, len(slots)
         )
         self._round_changed.fire()
 
-    def remove_workers(self, workers: Iterable[WorkerId]) -> None:
-        """See :meth:`JobRendezvous.remove_workers`."""
-        removed = set(workers)
-        if not removed:
+    def dismiss(self, workers: Iterable[WorkerId]) -> None:
+        """See :meth:`JobRendezvous.dismiss`."""
+        dismissed = set(workers)
+        if not dismissed:
             return
-        self._removed.update(removed)
-        for worker in removed:
+        self._dismissed.update(dismissed)
+        for worker in dismissed:
             self._announced.pop(worker, None)
-        logger.info("job %s: removed %s", self.job, ", ".join(map(str, sorted(removed))))
+        logger.info("job %s: dismissed %s", self.job, ", ".join(map(str, sorted(dismissed))))
         self._round_changed.fire()
 
     def adopt(self, round_number: int, slots: Mapping[WorkerId, SlotInfo], notice_seq: int) -> None:
@@ -179,7 +173,7 @@ class InMemoryJobRendezvous(JobRendezvous):
     def readmit(self, workers: Iterable[WorkerId]) -> None:
         """See :meth:`JobRendezvous.readmit`."""
         for worker in workers:
-            self._removed.discard(worker)
+            self._dismissed.discard(worker)
             self._announced.pop(worker, None)
 
     def post_notice(self, kind: NoticeKind, hosts: Iterable[str] = ()) -> Notice:
@@ -206,10 +200,6 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._round_changed.fire()
         self._notice_posted.fire()
 
-    def registered(self, worker: WorkerId) -> bool:
-        """See :meth:`JobRendezvous.registered`."""
-        return worker in self._endpoints
-
     @property
     def current_round(self) -> int:
         """See :attr:`JobRendezvous.current_round`."""
@@ -224,18 +214,20 @@ class InMemoryJobRendezvous(JobRendezvous):
 
     async def rendezvous(self, request: RendezvousRequest) -> RendezvousResponse:
         """See :meth:`JobRendezvous.rendezvous`. Answers at once, in this order of precedence:
-        ``FINISHED`` once the job has finished, ``REMOVED`` for a removed worker (neither of
+        ``FINISHED`` once the job has finished, ``REMOVED`` for a dismissed worker (neither of
         these registers the worker or tells the listener), ``ASSIGNED`` when the worker is a
         member of a round newer than ``after_round``."""
         worker = WorkerId(request.hostname, request.local_rank)
-        if self._finished is None and worker not in self._removed:
+        if self._finished is None and worker not in self._dismissed:
             self._endpoints[worker] = _Endpoint(request.address, request.store_port)
             announced = self._announced.setdefault(worker, set())
             if request.after_round not in announced:
                 announced.add(request.after_round)
                 self._tell_listener(
                     "on_worker_ready",
-                    lambda: self._listener.on_worker_ready(worker, request.after_round),
+                    lambda: self._listener.on_worker_ready(
+                        worker, request.after_round, rolled_back=request.rolled_back
+                    ),
                 )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + request.wait_seconds
@@ -251,9 +243,9 @@ class InMemoryJobRendezvous(JobRendezvous):
     def _answer(self, worker: WorkerId, after_round: int) -> RendezvousResponse | None:
         if self._finished is not None:
             return RendezvousResponse(status=RendezvousStatus.FINISHED, message=self._finished)
-        if worker in self._removed:
+        if worker in self._dismissed:
             return RendezvousResponse(
-                status=RendezvousStatus.REMOVED, message=f"{worker} was removed from the job"
+                status=RendezvousStatus.REMOVED, message=f"{worker} was dismissed from the job"
             )
         current = self._round
         if current is None or current.number <= after_round or worker not in current.slots:
@@ -286,7 +278,6 @@ class InMemoryJobRendezvous(JobRendezvous):
     def report_result(self, request: ResultRequest) -> None:
         """See :meth:`JobRendezvous.report_result`."""
         worker = WorkerId(request.hostname, request.local_rank)
-        self._results[worker] = request
         logger.info("job %s: %s reported %s", self.job, worker, request.state)
         self._tell_listener("on_worker_result", lambda: self._listener.on_worker_result(request))
 

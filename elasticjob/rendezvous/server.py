@@ -69,10 +69,6 @@ class RendezvousService:
             rendezvous.finish("the job was removed from the rendezvous service")
             logger.info("stopped serving job %s", job)
 
-    def get_job(self, job: str) -> InMemoryJobRendezvous | None:
-        """The job of that name, or None if it is not served."""
-        return self._jobs.get(job)
-
     async def start(self, host: str, port: int = 0) -> None:
         """Listen on ``host``:``port`` (0: any free port); returns once listening.
 

@@ -57,7 +57,8 @@ def parse_args() -> argparse.Namespace:
         "--fail",
         action="append",
         default=[],
-        help="EPOCH:BATCH:RANK:MODE, MODE in exception|sigkill",
+        help="EPOCH:BATCH:RANK:MODE, MODE in exception|sigkill|internal (internal: a one-sided "
+        "HorovodInternalError on that rank just before the commit after BATCH; nothing exits)",
     )
     parser.add_argument("--wait-deadline", type=float, default=90.0)
     parser.add_argument("--stop-file", type=Path, help="finish after the epoch in which it appears")
@@ -84,10 +85,14 @@ class EventLog:
             f.write(json.dumps(record) + "\n")
 
 
-def maybe_fail(args: argparse.Namespace, log: EventLog, epoch: int, batch: int) -> None:
+def maybe_fail(
+    args: argparse.Namespace, log: EventLog, epoch: int, batch: int, *, before_commit: bool = False
+) -> None:
     for spec in args.fail:
         e, b, r, mode = spec.split(":")
         if (int(e), int(b), int(r)) != (epoch, batch, hvd.rank()):
+            continue
+        if (mode == "internal") != before_commit:
             continue
         marker = args.log_dir / f"fired-{spec.replace(':', '_')}"
         try:
@@ -97,6 +102,10 @@ def maybe_fail(args: argparse.Namespace, log: EventLog, epoch: int, batch: int) 
         log.write("fail", epoch=epoch, batch=batch, rank=hvd.rank(), mode=mode)
         if mode == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "internal":
+            raise hvd.HorovodInternalError(
+                f"scripted one-sided collective failure at {epoch}:{batch}"
+            )
         raise RuntimeError(f"scripted failure at epoch {epoch} batch {batch}")
 
 
@@ -166,6 +175,7 @@ def main() -> None:
                 )
                 state.batch += 1
                 if state.batch % args.commit_every == 0:
+                    maybe_fail(args, log, state.epoch, state.batch - 1, before_commit=True)
                     state.commit()
             wait_for_world(state, expected, args.wait_deadline)
             log.write(

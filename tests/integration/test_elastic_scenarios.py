@@ -185,3 +185,24 @@ def test_too_few_slots_for_min_np_times_out(tmp_path: Path) -> None:
     )
     assert run.returncode == 1, run.explain()
     assert "elastic timeout" in run.stderr and "min_np" in run.stderr, run.explain()
+
+
+def test_one_sided_collective_failure_resyncs_from_rank_0(tmp_path: Path) -> None:
+    """Rank 1 alone raises HorovodInternalError just before a commit that rank 0 makes: no
+    process exits, and the two ranks' last commits differ. The next round must re-sync
+    every rank from rank 0, or the ranks silently train on from different states."""
+    run = run_job(
+        tmp_path,
+        launcher_args=["-np", "2", "-H", "127.0.1.1:1,127.0.1.2:1"],
+        worker_args=worker_args("--fail", "1:3:1:internal"),
+        timeout_s=150.0,
+    )
+    assert run.returncode == 0, run.explain()
+    assert run.of("fail"), run.explain()
+    done = assert_trained_exactly_once(run)
+    assert {d["round"] for d in done} == {2}
+    assert "rolling back to the last commit" in run.stdout
+    # The other rank hears of the rollback from the driver, not from a collective timeout.
+    failed_at = run.of("fail")[0]["time"]
+    resumed_at = min(e["time"] for e in run.of("reset") if e["round"] == 2)
+    assert resumed_at - failed_at < 15, f"the ranks took {resumed_at - failed_at:.1f} s to resume"

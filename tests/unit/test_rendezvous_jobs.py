@@ -29,12 +29,15 @@ class RecordingListener:
 
     def __init__(self) -> None:
         self.ready: list[tuple[WorkerId, int]] = []
+        self.rolled_back: list[tuple[WorkerId, int]] = []
         self.results: list[ResultRequest] = []
         self.progress: list[ProgressRequest] = []
         self.ready_event = asyncio.Event()
 
-    def on_worker_ready(self, worker: WorkerId, after_round: int) -> None:
+    def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
         self.ready.append((worker, after_round))
+        if rolled_back:
+            self.rolled_back.append((worker, after_round))
         self.ready_event.set()
 
     def on_worker_result(self, request: ResultRequest) -> None:
@@ -45,8 +48,8 @@ class RecordingListener:
 
 
 class FailingListener(RecordingListener):
-    def on_worker_ready(self, worker: WorkerId, after_round: int) -> None:
-        super().on_worker_ready(worker, after_round)
+    def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
+        super().on_worker_ready(worker, after_round, rolled_back=rolled_back)
         raise RuntimeError("listener bug")
 
 
@@ -56,7 +59,12 @@ W2 = WorkerId("host-a", 1)
 
 
 def request(
-    worker: WorkerId, *, after_round: int = 0, wait: float = 0.0, port: int = 29500
+    worker: WorkerId,
+    *,
+    after_round: int = 0,
+    wait: float = 0.0,
+    port: int = 29500,
+    rolled_back: bool = False,
 ) -> RendezvousRequest:
     return RendezvousRequest(
         hostname=worker.hostname,
@@ -65,6 +73,7 @@ def request(
         store_port=port,
         after_round=after_round,
         wait_seconds=wait,
+        rolled_back=rolled_back,
     )
 
 
@@ -95,7 +104,9 @@ def job(listener: RecordingListener) -> InMemoryJobRendezvous:
     return InMemoryJobRendezvous("job-a", "secret-a", listener)
 
 
-async def test_round_flow_assigns_members_with_rank0_store(job: InMemoryJobRendezvous) -> None:
+async def test_round_flow_assigns_members_with_rank0_store(
+    job: InMemoryJobRendezvous, listener: RecordingListener
+) -> None:
     first = await job.rendezvous(request(W0, port=29500))
     await job.rendezvous(request(W1, port=29600))
     assert first.status is RendezvousStatus.PENDING
@@ -114,7 +125,19 @@ async def test_round_flow_assigns_members_with_rank0_store(job: InMemoryJobRende
         assert answer.sync is False
     assert job.current_round == 1
     assert set(job.current_slots) == {W0, W1}
-    assert job.registered(W0) and not job.registered(W2)
+    assert {worker for worker, _ in listener.ready} == {W0, W1}
+
+
+async def test_rolled_back_worker_is_reported_to_the_listener(
+    job: InMemoryJobRendezvous, listener: RecordingListener
+) -> None:
+    await job.rendezvous(request(W0))
+    await job.rendezvous(request(W1))
+    job.publish_round(1, slots_for([W0, W1]), sync=True)
+    await job.rendezvous(request(W1, after_round=1, rolled_back=True))
+    await job.rendezvous(request(W0, after_round=1))
+    assert listener.ready[-2:] == [(W1, 1), (W0, 1)]
+    assert listener.rolled_back == [(W1, 1)]
 
 
 async def test_retry_with_older_after_round_is_answered_at_once(
@@ -161,12 +184,12 @@ async def test_pending_after_wait_runs_out(job: InMemoryJobRendezvous) -> None:
     assert loop.time() - started >= 0.04
 
 
-async def test_removed_worker_is_woken_and_not_registered_again(
+async def test_dismissed_worker_is_woken_and_not_registered_again(
     job: InMemoryJobRendezvous, listener: RecordingListener
 ) -> None:
     waiter = asyncio.create_task(job.rendezvous(request(W1, wait=60)))
     await asyncio.wait_for(listener.ready_event.wait(), DEADLINE)
-    job.remove_workers([W1])
+    job.dismiss([W1])
     assert (await asyncio.wait_for(waiter, DEADLINE)).status is RendezvousStatus.REMOVED
     listener.ready.clear()
     later = await job.rendezvous(request(W1, after_round=3, wait=60))
@@ -174,9 +197,9 @@ async def test_removed_worker_is_woken_and_not_registered_again(
     assert listener.ready == []
 
 
-async def test_publishing_a_removed_worker_admits_it_again(job: InMemoryJobRendezvous) -> None:
+async def test_publishing_a_dismissed_worker_admits_it_again(job: InMemoryJobRendezvous) -> None:
     await job.rendezvous(request(W0))
-    job.remove_workers([W1])
+    job.dismiss([W1])
     job.publish_round(1, slots_for([W0, W1]), sync=True)
     answer = await job.rendezvous(request(W1))
     assert answer.status is RendezvousStatus.ASSIGNED
@@ -210,7 +233,8 @@ async def test_listener_told_once_per_worker_and_after_round(
 async def test_failing_listener_does_not_fail_the_request() -> None:
     job = InMemoryJobRendezvous("job-a", "secret-a", FailingListener())
     assert (await job.rendezvous(request(W0))).status is RendezvousStatus.PENDING
-    assert job.registered(W0)
+    job.publish_round(1, slots_for([W0]), sync=True)  # W0 registered: it can be rank 0
+    assert (await job.rendezvous(request(W0))).status is RendezvousStatus.ASSIGNED
 
 
 @pytest.mark.parametrize(
@@ -316,7 +340,6 @@ async def test_results_progress_and_round_info(
     job.report_result(result)
     job.report_progress(progress)
     assert listener.results == [result] and listener.progress == [progress]
-    assert job.results == {W2: result}
     info = job.round_info()
     assert (info.round, info.size, info.hosts) == (1, 3, ("host-b", "host-a"))
     assert (info.latest_notice_seq, info.progress) == (1, progress)

@@ -26,7 +26,8 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
     """Run ``func(state, ...)`` elastically.
 
     - A collective failure (:class:`HorovodInternalError`): roll ``state`` back to its last
-      commit, join the next round, resync, retry.
+      commit, join the next round saying so (the driver then fails the round, so every rank
+      rolls back, and makes the next round resync from rank 0), resync, retry.
     - Hosts added or removed (:class:`HostsUpdatedInterrupt`, raised on all ranks at the same
       step): keep the live state, join the next round, resync only if the driver says the new
       round needs it (newcomers), retry.
@@ -46,6 +47,7 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
             state.on_reset()
         sync = runtime.sync_required
         while True:
+            rolled_back = False
             try:
                 if sync:
                     started = time.monotonic()
@@ -56,6 +58,7 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
             except HorovodInternalError as exc:
                 logger.warning("%s; rolling back to the last commit", exc)
                 state.restore()
+                rolled_back = True
             except HostsUpdatedInterrupt:
                 logger.info("hosts updated; re-forming the group with live state")
             except Exception as exc:
@@ -68,7 +71,7 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
                 runtime.exit_code = 0
                 runtime.report_result(WorkerState.SUCCESS)
                 return result
-            sync = runtime.reset()
+            sync = runtime.reset(rolled_back=rolled_back)
             state.on_reset()
 
     functools.update_wrapper(wrapper, func)

@@ -1,0 +1,393 @@
+"""Every decision of the elastic driver: pure functions of (state, event, now) returning
+action values, one per question the driver has: what a worker's exit or its request for the
+next round means (:func:`classify_exit`, :func:`classify_ready`), who leaves on a discovery
+(:func:`leaving_members`), what the next round is (:func:`plan_round`, :func:`decide_capacity`)
+and when to publish it (:func:`decide_formation`), when to start and announce newcomers
+(:func:`decide_scale_out`), what follows a round (:func:`decide_round`), whom to stop
+(:func:`slow_starters`, :func:`overdue_dismissals`). ``driver.py`` carries the actions out.
+*Leaving*, *dismissed* and *failed* mean what :class:`~elasticjob.driver.api.Departure` says.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+
+from elasticjob.driver.api import Departure, DriverSettings, Phase
+from elasticjob.driver.hosts import Capacity
+from elasticjob.driver.registry import RoundRecords
+from elasticjob.driver.slots import assign_slots, missing_survivor
+from elasticjob.driver.workers import WorkerRecord
+from elasticjob.wire import SlotInfo, WorkerId, WorkerState
+
+_NAMES_SHOWN = 8
+
+
+def _names(items: Iterable[object]) -> str:
+    """A sorted, comma-separated list of ``items``, shortened when long."""
+    names = sorted(str(item) for item in items)
+    shown = ", ".join(names[:_NAMES_SHOWN])
+    if len(names) > _NAMES_SHOWN:
+        shown += f" and {len(names) - _NAMES_SHOWN} more"
+    return shown
+
+
+# ---- worker events -----------------------------------------------------------------------
+
+
+class ExitVerdict(enum.Enum):
+    """What the end of a worker process means (see :func:`classify_exit`)."""
+
+    DEPARTED = "departed"  # a leaving or dismissed worker ended: not a failure
+    ALREADY_FAILED = "already-failed"  # a worker counted as failed already (stopped) ended
+    IGNORED = "ignored"  # the job has finished
+    SUCCEEDED = "succeeded"  # a member of the running round exited 0: record SUCCESS
+    FAILED = "failed"  # a member of the running round failed: record FAILURE, fail the round
+    FAILED_OUTSIDE_ROUND = "failed-outside-round"  # no running round's member: blacklist
+    ENDED_OUTSIDE_ROUND = "ended-outside-round"  # exit 0, no running round's member: nothing
+
+
+def classify_exit(
+    phase: Phase, *, member: bool, departure: Departure | None, exit_code: int
+) -> ExitVerdict:
+    """What it means that a worker's process ended with ``exit_code``; ``member``: it is a
+    member of the round in force; ``departure``: how it was already on its way out."""
+    if departure is Departure.FAILED:
+        return ExitVerdict.ALREADY_FAILED
+    if departure is not None:
+        return ExitVerdict.DEPARTED
+    if phase is Phase.FINISHED:
+        return ExitVerdict.IGNORED
+    if member and phase is Phase.RUNNING:
+        return ExitVerdict.SUCCEEDED if exit_code == 0 else ExitVerdict.FAILED
+    return ExitVerdict.FAILED_OUTSIDE_ROUND if exit_code != 0 else ExitVerdict.ENDED_OUTSIDE_ROUND
+
+
+class ReadyVerdict(enum.Enum):
+    """What a worker's request for the next round means (see :func:`classify_ready`)."""
+
+    UNKNOWN = "unknown"  # not a worker this driver launched: ignore it
+    WAITING = "waiting"  # not a member of the round in force asking for the next: note it
+    READY = "ready"  # a member of the round in force reached the barrier: record READY
+    ROLLED_BACK = "rolled-back"
+    """A member reached the barrier after rolling back on a collective failure: record
+    READY, fail the round (the other members abort their group) and sync the next round."""
+
+
+def classify_ready(
+    phase: Phase,
+    *,
+    known: bool,
+    member: bool,
+    after_round: int,
+    current_round: int,
+    rolled_back: bool,
+) -> ReadyVerdict:
+    """What it means that a worker asks for a round newer than ``after_round``."""
+    if not known:
+        return ReadyVerdict.UNKNOWN
+    if not member or after_round < current_round:
+        return ReadyVerdict.WAITING
+    if rolled_back and phase is not Phase.FINISHED:
+        return ReadyVerdict.ROLLED_BACK
+    return ReadyVerdict.READY
+
+
+def leaving_members(
+    phase: Phase,
+    removed_hosts: Collection[str],
+    members: Iterable[WorkerId],
+    workers: Mapping[WorkerId, WorkerRecord],
+) -> frozenset[WorkerId]:
+    """The members of the running round that leave because discovery lost their hosts.
+    Members whose process has ended already reported how, and do not leave."""
+    if phase is not Phase.RUNNING:
+        return frozenset()
+    return frozenset(
+        w
+        for w in members
+        if w.hostname in removed_hosts
+        and w in workers
+        and workers[w].running
+        and workers[w].departure is None
+    )
+
+
+# ---- planning and forming rounds ---------------------------------------------------------
+
+
+class CapacityAction(enum.Enum):
+    """Whether enough slots are there to form a round (see :func:`decide_capacity`)."""
+
+    PROCEED = "proceed"
+    WAIT = "wait"
+    TIMEOUT = "timeout"
+
+
+def decide_capacity(
+    *,
+    available_slots: int,
+    min_np: int,
+    waiting_since: float | None,
+    now: float,
+    elastic_timeout_s: float,
+) -> CapacityAction:
+    """PROCEED when at least ``min_np`` slots are available; otherwise WAIT until
+    ``elastic_timeout_s`` has passed since ``waiting_since`` (``None``: waiting starts now),
+    then TIMEOUT."""
+    if available_slots >= min_np:
+        return CapacityAction.PROCEED
+    if waiting_since is None or now - waiting_since < elastic_timeout_s:
+        return CapacityAction.WAIT
+    return CapacityAction.TIMEOUT
+
+
+@dataclass(frozen=True)
+class FormRound:
+    """Form the next round with these slots (rank order)."""
+
+    slots: Mapping[WorkerId, SlotInfo]
+
+
+@dataclass(frozen=True)
+class AwaitCapacity:
+    """Too few slots: wait for more, counting the elastic timeout from ``since``."""
+
+    since: float
+    message: str
+
+
+@dataclass(frozen=True)
+class EndJob:
+    """No round can be formed: the job fails with ``reason``."""
+
+    reason: str
+
+
+RoundPlan = FormRound | AwaitCapacity | EndJob
+
+
+def plan_round(
+    capacity: Capacity,
+    settings: DriverSettings,
+    *,
+    survivors: Collection[str],
+    waiting_since: float | None,
+    now: float,
+) -> RoundPlan:
+    """The next round from the usable hosts. ``survivors``: the hosts of the previous
+    round's members that do not leave (empty for a first round); the next round's rank 0
+    must be one of them. ``waiting_since``: when waiting for capacity started, if it has."""
+    available = sum(slots for _, slots in capacity.hosts)
+    if available < settings.min_np:
+        shortage = (
+            f"{available} slots available on {len(capacity.hosts)} hosts, "
+            f"but the job needs at least {settings.min_np} processes (min_np)"
+        )
+        if capacity.every_host_blacklisted:
+            return EndJob(f"every discovered host is blacklisted: {sorted(capacity.blacklisted)}")
+        action = decide_capacity(
+            available_slots=available,
+            min_np=settings.min_np,
+            waiting_since=waiting_since,
+            now=now,
+            elastic_timeout_s=settings.elastic_timeout_s,
+        )
+        if action is CapacityAction.TIMEOUT:
+            return EndJob(f"elastic timeout: {shortage} for {settings.elastic_timeout_s:.0f} s")
+        return AwaitCapacity(
+            since=now if waiting_since is None else waiting_since,
+            message=f"{shortage}; waiting up to {settings.elastic_timeout_s:.0f} s",
+        )
+    slots = assign_slots(capacity.hosts, min_np=settings.min_np, max_np=settings.max_np)
+    problem = missing_survivor(survivors, [w.hostname for w in slots])
+    if problem is not None:
+        return EndJob(problem)
+    return FormRound(slots)
+
+
+@dataclass(frozen=True)
+class AwaitBarrier:
+    """Some members of the planned round are not at the barrier yet."""
+
+    missing: tuple[WorkerId, ...]
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Publish round ``round_number`` and dismiss ``outgoing``."""
+
+    round_number: int
+    slots: Mapping[WorkerId, SlotInfo]
+    sync: bool
+    """Whether every member must take rank 0's state: for a first round, after a failure or
+    a rollback (``recovering``), and when newcomers join."""
+    newcomers: tuple[WorkerId, ...]
+    outgoing: tuple[WorkerId, ...]
+    """Running workers without a place in the round (they leave, or were never needed)."""
+
+
+def decide_formation(
+    slots: Mapping[WorkerId, SlotInfo],
+    workers: Mapping[WorkerId, WorkerRecord],
+    *,
+    current_round: int,
+    recovering: bool,
+) -> AwaitBarrier | Publish:
+    """Publish the planned round once each of its members is at the barrier."""
+    missing = tuple(w for w in slots if w not in workers or not workers[w].at_barrier)
+    if missing:
+        return AwaitBarrier(missing)
+    newcomers = tuple(w for w in slots if workers[w].last_round == 0)
+    outgoing = tuple(
+        w
+        for w, record in workers.items()
+        if w not in slots and record.running and record.departure is not Departure.DISMISSED
+    )
+    return Publish(
+        round_number=current_round + 1,
+        slots=slots,
+        sync=current_round == 0 or recovering or bool(newcomers),
+        newcomers=newcomers,
+        outgoing=outgoing,
+    )
+
+
+class ScaleOutAction(enum.Enum):
+    NONE = "none"
+    PREPARE = "prepare"  # start the newcomers without a process; wait until all registered
+    ANNOUNCE = "announce"  # all registered: post HOSTS_ADDED, members re-form with them
+
+
+@dataclass(frozen=True)
+class ScaleOut:
+    action: ScaleOutAction
+    newcomers: tuple[WorkerId, ...] = ()
+
+
+def decide_scale_out(
+    plan: RoundPlan,
+    members: Collection[WorkerId],
+    workers: Mapping[WorkerId, WorkerRecord],
+    *,
+    leaving: bool,
+    announced: bool,
+    recovering: bool,
+) -> ScaleOut:
+    """While a round runs: whether to start workers for the planned newcomers, or to
+    announce them. Nothing while members leave or newcomers were announced already; while
+    the round is failing, newcomers are started but not announced (the next round takes
+    them in)."""
+    if leaving or announced or not isinstance(plan, FormRound):
+        return ScaleOut(ScaleOutAction.NONE)
+    newcomers = tuple(w for w in plan.slots if w not in members)
+    if not newcomers:
+        return ScaleOut(ScaleOutAction.NONE)
+    if recovering or not all(w in workers and workers[w].at_barrier for w in newcomers):
+        return ScaleOut(ScaleOutAction.PREPARE, newcomers)
+    return ScaleOut(ScaleOutAction.ANNOUNCE, newcomers)
+
+
+# ---- after a round -----------------------------------------------------------------------
+
+
+class Action(enum.Enum):
+    """What the driver does once a round's members have reported (see :func:`decide_round`)."""
+
+    WAIT = "wait"
+    """Not every member has reported yet."""
+    RESUME = "resume"
+    """Form the next round (after blacklisting ``Decision.blacklist``)."""
+    SUCCEED = "succeed"
+    """Training finished: the job ends with success."""
+    FAIL = "fail"
+    """The job ends with failure (``Decision.reason`` says why)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    blacklist: frozenset[str] = frozenset()
+    reason: str = ""
+
+
+def decide_round(records: RoundRecords, *, resets: int, reset_limit: int | None) -> Decision:
+    """Decide what the driver does once the counted members (members not leaving) reported.
+
+    - a counted member has not reported: WAIT;
+    - a counted member succeeded: SUCCEED;
+    - every counted member failed (at least one): FAIL;
+    - no member is counted (all left gracefully): RESUME, the driver checks capacity;
+    - otherwise the round resets: FAIL when ``resets + 1`` exceeds ``reset_limit`` (``None``
+      is unlimited), else RESUME, blacklisting the hosts of the failed members.
+    """
+    counted = records.members - records.leaving
+    missing = [w for w in counted if w not in records.states]
+    if missing:
+        return Decision(
+            Action.WAIT,
+            reason=f"waiting for {len(missing)} of {len(counted)} workers: {_names(missing)}",
+        )
+    succeeded = [w for w in counted if records.states[w] is WorkerState.SUCCESS]
+    if succeeded:
+        return Decision(
+            Action.SUCCEED,
+            reason=f"{len(succeeded)} of {len(counted)} workers succeeded: {_names(succeeded)}",
+        )
+    failed = [w for w in counted if records.states[w] is WorkerState.FAILURE]
+    if counted and len(failed) == len(counted):
+        return Decision(Action.FAIL, reason=f"all {len(failed)} workers failed: {_names(failed)}")
+    if not counted:
+        return Decision(
+            Action.RESUME,
+            reason=f"all {len(records.members)} workers of the round left gracefully",
+        )
+    failed_hosts = frozenset(w.hostname for w in failed)
+    rolled_back = counted & records.rolled_back
+    if failed:
+        what = f"{len(failed)} of {len(counted)} workers failed ({_names(failed)})"
+    elif rolled_back:
+        what = f"a collective failed on {_names(rolled_back)}, which rolled back"
+    else:
+        what = "no worker failed; the round is re-formed"
+    if reset_limit is not None and resets + 1 > reset_limit:
+        return Decision(Action.FAIL, reason=f"reset limit {reset_limit} exceeded: {what}")
+    reason = f"reset {resets + 1}: {what}"
+    if failed_hosts:
+        reason += f"; blacklisting hosts {_names(failed_hosts)}"
+    return Decision(Action.RESUME, blacklist=failed_hosts, reason=reason)
+
+
+# ---- timeouts ----------------------------------------------------------------------------
+
+
+def slow_starters(
+    workers: Mapping[WorkerId, WorkerRecord], *, now: float, start_timeout_s: float
+) -> tuple[WorkerId, ...]:
+    """Newcomers that have not registered within ``start_timeout_s`` of their start: they
+    count as failed."""
+    return tuple(
+        w
+        for w, record in workers.items()
+        if record.running
+        and record.departure is None
+        and record.last_round == 0
+        and record.waiting_after is None
+        and now - record.started_at > start_timeout_s
+    )
+
+
+def overdue_dismissals(
+    workers: Mapping[WorkerId, WorkerRecord], *, now: float, grace_s: float
+) -> tuple[WorkerId, ...]:
+    """Dismissed workers still running ``grace_s`` after their dismissal: to be stopped."""
+    return tuple(
+        w
+        for w, record in workers.items()
+        if record.running
+        and record.departure is Departure.DISMISSED
+        and not record.stop_requested
+        and record.dismissed_at is not None
+        and now - record.dismissed_at >= grace_s
+    )

@@ -1,0 +1,113 @@
+"""The worker processes one driver launched: what it knows about each, and the moves it
+makes on them (launch, dismiss, stop). Whether to make a move is decided in
+``decisions.py``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from elasticjob.driver.api import Clock, Departure, WorkerLauncher
+from elasticjob.rendezvous.api import JobRendezvous
+from elasticjob.wire import WorkerId
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerRecord:
+    """What the driver knows about one worker process it launched."""
+
+    started_at: float
+    running: bool = True
+    waiting_after: int | None = None
+    """The newest round after which the worker asked for the next one (None: it has not
+    registered yet)."""
+    last_round: int = 0
+    """The last round it was a member of (0: none yet, a newcomer)."""
+    departure: Departure | None = None
+    dismissed_at: float | None = None
+    stop_requested: bool = False
+    message: str = ""
+    """The last lines the worker reported with its result."""
+
+    @property
+    def at_barrier(self) -> bool:
+        """Whether the process runs and waits for a round after the last one it was in."""
+        waiting_after = self.waiting_after
+        return self.running and waiting_after is not None and waiting_after >= self.last_round
+
+
+class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
+    """The records of the launched workers (a read-only mapping), and the moves on them."""
+
+    def __init__(self, launcher: WorkerLauncher, rendezvous: JobRendezvous, clock: Clock) -> None:
+        self._records: dict[WorkerId, WorkerRecord] = {}
+        self._launcher = launcher
+        self._rendezvous = rendezvous
+        self._clock = clock
+
+    def __getitem__(self, worker: WorkerId) -> WorkerRecord:
+        return self._records[worker]
+
+    def __iter__(self) -> Iterator[WorkerId]:
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def adopt(self, workers: Iterable[WorkerId], round_number: int) -> None:
+        """Take running members of ``round_number`` (not at the barrier) as launched."""
+        now = self._clock()
+        for worker in workers:
+            self._records[worker] = WorkerRecord(
+                started_at=now, waiting_after=round_number - 1, last_round=round_number
+            )
+
+    def gone(self, worker: WorkerId) -> bool:
+        """Whether the worker was dismissed or failed."""
+        record = self._records.get(worker)
+        return record is not None and record.departure in (Departure.DISMISSED, Departure.FAILED)
+
+    def any_leaving(self, members: Iterable[WorkerId]) -> bool:
+        """Whether any of these members is leaving."""
+        return any(
+            w in self._records and self._records[w].departure is Departure.LEAVING for w in members
+        )
+
+    async def launch_missing(self, workers: Iterable[WorkerId]) -> list[WorkerId]:
+        """Start a fresh process for each worker that has none running; return those that
+        could not be started."""
+        failed = []
+        for worker in [w for w in workers if w not in self._records or not self[w].running]:
+            self._records[worker] = WorkerRecord(started_at=self._clock())
+            self._rendezvous.readmit([worker])
+            try:
+                await self._launcher.start(worker)
+            except OSError as exc:
+                logger.error("could not start worker %s: %s", worker, exc)
+                failed.append(worker)
+        return failed
+
+    def dismiss(self, workers: Iterable[WorkerId]) -> None:
+        """Tell the workers to exit (see ``Departure.DISMISSED``)."""
+        workers = list(workers)
+        now = self._clock()
+        for worker in workers:
+            self._records[worker].departure = Departure.DISMISSED
+            self._records[worker].dismissed_at = now
+        self._rendezvous.dismiss(workers)
+
+    async def stop(self, worker: WorkerId) -> None:
+        """Stop the worker's process (SIGTERM, then SIGKILL)."""
+        self._records[worker].stop_requested = True
+        await self._launcher.stop(worker)
+
+    def messages(self) -> list[str]:
+        """The last line of what each worker reported with its result, if anything."""
+        return [
+            f"{w}: {r.message.strip().splitlines()[-1]}"
+            for w, r in self._records.items()
+            if r.message.strip()
+        ]

@@ -1,0 +1,509 @@
+"""Table tests of the driver's decisions (``elasticjob.driver.decisions``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from elasticjob.driver.api import Departure, DriverSettings, Phase
+from elasticjob.driver.decisions import (
+    Action,
+    AwaitBarrier,
+    AwaitCapacity,
+    CapacityAction,
+    EndJob,
+    ExitVerdict,
+    FormRound,
+    Publish,
+    ReadyVerdict,
+    RoundPlan,
+    ScaleOutAction,
+    classify_exit,
+    classify_ready,
+    decide_capacity,
+    decide_formation,
+    decide_round,
+    decide_scale_out,
+    leaving_members,
+    overdue_dismissals,
+    plan_round,
+    slow_starters,
+)
+from elasticjob.driver.hosts import Capacity
+from elasticjob.driver.registry import RoundRecords
+from elasticjob.driver.slots import assign_slots
+from elasticjob.driver.workers import WorkerRecord
+from elasticjob.wire import SlotInfo, WorkerId, WorkerState
+
+R, S, F = WorkerState.READY, WorkerState.SUCCESS, WorkerState.FAILURE
+A0, A1, B0, C0 = WorkerId("a", 0), WorkerId("a", 1), WorkerId("b", 0), WorkerId("c", 0)
+
+
+def records(
+    states: dict[WorkerId, WorkerState],
+    members: tuple[WorkerId, ...] = (A0, A1, B0),
+    leaving: tuple[WorkerId, ...] = (),
+    rolled_back: tuple[WorkerId, ...] = (),
+) -> RoundRecords:
+    return RoundRecords(frozenset(members), states, frozenset(leaving), frozenset(rolled_back))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row of the decide_round table: members are a[0], a[1] and b[0]."""
+
+    name: str
+    states: dict[WorkerId, WorkerState]
+    action: Action
+    reason_parts: tuple[str, ...] = ()
+    blacklist: frozenset[str] = frozenset()
+    leaving: tuple[WorkerId, ...] = ()
+    rolled_back: tuple[WorkerId, ...] = ()
+    resets: int = 0
+    limit: int | None = None
+
+
+AB = frozenset({"a", "b"})
+
+DECIDE_CASES = [
+    Case("wait-for-missing", {A0: R, A1: R}, Action.WAIT, ("1 of 3", "b[0]")),
+    Case("wait-even-after-a-success", {A0: S, A1: F}, Action.WAIT, ("b[0]",)),
+    Case("one-success-succeeds", {A0: S, A1: R, B0: F}, Action.SUCCEED, ("1 of 3", "a[0]")),
+    Case("all-succeed-ignores-limit", {A0: S, A1: S, B0: S}, Action.SUCCEED, resets=9, limit=1),
+    Case("all-failed", {A0: F, A1: F, B0: F}, Action.FAIL, ("all 3 workers failed", "b[0]")),
+    Case(
+        "one-failure-resumes",
+        {A0: F, A1: R, B0: R},
+        Action.RESUME,
+        ("reset 1", "a[0]", "blacklisting hosts a"),
+        blacklist=frozenset({"a"}),
+    ),
+    Case(
+        "failures-within-limit",
+        {A0: F, A1: R, B0: F},
+        Action.RESUME,
+        ("reset 3", "b[0]"),
+        blacklist=AB,
+        resets=2,
+        limit=3,
+    ),
+    Case("all-ready-resumes", {A0: R, A1: R, B0: R}, Action.RESUME, ("no worker failed",)),
+    Case(
+        "reset-limit-exceeded",
+        {A0: F, A1: R, B0: R},
+        Action.FAIL,
+        ("reset limit 3 exceeded", "a[0]"),
+        resets=3,
+        limit=3,
+    ),
+    Case("zero-reset-limit", {A0: R, A1: R, B0: R}, Action.FAIL, ("reset limit 0",), limit=0),
+    Case("leaving-not-awaited", {A0: R, A1: R}, Action.RESUME, ("reset 1",), leaving=(B0,)),
+    Case(
+        "leaving-failure-ignored",
+        {A0: R, A1: R, B0: F},
+        Action.RESUME,
+        ("no worker failed",),
+        leaving=(B0,),
+    ),
+    Case(
+        "all-counted-failed",
+        {A0: F, A1: F, B0: F},
+        Action.FAIL,
+        ("all 2 workers failed",),
+        leaving=(B0,),
+    ),
+    Case("everyone-left", {}, Action.RESUME, ("left gracefully",), leaving=(A0, A1, B0), limit=0),
+    Case(
+        "rollback-resumes-without-blacklisting",
+        {A0: R, A1: R, B0: R},
+        Action.RESUME,
+        ("reset 1", "a collective failed on a[1], which rolled back"),
+        rolled_back=(A1,),
+    ),
+    Case(
+        "rollback-counts-against-the-reset-limit",
+        {A0: R, A1: R, B0: R},
+        Action.FAIL,
+        ("reset limit 1 exceeded", "rolled back"),
+        rolled_back=(B0,),
+        resets=1,
+        limit=1,
+    ),
+    Case(
+        "failure-is-told-before-rollback",
+        {A0: F, A1: R, B0: R},
+        Action.RESUME,
+        ("1 of 3 workers failed",),
+        blacklist=frozenset({"a"}),
+        rolled_back=(B0,),
+    ),
+    Case("non-member-ignored", {C0: F, A0: R, A1: R, B0: R}, Action.RESUME, ("no worker failed",)),
+]
+
+
+@pytest.mark.parametrize("case", DECIDE_CASES, ids=lambda case: case.name)
+def test_decide_round(case: Case) -> None:
+    recs = records(case.states, leaving=case.leaving, rolled_back=case.rolled_back)
+    decision = decide_round(recs, resets=case.resets, reset_limit=case.limit)
+    assert decision.action is case.action
+    assert decision.blacklist == case.blacklist
+    for part in case.reason_parts:
+        assert part in decision.reason, decision.reason
+
+
+def test_decide_shortens_long_worker_lists() -> None:
+    members = tuple(WorkerId(f"h{i:02}", 0) for i in range(20))
+    decision = decide_round(records({}, members=members), resets=0, reset_limit=None)
+    assert decision.action is Action.WAIT
+    assert "waiting for 20 of 20 workers" in decision.reason
+    assert "and 12 more" in decision.reason
+
+
+@pytest.mark.parametrize(
+    ("available", "min_np", "since", "now", "expected"),
+    [
+        pytest.param(4, 4, None, 0.0, CapacityAction.PROCEED, id="enough"),
+        pytest.param(8, 4, 0.0, 999.0, CapacityAction.PROCEED, id="more-than-enough-late"),
+        pytest.param(3, 4, None, 500.0, CapacityAction.WAIT, id="just-started-waiting"),
+        pytest.param(3, 4, 100.0, 159.9, CapacityAction.WAIT, id="within-timeout"),
+        pytest.param(3, 4, 100.0, 160.0, CapacityAction.TIMEOUT, id="timeout-reached"),
+        pytest.param(0, 1, 100.0, 1000.0, CapacityAction.TIMEOUT, id="long-past-timeout"),
+    ],
+)
+def test_decide_capacity(
+    available: int, min_np: int, since: float | None, now: float, expected: CapacityAction
+) -> None:
+    action = decide_capacity(
+        available_slots=available,
+        min_np=min_np,
+        waiting_since=since,
+        now=now,
+        elastic_timeout_s=60.0,
+    )
+    assert action is expected
+
+
+# ---- classify_exit ---------------------------------------------------------------------
+
+RUNNING, FORMING, STARTING, FINISHED = Phase.RUNNING, Phase.FORMING, Phase.STARTING, Phase.FINISHED
+LEAVING, DISMISSED, FAILED = Departure.LEAVING, Departure.DISMISSED, Departure.FAILED
+
+
+@pytest.mark.parametrize(
+    ("phase", "member", "departure", "code", "verdict"),
+    [
+        pytest.param(RUNNING, True, LEAVING, 1, ExitVerdict.DEPARTED, id="leaving-fails"),
+        pytest.param(RUNNING, False, DISMISSED, 0, ExitVerdict.DEPARTED, id="dismissed-exits"),
+        pytest.param(FORMING, False, FAILED, -15, ExitVerdict.ALREADY_FAILED, id="stopped"),
+        pytest.param(FINISHED, True, None, 1, ExitVerdict.IGNORED, id="job-finished"),
+        pytest.param(RUNNING, True, None, 0, ExitVerdict.SUCCEEDED, id="member-succeeds"),
+        pytest.param(RUNNING, True, None, 137, ExitVerdict.FAILED, id="member-fails"),
+        pytest.param(
+            FORMING, True, None, 1, ExitVerdict.FAILED_OUTSIDE_ROUND, id="member-fails-forming"
+        ),
+        pytest.param(
+            RUNNING, False, None, 1, ExitVerdict.FAILED_OUTSIDE_ROUND, id="newcomer-fails"
+        ),
+        pytest.param(
+            STARTING, False, None, 0, ExitVerdict.ENDED_OUTSIDE_ROUND, id="starter-exits-0"
+        ),
+    ],
+)
+def test_classify_exit(
+    phase: Phase, member: bool, departure: Departure | None, code: int, verdict: ExitVerdict
+) -> None:
+    assert classify_exit(phase, member=member, departure=departure, exit_code=code) is verdict
+
+
+# ---- classify_ready --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("phase", "known", "member", "after", "rolled_back", "verdict"),
+    [
+        pytest.param(RUNNING, False, True, 3, False, ReadyVerdict.UNKNOWN, id="unknown"),
+        pytest.param(RUNNING, True, False, 0, False, ReadyVerdict.WAITING, id="newcomer"),
+        pytest.param(RUNNING, True, True, 2, True, ReadyVerdict.WAITING, id="stale-round"),
+        pytest.param(RUNNING, True, True, 3, False, ReadyVerdict.READY, id="member-ready"),
+        pytest.param(RUNNING, True, True, 3, True, ReadyVerdict.ROLLED_BACK, id="rolled-back"),
+        pytest.param(
+            FORMING, True, True, 3, True, ReadyVerdict.ROLLED_BACK, id="rolled-back-forming"
+        ),
+        pytest.param(FINISHED, True, True, 3, True, ReadyVerdict.READY, id="finished"),
+    ],
+)
+def test_classify_ready(
+    phase: Phase, known: bool, member: bool, after: int, rolled_back: bool, verdict: ReadyVerdict
+) -> None:
+    assert (
+        classify_ready(
+            phase,
+            known=known,
+            member=member,
+            after_round=after,
+            current_round=3,
+            rolled_back=rolled_back,
+        )
+        is verdict
+    )
+
+
+# ---- leaving_members -------------------------------------------------------------------
+
+
+def worker_records(**changes: dict[str, object]) -> dict[WorkerId, WorkerRecord]:
+    """Running members of round 1 (a[0], a[1], b[0]) at the barrier, with ``changes`` per
+    worker name (``a0=dict(running=False)``)."""
+    out = {}
+    for worker in (A0, A1, B0):
+        key = f"{worker.hostname}{worker.local_rank}"
+        fields: dict[str, object] = {"started_at": 0.0, "waiting_after": 1, "last_round": 1}
+        fields.update(changes.get(key, {}))
+        out[worker] = WorkerRecord(**fields)  # type: ignore[arg-type]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("phase", "removed", "changes", "expected"),
+    [
+        pytest.param(RUNNING, ["a"], {}, {A0, A1}, id="host-a-leaves"),
+        pytest.param(FORMING, ["a"], {}, set(), id="not-while-forming"),
+        pytest.param(RUNNING, ["a"], {"a0": {"running": False}}, {A1}, id="ended-member-stays"),
+        pytest.param(RUNNING, ["a"], {"a1": {"departure": LEAVING}}, {A0}, id="already-leaving"),
+        pytest.param(RUNNING, ["z"], {}, set(), id="not-a-member-host"),
+    ],
+)
+def test_leaving_members(
+    phase: Phase, removed: list[str], changes: dict[str, dict[str, object]], expected: set[WorkerId]
+) -> None:
+    workers = worker_records(**changes)
+    assert leaving_members(phase, removed, [A0, A1, B0], workers) == expected
+
+
+# ---- plan_round ------------------------------------------------------------------------
+
+SETTINGS = DriverSettings(min_np=2, max_np=3, elastic_timeout_s=60.0)
+AB_HOSTS = (("a", 2), ("b", 2))
+
+
+@pytest.mark.parametrize(
+    ("capacity", "survivors", "since", "expected"),
+    [
+        pytest.param(
+            Capacity(AB_HOSTS), (), None, FormRound(assign_slots(AB_HOSTS, min_np=2, max_np=3))
+        ),
+        pytest.param(
+            Capacity((("b", 1), ("a", 2))),
+            ("a",),
+            None,
+            EndJob("no host of the previous round (a) is left"),
+            id="rank0-not-a-survivor",
+        ),
+        pytest.param(
+            Capacity((("a", 1),)),
+            (),
+            None,
+            AwaitCapacity(100.0, "1 slots available on 1 hosts, but the job needs at least 2"),
+            id="starts-waiting",
+        ),
+        pytest.param(
+            Capacity((("a", 1),)),
+            (),
+            70.0,
+            AwaitCapacity(70.0, "waiting up to 60 s"),
+            id="keeps-waiting",
+        ),
+        pytest.param(
+            Capacity((("a", 1),)),
+            (),
+            40.0,
+            EndJob("elastic timeout: 1 slots available"),
+            id="elastic-timeout",
+        ),
+        pytest.param(
+            Capacity((), every_host_blacklisted=True, blacklisted=("a", "b")),
+            (),
+            None,
+            EndJob("every discovered host is blacklisted: ['a', 'b']"),
+            id="every-host-blacklisted",
+        ),
+    ],
+)
+def test_plan_round(
+    capacity: Capacity, survivors: tuple[str, ...], since: float | None, expected: RoundPlan
+) -> None:
+    plan = plan_round(capacity, SETTINGS, survivors=survivors, waiting_since=since, now=100.0)
+    assert type(plan) is type(expected)
+    if isinstance(expected, FormRound):
+        assert plan == expected
+    elif isinstance(expected, EndJob):
+        assert isinstance(plan, EndJob) and expected.reason in plan.reason, plan
+    else:
+        assert isinstance(plan, AwaitCapacity) and isinstance(expected, AwaitCapacity)
+        assert plan.since == expected.since and expected.message in plan.message, plan
+
+
+# ---- decide_formation ------------------------------------------------------------------
+
+PLAN_AB: dict[WorkerId, SlotInfo] = assign_slots((("a", 2), ("b", 1)), min_np=1, max_np=None)
+
+
+@pytest.mark.parametrize(
+    ("changes", "current", "recovering", "expected"),
+    [
+        pytest.param(
+            {"b0": {"waiting_after": 0}}, 1, False, AwaitBarrier((B0,)), id="b0-still-training"
+        ),
+        pytest.param(
+            {"a1": {"running": False}}, 1, False, AwaitBarrier((A1,)), id="a1-has-no-process"
+        ),
+        pytest.param(
+            {"b0": {"last_round": 0, "waiting_after": None}},
+            0,
+            False,
+            AwaitBarrier((B0,)),
+            id="unregistered-starter",
+        ),
+        pytest.param({}, 1, False, Publish(2, PLAN_AB, False, (), ()), id="hosts-changed"),
+        pytest.param({}, 1, True, Publish(2, PLAN_AB, True, (), ()), id="after-failure-syncs"),
+        pytest.param(
+            {w: {"last_round": 0, "waiting_after": 0} for w in ("a0", "a1", "b0")},
+            0,
+            False,
+            Publish(1, PLAN_AB, True, (A0, A1, B0), ()),
+            id="first-round-syncs",
+        ),
+        pytest.param(
+            {"b0": {"last_round": 0, "waiting_after": 0}},
+            1,
+            False,
+            Publish(2, PLAN_AB, True, (B0,), ()),
+            id="newcomer-syncs",
+        ),
+    ],
+)
+def test_decide_formation(
+    changes: dict[str, dict[str, object]],
+    current: int,
+    recovering: bool,
+    expected: AwaitBarrier | Publish,
+) -> None:
+    workers = worker_records(**changes)
+    assert (
+        decide_formation(PLAN_AB, workers, current_round=current, recovering=recovering) == expected
+    )
+
+
+def test_decide_formation_dismisses_running_workers_without_a_place() -> None:
+    workers = worker_records()
+    c0 = WorkerId("c", 0)
+    workers[c0] = WorkerRecord(started_at=0.0, waiting_after=1, last_round=1)
+    workers[WorkerId("d", 0)] = WorkerRecord(started_at=0.0, running=False)
+    workers[WorkerId("e", 0)] = WorkerRecord(started_at=0.0, departure=DISMISSED)
+    publish = decide_formation(PLAN_AB, workers, current_round=1, recovering=False)
+    assert isinstance(publish, Publish) and publish.outgoing == (c0,)
+
+
+# ---- decide_scale_out ------------------------------------------------------------------
+
+PLAN_ABC = FormRound(assign_slots((("a", 2), ("b", 1), ("c", 1)), min_np=1, max_np=None))
+
+
+@pytest.mark.parametrize(
+    ("plan", "newcomer", "leaving", "announced", "recovering", "expected"),
+    [
+        pytest.param(PLAN_ABC, "none", False, False, False, ScaleOutAction.PREPARE, id="launch"),
+        pytest.param(
+            PLAN_ABC, "started", False, False, False, ScaleOutAction.PREPARE, id="starting"
+        ),
+        pytest.param(
+            PLAN_ABC, "registered", False, False, False, ScaleOutAction.ANNOUNCE, id="registered"
+        ),
+        pytest.param(
+            PLAN_ABC,
+            "registered",
+            False,
+            False,
+            True,
+            ScaleOutAction.PREPARE,
+            id="not-while-failing",
+        ),
+        pytest.param(
+            PLAN_ABC, "registered", True, False, False, ScaleOutAction.NONE, id="members-leaving"
+        ),
+        pytest.param(
+            PLAN_ABC, "registered", False, True, False, ScaleOutAction.NONE, id="announced"
+        ),
+        pytest.param(
+            FormRound(PLAN_AB), "none", False, False, False, ScaleOutAction.NONE, id="no-newcomer"
+        ),
+        pytest.param(
+            AwaitCapacity(0.0, "short"),
+            "registered",
+            False,
+            False,
+            False,
+            ScaleOutAction.NONE,
+            id="short",
+        ),
+    ],
+)
+def test_decide_scale_out(
+    plan: RoundPlan,
+    newcomer: str,
+    leaving: bool,
+    announced: bool,
+    recovering: bool,
+    expected: ScaleOutAction,
+) -> None:
+    """``newcomer``: how far c[0] is (no process, started, registered)."""
+    workers = worker_records()
+    if newcomer == "started":
+        workers[C0] = WorkerRecord(started_at=0.0)
+    elif newcomer == "registered":
+        workers[C0] = WorkerRecord(started_at=0.0, waiting_after=0)
+    decision = decide_scale_out(
+        plan, PLAN_AB, workers, leaving=leaving, announced=announced, recovering=recovering
+    )
+    assert decision.action is expected
+    if expected is not ScaleOutAction.NONE:
+        assert decision.newcomers == (C0,)
+
+
+# ---- timeouts --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        pytest.param(WorkerRecord(started_at=0.0), True, id="never-registered"),
+        pytest.param(WorkerRecord(started_at=50.0), False, id="within-timeout"),
+        pytest.param(WorkerRecord(started_at=0.0, waiting_after=0), False, id="registered"),
+        pytest.param(WorkerRecord(started_at=0.0, running=False), False, id="ended"),
+        pytest.param(WorkerRecord(started_at=0.0, departure=FAILED), False, id="already-failed"),
+        pytest.param(WorkerRecord(started_at=0.0, last_round=2), False, id="member-before"),
+    ],
+)
+def test_slow_starters(record: WorkerRecord, expected: bool) -> None:
+    assert slow_starters({C0: record}, now=100.0, start_timeout_s=60.0) == (
+        (C0,) if expected else ()
+    )
+
+
+def dismissed(at: float | None, **fields: bool) -> WorkerRecord:
+    return WorkerRecord(started_at=0.0, departure=DISMISSED, dismissed_at=at, **fields)
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        pytest.param(dismissed(70.0), True, id="grace-over"),
+        pytest.param(dismissed(80.0), False, id="within-grace"),
+        pytest.param(dismissed(0.0, running=False), False, id="exited"),
+        pytest.param(dismissed(0.0, stop_requested=True), False, id="stopping"),
+        pytest.param(WorkerRecord(started_at=0.0, departure=LEAVING), False, id="leaving"),
+    ],
+)
+def test_overdue_dismissals(record: WorkerRecord, expected: bool) -> None:
+    assert overdue_dismissals({C0: record}, now=100.0, grace_s=30.0) == ((C0,) if expected else ())

@@ -1,0 +1,415 @@
+"""The elastic driver, step by step: a fake launcher (records starts and stops, lets the test
+end processes), the real in-memory rendezvous (workers are played by rendezvous requests)
+and a fake clock. No real time passes: the test runs discovery and loop steps itself."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+import pytest
+
+from elasticjob.driver.api import (
+    DriverSettings,
+    HostDiscovery,
+    Phase,
+    WorkerLauncher,
+)
+from elasticjob.driver.blacklist import BlacklistPolicy
+from elasticjob.driver.driver import ElasticDriver
+from elasticjob.driver.hosts import HostManager
+from elasticjob.rendezvous.api import RendezvousListener
+from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
+from elasticjob.wire import (
+    NoticeKind,
+    RendezvousRequest,
+    RendezvousResponse,
+    RendezvousStatus,
+    WorkerId,
+)
+
+DEADLINE = 5.0
+"""Upper bound on any await of these tests (a hang fails the test instead)."""
+
+A0, A1, B0, C0 = WorkerId("a", 0), WorkerId("a", 1), WorkerId("b", 0), WorkerId("c", 0)
+
+T = TypeVar("T")
+
+
+async def bounded(awaitable: Awaitable[T]) -> T:
+    return await asyncio.wait_for(awaitable, DEADLINE)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeDiscovery(HostDiscovery):
+    def __init__(self, hosts: dict[str, int]) -> None:
+        self.hosts = dict(hosts)
+
+    def find_available_hosts_and_slots(self) -> dict[str, int]:
+        return dict(self.hosts)
+
+
+class FakeLauncher(WorkerLauncher):
+    """Records what the driver starts and stops; the test ends processes with :meth:`end`."""
+
+    def __init__(self, driver: ElasticDriver) -> None:
+        self.driver = driver
+        self.started: list[WorkerId] = []
+        self.stopped: list[WorkerId] = []
+        self.stopped_all = False
+        self.start_fails: set[WorkerId] = set()
+        self.changed = asyncio.Event()
+
+    async def start(self, worker: WorkerId) -> None:
+        if worker in self.start_fails:
+            raise OSError(f"cannot start {worker}")
+        self.started.append(worker)
+        self.changed.set()
+
+    async def stop(self, worker: WorkerId) -> None:
+        self.stopped.append(worker)
+
+    async def stop_all(self) -> None:
+        self.stopped_all = True
+
+    def end(self, worker: WorkerId, exit_code: int) -> None:
+        self.driver.on_worker_exit(worker, exit_code)
+
+
+class Job:
+    """A driver with its fakes, and the moves of the test."""
+
+    def __init__(self, hosts: dict[str, int], settings: DriverSettings) -> None:
+        self.clock = FakeClock()
+        self.discovery = FakeDiscovery(hosts)
+        self.hosts = HostManager(self.discovery, BlacklistPolicy(10.0, 40.0), self.clock)
+        self.launchers: list[FakeLauncher] = []
+        self.rendezvous: InMemoryJobRendezvous | None = None
+        self.driver = ElasticDriver(
+            self.hosts, self._launcher, self._rendezvous, settings, self.clock
+        )
+
+    def _launcher(self, driver: ElasticDriver) -> WorkerLauncher:
+        self.launchers.append(FakeLauncher(driver))
+        return self.launchers[0]
+
+    def _rendezvous(self, listener: RendezvousListener) -> InMemoryJobRendezvous:
+        self.rendezvous = InMemoryJobRendezvous("job", "token", listener)
+        return self.rendezvous
+
+    @property
+    def launcher(self) -> FakeLauncher:
+        return self.launchers[0]
+
+    @property
+    def job(self) -> InMemoryJobRendezvous:
+        assert self.rendezvous is not None
+        return self.rendezvous
+
+    async def discover(self) -> None:
+        await bounded(self.driver.discover())
+
+    async def step(self) -> None:
+        await bounded(self.driver.step())
+
+    async def ask(
+        self, worker: WorkerId, after_round: int = 0, *, rolled_back: bool = False
+    ) -> RendezvousResponse:
+        """The worker asks for a round newer than ``after_round`` (answered at once)."""
+        request = RendezvousRequest(
+            hostname=worker.hostname,
+            local_rank=worker.local_rank,
+            address="127.0.0.1",
+            store_port=29500 + worker.local_rank,
+            after_round=after_round,
+            wait_seconds=0,
+            rolled_back=rolled_back,
+        )
+        return await bounded(self.job.rendezvous(request))
+
+    async def start_round_1(self, *workers: WorkerId) -> None:
+        """Discover, launch, let ``workers`` register and publish round 1."""
+        await self.discover()
+        await self.step()
+        assert set(self.launcher.started) == set(workers)
+        for worker in workers:
+            await self.ask(worker)
+        await self.step()
+        assert self.driver.round == 1 and set(self.driver.slots) == set(workers)
+
+    async def notices(self) -> list[tuple[NoticeKind, tuple[str, ...]]]:
+        """The notices posted so far."""
+        response = await bounded(self.job.notices(0, 0))
+        return [(n.kind, n.hosts) for n in response.notices]
+
+
+def settings(**changes: float | int | None) -> DriverSettings:
+    base: dict[str, float | int | None] = {"min_np": 1, "start_timeout_s": 60.0}
+    base.update(changes)
+    return DriverSettings(**base)  # type: ignore[arg-type]
+
+
+async def test_first_round_waits_for_every_worker_then_syncs() -> None:
+    job = Job({"a": 1, "b": 1}, settings())
+    await job.discover()
+    await job.step()
+    assert job.launcher.started == [A0, B0] and job.driver.phase is Phase.STARTING
+    await job.ask(A0)
+    await job.step()
+    assert job.driver.round == 0, "b[0] has not registered"
+    await job.ask(B0)
+    await job.step()
+    answer = await job.ask(A0)
+    assert (answer.status, answer.round, answer.sync) == (RendezvousStatus.ASSIGNED, 1, True)
+    assert job.driver.rank_of(A0) == 0 and job.driver.rank_of(B0) == 1
+
+
+async def test_failure_during_formation_forms_the_round_without_the_failed_host() -> None:
+    job = Job({"a": 1, "b": 1}, settings())
+    await job.discover()
+    await job.step()
+    await job.ask(A0)
+    job.launcher.end(B0, 1)  # fails before it ever registered
+    await job.step()
+    assert "b" in job.hosts.blacklist
+    assert job.driver.round == 1 and list(job.driver.slots) == [A0]
+    assert (await job.notices()) == [], "no round was running: nobody to tell"
+
+
+async def test_member_failure_is_told_at_once_and_the_next_round_syncs() -> None:
+    job = Job({"a": 1, "b": 1, "c": 1}, settings())
+    await job.start_round_1(A0, B0, C0)
+    job.launcher.end(B0, 137)
+    assert (await job.notices()) == [(NoticeKind.ROUND_FAILED, ("b",))]
+    assert job.driver.recovering
+    await job.ask(A0, 1)
+    await job.step()
+    assert job.driver.round == 1, "c[0] has not reported yet"
+    await job.ask(C0, 1)
+    await job.step()
+    assert job.driver.round == 2 and list(job.driver.slots) == [A0, C0]
+    assert (await job.ask(C0, 1)).sync is True
+    assert "b" in job.hosts.blacklist and job.driver.registry.reset_count == 1
+    assert job.driver.recoveries == 1 and not job.driver.recovering
+
+
+@pytest.mark.parametrize("rolled_back", [True, False])
+async def test_one_sided_rollback_fails_the_round_and_syncs_the_next(rolled_back: bool) -> None:
+    """A member that rolled back after a collective failed on it alone (no process ended)
+    makes the driver fail the round at once and sync the next one; the same re-formation
+    without a rollback (every member came to the barrier with live state) does not sync."""
+    job = Job({"a": 1, "b": 1}, settings())
+    await job.start_round_1(A0, B0)
+    await job.ask(B0, 1, rolled_back=rolled_back)
+    assert (await job.notices()) == ([(NoticeKind.ROUND_FAILED, ("b",))] if rolled_back else [])
+    await job.ask(A0, 1)
+    await job.step()
+    assert job.driver.round == 2
+    assert (await job.ask(A0, 1)).sync is rolled_back
+    assert not job.hosts.blacklist.active(), "a rollback blacklists nobody"
+    assert job.driver.registry.reset_count == 1
+    if rolled_back:
+        assert "rolled back" in (job.driver.last_reset_reason or "")
+
+
+async def test_scale_out_while_a_failure_is_pending_launches_but_does_not_announce() -> None:
+    job = Job({"a": 1, "b": 1}, settings())
+    await job.start_round_1(A0, B0)
+    job.launcher.end(B0, 1)
+    job.discovery.hosts["c"] = 1
+    await job.discover()
+    await job.step()
+    assert job.launcher.started == [A0, B0, C0], "the failed b[0] is not started again"
+    await job.ask(C0)
+    await job.step()
+    assert [kind for kind, _ in (await job.notices())] == [NoticeKind.ROUND_FAILED]
+    await job.ask(A0, 1)
+    await job.step()
+    assert job.driver.round == 2 and list(job.driver.slots) == [A0, C0]
+    assert (await job.ask(C0)).sync is True
+
+
+async def test_scale_out_announces_newcomers_once_registered() -> None:
+    job = Job({"a": 1}, settings())
+    await job.start_round_1(A0)
+    job.discovery.hosts["b"] = 2
+    await job.discover()
+    await job.step()
+    assert job.launcher.started == [A0, B0, WorkerId("b", 1)]
+    await job.ask(B0)
+    await job.step()
+    assert (await job.notices()) == [], "b[1] has not registered"
+    await job.ask(WorkerId("b", 1))
+    await job.step()
+    await job.step()
+    assert (await job.notices()) == [(NoticeKind.HOSTS_ADDED, ("b",))], "announced once"
+    await job.ask(A0, 1)
+    await job.step()
+    assert job.driver.round == 2 and len(job.driver.slots) == 3
+    assert (await job.ask(A0, 1)).sync is True
+
+
+async def test_blacklisted_host_rejoins_after_its_cooldown() -> None:
+    job = Job({"a": 1, "b": 1}, settings())
+    await job.start_round_1(A0, B0)
+    job.launcher.end(B0, 1)
+    await job.ask(A0, 1)
+    await job.step()
+    assert job.driver.round == 2 and list(job.driver.slots) == [A0]
+    await job.discover()
+    await job.step()
+    assert job.launcher.started == [A0, B0], "b is cooling down (10 s)"
+    job.clock.now += 10.5
+    await job.discover()
+    await job.step()
+    assert job.launcher.started == [A0, B0, B0]
+    await job.ask(B0)
+    await job.step()
+    assert (await job.notices())[-1] == (NoticeKind.HOSTS_ADDED, ("b",))
+    await job.ask(A0, 2)
+    await job.step()
+    assert job.driver.round == 3 and list(job.driver.slots) == [A0, B0]
+
+
+async def test_reset_limit_ends_the_job() -> None:
+    job = Job({"a": 1, "b": 1, "c": 1}, settings(reset_limit=1))
+    await job.start_round_1(A0, B0, C0)
+    job.launcher.end(C0, 1)
+    await job.ask(A0, 1)
+    await job.ask(B0, 1)
+    await job.step()
+    assert job.driver.round == 2
+    job.launcher.end(B0, 1)
+    await job.ask(A0, 2)
+    await job.step()
+    assert job.driver.result is not None and not job.driver.result.success
+    assert "reset limit 1 exceeded" in job.driver.result.message
+
+
+async def test_elastic_timeout_ends_the_job() -> None:
+    job = Job({"a": 1, "b": 1}, settings(min_np=2, elastic_timeout_s=30.0))
+    await job.start_round_1(A0, B0)
+    job.launcher.end(B0, 1)
+    await job.ask(A0, 1)
+    await job.step()
+    assert job.driver.phase is Phase.FORMING and job.driver.result is None
+    job.clock.now += 29.0
+    await job.step()
+    assert job.driver.result is None, "still within the elastic timeout"
+    job.clock.now += 1.0
+    await job.step()
+    assert job.driver.result is not None and not job.driver.result.success
+    assert "elastic timeout" in job.driver.result.message
+    assert "min_np" in job.driver.result.message
+
+
+async def test_every_discovered_host_blacklisted_ends_the_job() -> None:
+    job = Job({"a": 2}, settings())
+    await job.start_round_1(A0, A1)
+    job.launcher.end(A1, 1)
+    await job.ask(A0, 1)
+    await job.step()
+    assert job.driver.result is not None and not job.driver.result.success
+    assert "every discovered host is blacklisted" in job.driver.result.message
+
+
+async def test_graceful_scale_in_dismisses_without_rollback_or_blacklisting() -> None:
+    job = Job({"a": 1, "b": 1}, settings(removal_grace_s=30.0))
+    await job.start_round_1(A0, B0)
+    del job.discovery.hosts["b"]
+    await job.discover()
+    assert (await job.notices()) == [(NoticeKind.HOSTS_REMOVED, ("b",))]
+    await job.ask(A0, 1)
+    await job.step()
+    assert job.driver.round == 2, "the leaving b[0] is not waited for"
+    assert list(job.driver.slots) == [A0]
+    assert (await job.ask(A0, 1)).sync is False, "live state is kept: no rollback, no sync"
+    assert (await job.ask(B0, 1)).status is RendezvousStatus.REMOVED
+    assert job.driver.rank_of(B0) is None
+    assert not job.hosts.blacklist.active()
+    assert [kind for kind, _ in (await job.notices())] == [NoticeKind.HOSTS_REMOVED]
+    job.clock.now += 30.0
+    await job.step()
+    assert job.launcher.stopped == [B0], "a dismissed worker still running after the grace"
+    job.launcher.end(B0, 0)
+    await job.step()
+    assert job.driver.result is None and job.driver.recoveries == 0
+
+
+async def test_leaving_member_that_exits_is_not_a_failure() -> None:
+    job = Job({"a": 1, "b": 1}, settings())
+    await job.start_round_1(A0, B0)
+    del job.discovery.hosts["b"]
+    await job.discover()
+    job.launcher.end(B0, 143)
+    await job.ask(A0, 1)
+    await job.step()
+    assert job.driver.round == 2 and list(job.driver.slots) == [A0]
+    assert [kind for kind, _ in (await job.notices())] == [NoticeKind.HOSTS_REMOVED]
+    assert not job.hosts.blacklist.active()
+
+
+async def test_slow_starter_that_never_registers_is_stopped_and_blacklisted() -> None:
+    job = Job({"a": 1, "b": 1}, settings(start_timeout_s=60.0))
+    await job.discover()
+    await job.step()
+    await job.ask(A0)
+    job.clock.now += 60.0
+    await job.step()
+    assert job.launcher.stopped == [] and job.driver.round == 0
+    job.clock.now += 1.0
+    await job.step()
+    assert job.launcher.stopped == [B0]
+    assert "b" in job.hosts.blacklist
+    await job.step()
+    assert job.driver.round == 1 and list(job.driver.slots) == [A0]
+    job.launcher.end(B0, -15)
+    await job.step()
+    assert job.launcher.stopped == [B0] and job.hosts.blacklist.strikes("b") == 1
+
+
+async def test_worker_that_cannot_be_started_counts_as_failed() -> None:
+    job = Job({"a": 1, "b": 1}, settings())
+    job.launcher.start_fails.add(B0)
+    await job.discover()
+    await job.step()
+    assert "b" in job.hosts.blacklist
+    await job.ask(A0)
+    await job.step()
+    assert job.driver.round == 1 and list(job.driver.slots) == [A0]
+
+
+async def test_success_of_a_member_ends_the_job() -> None:
+    job = Job({"a": 1, "b": 1}, settings())
+    await job.start_round_1(A0, B0)
+    job.launcher.end(A0, 0)
+    await job.step()
+    assert job.driver.result is None, "b[0] has not reported yet"
+    job.launcher.end(B0, 0)
+    await job.step()
+    assert job.driver.result is not None and job.driver.result.success
+    assert (job.driver.result.rounds, job.driver.result.resets) == (1, 0)
+
+
+async def test_run_drives_the_job_to_its_end() -> None:
+    """The whole loop, woken by events (not by its 1 s tick or the discovery interval)."""
+    job = Job({"a": 1}, settings(discovery_interval_s=3600.0))
+    run = asyncio.create_task(job.driver.run())
+    await bounded(job.launcher.changed.wait())
+    request = RendezvousRequest(
+        hostname="a", local_rank=0, address="127.0.0.1", store_port=29500, wait_seconds=DEADLINE
+    )
+    answer = await bounded(job.job.rendezvous(request))
+    assert (answer.status, answer.round) == (RendezvousStatus.ASSIGNED, 1)
+    job.launcher.end(A0, 0)
+    result = await bounded(run)
+    assert result.success and job.launcher.stopped_all
+    assert job.job.finished
