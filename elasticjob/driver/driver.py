@@ -37,6 +37,7 @@ from elasticjob.driver.api import (
     WorkerLauncher,
 )
 from elasticjob.driver.hosts import HostManager
+from elasticjob.driver.liveness import hung_workers
 from elasticjob.driver.registry import WorkerRegistry, decide, decide_capacity
 from elasticjob.driver.slots import NotEnoughSlotsError, assign_slots, check_continuity
 from elasticjob.rendezvous.api import JobRendezvous, RendezvousListener
@@ -71,6 +72,8 @@ class DriverSettings:
     discovery_interval_s: float = 1.0
     removal_grace_s: float = 30.0
     """How long a removed worker may take to exit before it is stopped."""
+    heartbeat_timeout_s: float | None = None
+    """Evict a worker process that sent no heartbeat for this long (None: never)."""
 
     def __post_init__(self) -> None:
         if self.min_np < 1:
@@ -98,6 +101,10 @@ class _Worker:
     last_round: int = 0
     """The last round it was a member of (0: none yet)."""
     message: str = ""
+    last_heartbeat: float | None = None
+    """When its process last beat (None: not yet, or it is being evicted)."""
+    ending: bool = False
+    """It reported how its process ends: its exit is awaited, not its heartbeat."""
 
 
 class ElasticDriver(RendezvousListener):
@@ -185,12 +192,18 @@ class ElasticDriver(RendezvousListener):
     def on_worker_result(self, request: ResultRequest) -> None:
         worker = WorkerId(request.hostname, request.local_rank)
         state = self._workers.get(worker)
-        if state is not None and request.message:
-            state.message = request.message
+        if state is not None:
+            state.ending = True
+            state.message = request.message or state.message
         # The process exit (reported by the launcher) is what counts; nothing else to do.
 
     def on_progress(self, progress: ProgressRequest) -> None:
         self.progress = progress
+
+    def on_worker_heartbeat(self, worker: WorkerId) -> None:
+        state = self._workers.get(worker)
+        if state is not None and state.running:
+            state.last_heartbeat = self._clock()
 
     def on_worker_exit(self, worker: WorkerId, exit_code: int) -> None:
         """Called by the launcher when a worker process ends."""
@@ -272,6 +285,7 @@ class ElasticDriver(RendezvousListener):
         self._wake.set()
 
     async def _step(self) -> None:
+        await self._evict_hung()
         if self.phase is Phase.STARTING or self.phase is Phase.FORMING:
             await self._form_round()
         elif self.phase is Phase.RUNNING:
@@ -411,6 +425,27 @@ class ElasticDriver(RendezvousListener):
                 self._removed.add(worker)
                 await self.launcher.stop(worker)
                 self._blacklist({worker.hostname})
+
+    async def _evict_hung(self) -> None:
+        """Kill the worker processes that stopped beating (see ``liveness.py``); each exit
+        is then handled as a failure."""
+        beats = {
+            w: s.last_heartbeat
+            for w, s in self._workers.items()
+            if s.running and not s.ending and w not in self._removed
+        }
+        now = self._clock()
+        for worker in sorted(
+            hung_workers(beats, timeout_s=self.settings.heartbeat_timeout_s, now=now)
+        ):
+            state = self._workers[worker]
+            logger.error(
+                "worker %s sent no heartbeat for %.1f s: evicting it",
+                worker,
+                now - (state.last_heartbeat or now),
+            )
+            state.last_heartbeat = None
+            await self.launcher.kill(worker)
 
     async def _prepare_newcomers(self) -> None:
         """While a round runs: launch workers for newly usable hosts and announce them once

@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import elasticjob.worker_runtime as hvd
+from elasticjob import wire
 
 
 class Model(torch.nn.Module):
@@ -57,7 +58,13 @@ def parse_args() -> argparse.Namespace:
         "--fail",
         action="append",
         default=[],
-        help="EPOCH:BATCH:RANK:MODE, MODE in exception|sigkill",
+        help="EPOCH:BATCH:RANK:MODE, MODE in exception|sigkill|sigstop",
+    )
+    parser.add_argument(
+        "--slow",
+        action="append",
+        default=[],
+        help="EPOCH:BATCH:RANK:SECONDS: that rank's step takes this much longer, once",
     )
     parser.add_argument("--wait-deadline", type=float, default=90.0)
     parser.add_argument("--stop-file", type=Path, help="finish after the epoch in which it appears")
@@ -67,15 +74,15 @@ def parse_args() -> argparse.Namespace:
 class EventLog:
     def __init__(self, log_dir: Path) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        host = os.environ.get("ELASTICJOB_HOSTNAME", "standalone")
-        slot = os.environ.get("ELASTICJOB_LOCAL_RANK", "0")
+        host = os.environ.get(wire.ENV_HOSTNAME, "standalone")
+        slot = os.environ.get(wire.ENV_LOCAL_RANK, "0")
         self._path = log_dir / f"{host}-{slot}-{os.getpid()}.jsonl"
 
     def write(self, event: str, **fields: Any) -> None:
         record = {
             "ev": event,
-            "host": os.environ.get("ELASTICJOB_HOSTNAME", "standalone"),
-            "slot": int(os.environ.get("ELASTICJOB_LOCAL_RANK", "0")),
+            "host": os.environ.get(wire.ENV_HOSTNAME, "standalone"),
+            "slot": int(os.environ.get(wire.ENV_LOCAL_RANK, "0")),
             "pid": os.getpid(),
             "time": time.time(),
             **fields,
@@ -97,7 +104,23 @@ def maybe_fail(args: argparse.Namespace, log: EventLog, epoch: int, batch: int) 
         log.write("fail", epoch=epoch, batch=batch, rank=hvd.rank(), mode=mode)
         if mode == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "sigstop":  # frozen: every thread stops, the process stays
+            os.kill(os.getpid(), signal.SIGSTOP)
         raise RuntimeError(f"scripted failure at epoch {epoch} batch {batch}")
+
+
+def maybe_slow(args: argparse.Namespace, log: EventLog, epoch: int, batch: int) -> None:
+    for spec in args.slow:
+        e, b, r, seconds = spec.split(":")
+        if (int(e), int(b), int(r)) != (epoch, batch, hvd.rank()):
+            continue
+        marker = args.log_dir / f"slowed-{spec.replace(':', '_')}"
+        try:
+            marker.touch(exist_ok=False)
+        except FileExistsError:
+            continue
+        log.write("slow", epoch=epoch, batch=batch, rank=hvd.rank(), seconds=float(seconds))
+        time.sleep(float(seconds))  # the other ranks wait in this step's gradient allreduce
 
 
 def main() -> None:
@@ -150,6 +173,7 @@ def main() -> None:
                     torch.nn.functional.cross_entropy(model(x), y, reduction="none") * weight
                 ).mean()
                 loss.backward()
+                maybe_slow(args, log, state.epoch, state.batch)
                 optimizer.step()
                 counts = torch.bincount(idx[weight.bool()], minlength=args.samples)
                 model.seen += hvd.allreduce(counts, op=hvd.Sum)
