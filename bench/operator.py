@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 from devcluster import Cluster, ClusterConfig  # noqa: E402
 from tests.integration.harness import read_events  # noqa: E402
 
-WORKER = REPO / "tests" / "integration" / "elastic_worker.py"
+WORKER = REPO / "tests" / "integration" / "workers" / "elastic_worker.py"
 IDLE = REPO / "bench" / "idle_worker.py"
 
 

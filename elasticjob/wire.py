@@ -26,6 +26,20 @@ ENV_HOSTNAME = "ELASTICJOB_HOSTNAME"
 ENV_LOCAL_RANK = "ELASTICJOB_LOCAL_RANK"
 ENV_BIND_ADDRESS = "ELASTICJOB_BIND_ADDRESS"
 ENV_BACKEND = "ELASTICJOB_BACKEND"
+# Optional tuning of the worker runtime (defaults in ``elasticjob.worker_runtime.config``).
+ENV_COLLECTIVE_TIMEOUT = "ELASTICJOB_COLLECTIVE_TIMEOUT"
+"""Bound on any collective, in seconds."""
+ENV_ROUND_WAIT = "ELASTICJOB_ROUND_WAIT"
+"""How long a worker waits for its next round, in seconds."""
+ENV_HEARTBEAT_INTERVAL = "ELASTICJOB_HEARTBEAT_INTERVAL"
+"""Seconds between a worker's heartbeats (0: none). The driver evicts a worker that sent
+none for its heartbeat timeout, so the interval must be a fraction of that timeout."""
+ENV_DEFER_SIGTERM = "ELASTICJOB_DEFER_SIGTERM"
+"""``1``: the first SIGTERM lets the worker leave at its next host-update check (pods)."""
+# Variables of the libraries underneath that a launcher sets for its workers.
+ENV_PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
+ENV_GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
+ENV_NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
 
 HostName = Annotated[
     str, StringConstraints(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9]([A-Za-z0-9.\-_]*)$")
@@ -159,6 +173,14 @@ class ResultRequest(_Strict):
     state: WorkerState
     exit_code: Annotated[int, Field(ge=-255, le=255)] | None = None
     message: Annotated[str, StringConstraints(max_length=4096)] = ""
+
+
+class HeartbeatRequest(_Strict):
+    """A worker process is alive. Sent by a background thread every heartbeat interval,
+    whatever the training thread does, so only a frozen or cut-off process stops sending."""
+
+    hostname: HostName
+    local_rank: LocalRank
 
 
 class ProgressRequest(_Strict):

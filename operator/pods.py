@@ -123,7 +123,7 @@ def _runtime_env(
         {"name": wire.ENV_BIND_ADDRESS, "valueFrom": field("status.podIP")},
         {"name": wire.ENV_LOCAL_RANK, "value": "0"},
         {"name": wire.ENV_BACKEND, "value": spec.backend.value},
-        {"name": "ELASTICJOB_DEFER_SIGTERM", "value": "1"},
+        {"name": wire.ENV_DEFER_SIGTERM, "value": "1"},
     ]
 
 

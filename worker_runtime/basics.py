@@ -9,7 +9,8 @@ import sys
 
 import torch
 
-from elasticjob.worker_runtime.runtime import Runtime, WorkerConfig
+from elasticjob.worker_runtime.config import WorkerConfig
+from elasticjob.worker_runtime.runtime import Runtime
 
 _runtime: Runtime | None = None
 

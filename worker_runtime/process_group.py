@@ -18,7 +18,7 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore, Store
+from torch.distributed import PrefixStore, Store
 
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 from elasticjob.worker_runtime.log import get_logger

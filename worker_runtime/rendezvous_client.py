@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from elasticjob.wire import (
     API_PREFIX,
+    HeartbeatRequest,
     NoticesResponse,
     ProgressRequest,
     RendezvousRequest,
@@ -70,6 +71,19 @@ class RendezvousClient:
 
     def report_progress(self, request: ProgressRequest) -> None:
         self._request("POST", "/progress", request)
+
+    def heartbeat(self, request: HeartbeatRequest) -> None:
+        """Send one heartbeat, without retrying: the next beat is the retry. Raises
+        :class:`RendezvousClientError` if it did not arrive."""
+        payload = request.model_dump_json().encode()
+        try:
+            status, data = self._send("POST", self._base + "/heartbeat", payload, 0.0)
+        except OSError as exc:
+            raise RendezvousClientError(f"heartbeat not sent: {exc}") from exc
+        if status >= 300:
+            raise RendezvousClientError(
+                f"heartbeat refused with {status}: {data.decode(errors='replace')}"
+            )
 
     def round_info(self) -> RoundInfo:
         return RoundInfo.model_validate_json(self._request("GET", "/round", None))

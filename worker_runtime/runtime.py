@@ -1,33 +1,31 @@
-"""The per-process worker runtime: rounds, the process group, host-update agreement.
+"""The per-process worker runtime: rounds and the process group of each.
 
 One :class:`Runtime` lives in each worker process (created by ``init()``). It
 
 - hosts a TCPStore server on the worker's bind address, used when this worker is rank 0;
 - asks the rendezvous service for each round (rank, size, local and cross ranks, the store
   of the round's rank 0) and forms a fresh process group on a fresh store prefix;
-- follows the job's notices on a background thread: hosts added or removed raise the
-  agreed sequence number that ``check_host_updates()`` max-reduces across ranks, and a
-  failed member of the current round aborts the group at once.
+- follows the job's notices on a background thread: hosts added or removed feed the
+  agreement of ``host_updates.py`` that ``check_host_updates()`` consults, and a failed
+  member of the current round aborts the group at once;
+- beats a heartbeat on another background thread (``heartbeat.py``), so the driver can tell
+  a frozen process from a slow step.
 
-Without the launcher's environment it runs standalone as a world of one.
+Its configuration comes from the environment (``config.py``). Without the launcher's
+environment it runs standalone as a world of one.
 """
 
 from __future__ import annotations
 
 import datetime
-import math
-import os
 import signal
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import HashStore, Store, TCPStore
+from torch.distributed import HashStore, Store, TCPStore
 
-from elasticjob import wire
 from elasticjob.wire import (
     Notice,
     NoticeKind,
@@ -38,11 +36,10 @@ from elasticjob.wire import (
     SlotInfo,
     WorkerState,
 )
-from elasticjob.worker_runtime.exceptions import (
-    HorovodInternalError,
-    HostsUpdatedInterrupt,
-    WorkerRemoved,
-)
+from elasticjob.worker_runtime.config import WorkerConfig, resolve_backend
+from elasticjob.worker_runtime.exceptions import HorovodInternalError, WorkerRemoved
+from elasticjob.worker_runtime.heartbeat import Heartbeat
+from elasticjob.worker_runtime.host_updates import HostUpdateAgreement
 from elasticjob.worker_runtime.log import CONTEXT, get_logger
 from elasticjob.worker_runtime.notices import NoticeWatcher
 from elasticjob.worker_runtime.process_group import RoundGroup
@@ -51,59 +48,6 @@ from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, Rendez
 logger = get_logger(__name__)
 
 _RENDEZVOUS_POLL_S = 20.0
-ENV_DEFER_SIGTERM = "ELASTICJOB_DEFER_SIGTERM"
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """What a launcher (or the operator) tells a worker through its environment."""
-
-    rendezvous_url: str
-    job: str
-    token: str
-    hostname: str
-    local_rank: int
-    bind_address: str
-    backend: str = "auto"
-    collective_timeout_s: float = 60.0
-    """Bound on any collective; failures the driver sees abort groups much sooner."""
-    round_wait_s: float = 900.0
-    """How long a worker waits for its next round before giving up."""
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> WorkerConfig | None:
-        """Read the config, or None when the process was not started by a launcher."""
-        url = environ.get(wire.ENV_RENDEZVOUS_URL)
-        if not url:
-            return None
-        missing = [
-            name
-            for name in (wire.ENV_JOB, wire.ENV_TOKEN, wire.ENV_HOSTNAME, wire.ENV_LOCAL_RANK)
-            if not environ.get(name)
-        ]
-        if missing:
-            raise RuntimeError(f"{wire.ENV_RENDEZVOUS_URL} is set but {', '.join(missing)} not")
-        hostname = environ[wire.ENV_HOSTNAME]
-        return cls(
-            rendezvous_url=url,
-            job=environ[wire.ENV_JOB],
-            token=environ[wire.ENV_TOKEN],
-            hostname=hostname,
-            local_rank=int(environ[wire.ENV_LOCAL_RANK]),
-            bind_address=environ.get(wire.ENV_BIND_ADDRESS, hostname),
-            backend=environ.get(wire.ENV_BACKEND, "auto"),
-            collective_timeout_s=float(environ.get("ELASTICJOB_COLLECTIVE_TIMEOUT", "60")),
-            round_wait_s=float(environ.get("ELASTICJOB_ROUND_WAIT", "900")),
-        )
-
-
-def resolve_backend(requested: str) -> str:
-    """``auto`` means NCCL when CUDA is available, else Gloo."""
-    if requested == "auto":
-        return "nccl" if torch.cuda.is_available() else "gloo"
-    if requested not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be gloo, nccl or auto, got {requested!r}")
-    return requested
 
 
 class Runtime:
@@ -134,15 +78,14 @@ class Runtime:
         self.sync_required = True
         self._join_deferred = False
         self._termination_requested = False
-        self._settled_vote: float | None = None
         self.exit_code: int | None = None
         """The status the process will exit with, once the elastic loop knows it."""
         self._lock = threading.Lock()
-        self._latest_update_seq = 0
-        self._handled_update_seq = 0
+        self._host_updates = HostUpdateAgreement()
         self._max_failed_round = 0
         self._client: RendezvousClient | None = None
         self._watcher: NoticeWatcher | None = None
+        self._heartbeat: Heartbeat | None = None
         self._store: Store | None = None
         # The round's store client: held for as long as the round's group uses it.
         self._round_store: Store | None = None
@@ -156,6 +99,10 @@ class Runtime:
         self._store, self._store_port = server, server.port
         self._client = RendezvousClient(config.rendezvous_url, config.job, config.token)
         self._watcher = NoticeWatcher(self._client, self._on_notice)
+        if config.heartbeat_interval_s > 0:
+            self._heartbeat = Heartbeat(
+                self._client, config.hostname, config.local_rank, config.heartbeat_interval_s
+            )
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -169,6 +116,8 @@ class Runtime:
             self.sync_required = False
             return
         self._watcher.start()
+        if self._heartbeat is not None:
+            self._heartbeat.start()
         self._defer_termination()
         assert self._client is not None
         if self._client.round_info().round > 0:
@@ -183,7 +132,7 @@ class Runtime:
         tells the job the pod leaves: keep training until this worker is released at the
         next host-update check (no rollback for anyone). A second SIGTERM, or one outside a
         round, ends the process at once."""
-        if os.environ.get(ENV_DEFER_SIGTERM) != "1":
+        if self.config is None or not self.config.defer_sigterm:
             return
         if threading.current_thread() is not threading.main_thread():
             return
@@ -284,8 +233,7 @@ class Runtime:
                     )
                     continue
                 self.round = response.round
-                self._handled_update_seq = max(self._handled_update_seq, response.notice_seq)
-                self._settled_vote = None
+            self._host_updates.joined_round(response.notice_seq)
             self.slot = response.slot
             CONTEXT.round, CONTEXT.rank = self.round, self.slot.rank
             try:
@@ -346,42 +294,23 @@ class Runtime:
                 logger.info("a member of round %d failed; aborting the group", notice.round)
                 self.group.abort(f"a member of round {notice.round} failed (driver notice)")
             return
-        with self._lock:
-            self._latest_update_seq = max(self._latest_update_seq, notice.seq)
+        self._host_updates.saw_notice(notice.seq)
         logger.info("notice %d: %s %s", notice.seq, notice.kind.value, ",".join(notice.hosts))
 
     def host_update_vote(self) -> int:
-        """This rank's view of host updates: the newest hosts notice it has seen, or the one
-        the round already accounts for. Equal on every rank while nothing new happened."""
-        with self._lock:
-            return max(self._latest_update_seq, self._handled_update_seq)
+        """This rank's view of host updates (see :meth:`HostUpdateAgreement.vote`)."""
+        return self._host_updates.vote()
 
     def settle_host_update_vote(self, mean: float) -> None:
         """Record the mean of every rank's :meth:`host_update_vote`, reduced along with a
         collective the ranks made anyway (DistributedOptimizer's gradient allreduce); the
         next :meth:`check_host_updates` uses it instead of a collective of its own."""
-        self._settled_vote = mean
+        self._host_updates.settle(mean)
 
     def check_host_updates(self) -> None:
         """Raise :class:`HostsUpdatedInterrupt` on every rank at the same step once any rank
-        has seen a hosts-added or hosts-removed notice. Every rank decides from the same
-        reduced value (never from rank 0's view alone): the mean of the votes settled by the
-        last optimizer step, if any, else a max-reduction made here."""
-        settled, self._settled_vote = self._settled_vote, None
-        if settled is not None:
-            # Votes are whole numbers >= the handled one: any newer vote lifts the mean by at
-            # least 1/size, far above the rounding of a float reduction.
-            if settled - self._handled_update_seq > 0.5 / self.slot.size:
-                self._handled_update_seq = math.ceil(settled)
-                raise HostsUpdatedInterrupt(skip_sync=False)
-            return
-        local = self.host_update_vote()
-        agreed = torch.tensor([local], dtype=torch.int64, device=self.device)
-        self.group.wait(dist.all_reduce(agreed, op=dist.ReduceOp.MAX, async_op=True))
-        seq = int(agreed.item())
-        if seq > self._handled_update_seq:
-            self._handled_update_seq = seq
-            raise HostsUpdatedInterrupt(skip_sync=False)
+        has seen a hosts-added or hosts-removed notice (see :class:`HostUpdateAgreement`)."""
+        self._host_updates.check(self.group, self.slot.size)
 
     # ---- reports -----------------------------------------------------------------------
 

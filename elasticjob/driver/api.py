@@ -73,6 +73,12 @@ class WorkerLauncher(abc.ABC):
     async def stop(self, worker: WorkerId) -> None:
         """Ask the worker process to stop (SIGTERM, then SIGKILL after a grace period)."""
 
+    async def kill(self, worker: WorkerId) -> None:
+        """Stop the worker process at once, without a grace period: it stopped answering, so
+        it cannot exit on its own. A launcher that cannot do better stops it as :meth:`stop`
+        does."""
+        await self.stop(worker)
+
     @abc.abstractmethod
     async def stop_all(self) -> None:
         """Stop every process still running and wait for them."""
@@ -124,6 +130,9 @@ class DriverSettings:
     discovery_interval_s: float = 1.0
     removal_grace_s: float = 30.0
     """How long a dismissed worker may take to exit before it is stopped."""
+    heartbeat_timeout_s: float | None = None
+    """Evict a worker process that sent no heartbeat for this long (None: never; see
+    ``liveness.py``)."""
 
     def __post_init__(self) -> None:
         if self.min_np < 1:

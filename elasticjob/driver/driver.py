@@ -159,12 +159,18 @@ class ElasticDriver(RendezvousListener):
 
     def on_worker_result(self, request: ResultRequest) -> None:
         record = self._workers.get(WorkerId(request.hostname, request.local_rank))
-        if record is not None and request.message:
-            record.message = request.message
+        if record is not None:
+            record.ending = True
+            record.message = request.message or record.message
         # The process exit (reported by the launcher) is what counts; nothing else to do.
 
     def on_progress(self, progress: ProgressRequest) -> None:
         self.progress = progress
+
+    def on_worker_heartbeat(self, worker: WorkerId) -> None:
+        record = self._workers.get(worker)
+        if record is not None and record.running:
+            record.last_heartbeat = self._clock()
 
     def on_worker_exit(self, worker: WorkerId, exit_code: int) -> None:
         """Called by the launcher when a worker process ends."""
@@ -251,6 +257,7 @@ class ElasticDriver(RendezvousListener):
         """One pass of the loop: act on everything that happened since the last one."""
         self._wake.clear()
         try:
+            await self._workers.evict_hung(self.settings.heartbeat_timeout_s)
             await self._stop_overdue()
             if self.phase is Phase.STARTING or self.phase is Phase.FORMING:
                 await self._form_round()
@@ -282,15 +289,10 @@ class ElasticDriver(RendezvousListener):
     # ---- forming rounds ----------------------------------------------------------------
 
     async def _form_round(self) -> None:
-        survivors = {
-            w.hostname
-            for w in self.slots
-            if w in self._workers and self._workers[w].departure is not Departure.LEAVING
-        }
         plan = plan_round(
             self.hosts.capacity(),
             self.settings,
-            survivors=survivors,
+            survivors=self._workers.staying_hosts(self.slots),
             waiting_since=self._capacity_wait_since,
             now=self._clock(),
         )

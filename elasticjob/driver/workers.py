@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from elasticjob.driver.api import Clock, Departure, WorkerLauncher
+from elasticjob.driver.liveness import hung_workers
 from elasticjob.rendezvous.api import JobRendezvous
 from elasticjob.wire import WorkerId
 
@@ -31,6 +32,10 @@ class WorkerRecord:
     stop_requested: bool = False
     message: str = ""
     """The last lines the worker reported with its result."""
+    last_heartbeat: float | None = None
+    """When its process last beat (None: not yet, or it is being evicted)."""
+    ending: bool = False
+    """It reported how its process ends: its exit is awaited, not its heartbeat."""
 
     @property
     def at_barrier(self) -> bool:
@@ -103,6 +108,40 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
         """Stop the worker's process (SIGTERM, then SIGKILL)."""
         self._records[worker].stop_requested = True
         await self._launcher.stop(worker)
+
+    def staying_hosts(self, members: Iterable[WorkerId]) -> set[str]:
+        """The hosts of these members that are not leaving."""
+        return {
+            w.hostname
+            for w in members
+            if w in self._records and self._records[w].departure is not Departure.LEAVING
+        }
+
+    def heartbeats(self) -> dict[WorkerId, float | None]:
+        """The last heartbeat of each running process whose beat is awaited: not one that
+        reported its result or is on its way out."""
+        return {
+            w: r.last_heartbeat
+            for w, r in self._records.items()
+            if r.running and not r.ending and r.departure is None
+        }
+
+    async def evict_hung(self, timeout_s: float | None) -> None:
+        """Kill the processes that sent no heartbeat for ``timeout_s`` (see
+        ``liveness.py``); each exit is then classified like any other."""
+        now = self._clock()
+        for worker in sorted(hung_workers(self.heartbeats(), timeout_s=timeout_s, now=now)):
+            silent = now - (self._records[worker].last_heartbeat or now)
+            logger.error("worker %s sent no heartbeat for %.1f s: evicting it", worker, silent)
+            await self.kill(worker)
+
+    async def kill(self, worker: WorkerId) -> None:
+        """Kill the worker's process at once (it stopped answering); its exit is then
+        classified like any other."""
+        record = self._records[worker]
+        record.last_heartbeat = None
+        record.stop_requested = True
+        await self._launcher.kill(worker)
 
     def messages(self) -> list[str]:
         """The last line of what each worker reported with its result, if anything."""

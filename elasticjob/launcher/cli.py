@@ -23,6 +23,7 @@ from elasticjob.driver.blacklist import BlacklistPolicy
 from elasticjob.driver.discovery import FixedHosts, ScriptDiscovery, parse_hosts
 from elasticjob.driver.driver import DriverSettings, ElasticDriver, JobResult
 from elasticjob.driver.hosts import HostManager
+from elasticjob.driver.liveness import DEFAULT_HEARTBEAT_TIMEOUT_S, heartbeat_interval_s
 from elasticjob.launcher.processes import LocalWorkerLauncher, WorkerEnvironment
 from elasticjob.rendezvous.server import RendezvousService
 
@@ -66,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a new worker may take to register",
     )
     parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=DEFAULT_HEARTBEAT_TIMEOUT_S,
+        metavar="SECONDS",
+        help="evict a worker process (kill it, blacklist its host) that sent no heartbeat "
+        f"for this long; 0 turns it off (default {DEFAULT_HEARTBEAT_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
         "--blacklist-cooldown-range",
         type=float,
         nargs=2,
@@ -88,6 +97,8 @@ def _settings(args: argparse.Namespace) -> tuple[HostDiscovery, DriverSettings, 
         raise DriverError("no worker command given (e.g. elasticjob-run -np 2 python train.py)")
     if args.np is not None and args.np < 1:
         raise DriverError(f"-np must be >= 1, got {args.np}")
+    if not args.heartbeat_timeout >= 0 or args.heartbeat_timeout == float("inf"):
+        raise DriverError(f"--heartbeat-timeout must be >= 0 seconds, got {args.heartbeat_timeout}")
     discovery: HostDiscovery
     if args.host_discovery_script:
         discovery = ScriptDiscovery(args.host_discovery_script, default_slots=args.slots)
@@ -103,6 +114,7 @@ def _settings(args: argparse.Namespace) -> tuple[HostDiscovery, DriverSettings, 
             reset_limit=args.reset_limit,
             elastic_timeout_s=args.elastic_timeout,
             start_timeout_s=args.start_timeout,
+            heartbeat_timeout_s=args.heartbeat_timeout or None,
         )
         policy = BlacklistPolicy(*args.blacklist_cooldown_range)
     except ValueError as exc:
@@ -122,6 +134,11 @@ async def run_job(args: argparse.Namespace) -> JobResult:
         token=token,
         backend=args.backend,
         network_interface=args.network_interface,
+        heartbeat_interval_s=(
+            heartbeat_interval_s(settings.heartbeat_timeout_s)
+            if settings.heartbeat_timeout_s is not None
+            else None
+        ),
     )
 
     def make_launcher(driver: ElasticDriver) -> LocalWorkerLauncher:

@@ -58,6 +58,8 @@ class WorkerEnvironment:
     token: str
     backend: str = "auto"
     network_interface: str | None = None
+    heartbeat_interval_s: float | None = None
+    """Seconds between each worker's heartbeats (None: workers do not beat)."""
 
     def for_worker(self, worker: WorkerId, bind_address: str) -> dict[str, str]:
         env = {
@@ -68,11 +70,13 @@ class WorkerEnvironment:
             wire.ENV_LOCAL_RANK: str(worker.local_rank),
             wire.ENV_BIND_ADDRESS: bind_address,
             wire.ENV_BACKEND: self.backend,
-            "PYTHONUNBUFFERED": "1",
+            wire.ENV_PYTHONUNBUFFERED: "1",
         }
+        if self.heartbeat_interval_s is not None:
+            env[wire.ENV_HEARTBEAT_INTERVAL] = str(self.heartbeat_interval_s)
         if self.network_interface:
-            env["GLOO_SOCKET_IFNAME"] = self.network_interface
-            env["NCCL_SOCKET_IFNAME"] = self.network_interface
+            env[wire.ENV_GLOO_SOCKET_IFNAME] = self.network_interface
+            env[wire.ENV_NCCL_SOCKET_IFNAME] = self.network_interface
         return env
 
 
@@ -143,6 +147,15 @@ class LocalWorkerLauncher(WorkerLauncher):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             await process.wait()
+
+    async def kill(self, worker: WorkerId) -> None:
+        """SIGKILL the worker's process group (a stopped process cannot handle SIGTERM)."""
+        process = self._processes.get(worker)
+        if process is None or process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        await process.wait()
 
     async def stop_all(self) -> None:
         """Give every process the grace period to exit on its own (the job's end reaches

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from elasticjob.wire import (
+    HeartbeatRequest,
     Notice,
     NoticeKind,
     NoticesResponse,
@@ -47,6 +48,9 @@ class RendezvousListener(Protocol):
 
     def on_progress(self, progress: ProgressRequest) -> None:
         """Rank 0 reported training progress."""
+
+    def on_worker_heartbeat(self, worker: WorkerId) -> None:
+        """The worker's process is alive (it beats every heartbeat interval)."""
 
 
 class JobRendezvous(abc.ABC):
@@ -120,6 +124,10 @@ class JobRendezvous(abc.ABC):
     @abc.abstractmethod
     def report_progress(self, request: ProgressRequest) -> None:
         """Record rank 0's progress and tell the listener."""
+
+    @abc.abstractmethod
+    def report_heartbeat(self, request: HeartbeatRequest) -> None:
+        """Tell the listener that the worker's process is alive."""
 
     @abc.abstractmethod
     def round_info(self) -> RoundInfo:

@@ -15,6 +15,7 @@ from pydantic import TypeAdapter, ValidationError
 from elasticjob.rendezvous.api import JobRendezvous, RendezvousError, RendezvousListener
 from elasticjob.rendezvous.wakeup import Wakeup
 from elasticjob.wire import (
+    HeartbeatRequest,
     JobName,
     Notice,
     NoticeKind,
@@ -285,6 +286,13 @@ class InMemoryJobRendezvous(JobRendezvous):
         """See :meth:`JobRendezvous.report_progress`."""
         self._progress = request
         self._tell_listener("on_progress", lambda: self._listener.on_progress(request))
+
+    def report_heartbeat(self, request: HeartbeatRequest) -> None:
+        """See :meth:`JobRendezvous.report_heartbeat`."""
+        worker = WorkerId(request.hostname, request.local_rank)
+        self._tell_listener(
+            "on_worker_heartbeat", lambda: self._listener.on_worker_heartbeat(worker)
+        )
 
     def round_info(self) -> RoundInfo:
         """See :meth:`JobRendezvous.round_info`."""

@@ -21,6 +21,7 @@ from elasticjob.rendezvous.stats import RequestStats
 from elasticjob.wire import (
     API_PREFIX,
     ErrorResponse,
+    HeartbeatRequest,
     ProgressRequest,
     RendezvousRequest,
     ResultRequest,
@@ -162,6 +163,11 @@ class _Api:
         job.report_progress(await _parse_body(request, ProgressRequest))
         return web.Response(status=204)
 
+    async def heartbeat(self, request: web.Request) -> web.Response:
+        job = self.authorize(request)
+        job.report_heartbeat(await _parse_body(request, HeartbeatRequest))
+        return web.Response(status=204)
+
     async def round(self, request: web.Request) -> web.Response:
         return _json(self.authorize(request).round_info())
 
@@ -211,6 +217,7 @@ def create_app(jobs: Mapping[str, InMemoryJobRendezvous], stats: RequestStats) -
     app.router.add_route("POST", f"{job_path}/results", api.results)
     app.router.add_route("POST", f"{job_path}/progress", api.progress)
     app.router.add_route("GET", f"{job_path}/round", api.round)
+    app.router.add_route("POST", f"{job_path}/heartbeat", api.heartbeat)
 
     async def close_waits(_: web.Application) -> None:
         for job in list(jobs.values()):

@@ -25,7 +25,7 @@ from tests.integration.harness import JobRun, kill_leftovers, read_events
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "elasticjob-operator"
-WORKER = REPO / "tests" / "integration" / "elastic_worker.py"
+WORKER = REPO / "tests" / "integration" / "workers" / "elastic_worker.py"
 SYSTEM_NS = "elasticjob-system"
 RELEASE = "elasticjob-operator"
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).parent
-WORKER = HERE / "elastic_worker.py"
-DISCOVERY = HERE / "schedule_discovery.py"
+WORKER = HERE / "workers" / "elastic_worker.py"
+DISCOVERY = HERE / "workers" / "schedule_discovery.py"
 
 
 @dataclass

@@ -130,6 +130,61 @@ def test_failed_worker_blacklists_its_host_and_survivors_roll_back(
     assert resumed_at - failed_at < 15, f"survivors took {resumed_at - failed_at:.1f} s to resume"
 
 
+HEARTBEAT_TIMEOUT_S = 5.0
+"""The launcher's default bound on a worker's silence."""
+
+
+def test_frozen_worker_is_evicted_and_survivors_re_form_within_10_s(tmp_path: Path) -> None:
+    run = run_job(
+        tmp_path,
+        launcher_args=[
+            *("-np", "4", "--min-np", "2", "-H", "127.0.1.1:2,127.0.1.2:2"),
+            *("--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S)),
+        ],
+        worker_args=worker_args("--fail", "1:3:3:sigstop", "--expect-sizes", "4,2,2"),
+        timeout_s=150,
+    )
+    assert run.returncode == 0, run.explain()
+    done = assert_trained_exactly_once(run)
+    assert ranks_by_host(done) == {("127.0.1.1", 0): 0, ("127.0.1.1", 1): 1}
+    assert "worker 127.0.1.2[1] sent no heartbeat" in run.stderr, run.explain()
+    assert "worker 127.0.1.2[1] of round 1 failed (exit code -9)" in run.stderr, run.explain()
+    assert "blacklisted host 127.0.1.2" in run.stderr
+    assert "worker 127.0.1.2[0] left the job (exit code 0)" in run.stderr, run.explain()
+    assert "job succeeded after 2 rounds and 1 resets" in run.stderr
+    # From the stop (stamped by the worker just before it stopped itself) to the survivors'
+    # re-formed round: detection, eviction, abort, rendezvous, group and state sync.
+    stopped_at = run.of("fail")[0]["time"]
+    reformed_at = max(e["time"] for e in run.of("reset") if e["round"] == 2)
+    assert reformed_at - stopped_at <= 10.0, f"re-formed {reformed_at - stopped_at:.1f} s after"
+
+
+def test_slow_step_is_not_taken_for_a_frozen_worker(tmp_path: Path) -> None:
+    slow_s = 3 * HEARTBEAT_TIMEOUT_S
+    run = run_job(
+        tmp_path,
+        launcher_args=[
+            *("-np", "3", "-H", "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1"),
+            *("--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S)),
+        ],
+        worker_args=worker_args("--slow", f"1:2:0:{slow_s}", epochs=2),
+    )
+    assert run.returncode == 0, run.explain()
+    done = assert_trained_exactly_once(run, epochs=2)
+    assert {d["round"] for d in done} == {1}
+    assert [e["rank"] for e in run.of("slow")] == [0]
+    # The others waited in the collective for rank 0's whole slow step.
+    slow_at = run.of("slow")[0]["time"]
+    waited = [
+        e["time"] - slow_at
+        for e in run.of("step")
+        if (e["epoch"], e["batch"], e["rank"]) == (1, 2, 1)
+    ]
+    assert len(waited) == 1 and waited[0] >= slow_s - 0.5, waited
+    assert "heartbeat" not in run.stderr, run.explain()
+    assert "job succeeded after 1 rounds and 0 resets" in run.stderr
+
+
 def test_blacklisted_host_returns_after_cooldown_and_rejoins(tmp_path: Path) -> None:
     run = run_job(
         tmp_path,

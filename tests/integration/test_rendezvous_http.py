@@ -43,6 +43,7 @@ class RecordingListener:
         self.ready: list[tuple[WorkerId, int]] = []
         self.results: list[wire.ResultRequest] = []
         self.progress: list[wire.ProgressRequest] = []
+        self.heartbeats: list[WorkerId] = []
         self.ready_event = asyncio.Event()
 
     def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
@@ -54,6 +55,9 @@ class RecordingListener:
 
     def on_progress(self, progress: wire.ProgressRequest) -> None:
         self.progress.append(progress)
+
+    def on_worker_heartbeat(self, worker: WorkerId) -> None:
+        self.heartbeats.append(worker)
 
 
 class Cluster:
@@ -135,6 +139,7 @@ def snapshot(job: InMemoryJobRendezvous, listener: RecordingListener) -> object:
         list(listener.ready),
         list(listener.results),
         list(listener.progress),
+        list(listener.heartbeats),
     )
 
 
@@ -158,6 +163,7 @@ ROUTES: list[tuple[str, str, object]] = [
     ("POST", "results", {"hostname": "host-a", "local_rank": 0, "state": "SUCCESS"}),
     ("POST", "progress", {"round": 1, "epoch": 0, "step": 1}),
     ("GET", "round", None),
+    ("POST", "heartbeat", {"hostname": "host-a", "local_rank": 0}),
 ]
 
 
@@ -240,6 +246,15 @@ async def test_results_and_progress(cluster: Cluster) -> None:
     assert cluster.listener_a.progress[0].step == 1
     status, info = await cluster.call("GET", "/v1/jobs/job-a/round")
     assert status == 200 and info["progress"]["step"] == 1
+
+
+async def test_heartbeats_reach_the_listener(cluster: Cluster) -> None:
+    for worker in (W0, W1, W0):
+        body = {"hostname": worker.hostname, "local_rank": worker.local_rank}
+        status, answer = await cluster.call("POST", "/v1/jobs/job-a/heartbeat", json=body)
+        assert (status, answer) == (204, None)
+    assert cluster.listener_a.heartbeats == [W0, W1, W0]
+    assert cluster.listener_b.heartbeats == []
 
 
 # ---- notices ---------------------------------------------------------------------------
@@ -356,6 +371,10 @@ async def test_invalid_rendezvous_body_is_422_naming_the_field(
         ("results", b'{"hostname": "host-a", "local_rank": 0, "state": "SUCCESS", "x": 1}', 422),
         ("rendezvous", b'{"a": "' + b"x" * MAX_BODY_BYTES + b'"}', 413),
         ("progress", b" " * (MAX_BODY_BYTES + 1), 413),
+        ("heartbeat", b'{"hostname": "host-a"}', 422),
+        ("heartbeat", b'{"hostname": "bad host!", "local_rank": 0}', 422),
+        ("heartbeat", b'{"hostname": "host-a", "local_rank": 0, "round": 3}', 422),
+        ("heartbeat", b"{not json", 400),
     ],
 )
 async def test_malformed_body_is_4xx_and_changes_nothing(
@@ -493,6 +512,7 @@ def test_openapi_document_lists_every_route_and_wire_model() -> None:
         wire.NoticesResponse,
         wire.ResultRequest,
         wire.ProgressRequest,
+        wire.HeartbeatRequest,
         wire.RoundInfo,
         wire.ErrorResponse,
     ]

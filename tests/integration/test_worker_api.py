@@ -20,12 +20,13 @@ from typing import Any
 
 import pytest
 
+from elasticjob import wire
 from tests.integration.harness import run_to_end
 
 pytestmark = pytest.mark.integration
 
 HERE = Path(__file__).parent
-WORKER = HERE / "api_worker.py"
+WORKER = HERE / "workers" / "api_worker.py"
 HOSTS = "127.0.1.1:2,127.0.1.2:1"
 RUN_TIMEOUT_S = 180.0
 """Bound on one job; a healthy job takes a few seconds plus the workers' imports."""
@@ -59,7 +60,7 @@ def worker_env() -> dict[str, str]:
     """This environment without any launcher variables (a worker started from it runs
     standalone), with a bounded collective timeout."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTICJOB_")}
-    env["ELASTICJOB_COLLECTIVE_TIMEOUT"] = COLLECTIVE_TIMEOUT_S
+    env[wire.ENV_COLLECTIVE_TIMEOUT] = COLLECTIVE_TIMEOUT_S
     return env
 
 

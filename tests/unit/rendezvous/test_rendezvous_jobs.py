@@ -10,6 +10,7 @@ import pytest
 from elasticjob.rendezvous.api import RendezvousError
 from elasticjob.rendezvous.jobs import MAX_NOTICES, InMemoryJobRendezvous
 from elasticjob.wire import (
+    HeartbeatRequest,
     NoticeKind,
     ProgressRequest,
     RendezvousRequest,
@@ -32,6 +33,7 @@ class RecordingListener:
         self.rolled_back: list[tuple[WorkerId, int]] = []
         self.results: list[ResultRequest] = []
         self.progress: list[ProgressRequest] = []
+        self.heartbeats: list[WorkerId] = []
         self.ready_event = asyncio.Event()
 
     def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
@@ -45,6 +47,9 @@ class RecordingListener:
 
     def on_progress(self, progress: ProgressRequest) -> None:
         self.progress.append(progress)
+
+    def on_worker_heartbeat(self, worker: WorkerId) -> None:
+        self.heartbeats.append(worker)
 
 
 class FailingListener(RecordingListener):
@@ -343,6 +348,15 @@ async def test_results_progress_and_round_info(
     info = job.round_info()
     assert (info.round, info.size, info.hosts) == (1, 3, ("host-b", "host-a"))
     assert (info.latest_notice_seq, info.progress) == (1, progress)
+
+
+def test_heartbeats_are_passed_to_the_listener(
+    job: InMemoryJobRendezvous, listener: RecordingListener
+) -> None:
+    job.report_heartbeat(HeartbeatRequest(hostname="host-b", local_rank=0))
+    job.report_heartbeat(HeartbeatRequest(hostname="host-a", local_rank=1))
+    assert listener.heartbeats == [W1, W2]
+    assert not job.registered(W1), "a heartbeat is not a registration"
 
 
 async def test_close_waits_answers_pending_long_polls(

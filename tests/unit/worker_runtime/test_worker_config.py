@@ -7,9 +7,10 @@ import logging
 import pytest
 
 from elasticjob import wire
+from elasticjob.worker_runtime.config import WorkerConfig, resolve_backend
 from elasticjob.worker_runtime.exceptions import HostsUpdatedInterrupt
 from elasticjob.worker_runtime.log import CONTEXT, get_logger
-from elasticjob.worker_runtime.runtime import Runtime, WorkerConfig, resolve_backend
+from elasticjob.worker_runtime.runtime import Runtime
 
 FULL_ENV = {
     wire.ENV_RENDEZVOUS_URL: "http://127.0.0.1:7000",
@@ -37,6 +38,39 @@ def test_partial_environment_is_a_clear_error(missing: str) -> None:
     env = {k: v for k, v in FULL_ENV.items() if k != missing}
     with pytest.raises(RuntimeError, match=missing):
         WorkerConfig.from_env(env)
+
+
+def test_optional_settings_from_environment() -> None:
+    config = WorkerConfig.from_env(
+        FULL_ENV
+        | {
+            wire.ENV_COLLECTIVE_TIMEOUT: "12.5",
+            wire.ENV_ROUND_WAIT: "30",
+            wire.ENV_HEARTBEAT_INTERVAL: "0.5",
+            wire.ENV_DEFER_SIGTERM: "1",
+        }
+    )
+    assert config is not None
+    assert (config.collective_timeout_s, config.round_wait_s) == (12.5, 30.0)
+    assert (config.heartbeat_interval_s, config.defer_sigterm) == (0.5, True)
+    default = WorkerConfig.from_env(FULL_ENV)
+    assert default is not None
+    assert (default.collective_timeout_s, default.round_wait_s) == (60.0, 900.0)
+    assert (default.heartbeat_interval_s, default.defer_sigterm) == (0.0, False)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        (wire.ENV_COLLECTIVE_TIMEOUT, "soon"),
+        (wire.ENV_ROUND_WAIT, "-1"),
+        (wire.ENV_HEARTBEAT_INTERVAL, "nan"),
+        (wire.ENV_HEARTBEAT_INTERVAL, "inf"),
+    ],
+)
+def test_malformed_seconds_are_a_clear_error(name: str, value: str) -> None:
+    with pytest.raises(RuntimeError, match=f"{name} must be"):
+        WorkerConfig.from_env(FULL_ENV | {name: value})
 
 
 def test_backend_choice() -> None:

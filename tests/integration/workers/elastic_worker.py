@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import elasticjob.worker_runtime as hvd
+from elasticjob import wire
 
 
 class Model(torch.nn.Module):
@@ -57,8 +58,15 @@ def parse_args() -> argparse.Namespace:
         "--fail",
         action="append",
         default=[],
-        help="EPOCH:BATCH:RANK:MODE, MODE in exception|sigkill|internal (internal: a one-sided "
-        "HorovodInternalError on that rank just before the commit after BATCH; nothing exits)",
+        help="EPOCH:BATCH:RANK:MODE, MODE in exception|sigkill|sigstop|internal (internal: a "
+        "one-sided HorovodInternalError on that rank just before the commit after BATCH; nothing "
+        "exits)",
+    )
+    parser.add_argument(
+        "--slow",
+        action="append",
+        default=[],
+        help="EPOCH:BATCH:RANK:SECONDS: that rank's step takes this much longer, once",
     )
     parser.add_argument("--wait-deadline", type=float, default=90.0)
     parser.add_argument("--stop-file", type=Path, help="finish after the epoch in which it appears")
@@ -68,15 +76,15 @@ def parse_args() -> argparse.Namespace:
 class EventLog:
     def __init__(self, log_dir: Path) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        host = os.environ.get("ELASTICJOB_HOSTNAME", "standalone")
-        slot = os.environ.get("ELASTICJOB_LOCAL_RANK", "0")
+        host = os.environ.get(wire.ENV_HOSTNAME, "standalone")
+        slot = os.environ.get(wire.ENV_LOCAL_RANK, "0")
         self._path = log_dir / f"{host}-{slot}-{os.getpid()}.jsonl"
 
     def write(self, event: str, **fields: Any) -> None:
         record = {
             "ev": event,
-            "host": os.environ.get("ELASTICJOB_HOSTNAME", "standalone"),
-            "slot": int(os.environ.get("ELASTICJOB_LOCAL_RANK", "0")),
+            "host": os.environ.get(wire.ENV_HOSTNAME, "standalone"),
+            "slot": int(os.environ.get(wire.ENV_LOCAL_RANK, "0")),
             "pid": os.getpid(),
             "time": time.time(),
             **fields,
@@ -102,11 +110,27 @@ def maybe_fail(
         log.write("fail", epoch=epoch, batch=batch, rank=hvd.rank(), mode=mode)
         if mode == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "sigstop":  # frozen: every thread stops, the process stays
+            os.kill(os.getpid(), signal.SIGSTOP)
         if mode == "internal":
             raise hvd.HorovodInternalError(
                 f"scripted one-sided collective failure at {epoch}:{batch}"
             )
         raise RuntimeError(f"scripted failure at epoch {epoch} batch {batch}")
+
+
+def maybe_slow(args: argparse.Namespace, log: EventLog, epoch: int, batch: int) -> None:
+    for spec in args.slow:
+        e, b, r, seconds = spec.split(":")
+        if (int(e), int(b), int(r)) != (epoch, batch, hvd.rank()):
+            continue
+        marker = args.log_dir / f"slowed-{spec.replace(':', '_')}"
+        try:
+            marker.touch(exist_ok=False)
+        except FileExistsError:
+            continue
+        log.write("slow", epoch=epoch, batch=batch, rank=hvd.rank(), seconds=float(seconds))
+        time.sleep(float(seconds))  # the other ranks wait in this step's gradient allreduce
 
 
 def main() -> None:
@@ -159,6 +183,7 @@ def main() -> None:
                     torch.nn.functional.cross_entropy(model(x), y, reduction="none") * weight
                 ).mean()
                 loss.backward()
+                maybe_slow(args, log, state.epoch, state.batch)
                 optimizer.step()
                 counts = torch.bincount(idx[weight.bool()], minlength=args.samples)
                 model.seen += hvd.allreduce(counts, op=hvd.Sum)

@@ -7,11 +7,13 @@ import sys
 import time
 from pathlib import Path
 
+from elasticjob import wire
+
 SLOTS = [sys.executable, "-m", "elasticjob.worker_runtime.slots"]
 
 
 def test_every_slot_runs_with_its_local_rank(tmp_path: Path) -> None:
-    script = f"import os; open(r'{tmp_path}/' + os.environ['ELASTICJOB_LOCAL_RANK'], 'w').close()"
+    script = f"import os; open(r'{tmp_path}/' + os.environ['{wire.ENV_LOCAL_RANK}'], 'w').close()"
     done = subprocess.run(
         [*SLOTS, "3", "--", sys.executable, "-c", script], timeout=120, check=False
     )
@@ -22,7 +24,7 @@ def test_every_slot_runs_with_its_local_rank(tmp_path: Path) -> None:
 def test_the_first_failing_slot_takes_the_others_down() -> None:
     script = (
         "import os, time\n"
-        "if os.environ['ELASTICJOB_LOCAL_RANK'] == '1': raise SystemExit(3)\n"
+        f"if os.environ['{wire.ENV_LOCAL_RANK}'] == '1': raise SystemExit(3)\n"
         "time.sleep(600)\n"
     )
     started = time.monotonic()

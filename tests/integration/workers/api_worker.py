@@ -24,6 +24,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import elasticjob.worker_runtime as hvd
+from elasticjob import wire
 from elasticjob.worker_runtime import basics
 from elasticjob.worker_runtime.elastic import StateHandler, TorchState
 
@@ -129,7 +130,7 @@ def before_init() -> Json:
 def topology() -> Json:
     return {
         "hostname": basics.current().slot.hostname,
-        "env_local_rank": os.environ.get("ELASTICJOB_LOCAL_RANK"),
+        "env_local_rank": os.environ.get(wire.ENV_LOCAL_RANK),
         "rank": hvd.rank(),
         "size": hvd.size(),
         "local_rank": hvd.local_rank(),

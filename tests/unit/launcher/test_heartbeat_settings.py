@@ -1,0 +1,30 @@
+"""How ``elasticjob-run``'s heartbeat timeout reaches the driver and the workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from elasticjob import wire
+from elasticjob.launcher.cli import main
+from elasticjob.launcher.processes import WorkerEnvironment
+from elasticjob.wire import WorkerId
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_a_bad_heartbeat_timeout_is_refused(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["-np", "1", "--heartbeat-timeout", value, "true"]) == 2
+    assert "--heartbeat-timeout must be >= 0 seconds" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("interval", "expected"),
+    [(1.0, "1.0"), (None, None)],
+)
+def test_workers_are_told_their_heartbeat_interval(
+    interval: float | None, expected: str | None
+) -> None:
+    environment = WorkerEnvironment(
+        "http://127.0.0.1:1", "job", "token", heartbeat_interval_s=interval
+    )
+    env = environment.for_worker(WorkerId("127.0.0.1", 0), "127.0.0.1")
+    assert env.get(wire.ENV_HEARTBEAT_INTERVAL) == expected

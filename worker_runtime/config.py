@@ -1,0 +1,88 @@
+"""What a launcher (or the operator) tells a worker through its environment.
+
+The variable names are the worker contract's and live in :mod:`elasticjob.wire`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from elasticjob import wire
+
+
+def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise RuntimeError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise RuntimeError(f"{name} must be a finite number of seconds >= 0, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """A worker's identity in the job and the bounds it works under."""
+
+    rendezvous_url: str
+    job: str
+    token: str
+    hostname: str
+    local_rank: int
+    bind_address: str
+    backend: str = "auto"
+    collective_timeout_s: float = 60.0
+    """Bound on any collective; failures the driver sees abort groups much sooner."""
+    round_wait_s: float = 900.0
+    """How long a worker waits for its next round before giving up."""
+    heartbeat_interval_s: float = 0.0
+    """Seconds between heartbeats to the rendezvous service (0: none, the default; the
+    driver that evicts silent workers sets it)."""
+    defer_sigterm: bool = False
+    """Whether the first SIGTERM lets the worker leave at its next host-update check."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> WorkerConfig | None:
+        """Read the config, or None when the process was not started by a launcher.
+
+        Raises :class:`RuntimeError` naming the variable when one is missing or malformed."""
+        url = environ.get(wire.ENV_RENDEZVOUS_URL)
+        if not url:
+            return None
+        missing = [
+            name
+            for name in (wire.ENV_JOB, wire.ENV_TOKEN, wire.ENV_HOSTNAME, wire.ENV_LOCAL_RANK)
+            if not environ.get(name)
+        ]
+        if missing:
+            raise RuntimeError(f"{wire.ENV_RENDEZVOUS_URL} is set but {', '.join(missing)} not")
+        hostname = environ[wire.ENV_HOSTNAME]
+        return cls(
+            rendezvous_url=url,
+            job=environ[wire.ENV_JOB],
+            token=environ[wire.ENV_TOKEN],
+            hostname=hostname,
+            local_rank=int(environ[wire.ENV_LOCAL_RANK]),
+            bind_address=environ.get(wire.ENV_BIND_ADDRESS, hostname),
+            backend=environ.get(wire.ENV_BACKEND, "auto"),
+            collective_timeout_s=_seconds(environ, wire.ENV_COLLECTIVE_TIMEOUT, 60.0),
+            round_wait_s=_seconds(environ, wire.ENV_ROUND_WAIT, 900.0),
+            heartbeat_interval_s=_seconds(environ, wire.ENV_HEARTBEAT_INTERVAL, 0.0),
+            defer_sigterm=environ.get(wire.ENV_DEFER_SIGTERM) == "1",
+        )
+
+
+def resolve_backend(requested: str) -> str:
+    """``auto`` means NCCL when CUDA is available, else Gloo."""
+    if requested == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if requested not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be gloo, nccl or auto, got {requested!r}")
+    return requested

@@ -1,0 +1,56 @@
+"""The worker's heartbeat: a daemon thread that tells the rendezvous service, every
+interval, that this process is alive.
+
+It beats whatever the training thread does (a slow step, a long evaluation, a wait in a
+collective), so the driver can tell a frozen process (SIGSTOP, a host that stopped
+answering), where every thread stops, from a slow one. It beats until the process exits, so a
+worker that is still tearing down after its last round is not taken for a hung one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from elasticjob.wire import HeartbeatRequest
+from elasticjob.worker_runtime.log import get_logger
+from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
+
+logger = get_logger(__name__)
+
+
+class Heartbeat:
+    """Beats for worker ``hostname[local_rank]`` every ``interval_s`` once started."""
+
+    def __init__(
+        self, client: RendezvousClient, hostname: str, local_rank: int, interval_s: float
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"heartbeat interval must be > 0, got {interval_s}")
+        self._client = client
+        self._request = HeartbeatRequest(hostname=hostname, local_rank=local_rank)
+        self._interval_s = interval_s
+        self._thread = threading.Thread(target=self._run, name="elasticjob-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        """Start beating (the first beat is sent at once)."""
+        self._thread.start()
+
+    def _run(self) -> None:
+        failing = False
+        next_beat = time.monotonic()
+        while True:
+            try:
+                self._client.heartbeat(self._request)
+            except RendezvousClientError as exc:
+                if not failing:
+                    logger.warning("%s; still trying every %.1f s", exc, self._interval_s)
+                failing = True
+            else:
+                if failing:
+                    logger.info("heartbeats arrive again")
+                failing = False
+            # Beat on a fixed schedule: a slow request does not push the next beat back.
+            now = time.monotonic()
+            next_beat = max(next_beat + self._interval_s, now)
+            time.sleep(next_beat - now)

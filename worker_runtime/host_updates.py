@@ -1,0 +1,69 @@
+"""The agreement on host updates: every rank of a round stops for a hosts-added or
+hosts-removed notice at the same step.
+
+Each rank votes with the newest hosts notice it has seen (or the one its round already
+accounts for); the votes are reduced across ranks, so every rank decides from the same value,
+never from rank 0's view alone.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+import torch.distributed as dist
+
+from elasticjob.worker_runtime.exceptions import HostsUpdatedInterrupt
+from elasticjob.worker_runtime.process_group import RoundGroup
+
+
+class HostUpdateAgreement:
+    """One rank's side of the agreement. Notices arrive on the notice thread; everything else
+    runs on the training thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest_seq = 0
+        self._handled_seq = 0
+        self._settled: float | None = None
+
+    def saw_notice(self, seq: int) -> None:
+        """A hosts notice with sequence number ``seq`` arrived. Thread-safe."""
+        with self._lock:
+            self._latest_seq = max(self._latest_seq, seq)
+
+    def joined_round(self, notice_seq: int) -> None:
+        """A round that accounts for notices up to ``notice_seq`` was joined."""
+        with self._lock:
+            self._handled_seq = max(self._handled_seq, notice_seq)
+        self._settled = None
+
+    def vote(self) -> int:
+        """This rank's view of host updates: equal on every rank while nothing new happened."""
+        with self._lock:
+            return max(self._latest_seq, self._handled_seq)
+
+    def settle(self, mean: float) -> None:
+        """Record the mean of every rank's :meth:`vote`, reduced along with a collective the
+        ranks made anyway; the next :meth:`check` uses it instead of a collective of its own."""
+        self._settled = mean
+
+    def check(self, group: RoundGroup, size: int) -> None:
+        """Raise :class:`HostsUpdatedInterrupt` once any rank has voted for a newer notice:
+        from the settled mean if there is one, else from a max-reduction of the votes over
+        the round's ``group`` of ``size`` ranks."""
+        settled, self._settled = self._settled, None
+        if settled is not None:
+            # Votes are whole numbers >= the handled one: any newer vote lifts the mean by at
+            # least 1/size, far above the rounding of a float reduction.
+            if settled - self._handled_seq > 0.5 / size:
+                self._handled_seq = math.ceil(settled)
+                raise HostsUpdatedInterrupt(skip_sync=False)
+            return
+        agreed = torch.tensor([self.vote()], dtype=torch.int64, device=group.device)
+        group.wait(dist.all_reduce(agreed, op=dist.ReduceOp.MAX, async_op=True))
+        seq = int(agreed.item())
+        if seq > self._handled_seq:
+            self._handled_seq = seq
+            raise HostsUpdatedInterrupt(skip_sync=False)
