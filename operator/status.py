@@ -249,7 +249,7 @@ def conditions(
     phase, reason, message = phase_of(obs)
     out = []
     for kind in _PHASE_CONDITIONS:
-        current = kind.value == phase.value
+        current = kind is ConditionType(phase)
         old = before.get(kind)
         out.append(
             _condition(

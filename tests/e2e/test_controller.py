@@ -121,6 +121,11 @@ def test_blacklisted_nodes_stay_blacklisted_after_an_operator_restart(
             ),
             timeout=180,
         )
+        ready = condition(scaled, "Ready")
+        assert ready["status"] == "True", scaled
+        assert ready["lastTransitionTime"] == condition(recovered, "Ready")["lastTransitionTime"], (
+            "Ready must not flap through a restart and a scale-out"
+        )
         still = [b for b in scaled["blacklistedNodes"] if b["node"] == victim["node"]]
         assert still, f"the restarted operator forgot blacklisted node {victim['node']}: {scaled}"
         assert abs(moment(still[0]["until"]) - moment(entry["until"])) <= datetime.timedelta(
@@ -187,3 +192,23 @@ def test_out_of_range_replicas_are_clamped_and_never_fail_the_job(
         assert condition(done, "Ready")["status"] == "False"
     finally:
         kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+
+
+def test_unschedulable_worker_pods_are_named_with_the_schedulers_message(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    manifest = job_manifest("huge", tmp_path, tmp_path / "stop", replicas=2, minReplicas=2)
+    (worker,) = manifest["spec"]["template"]["spec"]["containers"]
+    worker["resources"] = {"requests": {"cpu": "64"}}  # more than any node has
+    kube.apply(manifest)
+    stuck = wait_status(
+        kube,
+        "huge",
+        "the Unschedulable reason",
+        lambda s: condition(s, "Created").get("reason") == "Unschedulable",
+    )
+    message = condition(stuck, "Created")["message"]
+    assert message.startswith("2 worker pods cannot be scheduled: 0/4 nodes are available"), stuck
+    assert "Insufficient cpu" in message, message
+    assert condition(stuck, "Ready")["status"] == "False"
+    assert stuck["observedGeneration"] == (kube.get("ej", "huge") or {})["metadata"]["generation"]
