@@ -1,8 +1,10 @@
 """How many worker pods a job runs, and which pods to create, drain or delete: one pure
 decision per reconciliation (:func:`plan_pods`), which the controller carries out.
 
-The driver forms rounds from the hosts the plan lists (``PodPlan.hosts``); it never starts
-or stops pods itself, so this is the job's only scaling loop.
+The desired count is ``spec.replicas`` as :func:`read_spec` clamps it into [minReplicas,
+maxReplicas]. The driver forms rounds from the hosts the plan lists (``PodPlan.hosts``); it
+never creates pods (its launcher only deletes the pod of a worker that must stop), so this is
+the job's only scaling loop.
 """
 
 from __future__ import annotations
@@ -67,8 +69,6 @@ def read_spec(raw: Mapping[str, Any]) -> tuple[ElasticJobSpec, ReplicasClamp | N
 class PodPlan:
     """What one reconciliation does to a job's pods."""
 
-    desired: int
-    """Worker pods the job should have."""
     create: int = 0
     """New worker pods to create (kept off the blacklisted nodes)."""
     drain: tuple[str, ...] = ()
@@ -156,7 +156,6 @@ def plan_pods(
         key=lambda v: (rank.get(v.name, len(rank)), v.created, v.name),
     )
     return PodPlan(
-        desired=desired,
         create=max(0, desired - len(live)),
         drain=tuple(drain),
         delete=tuple(delete),
