@@ -156,7 +156,7 @@ def phase_of(obs: Observation) -> tuple[Phase, str, str]:
     """The job's phase with a reason and a message."""
     pods = obs.pods
     unschedulable = (
-        f"{pods.unschedulable} worker pods cannot be scheduled: {pods.scheduler_message}"
+        f"{pods.unschedulable} worker pod(s) cannot be scheduled: {pods.scheduler_message}"
     )
     if obs.invalid_spec is not None:
         return Phase.FAILED, "InvalidSpec", obs.invalid_spec

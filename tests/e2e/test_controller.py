@@ -204,11 +204,14 @@ def test_unschedulable_worker_pods_are_named_with_the_schedulers_message(
     stuck = wait_status(
         kube,
         "huge",
-        "the Unschedulable reason",
-        lambda s: condition(s, "Created").get("reason") == "Unschedulable",
+        "both pods Unschedulable",
+        lambda s: (
+            condition(s, "Created").get("reason") == "Unschedulable"
+            and condition(s, "Created")["message"].startswith("2 worker pod(s)")
+        ),
     )
     message = condition(stuck, "Created")["message"]
-    assert message.startswith("2 worker pods cannot be scheduled: 0/4 nodes are available"), stuck
+    assert message.startswith("2 worker pod(s) cannot be scheduled: 0/4 nodes are available"), stuck
     assert "Insufficient cpu" in message, message
     assert condition(stuck, "Ready")["status"] == "False"
     assert stuck["observedGeneration"] == (kube.get("ej", "huge") or {})["metadata"]["generation"]

@@ -131,7 +131,7 @@ def test_phase_of(observation: Observation, phase: Phase, reason: str) -> None:
     assert (got_phase, got_reason) == (phase, reason)
     assert message
     if reason == "Unschedulable":
-        assert message == "1 worker pods cannot be scheduled: 0/3 nodes fit"
+        assert message == "1 worker pod(s) cannot be scheduled: 0/3 nodes fit"
 
 
 @pytest.mark.parametrize(
@@ -239,7 +239,7 @@ def test_unschedulable_pods_are_named_with_the_schedulers_message() -> None:
     assert (degraded.status, degraded.reason, degraded.message) == (
         ConditionStatus.TRUE,
         "Unschedulable",
-        "1 worker pods cannot be scheduled: 0/3 nodes fit",
+        "1 worker pod(s) cannot be scheduled: 0/3 nodes fit",
     )
     assert status.phase is Phase.DEGRADED
 
