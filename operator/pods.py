@@ -172,6 +172,8 @@ class PodView:
     created: str
     exit_code: int | None = None
     reason: str = ""
+    unschedulable: str | None = None
+    """The scheduler's message while a pending pod fits no node."""
 
 
 def view(pod: Mapping[str, Any], *, not_ready_nodes: Iterable[str] = ()) -> PodView:
@@ -195,6 +197,7 @@ def view(pod: Mapping[str, Any], *, not_ready_nodes: Iterable[str] = ()) -> PodV
         state = PodState.RUNNING
     else:
         state = PodState.PENDING
+    unschedulable = _unschedulable(status) if state is PodState.PENDING else None
     return PodView(
         name=metadata["name"],
         state=state,
@@ -203,6 +206,7 @@ def view(pod: Mapping[str, Any], *, not_ready_nodes: Iterable[str] = ()) -> PodV
         created=metadata.get("creationTimestamp", ""),
         exit_code=exit_code,
         reason=reason,
+        unschedulable=unschedulable,
     )
 
 
@@ -211,6 +215,17 @@ def _exit_code(status: Mapping[str, Any]) -> int | None:
         terminated = (container.get("state") or {}).get("terminated")
         if terminated is not None and terminated.get("exitCode") is not None:
             return int(terminated["exitCode"])
+    return None
+
+
+def _unschedulable(status: Mapping[str, Any]) -> str | None:
+    for condition in status.get("conditions", []) or []:
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") == "Unschedulable"
+        ):
+            return str(condition.get("message") or "no node fits the pod")
     return None
 
 

@@ -1,17 +1,33 @@
-"""The ElasticJob's status as a pure function of what the controller observed."""
+"""The ElasticJob's status as a pure function of what the controller observed.
+
+:func:`observe` gathers an :class:`Observation` from the driver and the pods (counted by
+:func:`pod_counts`); :func:`status_of` turns it into the
+:class:`~elasticjob.operator.api.ElasticJobStatus` model: the phase with its reason, the
+conditions (the phase's, ``Ready``, ``ReplicasClamped``, ``InvalidSpec``) and the rest.
+"""
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
-from elasticjob.driver.driver import JobResult
+from elasticjob.driver.driver import ElasticDriver, JobResult
 from elasticjob.driver.driver import Phase as DriverPhase
-from elasticjob.operator.api import ConditionType, Phase
+from elasticjob.operator.api import (
+    BlacklistedNode,
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    ElasticJobSpec,
+    ElasticJobStatus,
+    Phase,
+    Progress,
+    WorkerStatus,
+)
+from elasticjob.operator.pods import PodState, PodView
 
-_CONDITIONS = (
+_PHASE_CONDITIONS = (
     ConditionType.CREATED,
     ConditionType.RUNNING,
     ConditionType.SCALING,
@@ -23,6 +39,35 @@ _CONDITIONS = (
 
 
 @dataclass(frozen=True)
+class PodCounts:
+    """The job's worker pods by what they mean for its size."""
+
+    live: int = 0
+    """Running and staying."""
+    pending: int = 0
+    """Not running yet and staying (the unschedulable ones included)."""
+    leaving: int = 0
+    """Chosen to leave, or being deleted or preempted."""
+    unschedulable: int = 0
+    """Pending pods the scheduler finds no node for."""
+    scheduler_message: str | None = None
+    """What the scheduler says about one of them."""
+
+
+def pod_counts(views: Mapping[str, PodView], leaving: Collection[str]) -> PodCounts:
+    """Count ``views``; ``leaving``: the pods chosen to leave (see ``scaling.plan_pods``)."""
+    staying = [v for v in views.values() if v.name not in leaving]
+    unschedulable = [v for v in staying if v.unschedulable is not None]
+    return PodCounts(
+        live=sum(v.state is PodState.RUNNING for v in staying),
+        pending=sum(v.state is PodState.PENDING for v in staying),
+        leaving=len(set(leaving) | {v.name for v in staying if v.state is PodState.LEAVING}),
+        unschedulable=len(unschedulable),
+        scheduler_message=min((v.unschedulable or "" for v in unschedulable), default=None),
+    )
+
+
+@dataclass(frozen=True)
 class Observation:
     """What the controller knows about a job at one moment."""
 
@@ -31,22 +76,88 @@ class Observation:
     recovering: bool
     """The round being formed follows a failure."""
     desired: int
-    live: int
-    pending: int
-    leaving: int
+    """Worker pods the job should have (``spec.replicas``, clamped)."""
+    min_replicas: int
+    pods: PodCounts
     round: int
     world_size: int
-    workers: Sequence[Mapping[str, Any]] = ()
-    blacklisted_nodes: Sequence[Mapping[str, Any]] = ()
+    training_pods: int = 0
+    """Running pods that are members of the current round."""
+    workers: Sequence[WorkerStatus] = ()
+    blacklisted_nodes: Sequence[BlacklistedNode] = ()
     reset_count: int = 0
     last_reset_reason: str | None = None
-    progress: Mapping[str, Any] | None = None
+    progress: Progress | None = None
+    notice_seq: int = 0
     invalid_spec: str | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    replicas_clamped: str | None = None
+    """Why spec.replicas is not what the job runs (it is out of range), if it is not."""
+
+    @classmethod
+    def refused(cls, invalid_spec: str) -> Observation:
+        """A job whose spec the operator refuses (``invalid_spec`` says why)."""
+        return cls(
+            driver_phase=DriverPhase.STARTING,
+            result=None,
+            recovering=False,
+            desired=0,
+            min_replicas=0,
+            pods=PodCounts(),
+            round=0,
+            world_size=0,
+            invalid_spec=invalid_spec,
+        )
+
+
+def observe(
+    driver: ElasticDriver,
+    spec: ElasticJobSpec,
+    views: Mapping[str, PodView],
+    leaving: Collection[str],
+    blacklisted: Sequence[BlacklistedNode],
+    replicas_clamped: str | None,
+) -> Observation:
+    """What ``driver`` and the pods (``views``; ``leaving``: chosen to leave) say now."""
+    ranks: dict[str, list[int]] = {}
+    for worker, slot in driver.slots.items():
+        ranks.setdefault(worker.hostname, []).append(slot.rank)
+    running = {name for name, v in views.items() if v.state is PodState.RUNNING}
+    progress = driver.progress
+    return Observation(
+        driver_phase=driver.phase,
+        result=driver.result,
+        recovering=driver.recovering,
+        desired=spec.replicas,
+        min_replicas=spec.min_replicas,
+        pods=pod_counts(views, leaving),
+        round=driver.round,
+        world_size=len(driver.slots),
+        training_pods=len(ranks.keys() & running),
+        workers=[
+            WorkerStatus(pod=pod, node=views[pod].node if pod in views else None, ranks=sorted(r))
+            for pod, r in sorted(ranks.items())
+        ],
+        blacklisted_nodes=blacklisted,
+        reset_count=driver.registry.reset_count,
+        last_reset_reason=driver.last_reset_reason,
+        progress=None
+        if progress is None
+        else Progress(
+            epoch=progress.epoch,
+            step=progress.step,
+            samples_per_second=progress.samples_per_second,
+        ),
+        notice_seq=driver.rendezvous.round_info().latest_notice_seq,
+        replicas_clamped=replicas_clamped,
+    )
 
 
 def phase_of(obs: Observation) -> tuple[Phase, str, str]:
     """The job's phase with a reason and a message."""
+    pods = obs.pods
+    unschedulable = (
+        f"{pods.unschedulable} worker pod(s) cannot be scheduled: {pods.scheduler_message}"
+    )
     if obs.invalid_spec is not None:
         return Phase.FAILED, "InvalidSpec", obs.invalid_spec
     if obs.result is not None:
@@ -54,82 +165,155 @@ def phase_of(obs: Observation) -> tuple[Phase, str, str]:
             return Phase.SUCCEEDED, "TrainingFinished", obs.result.message
         return Phase.FAILED, "JobFailed", obs.result.message
     if obs.driver_phase is DriverPhase.STARTING:
+        if pods.unschedulable:
+            return Phase.CREATED, "Unschedulable", unschedulable
         return Phase.CREATED, "Starting", f"waiting for {obs.desired} worker pods to register"
     if obs.driver_phase is DriverPhase.FORMING:
         if obs.recovering:
             return Phase.RECOVERING, "WorkerFailed", obs.last_reset_reason or "a worker failed"
         return Phase.SCALING, "Rendezvous", f"forming round {obs.round + 1}"
-    if obs.leaving or obs.pending:
+    if pods.leaving or pods.pending > pods.unschedulable:
         return (
             Phase.SCALING,
             "Scaling",
             (
-                f"{obs.live} live worker pods, {obs.desired} desired "
-                f"({obs.pending} starting, {obs.leaving} leaving)"
+                f"{pods.live} live worker pods, {obs.desired} desired "
+                f"({pods.pending} starting, {pods.leaving} leaving)"
             ),
         )
-    if obs.live < obs.desired:
-        return Phase.DEGRADED, "FewerWorkers", f"{obs.live} live worker pods, {obs.desired} desired"
+    if pods.live < obs.desired:
+        if pods.unschedulable:
+            return Phase.DEGRADED, "Unschedulable", unschedulable
+        return (
+            Phase.DEGRADED,
+            "FewerWorkers",
+            f"{pods.live} live worker pods, {obs.desired} desired",
+        )
     return Phase.RUNNING, "Training", f"round {obs.round}: {obs.world_size} workers"
 
 
+def ready_of(obs: Observation) -> tuple[bool, str, str]:
+    """Whether training runs with at least minReplicas worker pods, with a reason and a
+    message. A scale-out or scale-in does not interrupt it; a failure does until the next
+    round."""
+    if obs.invalid_spec is not None:
+        return False, "InvalidSpec", obs.invalid_spec
+    if obs.result is not None:
+        return False, "JobFinished", obs.result.message
+    if obs.round == 0:
+        return False, "Starting", "no round has formed yet"
+    if obs.recovering:
+        return False, "WorkerFailed", obs.last_reset_reason or "a worker failed"
+    if obs.training_pods < obs.min_replicas:
+        return (
+            False,
+            "FewerWorkers",
+            f"{obs.training_pods} worker pods train, minReplicas is {obs.min_replicas}",
+        )
+    return True, "Training", f"training with at least minReplicas ({obs.min_replicas}) worker pods"
+
+
+def _condition(
+    kind: ConditionType,
+    holds: bool,
+    reason: str | None,
+    message: str | None,
+    before: Mapping[ConditionType, Condition],
+    generation: int | None,
+    now: datetime.datetime,
+) -> Condition:
+    status = ConditionStatus.TRUE if holds else ConditionStatus.FALSE
+    old = before.get(kind)
+    unchanged = old is not None and old.status is status
+    return Condition(
+        type=kind,
+        status=status,
+        reason=reason or None,  # the API server refuses empty strings here
+        message=message or None,
+        last_transition_time=old.last_transition_time if old is not None and unchanged else now,
+        observed_generation=generation,
+    )
+
+
 def conditions(
-    previous: Sequence[Mapping[str, Any]], phase: Phase, reason: str, message: str, now: str
-) -> list[dict[str, Any]]:
-    """Conditions in the Kubernetes convention: the current phase's condition True, the
-    others False; a condition's lastTransitionTime changes only when its status changes.
-    Created stays True once the job exists."""
-    before = {c["type"]: c for c in previous}
+    obs: Observation,
+    previous: Sequence[Condition],
+    generation: int | None,
+    now: datetime.datetime,
+) -> list[Condition]:
+    """Conditions in the Kubernetes convention: the current phase's condition True (with the
+    phase's reason), the other phases' False (keeping their last reason); Created stays True
+    once the job exists; Ready per :func:`ready_of`; ReplicasClamped and InvalidSpec when
+    they hold (or held). A lastTransitionTime changes only when its condition's status does."""
+    before = {c.type: c for c in previous}
+    phase, reason, message = phase_of(obs)
     out = []
-    for kind in _CONDITIONS:
-        holds = kind.value == phase.value or kind is ConditionType.CREATED
-        status = "True" if holds else "False"
-        old = before.get(kind.value)
-        changed = old is None or old.get("status") != status
-        current = kind.value == phase.value
-        condition = {
-            "type": kind.value,
-            "status": status,
-            "reason": reason if current else (old or {}).get("reason"),
-            "message": message if current else (old or {}).get("message"),
-            "lastTransitionTime": now if changed else old["lastTransitionTime"],  # type: ignore[index]
-        }
-        # Empty strings are left out: the API server takes them for nulls and refuses them.
-        out.append({key: value for key, value in condition.items() if value})
-    if phase is Phase.FAILED and reason == "InvalidSpec":
+    for kind in _PHASE_CONDITIONS:
+        current = kind is ConditionType(phase)
+        old = before.get(kind)
         out.append(
-            {
-                "type": ConditionType.INVALID_SPEC.value,
-                "status": "True",
-                "reason": reason,
-                "message": message,
-                "lastTransitionTime": now,
-            }
+            _condition(
+                kind,
+                current or kind is ConditionType.CREATED,
+                reason if current else (old.reason if old else None),
+                message if current else (old.message if old else None),
+                before,
+                generation,
+                now,
+            )
+        )
+    ready, ready_reason, ready_message = ready_of(obs)
+    out.append(
+        _condition(ConditionType.READY, ready, ready_reason, ready_message, before, generation, now)
+    )
+    if obs.replicas_clamped is not None or ConditionType.REPLICAS_CLAMPED in before:
+        clamped = obs.replicas_clamped is not None
+        out.append(
+            _condition(
+                ConditionType.REPLICAS_CLAMPED,
+                clamped,
+                "ReplicasOutOfRange" if clamped else "ReplicasInRange",
+                obs.replicas_clamped or "spec.replicas is within [minReplicas, maxReplicas]",
+                before,
+                generation,
+                now,
+            )
+        )
+    if obs.invalid_spec is not None:
+        out.append(
+            _condition(
+                ConditionType.INVALID_SPEC, True, "InvalidSpec", message, before, generation, now
+            )
         )
     return out
 
 
 def status_of(
-    obs: Observation, previous: Mapping[str, Any], selector: str, now: datetime.datetime
-) -> dict[str, Any]:
-    """The status subresource for ``obs`` (``previous``: the status as it was)."""
-    stamp = now.isoformat().replace("+00:00", "Z")
-    phase, reason, message = phase_of(obs)
-    status: dict[str, Any] = {
-        "phase": phase.value,
-        "conditions": conditions(previous.get("conditions", []), phase, reason, message, stamp),
-        "replicas": obs.live,
-        "selector": selector,
-        "round": obs.round,
-        "worldSize": obs.world_size,
-        "workers": list(obs.workers),
-        "blacklistedNodes": list(obs.blacklisted_nodes),
-        "resetCount": obs.reset_count,
-        "lastResetReason": obs.last_reset_reason,
-        "startTime": previous.get("startTime") or stamp,
-        "completionTime": previous.get("completionTime")
-        or (stamp if phase in (Phase.SUCCEEDED, Phase.FAILED) else None),
-        "progress": dict(obs.progress) if obs.progress else previous.get("progress"),
-        **obs.extra,
-    }
-    return status
+    obs: Observation,
+    previous: ElasticJobStatus,
+    selector: str,
+    generation: int | None,
+    now: datetime.datetime,
+) -> ElasticJobStatus:
+    """The status subresource for ``obs`` (``previous``: the status as it was; ``generation``:
+    the metadata.generation of the spec ``obs`` follows)."""
+    now = now.replace(microsecond=0)
+    phase, _, _ = phase_of(obs)
+    ended = phase in (Phase.SUCCEEDED, Phase.FAILED)
+    return ElasticJobStatus(
+        phase=phase,
+        observed_generation=generation,
+        conditions=conditions(obs, previous.conditions, generation, now),
+        replicas=obs.pods.live,
+        selector=selector,
+        round=obs.round,
+        notice_seq=obs.notice_seq,
+        world_size=obs.world_size,
+        workers=list(obs.workers),
+        blacklisted_nodes=list(obs.blacklisted_nodes),
+        reset_count=obs.reset_count,
+        last_reset_reason=obs.last_reset_reason,
+        start_time=previous.start_time or now,
+        completion_time=previous.completion_time or (now if ended else None),
+        progress=obs.progress or previous.progress,
+    )

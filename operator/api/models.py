@@ -216,6 +216,12 @@ class ConditionType(enum.StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     INVALID_SPEC = "InvalidSpec"
+    READY = "Ready"
+    """True while training runs with at least minReplicas worker pods; it stays True through
+    a scale-out or scale-in (``kubectl wait --for=condition=Ready``)."""
+    REPLICAS_CLAMPED = "ReplicasClamped"
+    """True while spec.replicas is outside [minReplicas, maxReplicas] and the operator runs
+    the nearest bound instead."""
 
 
 class ConditionStatus(enum.StrEnum):
@@ -231,11 +237,13 @@ class Condition(_Status):
 
     type: ConditionType
     status: ConditionStatus
-    reason: str = ""
+    reason: str | None = None
     """A CamelCase word for programs."""
-    message: str = ""
+    message: str | None = None
     """A sentence for people."""
     last_transition_time: AwareDatetime
+    observed_generation: NonNegative | None = None
+    """The job's metadata.generation the condition was computed from."""
 
 
 class WorkerStatus(_Status):
@@ -252,6 +260,8 @@ class BlacklistedNode(_Status):
 
     node: str
     until: AwareDatetime
+    strikes: Annotated[int, Field(ge=1)] = 1
+    """How many times the node was blacklisted (its next cooldown doubles)."""
 
 
 class Progress(_Status):
@@ -267,9 +277,13 @@ class ElasticJobStatus(_Status):
 
     phase: Phase | None = None
     """Degraded: training runs with fewer live worker pods than desired."""
+    observed_generation: NonNegative | None = None
+    """The job's metadata.generation this status was computed from."""
     conditions: list[Condition] = []
     """InvalidSpec (True): the spec breaks a rule the schema cannot express, and the
-    operator does not act on the job until it is fixed."""
+    operator does not act on the job until it is fixed. Ready (True): training runs with at
+    least minReplicas worker pods. ReplicasClamped (True): spec.replicas is out of range and
+    the nearest bound is used."""
     replicas: NonNegative = 0
     """Live worker pods."""
     selector: str | None = None

@@ -13,7 +13,7 @@ from elasticjob.operator.api.crd import (
     build_crd,
 )
 
-CRD_FILE = Path(__file__).resolve().parents[2] / DEFAULT_OUTPUT
+CRD_FILE = Path(__file__).resolve().parents[3] / DEFAULT_OUTPUT
 VERSION = build_crd()["spec"]["versions"][0]
 ROOT = VERSION["schema"]["openAPIV3Schema"]
 SPEC_SCHEMA = ROOT["properties"]["spec"]

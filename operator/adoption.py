@@ -1,0 +1,72 @@
+"""Taking a job over after an operator restart, from what its status recorded: the round in
+force (so its workers train on undisturbed) and the blacklisted nodes (so they stay out until
+their recorded end). Pure functions of the status and the clocks."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from elasticjob.driver.blacklist import Blacklist
+from elasticjob.driver.slots import assign_slots
+from elasticjob.operator.api import BlacklistedNode, ElasticJobStatus
+from elasticjob.wire import SlotInfo, WorkerId
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RecordedRound:
+    """The round a job's status records, as the driver adopts it."""
+
+    round: int
+    slots: Mapping[WorkerId, SlotInfo]
+    notice_seq: int
+    rank_order: tuple[str, ...]
+    """Its pods by rank."""
+
+
+def recorded_round(status: ElasticJobStatus, slots_per_worker: int) -> RecordedRound | None:
+    """The round ``status`` records, or None when there is none or it does not fit the
+    pods' slots (then a new round is formed)."""
+    if not status.round or not status.workers:
+        return None
+    order = sorted(status.workers, key=lambda w: min(w.ranks or [0]))
+    slots = assign_slots([(w.pod, slots_per_worker) for w in order], min_np=1, max_np=None)
+    recorded = {(w.pod, rank) for w in status.workers for rank in w.ranks}
+    if {(worker.hostname, slot.rank) for worker, slot in slots.items()} != recorded:
+        logger.warning("the recorded round %d does not fit its pods; not adopted", status.round)
+        return None
+    return RecordedRound(status.round, slots, status.notice_seq, tuple(w.pod for w in order))
+
+
+def restore_blacklist(
+    blacklist: Blacklist[str], recorded: list[BlacklistedNode], wall_now: float, mono_now: float
+) -> None:
+    """Blacklist the ``recorded`` nodes again until their recorded (wall-clock) ends, on the
+    blacklist's monotonic clock (``mono_now`` read from it at ``wall_now``), with their
+    strikes. Ends already past are skipped."""
+    for entry in recorded:
+        until = entry.until.timestamp() - wall_now + mono_now
+        if until > mono_now:
+            blacklist.restore(entry.node, until, entry.strikes)
+            logger.info("node %s stays blacklisted until %s", entry.node, entry.until)
+
+
+def blacklisted_nodes(
+    blacklist: Blacklist[str], wall_now: float, mono_now: float
+) -> list[BlacklistedNode]:
+    """The active blacklisting as the status records it: wall-clock ends (whole seconds,
+    rounded up so a restored end never comes early) and strikes."""
+    offset = wall_now - mono_now
+    return [
+        BlacklistedNode(
+            node=node,
+            until=datetime.datetime.fromtimestamp(math.ceil(until + offset), datetime.UTC),
+            strikes=max(1, blacklist.strikes(node)),
+        )
+        for node, until in sorted(blacklist.active().items())
+    ]

@@ -1,0 +1,185 @@
+"""How many worker pods a job runs, and which pods to create, drain or delete: one pure
+decision per reconciliation (:func:`plan_pods`), which the controller carries out.
+
+The desired count is ``spec.replicas`` as :func:`read_spec` clamps it into [minReplicas,
+maxReplicas]. The driver forms rounds from the hosts the plan lists (``PodPlan.hosts``); it
+never creates pods (its launcher only deletes the pod of a worker that must stop), so this is
+the job's only scaling loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from elasticjob.driver.api import HostDiscovery
+from elasticjob.operator.api import (
+    BlacklistScope,
+    CleanPodPolicy,
+    ElasticJobSpec,
+    InvalidSpecError,
+    parse_spec,
+)
+from elasticjob.operator.pods import PodState, PodView, newest_first
+
+_MIN_REPLICAS_DEFAULT: int = ElasticJobSpec.model_fields["min_replicas"].default
+
+
+@dataclass(frozen=True)
+class ReplicasClamp:
+    """spec.replicas was out of range; the job runs ``used`` worker pods instead."""
+
+    requested: int
+    used: int
+    min_replicas: int
+    max_replicas: int
+
+    def __str__(self) -> str:
+        return (
+            f"spec.replicas {self.requested} is outside [{self.min_replicas}, "
+            f"{self.max_replicas}]; running {self.used} worker pods"
+        )
+
+
+def read_spec(raw: Mapping[str, Any]) -> tuple[ElasticJobSpec, ReplicasClamp | None]:
+    """The spec as a model, like ``parse_spec``, except that a ``replicas`` outside
+    [minReplicas, maxReplicas] (a scale without the admission webhook) is clamped to the
+    nearest bound rather than refused; the clamp says so. Raises ``InvalidSpecError`` for
+    any other broken rule."""
+    try:
+        return parse_spec(raw), None
+    except InvalidSpecError as refused:
+        requested, low = raw.get("replicas"), raw.get("minReplicas", _MIN_REPLICAS_DEFAULT)
+        high = raw.get("maxReplicas")
+        if not all(type(n) is int for n in (requested, low, high)):
+            raise
+        assert isinstance(requested, int) and isinstance(low, int) and isinstance(high, int)
+        if not 1 <= low <= high or low <= requested <= high:
+            raise
+        used = min(max(requested, low), high)
+        try:
+            spec = parse_spec({**raw, "replicas": used})
+        except InvalidSpecError:
+            raise refused from None
+        return spec, ReplicasClamp(requested, used, low, high)
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """What one reconciliation does to a job's pods."""
+
+    create: int = 0
+    """New worker pods to create (kept off the blacklisted nodes)."""
+    drain: tuple[str, ...] = ()
+    """Pods newly chosen to leave (scale-in, or a blacklisted node): no longer hosts, so the
+    driver lets their workers go at the next round."""
+    delete: tuple[str, ...] = ()
+    """Pods chosen to leave that never ran: deleted now."""
+    overdue: tuple[str, ...] = ()
+    """Pods chosen to leave that did not exit within the removal deadline: reported failed
+    and deleted."""
+    forget: tuple[str, ...] = ()
+    """Pods chosen to leave that are gone."""
+    hosts: tuple[str, ...] = ()
+    """The usable pods in rank order (a resumed round's members first, then oldest first):
+    the driver's hosts."""
+
+
+def is_blacklisted(view: PodView, scope: BlacklistScope, blacklisted: Collection[str]) -> bool:
+    """Whether ``view`` is kept out: its node (scope Node) or itself (scope Pod) is
+    blacklisted."""
+    key = view.node if scope is BlacklistScope.NODE else view.name
+    return key is not None and key in blacklisted
+
+
+def plan_pods(
+    spec: ElasticJobSpec,
+    views: Mapping[str, PodView],
+    *,
+    blacklisted: Collection[str],
+    leaving: Mapping[str, float],
+    deleted: Collection[str],
+    rank_order: Sequence[str],
+    now: float,
+    removal_deadline_s: float,
+) -> PodPlan:
+    """Decide the pods of a job.
+
+    ``blacklisted``: the nodes (or pods, per ``spec.blacklist.scope``) cooling down;
+    ``leaving``: pods chosen to leave earlier, with the time they were chosen; ``deleted``:
+    pods already deleted; ``rank_order``: the pods of a resumed round by rank.
+
+    Running pods on blacklisted nodes leave gracefully; the newest pods leave when there are
+    more than desired; pods are created while there are fewer. Pending pods chosen to leave
+    are deleted at once, running ones only once their deadline has passed (normally their
+    workers exit first, and their pods end)."""
+    desired = spec.replicas
+    scope = spec.blacklist.scope
+    drain = [
+        v.name
+        for v in views.values()
+        if v.state is PodState.RUNNING
+        and v.name not in leaving
+        and is_blacklisted(v, scope, blacklisted)
+    ]
+    chosen = set(leaving) | set(drain)
+    live = [
+        v
+        for v in views.values()
+        if v.state in (PodState.PENDING, PodState.RUNNING) and v.name not in chosen
+    ]
+    if len(live) > desired:
+        extra = [v.name for v in newest_first(live, len(live) - desired)]
+        drain += extra
+        chosen |= set(extra)
+    delete, overdue, forget = [], [], []
+    for name in sorted(chosen):
+        view = views.get(name)
+        if view is None:
+            forget.append(name)
+        elif name in deleted:
+            continue
+        elif view.state is PodState.PENDING:
+            delete.append(name)
+        elif name in leaving and now - leaving[name] > removal_deadline_s:
+            overdue.append(name)
+    rank = {pod: i for i, pod in enumerate(rank_order)}
+    usable = sorted(
+        (
+            v
+            for v in views.values()
+            if v.state is PodState.RUNNING
+            and v.name not in chosen
+            and not is_blacklisted(v, scope, blacklisted)
+        ),
+        key=lambda v: (rank.get(v.name, len(rank)), v.created, v.name),
+    )
+    return PodPlan(
+        create=max(0, desired - len(live)),
+        drain=tuple(drain),
+        delete=tuple(delete),
+        overdue=tuple(overdue),
+        forget=tuple(forget),
+        hosts=tuple(v.name for v in usable),
+    )
+
+
+class PodDiscovery(HostDiscovery):
+    """The hosts of the controller's latest pod plan (``PodPlan.hosts``)."""
+
+    def __init__(self) -> None:
+        self.hosts: dict[str, int] = {}
+
+    def find_available_hosts_and_slots(self) -> dict[str, int]:
+        return dict(self.hosts)
+
+
+def pods_to_clean(views: Sequence[PodView], policy: CleanPodPolicy) -> list[str]:
+    """The pods to delete once the job has ended: all (All), those still pending or running
+    (Running), none (None)."""
+    if policy is CleanPodPolicy.ALL:
+        return [v.name for v in views]
+    if policy is CleanPodPolicy.RUNNING:
+        return [v.name for v in views if v.state in (PodState.PENDING, PodState.RUNNING)]
+    return []

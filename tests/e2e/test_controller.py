@@ -1,0 +1,217 @@
+"""The operator's controller end to end on devcluster: what it keeps across its own restart
+(the blacklisted nodes) and how it treats a replica count out of range when no webhook
+refuses it (it clamps, and never fails the running job)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+from devcluster import Cluster
+from tests.devcluster.helpers import Kube
+from tests.e2e.test_operator import (  # the module's helm-installed operator and helpers
+    RELEASE,
+    SYSTEM_NS,
+    job_manifest,
+    operator,
+    wait_status,
+)
+from tests.integration.harness import JobRun, kill_leftovers, read_events
+
+__all__ = ["operator"]  # a fixture of this module too
+
+
+def restart_operator(kube: Kube) -> None:
+    """Delete the operator's pod and wait until its replacement runs."""
+    kube.cluster.kubectl(
+        "-n",
+        SYSTEM_NS,
+        "delete",
+        "pod",
+        "-l",
+        "app.kubernetes.io/name=elasticjob-operator",
+        "--wait=true",
+    )
+    kube.wait(
+        "a new operator pod",
+        lambda: any(
+            p["status"].get("phase") == "Running" and p["metadata"].get("deletionTimestamp") is None
+            for p in json.loads(
+                kube.cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-o", "json").stdout
+            )["items"]
+        ),
+        timeout=120,
+    )
+
+
+def delete_webhook(cluster: Cluster) -> None:
+    name = f"{RELEASE}.{SYSTEM_NS}.svc"
+    cluster.kubectl("delete", "validatingwebhookconfiguration", name, check=False)
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions", []) if c["type"] == kind), {})
+
+
+def event_reasons(kube: Kube) -> set[str]:
+    return {ev["reason"] for ev in json.loads(kube.kubectl("get", "events", "-o", "json"))["items"]}
+
+
+def wait_ready(kube: Kube, job: str, timeout_s: int = 180) -> None:
+    """``kubectl wait --for=condition=Ready`` on the job."""
+    kube.cluster.kubectl(
+        *("-n", kube.ns, "wait", "--for=condition=Ready", f"ej/{job}", f"--timeout={timeout_s}s"),
+        timeout=timeout_s + 30,
+    )
+
+
+def moment(stamp: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def test_blacklisted_nodes_stay_blacklisted_after_an_operator_restart(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    log_dir = tmp_path / "events"
+    kube.apply(
+        job_manifest(
+            "sticky",
+            log_dir,
+            tmp_path / "stop",
+            replicas=2,
+            minReplicas=2,
+            blacklist={"cooldownSeconds": {"min": 600, "max": 1200}},
+        )
+    )
+    try:
+        first = wait_status(
+            kube,
+            "sticky",
+            "training with 2 workers",
+            lambda s: s.get("phase") == "Running" and s.get("worldSize") == 2,
+        )
+        victim = next(w for w in first["workers"] if 0 not in w["ranks"])
+        operator.faults.kill(victim["pod"], kube.ns)
+        recovered = wait_status(
+            kube,
+            "sticky",
+            "recovery with the victim's node blacklisted",
+            lambda s: (
+                s.get("phase") == "Running"
+                and s.get("worldSize") == 2
+                and s.get("resetCount", 0) > first.get("resetCount", 0)
+                and any(b["node"] == victim["node"] for b in s.get("blacklistedNodes", []))
+            ),
+            timeout=180,
+        )
+        (entry,) = [b for b in recovered["blacklistedNodes"] if b["node"] == victim["node"]]
+
+        restart_operator(kube)
+        kube.kubectl("scale", "ej/sticky", "--replicas=4")
+        scaled = wait_status(
+            kube,
+            "sticky",
+            "world size 4 under the new operator",
+            lambda s: (
+                s.get("phase") == "Running"
+                and s.get("worldSize") == 4
+                and s.get("round", 0) > recovered["round"]
+            ),
+            timeout=180,
+        )
+        ready = condition(scaled, "Ready")
+        assert ready["status"] == "True", scaled
+        assert ready["lastTransitionTime"] == condition(recovered, "Ready")["lastTransitionTime"], (
+            "Ready must not flap through a restart and a scale-out"
+        )
+        still = [b for b in scaled["blacklistedNodes"] if b["node"] == victim["node"]]
+        assert still, f"the restarted operator forgot blacklisted node {victim['node']}: {scaled}"
+        assert abs(moment(still[0]["until"]) - moment(entry["until"])) <= datetime.timedelta(
+            seconds=1
+        ), (entry, still)
+        nodes = {
+            p["spec"].get("nodeName")
+            for p in kube.pods("elasticjob.dev/job-name=sticky")
+            if p["status"].get("phase") in ("Pending", "Running")
+        }
+        assert victim["node"] not in nodes, f"a pod was placed on blacklisted {victim['node']}"
+        assert all(w["node"] != victim["node"] for w in scaled["workers"])
+        (tmp_path / "stop").touch()
+    finally:
+        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+
+
+def test_out_of_range_replicas_are_clamped_and_never_fail_the_job(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    """Without the webhook, `kubectl scale` beyond [min, max] reaches the operator: it runs
+    the nearest bound, says so in an Event and a condition, also after its restart."""
+    delete_webhook(operator)
+    log_dir = tmp_path / "events"
+    kube.apply(
+        job_manifest("clamp", log_dir, tmp_path / "stop", replicas=2, minReplicas=2, maxReplicas=3)
+    )
+    try:
+        wait_ready(kube, "clamp")
+        kube.kubectl("scale", "ej/clamp", "--replicas=9")
+        clamped = wait_status(
+            kube,
+            "clamp",
+            "3 workers, clamped",
+            lambda s: (
+                s.get("phase") == "Running"
+                and s.get("worldSize") == 3
+                and condition(s, "ReplicasClamped").get("status") == "True"
+            ),
+            timeout=180,
+        )
+        assert "spec.replicas 9" in condition(clamped, "ReplicasClamped")["message"]
+        assert condition(clamped, "Ready")["status"] == "True"
+        assert "ReplicasClamped" in event_reasons(kube)
+
+        restart_operator(kube)
+        delete_webhook(operator)  # the new operator registers it again
+        kube.kubectl("scale", "ej/clamp", "--replicas=1")
+        after = wait_status(
+            kube,
+            "clamp",
+            "2 workers under the new operator, clamped from 1",
+            lambda s: (
+                s.get("phase") != "Failed"
+                and s.get("worldSize") == 2
+                and "spec.replicas 1" in condition(s, "ReplicasClamped").get("message", "")
+            ),
+            timeout=180,
+        )
+        assert not condition(after, "InvalidSpec"), after
+        wait_ready(kube, "clamp", timeout_s=120)
+        (tmp_path / "stop").touch()
+        done = wait_status(kube, "clamp", "success", lambda s: s.get("phase") == "Succeeded", 180)
+        assert condition(done, "Ready")["status"] == "False"
+    finally:
+        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+
+
+def test_unschedulable_worker_pods_are_named_with_the_schedulers_message(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    manifest = job_manifest("huge", tmp_path, tmp_path / "stop", replicas=2, minReplicas=2)
+    (worker,) = manifest["spec"]["template"]["spec"]["containers"]
+    worker["resources"] = {"requests": {"cpu": "64"}}  # more than any node has
+    kube.apply(manifest)
+    stuck = wait_status(
+        kube,
+        "huge",
+        "both pods Unschedulable",
+        lambda s: (
+            condition(s, "Created").get("reason") == "Unschedulable"
+            and condition(s, "Created")["message"].startswith("2 worker pod(s)")
+        ),
+    )
+    message = condition(stuck, "Created")["message"]
+    assert message.startswith("2 worker pod(s) cannot be scheduled: 0/4 nodes are available"), stuck
+    assert "Insufficient cpu" in message, message
+    assert condition(stuck, "Ready")["status"] == "False"
+    assert stuck["observedGeneration"] == (kube.get("ej", "huge") or {})["metadata"]["generation"]

@@ -1,0 +1,249 @@
+"""Worker pods: the manifest the operator creates, and what a pod's state means."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from elasticjob import wire
+from elasticjob.operator.api import ElasticJobSpec, parse_spec
+from elasticjob.operator.pods import PodState, PodView, newest_first, view, worker_pod
+from tests.unit.operator.crd_model import with_changes
+
+JOB = {"metadata": {"name": "train", "namespace": "ml", "uid": "uid-1"}}
+HOST_NOT_IN = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n1", "n2"]}
+
+
+def spec_with(pod_spec: dict[str, Any], **changes: Any) -> ElasticJobSpec:
+    template = {"metadata": {"labels": {"team": "a"}}, "spec": pod_spec}
+    return parse_spec(with_changes(template=template, **changes))
+
+
+WORKER = {
+    "name": "worker",
+    "image": "img",
+    "command": ["train"],
+    "env": [{"name": "X", "value": "1"}],
+}
+
+
+def test_worker_pod_carries_the_template_and_the_runtime_contract() -> None:
+    spec = spec_with(
+        {
+            "containers": [WORKER, {"name": "sidecar", "image": "side"}],
+            "schedulerName": "gang",
+            "priorityClassName": "high",
+            "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "restartPolicy": "Always",
+        },
+        backend="gloo",
+    )
+    pod = worker_pod(JOB, spec, rendezvous_url="http://rdzv:8470")
+    meta, pod_spec = pod["metadata"], pod["spec"]
+    assert (pod["apiVersion"], pod["kind"]) == ("v1", "Pod")
+    assert meta["generateName"] == "train-worker-"
+    assert meta["labels"] == {
+        "team": "a",
+        "elasticjob.dev/job-name": "train",
+        "elasticjob.dev/role": "worker",
+    }
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "elasticjob.dev/v1alpha1",
+            "kind": "ElasticJob",
+            "name": "train",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert pod_spec["restartPolicy"] == "Never"
+    assert pod_spec["schedulerName"] == "gang"
+    assert pod_spec["priorityClassName"] == "high"
+    assert pod_spec["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert "affinity" not in pod_spec
+    worker, sidecar = pod_spec["containers"]
+    assert worker["command"] == ["train"]
+    assert "env" not in sidecar
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in worker["env"]}
+    assert env == {
+        wire.ENV_RENDEZVOUS_URL: "http://rdzv:8470",
+        wire.ENV_JOB: "ml.train",
+        wire.ENV_TOKEN: {"secretKeyRef": {"name": "train-rendezvous", "key": "token"}},
+        wire.ENV_HOSTNAME: {"fieldRef": {"fieldPath": "metadata.name"}},
+        wire.ENV_BIND_ADDRESS: {"fieldRef": {"fieldPath": "status.podIP"}},
+        wire.ENV_LOCAL_RANK: "0",
+        wire.ENV_BACKEND: "gloo",
+        "ELASTICJOB_DEFER_SIGTERM": "1",
+        "X": "1",
+    }
+    assert worker["env"][-1] == {"name": "X", "value": "1"}  # the user's env comes last
+
+
+def test_worker_pod_runs_a_process_per_slot() -> None:
+    spec = spec_with({"containers": [{**WORKER, "args": ["--lr", "1"]}]}, slotsPerWorker=2)
+    (worker,) = worker_pod(JOB, spec, rendezvous_url="u")["spec"]["containers"]
+    assert worker["command"] == [
+        "python",
+        "-m",
+        "elasticjob.worker_runtime.slots",
+        "2",
+        "--",
+        "train",
+        "--lr",
+        "1",
+    ]
+    assert "args" not in worker
+
+
+@pytest.mark.parametrize(
+    ("affinity", "expected"),
+    [
+        (None, {"nodeSelectorTerms": [{"matchExpressions": [HOST_NOT_IN]}]}),
+        (
+            {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "zone", "operator": "In", "values": ["a"]}
+                                ]
+                            },
+                            {
+                                "matchFields": [
+                                    {"key": "metadata.name", "operator": "In", "values": ["x"]}
+                                ]
+                            },
+                        ]
+                    }
+                }
+            },
+            {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": "zone", "operator": "In", "values": ["a"]},
+                            HOST_NOT_IN,
+                        ]
+                    },
+                    {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": ["x"]}
+                        ],
+                        "matchExpressions": [HOST_NOT_IN],
+                    },
+                ]
+            },
+        ),
+        (
+            {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+            {"nodeSelectorTerms": [{"matchExpressions": [HOST_NOT_IN]}]},
+        ),
+    ],
+    ids=["no-affinity", "user-node-affinity", "other-affinity"],
+)
+def test_blacklisted_nodes_are_excluded_from_every_node_selector_term(
+    affinity: dict[str, Any] | None, expected: dict[str, Any]
+) -> None:
+    pod_spec: dict[str, Any] = {"containers": [WORKER]}
+    if affinity is not None:
+        pod_spec["affinity"] = affinity
+    spec = spec_with(pod_spec)
+    pod = worker_pod(JOB, spec, rendezvous_url="u", avoid_nodes={"n2": 1.0, "n1": 2.0})
+    node_affinity = pod["spec"]["affinity"]["nodeAffinity"]
+    assert node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] == expected
+    if affinity and "podAntiAffinity" in affinity:
+        assert pod["spec"]["affinity"]["podAntiAffinity"] == affinity["podAntiAffinity"]
+    # The spec's template is not changed by making a pod from it.
+    assert spec.template.spec.model_dump(by_alias=True, exclude_none=True) == pod_spec
+
+
+def manifest(
+    phase: str = "Running",
+    node: str | None = "n1",
+    exit_code: int | None = None,
+    deleting: bool = False,
+    conditions: list[dict[str, str]] | None = None,
+    reason: str | None = None,
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": "p", "creationTimestamp": "2026-01-01T00:00:00Z"}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-01-01T00:01:00Z"
+    status: dict[str, Any] = {"phase": phase, "podIP": "10.0.0.1", "conditions": conditions or []}
+    if reason:
+        status["reason"] = reason
+    if exit_code is not None:
+        status["containerStatuses"] = [{"state": {"terminated": {"exitCode": exit_code}}}]
+    return {"metadata": metadata, "spec": {"nodeName": node} if node else {}, "status": status}
+
+
+UNSCHEDULABLE = {
+    "type": "PodScheduled",
+    "status": "False",
+    "reason": "Unschedulable",
+    "message": "0/3 nodes are available: 3 Insufficient cpu.",
+}
+DISRUPTED = {"type": "DisruptionTarget", "status": "True"}
+
+
+@pytest.mark.parametrize(
+    ("pod", "state", "reason", "unschedulable"),
+    [
+        (manifest("Failed", reason="Evicted"), PodState.FAILED, "Evicted", None),
+        (manifest("Running", exit_code=137), PodState.FAILED, "worker exited with 137", None),
+        (manifest("Succeeded", exit_code=0), PodState.SUCCEEDED, "", None),
+        (manifest("Running", node="down"), PodState.FAILED, "node down is not ready", None),
+        (manifest(deleting=True), PodState.LEAVING, "deleted or preempted", None),
+        (manifest(conditions=[DISRUPTED]), PodState.LEAVING, "deleted or preempted", None),
+        (manifest(), PodState.RUNNING, "", None),
+        (manifest("Pending", node=None), PodState.PENDING, "", None),
+        (
+            manifest("Pending", node=None, conditions=[UNSCHEDULABLE]),
+            PodState.PENDING,
+            "",
+            "0/3 nodes are available: 3 Insufficient cpu.",
+        ),
+        (
+            manifest(
+                "Pending", node=None, conditions=[{**UNSCHEDULABLE, "reason": "SchedulerError"}]
+            ),
+            PodState.PENDING,
+            "",
+            None,
+        ),
+        ({"metadata": {"name": "p"}}, PodState.PENDING, "", None),
+    ],
+    ids=[
+        "failed",
+        "nonzero-exit",
+        "succeeded",
+        "node-not-ready",
+        "deleting",
+        "disruption-target",
+        "running",
+        "pending",
+        "unschedulable",
+        "not-scheduled-otherwise",
+        "bare",
+    ],
+)
+def test_view_classifies_pods(
+    pod: dict[str, Any], state: PodState, reason: str, unschedulable: str | None
+) -> None:
+    got = view(pod, not_ready_nodes={"down"})
+    assert (got.state, got.reason, got.unschedulable) == (state, reason, unschedulable)
+
+
+def test_view_reads_name_node_ip_and_exit_code() -> None:
+    assert view(manifest("Running", exit_code=3)) == PodView(
+        "p", PodState.FAILED, "n1", "10.0.0.1", "2026-01-01T00:00:00Z", 3, "worker exited with 3"
+    )
+
+
+def test_newest_first() -> None:
+    pods = [
+        PodView(n, PodState.RUNNING, None, None, c) for n, c in [("a", "1"), ("b", "3"), ("c", "2")]
+    ]
+    assert [p.name for p in newest_first(pods, 2)] == ["b", "c"]
