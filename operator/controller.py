@@ -87,6 +87,9 @@ class PodLauncher(WorkerLauncher):
     async def stop(self, worker: WorkerId) -> None:
         await self._controller.delete_pod(worker.hostname)
 
+    async def kill(self, worker: WorkerId) -> None:
+        self._controller.evict(worker.hostname)
+
     async def stop_all(self) -> None:
         return None  # the clean-pod policy decides, once the job has ended
 
@@ -116,6 +119,7 @@ class JobController:
         self._pods: dict[str, dict[str, Any]] = {}
         self._reported: set[str] = set()
         self._deleted: set[str] = set()
+        self._hung: set[str] = set()
         self._leaving: dict[str, float] = {}
         self._discovery = PodDiscovery()
         self._wake = asyncio.Event()
@@ -142,6 +146,11 @@ class JobController:
                 self._fail_pod(podlib.view(gone), "the pod disappeared", exit_code=137)
         else:
             self._pods[name] = dict(pod)
+        self._wake.set()
+
+    def evict(self, name: str) -> None:
+        """A worker of this pod stopped answering: it fails, as a failed pod does."""
+        self._hung.add(name)
         self._wake.set()
 
     async def delete_pod(self, name: str, grace_s: int | None = None) -> None:
@@ -172,6 +181,7 @@ class JobController:
                 max_np=spec.max_replicas * slots,
                 reset_limit=spec.reset_limit,
                 elastic_timeout_s=float(spec.elastic_timeout_seconds),
+                heartbeat_timeout_s=float(spec.heartbeat_timeout_seconds) or None,
             ),
             self._clock,
         )
@@ -262,7 +272,7 @@ class JobController:
         assert self.driver is not None
         now = self._clock()
         views = {
-            name: podlib.view(pod, not_ready_nodes=self._not_ready_nodes)
+            name: podlib.view(pod, not_ready_nodes=self._not_ready_nodes, hung=self._hung)
             for name, pod in self._pods.items()
         }
         for view in views.values():

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elasticjob import wire
+from elasticjob.driver.liveness import heartbeat_interval_s
 from elasticjob.operator.api import (
     API_VERSION,
     KIND,
@@ -124,7 +125,18 @@ def _runtime_env(
         {"name": wire.ENV_LOCAL_RANK, "value": "0"},
         {"name": wire.ENV_BACKEND, "value": spec.backend.value},
         {"name": wire.ENV_DEFER_SIGTERM, "value": "1"},
+        *(
+            [{"name": wire.ENV_HEARTBEAT_INTERVAL, "value": f"{interval:g}"}]
+            if (interval := heartbeat_interval(spec)) is not None
+            else []
+        ),
     ]
+
+
+def heartbeat_interval(spec: ElasticJobSpec) -> float | None:
+    """How often the job's workers beat (None: eviction off, no heartbeat)."""
+    timeout = spec.heartbeat_timeout_seconds
+    return heartbeat_interval_s(float(timeout)) if timeout else None
 
 
 def _add_node_anti_affinity(pod_spec: dict[str, Any], nodes: list[str]) -> None:
@@ -176,8 +188,11 @@ class PodView:
     """The scheduler's message while a pending pod fits no node."""
 
 
-def view(pod: Mapping[str, Any], *, not_ready_nodes: Iterable[str] = ()) -> PodView:
-    """Classify a pod (see :class:`PodState`)."""
+def view(
+    pod: Mapping[str, Any], *, not_ready_nodes: Iterable[str] = (), hung: Iterable[str] = ()
+) -> PodView:
+    """Classify a pod (see :class:`PodState`); ``hung``: pods the driver evicted because a
+    worker process in them stopped sending heartbeats."""
     metadata, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
     node = spec.get("nodeName")
     phase = status.get("phase", "Pending")
@@ -191,6 +206,8 @@ def view(pod: Mapping[str, Any], *, not_ready_nodes: Iterable[str] = ()) -> PodV
         state = PodState.SUCCEEDED
     elif node is not None and node in set(not_ready_nodes):
         state, reason = PodState.FAILED, f"node {node} is not ready"
+    elif metadata["name"] in set(hung):
+        state, reason = PodState.FAILED, "a worker process stopped sending heartbeats"
     elif metadata.get("deletionTimestamp") or _disruption_target(status):
         state, reason = PodState.LEAVING, reason or "deleted or preempted"
     elif phase == "Running":

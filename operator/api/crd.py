@@ -35,6 +35,8 @@ from elasticjob.operator.api.models import (
 )
 
 DEFAULT_OUTPUT = Path("deploy/crds/elasticjob.dev_elasticjobs.yaml")
+CHART_OUTPUT = Path("deploy/helm/elasticjob-operator/crds/elasticjob.dev_elasticjobs.yaml")
+"""The chart's copy (Helm installs a chart's crds/ before anything else)."""
 REGENERATE = "python -m elasticjob.operator.api.crd"
 
 _HEADER = (
@@ -189,19 +191,27 @@ def render_crd() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Write the CRD YAML, or with ``--check`` report whether the written one is current."""
+    """Write the CRD YAML (by default ``deploy/crds/`` and the chart's copy), or with
+    ``--check`` report whether the written files are current."""
     parser = argparse.ArgumentParser(prog=REGENERATE, description="Generate the ElasticJob CRD.")
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="the YAML file")
     parser.add_argument(
-        "--check", action="store_true", help="exit 1 with a diff when the file is not current"
+        "--output", type=Path, action="append", help="a YAML file (repeatable; default: both)"
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 with a diff when a file is not current"
     )
     args = parser.parse_args(argv)
-    output: Path = args.output
+    outputs: list[Path] = args.output or [DEFAULT_OUTPUT, CHART_OUTPUT]
     expected = render_crd()
     if not args.check:
-        output.write_text(expected)
-        print(f"wrote {output}")
+        for output in outputs:
+            output.write_text(expected)
+            print(f"wrote {output}")
         return 0
+    return max(_check(output, expected) for output in outputs)
+
+
+def _check(output: Path, expected: str) -> int:
     if not output.exists():
         print(
             f"{output} does not exist (run from the repository root, or pass --output)",

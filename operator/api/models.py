@@ -176,6 +176,10 @@ class ElasticJobSpec(_Spec):
     """The job fails after this many resets (failure recoveries); unlimited when absent."""
     elastic_timeout_seconds: Annotated[StrictInt, Field(ge=1, le=86400)] = 600
     """Seconds to wait for minReplicas pods to be available before the job fails."""
+    heartbeat_timeout_seconds: Annotated[StrictInt, Field(ge=0, le=3600)] = 5
+    """A worker process that sends no heartbeat for this long (frozen, or cut off from the
+    operator) is evicted: its pod is deleted and counted as failed, and its node (or pod) is
+    blacklisted. A slow step never stops the heartbeat. 0 turns eviction off."""
     blacklist: BlacklistSpec = BlacklistSpec()
     clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
     """All: every worker pod is deleted when the job ends. Running: only those still running

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -215,3 +216,58 @@ def test_unschedulable_worker_pods_are_named_with_the_schedulers_message(
     assert "Insufficient cpu" in message, message
     assert condition(stuck, "Ready")["status"] == "False"
     assert stuck["observedGeneration"] == (kube.get("ej", "huge") or {})["metadata"]["generation"]
+
+
+def test_a_frozen_worker_is_evicted_and_the_survivors_re_form(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    """A worker process that stops answering (SIGSTOP: alive, frozen) sends no heartbeat: its
+    pod is deleted and counted as failed, its node blacklisted, and the survivors re-form
+    without it within 10 s of the freeze instead of waiting out the collective timeout."""
+    log_dir = tmp_path / "events"
+    kube.apply(job_manifest("frozen", log_dir, tmp_path / "stop", replicas=3, minReplicas=2))
+    try:
+        first = wait_status(
+            kube,
+            "frozen",
+            "training with 3 workers",
+            lambda s: s.get("phase") == "Running" and s.get("worldSize") == 3,
+        )
+        victim = next(w for w in first["workers"] if 0 not in w["ranks"])
+        stopped_at = time.time()
+        assert operator.faults.stop(victim["pod"], kube.ns), "no process was frozen"
+        recovered = wait_status(
+            kube,
+            "frozen",
+            "re-formed without the frozen worker, its node blacklisted",
+            lambda s: (
+                s.get("round", 0) > first["round"]
+                and all(w["pod"] != victim["pod"] for w in s.get("workers", []))
+                and any(b["node"] == victim["node"] for b in s.get("blacklistedNodes", []))
+            ),
+            timeout=120,
+        )
+        assert recovered["resetCount"] > first.get("resetCount", 0)
+        reformed_at = min(
+            e["time"]
+            for e in read_events(log_dir)
+            if e["ev"] == "reset" and e["round"] > first["round"]
+        )
+        assert reformed_at - stopped_at <= 10.0, f"re-formed {reformed_at - stopped_at:.1f} s after"
+        kube.wait(
+            "the frozen worker's pod deleted",
+            lambda: all(
+                p["metadata"]["name"] != victim["pod"]
+                for p in kube.pods("elasticjob.dev/job-name=frozen")
+            ),
+            timeout=60,
+        )
+        assert {"WorkerFailed", "NodeBlacklisted"} <= event_reasons(kube)
+        (tmp_path / "stop").touch()
+        wait_status(kube, "frozen", "success", lambda s: s.get("phase") == "Succeeded", 180)
+        finals = [e for e in read_events(log_dir) if e["ev"] == "done"]
+        assert finals and len({e["digest"] for e in finals}) == 1, f"ranks disagree: {finals}"
+        (epochs,) = {e["epochs"] for e in finals}
+        assert all(e["seen_min"] == e["seen_max"] == epochs for e in finals), finals
+    finally:
+        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))

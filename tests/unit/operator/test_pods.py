@@ -75,10 +75,21 @@ def test_worker_pod_carries_the_template_and_the_runtime_contract() -> None:
         wire.ENV_BIND_ADDRESS: {"fieldRef": {"fieldPath": "status.podIP"}},
         wire.ENV_LOCAL_RANK: "0",
         wire.ENV_BACKEND: "gloo",
-        "ELASTICJOB_DEFER_SIGTERM": "1",
+        wire.ENV_DEFER_SIGTERM: "1",
+        wire.ENV_HEARTBEAT_INTERVAL: "1",
         "X": "1",
     }
     assert worker["env"][-1] == {"name": "X", "value": "1"}  # the user's env comes last
+
+
+@pytest.mark.parametrize(("timeout", "interval"), [(5, "1"), (20, "2"), (1, "0.2"), (0, None)])
+def test_worker_pod_beats_at_the_interval_of_the_heartbeat_timeout(
+    timeout: int, interval: str | None
+) -> None:
+    spec = spec_with({"containers": [WORKER]}, heartbeatTimeoutSeconds=timeout)
+    (worker,) = worker_pod(JOB, spec, rendezvous_url="http://rdzv:8470")["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert env.get(wire.ENV_HEARTBEAT_INTERVAL) == interval, "0: eviction off, no heartbeat"
 
 
 def test_worker_pod_runs_a_process_per_slot() -> None:
@@ -214,6 +225,18 @@ DISRUPTED = {"type": "DisruptionTarget", "status": "True"}
             None,
         ),
         ({"metadata": {"name": "p"}}, PodState.PENDING, "", None),
+        (
+            {**manifest(), "metadata": {"name": "hung"}},
+            PodState.FAILED,
+            "a worker process stopped sending heartbeats",
+            None,
+        ),
+        (
+            manifest("Succeeded", exit_code=0) | {"metadata": {"name": "hung"}},
+            PodState.SUCCEEDED,
+            "",
+            None,
+        ),
     ],
     ids=[
         "failed",
@@ -227,12 +250,14 @@ DISRUPTED = {"type": "DisruptionTarget", "status": "True"}
         "unschedulable",
         "not-scheduled-otherwise",
         "bare",
+        "evicted-hung",
+        "ended-before-eviction",
     ],
 )
 def test_view_classifies_pods(
     pod: dict[str, Any], state: PodState, reason: str, unschedulable: str | None
 ) -> None:
-    got = view(pod, not_ready_nodes={"down"})
+    got = view(pod, not_ready_nodes={"down"}, hung={"hung"})
     assert (got.state, got.reason, got.unschedulable) == (state, reason, unschedulable)
 
 
