@@ -22,7 +22,7 @@ import yaml
 from devcluster.build import cached_helm
 from devcluster.config import default_cache_dir
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "deploy" / "helm" / "elasticjob-operator"
 CRD = REPO / "deploy" / "crds" / "elasticjob.dev_elasticjobs.yaml"
 CHART_CRD = CHART / "crds" / CRD.name
