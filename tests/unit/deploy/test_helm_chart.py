@@ -46,7 +46,7 @@ JOB_GRANTS: Grants = {
     ("elasticjob.dev", "elasticjobs/status"): {"get", "list", "watch", "patch", "update"},
     ("elasticjob.dev", "elasticjobs/scale"): {"get", "list", "watch", "patch", "update"},
     ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
-    ("", "secrets"): {"get", "list", "watch", "create", "delete"},
+    ("", "secrets"): {"get", "create"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }

@@ -74,9 +74,11 @@ namespace is watched, else in a Role per watched namespace.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
+# A job's rendezvous token Secret: read, and created when missing (garbage-collected with the
+# job through its owner reference, so never deleted, listed or watched by the operator).
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "create"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
