@@ -40,6 +40,7 @@ from elasticjob.operator.api import (
     parse_spec,
     worker_selector,
 )
+from elasticjob.operator.api.podschema import PodSchema
 from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.status import Observation, status_of
 from elasticjob.rendezvous.server import RendezvousService
@@ -55,6 +56,8 @@ class ControllerSettings:
     removal_deadline_s: float = 60.0
     """How long a pod chosen for scale-in may take to exit before it is deleted anyway."""
     reconcile_interval_s: float = 1.0
+    pod_schema: PodSchema | None = None
+    """The API server's Pod schema: a pod template field a pod does not have is invalid."""
 
 
 class Stopped(Protocol):
@@ -146,7 +149,7 @@ class JobController:
     async def run(self, body: Mapping[str, Any], stopped: Stopped) -> None:
         """Run the job until it ends or the operator stops (``stopped``)."""
         try:
-            spec = parse_spec(dict(body["spec"]))
+            spec = parse_spec(dict(body["spec"]), self._settings.pod_schema)
         except InvalidSpecError as exc:
             await self._refuse(body, str(exc))
             return
@@ -219,7 +222,7 @@ class JobController:
 
     def _current_spec(self, body: Mapping[str, Any], spec: ElasticJobSpec) -> ElasticJobSpec:
         try:
-            return parse_spec(dict(body["spec"]))
+            return parse_spec(dict(body["spec"]), self._settings.pod_schema)
         except InvalidSpecError as exc:
             logger.warning("job %s: ignoring an invalid spec update: %s", self.job_id, exc)
             return spec

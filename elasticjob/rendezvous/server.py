@@ -140,6 +140,11 @@ class RendezvousService:
             logger.info("rendezvous service stopped")
 
     @property
+    def serving(self) -> bool:
+        """Whether the service listens (between :meth:`start` and :meth:`stop`)."""
+        return self._runner is not None
+
+    @property
     def port(self) -> int:
         """The port the service listens on (after :meth:`start`)."""
         if self._port is None:
