@@ -154,16 +154,25 @@ class KubeApi:
     async def openapi_v2(self) -> dict[str, Any]:
         """The API server's OpenAPI v2 document (``/openapi/v2``: several megabytes)."""
         client = self.core.api_client
+        method, url, headers, body, post = client.param_serialize(
+            "GET",
+            "/openapi/v2",
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
         response = await self._call(
             "read the OpenAPI document",
             client.call_api,
-            "/openapi/v2",
-            "GET",
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-            _preload_content=False,
+            method,
+            url,
+            header_params=headers,
+            body=body,
+            post_params=post,
         )
-        document: dict[str, Any] = json.loads(response[0].data)
+        data = response.read()
+        if not 200 <= response.status < 300:
+            raise ApiException(status=response.status, reason=response.reason)
+        document: dict[str, Any] = json.loads(data)
         return document
 
     async def cluster_role_uid(self, name: str) -> str:
