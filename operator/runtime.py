@@ -181,13 +181,24 @@ class OperatorRuntime:
             return None
 
     async def _own_webhook_configurations(self, hook: WebhookConfig, owner: str) -> None:
-        owner_reference = {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "name": owner,
-            "uid": await self.api.cluster_role_uid(owner),
-        }
-        await self.api.own_webhook_configurations(hook.configuration_name, owner_reference)
+        """Best effort: without an owner the configurations outlive an uninstall."""
+        try:
+            owner_reference = {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "name": owner,
+                "uid": await self.api.cluster_role_uid(owner),
+            }
+            await self.api.own_webhook_configurations(hook.configuration_name, owner_reference)
+        except (ApiException, OSError) as exc:
+            logger.warning(
+                "could not make ClusterRole %s the owner of the webhook configurations %s (%s): "
+                "they will outlive the operator's uninstall",
+                owner,
+                hook.configuration_name,
+                exc,
+            )
+            return
         logger.info(
             "webhook configurations %s are owned by ClusterRole %s",
             hook.configuration_name,
