@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from devcluster import Cluster
 from tests.devcluster.helpers import Kube
 from tests.e2e.test_admission import sleeper
@@ -73,6 +75,17 @@ def test_a_worker_lost_while_the_operator_restarts_is_recovered_from(
         # rather than failing on a job it did not know yet.
         assert survivors <= {w["pod"] for w in recovered["workers"]}, recovered
         assert "refused with 404" not in worker_logs(kube)
+        # The new operator validates again (kopf re-registers its webhooks at start).
+        refused = kube.cluster.kubectl(
+            "-n",
+            kube.ns,
+            "apply",
+            "-f",
+            "-",
+            input=yaml.safe_dump(sleeper("bad", replicas=9)),
+            check=False,
+        )
+        assert refused.returncode != 0 and "spec.replicas" in refused.stderr, refused.stderr
         before = max(e["epoch"] for e in read_events(log_dir) if e["ev"] == "epoch_end")
         wait_status(
             kube,
