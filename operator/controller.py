@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from elasticjob.driver.api import Clock, WorkerLauncher
+from elasticjob.driver.api import Clock
 from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
 from elasticjob.driver.driver import DriverSettings, ElasticDriver, JobResult
 from elasticjob.driver.hosts import HostManager
@@ -44,9 +44,10 @@ from elasticjob.operator.api import (
     Phase,
     worker_selector,
 )
+from elasticjob.operator.api.podschema import PodSchema
+from elasticjob.operator.hosts import PodDiscovery, PodLauncher
 from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.scaling import (
-    PodDiscovery,
     PodPlan,
     ReplicasClamp,
     plan_pods,
@@ -67,31 +68,14 @@ class ControllerSettings:
     removal_deadline_s: float = 60.0
     """How long a pod chosen for scale-in may take to exit before it is deleted anyway."""
     reconcile_interval_s: float = 1.0
+    pod_schema: PodSchema | None = None
+    """The API server's Pod schema: a pod template field a pod does not have is invalid."""
 
 
 class Stopped(Protocol):
     """Set when the operator stops (kopf's ``stopped`` flag of a daemon)."""
 
     def is_set(self) -> bool: ...
-
-
-class PodLauncher(WorkerLauncher):
-    """Pods start their worker processes themselves; stopping a worker deletes its pod."""
-
-    def __init__(self, controller: JobController) -> None:
-        self._controller = controller
-
-    async def start(self, worker: WorkerId) -> None:
-        return None  # the pod plan created its pod; its process registers by itself
-
-    async def stop(self, worker: WorkerId) -> None:
-        await self._controller.delete_pod(worker.hostname)
-
-    async def kill(self, worker: WorkerId) -> None:
-        self._controller.evict(worker.hostname)
-
-    async def stop_all(self) -> None:
-        return None  # the clean-pod policy decides, once the job has ended
 
 
 class JobController:
@@ -164,7 +148,7 @@ class JobController:
     async def run(self, body: Mapping[str, Any], stopped: Stopped) -> None:
         """Run the job until it ends or the operator stops (``stopped``)."""
         try:
-            spec, self._clamp = read_spec(dict(body["spec"]))
+            spec, self._clamp = read_spec(dict(body["spec"]), self._settings.pod_schema)
         except InvalidSpecError as exc:
             await self._refuse(body, str(exc))
             return
@@ -243,7 +227,7 @@ class JobController:
 
     def _current_spec(self, body: Mapping[str, Any], spec: ElasticJobSpec) -> ElasticJobSpec:
         try:
-            spec, self._clamp = read_spec(dict(body["spec"]))
+            spec, self._clamp = read_spec(dict(body["spec"]), self._settings.pod_schema)
         except InvalidSpecError as exc:
             logger.warning("job %s: ignoring an invalid spec update: %s", self.job_id, exc)
         return spec

@@ -1,4 +1,8 @@
-"""kopf handlers: thin adapters from Kubernetes events to the job controllers."""
+"""kopf handlers: thin adapters from Kubernetes events to the job supervisor and controllers.
+
+Every handler is ``async``: kopf runs those on its event loop, where the controllers live (it
+would run a plain function in a thread, from where it must not touch their state or wake
+them)."""
 
 from __future__ import annotations
 
@@ -7,8 +11,9 @@ from typing import Any
 import kopf
 
 from elasticjob.operator import pods as podlib
-from elasticjob.operator.api import GROUP, LABEL_ROLE, PLURAL, ROLE_WORKER, VERSION, Phase, validate
-from elasticjob.operator.controller import JobController
+from elasticjob.operator.api import GROUP, LABEL_ROLE, PLURAL, ROLE_WORKER, VERSION, validate
+from elasticjob.operator.api.validation import FieldError
+from elasticjob.operator.api.validation import validate_scale as scale_errors
 from elasticjob.operator.runtime import OperatorRuntime
 
 REGISTRY = kopf.get_default_registry()
@@ -30,48 +35,41 @@ async def stop(memo: Any, **_: Any) -> None:
     await _runtime(memo).stop()
 
 
+@kopf.on.probe(id="rendezvous")
+async def probe_rendezvous(memo: Any, **_: Any) -> str:
+    """Part of the liveness endpoint's answer; fails the probe when workers cannot be served."""
+    return _runtime(memo).check_health()
+
+
 @kopf.on.validate(GROUP, VERSION, PLURAL, id="validate-spec", operations=["CREATE", "UPDATE"])
-def validate_job(spec: kopf.Spec, **_: Any) -> None:
+async def validate_job(spec: kopf.Spec, memo: Any, **_: Any) -> None:
     """Refuse specs that break rules the CRD schema cannot express (min <= replicas <= max,
-    a worker container...), naming the field."""
-    errors = validate(dict(spec))
-    if errors:
-        raise kopf.AdmissionError("; ".join(f"{e.field}: {e.message}" for e in errors), code=422)
+    a worker container, no unknown pod template fields...), naming the field."""
+    _refuse(validate(dict(spec), _runtime(memo).pod_schema))
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0, backoff=5.0)
-async def run_job(
-    body: kopf.Body,
-    namespace: str | None,
-    name: str,
-    stopped: kopf.DaemonStopped,
-    memo: Any,
-    **_: Any,
+@kopf.on.validate(
+    GROUP, VERSION, PLURAL, id="validate-scale", subresource="scale", operations=["UPDATE"]
+)
+async def validate_scale(
+    body: kopf.Body, namespace: str | None, name: str | None, memo: Any, **_: Any
 ) -> None:
-    """One controller per ElasticJob, for as long as the job runs and the operator lives."""
-    assert namespace is not None
-    if (body.get("status") or {}).get("phase") in (Phase.SUCCEEDED.value, Phase.FAILED.value):
-        return
+    """Refuse ``kubectl scale`` (the scale subresource) outside the stored job's
+    minReplicas..maxReplicas."""
     assert namespace is not None and name is not None
-    runtime = _runtime(memo)
-    controller = JobController(
-        namespace,
-        name,
-        runtime.api,
-        runtime.service,
-        runtime.controller_settings,
-        runtime.not_ready_nodes,
-    )
-    runtime.controllers[(namespace, name)] = controller
-    try:
-        await controller.run(body, stopped)
-    finally:
-        runtime.controllers.pop((namespace, name), None)
-    await stopped.wait()  # the job has ended: nothing to do until it is deleted
+    job = await _runtime(memo).api.read_job(namespace, name)
+    replicas = int((body.get("spec") or {}).get("replicas") or 0)
+    _refuse(scale_errors(job.get("spec") or {}, replicas))
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def job_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
+    """Start, update and stop the job's controller (no kopf daemon: see supervisor.py)."""
+    await _runtime(memo).jobs.observe(event.get("type"), body)
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_ROLE: ROLE_WORKER})
-def pod_event(
+async def pod_event(
     event: kopf.RawEvent, body: kopf.Body, namespace: str | None, memo: Any, **_: Any
 ) -> None:
     job = podlib.job_of(body)
@@ -81,7 +79,7 @@ def pod_event(
 
 
 @kopf.on.event("", "v1", "nodes")
-def node_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
+async def node_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
     name = body["metadata"]["name"]
     ready = [
         c for c in (body.get("status") or {}).get("conditions", []) if c.get("type") == "Ready"
@@ -91,3 +89,8 @@ def node_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> No
         not_ready.add(name)
     else:
         not_ready.discard(name)
+
+
+def _refuse(errors: list[FieldError]) -> None:
+    if errors:
+        raise kopf.AdmissionError("; ".join(f"{e.field}: {e.message}" for e in errors), code=422)

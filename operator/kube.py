@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime
+import json
 import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -40,6 +41,8 @@ class KubeApi:
     def __init__(self, attempts: int = 5) -> None:
         self.core = kubernetes.client.CoreV1Api()
         self.custom = kubernetes.client.CustomObjectsApi()
+        self.rbac = kubernetes.client.RbacAuthorizationV1Api()
+        self.admission = kubernetes.client.AdmissionregistrationV1Api()
         self._attempts = attempts
 
     async def _call(self, what: str, call: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
@@ -114,6 +117,94 @@ class KubeApi:
             if node.metadata and node.metadata.name and (not ready or ready[0].status != "True"):
                 not_ready.add(str(node.metadata.name))
         return not_ready
+
+    async def list_jobs(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
+        """The ElasticJobs in ``namespaces`` (empty: in every namespace)."""
+        if not namespaces:
+            found: Any = await self._call(
+                "list jobs", self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL
+            )
+            return list(found["items"])
+        jobs: list[dict[str, Any]] = []
+        for namespace in namespaces:
+            found = await self._call(
+                "list jobs",
+                self.custom.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+            )
+            jobs.extend(found["items"])
+        return jobs
+
+    async def read_job(self, namespace: str, name: str) -> dict[str, Any]:
+        """The stored ElasticJob."""
+        job: Any = await self._call(
+            "read job",
+            self.custom.get_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+        )
+        return dict(job)
+
+    async def openapi_v2(self) -> dict[str, Any]:
+        """The API server's OpenAPI v2 document (``/openapi/v2``: several megabytes)."""
+        client = self.core.api_client
+        method, url, headers, body, post = client.param_serialize(
+            "GET",
+            "/openapi/v2",
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = await self._call(
+            "read the OpenAPI document",
+            client.call_api,
+            method,
+            url,
+            header_params=headers,
+            body=body,
+            post_params=post,
+        )
+        data = response.read()
+        if not 200 <= response.status < 300:
+            raise ApiException(status=response.status, reason=response.reason)
+        document: dict[str, Any] = json.loads(data)
+        return document
+
+    async def cluster_role_uid(self, name: str) -> str:
+        """The uid of the ClusterRole ``name``."""
+        role = await self._call("read cluster role", self.rbac.read_cluster_role, name)
+        assert role.metadata is not None
+        return str(role.metadata.uid)
+
+    async def own_webhook_configurations(self, name: str, owner: dict[str, Any]) -> None:
+        """Make ``owner`` the owner of the validating and mutating webhook configurations
+        ``name`` (creating them, empty, when missing), so that they are garbage-collected with
+        it."""
+        body = {"metadata": {"name": name, "ownerReferences": [owner]}}
+        admission = self.admission
+        for kind, create, patch in (
+            (
+                "validating",
+                admission.create_validating_webhook_configuration,
+                admission.patch_validating_webhook_configuration,
+            ),
+            (
+                "mutating",
+                admission.create_mutating_webhook_configuration,
+                admission.patch_mutating_webhook_configuration,
+            ),
+        ):
+            try:
+                await self._call(f"create {kind} webhook configuration", create, body)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                await self._call(f"own {kind} webhook configuration", patch, name, body)
 
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         await self._call(

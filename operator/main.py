@@ -40,11 +40,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--webhook",
         action="store_true",
         help="serve the validating admission webhook (needs $ELASTICJOB_SERVICE_NAME"
-        " and $POD_NAMESPACE)",
+        " and $POD_NAMESPACE; $ELASTICJOB_WEBHOOK_OWNER names the ClusterRole that owns its"
+        " configuration)",
     )
     parser.add_argument("--webhook-port", type=int, default=8443)
     parser.add_argument("--rendezvous-port", type=int, default=8470)
     parser.add_argument("--metrics-port", type=int, default=8471)
+    parser.add_argument(
+        "--liveness-port",
+        type=int,
+        default=8472,
+        help="serve kopf's liveness endpoint at /healthz on this port (0: not at all)",
+    )
     return parser
 
 
@@ -72,13 +79,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        webhook = WebhookConfig(service=service, namespace=namespace, port=args.webhook_port)
+        webhook = WebhookConfig(
+            service=service,
+            namespace=namespace,
+            port=args.webhook_port,
+            owner=os.environ.get("ELASTICJOB_WEBHOOK_OWNER") or None,
+        )
     config = OperatorConfig(
         rendezvous_url=args.rendezvous_url,
         bind_address=args.bind_address,
         rendezvous_port=args.rendezvous_port,
         metrics_port=args.metrics_port,
         webhook=webhook,
+        namespaces=tuple(args.namespace),
     )
     memo = kopf.Memo(runtime=OperatorRuntime(config))
     asyncio.run(
@@ -88,9 +101,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             standalone=True,
             clusterwide=not args.namespace,
             namespaces=args.namespace,
+            liveness_endpoint=_liveness_endpoint(args.bind_address, args.liveness_port),
         )
     )
     return 0
+
+
+def _liveness_endpoint(bind_address: str, port: int) -> str | None:
+    """kopf's liveness endpoint: it answers while the operator's event loop and watch streams
+    live, with the results of the ``@kopf.on.probe`` handlers."""
+    if port == 0:
+        return None
+    host = f"[{bind_address}]" if ":" in bind_address else bind_address
+    return f"http://{host}:{port}/healthz"
 
 
 if __name__ == "__main__":

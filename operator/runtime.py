@@ -1,23 +1,35 @@
 """What the operator process holds: the API client, the rendezvous service that serves every
-job, the metrics endpoint, the job controllers and the nodes that are not ready."""
+job, the metrics endpoint, the job controllers (run by the job supervisor) and the nodes that
+are not ready."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Final
 
 import kopf
 from aiohttp import web
+from kubernetes.client.exceptions import ApiException
 
+from elasticjob.operator import pods as podlib
+from elasticjob.operator.api.podschema import PodSchema
 from elasticjob.operator.controller import ControllerSettings, JobController
 from elasticjob.operator.kube import KubeApi, load_config
 from elasticjob.operator.metrics import render_metrics
+from elasticjob.operator.supervisor import ENDED_PHASES, JobSupervisor
 from elasticjob.operator.webhook import ServiceWebhookServer
 from elasticjob.rendezvous.server import RendezvousService
 
 logger = logging.getLogger(__name__)
+
+ADOPTION_WINDOW_S: Final = 60.0
+"""After a start, how long the rendezvous service answers 503 (retry) rather than 404 for jobs
+that existed before and have not been taken back yet."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +41,8 @@ class OperatorConfig:
     metrics_port: int = 8471
     webhook: WebhookConfig | None = None
     """Serve the validating admission webhook (kopf manages its configuration object)."""
+    namespaces: tuple[str, ...] = ()
+    """The namespaces whose jobs the operator runs (empty: every namespace)."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +52,15 @@ class WebhookConfig:
     namespace: str
     port: int = 8443
     cert_dir: Path = Path(tempfile.gettempdir()) / "elasticjob-webhook"
+    owner: str | None = None
+    """A ClusterRole that owns the webhook configurations, so that they are garbage-collected
+    with it when the operator is uninstalled (None: they are left behind)."""
+
+    @property
+    def configuration_name(self) -> str:
+        """The name of the webhook configurations; kopf names their webhooks after it (a
+        domain of three or more labels)."""
+        return f"{self.service}.{self.namespace}.svc"
 
 
 @dataclass
@@ -45,9 +68,16 @@ class OperatorRuntime:
     config: OperatorConfig
     controllers: dict[tuple[str, str], JobController] = field(default_factory=dict)
     not_ready_nodes: set[str] = field(default_factory=set)
+    jobs: JobSupervisor = field(init=False)
+    pod_schema: PodSchema | None = None
+    """The API server's Pod schema, for pod templates (None until fetched, or if it cannot
+    be)."""
     _api: KubeApi | None = None
     _service: RendezvousService | None = None
     _metrics: web.AppRunner | None = None
+
+    def __post_init__(self) -> None:
+        self.jobs = JobSupervisor(self.run_job)
 
     @property
     def api(self) -> KubeApi:
@@ -61,7 +91,9 @@ class OperatorRuntime:
 
     @property
     def controller_settings(self) -> ControllerSettings:
-        return ControllerSettings(rendezvous_url=self.config.rendezvous_url)
+        return ControllerSettings(
+            rendezvous_url=self.config.rendezvous_url, pod_schema=self.pod_schema
+        )
 
     async def start(self, settings: kopf.OperatorSettings) -> None:
         """Connect to the API, serve rendezvous and metrics, tune kopf."""
@@ -69,8 +101,8 @@ class OperatorRuntime:
         settings.networking.request_timeout = 30
         settings.watching.server_timeout = 60
         settings.execution.max_workers = 8
-        if self.config.webhook is not None:
-            hook = self.config.webhook
+        hook = self.config.webhook
+        if hook is not None:
             settings.admission.server = ServiceWebhookServer(
                 service=hook.service,
                 namespace=hook.namespace,
@@ -78,15 +110,25 @@ class OperatorRuntime:
                 port=hook.port,
                 cert_dir=hook.cert_dir,
             )
-            # kopf names the configuration and its webhooks after this (three or more labels).
-            settings.admission.managed = f"{hook.service}.{hook.namespace}.svc"
+            settings.admission.managed = hook.configuration_name
         load_config()
         self._api = KubeApi()
+        self.pod_schema = await self._fetch_pod_schema()
+        if hook is not None and hook.owner is not None:
+            await self._own_webhook_configurations(hook, hook.owner)
         self._service = RendezvousService()
+        jobs = await self._api.list_jobs(self.config.namespaces)
+        self._service.expect_jobs(
+            [
+                podlib.job_id(job["metadata"]["namespace"], job["metadata"]["name"])
+                for job in jobs
+                if (job.get("status") or {}).get("phase") not in ENDED_PHASES
+            ],
+            ADOPTION_WINDOW_S,
+        )
         await self._service.start(self.config.bind_address, self.config.rendezvous_port)
         app = web.Application()
         app.router.add_get("/metrics", self._serve_metrics)
-        app.router.add_get("/healthz", self._serve_health)
         self._metrics = web.AppRunner(app, access_log=None)
         await self._metrics.setup()
         await web.TCPSite(self._metrics, self.config.bind_address, self.config.metrics_port).start()
@@ -97,14 +139,72 @@ class OperatorRuntime:
         )
 
     async def stop(self) -> None:
+        await self.jobs.stop_all()
         if self._service is not None:
             await self._service.stop()
         if self._metrics is not None:
             await self._metrics.cleanup()
 
+    def check_health(self) -> str:
+        """What the liveness probe reports; raises when the operator cannot serve workers."""
+        if self._service is None or not self._service.serving:
+            raise RuntimeError("the rendezvous service is not serving")
+        return "serving"
+
+    async def run_job(
+        self, namespace: str, name: str, body: Mapping[str, Any], stopped: asyncio.Event
+    ) -> None:
+        """Run one ElasticJob's controller until the job ends or ``stopped`` is set."""
+        controller = JobController(
+            namespace,
+            name,
+            self.api,
+            self.service,
+            self.controller_settings,
+            self.not_ready_nodes,
+        )
+        self.controllers[(namespace, name)] = controller
+        try:
+            await controller.run(body, stopped)
+        finally:
+            self.controllers.pop((namespace, name), None)
+
+    async def _fetch_pod_schema(self) -> PodSchema | None:
+        try:
+            return PodSchema.from_openapi(await self.api.openapi_v2())
+        except (ApiException, OSError, ValueError) as exc:
+            logger.warning(
+                "no Pod schema from the API server (%s): pod templates are not checked for "
+                "unknown fields",
+                exc,
+            )
+            return None
+
+    async def _own_webhook_configurations(self, hook: WebhookConfig, owner: str) -> None:
+        """Best effort: without an owner the configurations outlive an uninstall."""
+        try:
+            owner_reference = {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "name": owner,
+                "uid": await self.api.cluster_role_uid(owner),
+            }
+            await self.api.own_webhook_configurations(hook.configuration_name, owner_reference)
+        except (ApiException, OSError) as exc:
+            logger.warning(
+                "could not make ClusterRole %s the owner of the webhook configurations %s (%s): "
+                "they will outlive the operator's uninstall",
+                owner,
+                hook.configuration_name,
+                exc,
+            )
+            return
+        logger.info(
+            "webhook configurations %s are owned by ClusterRole %s",
+            hook.configuration_name,
+            owner,
+        )
+
     async def _serve_metrics(self, _request: web.Request) -> web.Response:
         body = render_metrics(self.controllers.values(), self.service.stats)
         return web.Response(text=body, content_type="text/plain", charset="utf-8")
-
-    async def _serve_health(self, _request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "jobs": len(self.controllers)})

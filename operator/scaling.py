@@ -13,7 +13,6 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from elasticjob.driver.api import HostDiscovery
 from elasticjob.operator.api import (
     BlacklistScope,
     CleanPodPolicy,
@@ -21,6 +20,7 @@ from elasticjob.operator.api import (
     InvalidSpecError,
     parse_spec,
 )
+from elasticjob.operator.api.podschema import PodSchema
 from elasticjob.operator.pods import PodState, PodView, newest_first
 
 _MIN_REPLICAS_DEFAULT: int = ElasticJobSpec.model_fields["min_replicas"].default
@@ -42,13 +42,15 @@ class ReplicasClamp:
         )
 
 
-def read_spec(raw: Mapping[str, Any]) -> tuple[ElasticJobSpec, ReplicasClamp | None]:
+def read_spec(
+    raw: Mapping[str, Any], pod_schema: PodSchema | None = None
+) -> tuple[ElasticJobSpec, ReplicasClamp | None]:
     """The spec as a model, like ``parse_spec``, except that a ``replicas`` outside
     [minReplicas, maxReplicas] (a scale without the admission webhook) is clamped to the
     nearest bound rather than refused; the clamp says so. Raises ``InvalidSpecError`` for
     any other broken rule."""
     try:
-        return parse_spec(raw), None
+        return parse_spec(raw, pod_schema), None
     except InvalidSpecError as refused:
         requested, low = raw.get("replicas"), raw.get("minReplicas", _MIN_REPLICAS_DEFAULT)
         high = raw.get("maxReplicas")
@@ -59,7 +61,7 @@ def read_spec(raw: Mapping[str, Any]) -> tuple[ElasticJobSpec, ReplicasClamp | N
             raise
         used = min(max(requested, low), high)
         try:
-            spec = parse_spec({**raw, "replicas": used})
+            spec = parse_spec({**raw, "replicas": used}, pod_schema)
         except InvalidSpecError:
             raise refused from None
         return spec, ReplicasClamp(requested, used, low, high)
@@ -163,16 +165,6 @@ def plan_pods(
         forget=tuple(forget),
         hosts=tuple(v.name for v in usable),
     )
-
-
-class PodDiscovery(HostDiscovery):
-    """The hosts of the controller's latest pod plan (``PodPlan.hosts``)."""
-
-    def __init__(self) -> None:
-        self.hosts: dict[str, int] = {}
-
-    def find_available_hosts_and_slots(self) -> dict[str, int]:
-        return dict(self.hosts)
 
 
 def pods_to_clean(views: Sequence[PodView], policy: CleanPodPolicy) -> list[str]:

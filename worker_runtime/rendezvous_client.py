@@ -1,8 +1,9 @@
 """A small synchronous client of the rendezvous service, for worker processes.
 
 It uses only the standard library (the worker image carries no aiohttp), sends the job's
-bearer token on every request and retries connection errors with bounded exponential backoff,
-so a restarting operator does not kill training.
+bearer token on every request and retries connection errors and 5xx answers with bounded
+exponential backoff (a 503's ``Retry-After`` is honoured: the service answers it for a job it
+is still taking back after a restart), so a restarting operator does not kill training.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class RendezvousClient:
         :class:`RendezvousClientError` if it did not arrive."""
         payload = request.model_dump_json().encode()
         try:
-            status, data = self._send("POST", self._base + "/heartbeat", payload, 0.0)
+            status, _retry_after, data = self._send("POST", self._base + "/heartbeat", payload, 0.0)
         except OSError as exc:
             raise RendezvousClientError(f"heartbeat not sent: {exc}") from exc
         if status >= 300:
@@ -95,8 +96,9 @@ class RendezvousClient:
         deadline = time.monotonic() + self._retry_deadline_s
         delay = 0.05
         while True:
+            pause = delay
             try:
-                status, data = self._send(method, self._base + path, payload, wait_s)
+                status, retry_after, data = self._send(method, self._base + path, payload, wait_s)
             except OSError as exc:
                 if time.monotonic() + delay > deadline:
                     raise RendezvousClientError(
@@ -107,23 +109,44 @@ class RendezvousClient:
             else:
                 if status < 300:
                     return data
-                if status < 500 or time.monotonic() + delay > deadline:
+                if status == 503 and retry_after is not None:
+                    pause = retry_after  # e.g. the operator restarted and takes its jobs back
+                if status < 500 or time.monotonic() + pause > deadline:
                     raise RendezvousClientError(
                         f"rendezvous {method} {path} refused with {status}: "
                         f"{data.decode(errors='replace')}"
                     )
-            time.sleep(delay)
+                logger.info(
+                    "rendezvous %s %s answered %d (%s); retrying in %.1f s (giving up %.0f s "
+                    "from the first attempt)",
+                    method,
+                    path,
+                    status,
+                    data.decode(errors="replace")[:200],
+                    pause,
+                    self._retry_deadline_s,
+                )
+            time.sleep(pause)
             delay = min(delay * 2, 2.0)
 
     def _send(
         self, method: str, path: str, payload: bytes | None, wait_s: float
-    ) -> tuple[int, bytes]:
+    ) -> tuple[int, float | None, bytes]:
+        """The response's status, its ``Retry-After`` in seconds (if any) and its body."""
         conn = http.client.HTTPConnection(
             self._host, self._port, timeout=self._connect_timeout_s + wait_s
         )
         try:
             conn.request(method, path, body=payload, headers=self._headers)
             response = conn.getresponse()
-            return response.status, response.read()
+            return response.status, _seconds(response.getheader("Retry-After")), response.read()
         finally:
             conn.close()
+
+
+def _seconds(retry_after: str | None) -> float | None:
+    """A ``Retry-After`` header given in seconds (an HTTP date is not used by the service)."""
+    try:
+        return max(0.0, float(retry_after)) if retry_after is not None else None
+    except ValueError:
+        return None

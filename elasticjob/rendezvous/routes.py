@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Final, TypeVar
 
 from aiohttp import hdrs, typedefs, web
@@ -31,6 +31,10 @@ logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES: Final = 64 * 1024
 """Largest request body accepted; larger ones get 413."""
+
+RETRY_AFTER_S: Final = 1
+"""``Retry-After`` of the 503 answered for a job that is not served yet while the service's
+owner is still adopting its jobs (after a restart)."""
 
 _Model = TypeVar("_Model", bound=BaseModel)
 
@@ -120,8 +124,11 @@ def _route_name(request: web.Request) -> str:
 class _Api:
     """The request handlers, over a live view of the service's jobs."""
 
-    def __init__(self, jobs: Mapping[str, InMemoryJobRendezvous]) -> None:
+    def __init__(
+        self, jobs: Mapping[str, InMemoryJobRendezvous], adopting: Callable[[], bool]
+    ) -> None:
         self._jobs = jobs
+        self._adopting = adopting
 
     def authorize(self, request: web.Request) -> InMemoryJobRendezvous:
         """The job named in the path, if the request carries its token."""
@@ -129,6 +136,13 @@ class _Api:
         name = request.match_info["job"]
         job = self._jobs.get(name)
         if job is None:
+            if self._adopting():
+                raise ApiError(
+                    503,
+                    f"job {name!r} is not served yet (the service is taking its jobs back "
+                    "after a restart): retry",
+                    headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)},
+                )
             raise ApiError(404, f"no job named {name!r}")
         if not job.check_token(token):
             raise ApiError(403, f"the token is not valid for job {name!r}")
@@ -202,13 +216,20 @@ def _stats_and_errors(stats: RequestStats) -> typedefs.Middleware:
     return middleware
 
 
-def create_app(jobs: Mapping[str, InMemoryJobRendezvous], stats: RequestStats) -> web.Application:
+def create_app(
+    jobs: Mapping[str, InMemoryJobRendezvous],
+    stats: RequestStats,
+    adopting: Callable[[], bool],
+) -> web.Application:
     """The aiohttp application serving ``jobs`` (a live mapping: jobs added to or removed
     from it later are served or not accordingly) and counting requests in ``stats``.
 
+    While ``adopting()`` is true, a request for a job that is not in ``jobs`` gets 503 with
+    ``Retry-After`` instead of 404.
+
     On application shutdown every job's pending long-polls are answered at once.
     """
-    api = _Api(jobs)
+    api = _Api(jobs, adopting)
     app = web.Application(middlewares=[_stats_and_errors(stats)])
     job_path = f"{API_PREFIX}/jobs/{{job}}"
     app.router.add_route("GET", "/healthz", api.healthz)

@@ -6,6 +6,8 @@ The HTTP API is documented in ``docs/rendezvous-api.yaml``; the routes live in `
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from aiohttp import web
@@ -28,10 +30,18 @@ class RendezvousService:
     application (then that application's shutdown answers pending long-polls).
     """
 
-    def __init__(self, *, shutdown_timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        *,
+        shutdown_timeout: float = SHUTDOWN_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._jobs: dict[str, InMemoryJobRendezvous] = {}
         self._stats = RequestStats()
-        self._app = create_app(self._jobs, self._stats)
+        self._clock = clock
+        self._expected: set[str] = set()
+        self._expected_until = 0.0
+        self._app = create_app(self._jobs, self._stats, self.adopting)
         self._shutdown_timeout = shutdown_timeout
         self._runner: web.AppRunner | None = None
         self._host = ""
@@ -58,8 +68,33 @@ class RendezvousService:
             raise ValueError(f"job {job!r} already exists")
         rendezvous = InMemoryJobRendezvous(job, token, listener)
         self._jobs[job] = rendezvous
+        self._expected.discard(job)
         logger.info("serving job %s", job)
         return rendezvous
+
+    def expect_jobs(self, jobs: Iterable[str], within_s: float) -> None:
+        """After a restart: until every job in ``jobs`` is served again (:meth:`add_job`), or
+        for ``within_s`` at most, answer requests for jobs that are not served (yet) with 503
+        and ``Retry-After`` instead of 404, so that their workers retry rather than give up."""
+        self._expected = set(jobs) - set(self._jobs)
+        self._expected_until = self._clock() + within_s
+        if self._expected:
+            logger.info(
+                "expecting %d jobs back within %.0f s: %s",
+                len(self._expected),
+                within_s,
+                ", ".join(sorted(self._expected)),
+            )
+
+    def adopting(self) -> bool:
+        """Whether jobs expected back (:meth:`expect_jobs`) are still missing."""
+        if self._expected and self._clock() >= self._expected_until:
+            logger.warning(
+                "jobs not back in time, answering 404 for them from now on: %s",
+                ", ".join(sorted(self._expected)),
+            )
+            self._expected = set()
+        return bool(self._expected)
 
     def remove_job(self, job: str) -> None:
         """Stop serving ``job``: finish it (its pending long-polls get ``FINISHED``) and answer
@@ -99,6 +134,11 @@ class RendezvousService:
         if runner is not None:
             await runner.cleanup()
             logger.info("rendezvous service stopped")
+
+    @property
+    def serving(self) -> bool:
+        """Whether the service listens (between :meth:`start` and :meth:`stop`)."""
+        return self._runner is not None
 
     @property
     def port(self) -> int:

@@ -12,6 +12,10 @@ express, a spec must satisfy these rules, which a Kubernetes 1.20 schema cannot 
   requests), N is a whole number and ``slotsPerWorker <= N``: each process needs a GPU.
   Fewer slots than GPUs is allowed (a process may use several); no GPU asked, no rule.
 
+Given the API server's Pod schema (:class:`~elasticjob.operator.api.podschema.PodSchema`), a
+field of the pod template that a pod does not have (a typo such as ``resource:``) is an error
+too.
+
 Every error names its field by its path in the object, e.g. ``spec.minReplicas``.
 """
 
@@ -20,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -30,6 +34,9 @@ from elasticjob.operator.api.models import (
     Container,
     ElasticJobSpec,
 )
+
+if TYPE_CHECKING:
+    from elasticjob.operator.api.podschema import PodSchema
 
 _WHOLE_NUMBER = re.compile(r"[0-9]+")
 
@@ -53,8 +60,9 @@ class InvalidSpecError(ValueError):
         super().__init__("; ".join(str(error) for error in self.errors))
 
 
-def parse_spec(spec: Mapping[str, Any]) -> ElasticJobSpec:
-    """The spec as a model; raises :class:`InvalidSpecError` when it breaks any rule."""
+def parse_spec(spec: Mapping[str, Any], pod_schema: PodSchema | None = None) -> ElasticJobSpec:
+    """The spec as a model; raises :class:`InvalidSpecError` when it breaks any rule (with
+    ``pod_schema``, also when its pod template has fields a pod does not have)."""
     try:
         model = ElasticJobSpec.model_validate(spec)
     except ValidationError as exc:
@@ -62,18 +70,26 @@ def parse_spec(spec: Mapping[str, Any]) -> ElasticJobSpec:
             [FieldError(_path(error["loc"]), error["msg"]) for error in exc.errors()]
         ) from None
     errors = [*_replica_errors(model), *_cooldown_errors(model), *_container_errors(model)]
+    if pod_schema is not None:
+        errors.extend(pod_schema.unknown_fields(spec["template"]))
     if errors:
         raise InvalidSpecError(errors)
     return model
 
 
-def validate(spec: Mapping[str, Any]) -> list[FieldError]:
+def validate(spec: Mapping[str, Any], pod_schema: PodSchema | None = None) -> list[FieldError]:
     """Every rule ``spec`` breaks; empty when it is valid."""
     try:
-        parse_spec(spec)
+        parse_spec(spec, pod_schema)
     except InvalidSpecError as exc:
         return list(exc.errors)
     return []
+
+
+def validate_scale(spec: Mapping[str, Any], replicas: int) -> list[FieldError]:
+    """What is wrong with scaling a job of ``spec`` to ``replicas`` (through its ``scale``
+    subresource): the errors about ``spec.replicas``, e.g. that it exceeds maxReplicas."""
+    return [e for e in validate({**spec, "replicas": replicas}) if e.field == "spec.replicas"]
 
 
 def _path(loc: tuple[int | str, ...]) -> str:

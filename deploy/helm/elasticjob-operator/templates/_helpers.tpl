@@ -74,9 +74,11 @@ namespace is watched, else in a Role per watched namespace.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
+# A job's rendezvous token Secret: read, and created when missing (garbage-collected with the
+# job through its owner reference, so never deleted, listed or watched by the operator).
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "create"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
@@ -103,6 +105,14 @@ namespace is watched, else in a Role per watched namespace.
   resources: ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"]
   resourceNames: [{{ include "elasticjob-operator.webhookConfigName" . | quote }}]
   verbs: ["get", "list", "watch", "patch", "update"]
+{{- if .Values.rbac.create }}
+# The operator makes this ClusterRole the owner of its webhook configurations (it reads its uid),
+# so that they go with the release.
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["clusterroles"]
+  resourceNames: [{{ printf "%s-cluster" (include "elasticjob-operator.fullname" .) | quote }}]
+  verbs: ["get"]
+{{- end }}
 {{- end }}
 {{- end -}}
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: one devcluster per test session, a fresh namespace per test.
+"""The devcluster fixtures of the suites that need a cluster (tests/devcluster and tests/e2e
+import them in their conftest): one devcluster per test session, a fresh namespace per test.
 
 The cluster runs from its own run directory with free ports, so it does not
 collide with a developer's ``python -m devcluster up``. It is always torn down

@@ -22,7 +22,7 @@ import yaml
 from devcluster.build import cached_helm
 from devcluster.config import default_cache_dir
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "deploy" / "helm" / "elasticjob-operator"
 CRD = REPO / "deploy" / "crds" / "elasticjob.dev_elasticjobs.yaml"
 CHART_CRD = CHART / "crds" / CRD.name
@@ -46,7 +46,7 @@ JOB_GRANTS: Grants = {
     ("elasticjob.dev", "elasticjobs/status"): {"get", "list", "watch", "patch", "update"},
     ("elasticjob.dev", "elasticjobs/scale"): {"get", "list", "watch", "patch", "update"},
     ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
-    ("", "secrets"): {"get", "list", "watch", "create", "delete"},
+    ("", "secrets"): {"get", "create"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
@@ -60,6 +60,8 @@ MUTATING = ("admissionregistration.k8s.io", "mutatingwebhookconfigurations")
 WEBHOOK_GRANTS: Grants = {
     kind: {"get", "list", "watch", "create", "patch", "update"} for kind in (WEBHOOK, MUTATING)
 }
+# The ClusterRole that owns the webhook configurations: the operator reads its uid.
+OWNER_GRANTS: Grants = {("rbac.authorization.k8s.io", "clusterroles"): {"get"}}
 LABELS = {
     "app.kubernetes.io/name": "elasticjob-operator",
     "app.kubernetes.io/instance": RELEASE,
@@ -302,13 +304,19 @@ def test_container_matches_the_operator_contract(helm: Helm) -> None:
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["ELASTICJOB_RENDEZVOUS_URL"] == f"http://{FULLNAME}.{NAMESPACE}.svc:8470"
-    assert container_ports(c) == {"rendezvous": 8470, "metrics": 8471, "webhook": 8443}
+    assert env["ELASTICJOB_WEBHOOK_OWNER"] == f"{FULLNAME}-cluster"
+    assert container_ports(c) == {
+        "rendezvous": 8470,
+        "metrics": 8471,
+        "health": 8472,
+        "webhook": 8443,
+    }
     assert all(p["protocol"] == "TCP" for p in c["ports"])
     for probe in ("readinessProbe", "livenessProbe"):
         get = c[probe]["httpGet"]
         assert get["path"] == "/healthz"
         port = get["port"] if isinstance(get["port"], int) else container_ports(c)[get["port"]]
-        assert port == 8471, probe
+        assert port == 8472, probe  # kopf's liveness endpoint (main.py --liveness-port)
 
 
 def test_pod_runs_locked_down(helm: Helm) -> None:
@@ -390,6 +398,7 @@ def test_webhook_disabled_drops_flag_port_and_rbac(helm: Helm) -> None:
     c = container(objects)
     assert c["args"] == ["--log-level", "info"]
     assert "webhook" not in container_ports(c)
+    assert "ELASTICJOB_WEBHOOK_OWNER" not in env_of(c)
     service = named(objects, "Service", FULLNAME, NAMESPACE)
     assert [p["name"] for p in service["spec"]["ports"]] == ["rendezvous", "metrics"]
     cluster = grants(named(objects, "ClusterRole", f"{FULLNAME}-cluster"))
@@ -426,7 +435,7 @@ def test_cluster_wide_rbac_grants_exactly_what_the_operator_needs(helm: Helm) ->
     assert_bindings_are_consistent(objects)
     assert grants(named(objects, "ClusterRole", FULLNAME)) == JOB_GRANTS
     cluster = named(objects, "ClusterRole", f"{FULLNAME}-cluster")
-    assert grants(cluster) == CLUSTER_GRANTS | WEBHOOK_GRANTS
+    assert grants(cluster) == CLUSTER_GRANTS | WEBHOOK_GRANTS | OWNER_GRANTS
     assert not of_kind(objects, "Role")
     assert not of_kind(objects, "RoleBinding")
 
@@ -440,6 +449,8 @@ def test_webhook_configuration_access_is_limited_to_its_own_name(helm: Helm) -> 
     for rule in webhook_rules:
         if "resourceNames" in rule:
             assert rule["resourceNames"] == [f"{FULLNAME}.{NAMESPACE}.svc"]
+    (owner_rule,) = [r for r in cluster["rules"] if "clusterroles" in r["resources"]]
+    assert owner_rule["resourceNames"] == [f"{FULLNAME}-cluster"] == [cluster["metadata"]["name"]]
 
 
 def test_watch_namespaces_render_roles_per_namespace(helm: Helm) -> None:
@@ -463,7 +474,7 @@ def test_watch_namespaces_render_roles_per_namespace(helm: Helm) -> None:
     # Only cluster-scoped resources stay in a ClusterRole.
     cluster_roles = of_kind(objects, "ClusterRole")
     assert [r["metadata"]["name"] for r in cluster_roles] == [f"{FULLNAME}-cluster"]
-    assert all_grants(cluster_roles) == CLUSTER_GRANTS | WEBHOOK_GRANTS
+    assert all_grants(cluster_roles) == CLUSTER_GRANTS | WEBHOOK_GRANTS | OWNER_GRANTS
     bindings = of_kind(objects, "ClusterRoleBinding")
     assert [b["metadata"]["name"] for b in bindings] == [f"{FULLNAME}-cluster"]
 
@@ -478,6 +489,8 @@ def test_rbac_and_service_account_can_be_left_to_the_cluster_admin(helm: Helm) -
     }
     pod = named(objects, "Deployment", FULLNAME, NAMESPACE)["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "operator"
+    # No ClusterRole of the release to own the webhook configurations.
+    assert "ELASTICJOB_WEBHOOK_OWNER" not in env_of(container(objects))
 
 
 # --- the CRD copy and the values schema ------------------------------------------------------

@@ -1,0 +1,48 @@
+"""Worker pods as the driver's hosts: the driver (the same code ``elasticjob-run`` runs)
+discovers hosts and stops workers through these, and the controller carries both out on
+Kubernetes."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from elasticjob.driver.api import HostDiscovery, WorkerLauncher
+from elasticjob.wire import WorkerId
+
+
+class PodDiscovery(HostDiscovery):
+    """The hosts of the controller's latest pod plan (``PodPlan.hosts``)."""
+
+    def __init__(self) -> None:
+        self.hosts: dict[str, int] = {}
+
+    def find_available_hosts_and_slots(self) -> dict[str, int]:
+        return dict(self.hosts)
+
+
+class PodActions(Protocol):
+    """What the controller does to a worker's pod when the driver asks."""
+
+    async def delete_pod(self, name: str, grace_s: int | None = None) -> None: ...
+
+    def evict(self, name: str) -> None: ...
+
+
+class PodLauncher(WorkerLauncher):
+    """Pods start their worker processes themselves; stopping a worker deletes its pod, and
+    killing one (it stopped answering) fails its pod."""
+
+    def __init__(self, pods: PodActions) -> None:
+        self._pods = pods
+
+    async def start(self, worker: WorkerId) -> None:
+        return None  # the pod plan created its pod; its process registers by itself
+
+    async def stop(self, worker: WorkerId) -> None:
+        await self._pods.delete_pod(worker.hostname)
+
+    async def kill(self, worker: WorkerId) -> None:
+        self._pods.evict(worker.hostname)
+
+    async def stop_all(self) -> None:
+        return None  # the clean-pod policy decides, once the job has ended

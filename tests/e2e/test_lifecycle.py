@@ -1,0 +1,131 @@
+"""The operator's own lifecycle on devcluster: a worker that dies while the operator restarts
+is recovered from (the survivors wait for the new operator instead of giving up), and after
+`helm uninstall` nothing the operator left blocks deleting the jobs or the CRD."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devcluster import Cluster
+from tests.devcluster.helpers import Kube
+from tests.e2e.test_admission import sleeper
+from tests.e2e.test_operator import (
+    RELEASE,
+    SYSTEM_NS,
+    job_manifest,
+    operator,
+    wait_status,
+    worker_logs,
+)
+from tests.integration.harness import JobRun, kill_leftovers, read_events
+
+__all__ = ["operator"]
+
+OPERATOR_PODS = "app.kubernetes.io/name=elasticjob-operator"
+
+
+def operator_pods(cluster: Cluster) -> list[dict[str, Any]]:
+    found = cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-l", OPERATOR_PODS, "-o", "json")
+    pods: list[dict[str, Any]] = json.loads(found.stdout)["items"]
+    return pods
+
+
+def test_a_worker_lost_while_the_operator_restarts_is_recovered_from(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    log_dir, stop_file = tmp_path / "events", tmp_path / "stop"
+    kube.apply(job_manifest("restart", log_dir, stop_file))
+    try:
+        running = wait_status(
+            kube,
+            "restart",
+            "training with 3 workers",
+            lambda s: s.get("phase") == "Running" and s.get("worldSize") == 3,
+        )
+        old = {p["metadata"]["name"] for p in operator_pods(operator)}
+        victim = next(w for w in running["workers"] if 0 not in w["ranks"])
+        survivors = {w["pod"] for w in running["workers"]} - {victim["pod"]}
+        operator.kubectl("-n", SYSTEM_NS, "delete", "pod", "-l", OPERATOR_PODS, "--wait=false")
+        operator.faults.kill(victim["pod"], kube.ns)  # before the new operator is up
+        kube.wait(
+            "a new operator pod",
+            lambda: any(
+                p["metadata"]["name"] not in old and p["status"].get("phase") == "Running"
+                for p in operator_pods(operator)
+            ),
+            timeout=120,
+        )
+        recovered = wait_status(
+            kube,
+            "restart",
+            "a new round without the killed worker",
+            lambda s: (
+                s.get("phase") == "Running"
+                and s.get("round", 0) > running["round"]
+                and s.get("resetCount", 0) > running["resetCount"]
+                and victim["pod"] not in {w["pod"] for w in s.get("workers", [])}
+            ),
+            timeout=180,
+        )
+        # The survivors kept their processes: they waited for the new operator (503, retry)
+        # rather than failing on a job it did not know yet.
+        assert survivors <= {w["pod"] for w in recovered["workers"]}, recovered
+        assert "refused with 404" not in worker_logs(kube)
+        # The new operator validates again (kopf re-registers its webhooks at start).
+        refused = kube.cluster.kubectl(
+            "-n",
+            kube.ns,
+            "apply",
+            "-f",
+            "-",
+            input=yaml.safe_dump(sleeper("bad", replicas=9)),
+            check=False,
+        )
+        assert refused.returncode != 0 and "spec.replicas" in refused.stderr, refused.stderr
+        before = max(e["epoch"] for e in read_events(log_dir) if e["ev"] == "epoch_end")
+        wait_status(
+            kube,
+            "restart",
+            "training on under the new operator",
+            lambda s: (s.get("progress") or {}).get("epoch", -1) > before,
+        )
+        stop_file.touch()
+        wait_status(kube, "restart", "success", lambda s: s.get("phase") == "Succeeded", 180)
+    finally:
+        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+
+
+def test_after_uninstall_jobs_and_the_crd_can_be_deleted(operator: Cluster, kube: Kube) -> None:
+    """Runs last in this module: it uninstalls the operator and deletes the CRD (the next
+    install brings it back from the chart)."""
+    kube.apply(sleeper("orphan"))
+    kube.wait("the job's pods", lambda: kube.pods("elasticjob.dev/job-name=orphan"), timeout=120)
+    job = kube.get("ej", "orphan") or {}
+    assert not job["metadata"].get("finalizers"), job["metadata"]
+    configuration = f"{RELEASE}.{SYSTEM_NS}.svc"
+    found = operator.kubectl("get", "validatingwebhookconfiguration", configuration, check=False)
+    assert found.returncode == 0, found.stderr
+    result = operator.helm(
+        "uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", check=False, timeout=180
+    )
+    assert result.returncode == 0, result.stderr
+
+    def leftovers() -> list[str]:
+        kinds = "validatingwebhookconfiguration,mutatingwebhookconfiguration"
+        found = operator.kubectl("get", kinds, "-o", "name", check=False).stdout.split()
+        return [name for name in found if name.endswith(f"/{configuration}")]
+
+    kube.wait("the webhook configurations garbage-collected", lambda: not leftovers(), 60)
+    deleted = kube.cluster.kubectl(
+        "-n", kube.ns, "delete", "ej", "--all", "--timeout=60s", check=False, timeout=90
+    )
+    assert deleted.returncode == 0, deleted.stderr
+    assert kube.get("ej", "orphan") is None
+    crd = operator.kubectl(
+        "delete", "crd", "elasticjobs.elasticjob.dev", "--timeout=60s", check=False, timeout=90
+    )
+    assert crd.returncode == 0, crd.stderr

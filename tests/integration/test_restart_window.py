@@ -1,0 +1,116 @@
+"""The restart window over real HTTP: a rendezvous service that expects jobs back answers 503
+with ``Retry-After`` for them until they are served, and the workers' client waits and
+retries (bounded) instead of giving up on the 404 it would otherwise get."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from elasticjob import wire
+from elasticjob.rendezvous.routes import RETRY_AFTER_S
+from elasticjob.rendezvous.server import RendezvousService
+from elasticjob.wire import RoundInfo
+from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
+
+DEADLINE = 10.0
+TOKEN = "token-of-the-job"
+
+
+class Listener:
+    def on_worker_ready(self, worker: wire.WorkerId, after_round: int) -> None:
+        return None
+
+    def on_worker_result(self, request: wire.ResultRequest) -> None:
+        return None
+
+    def on_progress(self, progress: wire.ProgressRequest) -> None:
+        return None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def service() -> AsyncIterator[RendezvousService]:
+    service = RendezvousService(clock=Clock())
+    await service.start("127.0.0.1", 0)
+    try:
+        yield service
+    finally:
+        await service.stop()
+
+
+async def get_round(service: RendezvousService, job: str) -> tuple[int, str | None]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            f"{service.url}/v1/jobs/{job}/round", headers={"Authorization": f"Bearer {TOKEN}"}
+        ) as response,
+    ):
+        return response.status, response.headers.get("Retry-After")
+
+
+async def test_a_job_expected_back_gets_503_with_retry_after_until_it_is_served(
+    service: RendezvousService,
+) -> None:
+    assert await get_round(service, "ns.a") == (404, None)
+    service.expect_jobs(["ns.a", "ns.b"], within_s=60)
+    assert await get_round(service, "ns.a") == (503, str(RETRY_AFTER_S))
+    assert await get_round(service, "ns.other") == (503, str(RETRY_AFTER_S))
+    service.add_job("ns.a", TOKEN, Listener())
+    assert (await get_round(service, "ns.a"))[0] == 200
+    assert (await get_round(service, "ns.b"))[0] == 503, "ns.b is not back yet"
+    service.add_job("ns.b", TOKEN, Listener())
+    assert (await get_round(service, "ns.other"))[0] == 404, "every expected job is back"
+
+
+async def test_the_window_closes_after_its_bound() -> None:
+    clock = Clock()
+    bounded = RendezvousService(clock=clock)
+    await bounded.start("127.0.0.1", 0)
+    try:
+        bounded.expect_jobs(["ns.gone"], within_s=30)
+        assert (await get_round(bounded, "ns.gone"))[0] == 503
+        clock.now += 30
+        assert (await get_round(bounded, "ns.gone"))[0] == 404
+    finally:
+        await bounded.stop()
+
+
+async def test_the_client_waits_for_its_job_to_come_back(
+    service: RendezvousService, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="elasticjob.worker_runtime.rendezvous_client")
+    service.expect_jobs(["ns.late"], within_s=60)
+    client = RendezvousClient(service.url, "ns.late", TOKEN, retry_deadline_s=DEADLINE)
+    started = time.monotonic()
+    answer = asyncio.create_task(asyncio.to_thread(client.round_info))
+    await asyncio.sleep(2.5 * RETRY_AFTER_S)  # the job comes back after a while
+    service.add_job("ns.late", TOKEN, Listener())
+    info = await asyncio.wait_for(answer, DEADLINE)
+    assert isinstance(info, RoundInfo)
+    retries = [r for r in caplog.records if "answered 503" in r.getMessage()]
+    # Retry-After is honoured: one retry per second, not the 50 ms backoff of a connection error.
+    assert 2 <= len(retries) <= 4, [r.getMessage() for r in retries]
+    assert all("retrying in 1.0 s" in r.getMessage() for r in retries)
+    assert time.monotonic() - started >= 2.5 * RETRY_AFTER_S
+
+
+async def test_the_client_gives_up_when_the_window_outlasts_its_deadline(
+    service: RendezvousService,
+) -> None:
+    service.expect_jobs(["ns.never"], within_s=60)
+    client = RendezvousClient(service.url, "ns.never", TOKEN, retry_deadline_s=1.5)
+    with pytest.raises(RendezvousClientError, match="503"):
+        await asyncio.wait_for(asyncio.to_thread(client.round_info), DEADLINE)
