@@ -153,6 +153,10 @@ class JobController:
             await self._refuse(body, str(exc))
             return
         token = await self._ensure_token(body)
+        # Pods first: the job joins the rendezvous service with the driver, and adopts its
+        # recorded round right after, with no API call in between.
+        for pod in await self._api.list_pods(self.namespace, worker_selector(self.name)):
+            self._pods[pod["metadata"]["name"]] = pod
         policy = spec.blacklist.policy()
         self._blacklist = Blacklist[str](policy, self._clock)
         slots = self._slots = spec.slots_per_worker
@@ -170,8 +174,6 @@ class JobController:
             self._clock,
         )
         self.driver = driver
-        for pod in await self._api.list_pods(self.namespace, worker_selector(self.name)):
-            self._pods[pod["metadata"]["name"]] = pod
         if not self._adopt(body, spec, driver):
             await self._event(body, "Created", f"job {self.job_id} started")
         driver_task = asyncio.create_task(driver.run(), name=f"driver {self.job_id}")

@@ -108,16 +108,6 @@ class KubeApi:
             if exc.status != 409:
                 raise
 
-    async def not_ready_nodes(self) -> set[str]:
-        nodes = await self._call("list nodes", self.core.list_node)
-        not_ready: set[str] = set()
-        for node in nodes.items:
-            conditions = (node.status.conditions if node.status else None) or []
-            ready = [c for c in conditions if c.type == "Ready"]
-            if node.metadata and node.metadata.name and (not ready or ready[0].status != "True"):
-                not_ready.add(str(node.metadata.name))
-        return not_ready
-
     async def list_jobs(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
         """The ElasticJobs in ``namespaces`` (empty: in every namespace)."""
         if not namespaces:

@@ -8,7 +8,6 @@ CustomResourceDefinition from the models.
 from elasticjob.operator.api.models import (
     API_VERSION,
     CRD_NAME,
-    FINALIZER,
     GPU_RESOURCE,
     GROUP,
     KIND,
@@ -46,7 +45,6 @@ from elasticjob.operator.api.validation import FieldError, InvalidSpecError, par
 __all__ = [
     "API_VERSION",
     "CRD_NAME",
-    "FINALIZER",
     "GPU_RESOURCE",
     "GROUP",
     "KIND",

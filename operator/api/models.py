@@ -34,8 +34,6 @@ LABEL_JOB_NAME = f"{GROUP}/job-name"
 LABEL_ROLE = f"{GROUP}/role"
 """Label on every pod of a job: its role (``worker``)."""
 ROLE_WORKER = "worker"
-FINALIZER = f"{GROUP}/finalizer"
-"""Finalizer the operator keeps on a job until it has released the job's rendezvous state."""
 
 WORKER_CONTAINER = "worker"
 """Name of the container the worker runtime runs in, when the template has several."""

@@ -11,7 +11,8 @@ REPO = Path(__file__).resolve().parents[2]
 PROBE = """
 import sys
 import pytest
-code = pytest.main(["-q", "--collect-only", "-p", "no:cacheprovider", "tests/unit/test_slots.py"])
+args = ["-q", "--collect-only", "-p", "no:cacheprovider", "tests/unit/driver/test_slots.py"]
+code = pytest.main(args)
 loaded = sorted(m for m in sys.modules if m == "devcluster" or m.startswith("devcluster."))
 print("RESULT", int(code), loaded)
 """
