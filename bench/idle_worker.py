@@ -1,5 +1,5 @@
 """A worker that joins its job's rounds and then idles, speaking the rendezvous protocol with
-the standard library only (no torch): the load of many running jobs on the operator without
+the standard library and the wire names only (no torch): the load of many running jobs on the operator without
 the cost of training processes."""
 
 from __future__ import annotations
@@ -11,9 +11,12 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from elasticjob import wire
+
 
 def call(method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 30) -> Any:
-    url = os.environ["ELASTICJOB_RENDEZVOUS_URL"] + f"/v1/jobs/{os.environ['ELASTICJOB_JOB']}{path}"
+    job = os.environ[wire.ENV_JOB]
+    url = f"{os.environ[wire.ENV_RENDEZVOUS_URL]}{wire.API_PREFIX}/jobs/{job}{path}"
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(
         url,
@@ -36,9 +39,9 @@ def main() -> None:
                 "POST",
                 "/rendezvous",
                 {
-                    "hostname": os.environ["ELASTICJOB_HOSTNAME"],
+                    "hostname": os.environ[wire.ENV_HOSTNAME],
                     "local_rank": 0,
-                    "address": os.environ["ELASTICJOB_BIND_ADDRESS"],
+                    "address": os.environ[wire.ENV_BIND_ADDRESS],
                     "store_port": 1,
                     "after_round": after_round,
                     "wait_seconds": 20,

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import kopf
 
+from elasticjob import wire
 from elasticjob.operator import handlers
 from elasticjob.operator.runtime import OperatorConfig, OperatorRuntime, WebhookConfig
 
@@ -28,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--rendezvous-url",
-        default=os.environ.get("ELASTICJOB_RENDEZVOUS_URL"),
+        default=os.environ.get(wire.ENV_RENDEZVOUS_URL),
         help="how worker pods reach this operator's rendezvous service",
     )
     parser.add_argument(

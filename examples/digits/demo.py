@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from elasticjob import wire
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -35,7 +37,7 @@ def workers_on(host: str) -> list[int]:
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        wanted = {f"ELASTICJOB_HOSTNAME={host}".encode(), b"ELASTICJOB_JOB=digits"}
+        wanted = {f"{wire.ENV_HOSTNAME}={host}".encode(), f"{wire.ENV_JOB}=digits".encode()}
         if wanted <= set(environ):
             pids.append(int(proc.name))
     return pids
