@@ -1,6 +1,6 @@
 """A worker that joins its job's rounds and then idles, speaking the rendezvous protocol with
-the standard library and the wire names only (no torch): the load of many running jobs on the operator without
-the cost of training processes."""
+the standard library and the wire names only (no torch): the load of many running jobs on the
+operator without the cost of training processes."""
 
 from __future__ import annotations
 
