@@ -17,34 +17,12 @@ from tests.e2e.test_operator import (  # the module's helm-installed operator an
     SYSTEM_NS,
     job_manifest,
     operator,
+    restart_operator,
     wait_status,
 )
 from tests.integration.harness import JobRun, kill_leftovers, read_events
 
 __all__ = ["operator"]  # a fixture of this module too
-
-
-def restart_operator(kube: Kube) -> None:
-    """Delete the operator's pod and wait until its replacement runs."""
-    kube.cluster.kubectl(
-        "-n",
-        SYSTEM_NS,
-        "delete",
-        "pod",
-        "-l",
-        "app.kubernetes.io/name=elasticjob-operator",
-        "--wait=true",
-    )
-    kube.wait(
-        "a new operator pod",
-        lambda: any(
-            p["status"].get("phase") == "Running" and p["metadata"].get("deletionTimestamp") is None
-            for p in json.loads(
-                kube.cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-o", "json").stdout
-            )["items"]
-        ),
-        timeout=120,
-    )
 
 
 def delete_webhook(cluster: Cluster) -> None:

@@ -4,9 +4,7 @@ is recovered from (the survivors wait for the new operator instead of giving up)
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -14,24 +12,19 @@ from devcluster import Cluster
 from tests.devcluster.helpers import Kube
 from tests.e2e.test_admission import sleeper
 from tests.e2e.test_operator import (
+    OPERATOR_PODS,
     RELEASE,
     SYSTEM_NS,
     job_manifest,
     operator,
+    operator_pods,
+    wait_operator_serving,
     wait_status,
     worker_logs,
 )
 from tests.integration.harness import JobRun, kill_leftovers, read_events
 
 __all__ = ["operator"]
-
-OPERATOR_PODS = "app.kubernetes.io/name=elasticjob-operator"
-
-
-def operator_pods(cluster: Cluster) -> list[dict[str, Any]]:
-    found = cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-l", OPERATOR_PODS, "-o", "json")
-    pods: list[dict[str, Any]] = json.loads(found.stdout)["items"]
-    return pods
 
 
 def test_a_worker_lost_while_the_operator_restarts_is_recovered_from(
@@ -51,14 +44,7 @@ def test_a_worker_lost_while_the_operator_restarts_is_recovered_from(
         survivors = {w["pod"] for w in running["workers"]} - {victim["pod"]}
         operator.kubectl("-n", SYSTEM_NS, "delete", "pod", "-l", OPERATOR_PODS, "--wait=false")
         operator.faults.kill(victim["pod"], kube.ns)  # before the new operator is up
-        kube.wait(
-            "a new operator pod",
-            lambda: any(
-                p["metadata"]["name"] not in old and p["status"].get("phase") == "Running"
-                for p in operator_pods(operator)
-            ),
-            timeout=120,
-        )
+        wait_operator_serving(kube, old)
         recovered = wait_status(
             kube,
             "restart",

@@ -110,6 +110,44 @@ def wait_status(
     return found
 
 
+OPERATOR_PODS = "app.kubernetes.io/name=elasticjob-operator"
+
+
+def operator_pods(cluster: Cluster) -> list[dict[str, Any]]:
+    found = cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-l", OPERATOR_PODS, "-o", "json")
+    pods: list[dict[str, Any]] = json.loads(found.stdout)["items"]
+    return pods
+
+
+def serving_operator_pods(cluster: Cluster) -> set[str]:
+    """The operator pods behind its Service: ready, so webhooks and workers reach them."""
+    found = cluster.kubectl("-n", SYSTEM_NS, "get", "endpoints", RELEASE, "-o", "json")
+    subsets = json.loads(found.stdout).get("subsets") or []
+    return {
+        address["targetRef"]["name"]
+        for subset in subsets
+        for address in subset.get("addresses") or []
+        if address.get("targetRef")
+    }
+
+
+def wait_operator_serving(kube: Kube, replaced: set[str]) -> None:
+    """Wait until a new operator pod (none of ``replaced``) serves behind the Service: Running
+    is not enough, since a starting operator registers its webhooks before it is ready."""
+    kube.wait(
+        "a new operator pod serving",
+        lambda: serving_operator_pods(kube.cluster) - replaced,
+        timeout=180,
+    )
+
+
+def restart_operator(kube: Kube) -> None:
+    """Delete the operator's pod and wait until its replacement serves."""
+    old = {p["metadata"]["name"] for p in operator_pods(kube.cluster)}
+    kube.cluster.kubectl("-n", SYSTEM_NS, "delete", "pod", "-l", OPERATOR_PODS, "--wait=true")
+    wait_operator_serving(kube, old)
+
+
 def worker_logs(kube: Kube) -> str:
     return "\n".join(
         path.read_text(errors="replace")
@@ -190,25 +228,7 @@ def run_lifecycle(kube: Kube, log_dir: Path, stop_file: Path) -> None:
     # Restart the operator mid-training: the workers train on, and the new operator takes the
     # round over (status updates resume, and it drives the next membership change).
     before = read_events(log_dir)
-    kube.cluster.kubectl(
-        "-n",
-        SYSTEM_NS,
-        "delete",
-        "pod",
-        "-l",
-        "app.kubernetes.io/name=elasticjob-operator",
-        "--wait=true",
-    )
-    kube.wait(
-        "a new operator pod",
-        lambda: any(
-            p["status"].get("phase") == "Running" and p["metadata"].get("deletionTimestamp") is None
-            for p in json.loads(
-                kube.cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-o", "json").stdout
-            )["items"]
-        ),
-        timeout=120,
-    )
+    restart_operator(kube)
     progressed = wait_status(
         kube,
         "train",
