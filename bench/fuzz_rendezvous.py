@@ -164,7 +164,7 @@ def probes(rng: random.Random) -> dict[str, Callable[[], Probe]]:
         return Probe("unknown worker", "POST", "job-a", route, token, data)
 
     def future_round() -> Probe:
-        after = rng.choice([1, 2, 10**6, 2**62])
+        after = rng.choice([2, 3, 10**6, 2**62])  # job-a is at round 1
         if rng.random() < 0.5:
             data = body(**(rendezvous_fields() | {"after_round": after}))
             return Probe("future round", "POST", "job-a", "rendezvous", token, data)
@@ -378,8 +378,18 @@ class Campaign:
         self.report.slow_clients_cut_within_bound = sum(c <= HEADER_TIMEOUT_S + 1.0 for c in cuts)
         self.report.slow_client_cut_max_s = round(max(cuts, default=0.0), 2)
 
+    async def start_job_a(self) -> None:
+        """job-a runs a round of its own (host-a[0]), as a job under attack would."""
+        job, worker = self.jobs["job-a"], WorkerId("host-a", 0)
+        fields = rendezvous_fields() | {"address": "10.0.0.1"}
+        await job.rendezvous(wire.RendezvousRequest.model_validate(fields))
+        slot = wire.SlotInfo(hostname=worker.hostname, rank=0, local_rank=0, cross_rank=0,
+                             size=1, local_size=1, cross_size=1)  # fmt: skip
+        job.publish_round(1, {worker: slot}, sync=True)
+
     async def run(self, requests: int, slow: int, live_polls: int) -> Report:
         await self.service.start("127.0.0.1", 0)
+        await self.start_job_a()
         try:
             connector = aiohttp.TCPConnector(limit=256)
             timeout = aiohttp.ClientTimeout(total=60)

@@ -41,6 +41,10 @@ class Refusal(enum.Enum):
 
     UNKNOWN_WORKER = "unknown worker"
     """The driver did not launch (or readmit) a process for this worker."""
+    NOT_ADMITTED_YET = "not admitted yet"
+    """As UNKNOWN_WORKER, but the job has not published a round of its own yet (it may have
+    adopted one after a restart): the worker may be one its driver takes back shortly, so it
+    should retry."""
     FUTURE_ROUND = "future round"
     """The request names a round newer than the newest the job has published."""
     ENDPOINT_CHANGED = "endpoint changed"

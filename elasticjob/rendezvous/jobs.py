@@ -263,10 +263,19 @@ class InMemoryJobRendezvous(JobRendezvous):
         )
 
     def _check_worker(self, worker: WorkerId) -> None:
-        if worker not in self._admitted:
+        """Refuse a worker the driver did not admit: for good once the job has published a
+        round of its own, retryably before (after a restart, the driver takes back the
+        processes of the previous service only when it launches its first round)."""
+        if worker in self._admitted:
+            return
+        if self._round is None or self._round.store is None:
             raise RequestRefused(
-                Refusal.UNKNOWN_WORKER, f"job {self.job} has not launched a worker {worker}"
+                Refusal.NOT_ADMITTED_YET,
+                f"job {self.job} has not admitted a worker {worker} (yet): retry",
             )
+        raise RequestRefused(
+            Refusal.UNKNOWN_WORKER, f"job {self.job} has not launched a worker {worker}"
+        )
 
     def _check_round(self, round_number: int) -> None:
         if round_number > self.current_round:

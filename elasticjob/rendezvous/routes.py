@@ -14,8 +14,9 @@ called, so a rejected request never changes any job's state:
 5. its query or body (400 for malformed JSON or a repeated key, 413 over
    :data:`MAX_BODY_BYTES`, 422 for a value the strict wire model refuses);
 6. what the job refuses (:class:`~elasticjob.rendezvous.api.RequestRefused`: 403 for a worker
-   its driver did not launch, 409 for a round not published yet, another store endpoint for the
-   same round or a repeated result, 429 beyond the job's long-polls).
+   its driver did not launch (503 with ``Retry-After`` before the job's first own round), 409
+   for a round not published yet, another store endpoint for the same round or a repeated
+   result, 429 beyond the job's long-polls).
 
 Every response closes its connection (one request per connection, see ``transport.py``).
 """
@@ -57,6 +58,7 @@ a 4,096-character message of 4-byte characters, is about 16 KiB."""
 
 _REFUSAL_STATUS: Final = {
     Refusal.UNKNOWN_WORKER: 403,
+    Refusal.NOT_ADMITTED_YET: 503,
     Refusal.FUTURE_ROUND: 409,
     Refusal.ENDPOINT_CHANGED: 409,
     Refusal.RESULT_REPEATED: 409,
@@ -262,7 +264,7 @@ def _stats_and_errors(stats: RequestStats) -> typedefs.Middleware:
             response = exc.response()
         except RequestRefused as exc:
             status = _REFUSAL_STATUS[exc.refusal]
-            headers = _retry_after(RETRY_AFTER_S) if status == 429 else None
+            headers = _retry_after(RETRY_AFTER_S) if status in (429, 503) else None
             response = ApiError(status, str(exc), headers=headers).response()
         except web.HTTPException as exc:
             allow = {str(hdrs.ALLOW): exc.headers[hdrs.ALLOW]} if hdrs.ALLOW in exc.headers else {}

@@ -36,6 +36,7 @@ from tests.integration.test_rendezvous_http import (
     Cluster,
     RecordingListener,
     rendezvous_body,
+    slots_for,
     snapshot,
 )
 
@@ -77,9 +78,29 @@ async def cluster() -> AsyncIterator[Cluster]:
 async def test_refused_requests_change_nothing(
     cluster: Cluster, route: str, body: dict[str, object], status: int, words: str
 ) -> None:
+    await cluster.rendezvous(W0)
+    cluster.job_a.publish_round(1, slots_for([W0]), sync=True)
     before = snapshot(cluster.job_a, cluster.listener_a)
     got, answer = await cluster.call("POST", f"/v1/jobs/job-a/{route}", json=body)
     assert got == status and words in answer["error"], answer
+    assert snapshot(cluster.job_a, cluster.listener_a) == before
+
+
+async def test_an_unknown_worker_before_the_first_round_is_told_to_retry(
+    cluster: Cluster,
+) -> None:
+    before = snapshot(cluster.job_a, cluster.listener_a)
+    body = rendezvous_body(wire.WorkerId("planted", 0))
+    async with cluster.session.post(
+        cluster.service.url + "/v1/jobs/job-a/rendezvous",
+        json=body,
+        headers={
+            "Authorization": f"Bearer {TOKEN_A}",
+            wire.PROTOCOL_HEADER: str(wire.PROTOCOL_VERSION),
+        },
+    ) as response:
+        assert response.status == 503 and response.headers["Retry-After"] == "1"
+        assert "retry" in (await response.json())["error"]
     assert snapshot(cluster.job_a, cluster.listener_a) == before
 
 

@@ -67,18 +67,32 @@ async def refused(
     return caught.value.refusal
 
 
+@pytest.mark.parametrize(
+    ("stage", "expected"),
+    [
+        ("before its first round", Refusal.NOT_ADMITTED_YET),
+        ("with an adopted round only", Refusal.NOT_ADMITTED_YET),
+        ("once it published a round", Refusal.UNKNOWN_WORKER),
+    ],
+)
 async def test_unknown_worker_is_refused_everywhere(
-    job: InMemoryJobRendezvous, listener: RecordingListener
+    listener: RecordingListener, stage: str, expected: Refusal
 ) -> None:
+    job = InMemoryJobRendezvous("job-a", "secret-a", listener)
+    job.readmit([W0])
+    if stage == "with an adopted round only":
+        job.adopt(3, slots_for([W0]), notice_seq=0)
+    elif stage == "once it published a round":
+        await job.rendezvous(request(W0))
+        job.publish_round(1, slots_for([W0]), sync=True)
+    result = ResultRequest(hostname="planted", local_rank=0, state=WorkerState.SUCCESS)
     calls = [
         lambda: job.rendezvous(request(STRANGER, wait=60)),
-        lambda: job.report_result(
-            ResultRequest(hostname="planted", local_rank=0, state=WorkerState.SUCCESS)
-        ),
+        lambda: job.report_result(result),
         lambda: job.report_heartbeat(HeartbeatRequest(hostname="planted", local_rank=0)),
     ]
     for call in calls:
-        assert await refused(job, listener, call) is Refusal.UNKNOWN_WORKER
+        assert await refused(job, listener, call) is expected
     assert listener.heartbeats == []
 
 
