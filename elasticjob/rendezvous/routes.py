@@ -169,6 +169,11 @@ def _retry_after(seconds: float) -> dict[str, str]:
     return {hdrs.RETRY_AFTER: str(max(1, math.ceil(seconds)))}
 
 
+def _logged_path(request: web.Request) -> str:
+    """The path as sent (percent-encoded, so one line), cut to a sane length."""
+    return request.rel_url.raw_path[:200]
+
+
 def _route_name(request: web.Request) -> str:
     resource = request.match_info.route.resource
     return f"{request.method} {resource.canonical}" if resource is not None else "unmatched"
@@ -270,10 +275,10 @@ def _stats_and_errors(stats: RequestStats) -> typedefs.Middleware:
             allow = {str(hdrs.ALLOW): exc.headers[hdrs.ALLOW]} if hdrs.ALLOW in exc.headers else {}
             response = ApiError(exc.status, exc.reason, headers=allow).response()
         except Exception:
-            logger.exception("%s %s failed", request.method, request.path)
+            logger.exception("%s %s failed", request.method, _logged_path(request))
             response = ApiError(500, "internal error").response()
         if response.status >= 400:
-            logger.info("%s %s -> %d", request.method, request.path, response.status)
+            logger.info("%s %s -> %d", request.method, _logged_path(request), response.status)
         response.headers[PROTOCOL_HEADER] = str(PROTOCOL_VERSION)
         response.force_close()
         stats.record(_route_name(request), response.status, time.monotonic() - started)

@@ -381,6 +381,16 @@ async def test_malformed_http_is_one_warning_line_without_the_token(
     assert any("bad HTTP request" in r.getMessage() for r in records)
 
 
+async def test_an_encoded_newline_in_the_path_stays_on_one_log_line(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="elasticjob.rendezvous.routes")
+    status, _ = await cluster.call("GET", "/v1/jobs/job-a%0AFORGED%20LINE/round")
+    assert status == 403
+    messages = [r.getMessage() for r in caplog.records if "FORGED" in r.getMessage()]
+    assert messages and all("\n" not in m for m in messages), messages
+
+
 async def test_the_token_appears_in_no_log_line_and_no_repr(
     cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:

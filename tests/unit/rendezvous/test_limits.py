@@ -73,3 +73,29 @@ def test_token_bucket_refills_to_its_burst_only() -> None:
     while bucket.take() == 0.0:
         served += 1
     assert served == 4
+
+
+def test_ten_times_the_normal_traffic_of_1024_workers_passes_the_rate() -> None:
+    """10 s of 1,024 workers each sending 30 requests a second (10x a heartbeat, a notices
+    poll and one more request a second), evenly spread: none is refused."""
+    clock = Clock()
+    limits = JobLimits.for_workers(1024)
+    bucket = TokenBucket(limits.requests_per_s, limits.burst, clock)
+    per_second = HEADROOM * NORMAL_REQUESTS_PER_WORKER_S * 1024
+    refused = 0
+    for _ in range(10):
+        for _ in range(per_second):
+            clock.now += 1.0 / per_second
+            refused += bucket.take() > 0
+    assert refused == 0
+
+
+def test_a_flood_of_one_small_job_is_cut_to_its_rate() -> None:
+    clock = Clock()
+    limits = JobLimits.for_workers(2)
+    bucket = TokenBucket(limits.requests_per_s, limits.burst, clock)
+    served = 0
+    for _ in range(10_000):  # 10,000 requests in 1 s
+        clock.now += 1e-4
+        served += bucket.take() == 0.0
+    assert served == pytest.approx(limits.burst + limits.requests_per_s, abs=2)
