@@ -163,6 +163,22 @@ async def test_a_job_over_its_rate_gets_429_and_other_jobs_do_not() -> None:
         await service.stop()
 
 
+async def test_the_client_sends_progress_at_most_once_a_second(cluster: Cluster) -> None:
+    client = RendezvousClient(cluster.service.url, "job-a", TOKEN_A)
+
+    def report(step: int) -> None:
+        client.report_progress(wire.ProgressRequest(round=0, epoch=0, step=step))
+
+    started = time.monotonic()
+    for step in range(20):
+        await asyncio.to_thread(report, step)
+    if time.monotonic() - started < rendezvous_client.PROGRESS_INTERVAL_S:
+        assert [p.step for p in cluster.listener_a.progress] == [0]
+    await asyncio.sleep(rendezvous_client.PROGRESS_INTERVAL_S)
+    await asyncio.to_thread(report, 20)
+    assert cluster.listener_a.progress[-1].step == 20
+
+
 # ---- protocol versions -------------------------------------------------------------------
 
 
