@@ -23,7 +23,8 @@ def call(method: str, path: str, body: dict[str, Any] | None = None, timeout: fl
         data=data,
         method=method,
         headers={
-            "Authorization": f"Bearer {os.environ['ELASTICJOB_TOKEN']}",
+            "Authorization": f"Bearer {os.environ[wire.ENV_TOKEN]}",
+            wire.PROTOCOL_HEADER: str(wire.PROTOCOL_VERSION),
             "Content-Type": "application/json",
         },
     )

@@ -3,20 +3,36 @@
 This module is the only code the two sides of elasticjob have in common, so it imports
 neither torch nor kopf nor aiohttp: pydantic models and enums only.
 
-Every request body the rendezvous service accepts is one of the ``*Request`` models below;
-they forbid unknown fields and bound every number, so malformed input is refused with a
-4xx before it can touch any job's state.
+Every request body the rendezvous service accepts is one of the ``*Request`` models below,
+parsed with :func:`parse_json`: the models are strict (an integer field takes a JSON integer
+only, never ``true``, ``"1"`` or ``1.0``; a boolean takes ``true`` or ``false`` only; a float
+field takes any JSON number), forbid unknown fields, bound every number, and a body that names
+a key twice is refused, so malformed input is refused with a 4xx before it can touch any job's
+state.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Annotated, NamedTuple
+import json
+from typing import Annotated, Final, NamedTuple, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints
 
 API_PREFIX = "/v1"
 """Path prefix of every job-scoped endpoint of the rendezvous service."""
+
+PROTOCOL_HEADER: Final = "X-Elasticjob-Protocol"
+"""Header carrying the rendezvous protocol version: workers send theirs on every request and
+the service answers with its own."""
+PROTOCOL_VERSION: Final = 2
+"""The rendezvous protocol this release speaks. Version 1 is that of the releases that sent no
+:data:`PROTOCOL_HEADER` (a request without it is version 1). Version 2 added the header,
+``429 Too Many Requests`` answers (a version-1 worker takes them as fatal), refusals of
+workers the driver did not launch and of rounds not published yet, and strict bodies."""
+MIN_PROTOCOL_VERSION: Final = 2
+"""The oldest worker protocol this service accepts; an older (or newer) worker is refused
+with ``426 Upgrade Required`` naming both versions, and exits with that message."""
 
 # Environment variables through which a launcher (or the operator) hands a worker its identity.
 ENV_RENDEZVOUS_URL = "ELASTICJOB_RENDEZVOUS_URL"
@@ -26,6 +42,9 @@ ENV_HOSTNAME = "ELASTICJOB_HOSTNAME"
 ENV_LOCAL_RANK = "ELASTICJOB_LOCAL_RANK"
 ENV_BIND_ADDRESS = "ELASTICJOB_BIND_ADDRESS"
 ENV_BACKEND = "ELASTICJOB_BACKEND"
+ENV_RENDEZVOUS_CA = "ELASTICJOB_RENDEZVOUS_CA"
+"""PEM text (not a path) of the CA certificate(s) a worker verifies an ``https://``
+rendezvous URL against; unset: the system's trusted CAs."""
 # Optional tuning of the worker runtime (defaults in ``elasticjob.worker_runtime.config``).
 ENV_COLLECTIVE_TIMEOUT = "ELASTICJOB_COLLECTIVE_TIMEOUT"
 """Bound on any collective, in seconds."""
@@ -52,9 +71,9 @@ JobName = Annotated[
 ]
 """A job's name: a Kubernetes object name (``namespace.name`` for the operator)."""
 
-LocalRank = Annotated[int, Field(ge=0, le=1023)]
-Port = Annotated[int, Field(ge=1, le=65535)]
-RoundNumber = Annotated[int, Field(ge=0)]
+LocalRank = Annotated[int, Field(strict=True, ge=0, le=1023)]
+Port = Annotated[int, Field(strict=True, ge=1, le=65535)]
+RoundNumber = Annotated[int, Field(strict=True, ge=0)]
 
 
 class WorkerId(NamedTuple):
@@ -68,7 +87,37 @@ class WorkerId(NamedTuple):
 
 
 class _Strict(BaseModel):
+    """Frozen, no unknown fields; every number and boolean field is strict (``Field(strict=
+    True)``), so also Python callers cannot pass ``True`` or ``"1"`` for an integer."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object names the same key twice."""
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def _refuse_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    found: dict[str, object] = {}
+    for key, value in pairs:
+        if key in found:
+            raise DuplicateKeyError(f"key {key!r} is given more than once")
+        found[key] = value
+    return found
+
+
+def parse_json(model: type[_Model], data: bytes | str) -> _Model:
+    """Validate JSON ``data`` as ``model`` (strictly, see the module docstring).
+
+    Raises :class:`pydantic.ValidationError` for malformed JSON or a value the model refuses,
+    and :class:`DuplicateKeyError` when an object of an otherwise valid body repeats a key."""
+    parsed = model.model_validate_json(data, strict=True)
+    # Only a body that validated is scanned again: its depth and size are bounded by the model.
+    json.loads(data, object_pairs_hook=_refuse_duplicates)
+    return parsed
 
 
 class WorkerState(enum.StrEnum):
@@ -98,7 +147,7 @@ class NoticeKind(enum.StrEnum):
 class Notice(_Strict):
     """One entry of a job's notice log. ``seq`` is strictly increasing per job."""
 
-    seq: Annotated[int, Field(ge=1)]
+    seq: Annotated[int, Field(strict=True, ge=1)]
     kind: NoticeKind
     round: RoundNumber
     """The round the notice is about (the round in force when it was posted)."""
@@ -107,19 +156,19 @@ class Notice(_Strict):
 
 class NoticesResponse(_Strict):
     notices: tuple[Notice, ...]
-    latest_seq: Annotated[int, Field(ge=0)]
+    latest_seq: Annotated[int, Field(strict=True, ge=0)]
 
 
 class SlotInfo(_Strict):
     """A worker's place in one round (Horovod's SlotInfo)."""
 
     hostname: HostName
-    rank: Annotated[int, Field(ge=0)]
+    rank: Annotated[int, Field(strict=True, ge=0)]
     local_rank: LocalRank
-    cross_rank: Annotated[int, Field(ge=0)]
-    size: Annotated[int, Field(ge=1)]
-    local_size: Annotated[int, Field(ge=1)]
-    cross_size: Annotated[int, Field(ge=1)]
+    cross_rank: Annotated[int, Field(strict=True, ge=0)]
+    size: Annotated[int, Field(strict=True, ge=1)]
+    local_size: Annotated[int, Field(strict=True, ge=1)]
+    cross_size: Annotated[int, Field(strict=True, ge=1)]
 
 
 class RendezvousStatus(enum.StrEnum):
@@ -143,8 +192,8 @@ class RendezvousRequest(_Strict):
     store_port: Port
     """Port of the TCPStore server the worker hosts; used when it becomes rank 0."""
     after_round: RoundNumber = 0
-    wait_seconds: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 30.0
-    rolled_back: bool = False
+    wait_seconds: Annotated[float, Field(strict=True, ge=0, le=60, allow_inf_nan=False)] = 30.0
+    rolled_back: StrictBool = False
     """The worker left round ``after_round`` after a collective failed on it and rolled its
     state back to its last commit: the driver fails that round and re-syncs the next."""
 
@@ -155,10 +204,10 @@ class RendezvousResponse(_Strict):
     slot: SlotInfo | None = None
     store_address: HostName | None = None
     store_port: Port | None = None
-    notice_seq: Annotated[int, Field(ge=0)] = 0
+    notice_seq: Annotated[int, Field(strict=True, ge=0)] = 0
     """The job's latest notice sequence number when the round was published: notices up to it
     are already accounted for by this round, so members start counting host updates from it."""
-    sync: bool = True
+    sync: StrictBool = True
     """Whether state must be broadcast from rank 0 after forming the group. False only when
     every member kept identical live state (a graceful removal); the driver decides it once
     for the whole round, so ranks can never disagree on it."""
@@ -171,7 +220,7 @@ class ResultRequest(_Strict):
     hostname: HostName
     local_rank: LocalRank
     state: WorkerState
-    exit_code: Annotated[int, Field(ge=-255, le=255)] | None = None
+    exit_code: Annotated[int, Field(strict=True, ge=-255, le=255)] | None = None
     message: Annotated[str, StringConstraints(max_length=4096)] = ""
 
 
@@ -187,9 +236,9 @@ class ProgressRequest(_Strict):
     """Training progress that rank 0 reports (shown in the job's status)."""
 
     round: RoundNumber
-    epoch: Annotated[int, Field(ge=0)]
-    step: Annotated[int, Field(ge=0)]
-    samples_per_second: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    epoch: Annotated[int, Field(strict=True, ge=0)]
+    step: Annotated[int, Field(strict=True, ge=0)]
+    samples_per_second: Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)] = 0.0
 
 
 class RoundInfo(_Strict):
@@ -197,9 +246,9 @@ class RoundInfo(_Strict):
 
     job: str
     round: RoundNumber
-    size: Annotated[int, Field(ge=0)]
+    size: Annotated[int, Field(strict=True, ge=0)]
     hosts: tuple[HostName, ...]
-    latest_notice_seq: Annotated[int, Field(ge=0)]
+    latest_notice_seq: Annotated[int, Field(strict=True, ge=0)]
     progress: ProgressRequest | None = None
 
 

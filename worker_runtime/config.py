@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,7 +33,7 @@ class WorkerConfig:
 
     rendezvous_url: str
     job: str
-    token: str
+    token: str = field(repr=False)
     hostname: str
     local_rank: int
     bind_address: str
@@ -47,6 +47,9 @@ class WorkerConfig:
     driver that evicts silent workers sets it)."""
     defer_sigterm: bool = False
     """Whether the first SIGTERM lets the worker leave at its next host-update check."""
+    rendezvous_ca: str | None = None
+    """PEM text of the CA an ``https://`` rendezvous URL is verified against (None: the
+    system's)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> WorkerConfig | None:
@@ -76,6 +79,7 @@ class WorkerConfig:
             round_wait_s=_seconds(environ, wire.ENV_ROUND_WAIT, 900.0),
             heartbeat_interval_s=_seconds(environ, wire.ENV_HEARTBEAT_INTERVAL, 0.0),
             defer_sigterm=environ.get(wire.ENV_DEFER_SIGTERM) == "1",
+            rendezvous_ca=environ.get(wire.ENV_RENDEZVOUS_CA) or None,
         )
 
 

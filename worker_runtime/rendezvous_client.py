@@ -1,22 +1,31 @@
 """A small synchronous client of the rendezvous service, for worker processes.
 
 It uses only the standard library (the worker image carries no aiohttp), sends the job's
-bearer token on every request and retries connection errors and 5xx answers with bounded
-exponential backoff (a 503's ``Retry-After`` is honoured: the service answers it for a job it
-is still taking back after a restart), so a restarting operator does not kill training.
+bearer token and its protocol version (:data:`~elasticjob.wire.PROTOCOL_HEADER`) on every
+request, verifies an ``https://`` service against the CA it is given (else the system's), and
+retries connection errors, 5xx and 429 answers with bounded exponential backoff (a
+``Retry-After`` is honoured: the service answers it for a job it is still taking back after a
+restart, and to a job over its rate), so a restarting operator does not kill training. Any
+other refusal (for example ``426``: the service speaks another protocol version) raises
+:class:`RendezvousClientError` with the service's message. Progress is sent at most once per
+:data:`PROGRESS_INTERVAL_S`; reports in between are dropped.
 """
 
 from __future__ import annotations
 
 import http.client
 import logging
+import ssl
 import time
 import urllib.parse
+from typing import Final
 
 from pydantic import BaseModel
 
 from elasticjob.wire import (
     API_PREFIX,
+    PROTOCOL_HEADER,
+    PROTOCOL_VERSION,
     HeartbeatRequest,
     NoticesResponse,
     ProgressRequest,
@@ -24,9 +33,13 @@ from elasticjob.wire import (
     RendezvousResponse,
     ResultRequest,
     RoundInfo,
+    parse_json,
 )
 
 logger = logging.getLogger(__name__)
+
+PROGRESS_INTERVAL_S: Final = 1.0
+"""Least time between two progress reports sent (the service's bounds assume it)."""
 
 
 class RendezvousClientError(RuntimeError):
@@ -42,35 +55,59 @@ class RendezvousClient:
         job: str,
         token: str,
         *,
+        ca_pem: str | None = None,
         retry_deadline_s: float = 120.0,
         connect_timeout_s: float = 5.0,
     ) -> None:
+        """``ca_pem``: PEM text of the CA certificate(s) an ``https://`` service is verified
+        against (None: the system's). Raises :class:`ValueError` for a URL that is not
+        ``http(s)://host[:port]`` or a CA that does not load."""
         parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme != "http" or not parsed.hostname:
-            raise ValueError(f"rendezvous URL must look like http://host:port, got {url!r}")
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"rendezvous URL must look like http(s)://host:port, got {url!r}")
+        self._tls: ssl.SSLContext | None = None
+        if parsed.scheme == "https":
+            try:
+                self._tls = ssl.create_default_context(cadata=ca_pem)
+            except (ssl.SSLError, ValueError) as exc:
+                raise ValueError(f"the rendezvous CA certificate does not load: {exc}") from None
+        self._url = f"{parsed.scheme}://{parsed.netloc}"
         self._host = parsed.hostname
-        self._port = parsed.port or 80
+        self._port = parsed.port or (443 if self._tls else 80)
         self._base = f"{API_PREFIX}/jobs/{urllib.parse.quote(job, safe='')}"
-        self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self._headers = {
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+            PROTOCOL_HEADER: str(PROTOCOL_VERSION),
+        }
         self._retry_deadline_s = retry_deadline_s
         self._connect_timeout_s = connect_timeout_s
+        self._progress_sent_at: float | None = None
+
+    def __repr__(self) -> str:
+        return f"RendezvousClient({self._url}{self._base})"
 
     def rendezvous(self, request: RendezvousRequest) -> RendezvousResponse:
         """Long-poll for the worker's next round (see ``RendezvousRequest``)."""
         data = self._request("POST", "/rendezvous", request, wait_s=request.wait_seconds)
-        return RendezvousResponse.model_validate_json(data)
+        return parse_json(RendezvousResponse, data)
 
     def notices(self, after_seq: int, wait_seconds: float) -> NoticesResponse:
         """Long-poll for notices newer than ``after_seq``."""
         path = f"/notices?after={after_seq}&wait={wait_seconds}"
-        return NoticesResponse.model_validate_json(
-            self._request("GET", path, None, wait_s=wait_seconds)
-        )
+        return parse_json(NoticesResponse, self._request("GET", path, None, wait_s=wait_seconds))
 
     def report_result(self, request: ResultRequest) -> None:
         self._request("POST", "/results", request)
 
     def report_progress(self, request: ProgressRequest) -> None:
+        """Send rank 0's progress, unless some was sent less than
+        :data:`PROGRESS_INTERVAL_S` ago (then this report is dropped)."""
+        now = time.monotonic()
+        sent_at = self._progress_sent_at
+        if sent_at is not None and now - sent_at < PROGRESS_INTERVAL_S:
+            return
+        self._progress_sent_at = now
         self._request("POST", "/progress", request)
 
     def heartbeat(self, request: HeartbeatRequest) -> None:
@@ -87,7 +124,7 @@ class RendezvousClient:
             )
 
     def round_info(self) -> RoundInfo:
-        return RoundInfo.model_validate_json(self._request("GET", "/round", None))
+        return parse_json(RoundInfo, self._request("GET", "/round", None))
 
     def _request(
         self, method: str, path: str, body: BaseModel | None, *, wait_s: float = 0.0
@@ -99,6 +136,10 @@ class RendezvousClient:
             pause = delay
             try:
                 status, retry_after, data = self._send(method, self._base + path, payload, wait_s)
+            except ssl.SSLCertVerificationError as exc:
+                raise RendezvousClientError(
+                    f"the rendezvous service at {self._url} is not trusted: {exc}"
+                ) from exc
             except OSError as exc:
                 if time.monotonic() + delay > deadline:
                     raise RendezvousClientError(
@@ -109,9 +150,10 @@ class RendezvousClient:
             else:
                 if status < 300:
                     return data
-                if status == 503 and retry_after is not None:
-                    pause = retry_after  # e.g. the operator restarted and takes its jobs back
-                if status < 500 or time.monotonic() + pause > deadline:
+                if status in (429, 503) and retry_after is not None:
+                    pause = retry_after  # the operator takes its jobs back, or the job is busy
+                retryable = status >= 500 or status == 429
+                if not retryable or time.monotonic() + pause > deadline:
                     raise RendezvousClientError(
                         f"rendezvous {method} {path} refused with {status}: "
                         f"{data.decode(errors='replace')}"
@@ -133,8 +175,11 @@ class RendezvousClient:
         self, method: str, path: str, payload: bytes | None, wait_s: float
     ) -> tuple[int, float | None, bytes]:
         """The response's status, its ``Retry-After`` in seconds (if any) and its body."""
-        conn = http.client.HTTPConnection(
-            self._host, self._port, timeout=self._connect_timeout_s + wait_s
+        timeout = self._connect_timeout_s + wait_s
+        conn = (
+            http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._tls)
+            if self._tls is not None
+            else http.client.HTTPConnection(self._host, self._port, timeout=timeout)
         )
         try:
             conn.request(method, path, body=payload, headers=self._headers)

@@ -12,6 +12,7 @@ Everything runs on one asyncio event loop; none of these methods is thread-safe.
 from __future__ import annotations
 
 import abc
+import enum
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
@@ -33,6 +34,33 @@ from elasticjob.wire import (
 class RendezvousError(RuntimeError):
     """A driver-side misuse of a job's rendezvous (for example publishing a round whose
     rank 0 never registered)."""
+
+
+class Refusal(enum.Enum):
+    """Why a job refused a worker's request (nothing of the job changed)."""
+
+    UNKNOWN_WORKER = "unknown worker"
+    """The driver did not launch (or readmit) a process for this worker."""
+    NOT_ADMITTED_YET = "not admitted yet"
+    """As UNKNOWN_WORKER, but the job has not published a round of its own yet (it may have
+    adopted one after a restart): the worker may be one its driver takes back shortly, so it
+    should retry."""
+    FUTURE_ROUND = "future round"
+    """The request names a round newer than the newest the job has published."""
+    ENDPOINT_CHANGED = "endpoint changed"
+    """The worker registered again for the same round with another store endpoint."""
+    RESULT_REPEATED = "result repeated"
+    """The worker's process already reported its result."""
+    TOO_MANY_WAITS = "too many waits"
+    """The job holds as many long-polls as its bounds allow."""
+
+
+class RequestRefused(Exception):
+    """A job refused a worker's request; ``refusal`` says why, the message names the worker."""
+
+    def __init__(self, refusal: Refusal, message: str) -> None:
+        super().__init__(message)
+        self.refusal = refusal
 
 
 class RendezvousListener(Protocol):
@@ -84,8 +112,10 @@ class JobRendezvous(abc.ABC):
 
     @abc.abstractmethod
     def readmit(self, workers: Iterable[WorkerId]) -> None:
-        """A new process is about to run for each of these (previously dismissed or exited)
-        workers: forget that they were dismissed and announced, so the new process is heard."""
+        """A new process is about to run for each of these workers: admit them (requests of
+        workers that were never admitted, nor members of a published or adopted round, are
+        refused), and forget that they were dismissed, announced, bound to a store endpoint
+        or reported a result, so the new process is heard."""
 
     @abc.abstractmethod
     def post_notice(self, kind: NoticeKind, hosts: Iterable[str] = ()) -> Notice:
@@ -111,23 +141,30 @@ class JobRendezvous(abc.ABC):
     @abc.abstractmethod
     async def rendezvous(self, request: RendezvousRequest) -> RendezvousResponse:
         """Register the worker as READY for a round newer than ``request.after_round`` and
-        wait up to ``request.wait_seconds`` for it; ``PENDING`` if none came in time."""
+        wait up to ``request.wait_seconds`` for it; ``PENDING`` if none came in time.
+        Raises :class:`RequestRefused` (changing nothing) for a worker the driver did not
+        launch, an ``after_round`` newer than the current round, or another store endpoint
+        than the worker registered with for the same ``after_round``."""
 
     @abc.abstractmethod
     async def notices(self, after_seq: int, wait_seconds: float) -> NoticesResponse:
         """Notices with ``seq > after_seq``, waiting up to ``wait_seconds`` for one."""
+        # Implementations that bound the long-polls they hold raise RequestRefused beyond it.
 
     @abc.abstractmethod
     def report_result(self, request: ResultRequest) -> None:
-        """Record a worker's result and tell the listener."""
+        """Record a worker's result and tell the listener. Raises :class:`RequestRefused` for
+        a worker the driver did not launch or a second result of the same process."""
 
     @abc.abstractmethod
     def report_progress(self, request: ProgressRequest) -> None:
-        """Record rank 0's progress and tell the listener."""
+        """Record rank 0's progress and tell the listener. Raises :class:`RequestRefused` for
+        a round newer than the current one."""
 
     @abc.abstractmethod
     def report_heartbeat(self, request: HeartbeatRequest) -> None:
-        """Tell the listener that the worker's process is alive."""
+        """Tell the listener that the worker's process is alive. Raises
+        :class:`RequestRefused` for a worker the driver did not launch."""
 
     @abc.abstractmethod
     def round_info(self) -> RoundInfo:

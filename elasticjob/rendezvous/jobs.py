@@ -1,19 +1,36 @@
-"""The in-memory rendezvous state of one job, with asyncio long-polls."""
+"""The in-memory rendezvous state of one job, with asyncio long-polls.
+
+A job keeps nothing for a worker its driver did not admit (:meth:`~InMemoryJobRendezvous.
+readmit` before each launch, or membership of a published or adopted round), and bounds what
+admitted workers can make it keep and hold by the job's :class:`~elasticjob.rendezvous.limits.
+JobLimits`."""
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import hmac
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Final
 
 from pydantic import TypeAdapter, ValidationError
 
-from elasticjob.rendezvous.api import JobRendezvous, RendezvousError, RendezvousListener
-from elasticjob.rendezvous.wakeup import Wakeup
+from elasticjob.rendezvous.api import (
+    JobRendezvous,
+    Refusal,
+    RendezvousError,
+    RendezvousListener,
+    RequestRefused,
+)
+from elasticjob.rendezvous.limits import (
+    ANNOUNCED_ROUNDS_PER_WORKER,
+    DEFAULT_MAX_WORKERS,
+    JobLimits,
+    TokenBucket,
+)
+from elasticjob.rendezvous.rounds import Binding, Endpoint, PublishedRound, check_slots
+from elasticjob.rendezvous.wakeup import LongPolls, Wakeup
 from elasticjob.wire import (
     HeartbeatRequest,
     JobName,
@@ -51,56 +68,37 @@ def _validate_token(token: str) -> None:
         raise ValueError("a job token must be non-empty printable ASCII without spaces")
 
 
-@dataclass(frozen=True)
-class _Endpoint:
-    address: str
-    store_port: int
-
-
-@dataclass(frozen=True)
-class _Round:
-    number: int
-    slots: Mapping[WorkerId, SlotInfo]
-    store: _Endpoint | None
-    """None for an adopted round: its members formed their group before this process ran."""
-    notice_seq: int
-    sync: bool
-
-
-def _check_slots(slots: Mapping[WorkerId, SlotInfo]) -> WorkerId:
-    """Return the rank-0 member, or raise if the slots are not ranks ``0..size-1``."""
-    by_rank: dict[int, WorkerId] = {}
-    for worker, slot in slots.items():
-        if (slot.hostname, slot.local_rank) != (worker.hostname, worker.local_rank):
-            raise RendezvousError(f"slot of {worker} names {slot.hostname}[{slot.local_rank}]")
-        if slot.size != len(slots):
-            raise RendezvousError(f"slot of {worker} has size {slot.size}, round has {len(slots)}")
-        if slot.rank in by_rank:
-            raise RendezvousError(f"rank {slot.rank} given to {by_rank[slot.rank]} and {worker}")
-        by_rank[slot.rank] = worker
-    missing = sorted(set(range(len(slots))) - by_rank.keys())
-    if not slots or missing:
-        raise RendezvousError(f"round must give every rank 0..size-1 once; missing {missing}")
-    return by_rank[0]
-
-
 class InMemoryJobRendezvous(JobRendezvous):
     """:class:`JobRendezvous` kept in memory, for one job on one event loop.
 
     Raises :class:`ValueError` if ``job`` is not a valid job name or ``token`` is empty or not
     printable ASCII without spaces (it travels in an ``Authorization: Bearer`` header).
+    ``limits`` bound what its workers can make it keep and hold (``clock``: for the rate).
     """
 
-    def __init__(self, job: str, token: str, listener: RendezvousListener) -> None:
+    def __init__(
+        self,
+        job: str,
+        token: str,
+        listener: RendezvousListener,
+        *,
+        limits: JobLimits | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         _validate_job_name(job)
         _validate_token(token)
         self.job = job
+        self.limits = limits or JobLimits.for_workers(DEFAULT_MAX_WORKERS)
         self._token = token.encode("ascii")
         self._listener = listener
-        self._endpoints: dict[WorkerId, _Endpoint] = {}
+        self._bucket = TokenBucket(self.limits.requests_per_s, self.limits.burst, clock)
+        self._polls = LongPolls(self.limits.long_polls, lambda: self._closing)
+        self._admitted: set[WorkerId] = set()
+        self._endpoints: dict[WorkerId, Binding] = {}
+        self._reported: set[WorkerId] = set()
         self._announced: dict[WorkerId, set[int]] = {}
         self._dismissed: set[WorkerId] = set()
-        self._round: _Round | None = None
+        self._round: PublishedRound | None = None
         self._finished: str | None = None
         self._closing = False
         self._notices: collections.deque[Notice] = collections.deque(maxlen=MAX_NOTICES)
@@ -108,6 +106,19 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._progress: ProgressRequest | None = None
         self._round_changed = Wakeup()
         self._notice_posted = Wakeup()
+
+    def __repr__(self) -> str:
+        return f"InMemoryJobRendezvous(job={self.job!r}, round={self.current_round})"
+
+    def take_request(self) -> float:
+        """Count one request against the job's rate: 0.0 if it may be served, else the
+        seconds until one may."""
+        return self._bucket.take()
+
+    @property
+    def long_polls(self) -> int:
+        """How many long-polls of this job are waiting now."""
+        return self._polls.held
 
     def check_token(self, token: str) -> bool:
         """Whether ``token`` is this job's token (compared in constant time)."""
@@ -138,12 +149,15 @@ class InMemoryJobRendezvous(JobRendezvous):
             raise RendezvousError(
                 f"job {self.job}: round {round_number} is not newer than {self.current_round}"
             )
-        rank0 = _check_slots(slots)
-        store = self._endpoints.get(rank0)
-        if store is None:
+        rank0 = check_slots(slots)
+        binding = self._endpoints.get(rank0)
+        if binding is None:
             raise RendezvousError(f"job {self.job}: rank-0 member {rank0} has not registered")
-        self._round = _Round(round_number, dict(slots), store, self._latest_seq, sync)
+        self._round = PublishedRound(
+            round_number, dict(slots), binding.endpoint, self._latest_seq, sync
+        )
         self._dismissed.difference_update(slots)
+        self._admitted.update(slots)
         logger.info(
             "job %s: round %d published with %d members", self.job, round_number, len(slots)
         )
@@ -166,16 +180,20 @@ class InMemoryJobRendezvous(JobRendezvous):
             raise RendezvousError(
                 f"job {self.job}: cannot adopt a round after round {self.current_round}"
             )
-        _check_slots(slots)
+        check_slots(slots)
         self._latest_seq = max(self._latest_seq, notice_seq)
-        self._round = _Round(round_number, dict(slots), None, self._latest_seq, False)
+        self._round = PublishedRound(round_number, dict(slots), None, self._latest_seq, False)
+        self._admitted.update(slots)
         logger.info("job %s: adopted round %d with %d members", self.job, round_number, len(slots))
 
     def readmit(self, workers: Iterable[WorkerId]) -> None:
         """See :meth:`JobRendezvous.readmit`."""
         for worker in workers:
+            self._admitted.add(worker)
             self._dismissed.discard(worker)
             self._announced.pop(worker, None)
+            self._endpoints.pop(worker, None)
+            self._reported.discard(worker)
 
     def post_notice(self, kind: NoticeKind, hosts: Iterable[str] = ()) -> Notice:
         """See :meth:`JobRendezvous.post_notice`. Raises :class:`RendezvousError` if a host is
@@ -217,29 +235,70 @@ class InMemoryJobRendezvous(JobRendezvous):
         """See :meth:`JobRendezvous.rendezvous`. Answers at once, in this order of precedence:
         ``FINISHED`` once the job has finished, ``REMOVED`` for a dismissed worker (neither of
         these registers the worker or tells the listener), ``ASSIGNED`` when the worker is a
-        member of a round newer than ``after_round``."""
+        member of a round newer than ``after_round``. A worker's endpoint is bound by its first
+        registration for an ``after_round``; an older ``after_round`` (a stale retry) binds
+        nothing."""
         worker = WorkerId(request.hostname, request.local_rank)
+        self._check_worker(worker)
+        self._check_round(request.after_round)
+        endpoint = Endpoint(request.address, request.store_port)
+        bound = self._endpoints.get(worker)
+        if bound and bound.after_round == request.after_round and bound.endpoint != endpoint:
+            raise RequestRefused(
+                Refusal.ENDPOINT_CHANGED,
+                f"{worker} registered for the round after {request.after_round} with store "
+                f"{bound.endpoint.address}:{bound.endpoint.store_port}; it cannot change it",
+            )
+        if request.wait_seconds > 0 and self._answer(worker, request.after_round) is None:
+            self._polls.check_room()  # refused before anything is registered
         if self._finished is None and worker not in self._dismissed:
-            self._endpoints[worker] = _Endpoint(request.address, request.store_port)
-            announced = self._announced.setdefault(worker, set())
-            if request.after_round not in announced:
-                announced.add(request.after_round)
-                self._tell_listener(
-                    "on_worker_ready",
-                    lambda: self._listener.on_worker_ready(
-                        worker, request.after_round, rolled_back=request.rolled_back
-                    ),
-                )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + request.wait_seconds
-        while True:
-            answer = self._answer(worker, request.after_round)
-            remaining = deadline - loop.time()
-            if answer is not None:
-                return answer
-            if remaining <= 0 or self._closing:
-                return RendezvousResponse(status=RendezvousStatus.PENDING)
-            await self._round_changed.wait(remaining)
+            if bound is None or bound.after_round <= request.after_round:
+                self._endpoints[worker] = Binding(request.after_round, endpoint)
+            self._announce(worker, request)
+        return await self._polls.wait(
+            lambda: self._answer(worker, request.after_round),
+            request.wait_seconds,
+            self._round_changed,
+            lambda: RendezvousResponse(status=RendezvousStatus.PENDING),
+        )
+
+    def _check_worker(self, worker: WorkerId) -> None:
+        """Refuse a worker the driver did not admit: for good once the job has published a
+        round of its own, retryably before (after a restart, the driver takes back the
+        processes of the previous service only when it launches its first round)."""
+        if worker in self._admitted:
+            return
+        if self._round is None or self._round.store is None:
+            raise RequestRefused(
+                Refusal.NOT_ADMITTED_YET,
+                f"job {self.job} has not admitted a worker {worker} (yet): retry",
+            )
+        raise RequestRefused(
+            Refusal.UNKNOWN_WORKER, f"job {self.job} has not launched a worker {worker}"
+        )
+
+    def _check_round(self, round_number: int) -> None:
+        if round_number > self.current_round:
+            raise RequestRefused(
+                Refusal.FUTURE_ROUND,
+                f"round {round_number} is newer than round {self.current_round}, the newest "
+                f"job {self.job} has published",
+            )
+
+    def _announce(self, worker: WorkerId, request: RendezvousRequest) -> None:
+        """Tell the listener once per (worker, after_round) among its recent ones."""
+        announced = self._announced.setdefault(worker, set())
+        if request.after_round in announced:
+            return
+        announced.add(request.after_round)
+        if len(announced) > ANNOUNCED_ROUNDS_PER_WORKER:
+            announced.discard(min(announced))
+        self._tell_listener(
+            "on_worker_ready",
+            lambda: self._listener.on_worker_ready(
+                worker, request.after_round, rolled_back=request.rolled_back
+            ),
+        )
 
     def _answer(self, worker: WorkerId, after_round: int) -> RendezvousResponse | None:
         if self._finished is not None:
@@ -267,29 +326,42 @@ class InMemoryJobRendezvous(JobRendezvous):
         """See :meth:`JobRendezvous.notices`. Does not wait once the job has finished. A
         client asking after a sequence number that is no longer kept gets every kept notice
         newer than it (``latest_seq`` tells it how far the log has gone)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_seconds
-        while True:
+
+        def answer() -> NoticesResponse | None:
             found = tuple(n for n in self._notices if n.seq > after_seq)
-            remaining = deadline - loop.time()
-            if found or remaining <= 0 or self._closing or self._finished is not None:
+            if found or self._finished is not None:
                 return NoticesResponse(notices=found, latest_seq=self._latest_seq)
-            await self._notice_posted.wait(remaining)
+            return None
+
+        return await self._polls.wait(
+            answer,
+            wait_seconds,
+            self._notice_posted,
+            lambda: NoticesResponse(notices=(), latest_seq=self._latest_seq),
+        )
 
     def report_result(self, request: ResultRequest) -> None:
         """See :meth:`JobRendezvous.report_result`."""
         worker = WorkerId(request.hostname, request.local_rank)
+        self._check_worker(worker)
+        if worker in self._reported:
+            raise RequestRefused(
+                Refusal.RESULT_REPEATED, f"{worker} has already reported its result"
+            )
+        self._reported.add(worker)
         logger.info("job %s: %s reported %s", self.job, worker, request.state)
         self._tell_listener("on_worker_result", lambda: self._listener.on_worker_result(request))
 
     def report_progress(self, request: ProgressRequest) -> None:
         """See :meth:`JobRendezvous.report_progress`."""
+        self._check_round(request.round)
         self._progress = request
         self._tell_listener("on_progress", lambda: self._listener.on_progress(request))
 
     def report_heartbeat(self, request: HeartbeatRequest) -> None:
         """See :meth:`JobRendezvous.report_heartbeat`."""
         worker = WorkerId(request.hostname, request.local_rank)
+        self._check_worker(worker)
         self._tell_listener(
             "on_worker_heartbeat", lambda: self._listener.on_worker_heartbeat(worker)
         )

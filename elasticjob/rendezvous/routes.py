@@ -1,14 +1,31 @@
 """HTTP routes of the rendezvous service: parse, validate and authorize, then call the job.
 
 Every error is answered with a JSON :class:`~elasticjob.wire.ErrorResponse`. A request is
-authorized and its query or body fully validated before anything of the job is called, so a
-rejected request never changes any job's state.
+checked in this order, and refused at the first check it fails, before anything of the job is
+called, so a rejected request never changes any job's state:
+
+1. a bearer token (401 without one);
+2. its protocol version (:data:`~elasticjob.wire.PROTOCOL_HEADER`, none: version 1; 426
+   outside the accepted range, naming both versions);
+3. the token (403 for an unknown job and for another job's token alike, so job names cannot
+   be probed; 503 with ``Retry-After`` for a job not served yet while the service takes its
+   jobs back after a restart);
+4. the job's rate (429 with ``Retry-After``, see ``limits.py``);
+5. its query or body (400 for malformed JSON or a repeated key, 413 over
+   :data:`MAX_BODY_BYTES`, 422 for a value the strict wire model refuses);
+6. what the job refuses (:class:`~elasticjob.rendezvous.api.RequestRefused`: 403 for a worker
+   its driver did not launch (503 with ``Retry-After`` before the job's first own round), 409
+   for a round not published yet, another store endpoint for the same round or a repeated
+   result, 429 beyond the job's long-polls).
+
+Every response closes its connection (one request per connection, see ``transport.py``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Annotated, Final, TypeVar
@@ -16,21 +33,37 @@ from typing import Annotated, Final, TypeVar
 from aiohttp import hdrs, typedefs, web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from elasticjob.rendezvous.api import Refusal, RequestRefused
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.stats import RequestStats
 from elasticjob.wire import (
     API_PREFIX,
+    MIN_PROTOCOL_VERSION,
+    PROTOCOL_HEADER,
+    PROTOCOL_VERSION,
+    DuplicateKeyError,
     ErrorResponse,
     HeartbeatRequest,
     ProgressRequest,
     RendezvousRequest,
     ResultRequest,
+    parse_json,
 )
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES: Final = 64 * 1024
-"""Largest request body accepted; larger ones get 413."""
+"""Largest request body accepted; larger ones get 413. The largest valid body, a result with
+a 4,096-character message of 4-byte characters, is about 16 KiB."""
+
+_REFUSAL_STATUS: Final = {
+    Refusal.UNKNOWN_WORKER: 403,
+    Refusal.NOT_ADMITTED_YET: 503,
+    Refusal.FUTURE_ROUND: 409,
+    Refusal.ENDPOINT_CHANGED: 409,
+    Refusal.RESULT_REPEATED: 409,
+    Refusal.TOO_MANY_WAITS: 429,
+}
 
 RETRY_AFTER_S: Final = 1
 """``Retry-After`` of the 503 answered for a job that is not served yet while the service's
@@ -62,10 +95,12 @@ class ApiError(Exception):
 
 
 class _NoticesQuery(BaseModel):
+    """Query of ``GET notices``: strings, so parsed leniently, but ``after`` must be digits."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    after: Annotated[int, Field(ge=0)] = 0
-    wait: Annotated[float, Field(ge=0, le=60)] = 0.0
+    after: Annotated[str, Field(pattern=r"^[0-9]{1,19}$")] = "0"
+    wait: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.0
 
 
 def _json(
@@ -116,6 +151,29 @@ async def _read_body(request: web.Request) -> bytes:
     return bytes(body)
 
 
+def _check_protocol(request: web.Request) -> None:
+    raw = request.headers.get(PROTOCOL_HEADER, "1")
+    if not raw.isascii() or not raw.isdecimal() or len(raw) > 6:
+        raise ApiError(400, f"{PROTOCOL_HEADER} must be a protocol version number")
+    version = int(raw)
+    if not MIN_PROTOCOL_VERSION <= version <= PROTOCOL_VERSION:
+        raise ApiError(
+            426,
+            f"the worker speaks rendezvous protocol {version}, this service speaks "
+            f"{PROTOCOL_VERSION} and accepts {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION}: "
+            "run a worker image of the operator's release",
+        )
+
+
+def _retry_after(seconds: float) -> dict[str, str]:
+    return {hdrs.RETRY_AFTER: str(max(1, math.ceil(seconds)))}
+
+
+def _logged_path(request: web.Request) -> str:
+    """The path as sent (percent-encoded, so one line), cut to a sane length."""
+    return request.rel_url.raw_path[:200]
+
+
 def _route_name(request: web.Request) -> str:
     resource = request.match_info.route.resource
     return f"{request.method} {resource.canonical}" if resource is not None else "unmatched"
@@ -131,25 +189,30 @@ class _Api:
         self._adopting = adopting
 
     def authorize(self, request: web.Request) -> InMemoryJobRendezvous:
-        """The job named in the path, if the request carries its token."""
+        """The job named in the path, if the request speaks an accepted protocol, carries the
+        job's token and is within the job's rate."""
         token = _bearer_token(request)
+        _check_protocol(request)
         name = request.match_info["job"]
         job = self._jobs.get(name)
-        if job is None:
-            if self._adopting():
-                raise ApiError(
-                    503,
-                    f"job {name!r} is not served yet (the service is taking its jobs back "
-                    "after a restart): retry",
-                    headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)},
-                )
-            raise ApiError(404, f"no job named {name!r}")
-        if not job.check_token(token):
+        if job is None and self._adopting():
+            raise ApiError(
+                503,
+                f"job {name!r} is not served yet (the service is taking its jobs back "
+                "after a restart): retry",
+                headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)},
+            )
+        if job is None or not job.check_token(token):
             raise ApiError(403, f"the token is not valid for job {name!r}")
+        wait = job.take_request()
+        if wait > 0:
+            raise ApiError(
+                429, f"job {name!r} sends more requests than its rate", headers=_retry_after(wait)
+            )
         return job
 
     async def healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "jobs": len(self._jobs)})
+        return web.json_response({"status": "ok"})
 
     async def rendezvous(self, request: web.Request) -> web.Response:
         job = self.authorize(request)
@@ -165,7 +228,7 @@ class _Api:
             query = _NoticesQuery.model_validate(dict(request.query))
         except ValidationError as exc:
             raise _invalid("query", exc) from exc
-        return _json(await job.notices(query.after, query.wait))
+        return _json(await job.notices(int(query.after), query.wait))
 
     async def results(self, request: web.Request) -> web.Response:
         job = self.authorize(request)
@@ -189,9 +252,11 @@ class _Api:
 async def _parse_body(request: web.Request, model: type[_Model]) -> _Model:
     body = await _read_body(request)
     try:
-        return model.model_validate_json(body)
+        return parse_json(model, body)
     except ValidationError as exc:
         raise _invalid("request body", exc) from exc
+    except DuplicateKeyError as exc:
+        raise ApiError(400, f"invalid request body: {exc}") from exc
 
 
 def _stats_and_errors(stats: RequestStats) -> typedefs.Middleware:
@@ -202,14 +267,20 @@ def _stats_and_errors(stats: RequestStats) -> typedefs.Middleware:
             response = await handler(request)
         except ApiError as exc:
             response = exc.response()
+        except RequestRefused as exc:
+            status = _REFUSAL_STATUS[exc.refusal]
+            headers = _retry_after(RETRY_AFTER_S) if status in (429, 503) else None
+            response = ApiError(status, str(exc), headers=headers).response()
         except web.HTTPException as exc:
             allow = {str(hdrs.ALLOW): exc.headers[hdrs.ALLOW]} if hdrs.ALLOW in exc.headers else {}
             response = ApiError(exc.status, exc.reason, headers=allow).response()
         except Exception:
-            logger.exception("%s %s failed", request.method, request.path)
+            logger.exception("%s %s failed", request.method, _logged_path(request))
             response = ApiError(500, "internal error").response()
         if response.status >= 400:
-            logger.info("%s %s -> %d", request.method, request.path, response.status)
+            logger.info("%s %s -> %d", request.method, _logged_path(request), response.status)
+        response.headers[PROTOCOL_HEADER] = str(PROTOCOL_VERSION)
+        response.force_close()
         stats.record(_route_name(request), response.status, time.monotonic() - started)
         return response
 
@@ -225,7 +296,7 @@ def create_app(
     from it later are served or not accordingly) and counting requests in ``stats``.
 
     While ``adopting()`` is true, a request for a job that is not in ``jobs`` gets 503 with
-    ``Retry-After`` instead of 404.
+    ``Retry-After`` instead of 403.
 
     On application shutdown every job's pending long-polls are answered at once.
     """

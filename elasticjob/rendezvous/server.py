@@ -1,11 +1,13 @@
 """The rendezvous service: one aiohttp application serving the rounds and notices of many jobs.
 
-The HTTP API is documented in ``docs/rendezvous-api.yaml``; the routes live in ``routes.py``.
+The HTTP API is documented in ``docs/rendezvous-api.yaml``; the routes live in ``routes.py``,
+the per-job bounds in ``limits.py``, TLS and the header deadline in ``transport.py``.
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 from collections.abc import Callable, Iterable
 from typing import Final
@@ -14,8 +16,10 @@ from aiohttp import web
 
 from elasticjob.rendezvous.api import RendezvousListener
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
+from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS, JobLimits
 from elasticjob.rendezvous.routes import create_app
 from elasticjob.rendezvous.stats import RequestStats
+from elasticjob.rendezvous.transport import HEADER_TIMEOUT_S, GuardedSite, protocol_logger
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +38,7 @@ class RendezvousService:
         self,
         *,
         shutdown_timeout: float = SHUTDOWN_TIMEOUT_S,
+        header_timeout: float = HEADER_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._jobs: dict[str, InMemoryJobRendezvous] = {}
@@ -43,6 +48,8 @@ class RendezvousService:
         self._expected_until = 0.0
         self._app = create_app(self._jobs, self._stats, self.adopting)
         self._shutdown_timeout = shutdown_timeout
+        self._header_timeout = header_timeout
+        self._scheme = "http"
         self._runner: web.AppRunner | None = None
         self._host = ""
         self._port: int | None = None
@@ -58,15 +65,24 @@ class RendezvousService:
         """Per-route request counters and latency sums."""
         return self._stats
 
-    def add_job(self, job: str, token: str, listener: RendezvousListener) -> InMemoryJobRendezvous:
-        """Serve a new job whose workers authenticate with ``token``.
+    def add_job(
+        self,
+        job: str,
+        token: str,
+        listener: RendezvousListener,
+        *,
+        max_workers: int = DEFAULT_MAX_WORKERS,
+    ) -> InMemoryJobRendezvous:
+        """Serve a new job whose workers authenticate with ``token``; its bounds (rate,
+        long-polls, see ``limits.py``) are sized for at most ``max_workers`` workers.
 
         Raises :class:`ValueError` if a job of that name is served already, the name is not a
-        valid job name, or the token is not usable in a bearer header.
+        valid job name, the token is not usable in a bearer header, or ``max_workers < 1``.
         """
         if job in self._jobs:
             raise ValueError(f"job {job!r} already exists")
-        rendezvous = InMemoryJobRendezvous(job, token, listener)
+        limits = JobLimits.for_workers(max_workers)
+        rendezvous = InMemoryJobRendezvous(job, token, listener, limits=limits, clock=self._clock)
         self._jobs[job] = rendezvous
         self._expected.discard(job)
         logger.info("serving job %s", job)
@@ -75,7 +91,7 @@ class RendezvousService:
     def expect_jobs(self, jobs: Iterable[str], within_s: float) -> None:
         """After a restart: until every job in ``jobs`` is served again (:meth:`add_job`), or
         for ``within_s`` at most, answer requests for jobs that are not served (yet) with 503
-        and ``Retry-After`` instead of 404, so that their workers retry rather than give up."""
+        and ``Retry-After`` instead of 403, so that their workers retry rather than give up."""
         self._expected = set(jobs) - set(self._jobs)
         self._expected_until = self._clock() + within_s
         if self._expected:
@@ -90,7 +106,7 @@ class RendezvousService:
         """Whether jobs expected back (:meth:`expect_jobs`) are still missing."""
         if self._expected and self._clock() >= self._expected_until:
             logger.warning(
-                "jobs not back in time, answering 404 for them from now on: %s",
+                "jobs not back in time, answering 403 for them from now on: %s",
                 ", ".join(sorted(self._expected)),
             )
             self._expected = set()
@@ -98,29 +114,40 @@ class RendezvousService:
 
     def remove_job(self, job: str) -> None:
         """Stop serving ``job``: finish it (its pending long-polls get ``FINISHED``) and answer
-        404 to its later requests. Does nothing for a job that is not served."""
+        403 to its later requests. Does nothing for a job that is not served."""
         rendezvous = self._jobs.pop(job, None)
         if rendezvous is not None:
             rendezvous.finish("the job was removed from the rendezvous service")
             logger.info("stopped serving job %s", job)
 
-    async def start(self, host: str, port: int = 0) -> None:
-        """Listen on ``host``:``port`` (0: any free port); returns once listening.
+    async def start(
+        self, host: str, port: int = 0, *, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
+        """Listen on ``host``:``port`` (0: any free port), over TLS with ``ssl_context`` (a
+        server context holding the service's certificate); returns once listening. A
+        connection that has not sent its request headers within the header timeout is closed.
 
         A service starts once: if it cannot bind, it is stopped (the error propagates)."""
         if self._runner is not None or self._stopped:
             raise RuntimeError("the rendezvous service can be started only once")
         runner = web.AppRunner(
-            self._app, handle_signals=False, shutdown_timeout=self._shutdown_timeout
+            self._app,
+            handle_signals=False,
+            shutdown_timeout=self._shutdown_timeout,
+            logger=protocol_logger(),
         )
         await runner.setup()
+        site = GuardedSite(
+            runner, host, port, ssl_context=ssl_context, header_timeout=self._header_timeout
+        )
         try:
-            await web.TCPSite(runner, host, port).start()
+            await site.start()
         except BaseException:
             self._stopped = True
             await runner.cleanup()
             raise
         self._runner = runner
+        self._scheme = "https" if ssl_context is not None else "http"
         self._host = host
         self._port = int(runner.addresses[0][1])
         logger.info("rendezvous service listening on %s", self.url)
@@ -149,6 +176,6 @@ class RendezvousService:
 
     @property
     def url(self) -> str:
-        """``http://host:port`` of the service (after :meth:`start`)."""
+        """``http://host:port`` (``https://`` with TLS) of the service (after :meth:`start`)."""
         host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"http://{host}:{self.port}"
+        return f"{self._scheme}://{host}:{self.port}"

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from devcluster import Cluster
+from elasticjob import wire
 from tests.devcluster.helpers import Kube
 from tests.integration.harness import JobRun, kill_leftovers, read_events
 
@@ -349,9 +350,10 @@ def secret_token(kube: Kube, job: str) -> str:
 
 
 def http_status(url: str, token: str) -> int:
-    request = urllib.request.Request(
-        url, headers={"Authorization": f"Bearer {token}"} if token else {}
-    )
+    headers = {wire.PROTOCOL_HEADER: str(wire.PROTOCOL_VERSION)}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return int(response.status)

@@ -70,6 +70,8 @@ class Cluster:
         self.listener_b = RecordingListener()
         self.job_a = service.add_job("job-a", TOKEN_A, self.listener_a)
         self.job_b = service.add_job("job-b", TOKEN_B, self.listener_b)
+        for job in (self.job_a, self.job_b):
+            job.readmit([W0, W1])  # as their drivers do before launching them
 
     async def call(
         self,
@@ -81,8 +83,9 @@ class Cluster:
         data: bytes | AsyncIterator[bytes] | None = None,
         headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
-        """Send a request; returns the status and the decoded JSON body (None if empty)."""
-        all_headers = dict(headers or {})
+        """Send a request as a worker of this release does (with its protocol version);
+        returns the status and the decoded JSON body (None if empty)."""
+        all_headers = {wire.PROTOCOL_HEADER: str(wire.PROTOCOL_VERSION)} | dict(headers or {})
         if token is not None:
             all_headers["Authorization"] = f"Bearer {token}"
         async with self.session.request(
@@ -161,7 +164,7 @@ ROUTES: list[tuple[str, str, object]] = [
     ("POST", "rendezvous", rendezvous_body(W0)),
     ("GET", "notices", None),
     ("POST", "results", {"hostname": "host-a", "local_rank": 0, "state": "SUCCESS"}),
-    ("POST", "progress", {"round": 1, "epoch": 0, "step": 1}),
+    ("POST", "progress", {"round": 0, "epoch": 0, "step": 1}),
     ("GET", "round", None),
     ("POST", "heartbeat", {"hostname": "host-a", "local_rank": 0}),
 ]
@@ -221,18 +224,20 @@ async def test_removed_and_finished(cluster: Cluster) -> None:
     assert (answer.status, answer.message) == (RendezvousStatus.FINISHED, "training complete")
 
 
-async def test_remove_job_finishes_waiters_then_404(cluster: Cluster) -> None:
+async def test_remove_job_finishes_waiters_then_403(cluster: Cluster) -> None:
     waiter = asyncio.create_task(cluster.rendezvous(W0, wait=60))
     await until_done(cluster.listener_a.ready_event.wait())
     cluster.service.remove_job("job-a")
     assert (await until_done(waiter)).status is RendezvousStatus.FINISHED
     status, body = await cluster.call("GET", "/v1/jobs/job-a/round")
-    assert status == 404 and "job-a" in body["error"]
+    assert status == 403 and "job-a" in body["error"]
     status, body = await cluster.call("GET", "/healthz", token=None)
-    assert (status, body) == (200, {"status": "ok", "jobs": 1})
+    assert (status, body) == (200, {"status": "ok"}), "the job count is not revealed"
 
 
 async def test_listener_told_once_per_worker_and_after_round(cluster: Cluster) -> None:
+    await cluster.rendezvous(W0)
+    cluster.job_a.publish_round(4, slots_for([W0]), sync=True)
     for after_round in (0, 0, 4, 4):
         await cluster.rendezvous(W0, after_round=after_round)
     assert cluster.listener_a.ready == [(W0, 0), (W0, 4)]
@@ -331,9 +336,15 @@ async def test_foreign_or_wrong_token_is_403_and_changes_nothing(
 
 
 @pytest.mark.parametrize(("method", "route", "body"), ROUTES)
-async def test_unknown_job_is_404(cluster: Cluster, method: str, route: str, body: object) -> None:
+async def test_unknown_job_is_403_like_a_wrong_token(
+    cluster: Cluster, method: str, route: str, body: object
+) -> None:
     status, answer = await cluster.call(method, f"/v1/jobs/job-c/{route}", json=body)
-    assert status == 404 and "job-c" in answer["error"]
+    wrong_status, wrong = await cluster.call(
+        method, f"/v1/jobs/job-b/{route}", token="wrong-token", json=body
+    )
+    assert status == wrong_status == 403
+    assert answer["error"] == wrong["error"].replace("job-b", "job-c"), "job names stay hidden"
 
 
 # ---- malformed requests ----------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The restart window over real HTTP: a rendezvous service that expects jobs back answers 503
 with ``Retry-After`` for them until they are served, and the workers' client waits and
-retries (bounded) instead of giving up on the 404 it would otherwise get."""
+retries (bounded) instead of giving up on the 403 it would otherwise get."""
 
 from __future__ import annotations
 
@@ -55,7 +55,11 @@ async def get_round(service: RendezvousService, job: str) -> tuple[int, str | No
     async with (
         aiohttp.ClientSession() as session,
         session.get(
-            f"{service.url}/v1/jobs/{job}/round", headers={"Authorization": f"Bearer {TOKEN}"}
+            f"{service.url}/v1/jobs/{job}/round",
+            headers={
+                "Authorization": f"Bearer {TOKEN}",
+                wire.PROTOCOL_HEADER: str(wire.PROTOCOL_VERSION),
+            },
         ) as response,
     ):
         return response.status, response.headers.get("Retry-After")
@@ -64,7 +68,7 @@ async def get_round(service: RendezvousService, job: str) -> tuple[int, str | No
 async def test_a_job_expected_back_gets_503_with_retry_after_until_it_is_served(
     service: RendezvousService,
 ) -> None:
-    assert await get_round(service, "ns.a") == (404, None)
+    assert await get_round(service, "ns.a") == (403, None)
     service.expect_jobs(["ns.a", "ns.b"], within_s=60)
     assert await get_round(service, "ns.a") == (503, str(RETRY_AFTER_S))
     assert await get_round(service, "ns.other") == (503, str(RETRY_AFTER_S))
@@ -72,7 +76,7 @@ async def test_a_job_expected_back_gets_503_with_retry_after_until_it_is_served(
     assert (await get_round(service, "ns.a"))[0] == 200
     assert (await get_round(service, "ns.b"))[0] == 503, "ns.b is not back yet"
     service.add_job("ns.b", TOKEN, Listener())
-    assert (await get_round(service, "ns.other"))[0] == 404, "every expected job is back"
+    assert (await get_round(service, "ns.other"))[0] == 403, "every expected job is back"
 
 
 async def test_the_window_closes_after_its_bound() -> None:
@@ -83,7 +87,7 @@ async def test_the_window_closes_after_its_bound() -> None:
         bounded.expect_jobs(["ns.gone"], within_s=30)
         assert (await get_round(bounded, "ns.gone"))[0] == 503
         clock.now += 30
-        assert (await get_round(bounded, "ns.gone"))[0] == 404
+        assert (await get_round(bounded, "ns.gone"))[0] == 403
     finally:
         await bounded.stop()
 

@@ -106,7 +106,10 @@ def listener() -> RecordingListener:
 
 @pytest.fixture
 def job(listener: RecordingListener) -> InMemoryJobRendezvous:
-    return InMemoryJobRendezvous("job-a", "secret-a", listener)
+    """A job whose driver launched W0, W1 and W2."""
+    job = InMemoryJobRendezvous("job-a", "secret-a", listener)
+    job.readmit([W0, W1, W2])
+    return job
 
 
 async def test_round_flow_assigns_members_with_rank0_store(
@@ -196,6 +199,8 @@ async def test_dismissed_worker_is_woken_and_not_registered_again(
     await asyncio.wait_for(listener.ready_event.wait(), DEADLINE)
     job.dismiss([W1])
     assert (await asyncio.wait_for(waiter, DEADLINE)).status is RendezvousStatus.REMOVED
+    await job.rendezvous(request(W0))
+    job.publish_round(3, slots_for([W0]), sync=True)
     listener.ready.clear()
     later = await job.rendezvous(request(W1, after_round=3, wait=60))
     assert later.status is RendezvousStatus.REMOVED
@@ -230,6 +235,7 @@ async def test_listener_told_once_per_worker_and_after_round(
     await job.rendezvous(request(W0))
     await job.rendezvous(request(W0))
     await job.rendezvous(request(W1))
+    job.publish_round(2, slots_for([W0]), sync=True)
     await job.rendezvous(request(W0, after_round=2))
     await job.rendezvous(request(W0, after_round=2))
     assert listener.ready == [(W0, 0), (W1, 0), (W0, 2)]
@@ -237,6 +243,7 @@ async def test_listener_told_once_per_worker_and_after_round(
 
 async def test_failing_listener_does_not_fail_the_request() -> None:
     job = InMemoryJobRendezvous("job-a", "secret-a", FailingListener())
+    job.readmit([W0])
     assert (await job.rendezvous(request(W0))).status is RendezvousStatus.PENDING
     job.publish_round(1, slots_for([W0]), sync=True)  # W0 registered: it can be rank 0
     assert (await job.rendezvous(request(W0))).status is RendezvousStatus.ASSIGNED

@@ -1,0 +1,139 @@
+"""How the rendezvous service meets its connections: TLS when given a context, a deadline for
+a request's headers, and bad HTTP logged as one line.
+
+The service answers one request per connection (its clients open one per request), so the
+only time a connection waits for headers is right after it opens: :class:`GuardedSite` closes
+it if the end of the headers has not arrived :data:`HEADER_TIMEOUT_S` after it opened (after
+the TLS handshake, which has the same bound of its own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import ssl
+from typing import Final
+
+from aiohttp import http_exceptions, web
+
+logger = logging.getLogger(__name__)
+
+HEADER_TIMEOUT_S: Final = 5.0
+"""Seconds a connection may take to send the request line and headers."""
+
+_HEADERS_END: Final = b"\r\n\r\n"
+_BEARER: Final = re.compile(r"(?i)bearer\s+\S+")
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    """``text`` on one line, at most ``limit`` characters, with any bearer token masked."""
+    return _BEARER.sub("Bearer <redacted>", " ".join(text.split()))[:limit]
+
+
+class _OneLineBadHttp(logging.Filter):
+    """Turns aiohttp's ERROR-with-traceback for malformed HTTP into a one-line WARNING."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, http_exceptions.HttpProcessingError):
+            remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            record.msg = "bad HTTP request from %s: %s: %s"
+            record.args = (remote, type(exc).__name__, _one_line(exc.message))
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno = logging.WARNING
+            record.levelname = logging.getLevelName(logging.WARNING)
+        return True
+
+
+def protocol_logger() -> logging.Logger:
+    """The logger the service's HTTP protocol reports connection-level errors to."""
+    protocol = logging.getLogger(f"{__name__}.http")
+    if not any(isinstance(f, _OneLineBadHttp) for f in protocol.filters):
+        protocol.addFilter(_OneLineBadHttp())
+    return protocol
+
+
+class _HeaderDeadline(asyncio.Protocol):
+    """Passes everything to aiohttp's protocol; closes the connection if the end of the first
+    request's headers does not arrive in time."""
+
+    def __init__(self, inner: asyncio.Protocol, timeout: float) -> None:
+        self._inner = inner
+        self._timeout = timeout
+        self._timer: asyncio.TimerHandle | None = None
+        self._tail = b""
+        self._transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+        self._timer = asyncio.get_running_loop().call_later(self._timeout, self._expire)
+        self._inner.connection_made(transport)
+
+    def _expire(self) -> None:
+        self._timer = None
+        if self._transport is not None and not self._transport.is_closing():
+            peer = self._transport.get_extra_info("peername")
+            logger.warning(
+                "closing a connection from %s: no complete request headers within %.0f s",
+                peer,
+                self._timeout,
+            )
+            self._transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self._timer is not None:
+            seen = self._tail + data
+            if _HEADERS_END in seen:
+                self._timer.cancel()
+                self._timer = None
+            self._tail = seen[-(len(_HEADERS_END) - 1) :]
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+
+class GuardedSite(web.TCPSite):
+    """A TCP site (TLS when given ``ssl_context``) whose connections must send their request
+    headers within ``header_timeout`` seconds."""
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        header_timeout: float = HEADER_TIMEOUT_S,
+    ) -> None:
+        super().__init__(runner, host, port, ssl_context=ssl_context)
+        self._header_timeout = header_timeout
+
+    async def start(self) -> None:
+        """Listen (registering with the runner as every site does)."""
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        timeout = self._header_timeout
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: _HeaderDeadline(server(), timeout),
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            ssl_handshake_timeout=timeout if self._ssl_context else None,
+            backlog=self._backlog,
+        )

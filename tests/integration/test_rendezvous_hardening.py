@@ -1,0 +1,433 @@
+"""The hardened rendezvous service over real sockets: refusals that change nothing, the per-job
+rate, protocol versions, TLS with a CA made here, slow and malformed connections, and the
+token kept out of every log line and repr."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import http.client
+import ipaddress
+import json
+import logging
+import socket
+import ssl
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from elasticjob import wire
+from elasticjob.rendezvous.server import RendezvousService
+from elasticjob.wire import HeartbeatRequest, RendezvousRequest, RoundInfo
+from elasticjob.worker_runtime import rendezvous_client
+from elasticjob.worker_runtime.config import WorkerConfig
+from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
+from tests.integration.test_rendezvous_http import (
+    TOKEN_A,
+    TOKEN_B,
+    W0,
+    Cluster,
+    RecordingListener,
+    rendezvous_body,
+    slots_for,
+    snapshot,
+)
+
+DEADLINE = 10.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    service = RendezvousService(header_timeout=1.0)
+    await service.start("127.0.0.1", 0)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        yield Cluster(service, session)
+    await service.stop()
+
+
+# ---- refusals over HTTP ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "status", "words"),
+    [
+        ("rendezvous", rendezvous_body(wire.WorkerId("planted", 0)), 403, "not launched"),
+        ("results", {"hostname": "planted", "local_rank": 0, "state": "SUCCESS"}, 403, "planted"),
+        ("heartbeat", {"hostname": "planted", "local_rank": 0}, 403, "planted"),
+        ("rendezvous", rendezvous_body(W0, after_round=99), 409, "round 99"),
+        ("progress", {"round": 99, "epoch": 0, "step": 0}, 409, "round 99"),
+        ("rendezvous", rendezvous_body(W0) | {"local_rank": True}, 422, "local_rank"),
+        ("progress", {"round": 0, "epoch": 0, "step": 1.0}, 422, "step"),
+    ],
+)
+async def test_refused_requests_change_nothing(
+    cluster: Cluster, route: str, body: dict[str, object], status: int, words: str
+) -> None:
+    await cluster.rendezvous(W0)
+    cluster.job_a.publish_round(1, slots_for([W0]), sync=True)
+    before = snapshot(cluster.job_a, cluster.listener_a)
+    got, answer = await cluster.call("POST", f"/v1/jobs/job-a/{route}", json=body)
+    assert got == status and words in answer["error"], answer
+    assert snapshot(cluster.job_a, cluster.listener_a) == before
+
+
+async def test_an_unknown_worker_before_the_first_round_is_told_to_retry(
+    cluster: Cluster,
+) -> None:
+    before = snapshot(cluster.job_a, cluster.listener_a)
+    body = rendezvous_body(wire.WorkerId("planted", 0))
+    async with cluster.session.post(
+        cluster.service.url + "/v1/jobs/job-a/rendezvous",
+        json=body,
+        headers={
+            "Authorization": f"Bearer {TOKEN_A}",
+            wire.PROTOCOL_HEADER: str(wire.PROTOCOL_VERSION),
+        },
+    ) as response:
+        assert response.status == 503 and response.headers["Retry-After"] == "1"
+        assert "retry" in (await response.json())["error"]
+    assert snapshot(cluster.job_a, cluster.listener_a) == before
+
+
+async def test_repeated_keys_are_400_and_change_nothing(cluster: Cluster) -> None:
+    before = snapshot(cluster.job_a, cluster.listener_a)
+    data = b'{"hostname": "host-a", "local_rank": 0, "local_rank": 1}'
+    status, answer = await cluster.call(
+        "POST", "/v1/jobs/job-a/heartbeat", data=data, headers={"Content-Type": "application/json"}
+    )
+    assert status == 400 and "more than once" in answer["error"]
+    assert snapshot(cluster.job_a, cluster.listener_a) == before
+
+
+async def test_a_changed_store_endpoint_is_409(cluster: Cluster) -> None:
+    await cluster.rendezvous(W0)
+    body = rendezvous_body(W0) | {"store_port": 31337}
+    status, answer = await cluster.call("POST", "/v1/jobs/job-a/rendezvous", json=body)
+    assert status == 409 and "cannot change" in answer["error"]
+
+
+# ---- the per-job rate --------------------------------------------------------------------
+
+
+async def test_a_job_over_its_rate_gets_429_and_other_jobs_do_not() -> None:
+    clock = Clock()
+    service = RendezvousService(clock=clock)
+    small = service.add_job("job-a", TOKEN_A, RecordingListener(), max_workers=1)
+    service.add_job("job-b", TOKEN_B, RecordingListener(), max_workers=1)
+    await service.start("127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession() as session:
+            cluster = Cluster.__new__(Cluster)
+            cluster.service, cluster.session = service, session
+            burst = int(small.limits.burst)
+            statuses = [
+                (await cluster.call("GET", "/v1/jobs/job-a/round"))[0] for _ in range(burst)
+            ]
+            assert statuses == [200] * burst
+            async with session.get(
+                service.url + "/v1/jobs/job-a/round",
+                headers={
+                    "Authorization": f"Bearer {TOKEN_A}",
+                    wire.PROTOCOL_HEADER: str(wire.PROTOCOL_VERSION),
+                },
+            ) as response:
+                assert response.status == 429 and response.headers["Retry-After"] == "1"
+            status, _ = await cluster.call("GET", "/v1/jobs/job-b/round", token=TOKEN_B)
+            assert status == 200, "another job keeps its own rate"
+            status, _ = await cluster.call("GET", "/v1/jobs/job-a/round", token="wrong")
+            assert status == 403, "requests without the token do not spend the job's rate"
+
+            client = RendezvousClient(service.url, "job-a", TOKEN_A, retry_deadline_s=DEADLINE)
+            answer = asyncio.create_task(asyncio.to_thread(client.round_info))
+            await asyncio.sleep(0.3)
+            assert not answer.done(), "the client waits out the 429"
+            clock.now += 1.0
+            info = await asyncio.wait_for(answer, DEADLINE)
+            assert isinstance(info, RoundInfo)
+    finally:
+        await service.stop()
+
+
+async def test_the_client_sends_progress_at_most_once_a_second(cluster: Cluster) -> None:
+    client = RendezvousClient(cluster.service.url, "job-a", TOKEN_A)
+
+    def report(step: int) -> None:
+        client.report_progress(wire.ProgressRequest(round=0, epoch=0, step=step))
+
+    started = time.monotonic()
+    for step in range(20):
+        await asyncio.to_thread(report, step)
+    if time.monotonic() - started < rendezvous_client.PROGRESS_INTERVAL_S:
+        assert [p.step for p in cluster.listener_a.progress] == [0]
+    await asyncio.sleep(rendezvous_client.PROGRESS_INTERVAL_S)
+    await asyncio.to_thread(report, 20)
+    assert cluster.listener_a.progress[-1].step == 20
+
+
+# ---- protocol versions -------------------------------------------------------------------
+
+
+def old_worker_request(url: str, body: bytes) -> tuple[int, dict[str, object]]:
+    """Exactly what a worker of the release before protocol versions sends."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=DEADLINE)
+    try:
+        headers = {"Authorization": f"Bearer {TOKEN_A}", "Content-Type": "application/json"}
+        conn.request("POST", "/v1/jobs/job-a/rendezvous", body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+async def test_an_older_worker_is_refused_with_both_versions(cluster: Cluster) -> None:
+    before = snapshot(cluster.job_a, cluster.listener_a)
+    body = RendezvousRequest(
+        hostname="host-a", local_rank=0, address="10.0.0.1", store_port=29500, wait_seconds=0
+    )
+    status, answer = await asyncio.to_thread(
+        old_worker_request, cluster.service.url, body.model_dump_json().encode()
+    )
+    assert status == 426
+    assert "protocol 1" in str(answer["error"]) and f"speaks {wire.PROTOCOL_VERSION}" in str(
+        answer["error"]
+    )
+    assert snapshot(cluster.job_a, cluster.listener_a) == before
+
+
+async def test_a_worker_of_another_version_exits_with_the_services_message(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rendezvous_client, "PROTOCOL_VERSION", wire.PROTOCOL_VERSION + 1)
+    client = RendezvousClient(cluster.service.url, "job-a", TOKEN_A, retry_deadline_s=DEADLINE)
+    started = time.monotonic()
+    with pytest.raises(RendezvousClientError, match="426") as caught:
+        await asyncio.to_thread(client.round_info)
+    assert f"protocol {wire.PROTOCOL_VERSION + 1}" in str(caught.value)
+    assert time.monotonic() - started < 2, "not retried"
+
+
+async def test_responses_carry_the_service_version(cluster: Cluster) -> None:
+    async with cluster.session.get(cluster.service.url + "/healthz") as response:
+        assert response.headers[wire.PROTOCOL_HEADER] == str(wire.PROTOCOL_VERSION)
+
+
+# ---- TLS ---------------------------------------------------------------------------------
+
+
+def make_ca(name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(True, False, False, False, False, True, True, False, False),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+        .sign(key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def server_context(tmp_path: Path) -> tuple[ssl.SSLContext, str]:
+    """A server context with a certificate for 127.0.0.1 signed by a fresh CA; the CA's PEM."""
+    ca_key, ca = make_ca("test rendezvous CA")
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rendezvous")]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_file, key_file)
+    return context, ca.public_bytes(serialization.Encoding.PEM).decode()
+
+
+async def test_tls_service_and_verifying_client(tmp_path: Path) -> None:
+    context, ca_pem = server_context(tmp_path)
+    service = RendezvousService()
+    job = service.add_job("job-a", TOKEN_A, RecordingListener())
+    job.readmit([W0])
+    await service.start("127.0.0.1", 0, ssl_context=context)
+    try:
+        assert service.url.startswith("https://127.0.0.1:")
+        client = RendezvousClient(service.url, "job-a", TOKEN_A, ca_pem=ca_pem)
+        info = await asyncio.to_thread(client.round_info)
+        assert info.job == "job-a"
+        await asyncio.to_thread(client.heartbeat, HeartbeatRequest(hostname="host-a", local_rank=0))
+
+        _, other_ca = make_ca("someone else")
+        other_pem = other_ca.public_bytes(serialization.Encoding.PEM).decode()
+        stranger = RendezvousClient(service.url, "job-a", TOKEN_A, ca_pem=other_pem)
+        started = time.monotonic()
+        with pytest.raises(RendezvousClientError, match="not trusted"):
+            await asyncio.to_thread(stranger.round_info)
+        assert time.monotonic() - started < 5, "a certificate that fails is not retried"
+
+        plain = RendezvousClient(
+            service.url.replace("https", "http"), "job-a", TOKEN_A, retry_deadline_s=0.5
+        )
+        with pytest.raises(RendezvousClientError):
+            await asyncio.to_thread(plain.round_info)
+    finally:
+        await service.stop()
+
+
+def test_ca_from_the_worker_environment() -> None:
+    environ = {
+        wire.ENV_RENDEZVOUS_URL: "https://rendezvous.example:8470",
+        wire.ENV_JOB: "ns.job",
+        wire.ENV_TOKEN: "t0ken-value",
+        wire.ENV_HOSTNAME: "pod-0",
+        wire.ENV_LOCAL_RANK: "0",
+        wire.ENV_RENDEZVOUS_CA: "-----BEGIN CERTIFICATE-----\nnot really\n",
+    }
+    config = WorkerConfig.from_env(environ)
+    assert config is not None and config.rendezvous_ca == environ[wire.ENV_RENDEZVOUS_CA]
+    with pytest.raises(ValueError, match="CA certificate does not load"):
+        RendezvousClient(config.rendezvous_url, config.job, config.token, ca_pem="garbage")
+
+
+# ---- slow and malformed connections ------------------------------------------------------
+
+
+def port_of(service: RendezvousService) -> int:
+    return service.port
+
+
+async def test_a_connection_that_dribbles_its_headers_is_closed(cluster: Cluster) -> None:
+    def dribble() -> float:
+        with socket.create_connection(("127.0.0.1", port_of(cluster.service)), timeout=8) as sock:
+            started = time.monotonic()
+            sock.sendall(b"POST /v1/jobs/job-a/rendezvous HTTP/1.1\r\nHost: x\r\n")
+            try:
+                while time.monotonic() - started < 8:
+                    sock.sendall(b"X")
+                    time.sleep(0.2)
+            except OSError:
+                return time.monotonic() - started  # the server closed it
+            return time.monotonic() - started
+
+    elapsed = await asyncio.wait_for(asyncio.to_thread(dribble), DEADLINE)
+    assert 0.9 <= elapsed < 3.0, f"closed after {elapsed:.1f} s; the header timeout is 1 s"
+    status, _ = await cluster.call("GET", "/v1/jobs/job-a/round")
+    assert status == 200, "complete requests are still served"
+
+
+async def test_half_a_request_line_is_closed_within_the_bound(cluster: Cluster) -> None:
+    def half_line() -> tuple[bytes, float]:
+        with socket.create_connection(("127.0.0.1", port_of(cluster.service)), timeout=8) as sock:
+            started = time.monotonic()
+            sock.sendall(b"GET /heal")
+            return sock.recv(100), time.monotonic() - started
+
+    data, elapsed = await asyncio.wait_for(asyncio.to_thread(half_line), DEADLINE)
+    assert data == b"" and elapsed < 3.0
+
+
+async def test_malformed_http_is_one_warning_line_without_the_token(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+
+    def send(raw: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", port_of(cluster.service)), timeout=8) as sock:
+            sock.sendall(raw)
+            return sock.recv(4096)
+
+    raw = (
+        b"GET /v1/jobs/job-a/round HTTP/1.1\r\nHost: x\r\n"
+        + f"Authorization: Bearer {TOKEN_A}\x01\r\n".encode()
+        + b"Broken header line\r\n\r\n"
+    )
+    answer = await asyncio.wait_for(asyncio.to_thread(send, raw), DEADLINE)
+    assert answer.split(b" ")[1] == b"400"
+    records = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert records, "the bad request is logged"
+    for record in records:
+        assert record.levelno == logging.WARNING and record.exc_info is None, record.getMessage()
+        assert "\n" not in record.getMessage()
+        assert TOKEN_A not in record.getMessage()
+    assert any("bad HTTP request" in r.getMessage() for r in records)
+
+
+async def test_an_encoded_newline_in_the_path_stays_on_one_log_line(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="elasticjob.rendezvous.routes")
+    status, _ = await cluster.call("GET", "/v1/jobs/job-a%0AFORGED%20LINE/round")
+    assert status == 403
+    messages = [r.getMessage() for r in caplog.records if "FORGED" in r.getMessage()]
+    assert messages and all("\n" not in m for m in messages), messages
+
+
+async def test_the_token_appears_in_no_log_line_and_no_repr(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    for token in (TOKEN_B, f"{TOKEN_A}x", f"{TOKEN_A} extra"):
+        await cluster.call("GET", "/v1/jobs/job-a/round", token=token)
+    await cluster.call("GET", "/v1/jobs/job-b/round", token=TOKEN_A)
+    client = RendezvousClient(cluster.service.url, "job-a", TOKEN_A, retry_deadline_s=0.5)
+    with pytest.raises(RendezvousClientError):
+        await asyncio.to_thread(
+            client.heartbeat, HeartbeatRequest(hostname="planted", local_rank=0)
+        )
+    config = WorkerConfig(
+        rendezvous_url=cluster.service.url,
+        job="job-a",
+        token=TOKEN_A,
+        hostname="host-a",
+        local_rank=0,
+        bind_address="127.0.0.1",
+    )
+    logged = "\n".join(r.getMessage() + (r.exc_text or "") for r in caplog.records)
+    assert "403" in logged or caplog.records, "the refusals were logged"
+    for text in (logged, repr(cluster.job_a), repr(client), repr(config)):
+        assert TOKEN_A not in text and TOKEN_B not in text, text
