@@ -163,7 +163,9 @@ class JobController:
         driver = ElasticDriver(
             HostManager(self._discovery, policy, self._clock),
             lambda _driver: PodLauncher(self),
-            lambda listener: self._service.add_job(self.job_id, token, listener),
+            lambda listener: self._service.add_job(
+                self.job_id, token, listener, max_workers=spec.max_replicas * slots
+            ),
             DriverSettings(
                 min_np=spec.min_replicas * slots,
                 max_np=spec.max_replicas * slots,

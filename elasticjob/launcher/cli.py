@@ -25,6 +25,7 @@ from elasticjob.driver.driver import DriverSettings, ElasticDriver, JobResult
 from elasticjob.driver.hosts import HostManager
 from elasticjob.driver.liveness import DEFAULT_HEARTBEAT_TIMEOUT_S, heartbeat_interval_s
 from elasticjob.launcher.processes import LocalWorkerLauncher, WorkerEnvironment
+from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS
 from elasticjob.rendezvous.server import RendezvousService
 
 logger = logging.getLogger("elasticjob.launcher")
@@ -148,7 +149,9 @@ async def run_job(args: argparse.Namespace) -> JobResult:
         driver = ElasticDriver(
             HostManager(discovery, policy),
             make_launcher,
-            lambda listener: service.add_job(args.job_name, token, listener),
+            lambda listener: service.add_job(
+                args.job_name, token, listener, max_workers=settings.max_np or DEFAULT_MAX_WORKERS
+            ),
             settings,
             time.monotonic,
         )
