@@ -189,6 +189,46 @@ def test_a_planted_token_secret_fails_the_job_and_is_never_used(
     assert base64.b64decode(secret["data"]["token"]) == b"known-to-the-planter"
 
 
+def test_a_token_secret_left_by_an_earlier_job_of_the_name_is_waited_out(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    """A Secret an earlier job of the same name controlled is garbage-collected (its owner is
+    gone): the new job waits for that, then makes and uses its own."""
+    stale = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": "again-rendezvous",
+            "ownerReferences": [
+                {
+                    "apiVersion": "elasticjob.dev/v1alpha1",
+                    "kind": "ElasticJob",
+                    "name": "again",
+                    "uid": "00000000-0000-0000-0000-000000000000",
+                    "controller": True,
+                }
+            ],
+        },
+        "stringData": {"token": "stale"},
+    }
+    kube.apply(stale)
+    log_dir = tmp_path / "events"
+    kube.apply(
+        job_manifest("again", log_dir, tmp_path / "stop", replicas=2, minReplicas=2, maxReplicas=2)
+    )
+    try:
+        wait_ready(kube, "again")
+        job = kube.get("ej", "again") or {}
+        secret = kube.get("secret", "again-rendezvous") or {}
+        (owner,) = secret["metadata"]["ownerReferences"]
+        assert owner["uid"] == job["metadata"]["uid"], secret
+        assert base64.b64decode(secret["data"]["token"]) != b"stale"
+        (tmp_path / "stop").touch()
+        wait_status(kube, "again", "success", lambda s: s.get("phase") == "Succeeded", 180)
+    finally:
+        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+
+
 CARELESS = {
     LONG_NAME: ({}, "metadata.name: must be at most 63 characters"),
     "template-name": (
