@@ -55,6 +55,33 @@ ENV_HEARTBEAT_INTERVAL = "ELASTICJOB_HEARTBEAT_INTERVAL"
 none for its heartbeat timeout, so the interval must be a fraction of that timeout."""
 ENV_DEFER_SIGTERM = "ELASTICJOB_DEFER_SIGTERM"
 """``1``: the first SIGTERM lets the worker leave at its next host-update check (pods)."""
+
+WORKER_ENV_PREFIX = "ELASTICJOB_"
+"""Prefix of every variable of the worker contract above."""
+WORKER_CONTRACT_ENV = frozenset(
+    {
+        ENV_RENDEZVOUS_URL,
+        ENV_JOB,
+        ENV_TOKEN,
+        ENV_HOSTNAME,
+        ENV_LOCAL_RANK,
+        ENV_BIND_ADDRESS,
+        ENV_BACKEND,
+        ENV_COLLECTIVE_TIMEOUT,
+        ENV_ROUND_WAIT,
+        ENV_HEARTBEAT_INTERVAL,
+        ENV_DEFER_SIGTERM,
+    }
+)
+"""Every variable the operator may set for its workers: a pod template must not set them
+(nor any other name with :data:`WORKER_ENV_PREFIX`). Add new contract variables here."""
+
+
+def is_worker_contract_env(name: str) -> bool:
+    """Whether ``name`` is a variable of the worker contract (the operator's to set)."""
+    return name in WORKER_CONTRACT_ENV or name.startswith(WORKER_ENV_PREFIX)
+
+
 # Variables of the libraries underneath that a launcher sets for its workers.
 ENV_PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
 ENV_GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"

@@ -1,21 +1,51 @@
 """Taking a job over after an operator restart, from what its status recorded: the round in
 force (so its workers train on undisturbed) and the blacklisted nodes (so they stay out until
-their recorded end). Pure functions of the status and the clocks."""
+their recorded end); and which objects are the job's at all (:func:`ownership`): only those
+the job controls by ownerReference, never an object that merely carries its labels or name.
+Pure functions of the status, the objects and the clocks."""
 
 from __future__ import annotations
 
 import datetime
+import enum
 import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from elasticjob.driver.blacklist import Blacklist
 from elasticjob.driver.slots import assign_slots
-from elasticjob.operator.api import BlacklistedNode, ElasticJobStatus
+from elasticjob.operator.api import KIND, BlacklistedNode, ElasticJobStatus
 from elasticjob.wire import SlotInfo, WorkerId
 
 logger = logging.getLogger(__name__)
+
+
+class Ownership(enum.Enum):
+    """Whose an object (a worker pod, the token Secret) is, as far as a job can tell."""
+
+    OWNED = "owned"
+    """The job controls it: an ownerReference with ``controller: true`` and the job's uid."""
+    STALE = "stale"
+    """An earlier ElasticJob of the same name controls it; garbage collection removes it."""
+    FOREIGN = "foreign"
+    """Someone else made it (it may carry the job's labels or name all the same)."""
+
+
+def ownership(obj: Mapping[str, Any], job: Mapping[str, Any]) -> Ownership:
+    """Whose ``obj`` is, for ``job`` (both API objects as dicts)."""
+    uid, name = job["metadata"]["uid"], job["metadata"]["name"]
+    controllers = [
+        ref
+        for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
+        if ref.get("controller") is True
+    ]
+    if any(ref.get("uid") == uid for ref in controllers):
+        return Ownership.OWNED
+    if any(ref.get("kind") == KIND and ref.get("name") == name for ref in controllers):
+        return Ownership.STALE
+    return Ownership.FOREIGN
 
 
 @dataclass(frozen=True)

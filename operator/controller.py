@@ -13,7 +13,9 @@ pure functions in other modules; it only gathers their input and carries them ou
   worker processes (it tells the survivors at once), and its node (or, with scope Pod, the
   pod) is blacklisted (``elasticjob.driver.blacklist``);
 - after an operator restart (``adoption``): the recorded round is adopted and the recorded
-  blacklisting restored;
+  blacklisting restored; pods and the token Secret are the job's by ownerReference only;
+- objects the API server refuses for good (``kube.refusal``) fail the job (InvalidSpec)
+  once, with no retry; the pods it made are deleted;
 - status (``status.status_of``) and events on the ElasticJob.
 """
 
@@ -21,32 +23,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pydantic import ValidationError
+from kubernetes.client.exceptions import ApiException
 
 from elasticjob.driver.api import Clock
 from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
 from elasticjob.driver.driver import DriverSettings, ElasticDriver, JobResult
 from elasticjob.driver.hosts import HostManager
 from elasticjob.operator import pods as podlib
-from elasticjob.operator.adoption import blacklisted_nodes, recorded_round, restore_blacklist
+from elasticjob.operator.adoption import (
+    Ownership,
+    blacklisted_nodes,
+    ownership,
+    recorded_round,
+    restore_blacklist,
+)
 from elasticjob.operator.api import (
     BlacklistScope,
     ElasticJobSpec,
-    ElasticJobStatus,
     InvalidSpecError,
     Phase,
     worker_selector,
 )
 from elasticjob.operator.api.podschema import PodSchema
+from elasticjob.operator.api.validation import name_errors
 from elasticjob.operator.hosts import PodDiscovery, PodLauncher
-from elasticjob.operator.kube import KubeApi
+from elasticjob.operator.kube import KubeApi, refusal
 from elasticjob.operator.scaling import (
     PodPlan,
     ReplicasClamp,
@@ -54,7 +61,9 @@ from elasticjob.operator.scaling import (
     pods_to_clean,
     read_spec,
 )
-from elasticjob.operator.status import Observation, observe, status_of
+from elasticjob.operator.status import Observation, observe
+from elasticjob.operator.status_writer import StatusWriter
+from elasticjob.operator.token import RefusedJobError, ensure_token
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire import WorkerId
 
@@ -100,6 +109,8 @@ class JobController:
         self._settings = settings
         self._not_ready_nodes = not_ready_nodes
         self._clock, self._wall_clock = clock, wall_clock
+        self._job: Mapping[str, Any] | None = None
+        """The ElasticJob (its metadata: whose pods are its own)."""
         self._pods: dict[str, dict[str, Any]] = {}
         self._reported: set[str] = set()
         self._deleted: set[str] = set()
@@ -107,22 +118,27 @@ class JobController:
         self._leaving: dict[str, float] = {}
         self._discovery = PodDiscovery()
         self._wake = asyncio.Event()
-        self._status: ElasticJobStatus | None = None
-        self._last_written: dict[str, Any] | None = None
+        self._status = StatusWriter(api, namespace, name, wall_clock)
         self._slots = 1
         self._rank_order: list[str] = []
         self._announced_round = 0
         self._clamp: ReplicasClamp | None = None
         self._announced_clamp: ReplicasClamp | None = None
-        self.phase: Phase = Phase.CREATED
         self.pods_created = 0
         self.pods_deleted = 0
         self._blacklist = Blacklist[str](BlacklistPolicy(), clock)
         self.driver: ElasticDriver | None = None
 
+    @property
+    def phase(self) -> Phase:
+        """The job's phase as last written."""
+        return self._status.phase
+
     # ---- pod events --------------------------------------------------------------------
 
     def on_pod_event(self, event_type: str, pod: Mapping[str, Any]) -> None:
+        if not self._owns(pod):
+            return  # it has the job's labels, not its ownerReference: not a worker
         name = pod["metadata"]["name"]
         if event_type == "DELETED":
             gone = self._pods.pop(name, None)
@@ -137,6 +153,9 @@ class JobController:
         self._hung.add(name)
         self._wake.set()
 
+    def _owns(self, obj: Mapping[str, Any]) -> bool:
+        return self._job is not None and ownership(obj, self._job) is Ownership.OWNED
+
     async def delete_pod(self, name: str, grace_s: int | None = None) -> None:
         if name not in self._deleted:
             self.pods_deleted += 1
@@ -147,16 +166,33 @@ class JobController:
 
     async def run(self, body: Mapping[str, Any], stopped: Stopped) -> None:
         """Run the job until it ends or the operator stops (``stopped``)."""
+        self._job = {"metadata": dict(body["metadata"])}
+        self._pods = {name: pod for name, pod in self._pods.items() if self._owns(pod)}
         try:
+            if errors := name_errors(self.name):
+                raise InvalidSpecError(errors)
             spec, self._clamp = read_spec(dict(body["spec"]), self._settings.pod_schema)
         except InvalidSpecError as exc:
             await self._refuse(body, str(exc))
             return
-        token = await self._ensure_token(body)
+        try:
+            await self._run(body, spec, stopped)
+        except (RefusedJobError, ApiException) as exc:
+            message = str(exc) if isinstance(exc, RefusedJobError) else refusal(exc)
+            if message is None:
+                raise
+            logger.warning("job %s: %s", self.job_id, message)
+            await self._refuse(body, message)
+            for name in list(self._pods):
+                await self.delete_pod(name)
+
+    async def _run(self, body: Mapping[str, Any], spec: ElasticJobSpec, stopped: Stopped) -> None:
+        token = await ensure_token(self._api, self.namespace, body)
         # Pods first: the job joins the rendezvous service with the driver, and adopts its
         # recorded round right after, with no API call in between.
         for pod in await self._api.list_pods(self.namespace, worker_selector(self.name)):
-            self._pods[pod["metadata"]["name"]] = pod
+            if self._owns(pod):
+                self._pods[pod["metadata"]["name"]] = pod
         policy = spec.blacklist.policy()
         self._blacklist = Blacklist[str](policy, self._clock)
         slots = self._slots = spec.slots_per_worker
@@ -193,21 +229,11 @@ class JobController:
             await asyncio.gather(driver_task, return_exceptions=True)
             self._service.remove_job(self.job_id)
 
-    def _recorded_status(self, body: Mapping[str, Any]) -> ElasticJobStatus:
-        """The status as this controller last wrote it, else as the job records it."""
-        if self._status is not None:
-            return self._status
-        try:
-            return ElasticJobStatus.model_validate(body.get("status") or {})
-        except ValidationError as exc:
-            logger.warning("job %s: ignoring an unreadable status: %s", self.job_id, exc)
-            return ElasticJobStatus()
-
     def _adopt(self, body: Mapping[str, Any], spec: ElasticJobSpec, driver: ElasticDriver) -> bool:
         """After an operator restart: keep the recorded blacklisting until its recorded ends,
         and take over the recorded round, so its workers train on undisturbed. Members whose
         pods are gone are reported failed."""
-        status = self._recorded_status(body)
+        status = self._status.recorded(body)
         if spec.blacklist.scope is BlacklistScope.NODE:
             restore_blacklist(
                 self._blacklist, status.blacklisted_nodes, self._wall_clock(), self._clock()
@@ -236,17 +262,8 @@ class JobController:
             logger.warning("job %s: ignoring an invalid spec update: %s", self.job_id, exc)
         return spec
 
-    async def _ensure_token(self, body: Mapping[str, Any]) -> str:
-        name = podlib.token_secret_name(self.name)
-        token = await self._api.read_secret_value(self.namespace, name, podlib.TOKEN_KEY)
-        if token is None:
-            await self._api.create_secret(self.namespace, podlib.token_secret(body))
-            token = await self._api.read_secret_value(self.namespace, name, podlib.TOKEN_KEY)
-        assert token is not None
-        return token
-
     async def _refuse(self, body: Mapping[str, Any], message: str) -> None:
-        await self._write_status(body, Observation.refused(message))
+        await self._status.write(body, Observation.refused(message))
         await self._event(body, "InvalidSpec", message, warning=True)
 
     async def _event(
@@ -288,7 +305,7 @@ class JobController:
             logger.warning("job %s: %s", self.job_id, self._clamp)
             await self._event(body, "ReplicasClamped", str(self._clamp), warning=True)
         self._announced_clamp = self._clamp
-        await self._write_status(body, self._observe(spec, views))
+        await self._status.write(body, self._observe(spec, views))
 
     async def _carry_out(
         self,
@@ -371,27 +388,12 @@ class JobController:
         clamp = None if self._clamp is None else str(self._clamp)
         return observe(self.driver, spec, views, self._leaving.keys(), nodes, clamp)
 
-    async def _write_status(self, body: Mapping[str, Any], obs: Observation) -> None:
-        now = datetime.datetime.fromtimestamp(self._wall_clock(), datetime.UTC)
-        generation = body.get("metadata", {}).get("generation")
-        status = status_of(
-            obs, self._recorded_status(body), worker_selector(self.name), generation, now
-        )
-        self._status = status
-        if status.phase is not None:
-            self.phase = status.phase
-        dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
-        if dumped == self._last_written and obs.result is None:
-            return
-        self._last_written = dumped
-        await self._api.patch_status(self.namespace, self.name, dumped)
-
     async def _finish(
         self, body: Mapping[str, Any], spec: ElasticJobSpec, result: JobResult
     ) -> None:
         reason = "Succeeded" if result.success else "Failed"
         await self._event(body, reason, result.message, warning=not result.success)
         views = {name: podlib.view(pod) for name, pod in self._pods.items()}
-        await self._write_status(body, self._observe(spec, views))
+        await self._status.write(body, self._observe(spec, views))
         for name in pods_to_clean(list(views.values()), spec.clean_pod_policy):
             await self.delete_pod(name)

@@ -12,7 +12,7 @@ import kopf
 
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.api import GROUP, LABEL_ROLE, PLURAL, ROLE_WORKER, VERSION, validate
-from elasticjob.operator.api.validation import FieldError
+from elasticjob.operator.api.validation import FieldError, name_errors
 from elasticjob.operator.api.validation import validate_scale as scale_errors
 from elasticjob.operator.runtime import OperatorRuntime
 
@@ -42,10 +42,11 @@ async def probe_rendezvous(memo: Any, **_: Any) -> str:
 
 
 @kopf.on.validate(GROUP, VERSION, PLURAL, id="validate-spec", operations=["CREATE", "UPDATE"])
-async def validate_job(spec: kopf.Spec, memo: Any, **_: Any) -> None:
+async def validate_job(spec: kopf.Spec, name: str | None, memo: Any, **_: Any) -> None:
     """Refuse specs that break rules the CRD schema cannot express (min <= replicas <= max,
-    a worker container, no unknown pod template fields...), naming the field."""
-    _refuse(validate(dict(spec), _runtime(memo).pod_schema))
+    a worker container, no unknown pod template fields...), and names too long to label the
+    job's pods, naming the field."""
+    _refuse([*name_errors(name), *validate(dict(spec), _runtime(memo).pod_schema)])
 
 
 @kopf.on.validate(

@@ -27,6 +27,35 @@ _TRANSIENT = {408, 409, 429, 500, 502, 503, 504}
 REQUEST_TIMEOUT_S = 10.0
 
 
+_REFUSALS = {400, 403, 404, 409, 413, 422}
+
+
+def refusal(exc: ApiException) -> str | None:
+    """The API server's message, quoted, when ``exc`` refuses a request for good (a 4xx
+    that no retry changes: the object is invalid, forbidden, too large...), else None. An
+    exceeded quota or an object that already exists is not a refusal."""
+    if exc.status not in _REFUSALS:
+        return None
+    try:
+        status = json.loads(exc.body or "")
+    except ValueError:
+        status = None
+    if not isinstance(status, dict):
+        status = {}
+    message = str(status.get("message") or exc.reason or f"HTTP {exc.status}")
+    if exc.status == 409 and status.get("reason") == "AlreadyExists":
+        return None
+    if exc.status == 403 and "exceeded quota" in message:
+        return None
+    return f"the API server refused the job's objects ({exc.status}): {message}"
+
+
+def secret_value(secret: dict[str, Any], key: str) -> str | None:
+    """The decoded value of ``key`` in a Secret as the API returns it."""
+    data = secret.get("data") or {}
+    return base64.b64decode(data[key]).decode() if key in data else None
+
+
 def load_config() -> None:
     """In-cluster config when running in a pod, else the local kubeconfig."""
     try:
@@ -89,7 +118,8 @@ class KubeApi:
             if exc.status != 404:
                 raise
 
-    async def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
+    async def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Secret (``data`` still base64), or None when there is none."""
         try:
             secret = await self._call(
                 "read secret", self.core.read_namespaced_secret, name, namespace
@@ -98,8 +128,8 @@ class KubeApi:
             if exc.status == 404:
                 return None
             raise
-        data = secret.data or {}
-        return base64.b64decode(data[key]).decode() if key in data else None
+        result: dict[str, Any] = kubernetes.client.ApiClient().sanitize_for_serialization(secret)
+        return result
 
     async def create_secret(self, namespace: str, secret: dict[str, Any]) -> None:
         try:

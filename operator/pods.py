@@ -97,9 +97,11 @@ def worker_pod(
                 *container.pop("args", []),
             ]
         if container["name"] == worker.name:
+            # The operator's variables last: in Kubernetes the later of two entries wins
+            # (admission refuses a template that sets them at all).
             container["env"] = [
-                *_runtime_env(namespace, name, spec, rendezvous_url),
                 *container.get("env", []),
+                *_runtime_env(namespace, name, spec, rendezvous_url),
             ]
     avoid = sorted(set(avoid_nodes))
     if avoid:
@@ -125,12 +127,18 @@ def _runtime_env(
         {"name": wire.ENV_LOCAL_RANK, "value": "0"},
         {"name": wire.ENV_BACKEND, "value": spec.backend.value},
         {"name": wire.ENV_DEFER_SIGTERM, "value": "1"},
+        *_seconds_env(wire.ENV_COLLECTIVE_TIMEOUT, spec.collective_timeout_seconds),
+        *_seconds_env(wire.ENV_ROUND_WAIT, spec.round_wait_seconds),
         *(
             [{"name": wire.ENV_HEARTBEAT_INTERVAL, "value": f"{interval:g}"}]
             if (interval := heartbeat_interval(spec)) is not None
             else []
         ),
     ]
+
+
+def _seconds_env(name: str, seconds: int | None) -> list[dict[str, Any]]:
+    return [] if seconds is None else [{"name": name, "value": str(seconds)}]
 
 
 def heartbeat_interval(spec: ElasticJobSpec) -> float | None:

@@ -178,6 +178,12 @@ class ElasticJobSpec(_Spec):
     """A worker process that sends no heartbeat for this long (frozen, or cut off from the
     operator) is evicted: its pod is deleted and counted as failed, and its node (or pod) is
     blacklisted. A slow step never stops the heartbeat. 0 turns eviction off."""
+    collective_timeout_seconds: Annotated[StrictInt, Field(ge=1, le=86400)] | None = None
+    """Bound on any collective of a worker, in seconds: a collective that takes longer fails
+    the round (the worker runtime's default, 60, when absent)."""
+    round_wait_seconds: Annotated[StrictInt, Field(ge=1, le=86400)] | None = None
+    """How long a worker waits for its next round before it gives up, in seconds (the worker
+    runtime's default, 900, when absent)."""
     blacklist: BlacklistSpec = BlacklistSpec()
     clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
     """All: every worker pod is deleted when the job ends. Running: only those still running

@@ -12,6 +12,15 @@ express, a spec must satisfy these rules, which a Kubernetes 1.20 schema cannot 
   requests), N is a whole number and ``slotsPerWorker <= N``: each process needs a GPU.
   Fewer slots than GPUs is allowed (a process may use several); no GPU asked, no rule.
 
+- the pod template leaves the operator's part alone: no ``metadata`` name, generateName,
+  namespace, finalizers or ownerReferences (the operator names and owns the pods), and no
+  container sets a variable of the worker contract (``elasticjob.wire.WORKER_CONTRACT_ENV``,
+  any ``ELASTICJOB_*``) in ``env``, nor imports one through an ``envFrom`` prefix;
+- every container has an image (a non-empty string).
+
+Apart from the spec, a job's name must fit a label value (:func:`name_errors`): it labels the
+job's pods.
+
 Given the API server's Pod schema (:class:`~elasticjob.operator.api.podschema.PodSchema`), a
 field of the pod template that a pod does not have (a typo such as ``resource:``) is an error
 too.
@@ -28,8 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from elasticjob import wire
 from elasticjob.operator.api.models import (
     GPU_RESOURCE,
+    LABEL_JOB_NAME,
     WORKER_CONTAINER,
     Container,
     ElasticJobSpec,
@@ -39,6 +50,11 @@ if TYPE_CHECKING:
     from elasticjob.operator.api.podschema import PodSchema
 
 _WHOLE_NUMBER = re.compile(r"[0-9]+")
+LABEL_VALUE_MAX = 63
+"""The longest label value Kubernetes accepts: the longest job name."""
+OPERATOR_METADATA = ("name", "generateName", "namespace", "finalizers", "ownerReferences")
+"""Template metadata fields the operator sets on every worker pod itself."""
+_CONTAINER_LISTS = ("containers", "initContainers")
 
 
 @dataclass(frozen=True)
@@ -69,7 +85,12 @@ def parse_spec(spec: Mapping[str, Any], pod_schema: PodSchema | None = None) -> 
         raise InvalidSpecError(
             [FieldError(_path(error["loc"]), error["msg"]) for error in exc.errors()]
         ) from None
-    errors = [*_replica_errors(model), *_cooldown_errors(model), *_container_errors(model)]
+    errors = [
+        *_replica_errors(model),
+        *_cooldown_errors(model),
+        *_container_errors(model),
+        *_template_errors(spec["template"]),
+    ]
     if pod_schema is not None:
         errors.extend(pod_schema.unknown_fields(spec["template"]))
     if errors:
@@ -83,6 +104,19 @@ def validate(spec: Mapping[str, Any], pod_schema: PodSchema | None = None) -> li
         parse_spec(spec, pod_schema)
     except InvalidSpecError as exc:
         return list(exc.errors)
+    return []
+
+
+def name_errors(name: str | None) -> list[FieldError]:
+    """What is wrong with a job's name (None: the API server has yet to generate it)."""
+    if name is not None and len(name) > LABEL_VALUE_MAX:
+        return [
+            FieldError(
+                "metadata.name",
+                f"must be at most {LABEL_VALUE_MAX} characters (it is the value of the label "
+                f"{LABEL_JOB_NAME} on the job's pods), got {len(name)}",
+            )
+        ]
     return []
 
 
@@ -191,3 +225,66 @@ def _whole_number(amount: object) -> int | None:
     if isinstance(amount, str) and _WHOLE_NUMBER.fullmatch(amount):
         return int(amount)
     return None
+
+
+def _template_errors(template: Mapping[str, Any]) -> list[FieldError]:
+    """The operator's part of the pod template that the template sets, and missing images."""
+    errors = [
+        FieldError(
+            f"spec.template.metadata.{key}",
+            "must not be set: the operator names and owns the worker pods",
+        )
+        for key in OPERATOR_METADATA
+        if key in (template.get("metadata") or {})
+    ]
+    pod_spec = template["spec"]
+    for kind in _CONTAINER_LISTS:
+        containers = pod_spec.get(kind) or []
+        if not isinstance(containers, Sequence):
+            continue
+        for index, container in enumerate(containers):
+            if isinstance(container, Mapping):
+                where = f"spec.template.spec.{kind}[{index}]"
+                errors.extend(_image_errors(container, where))
+                errors.extend(_env_errors(container, where))
+    return errors
+
+
+def _image_errors(container: Mapping[str, Any], where: str) -> list[FieldError]:
+    image = container.get("image")
+    if isinstance(image, str) and image.strip():
+        return []
+    return [FieldError(f"{where}.image", f"must be a container image name, got {image!r}")]
+
+
+def _env_errors(container: Mapping[str, Any], where: str) -> list[FieldError]:
+    errors = []
+    env = container.get("env") or []
+    for index, variable in enumerate(env if isinstance(env, Sequence) else []):
+        name = variable.get("name") if isinstance(variable, Mapping) else None
+        if isinstance(name, str) and wire.is_worker_contract_env(name):
+            errors.append(
+                FieldError(
+                    f"{where}.env[{index}].name",
+                    f"{name} is a variable of the worker contract, which the operator sets "
+                    f"(every {wire.WORKER_ENV_PREFIX}* name is reserved)",
+                )
+            )
+    sources = container.get("envFrom") or []
+    for index, source in enumerate(sources if isinstance(sources, Sequence) else []):
+        prefix = source.get("prefix") if isinstance(source, Mapping) else None
+        if isinstance(prefix, str) and prefix and _may_import_contract(prefix):
+            errors.append(
+                FieldError(
+                    f"{where}.envFrom[{index}].prefix",
+                    f"{prefix!r} could import a variable of the worker contract, which the "
+                    f"operator sets (every {wire.WORKER_ENV_PREFIX}* name is reserved)",
+                )
+            )
+    return errors
+
+
+def _may_import_contract(prefix: str) -> bool:
+    """Whether keys under ``prefix`` can make a name of the worker contract."""
+    names = (*wire.WORKER_CONTRACT_ENV, wire.WORKER_ENV_PREFIX)
+    return wire.is_worker_contract_env(prefix) or any(n.startswith(prefix) for n in names)

@@ -117,7 +117,9 @@ def with_changes(**changes: Any) -> dict[str, Any]:
 
 
 def with_containers(*containers: dict[str, Any], slots: int = 1) -> dict[str, Any]:
-    return with_changes(slotsPerWorker=slots, template={"spec": {"containers": list(containers)}})
+    """``good_spec()`` with these containers (each given an image when it has none)."""
+    listed = [{"image": "img", **container} for container in containers]
+    return with_changes(slotsPerWorker=slots, template={"spec": {"containers": listed}})
 
 
 def gpus(name: str, amount: object, kind: str = "limits") -> dict[str, Any]:

@@ -46,7 +46,10 @@ NVIDIA = "spec.template.spec.containers[0].resources"
                     "spec": {
                         "schedulerName": "volcano",
                         "priorityClassName": "high",
-                        "containers": [gpus("worker", 2) | {"image": "w"}, {"name": "sidecar"}],
+                        "containers": [
+                            gpus("worker", 2) | {"image": "w"},
+                            {"name": "sidecar", "image": "s"},
+                        ],
                     },
                 },
             ),
@@ -244,6 +247,7 @@ JSON_VALUES = st.recursive(
     max_leaves=6,
 )
 SHORT_TEXT = st.text(max_size=4)
+IMAGES = st.from_regex(r"[a-z][a-z0-9./:-]{0,8}", fullmatch=True)
 
 
 def either(valid: bool, good: st.SearchStrategy[Any], bad: st.SearchStrategy[Any]) -> Any:
@@ -265,8 +269,8 @@ def containers(draw: st.DrawFn, valid: bool) -> list[dict[str, Any]]:
         container: dict[str, Any] = {
             "name": draw(either(valid, st.just(name), st.sampled_from(["", "worker", "other"])))
         }
-        if draw(st.booleans()):
-            container["image"] = draw(SHORT_TEXT)
+        if valid or draw(st.booleans()):
+            container["image"] = draw(either(valid, IMAGES, SHORT_TEXT | JSON_VALUES))
         if draw(st.booleans()):
             kind = draw(st.sampled_from(["limits", "requests"]))
             container["resources"] = {kind: {"nvidia.com/gpu": draw(gpu), "cpu": draw(JSON_VALUES)}}
@@ -293,7 +297,8 @@ def templates(draw: st.DrawFn, valid: bool) -> dict[str, Any]:
     template: dict[str, Any] = {"spec": pod}
     if draw(st.booleans()):
         labels = st.none() | st.dictionaries(SHORT_TEXT, SHORT_TEXT, max_size=2)
-        metadata = st.fixed_dictionaries({}, optional={"labels": labels, "namespace": JSON_VALUES})
+        operators = {} if valid else {"namespace": JSON_VALUES}
+        metadata = st.fixed_dictionaries({}, optional={"labels": labels, **operators})
         template["metadata"] = draw(st.none() | metadata)
     return template
 

@@ -79,7 +79,56 @@ def test_worker_pod_carries_the_template_and_the_runtime_contract() -> None:
         wire.ENV_HEARTBEAT_INTERVAL: "1",
         "X": "1",
     }
-    assert worker["env"][-1] == {"name": "X", "value": "1"}  # the user's env comes last
+    # The operator's variables come last: in Kubernetes the later of two entries wins.
+    assert worker["env"][0] == {"name": "X", "value": "1"}
+    assert all(wire.is_worker_contract_env(e["name"]) for e in worker["env"][1:])
+
+
+def test_the_operators_env_wins_over_a_template_that_sets_it() -> None:
+    """Admission refuses such a template; should one get through, the operator's values are
+    still the ones the worker sees (Kubernetes uses the last of two entries)."""
+    planted = {"name": wire.ENV_TOKEN, "valueFrom": {"secretKeyRef": {"name": "other", "key": "t"}}}
+    template = {"spec": {"containers": [{**WORKER, "env": [planted]}]}}
+    spec = ElasticJobSpec.model_validate(with_changes(template=template))
+    (worker,) = worker_pod(JOB, spec, rendezvous_url="u")["spec"]["containers"]
+    last = {e["name"]: e for e in worker["env"]}
+    assert last[wire.ENV_TOKEN]["valueFrom"]["secretKeyRef"]["name"] == "train-rendezvous"
+
+
+def test_every_variable_the_operator_sets_is_in_the_worker_contract() -> None:
+    """The one list admission refuses in templates covers everything the pods get."""
+    spec = spec_with(
+        {"containers": [WORKER]},
+        slotsPerWorker=2,
+        collectiveTimeoutSeconds=30,
+        roundWaitSeconds=120,
+        heartbeatTimeoutSeconds=5,
+    )
+    (worker,) = worker_pod(JOB, spec, rendezvous_url="u")["spec"]["containers"]
+    names = {e["name"] for e in worker["env"]} - {"X"}
+    assert names <= wire.WORKER_CONTRACT_ENV
+    assert all(wire.is_worker_contract_env(name) for name in names)
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({}, {}),
+        (
+            {"collectiveTimeoutSeconds": 30, "roundWaitSeconds": 120},
+            {wire.ENV_COLLECTIVE_TIMEOUT: "30", wire.ENV_ROUND_WAIT: "120"},
+        ),
+        ({"roundWaitSeconds": 5}, {wire.ENV_ROUND_WAIT: "5"}),
+    ],
+)
+def test_worker_timeouts_are_spec_fields_passed_to_the_workers(
+    changes: dict[str, Any], expected: dict[str, str]
+) -> None:
+    spec = spec_with({"containers": [WORKER]}, **changes)
+    (worker,) = worker_pod(JOB, spec, rendezvous_url="u")["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    knobs = (wire.ENV_COLLECTIVE_TIMEOUT, wire.ENV_ROUND_WAIT)
+    assert {k: v for k, v in env.items() if k in knobs} == expected
 
 
 @pytest.mark.parametrize(("timeout", "interval"), [(5, "1"), (20, "2"), (1, "0.2"), (0, None)])

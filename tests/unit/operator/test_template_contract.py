@@ -1,0 +1,163 @@
+"""Admission of what a pod template must leave to the operator: the worker contract's
+variables, the pods' names and owners; and of what the API server would refuse only once the
+operator creates the pods (an image that is not a name, a name too long for a label)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from elasticjob import wire
+from elasticjob.operator.api import FieldError, parse_spec, validate
+from elasticjob.operator.api.validation import name_errors
+from tests.unit.operator.crd_model import with_changes
+
+REPO = Path(__file__).resolve().parents[3]
+RESERVED = (
+    "is a variable of the worker contract, which the operator sets "
+    "(every ELASTICJOB_* name is reserved)"
+)
+
+
+def template_with(**container: Any) -> dict[str, Any]:
+    worker = {"name": "worker", "image": "img", **container}
+    return with_changes(template={"spec": {"containers": [worker]}})
+
+
+@pytest.mark.parametrize("name", sorted(wire.WORKER_CONTRACT_ENV))
+def test_every_variable_of_the_worker_contract_is_refused_in_env(name: str) -> None:
+    env = [{"name": "LR", "value": "0.1"}, {"name": "EPOCHS", "value": "3"}]
+    env.append({"name": name, "value": "x"})
+    assert validate(template_with(env=env)) == [
+        FieldError("spec.template.spec.containers[0].env[2].name", f"{name} {RESERVED}")
+    ]
+
+
+def test_another_jobs_token_secret_is_refused() -> None:
+    planted = {
+        "name": wire.ENV_TOKEN,
+        "valueFrom": {"secretKeyRef": {"name": "other-rendezvous", "key": "token"}},
+    }
+    (error,) = validate(template_with(env=[planted]))
+    assert error.field == "spec.template.spec.containers[0].env[0].name"
+
+
+def test_the_contract_prefix_is_reserved_for_names_to_come() -> None:
+    (error,) = validate(template_with(env=[{"name": "ELASTICJOB_SOMETHING_NEW", "value": "1"}]))
+    assert error.field == "spec.template.spec.containers[0].env[0].name"
+
+
+def test_init_containers_and_sidecars_may_not_set_the_contract_either() -> None:
+    spec = with_changes(
+        template={
+            "spec": {
+                "containers": [
+                    {"name": "worker", "image": "img"},
+                    {"name": "side", "image": "img", "env": [{"name": wire.ENV_JOB, "value": "x"}]},
+                ],
+                "initContainers": [
+                    {"name": "init", "image": "img", "env": [{"name": wire.ENV_TOKEN}]}
+                ],
+            }
+        }
+    )
+    assert [e.field for e in validate(spec)] == [
+        "spec.template.spec.containers[1].env[0].name",
+        "spec.template.spec.initContainers[0].env[0].name",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "refused"),
+    [
+        ("ELASTICJOB_", True),
+        ("ELASTICJOB_X_", True),
+        ("ELASTIC", True),  # a key "JOB_TOKEN" makes ELASTICJOB_TOKEN
+        ("APP_", False),
+        ("", False),
+    ],
+)
+def test_env_from_prefixes_that_can_make_a_contract_name_are_refused(
+    prefix: str, refused: bool
+) -> None:
+    spec = template_with(envFrom=[{"prefix": prefix, "configMapRef": {"name": "settings"}}])
+    fields = [e.field for e in validate(spec)]
+    assert fields == (["spec.template.spec.containers[0].envFrom[0].prefix"] if refused else [])
+
+
+@pytest.mark.parametrize(
+    "key", ["name", "generateName", "namespace", "finalizers", "ownerReferences"]
+)
+def test_template_metadata_the_operator_sets_is_refused(key: str) -> None:
+    value: Any = [] if key in ("finalizers", "ownerReferences") else "x"
+    spec = with_changes(
+        template={
+            "metadata": {key: value, "labels": {"team": "a"}},
+            "spec": {"containers": [{"name": "worker", "image": "img"}]},
+        }
+    )
+    assert validate(spec) == [
+        FieldError(
+            f"spec.template.metadata.{key}",
+            "must not be set: the operator names and owns the worker pods",
+        )
+    ]
+
+
+@pytest.mark.parametrize("image", [123, "", "  ", None, ...])
+def test_a_container_without_an_image_name_is_refused(image: object) -> None:
+    container: dict[str, Any] = {"name": "worker"}
+    if image is not ...:
+        container["image"] = image
+    spec = with_changes(template={"spec": {"containers": [container]}})
+    shown = None if image is ... else image
+    assert validate(spec) == [
+        FieldError(
+            "spec.template.spec.containers[0].image",
+            f"must be a container image name, got {shown!r}",
+        )
+    ]
+
+
+def test_init_containers_need_an_image_too() -> None:
+    spec = template_with()
+    spec["template"]["spec"]["initContainers"] = [{"name": "init", "image": 7}]
+    assert [e.field for e in validate(spec)] == ["spec.template.spec.initContainers[0].image"]
+
+
+@pytest.mark.parametrize(("length", "refused"), [(1, False), (63, False), (64, True), (200, True)])
+def test_a_job_name_must_fit_a_label_value(length: int, refused: bool) -> None:
+    errors = name_errors("a" * length)
+    assert [e.field for e in errors] == (["metadata.name"] if refused else [])
+    if refused:
+        assert f"got {length}" in errors[0].message
+    assert name_errors(None) == []
+
+
+def test_worker_timeouts_are_spec_fields() -> None:
+    spec = parse_spec(with_changes(collectiveTimeoutSeconds=30, roundWaitSeconds=600))
+    assert (spec.collective_timeout_seconds, spec.round_wait_seconds) == (30, 600)
+    assert [e.field for e in validate(with_changes(roundWaitSeconds=0))] == [
+        "spec.roundWaitSeconds"
+    ]
+    assert [e.field for e in validate(with_changes(collectiveTimeoutSeconds="60"))] == [
+        "spec.collectiveTimeoutSeconds"
+    ]
+
+
+def test_the_restricted_example_is_admitted() -> None:
+    job = yaml.safe_load((REPO / "examples" / "elasticjob-restricted.yaml").read_text())
+    assert name_errors(job["metadata"]["name"]) == []
+    spec = parse_spec(job["spec"])
+    pod_spec = job["spec"]["template"]["spec"]
+    assert pod_spec["securityContext"]["runAsNonRoot"] is True
+    assert pod_spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    worker = spec.template.spec.worker_container()
+    assert worker is not None
+    context = (worker.model_extra or {})["securityContext"]
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert context["readOnlyRootFilesystem"] is True
