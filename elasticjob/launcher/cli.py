@@ -111,8 +111,9 @@ def _argument_errors(args: argparse.Namespace) -> Iterator[str]:
     for flag, value in (("-np", args.np), ("--min-np", args.min_np), ("--max-np", args.max_np)):
         if value is not None and value < 1:
             yield f"{flag} must be >= 1, got {value}"
-    if args.min_np is not None and args.max_np is not None and args.min_np > args.max_np:
-        yield f"--min-np ({args.min_np}) must not exceed --max-np ({args.max_np})"
+    if args.max_np is not None and _min_np(args) > args.max_np:
+        flag = "--min-np" if args.min_np is not None else "-np (the default --min-np)"
+        yield f"{flag} ({_min_np(args)}) must not exceed --max-np ({args.max_np})"
     if not 1 <= args.slots <= MAX_SLOTS_PER_HOST:
         yield f"--slots must be from 1 to {MAX_SLOTS_PER_HOST}, got {args.slots}"
     if args.reset_limit is not None and args.reset_limit < 0:

@@ -38,6 +38,10 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
         (["--min-np", "-1", "true"], "--min-np must be >= 1, got -1"),
         (["--max-np", "0", "true"], "--max-np must be >= 1, got 0"),
         (["--min-np", "3", "--max-np", "2", "true"], "--min-np (3) must not exceed --max-np (2)"),
+        (
+            ["-np", "5", "--max-np", "3", "--host-discovery-script", "./hosts.sh", "true"],
+            "-np (the default --min-np) (5) must not exceed --max-np (3)",
+        ),
         (["--reset-limit", "-1", "true"], "--reset-limit must be >= 0, got -1"),
         (["--elastic-timeout", "-5", "true"], "--elastic-timeout must be >= 0 seconds"),
         (["--elastic-timeout", "nan", "true"], "--elastic-timeout must be >= 0 seconds"),
