@@ -195,7 +195,7 @@ class ElasticDriver(RendezvousListener):
             self._fail_round(worker.hostname)
         elif verdict is ExitVerdict.FAILED_OUTSIDE_ROUND:
             logger.warning("worker %s failed between rounds (exit code %d)", worker, exit_code)
-            record.departure = Departure.FAILED
+            record.fail_outside_round(exit_code)
             self._blacklist({worker.hostname})
         self._wake.set()
 
@@ -298,7 +298,7 @@ class ElasticDriver(RendezvousListener):
             now=self._clock(),
         )
         if isinstance(plan, EndJob):
-            self._finish(False, plan.reason)
+            self._finish(False, self._with_worker_messages(plan.reason))
             return
         if isinstance(plan, AwaitCapacity):
             if self._capacity_wait_since is None:

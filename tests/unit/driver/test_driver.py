@@ -461,3 +461,25 @@ async def test_a_discovery_that_works_again_is_no_longer_reported() -> None:
     await job.step()
     assert job.driver.result is not None and "elastic timeout" in job.driver.result.message
     assert "discovery failed" not in job.driver.result.message
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "says"),
+    [
+        (127, "a[0]: exited with status 127 (command not found) outside a round"),
+        (126, "a[0]: exited with status 126 (command not executable) outside a round"),
+        (3, "a[0]: exited with status 3 outside a round"),
+    ],
+)
+async def test_workers_that_fail_before_any_round_say_how_in_the_final_message(
+    exit_code: int, says: str
+) -> None:
+    """Not only 'every discovered host is blacklisted' (a wrapper script whose command is
+    not found exits 127)."""
+    job = Job({"a": 1}, settings())
+    await job.discover()
+    await job.step()
+    job.launcher.end(A0, exit_code)
+    await job.step()
+    assert job.driver.result is not None and not job.driver.result.success
+    assert job.driver.result.message == "every discovered host is blacklisted: ['a']\n" + says
