@@ -53,6 +53,10 @@ ENV_ROUND_WAIT = "ELASTICJOB_ROUND_WAIT"
 ENV_HEARTBEAT_INTERVAL = "ELASTICJOB_HEARTBEAT_INTERVAL"
 """Seconds between a worker's heartbeats (0: none). The driver evicts a worker that sent
 none for its heartbeat timeout, so the interval must be a fraction of that timeout."""
+ENV_ORPHAN_TIMEOUT = "ELASTICJOB_ORPHAN_TIMEOUT"
+"""Seconds a worker keeps running while its rendezvous service is unreachable, then exits
+(its launcher is gone). The local launcher sets a short one; the runtime's default outlasts an
+operator restart."""
 ENV_DEFER_SIGTERM = "ELASTICJOB_DEFER_SIGTERM"
 """``1``: the first SIGTERM lets the worker leave at its next host-update check (pods)."""
 

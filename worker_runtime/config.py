@@ -45,6 +45,10 @@ class WorkerConfig:
     heartbeat_interval_s: float = 0.0
     """Seconds between heartbeats to the rendezvous service (0: none, the default; the
     driver that evicts silent workers sets it)."""
+    orphan_timeout_s: float = 900.0
+    """How long the worker keeps running while the rendezvous service is unreachable (its
+    launcher or operator is gone), then exits; 0: forever. The default outlasts an operator
+    restart; the local launcher sets a short one."""
     defer_sigterm: bool = False
     """Whether the first SIGTERM lets the worker leave at its next host-update check."""
     rendezvous_ca: str | None = None
@@ -78,6 +82,7 @@ class WorkerConfig:
             collective_timeout_s=_seconds(environ, wire.ENV_COLLECTIVE_TIMEOUT, 60.0),
             round_wait_s=_seconds(environ, wire.ENV_ROUND_WAIT, 900.0),
             heartbeat_interval_s=_seconds(environ, wire.ENV_HEARTBEAT_INTERVAL, 0.0),
+            orphan_timeout_s=_seconds(environ, wire.ENV_ORPHAN_TIMEOUT, 900.0),
             defer_sigterm=environ.get(wire.ENV_DEFER_SIGTERM) == "1",
             rendezvous_ca=environ.get(wire.ENV_RENDEZVOUS_CA) or None,
         )

@@ -5,12 +5,17 @@ It beats whatever the training thread does (a slow step, a long evaluation, a wa
 collective), so the driver can tell a frozen process (SIGSTOP, a host that stopped
 answering), where every thread stops, from a slow one. It beats until the process exits, so a
 worker that is still tearing down after its last round is not taken for a hung one.
+
+It is also how a worker notices that it was orphaned: when no beat has arrived for the orphan
+timeout (the launcher died, the operator is gone for good), it calls ``on_orphaned``, which
+ends the process.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from elasticjob.wire import HeartbeatRequest
 from elasticjob.worker_runtime.log import get_logger
@@ -20,16 +25,27 @@ logger = get_logger(__name__)
 
 
 class Heartbeat:
-    """Beats for worker ``hostname[local_rank]`` every ``interval_s`` once started."""
+    """Beats for worker ``hostname[local_rank]`` every ``interval_s`` once started; calls
+    ``on_orphaned`` (on the heartbeat thread) once no beat arrived for ``orphan_timeout_s``
+    (0: never)."""
 
     def __init__(
-        self, client: RendezvousClient, hostname: str, local_rank: int, interval_s: float
+        self,
+        client: RendezvousClient,
+        hostname: str,
+        local_rank: int,
+        interval_s: float,
+        *,
+        orphan_timeout_s: float = 0.0,
+        on_orphaned: Callable[[float], None] | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"heartbeat interval must be > 0, got {interval_s}")
         self._client = client
         self._request = HeartbeatRequest(hostname=hostname, local_rank=local_rank)
         self._interval_s = interval_s
+        self._orphan_timeout_s = orphan_timeout_s
+        self._on_orphaned = on_orphaned
         self._thread = threading.Thread(target=self._run, name="elasticjob-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -38,7 +54,7 @@ class Heartbeat:
 
     def _run(self) -> None:
         failing = False
-        next_beat = time.monotonic()
+        next_beat = last_arrived = time.monotonic()
         while True:
             try:
                 self._client.heartbeat(self._request)
@@ -46,10 +62,15 @@ class Heartbeat:
                 if not failing:
                     logger.warning("%s; still trying every %.1f s", exc, self._interval_s)
                 failing = True
+                silent = time.monotonic() - last_arrived
+                if self._on_orphaned and 0 < self._orphan_timeout_s <= silent:
+                    self._on_orphaned(silent)
+                    return
             else:
                 if failing:
                     logger.info("heartbeats arrive again")
                 failing = False
+                last_arrived = time.monotonic()
             # Beat on a fixed schedule: a slow request does not push the next beat back.
             now = time.monotonic()
             next_beat = max(next_beat + self._interval_s, now)

@@ -9,7 +9,8 @@ One :class:`Runtime` lives in each worker process (created by ``init()``). It
   agreement of ``host_updates.py`` that ``check_host_updates()`` consults, and a failed
   member of the current round aborts the group at once;
 - beats a heartbeat on another background thread (``heartbeat.py``), so the driver can tell
-  a frozen process from a slow step.
+  a frozen process from a slow step, and so the process exits once the rendezvous service
+  has been unreachable for the orphan timeout (its launcher or operator is gone).
 
 Its configuration comes from the environment (``config.py``). Without the launcher's
 environment it runs standalone as a world of one.
@@ -18,7 +19,9 @@ environment it runs standalone as a world of one.
 from __future__ import annotations
 
 import datetime
+import os
 import signal
+import sys
 import threading
 import time
 
@@ -48,6 +51,8 @@ from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, Rendez
 logger = get_logger(__name__)
 
 _RENDEZVOUS_POLL_S = 20.0
+ORPHANED_EXIT_CODE = 1
+"""The exit status of a worker that ends because its rendezvous stayed unreachable."""
 
 
 class Runtime:
@@ -101,9 +106,16 @@ class Runtime:
             config.rendezvous_url, config.job, config.token, ca_pem=config.rendezvous_ca
         )
         self._watcher = NoticeWatcher(self._client, self._on_notice)
-        if config.heartbeat_interval_s > 0:
+        if config.heartbeat_interval_s > 0 or config.orphan_timeout_s > 0:
+            # Without a heartbeat the driver asked for, beat only to notice being orphaned.
+            interval = config.heartbeat_interval_s or config.orphan_timeout_s / 4
             self._heartbeat = Heartbeat(
-                self._client, config.hostname, config.local_rank, config.heartbeat_interval_s
+                self._client,
+                config.hostname,
+                config.local_rank,
+                interval,
+                orphan_timeout_s=config.orphan_timeout_s,
+                on_orphaned=self._on_orphaned,
             )
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -146,6 +158,18 @@ class Runtime:
             logger.warning("SIGTERM: leaving at the next host-update check (again: exit now)")
 
         signal.signal(signal.SIGTERM, on_sigterm)
+
+    def _on_orphaned(self, silent_s: float) -> None:
+        """The rendezvous service has been unreachable for the orphan timeout: nobody is left
+        to run this job; end the process at once (on the heartbeat thread)."""
+        logger.error(
+            "the rendezvous service has been unreachable for %.0f s: the launcher or operator "
+            "is gone; exiting",
+            silent_s,
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(ORPHANED_EXIT_CODE)
 
     def join_deferred(self) -> bool:
         """Join the job now if :meth:`start` deferred it; return whether it did."""

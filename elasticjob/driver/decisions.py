@@ -4,7 +4,8 @@ next round means (:func:`classify_exit`, :func:`classify_ready`), who leaves on 
 (:func:`leaving_members`), what the next round is (:func:`plan_round`, :func:`decide_capacity`)
 and when to publish it (:func:`decide_formation`), when to start and announce newcomers
 (:func:`decide_scale_out`), what follows a round (:func:`decide_round`), whom to stop
-(:func:`slow_starters`, :func:`overdue_dismissals`). ``driver.py`` carries the actions out.
+(:func:`slow_starters`, :func:`overdue_dismissals`), whether a failed host discovery ends the
+job (:func:`decide_discovery_failure`). ``driver.py`` carries the actions out.
 *Leaving*, *dismissed* and *failed* mean what :class:`~elasticjob.driver.api.Departure` says.
 """
 
@@ -185,6 +186,8 @@ def plan_round(
             f"{available} slots available on {len(capacity.hosts)} hosts, "
             f"but the job needs at least {settings.min_np} processes (min_np)"
         )
+        error = capacity.discovery_error
+        failing = f"; the last host discovery failed: {error}" if error else ""
         if capacity.every_host_blacklisted:
             return EndJob(f"every discovered host is blacklisted: {sorted(capacity.blacklisted)}")
         action = decide_capacity(
@@ -194,17 +197,22 @@ def plan_round(
             now=now,
             elastic_timeout_s=settings.elastic_timeout_s,
         )
+        timeout = f"{settings.elastic_timeout_s:.0f} s"
         if action is CapacityAction.TIMEOUT:
-            return EndJob(f"elastic timeout: {shortage} for {settings.elastic_timeout_s:.0f} s")
-        return AwaitCapacity(
-            since=now if waiting_since is None else waiting_since,
-            message=f"{shortage}; waiting up to {settings.elastic_timeout_s:.0f} s",
-        )
+            return EndJob(f"elastic timeout: {shortage} for {timeout}{failing}")
+        since = now if waiting_since is None else waiting_since
+        return AwaitCapacity(since, f"{shortage}; waiting up to {timeout}{failing}")
     slots = assign_slots(capacity.hosts, min_np=settings.min_np, max_np=settings.max_np)
     problem = missing_survivor(survivors, [w.hostname for w in slots])
     if problem is not None:
         return EndJob(problem)
     return FormRound(slots)
+
+
+def decide_discovery_failure(error: str, *, discovered_before: bool) -> EndJob | None:
+    """A host discovery failed: the job ends at once if discovery has never worked (a
+    missing or broken script), else None: the next discovery retries."""
+    return None if discovered_before else EndJob(f"host discovery failed: {error}")
 
 
 @dataclass(frozen=True)
@@ -295,14 +303,10 @@ def decide_scale_out(
 class Action(enum.Enum):
     """What the driver does once a round's members have reported (see :func:`decide_round`)."""
 
-    WAIT = "wait"
-    """Not every member has reported yet."""
-    RESUME = "resume"
-    """Form the next round (after blacklisting ``Decision.blacklist``)."""
-    SUCCEED = "succeed"
-    """Training finished: the job ends with success."""
-    FAIL = "fail"
-    """The job ends with failure (``Decision.reason`` says why)."""
+    WAIT = "wait"  # not every member has reported yet
+    RESUME = "resume"  # form the next round (after blacklisting ``Decision.blacklist``)
+    SUCCEED = "succeed"  # training finished: the job ends with success
+    FAIL = "fail"  # the job ends with failure (``Decision.reason`` says why)
 
 
 @dataclass(frozen=True)

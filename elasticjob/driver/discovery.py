@@ -11,8 +11,10 @@ import contextlib
 import logging
 import os
 import re
+import secrets
 import signal
 import subprocess
+import time
 from collections.abc import Iterable, Mapping
 
 from pydantic import TypeAdapter, ValidationError
@@ -28,6 +30,39 @@ MAX_SLOTS_PER_HOST = 1024
 _HOSTNAME: TypeAdapter[str] = TypeAdapter(HostName)
 _SLOTS = re.compile(r"[0-9]+")
 _STDERR_TAIL_CHARS = 1000
+_POLL_S = 0.1
+
+RUN_MARK_ENV = "ELASTICJOB_DISCOVERY_RUN"
+"""Set, to a value unique to each run, in the environment of a discovery script."""
+
+
+def _marked_processes(mark: bytes) -> list[int]:
+    """The pids of this user's processes whose environment holds ``mark``."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as environ:
+                if mark in environ.read().split(b"\0"):
+                    pids.append(int(entry.name))
+        except OSError:  # gone, or another user's
+            continue
+    return pids
+
+
+def kill_marked(mark: str) -> list[int]:
+    """SIGKILL every process whose environment holds ``RUN_MARK_ENV=mark``; return their
+    pids (none where there is no ``/proc``)."""
+    if not os.path.isdir("/proc"):
+        return []
+    pids = _marked_processes(f"{RUN_MARK_ENV}={mark}".encode())
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if pids:
+        logger.warning("killed %d processes the discovery script left behind: %s", len(pids), pids)
+    return pids
 
 
 def _check_default_slots(default_slots: int) -> None:
@@ -118,7 +153,10 @@ class ScriptDiscovery(HostDiscovery):
     """Discovery by running an executable script that prints the available hosts.
 
     The script prints one host per line, ``host`` or ``host:slots``; blank lines are ignored.
-    It runs in its own process group, which is killed if it outlives ``timeout_s``.
+    It runs in its own process group, which is killed if it outlives ``timeout_s``. Nothing
+    it started outlives a run: every process that still carries the run's mark
+    (:data:`RUN_MARK_ENV` in its environment, which children inherit, even across ``setsid``
+    or a double fork) is killed once the script has ended.
     """
 
     def __init__(
@@ -157,7 +195,14 @@ class ScriptDiscovery(HostDiscovery):
         return hosts
 
     def _run(self, source: str) -> tuple[str, str, int]:
-        """Run the script; return its stdout, stderr and exit status."""
+        """Run the script; return its stdout, stderr and exit status. Kill what it left."""
+        mark = secrets.token_hex(8)
+        try:
+            return self._run_marked(source, mark)
+        finally:
+            kill_marked(mark)
+
+    def _run_marked(self, source: str, mark: str) -> tuple[str, str, int]:
         try:
             process = subprocess.Popen(
                 [self._path],
@@ -167,18 +212,26 @@ class ScriptDiscovery(HostDiscovery):
                 encoding="utf-8",
                 errors="replace",
                 start_new_session=True,
+                env=os.environ | {RUN_MARK_ENV: mark},
             )
         except OSError as error:
             reason = error.strerror or str(error)
             raise DiscoveryError(f"{source} cannot be run: {reason}") from error
+        deadline = time.monotonic() + self._timeout_s
         with process:
-            try:
-                stdout, stderr = process.communicate(timeout=self._timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-                raise DiscoveryError(
-                    f"{source} did not finish within {self._timeout_s:g} s"
-                ) from None
+            while True:
+                try:
+                    stdout, stderr = process.communicate(timeout=_POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                ended = process.poll() is not None
+                if ended:  # what the script started holds its output open
+                    kill_marked(mark)
+                if time.monotonic() >= deadline:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+                    what = "left a process holding its output open" if ended else "did not finish"
+                    raise DiscoveryError(f"{source} {what} within {self._timeout_s:g} s")
         return stdout, stderr, process.returncode

@@ -39,6 +39,7 @@ from elasticjob.driver.decisions import (
     ScaleOutAction,
     classify_exit,
     classify_ready,
+    decide_discovery_failure,
     decide_formation,
     decide_round,
     decide_scale_out,
@@ -119,14 +120,13 @@ class ElasticDriver(RendezvousListener):
         return self._recovering
 
     def rank_of(self, worker: WorkerId) -> int | None:
-        """The worker's rank in the round in force; None if it has none, or is dismissed or
-        failed."""
+        """The worker's rank in the round in force (None: it has none, left or failed)."""
         slot = self.slots.get(worker)
         return slot.rank if slot is not None and not self._workers.gone(worker) else None
 
     def adopt(self, round_number: int, slots: Mapping[WorkerId, SlotInfo], notice_seq: int) -> None:
-        """Resume supervising a round that runs already (the driver's process restarted):
-        its members are taken as running and not at the barrier."""
+        """Resume supervising a running round (the driver restarted): its members are taken
+        as running and not at the barrier."""
         self.rendezvous.adopt(round_number, slots, notice_seq)
         self._workers.adopt(slots, round_number)
         self.registry.start_round(round_number, frozenset(slots))
@@ -161,8 +161,7 @@ class ElasticDriver(RendezvousListener):
         record = self._workers.get(WorkerId(request.hostname, request.local_rank))
         if record is not None:
             record.ending = True
-            record.message = request.message or record.message
-        # The process exit (reported by the launcher) is what counts; nothing else to do.
+            record.message = request.message or record.message  # its exit is what counts
 
     def on_progress(self, progress: ProgressRequest) -> None:
         self.progress = progress
@@ -196,7 +195,7 @@ class ElasticDriver(RendezvousListener):
             self._fail_round(worker.hostname)
         elif verdict is ExitVerdict.FAILED_OUTSIDE_ROUND:
             logger.warning("worker %s failed between rounds (exit code %d)", worker, exit_code)
-            record.departure = Departure.FAILED
+            record.fail_outside_round(exit_code)
             self._blacklist({worker.hostname})
         self._wake.set()
 
@@ -239,6 +238,8 @@ class ElasticDriver(RendezvousListener):
             update = await asyncio.to_thread(self.hosts.update_available_hosts)
         except DiscoveryError as exc:
             logger.warning("host discovery failed: %s", exc)
+            if end := decide_discovery_failure(str(exc), discovered_before=self.hosts.discovered):
+                self._finish(False, end.reason)
             return
         if not update:
             return
@@ -297,7 +298,7 @@ class ElasticDriver(RendezvousListener):
             now=self._clock(),
         )
         if isinstance(plan, EndJob):
-            self._finish(False, plan.reason)
+            self._finish(False, self._with_worker_messages(plan.reason))
             return
         if isinstance(plan, AwaitCapacity):
             if self._capacity_wait_since is None:
@@ -359,8 +360,7 @@ class ElasticDriver(RendezvousListener):
             await self._workers.stop(worker)
 
     async def _scale_out(self) -> None:
-        """While a round runs: launch workers for newly usable hosts and announce them once
-        they have all registered."""
+        """While a round runs: launch workers for new hosts, announce them once registered."""
         capacity, now = self.hosts.capacity(), self._clock()
         plan = plan_round(capacity, self.settings, survivors=(), waiting_since=None, now=now)
         decision = decide_scale_out(
@@ -388,8 +388,7 @@ class ElasticDriver(RendezvousListener):
             logger.warning("blacklisted host %s for %.0f s", host, until - self._clock())
 
     def _with_worker_messages(self, reason: str) -> str:
-        messages = self._workers.messages()
-        return reason + ("\n" + "\n".join(messages) if messages else "")
+        return "\n".join([reason, *self._workers.messages()])
 
     def _finish(self, success: bool, message: str) -> None:
         if self._result is None:

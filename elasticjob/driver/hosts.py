@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from elasticjob.driver.api import Clock, HostDiscovery, HostUpdate
+from elasticjob.driver.api import Clock, DiscoveryError, HostDiscovery, HostUpdate
 from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
 
 logger = logging.getLogger(__name__)
@@ -28,6 +28,8 @@ class Capacity:
     every_host_blacklisted: bool = False
     """Discovery found hosts and every one of them is blacklisted."""
     blacklisted: tuple[str, ...] = ()
+    discovery_error: str | None = None
+    """Why the last host discovery failed, while it keeps failing (None: it worked)."""
 
 
 class HostManager:
@@ -42,6 +44,10 @@ class HostManager:
         self._discovered: dict[str, int] = {}
         # Usable hosts and their slots, in the order they became usable.
         self._usable: dict[str, int] = {}
+        self.discovered = False
+        """Whether a host discovery has ever worked."""
+        self.discovery_error: str | None = None
+        """Why the last host discovery failed (None: it worked)."""
 
     @property
     def current_hosts(self) -> tuple[tuple[str, int], ...]:
@@ -54,9 +60,14 @@ class HostManager:
         Hosts whose cooldown has ended are usable again if discovery still finds them. A
         surviving host whose slot count changed keeps its place with its new slots and is
         reported neither added nor removed. :class:`DiscoveryError` propagates and leaves the
-        view unchanged.
+        view unchanged; its message is kept in :attr:`discovery_error`.
         """
-        discovered = self._discovery.find_available_hosts_and_slots()
+        try:
+            discovered = self._discovery.find_available_hosts_and_slots()
+        except DiscoveryError as exc:
+            self.discovery_error = str(exc)
+            raise
+        self.discovered, self.discovery_error = True, None
         self.blacklist.expire()
         self._discovered = dict(discovered)
         usable = {h: s for h, s in discovered.items() if h not in self.blacklist}
@@ -89,4 +100,5 @@ class HostManager:
             hosts=self.current_hosts,
             every_host_blacklisted=self.all_discovered_blacklisted(),
             blacklisted=tuple(self.blacklist.active()),
+            discovery_error=self.discovery_error,
         )

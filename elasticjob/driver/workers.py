@@ -15,6 +15,9 @@ from elasticjob.wire import WorkerId
 
 logger = logging.getLogger(__name__)
 
+_EXIT_CAUSES = {126: " (command not executable)", 127: " (command not found)"}
+"""What a shell's exit status says about the command it could not run."""
+
 
 @dataclass
 class WorkerRecord:
@@ -36,6 +39,13 @@ class WorkerRecord:
     """When its process last beat (None: not yet, or it is being evicted)."""
     ending: bool = False
     """It reported how its process ends: its exit is awaited, not its heartbeat."""
+
+    def fail_outside_round(self, exit_code: int) -> None:
+        """Its process failed while it was no member of a running round (before it joined
+        one, or while the next one formed): it counts as failed, and says how it ended."""
+        self.departure = Departure.FAILED
+        cause = _EXIT_CAUSES.get(exit_code, "")
+        self.message = self.message or f"exited with status {exit_code}{cause} outside a round"
 
     @property
     def at_barrier(self) -> bool:

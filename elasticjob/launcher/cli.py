@@ -12,21 +12,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import secrets
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from elasticjob.driver.api import DriverError, HostDiscovery
+from pydantic import TypeAdapter, ValidationError
+
+from elasticjob.driver.api import DiscoveryError, DriverError, HostDiscovery
 from elasticjob.driver.blacklist import BlacklistPolicy
-from elasticjob.driver.discovery import FixedHosts, ScriptDiscovery, parse_hosts
+from elasticjob.driver.discovery import (
+    MAX_SLOTS_PER_HOST,
+    FixedHosts,
+    ScriptDiscovery,
+    parse_hosts,
+)
 from elasticjob.driver.driver import DriverSettings, ElasticDriver, JobResult
 from elasticjob.driver.hosts import HostManager
 from elasticjob.driver.liveness import DEFAULT_HEARTBEAT_TIMEOUT_S, heartbeat_interval_s
 from elasticjob.launcher.processes import LocalWorkerLauncher, WorkerEnvironment
 from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS
 from elasticjob.rendezvous.server import RendezvousService
+from elasticjob.wire import JobName
 
 logger = logging.getLogger("elasticjob.launcher")
 
@@ -91,23 +100,89 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _settings(args: argparse.Namespace) -> tuple[HostDiscovery, DriverSettings, BlacklistPolicy]:
+_JOB_NAME: TypeAdapter[str] = TypeAdapter(JobName)
+
+
+def _finite(value: float, *, positive: bool = False) -> bool:
+    return math.isfinite(value) and (value > 0 if positive else value >= 0)
+
+
+def _argument_errors(args: argparse.Namespace) -> Iterator[str]:
+    """What is wrong with the arguments, one message per problem."""
+    for flag, value in (("-np", args.np), ("--min-np", args.min_np), ("--max-np", args.max_np)):
+        if value is not None and value < 1:
+            yield f"{flag} must be >= 1, got {value}"
+    if args.max_np is not None and _min_np(args) > args.max_np:
+        flag = "--min-np" if args.min_np is not None else "-np (the default --min-np)"
+        yield f"{flag} ({_min_np(args)}) must not exceed --max-np ({args.max_np})"
+    if not 1 <= args.slots <= MAX_SLOTS_PER_HOST:
+        yield f"--slots must be from 1 to {MAX_SLOTS_PER_HOST}, got {args.slots}"
+    if args.reset_limit is not None and args.reset_limit < 0:
+        yield f"--reset-limit must be >= 0, got {args.reset_limit}"
+    if not _finite(args.elastic_timeout):
+        yield f"--elastic-timeout must be >= 0 seconds, got {args.elastic_timeout}"
+    if not _finite(args.start_timeout, positive=True):
+        yield f"--start-timeout must be > 0 seconds, got {args.start_timeout}"
+    if not _finite(args.heartbeat_timeout):
+        yield f"--heartbeat-timeout must be >= 0 seconds, got {args.heartbeat_timeout}"
+    low, high = args.blacklist_cooldown_range
+    if not (_finite(low, positive=True) and _finite(high) and low <= high):
+        yield f"--blacklist-cooldown-range must be 0 < MIN <= MAX seconds, got {low:g} {high:g}"
+    try:
+        _JOB_NAME.validate_python(args.job_name)
+    except ValidationError:
+        yield (
+            f"--job-name {args.job_name!r} is not a valid job name (lower-case letters, digits, "
+            "'-' and '.', starting and ending with a letter or digit, at most 253 characters)"
+        )
+    if not args.command:
+        yield "no worker command given (e.g. elasticjob-run -np 2 python train.py)"
+
+
+def parse_arguments(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> argparse.Namespace:
+    """Parse and check the arguments; a bad one is a usage error (``parser.error``: the
+    usage, the problem, exit status 2), never a traceback."""
+    args = parser.parse_args(argv)
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
-    if not args.command:
-        raise DriverError("no worker command given (e.g. elasticjob-run -np 2 python train.py)")
-    if args.np is not None and args.np < 1:
-        raise DriverError(f"-np must be >= 1, got {args.np}")
-    if not args.heartbeat_timeout >= 0 or args.heartbeat_timeout == float("inf"):
-        raise DriverError(f"--heartbeat-timeout must be >= 0 seconds, got {args.heartbeat_timeout}")
+    for problem in _argument_errors(args):
+        parser.error(problem)
+    if args.host_discovery_script:
+        return args
+    try:
+        fixed = parse_hosts(_fixed_hosts(args), args.slots)
+    except DiscoveryError as exc:
+        parser.error(f"-H: {exc}")
+    min_np = _min_np(args)
+    if sum(fixed.values()) < min_np:
+        parser.error(
+            f"the fixed hosts offer {sum(fixed.values())} slots ({_fixed_hosts(args)}), "
+            f"fewer than the {min_np} processes the job needs at least (--min-np, or -np): "
+            "they can never be enough"
+        )
+    return args
+
+
+def _fixed_hosts(args: argparse.Namespace) -> str:
+    """The ``-H`` host list, or this machine with ``-np`` slots."""
+    return str(args.hosts or f"localhost:{args.np or 1}")
+
+
+def _min_np(args: argparse.Namespace) -> int:
+    return int(args.min_np if args.min_np is not None else (args.np or 1))
+
+
+def _settings(args: argparse.Namespace) -> tuple[HostDiscovery, DriverSettings, BlacklistPolicy]:
     discovery: HostDiscovery
     if args.host_discovery_script:
         discovery = ScriptDiscovery(args.host_discovery_script, default_slots=args.slots)
         max_np = args.max_np
     else:
-        discovery = FixedHosts(parse_hosts(args.hosts or f"localhost:{args.np or 1}", args.slots))
+        discovery = FixedHosts(parse_hosts(_fixed_hosts(args), args.slots))
         max_np = args.max_np if args.max_np is not None else args.np
-    min_np = args.min_np if args.min_np is not None else (args.np or 1)
+    min_np = _min_np(args)
     try:
         settings = DriverSettings(
             min_np=min_np,
@@ -172,7 +247,11 @@ async def _run_until_signalled(args: argparse.Namespace) -> JobResult:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run ``elasticjob-run``; return its exit status (2: a usage or setup error)."""
+    try:
+        args = parse_arguments(build_parser(), argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="elasticjob-run %(levelname)s %(name)s: %(message)s",

@@ -3,15 +3,22 @@
 Several "hosts" share the machine: each host name must resolve to a local address
 (``localhost``, ``127.0.0.1``, ``127.0.1.7``...), and the host's workers bind to it.
 Every output line of a worker is prefixed with its current rank.
+
+Workers never outlive the launcher: each is started with ``PR_SET_PDEATHSIG`` (Linux), so the
+kernel kills it when the launcher dies, even by SIGKILL; and each is told
+:data:`ORPHAN_TIMEOUT_S` (``ELASTICJOB_ORPHAN_TIMEOUT``), so a process the kernel does not
+cover (a worker command's own child) exits once the launcher's rendezvous stays unreachable.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import ipaddress
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -24,6 +31,44 @@ from elasticjob.driver.api import DriverError, WorkerLauncher
 from elasticjob.wire import WorkerId
 
 logger = logging.getLogger(__name__)
+
+ORPHAN_TIMEOUT_S = 10.0
+"""How long a worker of ``elasticjob-run`` keeps running while the launcher's rendezvous
+is unreachable (the launcher runs it in-process: unreachable means the launcher is gone)."""
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent_pid: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that makes the child receive SIGKILL when ``parent_pid`` dies.
+
+    The kernel sends it when the *thread* that forked the child exits: workers are forked
+    by the event loop's thread, which lives as long as the launcher."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def preexec() -> None:
+        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            os._exit(126)
+        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+            os._exit(126)
+
+    return preexec
+
+
+def check_command(command: Sequence[str], path: str | None) -> None:
+    """Raise :class:`DriverError` naming the program when ``command`` cannot be run: a
+    program without ``/`` that is not on ``path``, or a file that is missing or not
+    executable."""
+    if not command:
+        raise DriverError("no worker command given")
+    program = command[0]
+    if os.sep not in program:
+        if shutil.which(program, path=path) is None:
+            raise DriverError(f"worker command {program!r} not found (not on PATH)")
+    elif not os.path.isfile(program):
+        raise DriverError(f"worker command {program!r} not found")
+    elif not os.access(program, os.X_OK):
+        raise DriverError(f"worker command {program!r} is not executable")
 
 
 def _local_addresses() -> set[str]:
@@ -60,6 +105,9 @@ class WorkerEnvironment:
     network_interface: str | None = None
     heartbeat_interval_s: float | None = None
     """Seconds between each worker's heartbeats (None: workers do not beat)."""
+    orphan_timeout_s: float | None = ORPHAN_TIMEOUT_S
+    """How long a worker keeps running while the rendezvous is unreachable (None: the
+    worker runtime's default)."""
 
     def for_worker(self, worker: WorkerId, bind_address: str) -> dict[str, str]:
         env = {
@@ -72,6 +120,8 @@ class WorkerEnvironment:
             wire.ENV_BACKEND: self.backend,
             wire.ENV_PYTHONUNBUFFERED: "1",
         }
+        if self.orphan_timeout_s is not None:
+            env[wire.ENV_ORPHAN_TIMEOUT] = str(self.orphan_timeout_s)
         if self.heartbeat_interval_s is not None:
             env[wire.ENV_HEARTBEAT_INTERVAL] = str(self.heartbeat_interval_s)
         if self.network_interface:
@@ -81,7 +131,10 @@ class WorkerEnvironment:
 
 
 class LocalWorkerLauncher(WorkerLauncher):
-    """Runs ``command`` once per worker as a local process."""
+    """Runs ``command`` once per worker as a local process.
+
+    Raises :class:`DriverError` at once when ``command`` cannot be run (see
+    :func:`check_command`), and from :meth:`start` when starting it fails anyway."""
 
     def __init__(
         self,
@@ -94,13 +147,12 @@ class LocalWorkerLauncher(WorkerLauncher):
         output: TextIO = sys.stdout,
         stop_grace_s: float = 10.0,
     ) -> None:
-        if not command:
-            raise ValueError("no worker command given")
+        self._base_env = dict(os.environ if base_env is None else base_env)
+        check_command(command, self._base_env.get("PATH", os.defpath))
         self._command = list(command)
         self._environment = environment
         self._on_exit = on_exit
         self._rank_of = rank_of
-        self._base_env = dict(os.environ if base_env is None else base_env)
         self._output = output
         self._stop_grace_s = stop_grace_s
         self._processes: dict[WorkerId, asyncio.subprocess.Process] = {}
@@ -109,14 +161,21 @@ class LocalWorkerLauncher(WorkerLauncher):
     async def start(self, worker: WorkerId) -> None:
         bind_address = resolve_local_host(worker.hostname)
         env = self._base_env | self._environment.for_worker(worker, bind_address)
-        process = await asyncio.create_subprocess_exec(
-            *self._command,
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-        )
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *self._command,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with(os.getpid()) if sys.platform == "linux" else None,
+            )
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise DriverError(
+                f"worker command {self._command[0]!r} cannot be run: {reason}"
+            ) from exc
         self._processes[worker] = process
         logger.debug("started worker %s (pid %d)", worker, process.pid)
         task = asyncio.create_task(self._supervise(worker, process), name=f"worker {worker}")

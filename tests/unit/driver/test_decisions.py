@@ -22,6 +22,7 @@ from elasticjob.driver.decisions import (
     classify_exit,
     classify_ready,
     decide_capacity,
+    decide_discovery_failure,
     decide_formation,
     decide_round,
     decide_scale_out,
@@ -507,3 +508,44 @@ def dismissed(at: float | None, **fields: bool) -> WorkerRecord:
 )
 def test_overdue_dismissals(record: WorkerRecord, expected: bool) -> None:
     assert overdue_dismissals({C0: record}, now=100.0, grace_s=30.0) == ((C0,) if expected else ())
+
+
+@pytest.mark.parametrize(
+    ("discovered_before", "expected"),
+    [
+        pytest.param(
+            False, EndJob("host discovery failed: script exited with status 1"), id="first"
+        ),
+        pytest.param(True, None, id="later-retried"),
+    ],
+)
+def test_decide_discovery_failure(discovered_before: bool, expected: EndJob | None) -> None:
+    decision = decide_discovery_failure(
+        "script exited with status 1", discovered_before=discovered_before
+    )
+    assert decision == expected
+
+
+@pytest.mark.parametrize(
+    ("since", "expected"),
+    [
+        pytest.param(
+            None,
+            AwaitCapacity(100.0, "waiting up to 60 s; the last host discovery failed: boom"),
+            id="waiting",
+        ),
+        pytest.param(
+            40.0,
+            EndJob("for 60 s; the last host discovery failed: boom"),
+            id="elastic-timeout",
+        ),
+    ],
+)
+def test_plan_round_reports_a_failing_discovery(since: float | None, expected: RoundPlan) -> None:
+    capacity = Capacity((("a", 1),), discovery_error="boom")
+    plan = plan_round(capacity, SETTINGS, survivors=(), waiting_since=since, now=100.0)
+    if isinstance(expected, EndJob):
+        assert isinstance(plan, EndJob) and plan.reason.endswith(expected.reason), plan
+    else:
+        assert isinstance(expected, AwaitCapacity) and isinstance(plan, AwaitCapacity)
+        assert plan.since == expected.since and plan.message.endswith(expected.message), plan

@@ -173,3 +173,54 @@ def test_fixed_hosts_returns_a_copy_of_its_hosts() -> None:
 def test_fixed_hosts_are_validated(hosts: dict[str, int], message: str) -> None:
     with pytest.raises(DiscoveryError, match=message):
         FixedHosts(hosts)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its parent does not)."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat_line.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        pytest.param(" >/dev/null 2>&1", id="detached-output"),
+        pytest.param("", id="holding-the-output-open"),
+    ],
+)
+def test_processes_a_script_starts_in_a_new_session_are_killed(tmp_path: Path, output: str) -> None:
+    """``setsid`` takes a child out of the script's process group and session; it must not
+    outlive the discovery run, nor, holding the script's output open, stall it."""
+    pid_file = tmp_path / "pid"
+    script = write_script(
+        tmp_path,
+        f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 300'{output} &\n"
+        f"while [ ! -s {pid_file} ]; do sleep 0.05; done\necho h1:2\n",
+    )
+    started = time.monotonic()
+    assert ScriptDiscovery(script, timeout_s=5).find_available_hosts_and_slots() == {"h1": 2}
+    assert time.monotonic() - started < 4, "the run waited for the timeout"
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), f"the script's setsid child {pid} survived the run"
+
+
+def test_a_failing_script_leaves_nothing_behind(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    script = write_script(
+        tmp_path,
+        f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 300' >/dev/null 2>&1 &\n"
+        f"while [ ! -s {pid_file} ]; do sleep 0.05; done\necho boom >&2\nexit 4\n",
+    )
+    with pytest.raises(DiscoveryError, match="exited with status 4; stderr: boom"):
+        ScriptDiscovery(script).find_available_hosts_and_slots()
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), f"the script's setsid child {pid} survived the run"

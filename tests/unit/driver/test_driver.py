@@ -11,6 +11,7 @@ from typing import TypeVar
 import pytest
 
 from elasticjob.driver.api import (
+    DiscoveryError,
     DriverSettings,
     HostDiscovery,
     Phase,
@@ -52,8 +53,12 @@ class FakeClock:
 class FakeDiscovery(HostDiscovery):
     def __init__(self, hosts: dict[str, int]) -> None:
         self.hosts = dict(hosts)
+        self.error: str | None = None
+        """Set: discovery fails with this message."""
 
     def find_available_hosts_and_slots(self) -> dict[str, int]:
+        if self.error is not None:
+            raise DiscoveryError(self.error)
         return dict(self.hosts)
 
 
@@ -413,3 +418,68 @@ async def test_run_drives_the_job_to_its_end() -> None:
     result = await bounded(run)
     assert result.success and job.launcher.stopped_all
     assert job.job.finished
+
+
+async def test_a_discovery_that_fails_on_its_first_run_fails_the_job_at_once() -> None:
+    job = Job({"a": 1}, settings(elastic_timeout_s=600.0))
+    job.discovery.error = "discovery script './hosts.sh' exited with status 2; stderr: no API"
+    await job.discover()
+    assert job.driver.result is not None and not job.driver.result.success
+    assert job.driver.result.message == (
+        "host discovery failed: discovery script './hosts.sh' exited with status 2; stderr: no API"
+    )
+    assert job.launcher.started == []
+
+
+async def test_later_discovery_failures_are_retried_and_the_last_one_is_reported() -> None:
+    job = Job({"a": 1}, settings(min_np=2, elastic_timeout_s=30.0))
+    await job.discover()
+    await job.step()
+    assert job.driver.result is None and job.launcher.started == []
+    job.discovery.error = "first failure"
+    await job.discover()
+    job.discovery.error = "second failure"
+    await job.discover()
+    assert job.driver.result is None, "retried: discovery has worked before"
+    job.clock.now += 31.0
+    await job.step()
+    assert job.driver.result is not None and not job.driver.result.success
+    message = job.driver.result.message
+    assert message.startswith("elastic timeout: 1 slots available"), message
+    assert message.endswith("the last host discovery failed: second failure"), message
+
+
+async def test_a_discovery_that_works_again_is_no_longer_reported() -> None:
+    job = Job({"a": 1}, settings(min_np=2, elastic_timeout_s=30.0))
+    await job.discover()
+    job.discovery.error = "transient"
+    await job.discover()
+    job.discovery.error = None
+    await job.discover()
+    await job.step()
+    job.clock.now += 31.0
+    await job.step()
+    assert job.driver.result is not None and "elastic timeout" in job.driver.result.message
+    assert "discovery failed" not in job.driver.result.message
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "says"),
+    [
+        (127, "a[0]: exited with status 127 (command not found) outside a round"),
+        (126, "a[0]: exited with status 126 (command not executable) outside a round"),
+        (3, "a[0]: exited with status 3 outside a round"),
+    ],
+)
+async def test_workers_that_fail_before_any_round_say_how_in_the_final_message(
+    exit_code: int, says: str
+) -> None:
+    """Not only 'every discovered host is blacklisted' (a wrapper script whose command is
+    not found exits 127)."""
+    job = Job({"a": 1}, settings())
+    await job.discover()
+    await job.step()
+    job.launcher.end(A0, exit_code)
+    await job.step()
+    assert job.driver.result is not None and not job.driver.result.success
+    assert job.driver.result.message == "every discovered host is blacklisted: ['a']\n" + says

@@ -1,0 +1,129 @@
+"""``elasticjob-run`` refuses bad arguments with a usage error (exit status 2, the usage and
+the problem on stderr), never with a traceback or a long wait, and names a worker command
+that cannot run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from elasticjob.launcher.cli import main
+
+CLI_TIMEOUT_S = 60.0
+"""Every case ends at once; a launcher still running after this is a failure."""
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "elasticjob.launcher.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        cwd=cwd,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--slots", "0", "true"], "--slots must be from 1 to 1024, got 0"),
+        (["--slots", "5000", "true"], "--slots must be from 1 to 1024, got 5000"),
+        (["--job-name", "Bad_Name", "true"], "--job-name 'Bad_Name' is not a valid job name"),
+        (["--job-name", "", "true"], "--job-name '' is not a valid job name"),
+        (["-np", "0", "true"], "-np must be >= 1, got 0"),
+        (["--min-np", "-1", "true"], "--min-np must be >= 1, got -1"),
+        (["--max-np", "0", "true"], "--max-np must be >= 1, got 0"),
+        (["--min-np", "3", "--max-np", "2", "true"], "--min-np (3) must not exceed --max-np (2)"),
+        (
+            ["-np", "5", "--max-np", "3", "--host-discovery-script", "./hosts.sh", "true"],
+            "-np (the default --min-np) (5) must not exceed --max-np (3)",
+        ),
+        (["--reset-limit", "-1", "true"], "--reset-limit must be >= 0, got -1"),
+        (["--elastic-timeout", "-5", "true"], "--elastic-timeout must be >= 0 seconds"),
+        (["--elastic-timeout", "nan", "true"], "--elastic-timeout must be >= 0 seconds"),
+        (["--start-timeout", "0", "true"], "--start-timeout must be > 0 seconds"),
+        (["--start-timeout", "inf", "true"], "--start-timeout must be > 0 seconds"),
+        (["--heartbeat-timeout", "-1", "true"], "--heartbeat-timeout must be >= 0 seconds"),
+        (
+            ["--blacklist-cooldown-range", "0", "10", "true"],
+            "--blacklist-cooldown-range must be 0 < MIN <= MAX seconds, got 0 10",
+        ),
+        (
+            ["--blacklist-cooldown-range", "10", "1", "true"],
+            "--blacklist-cooldown-range must be 0 < MIN <= MAX seconds, got 10 1",
+        ),
+        (["-np", "1", "-H", "a:1,,b", "true"], "-H: host list 'a:1,,b': entry 2 is empty"),
+        (["-np", "1", "-H", "a:0", "true"], "-H: host list 'a:0': entry 1 'a:0': slots must be"),
+        (["-np", "2"], "no worker command given"),
+        (["-np", "2", "--"], "no worker command given"),
+        (["--num-proc", "two", "true"], "argument -np/--num-proc: invalid int value: 'two'"),
+    ],
+)
+def test_a_bad_argument_is_a_usage_error(args: list[str], message: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert "usage: elasticjob-run" in result.stderr
+    assert f"elasticjob-run: error: {message}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-np", "3", "-H", "127.0.0.1:2", "true"], "the fixed hosts offer 2 slots (127.0.0.1:2)"),
+        (
+            ["-np", "2", "--min-np", "3", "--max-np", "4", "-H", "127.0.0.1:1,localhost:1", "true"],
+            "the fixed hosts offer 2 slots (127.0.0.1:1,localhost:1), fewer than the 3 processes",
+        ),
+        (
+            ["-np", "1", "-H", "127.0.0.1", "--slots", "2", "--min-np", "3", "true"],
+            "the fixed hosts offer 2 slots (127.0.0.1), fewer than the 3 processes",
+        ),
+    ],
+)
+def test_fixed_hosts_that_can_never_reach_min_np_fail_at_once(
+    args: list[str], message: str
+) -> None:
+    """Not after the elastic timeout (600 s by default): fixed hosts never gain slots."""
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert f"elasticjob-run: error: {message}" in result.stderr
+    assert "can never be enough" in result.stderr
+
+
+def test_a_missing_worker_command_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    """Not 'every discovered host is blacklisted' after the first start failed."""
+    assert main(["-np", "1", "elasticjob-no-such-command", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "worker command 'elasticjob-no-such-command' not found (not on PATH)" in err
+    assert "blacklisted" not in err
+
+
+def test_a_worker_command_path_that_is_missing_or_not_executable_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "train.sh"
+    assert main(["-np", "1", str(missing)]) == 2
+    assert f"worker command {str(missing)!r} not found" in capsys.readouterr().err
+    missing.write_text("#!/bin/sh\nexit 0\n")
+    assert main(["-np", "1", str(missing)]) == 2
+    assert f"worker command {str(missing)!r} is not executable" in capsys.readouterr().err
+
+
+def test_a_worker_command_that_fails_to_start_fails_the_job_at_once(tmp_path: Path) -> None:
+    """The file is there and executable, but its interpreter is not: the start itself fails,
+    and the job fails with that cause at the first start, not by blacklisting hosts."""
+    script = tmp_path / "train.sh"
+    script.write_text("#!/no/such/interpreter\n")
+    script.chmod(0o755)
+    result = run_cli("-np", "2", "--elastic-timeout", "600", str(script))
+    assert result.returncode == 1, result.stderr
+    assert (
+        f"job failed: worker command {str(script)!r} cannot be run: No such file or directory"
+        in result.stderr
+    )
+    assert "blacklisted" not in result.stderr
