@@ -74,7 +74,9 @@ WORKER_CONTRACT_ENV = frozenset(
         ENV_COLLECTIVE_TIMEOUT,
         ENV_ROUND_WAIT,
         ENV_HEARTBEAT_INTERVAL,
+        ENV_ORPHAN_TIMEOUT,
         ENV_DEFER_SIGTERM,
+        ENV_RENDEZVOUS_CA,
     }
 )
 """Every variable the operator may set for its workers: a pod template must not set them
