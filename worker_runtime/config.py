@@ -47,6 +47,8 @@ class WorkerConfig:
     driver that evicts silent workers sets it)."""
     defer_sigterm: bool = False
     """Whether the first SIGTERM lets the worker leave at its next host-update check."""
+    rendezvous_ca: str | None = None
+    """The CA certificate (PEM) that verifies an ``https`` rendezvous URL."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> WorkerConfig | None:
@@ -76,6 +78,7 @@ class WorkerConfig:
             round_wait_s=_seconds(environ, wire.ENV_ROUND_WAIT, 900.0),
             heartbeat_interval_s=_seconds(environ, wire.ENV_HEARTBEAT_INTERVAL, 0.0),
             defer_sigterm=environ.get(wire.ENV_DEFER_SIGTERM) == "1",
+            rendezvous_ca=environ.get(wire.ENV_RENDEZVOUS_CA) or None,
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import logging
+import ssl
 import time
 import urllib.parse
 
@@ -44,12 +45,14 @@ class RendezvousClient:
         *,
         retry_deadline_s: float = 120.0,
         connect_timeout_s: float = 5.0,
+        ca_pem: str | None = None,
     ) -> None:
         parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme != "http" or not parsed.hostname:
-            raise ValueError(f"rendezvous URL must look like http://host:port, got {url!r}")
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"rendezvous URL must look like http(s)://host:port, got {url!r}")
+        self._ssl = ssl.create_default_context(cadata=ca_pem) if parsed.scheme == "https" else None
         self._host = parsed.hostname
-        self._port = parsed.port or 80
+        self._port = parsed.port or (443 if self._ssl else 80)
         self._base = f"{API_PREFIX}/jobs/{urllib.parse.quote(job, safe='')}"
         self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         self._retry_deadline_s = retry_deadline_s
@@ -133,8 +136,11 @@ class RendezvousClient:
         self, method: str, path: str, payload: bytes | None, wait_s: float
     ) -> tuple[int, float | None, bytes]:
         """The response's status, its ``Retry-After`` in seconds (if any) and its body."""
-        conn = http.client.HTTPConnection(
-            self._host, self._port, timeout=self._connect_timeout_s + wait_s
+        timeout = self._connect_timeout_s + wait_s
+        conn = (
+            http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._ssl)
+            if self._ssl
+            else http.client.HTTPConnection(self._host, self._port, timeout=timeout)
         )
         try:
             conn.request(method, path, body=payload, headers=self._headers)

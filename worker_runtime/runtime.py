@@ -97,7 +97,9 @@ class Runtime:
             config.bind_address, 0, is_master=True, wait_for_workers=False, timeout=timeout
         )
         self._store, self._store_port = server, server.port
-        self._client = RendezvousClient(config.rendezvous_url, config.job, config.token)
+        self._client = RendezvousClient(
+            config.rendezvous_url, config.job, config.token, ca_pem=config.rendezvous_ca
+        )
         self._watcher = NoticeWatcher(self._client, self._on_notice)
         if config.heartbeat_interval_s > 0:
             self._heartbeat = Heartbeat(

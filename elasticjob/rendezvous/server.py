@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from ssl import SSLContext
 from typing import Final
 
 from aiohttp import web
@@ -104,8 +105,11 @@ class RendezvousService:
             rendezvous.finish("the job was removed from the rendezvous service")
             logger.info("stopped serving job %s", job)
 
-    async def start(self, host: str, port: int = 0) -> None:
-        """Listen on ``host``:``port`` (0: any free port); returns once listening.
+    async def start(
+        self, host: str, port: int = 0, *, ssl_context: SSLContext | None = None
+    ) -> None:
+        """Listen on ``host``:``port`` (0: any free port), over TLS with ``ssl_context`` if
+        given; returns once listening.
 
         A service starts once: if it cannot bind, it is stopped (the error propagates)."""
         if self._runner is not None or self._stopped:
@@ -115,7 +119,7 @@ class RendezvousService:
         )
         await runner.setup()
         try:
-            await web.TCPSite(runner, host, port).start()
+            await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
         except BaseException:
             self._stopped = True
             await runner.cleanup()
