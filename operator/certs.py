@@ -124,7 +124,7 @@ class TLSMaterial:
                 parts[key] = path.read_bytes()
             except OSError as exc:
                 raise ValueError(f"cannot read {path}: {exc.strerror}") from None
-        return cls.from_parts(parts, str(directory))
+        return cls._from_parts(parts, str(directory))
 
     @classmethod
     def from_secret_data(cls, data: Mapping[str, str], where: str) -> TLSMaterial:
@@ -133,10 +133,10 @@ class TLSMaterial:
         missing = [k for k in (CERT_KEY, KEY_KEY, CA_KEY) if k not in data]
         if missing:
             raise ValueError(f"{where} has no {', '.join(missing)}")
-        return cls.from_parts({k: base64.b64decode(data[k]) for k in data}, where)
+        return cls._from_parts({k: base64.b64decode(data[k]) for k in data}, where)
 
     @classmethod
-    def from_parts(cls, parts: Mapping[str, bytes], where: str) -> TLSMaterial:
+    def _from_parts(cls, parts: Mapping[str, bytes], where: str) -> TLSMaterial:
         material = cls(parts[CERT_KEY], parts[KEY_KEY], parts[CA_KEY])
         for key, pem in ((CERT_KEY, material.cert_pem), (CA_KEY, material.ca_pem)):
             try:
@@ -172,6 +172,14 @@ class TLSMaterial:
         except x509.ExtensionNotFound:
             return []
         return names.value.get_values_for_type(x509.DNSName)
+
+    def valid_for(self, host: str) -> bool:
+        """Whether the server certificate names ``host`` (a ``*.`` name covers one label)."""
+        _, _, parent = host.lower().partition(".")
+        return any(
+            name == host.lower() or (name.startswith("*.") and parent and name[2:] == parent)
+            for name in map(str.lower, self.dns_names())
+        )
 
     def server_context(self, directory: Path) -> ssl.SSLContext:
         """A server-side TLS context (TLS 1.2 or newer) with this certificate; the key goes to
@@ -210,7 +218,9 @@ def _usage(*, cert_sign: bool) -> x509.KeyUsage:
     )
 
 
-def keeps(material: TLSMaterial | None, dns_names: Sequence[str], now: datetime.datetime) -> bool:
+def still_serves(
+    material: TLSMaterial | None, dns_names: Sequence[str], now: datetime.datetime
+) -> bool:
     """Whether kept material still serves: it covers every name and is valid past
     ``now + RENEW_BEFORE``."""
     if material is None:
@@ -236,8 +246,8 @@ class ManagedCertificate:
 async def managed_material(
     api: KubeApi, managed: ManagedCertificate, now: datetime.datetime
 ) -> TLSMaterial:
-    """The kept material if it still serves (:func:`keeps`), else new material, written to the
-    Secret before it is used."""
+    """The kept material if it still serves (:func:`still_serves`), else new material, written
+    to the Secret before it is used."""
     where = f"Secret {managed.namespace}/{managed.secret}"
     data = await api.read_secret_data(managed.namespace, managed.secret)
     if data is None:
@@ -248,7 +258,7 @@ async def managed_material(
             kept = TLSMaterial.from_secret_data(data, where)
         except ValueError as exc:
             logger.warning("replacing the rendezvous certificate: %s", exc)
-    if keeps(kept, managed.dns_names, now):
+    if still_serves(kept, managed.dns_names, now):
         assert kept is not None
         logger.info("rendezvous certificate from %s", where)
         return kept

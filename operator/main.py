@@ -152,7 +152,7 @@ def rendezvous_tls(
         )
     if args.rendezvous_tls_dir is not None:
         material = TLSMaterial.from_directory(args.rendezvous_tls_dir)
-        if not covers(material.dns_names(), url.hostname):
+        if not material.valid_for(url.hostname):
             raise ValueError(
                 f"the certificate in {args.rendezvous_tls_dir} is not valid for {url.hostname} "
                 f"(it names {', '.join(material.dns_names()) or 'no DNS name'})"
@@ -166,17 +166,6 @@ def rendezvous_tls(
         secret=args.rendezvous_tls_secret,
         namespace=namespace,
         dns_names=tuple(names if url.hostname in names else [*names, url.hostname]),
-    )
-
-
-def covers(dns_names: Sequence[str], host: str) -> bool:
-    """Whether a certificate for ``dns_names`` is valid for ``host`` (a ``*.`` name covers
-    one label)."""
-    _, _, rest = host.partition(".")
-    return any(
-        name.lower() == host.lower()
-        or (name.startswith("*.") and rest and name[2:].lower() == rest.lower())
-        for name in dns_names
     )
 
 

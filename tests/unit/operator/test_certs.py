@@ -15,8 +15,8 @@ from elasticjob.operator.certs import (
     RENEW_BEFORE,
     VALIDITY,
     TLSMaterial,
-    keeps,
     service_dns_names,
+    still_serves,
 )
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
@@ -175,4 +175,21 @@ def test_kept_material_is_kept_while_it_covers_the_names_and_is_valid(
     now: datetime.datetime,
     expected: bool,
 ) -> None:
-    assert keeps(material if kept else None, names, now) is expected
+    assert still_serves(material if kept else None, names, now) is expected
+
+
+@pytest.mark.parametrize(
+    ("names", "host", "expected"),
+    [
+        (["a.b.svc"], "a.b.svc", True),
+        (["A.B.svc"], "a.b.SVC", True),
+        (["a.b.svc"], "a.b", False),
+        (["*.b.svc"], "a.b.svc", True),
+        (["*.b.svc"], "x.a.b.svc", False),
+        (["*.b.svc"], "b.svc", False),
+    ],
+)
+def test_valid_for_matches_host_names_as_tls_clients_do(
+    names: list[str], host: str, expected: bool
+) -> None:
+    assert TLSMaterial.issue(names, now=NOW).valid_for(host) is expected

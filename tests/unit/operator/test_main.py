@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from elasticjob.operator.certs import ManagedCertificate, TLSMaterial
-from elasticjob.operator.main import build_parser, covers, main, rendezvous_tls
+from elasticjob.operator.main import build_parser, main, rendezvous_tls
 
 NOW = datetime.datetime.now(datetime.UTC)
 ENV = {"ELASTICJOB_SERVICE_NAME": "ejo", "POD_NAMESPACE": "system"}
@@ -103,19 +103,3 @@ def test_a_bad_option_is_a_usage_error_not_a_traceback(
     code = main(["--rendezvous-url", HTTPS, "--rendezvous-tls-dir", str(tmp_path)])
     assert code == 2
     assert "cannot read" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(
-    ("names", "host", "expected"),
-    [
-        (["a.b.svc"], "a.b.svc", True),
-        (["A.B.svc"], "a.b.svc", True),
-        (["a.b.svc"], "a.b", False),
-        (["*.b.svc"], "a.b.svc", True),
-        (["*.b.svc"], "x.a.b.svc", False),
-        (["*.b.svc"], "b.svc", False),
-        ([], "a", False),
-    ],
-)
-def test_covers(names: list[str], host: str, expected: bool) -> None:
-    assert covers(names, host) is expected
