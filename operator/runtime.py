@@ -149,7 +149,8 @@ class OperatorRuntime:
         await self._metrics.setup()
         await web.TCPSite(self._metrics, self.config.bind_address, self.config.metrics_port).start()
         logger.info(
-            "operator serving rendezvous on :%d and metrics on :%d",
+            "operator serving rendezvous (%s) on :%d and metrics on :%d",
+            "https" if self.rendezvous_ca else "http",
             self.config.rendezvous_port,
             self.config.metrics_port,
         )

@@ -14,7 +14,9 @@ from cryptography import x509
 from elasticjob.operator.certs import (
     RENEW_BEFORE,
     VALIDITY,
+    ManagedCertificate,
     TLSMaterial,
+    managed_material,
     service_dns_names,
     still_serves,
 )
@@ -193,3 +195,54 @@ def test_valid_for_matches_host_names_as_tls_clients_do(
     names: list[str], host: str, expected: bool
 ) -> None:
     assert TLSMaterial.issue(names, now=NOW).valid_for(host) is expected
+
+
+class SecretStore:
+    """The two Secret calls :func:`managed_material` makes, on one Secret held in memory."""
+
+    def __init__(self, data: dict[str, str] | None) -> None:
+        self.data = data
+        self.patches: list[dict[str, str]] = []
+
+    async def read_secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        assert (namespace, name) == (MANAGED.namespace, MANAGED.secret)
+        return None if self.data is None else dict(self.data)
+
+    async def patch_secret_data(self, namespace: str, name: str, data: dict[str, str]) -> None:
+        assert (namespace, name) == (MANAGED.namespace, MANAGED.secret)
+        self.patches.append(data)
+
+
+MANAGED = ManagedCertificate(secret="ejo-tls", namespace="system", dns_names=tuple(NAMES))
+
+
+@pytest.mark.parametrize(
+    ("kept", "now", "outcome"),
+    [
+        ("valid", NOW, "kept"),
+        ("empty", NOW, "made"),
+        ("garbage", NOW, "made"),
+        ("valid", NOW + VALIDITY - RENEW_BEFORE + DAY, "made"),
+    ],
+    ids=["valid", "empty", "garbage", "expiring"],
+)
+async def test_the_managed_certificate_is_kept_while_it_serves_else_made_and_stored(
+    material: TLSMaterial, kept: str, now: datetime.datetime, outcome: str
+) -> None:
+    data = {
+        "valid": material.secret_data(),
+        "empty": {},
+        "garbage": {"tls.crt": "eA==", "tls.key": "eA==", "ca.crt": "eA=="},
+    }[kept]
+    store = SecretStore(data)
+    found = await managed_material(store, MANAGED, now)  # type: ignore[arg-type]
+    if outcome == "kept":
+        assert found == material and store.patches == []
+    else:
+        assert found != material and still_serves(found, NAMES, now)
+        assert store.patches == [found.secret_data()], "stored before it is used"
+
+
+async def test_a_missing_managed_secret_is_named() -> None:
+    with pytest.raises(ValueError, match="Secret system/ejo-tls does not exist"):
+        await managed_material(SecretStore(None), MANAGED, NOW)  # type: ignore[arg-type]
