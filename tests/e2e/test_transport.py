@@ -72,6 +72,7 @@ def test_a_job_trains_over_verified_tls_and_plain_http_gets_nothing(
             "tls",
             "2 workers training over TLS",
             lambda s: s.get("phase") == "Running" and s.get("worldSize") == 2,
+            timeout=180,  # the module's first job: cold imports on a loaded machine
         )
         env = worker_env(kube, "tls")
         assert env[wire.ENV_RENDEZVOUS_URL] == f"https://{RENDEZVOUS_HOST}:{RENDEZVOUS_PORT}"
