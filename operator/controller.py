@@ -74,6 +74,8 @@ logger = logging.getLogger(__name__)
 class ControllerSettings:
     rendezvous_url: str
     """The URL worker pods reach the rendezvous service at."""
+    rendezvous_ca: str | None = None
+    """The CA certificate (PEM) workers verify an ``https`` rendezvous URL with."""
     removal_deadline_s: float = 60.0
     """How long a pod chosen for scale-in may take to exit before it is deleted anyway."""
     reconcile_interval_s: float = 1.0
@@ -324,7 +326,11 @@ class JobController:
         avoid = self._blacklist.active() if spec.blacklist.scope is BlacklistScope.NODE else {}
         for _ in range(plan.create):
             pod = podlib.worker_pod(
-                body, spec, rendezvous_url=self._settings.rendezvous_url, avoid_nodes=avoid
+                body,
+                spec,
+                rendezvous_url=self._settings.rendezvous_url,
+                rendezvous_ca=self._settings.rendezvous_ca,
+                avoid_nodes=avoid,
             )
             created = await self._api.create_pod(self.namespace, pod)
             self.pods_created += 1

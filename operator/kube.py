@@ -131,6 +131,27 @@ class KubeApi:
         result: dict[str, Any] = kubernetes.client.ApiClient().sanitize_for_serialization(secret)
         return result
 
+    async def read_secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A Secret's ``data`` (base64 values), or None if there is no such Secret."""
+        try:
+            secret = await self._call(
+                "read secret", self.core.read_namespaced_secret, name, namespace
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return {
+            key: value if isinstance(value, str) else value.decode()
+            for key, value in (secret.data or {}).items()
+        }
+
+    async def patch_secret_data(self, namespace: str, name: str, data: dict[str, str]) -> None:
+        """Set keys of a Secret's ``data`` (base64 values)."""
+        await self._call(
+            "patch secret", self.core.patch_namespaced_secret, name, namespace, {"data": data}
+        )
+
     async def create_secret(self, namespace: str, secret: dict[str, Any]) -> None:
         try:
             await self._call("create secret", self.core.create_namespaced_secret, namespace, secret)

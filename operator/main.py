@@ -7,12 +7,15 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Sequence
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import kopf
 
 from elasticjob import wire
 from elasticjob.operator import handlers
+from elasticjob.operator.certs import ManagedCertificate, TLSMaterial, service_dns_names
 from elasticjob.operator.runtime import OperatorConfig, OperatorRuntime, WebhookConfig
 
 
@@ -44,6 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
         " and $POD_NAMESPACE; $ELASTICJOB_WEBHOOK_OWNER names the ClusterRole that owns its"
         " configuration)",
     )
+    parser.add_argument(
+        "--rendezvous-tls-dir",
+        type=Path,
+        help="serve an https rendezvous URL with the certificate in this directory (a mounted "
+        "kubernetes.io/tls Secret: tls.crt, tls.key and the CA workers verify it with, ca.crt)",
+    )
+    parser.add_argument(
+        "--rendezvous-tls-secret",
+        help="serve an https rendezvous URL with a certificate the operator makes for its"
+        " Service ($ELASTICJOB_SERVICE_NAME) and keeps in this Secret of $POD_NAMESPACE",
+    )
     parser.add_argument("--webhook-port", type=int, default=8443)
     parser.add_argument("--rendezvous-port", type=int, default=8470)
     parser.add_argument("--metrics-port", type=int, default=8471)
@@ -70,6 +84,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        tls = rendezvous_tls(args, os.environ)
+    except ValueError as exc:
+        print(f"elasticjob-operator: {exc}", file=sys.stderr)
+        return 2
     webhook = None
     if args.webhook:
         service = os.environ.get("ELASTICJOB_SERVICE_NAME")
@@ -93,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics_port=args.metrics_port,
         webhook=webhook,
         namespaces=tuple(args.namespace),
+        rendezvous_tls=tls,
     )
     memo = kopf.Memo(runtime=OperatorRuntime(config))
     asyncio.run(
@@ -106,6 +126,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     )
     return 0
+
+
+def rendezvous_tls(
+    args: argparse.Namespace, environ: Mapping[str, str]
+) -> TLSMaterial | ManagedCertificate | None:
+    """How the rendezvous service serves its URL: TLS for ``https`` (with the mounted or a
+    managed certificate that covers the URL's host), plain HTTP for ``http``.
+
+    Raises :class:`ValueError` with the reason when the options do not fit together."""
+    url = urllib.parse.urlsplit(args.rendezvous_url)
+    sources = [o for o in ("--rendezvous-tls-dir", "--rendezvous-tls-secret") if _given(args, o)]
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ValueError(
+            f"--rendezvous-url must be http(s)://host:port, got {args.rendezvous_url!r}"
+        )
+    if url.scheme == "http":
+        if sources:
+            raise ValueError(f"{sources[0]} needs an https --rendezvous-url")
+        return None
+    if len(sources) != 1:
+        raise ValueError(
+            "an https --rendezvous-url needs one of --rendezvous-tls-dir and "
+            "--rendezvous-tls-secret"
+        )
+    if args.rendezvous_tls_dir is not None:
+        material = TLSMaterial.from_directory(args.rendezvous_tls_dir)
+        if not material.valid_for(url.hostname):
+            raise ValueError(
+                f"the certificate in {args.rendezvous_tls_dir} is not valid for {url.hostname} "
+                f"(it names {', '.join(material.dns_names()) or 'no DNS name'})"
+            )
+        return material
+    service, namespace = environ.get("ELASTICJOB_SERVICE_NAME"), environ.get("POD_NAMESPACE")
+    if not service or not namespace:
+        raise ValueError("--rendezvous-tls-secret needs ELASTICJOB_SERVICE_NAME and POD_NAMESPACE")
+    names = service_dns_names(service, namespace)
+    return ManagedCertificate(
+        secret=args.rendezvous_tls_secret,
+        namespace=namespace,
+        dns_names=tuple(names if url.hostname in names else [*names, url.hostname]),
+    )
+
+
+def _given(args: argparse.Namespace, option: str) -> bool:
+    return getattr(args, option.lstrip("-").replace("-", "_")) is not None
 
 
 def _liveness_endpoint(bind_address: str, port: int) -> str | None:

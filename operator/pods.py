@@ -65,6 +65,7 @@ def worker_pod(
     spec: ElasticJobSpec,
     *,
     rendezvous_url: str,
+    rendezvous_ca: str | None = None,
     avoid_nodes: Iterable[str] = (),
 ) -> dict[str, Any]:
     """The manifest of a new worker pod of ``job`` (named by the API server from a prefix).
@@ -72,7 +73,8 @@ def worker_pod(
     The pod carries the job's labels and an owner reference, never restarts (the driver
     replaces failed workers), stays off ``avoid_nodes`` (blacklisted) by node affinity, and
     hands its worker container the runtime's environment: the rendezvous URL, the job, the
-    token from the job's Secret, its own name as host name and its IP as bind address."""
+    token from the job's Secret, its own name as host name and its IP as bind address (and the
+    CA certificate to verify an ``https`` rendezvous URL with)."""
     name = job["metadata"]["name"]
     namespace = job["metadata"]["namespace"]
     template = spec.template.model_dump(by_alias=True, exclude_none=True)
@@ -101,7 +103,7 @@ def worker_pod(
             # (admission refuses a template that sets them at all).
             container["env"] = [
                 *container.get("env", []),
-                *_runtime_env(namespace, name, spec, rendezvous_url),
+                *_runtime_env(namespace, name, spec, rendezvous_url, rendezvous_ca),
             ]
     avoid = sorted(set(avoid_nodes))
     if avoid:
@@ -110,13 +112,18 @@ def worker_pod(
 
 
 def _runtime_env(
-    namespace: str, name: str, spec: ElasticJobSpec, rendezvous_url: str
+    namespace: str,
+    name: str,
+    spec: ElasticJobSpec,
+    rendezvous_url: str,
+    rendezvous_ca: str | None,
 ) -> list[dict[str, Any]]:
     def field(path: str) -> dict[str, Any]:
         return {"fieldRef": {"fieldPath": path}}
 
     return [
         {"name": wire.ENV_RENDEZVOUS_URL, "value": rendezvous_url},
+        *([{"name": wire.ENV_RENDEZVOUS_CA, "value": rendezvous_ca}] if rendezvous_ca else []),
         {"name": wire.ENV_JOB, "value": job_id(namespace, name)},
         {
             "name": wire.ENV_TOKEN,

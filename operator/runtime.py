@@ -5,7 +5,9 @@ are not ready."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
+import ssl
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.api.podschema import PodSchema
+from elasticjob.operator.certs import ManagedCertificate, TLSMaterial, managed_material
 from elasticjob.operator.controller import ControllerSettings, JobController
 from elasticjob.operator.kube import KubeApi, load_config
 from elasticjob.operator.metrics import render_metrics
@@ -43,6 +46,11 @@ class OperatorConfig:
     """Serve the validating admission webhook (kopf manages its configuration object)."""
     namespaces: tuple[str, ...] = ()
     """The namespaces whose jobs the operator runs (empty: every namespace)."""
+    rendezvous_tls: TLSMaterial | ManagedCertificate | None = None
+    """Serve the rendezvous service over TLS with this material (read from a mounted Secret)
+    or with one the operator makes and keeps (None: plain HTTP)."""
+    tls_dir: Path = Path(tempfile.gettempdir()) / "elasticjob-rendezvous"
+    """Where the rendezvous service's key is written for :mod:`ssl` to load it."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,8 @@ class OperatorRuntime:
     pod_schema: PodSchema | None = None
     """The API server's Pod schema, for pod templates (None until fetched, or if it cannot
     be)."""
+    rendezvous_ca: str | None = None
+    """The CA certificate (PEM) workers verify the rendezvous service with (None: no TLS)."""
     _api: KubeApi | None = None
     _service: RendezvousService | None = None
     _metrics: web.AppRunner | None = None
@@ -92,7 +102,9 @@ class OperatorRuntime:
     @property
     def controller_settings(self) -> ControllerSettings:
         return ControllerSettings(
-            rendezvous_url=self.config.rendezvous_url, pod_schema=self.pod_schema
+            rendezvous_url=self.config.rendezvous_url,
+            rendezvous_ca=self.rendezvous_ca,
+            pod_schema=self.pod_schema,
         )
 
     async def start(self, settings: kopf.OperatorSettings) -> None:
@@ -126,14 +138,19 @@ class OperatorRuntime:
             ],
             ADOPTION_WINDOW_S,
         )
-        await self._service.start(self.config.bind_address, self.config.rendezvous_port)
+        await self._service.start(
+            self.config.bind_address,
+            self.config.rendezvous_port,
+            ssl_context=await self._rendezvous_ssl_context(),
+        )
         app = web.Application()
         app.router.add_get("/metrics", self._serve_metrics)
         self._metrics = web.AppRunner(app, access_log=None)
         await self._metrics.setup()
         await web.TCPSite(self._metrics, self.config.bind_address, self.config.metrics_port).start()
         logger.info(
-            "operator serving rendezvous on :%d and metrics on :%d",
+            "operator serving rendezvous (%s) on :%d and metrics on :%d",
+            "https" if self.rendezvous_ca else "http",
             self.config.rendezvous_port,
             self.config.metrics_port,
         )
@@ -168,6 +185,16 @@ class OperatorRuntime:
             await controller.run(body, stopped)
         finally:
             self.controllers.pop((namespace, name), None)
+
+    async def _rendezvous_ssl_context(self) -> ssl.SSLContext | None:
+        """The rendezvous service's TLS context (None: plain HTTP); sets the CA for workers."""
+        tls = self.config.rendezvous_tls
+        if tls is None:
+            return None
+        if isinstance(tls, ManagedCertificate):
+            tls = await managed_material(self.api, tls, datetime.datetime.now(datetime.UTC))
+        self.rendezvous_ca = tls.ca_pem.decode()
+        return tls.server_context(self.config.tls_dir)
 
     async def _fetch_pod_schema(self) -> PodSchema | None:
         try:

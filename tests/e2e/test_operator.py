@@ -9,8 +9,10 @@ in the committed trajectory and whether all ranks ended with the same weights.
 from __future__ import annotations
 
 import base64
+import http.client
 import json
-import urllib.error
+import socket
+import ssl
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +31,8 @@ CHART = REPO / "deploy" / "helm" / "elasticjob-operator"
 WORKER = REPO / "tests" / "integration" / "workers" / "elastic_worker.py"
 SYSTEM_NS = "elasticjob-system"
 RELEASE = "elasticjob-operator"
+RENDEZVOUS_HOST = f"{RELEASE}.{SYSTEM_NS}.svc"
+RENDEZVOUS_PORT = 8470
 
 
 @pytest.fixture(scope="module")
@@ -326,17 +330,12 @@ def test_a_worker_token_opens_only_its_own_job(
     for name in ("alpha", "beta"):
         wait_status(kube, name, "running", lambda s: s.get("phase") == "Running")
     token = secret_token(kube, "alpha")
-    operator_ip = next(
-        p["status"]["podIP"]
-        for p in json.loads(
-            kube.cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-o", "json").stdout
-        )["items"]
-    )
-    base = f"http://{operator_ip}:8470/v1/jobs"
-    assert http_status(f"{base}/{kube.ns}.alpha/round", token) == 200
-    assert http_status(f"{base}/{kube.ns}.beta/round", token) == 403
-    assert http_status(f"{base}/{kube.ns}.beta/round", "") == 401
-    with urllib.request.urlopen(f"http://{operator_ip}:8471/metrics", timeout=10) as response:
+    ca = worker_env(kube, "alpha")[wire.ENV_RENDEZVOUS_CA]
+    base = "/v1/jobs"
+    assert rendezvous_status(kube, f"{base}/{kube.ns}.alpha/round", token, ca) == 200
+    assert rendezvous_status(kube, f"{base}/{kube.ns}.beta/round", token, ca) == 403
+    assert rendezvous_status(kube, f"{base}/{kube.ns}.beta/round", "", ca) == 401
+    with urllib.request.urlopen(f"http://{operator_ip(kube)}:8471/metrics", timeout=10) as response:
         metrics = response.read().decode()
     assert 'elasticjob_jobs{phase="Running"}' in metrics
     assert f'elasticjob_pods_created_total{{job="{kube.ns}.alpha"}} 2' in metrics
@@ -349,16 +348,53 @@ def secret_token(kube: Kube, job: str) -> str:
     return base64.b64decode(secret["data"]["token"]).decode()
 
 
-def http_status(url: str, token: str) -> int:
-    headers = {wire.PROTOCOL_HEADER: str(wire.PROTOCOL_VERSION)}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(url, headers=headers)
+def operator_ip(kube: Kube) -> str:
+    """The IP of the (running) operator pod."""
+    pods = json.loads(kube.cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-o", "json").stdout)
+    ip: str = next(
+        p["status"]["podIP"]
+        for p in pods["items"]
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    )
+    return ip
+
+
+def worker_env(kube: Kube, job: str) -> dict[str, Any]:
+    """The environment the operator gave a worker pod of ``job`` (plain values only)."""
+    pod = kube.pods(f"elasticjob.dev/job-name={job}")[0]
+    (worker,) = pod["spec"]["containers"]
+    return {e["name"]: e["value"] for e in worker["env"] if "value" in e}
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS to ``ip``, verifying the server as ``host`` (this machine does not resolve Service
+    names; pods do, through their hosts files)."""
+
+    def __init__(self, host: str, ip: str, port: int, context: ssl.SSLContext) -> None:
+        super().__init__(host, port, timeout=10, context=context)
+        self._ip = ip
+        self._tls = context
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self._ip, self.port), self.timeout)
+        self.sock = self._tls.wrap_socket(sock, server_hostname=self.host)
+
+
+def rendezvous_status(
+    kube: Kube, path: str, token: str, ca: str, *, host: str = RENDEZVOUS_HOST
+) -> int:
+    """The status of ``GET path`` on the operator's rendezvous port over HTTPS, the server
+    verified against ``ca`` as ``host``."""
+    context = ssl.create_default_context(cadata=ca)
+    conn = _PinnedHTTPSConnection(host, operator_ip(kube), RENDEZVOUS_PORT, context)
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
+        headers = {wire.PROTOCOL_HEADER: str(wire.PROTOCOL_VERSION)}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        conn.request("GET", path, headers=headers)
+        return conn.getresponse().status
+    finally:
+        conn.close()
 
 
 def test_slots_per_worker_runs_a_process_per_slot(

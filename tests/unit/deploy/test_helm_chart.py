@@ -21,6 +21,7 @@ import yaml
 
 from devcluster.build import cached_helm
 from devcluster.config import default_cache_dir
+from elasticjob.operator.api import LABEL_ROLE, ROLE_WORKER
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "deploy" / "helm" / "elasticjob-operator"
@@ -70,6 +71,11 @@ LABELS = {
     "helm.sh/chart": f"elasticjob-operator-{APP_VERSION}",
 }
 SELECTOR = {"app.kubernetes.io/name": "elasticjob-operator", "app.kubernetes.io/instance": RELEASE}
+RENDEZVOUS_URL = f"https://{FULLNAME}.{NAMESPACE}.svc:8470"
+TLS_SECRET = f"{FULLNAME}-rendezvous-tls"
+TLS_ARGS = ["--rendezvous-tls-secret", TLS_SECRET]
+# The operator reads and fills the Secret that keeps the rendezvous certificate it makes.
+TLS_GRANTS: Grants = {("", "secrets"): {"get", "patch"}}
 
 
 class Helm:
@@ -210,8 +216,13 @@ def chart_metadata() -> dict[str, Any]:
 @pytest.mark.parametrize("strict", [False, True], ids=["lint", "lint-strict"])
 @pytest.mark.parametrize(
     "values",
-    [{}, {"watchNamespaces": ["a", "b"], "webhook": {"enabled": False}, "rbac": {"create": False}}],
-    ids=["defaults", "namespaced"],
+    [
+        {},
+        {"watchNamespaces": ["a", "b"], "webhook": {"enabled": False}, "rbac": {"create": False}},
+        {"rendezvous": {"tls": {"enabled": True, "secretName": "rdzv-cert"}}},
+        {"rendezvous": {"tls": {"enabled": False}}, "networkPolicy": {"enabled": False}},
+    ],
+    ids=["defaults", "namespaced", "tls-provided", "plain"],
 )
 def test_helm_lint_passes(helm: Helm, strict: bool, values: dict[str, Any]) -> None:
     args = ["lint", str(CHART), "--namespace", NAMESPACE]
@@ -245,6 +256,10 @@ def test_defaults_render_the_expected_objects(helm: Helm) -> None:
         ("ClusterRoleBinding", FULLNAME, None),
         ("Service", FULLNAME, NAMESPACE),
         ("Deployment", FULLNAME, NAMESPACE),
+        ("Secret", TLS_SECRET, NAMESPACE),
+        ("Role", TLS_SECRET, NAMESPACE),
+        ("RoleBinding", TLS_SECRET, NAMESPACE),
+        ("NetworkPolicy", FULLNAME, NAMESPACE),
     }
 
 
@@ -276,7 +291,7 @@ def test_object_names_follow_the_release(
     named(objects, "Service", fullname, NAMESPACE)
     named(objects, "ClusterRole", f"{fullname}-cluster")
     env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
-    assert env["ELASTICJOB_RENDEZVOUS_URL"] == f"http://{fullname}.{NAMESPACE}.svc:8470"
+    assert env["ELASTICJOB_RENDEZVOUS_URL"] == f"https://{fullname}.{NAMESPACE}.svc:8470"
     assert env["ELASTICJOB_SERVICE_NAME"] == fullname
 
 
@@ -299,11 +314,11 @@ def test_container_matches_the_operator_contract(helm: Helm) -> None:
     assert c["image"] == f"elasticjob/operator:{chart_metadata()['appVersion']}"
     assert c["imagePullPolicy"] == "IfNotPresent"
     assert c["command"] == ["elasticjob-operator"]
-    assert c["args"] == ["--log-level", "info", "--webhook"]
+    assert c["args"] == ["--log-level", "info", "--webhook", *TLS_ARGS]
     env = env_of(c)
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
-    assert env["ELASTICJOB_RENDEZVOUS_URL"] == f"http://{FULLNAME}.{NAMESPACE}.svc:8470"
+    assert env["ELASTICJOB_RENDEZVOUS_URL"] == RENDEZVOUS_URL
     assert env["ELASTICJOB_WEBHOOK_OWNER"] == f"{FULLNAME}-cluster"
     assert container_ports(c) == {
         "rendezvous": 8470,
@@ -396,7 +411,7 @@ def test_service_exposes_rendezvous_metrics_and_webhook(helm: Helm) -> None:
 def test_webhook_disabled_drops_flag_port_and_rbac(helm: Helm) -> None:
     objects = helm.template({"webhook": {"enabled": False}})
     c = container(objects)
-    assert c["args"] == ["--log-level", "info"]
+    assert c["args"] == ["--log-level", "info", *TLS_ARGS]
     assert "webhook" not in container_ports(c)
     assert "ELASTICJOB_WEBHOOK_OWNER" not in env_of(c)
     service = named(objects, "Service", FULLNAME, NAMESPACE)
@@ -436,8 +451,13 @@ def test_cluster_wide_rbac_grants_exactly_what_the_operator_needs(helm: Helm) ->
     assert grants(named(objects, "ClusterRole", FULLNAME)) == JOB_GRANTS
     cluster = named(objects, "ClusterRole", f"{FULLNAME}-cluster")
     assert grants(cluster) == CLUSTER_GRANTS | WEBHOOK_GRANTS | OWNER_GRANTS
-    assert not of_kind(objects, "Role")
-    assert not of_kind(objects, "RoleBinding")
+    # The one Role: the rendezvous certificate's Secret, in the release namespace.
+    assert [identities([r]) for r in of_kind(objects, "Role")] == [
+        {("Role", TLS_SECRET, NAMESPACE)}
+    ]
+    assert [identities([b]) for b in of_kind(objects, "RoleBinding")] == [
+        {("RoleBinding", TLS_SECRET, NAMESPACE)}
+    ]
 
 
 def test_webhook_configuration_access_is_limited_to_its_own_name(helm: Helm) -> None:
@@ -465,12 +485,14 @@ def test_watch_namespaces_render_roles_per_namespace(helm: Helm) -> None:
         "--namespace",
         "b",
         "--webhook",
+        *TLS_ARGS,
     ]
     for namespace in ("a", "b"):
         assert grants(named(objects, "Role", FULLNAME, namespace)) == JOB_GRANTS
         binding = named(objects, "RoleBinding", FULLNAME, namespace)
         assert binding["roleRef"]["kind"] == "Role"
-    assert {o["metadata"]["namespace"] for o in of_kind(objects, "Role")} == {"a", "b"}
+    job_roles = [r for r in of_kind(objects, "Role") if r["metadata"]["name"] == FULLNAME]
+    assert {o["metadata"]["namespace"] for o in job_roles} == {"a", "b"}
     # Only cluster-scoped resources stay in a ClusterRole.
     cluster_roles = of_kind(objects, "ClusterRole")
     assert [r["metadata"]["name"] for r in cluster_roles] == [f"{FULLNAME}-cluster"]
@@ -486,11 +508,154 @@ def test_rbac_and_service_account_can_be_left_to_the_cluster_admin(helm: Helm) -
     assert identities(objects) == {
         ("Service", FULLNAME, NAMESPACE),
         ("Deployment", FULLNAME, NAMESPACE),
+        ("Secret", TLS_SECRET, NAMESPACE),
+        ("NetworkPolicy", FULLNAME, NAMESPACE),
     }
     pod = named(objects, "Deployment", FULLNAME, NAMESPACE)["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "operator"
     # No ClusterRole of the release to own the webhook configurations.
     assert "ELASTICJOB_WEBHOOK_OWNER" not in env_of(container(objects))
+
+
+# --- rendezvous TLS ----------------------------------------------------------------------------
+
+TLS_MOUNT = "/etc/elasticjob/rendezvous-tls"
+
+
+def test_rendezvous_tls_defaults_to_a_certificate_the_operator_makes_and_keeps(
+    helm: Helm,
+) -> None:
+    objects = helm.template()
+    c = container(objects)
+    assert env_of(c)["ELASTICJOB_RENDEZVOUS_URL"] == RENDEZVOUS_URL
+    assert c["args"][-2:] == TLS_ARGS
+    # The operator names the Service's DNS names from these (main.py --rendezvous-tls-secret).
+    assert env_of(c)["ELASTICJOB_SERVICE_NAME"] == FULLNAME
+    assert env_of(c)["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    secret = named(objects, "Secret", TLS_SECRET, NAMESPACE)
+    assert secret["type"] == "Opaque"
+    assert "data" not in secret and "stringData" not in secret, "the operator fills it"
+    role = named(objects, "Role", TLS_SECRET, NAMESPACE)
+    assert grants(role) == TLS_GRANTS
+    assert [r["resourceNames"] for r in role["rules"]] == [[TLS_SECRET]]
+    binding = named(objects, "RoleBinding", TLS_SECRET, NAMESPACE)
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": TLS_SECRET,
+    }
+    assert_bindings_are_consistent(objects)
+    assert TLS_MOUNT not in {m["mountPath"] for m in c["volumeMounts"]}
+
+
+def test_a_provided_certificate_is_mounted_and_nothing_is_made(helm: Helm) -> None:
+    objects = helm.template({"rendezvous": {"tls": {"enabled": True, "secretName": "rdzv-cert"}}})
+    c = container(objects)
+    assert env_of(c)["ELASTICJOB_RENDEZVOUS_URL"] == RENDEZVOUS_URL
+    assert c["args"][-2:] == ["--rendezvous-tls-dir", TLS_MOUNT]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts[TLS_MOUNT]["readOnly"] is True
+    pod = named(objects, "Deployment", FULLNAME, NAMESPACE)["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts[TLS_MOUNT]["name"]]["secret"] == {
+        "secretName": "rdzv-cert",
+        "defaultMode": 0o400,
+    }
+    assert not of_kind(objects, "Secret")
+    assert not of_kind(objects, "Role")
+
+
+def test_tls_disabled_serves_plain_http(helm: Helm) -> None:
+    objects = helm.template({"rendezvous": {"tls": {"enabled": False, "secretName": "ignored"}}})
+    c = container(objects)
+    assert env_of(c)["ELASTICJOB_RENDEZVOUS_URL"] == f"http://{FULLNAME}.{NAMESPACE}.svc:8470"
+    assert not any(a.startswith("--rendezvous-tls") for a in c["args"])
+    assert [m["mountPath"] for m in c["volumeMounts"]] == ["/var/tmp/elasticjob"]
+    assert not of_kind(objects, "Secret")
+    assert not of_kind(objects, "Role")
+
+
+# --- NetworkPolicy -----------------------------------------------------------------------------
+
+WORKERS = {"matchLabels": {LABEL_ROLE: ROLE_WORKER}}
+SCRAPERS = [
+    {
+        "namespaceSelector": {},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    }
+]
+ANYONE = None
+
+
+def ingress_by_port(objects: list[Manifest]) -> dict[str, list[Manifest] | None]:
+    """Container port name -> the peers the NetworkPolicy lets reach it (None: anyone)."""
+    policy = named(objects, "NetworkPolicy", FULLNAME, NAMESPACE)
+    assert policy["spec"]["podSelector"] == {"matchLabels": SELECTOR}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    ports = container_ports(container(objects))
+    result: dict[str, list[Manifest] | None] = {}
+    for rule in policy["spec"]["ingress"]:
+        for port in rule["ports"]:
+            assert port["protocol"] == "TCP"
+            assert port["port"] in ports, f"no container port {port['port']}"
+            assert port["port"] not in result, f"two rules for {port['port']}"
+            result[port["port"]] = rule.get("from")
+    return result
+
+
+def test_network_policy_lets_workers_reach_rendezvous_and_scrapers_metrics(helm: Helm) -> None:
+    assert ingress_by_port(helm.template()) == {
+        "rendezvous": [{"podSelector": WORKERS, "namespaceSelector": {}}],
+        "metrics": SCRAPERS,
+        "health": ANYONE,  # the kubelet's probes
+        "webhook": ANYONE,  # the API server
+    }
+
+
+def test_network_policy_admits_workers_of_the_watched_namespaces_only(helm: Helm) -> None:
+    rules = ingress_by_port(helm.template({"watchNamespaces": ["a", "b"]}))
+    assert rules["rendezvous"] == [
+        {
+            "podSelector": WORKERS,
+            "namespaceSelector": {
+                "matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["a", "b"]}
+                ]
+            },
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    "metrics_from",
+    [
+        [{"namespaceSelector": {"matchLabels": {"team": "observability"}}}],
+        [{"ipBlock": {"cidr": "10.0.0.0/8"}}, {"podSelector": {"matchLabels": {"app": "x"}}}],
+    ],
+)
+def test_network_policy_scrapers_are_configurable(helm: Helm, metrics_from: list[Manifest]) -> None:
+    rules = ingress_by_port(helm.template({"networkPolicy": {"metricsFrom": metrics_from}}))
+    assert rules["metrics"] == metrics_from
+
+
+def test_network_policy_without_scrapers_closes_metrics(helm: Helm) -> None:
+    rules = ingress_by_port(
+        helm.template({"networkPolicy": {"metricsFrom": []}, "webhook": {"enabled": False}})
+    )
+    assert rules == {
+        "rendezvous": [{"podSelector": WORKERS, "namespaceSelector": {}}],
+        "health": ANYONE,
+    }
+
+
+def test_network_policy_can_be_left_out(helm: Helm) -> None:
+    assert not of_kind(helm.template({"networkPolicy": {"enabled": False}}), "NetworkPolicy")
+
+
+def test_chart_readme_says_that_network_policy_needs_an_enforcing_cni() -> None:
+    readme = (CHART / "README.md").read_text()
+    for text in ("networkPolicy.metricsFrom", "rendezvous.tls.secretName", "enforce"):
+        assert text in readme, text
 
 
 # --- the CRD copy and the values schema ------------------------------------------------------
@@ -516,6 +681,13 @@ def test_chart_crd_is_an_exact_copy_of_the_generated_crd() -> None:
         ({"watchNamespaces": ["a", "a"]}, "/watchNamespaces"),
         ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
         ({"webhook": {"enabled": "yes"}}, "/webhook/enabled"),
+        ({"rendezvous": {"tls": {"enabled": "yes"}}}, "/rendezvous/tls/enabled"),
+        ({"rendezvous": {"tls": {"secretName": "Bad_Name"}}}, "/rendezvous/tls/secretName"),
+        ({"rendezvous": {"tls": {"secret": "s"}}}, "secret"),
+        ({"networkPolicy": {"enabled": 1}}, "/networkPolicy/enabled"),
+        ({"networkPolicy": {"metricsFrom": {"podSelector": {}}}}, "/networkPolicy/metricsFrom"),
+        ({"networkPolicy": {"metricsFrom": [{}]}}, "/networkPolicy/metricsFrom/0"),
+        ({"networkPolicy": {"metricsFrom": [{"pods": {}}]}}, "/networkPolicy/metricsFrom/0"),
         ({"watchNamespace": ["a"]}, "watchNamespace"),
     ],
 )
@@ -547,6 +719,6 @@ def test_notes_show_how_to_use_the_operator(helm: Helm) -> None:
         f"kubectl apply -f {EXAMPLE}",
         "kubectl get ej",
         f"kubectl scale ej/{example['metadata']['name']} --replicas=5",
-        f"http://{FULLNAME}.{NAMESPACE}.svc:8470",
+        RENDEZVOUS_URL,
     ):
         assert text in notes, text

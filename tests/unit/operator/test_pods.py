@@ -131,6 +131,18 @@ def test_worker_timeouts_are_spec_fields_passed_to_the_workers(
     assert {k: v for k, v in env.items() if k in knobs} == expected
 
 
+@pytest.mark.parametrize(
+    "ca", ["-----BEGIN CERTIFICATE-----\nX\n-----END CERTIFICATE-----\n", None]
+)
+def test_worker_pod_gets_the_rendezvous_ca_only_with_tls(ca: str | None) -> None:
+    spec = spec_with({"containers": [WORKER]})
+    url = "https://rdzv:8470" if ca else "http://rdzv:8470"
+    (worker,) = worker_pod(JOB, spec, rendezvous_url=url, rendezvous_ca=ca)["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert env[wire.ENV_RENDEZVOUS_URL] == url
+    assert env.get(wire.ENV_RENDEZVOUS_CA) == ca
+
+
 @pytest.mark.parametrize(("timeout", "interval"), [(5, "1"), (20, "2"), (1, "0.2"), (0, None)])
 def test_worker_pod_beats_at_the_interval_of_the_heartbeat_timeout(
     timeout: int, interval: str | None

@@ -58,9 +58,27 @@ helm.sh/chart: {{ include "elasticjob-operator.chart" . }}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
 {{- end -}}
 
-{{/* Where workers reach the rendezvous service. */}}
+{{/* Where workers reach the rendezvous service: https unless rendezvous.tls is off. */}}
 {{- define "elasticjob-operator.rendezvousURL" -}}
-{{- printf "http://%s.%s.svc:8470" (include "elasticjob-operator.fullname" .) .Release.Namespace -}}
+{{- $scheme := ternary "https" "http" .Values.rendezvous.tls.enabled -}}
+{{- printf "%s://%s.%s.svc:8470" $scheme (include "elasticjob-operator.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
+{{/*
+The Secret in which the operator keeps the rendezvous certificate it makes (when TLS is on and
+no rendezvous.tls.secretName is given); empty otherwise.
+*/}}
+{{- define "elasticjob-operator.managedTLSSecret" -}}
+{{- if and .Values.rendezvous.tls.enabled (not .Values.rendezvous.tls.secretName) -}}
+{{- printf "%s-rendezvous-tls" (include "elasticjob-operator.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The rendezvous certificate's Secret the cluster admin provides, if TLS is on; else empty. */}}
+{{- define "elasticjob-operator.providedTLSSecret" -}}
+{{- if .Values.rendezvous.tls.enabled -}}
+{{- .Values.rendezvous.tls.secretName -}}
+{{- end -}}
 {{- end -}}
 
 {{/*

@@ -1,0 +1,183 @@
+"""The rendezvous service's transport end to end on devcluster: with the chart's defaults the
+operator serves its rendezvous over TLS with a certificate it makes and keeps, workers verify it
+(host name included, through devcluster's hosts files) and train to the end, plain HTTP to the
+port gets nothing, and after an operator restart the same CA still verifies the new operator.
+A certificate the cluster admin provides (``rendezvous.tls.secretName``) is served instead.
+
+No CNI here enforces NetworkPolicy: the chart's policy is tested as rendered, in
+tests/unit/deploy/test_helm_chart.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import http.client
+import json
+import ssl
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from devcluster import Cluster
+from elasticjob import wire
+from elasticjob.operator.certs import TLSMaterial, service_dns_names
+from tests.devcluster.helpers import Kube
+from tests.e2e.test_controller import restart_operator
+from tests.e2e.test_operator import (  # the module's helm-installed operator and helpers
+    CHART,
+    RELEASE,
+    RENDEZVOUS_HOST,
+    RENDEZVOUS_PORT,
+    SYSTEM_NS,
+    job_manifest,
+    operator,
+    operator_ip,
+    rendezvous_status,
+    secret_token,
+    wait_status,
+    worker_env,
+)
+from tests.integration.harness import JobRun, kill_leftovers, read_events
+
+__all__ = ["operator"]
+
+TLS_SECRET = f"{RELEASE}-rendezvous-tls"
+OPERATOR_PODS = "app.kubernetes.io/name=elasticjob-operator"
+
+
+def kept_ca(kube: Kube) -> str:
+    """The CA certificate the operator keeps in its Secret."""
+    secret = kube.cluster.kubectl("-n", SYSTEM_NS, "get", "secret", TLS_SECRET, "-o", "json")
+    data = json.loads(secret.stdout).get("data") or {}
+    assert set(data) == {"tls.crt", "tls.key", "ca.crt"}, f"{TLS_SECRET} holds {set(data)}"
+    return base64.b64decode(data["ca.crt"]).decode()
+
+
+def another_ca() -> str:
+    """A CA other than the operator's: the server must not verify with it."""
+    other = TLSMaterial.issue([RENDEZVOUS_HOST], now=datetime.datetime.now(datetime.UTC))
+    return other.ca_pem.decode()
+
+
+def test_a_job_trains_over_verified_tls_and_plain_http_gets_nothing(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    log_dir, stop_file = tmp_path / "events", tmp_path / "stop"
+    kube.apply(job_manifest("tls", log_dir, stop_file, replicas=2, minReplicas=2))
+    try:
+        wait_status(
+            kube,
+            "tls",
+            "2 workers training over TLS",
+            lambda s: s.get("phase") == "Running" and s.get("worldSize") == 2,
+            timeout=180,  # the module's first job: cold imports on a loaded machine
+        )
+        env = worker_env(kube, "tls")
+        assert env[wire.ENV_RENDEZVOUS_URL] == f"https://{RENDEZVOUS_HOST}:{RENDEZVOUS_PORT}"
+        ca = env[wire.ENV_RENDEZVOUS_CA]
+        assert ca.startswith("-----BEGIN CERTIFICATE-----")
+        assert ca == kept_ca(kube), "workers get the CA the operator keeps"
+
+        token = secret_token(kube, "tls")
+        path = f"/v1/jobs/{kube.ns}.tls/round"
+        assert rendezvous_status(kube, path, token, ca) == 200
+        for host in (RENDEZVOUS_HOST, f"{RENDEZVOUS_HOST}.cluster.local", RELEASE):
+            assert rendezvous_status(kube, path, token, ca, host=host) == 200, host
+        with pytest.raises(ssl.SSLCertVerificationError, match="match"):
+            rendezvous_status(kube, path, token, ca, host=f"other.{SYSTEM_NS}.svc")
+        with pytest.raises(ssl.SSLCertVerificationError, match="local issuer"):
+            rendezvous_status(kube, path, token, another_ca())
+        ip = operator_ip(kube)
+        with pytest.raises((OSError, http.client.HTTPException)):
+            urllib.request.urlopen(f"http://{ip}:{RENDEZVOUS_PORT}{path}", timeout=10)
+
+        # A new operator serves the kept certificate: the workers' CA verifies it, and they
+        # report progress to it.
+        kube.wait(
+            "an epoch trained",
+            lambda: any(e["ev"] == "epoch_end" for e in read_events(log_dir)),
+            timeout=120,
+        )
+        before = read_events(log_dir)
+        restart_operator(kube)
+        kube.cluster.kubectl(
+            *("-n", SYSTEM_NS, "wait", "--for=condition=Ready", "pod", "-l", OPERATOR_PODS),
+            "--timeout=120s",
+            timeout=150,
+        )
+        assert kept_ca(kube) == ca
+        assert rendezvous_status(kube, path, token, ca) == 200
+        wait_status(
+            kube,
+            "tls",
+            "progress reported to the new operator",
+            lambda s: (
+                (s.get("progress") or {}).get("epoch", -1)
+                > max(e["epoch"] for e in before if e["ev"] == "epoch_end")
+            ),
+        )
+        restarts = [
+            e for e in read_events(log_dir) if e["ev"] == "start" and e["time"] > before[-1]["time"]
+        ]
+        assert not restarts, "workers must not restart with the operator"
+        # `helm upgrade` keeps what the operator wrote into the chart's Secret.
+        upgrade(operator, "logLevel=info")
+        assert kept_ca(kube) == ca
+        assert rendezvous_status(kube, path, token, ca) == 200
+
+        stop_file.touch()
+        wait_status(kube, "tls", "success", lambda s: s.get("phase") == "Succeeded", 180)
+        finals = [e for e in read_events(log_dir) if e["ev"] == "done"]
+        assert len(finals) == 2 and len({e["digest"] for e in finals}) == 1, finals
+    finally:
+        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+
+
+def test_a_provided_certificate_is_served_and_its_ca_handed_to_workers(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    material = TLSMaterial.issue(
+        service_dns_names(RELEASE, SYSTEM_NS), now=datetime.datetime.now(datetime.UTC)
+    )
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/tls",
+        "metadata": {"name": "provided-tls", "namespace": SYSTEM_NS},
+        "data": material.secret_data(),
+    }
+    operator.kubectl("apply", "-f", "-", input=json.dumps(secret))
+    upgrade(operator, "rendezvous.tls.secretName=provided-tls")
+    log_dir, stop_file = tmp_path / "events", tmp_path / "stop"
+    try:
+        kube.apply(job_manifest("provided", log_dir, stop_file, replicas=2, minReplicas=2))
+        wait_status(
+            kube,
+            "provided",
+            "2 workers training",
+            lambda s: s.get("phase") == "Running" and s.get("worldSize") == 2,
+        )
+        ca = worker_env(kube, "provided")[wire.ENV_RENDEZVOUS_CA]
+        assert ca == material.ca_pem.decode()
+        path = f"/v1/jobs/{kube.ns}.provided/round"
+        assert rendezvous_status(kube, path, secret_token(kube, "provided"), ca) == 200
+        stop_file.touch()
+        wait_status(kube, "provided", "success", lambda s: s.get("phase") == "Succeeded", 180)
+    finally:
+        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+        upgrade(operator, "rendezvous.tls.secretName=")
+        operator.kubectl("-n", SYSTEM_NS, "delete", "secret", "provided-tls", check=False)
+
+
+def upgrade(cluster: Cluster, setting: str) -> None:
+    """``helm upgrade`` of the module's release with one value changed; waits for the new
+    operator pod to be ready."""
+    result = cluster.helm(
+        *("upgrade", RELEASE, str(CHART), "-n", SYSTEM_NS, "--reuse-values", "--set", setting),
+        *("--wait", "--timeout", "120s"),
+        check=False,
+        timeout=180,
+    )
+    assert result.returncode == 0, f"helm upgrade failed:\n{result.stdout}\n{result.stderr}"
