@@ -203,7 +203,16 @@ def test_a_frozen_worker_is_evicted_and_the_survivors_re_form(
     pod is deleted and counted as failed, its node blacklisted, and the survivors re-form
     without it within 10 s of the freeze instead of waiting out the collective timeout."""
     log_dir = tmp_path / "events"
-    kube.apply(job_manifest("frozen", log_dir, tmp_path / "stop", replicas=3, minReplicas=2))
+    kube.apply(
+        job_manifest(
+            "frozen",
+            log_dir,
+            tmp_path / "stop",
+            replicas=3,
+            minReplicas=2,
+            heartbeatTimeoutSeconds=3,  # margin for a loaded 2-core machine: 10 s is the total
+        )
+    )
     try:
         first = wait_status(
             kube,
