@@ -133,18 +133,8 @@ class KubeApi:
 
     async def read_secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
         """A Secret's ``data`` (base64 values), or None if there is no such Secret."""
-        try:
-            secret = await self._call(
-                "read secret", self.core.read_namespaced_secret, name, namespace
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return {
-            key: value if isinstance(value, str) else value.decode()
-            for key, value in (secret.data or {}).items()
-        }
+        secret = await self.read_secret(namespace, name)
+        return None if secret is None else dict(secret.get("data") or {})
 
     async def patch_secret_data(self, namespace: str, name: str, data: dict[str, str]) -> None:
         """Set keys of a Secret's ``data`` (base64 values)."""
