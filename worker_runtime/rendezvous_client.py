@@ -87,9 +87,16 @@ class RendezvousClient:
     def __repr__(self) -> str:
         return f"RendezvousClient({self._url}{self._base})"
 
-    def rendezvous(self, request: RendezvousRequest) -> RendezvousResponse:
-        """Long-poll for the worker's next round (see ``RendezvousRequest``)."""
-        data = self._request("POST", "/rendezvous", request, wait_s=request.wait_seconds)
+    def rendezvous(
+        self, request: RendezvousRequest, *, retry_for_s: float | None = None
+    ) -> RendezvousResponse:
+        """Long-poll for the worker's next round (see ``RendezvousRequest``). Retryable
+        answers (the service unreachable, or not admitting this worker yet: its pod may start
+        before the driver plans it) are retried for ``retry_for_s`` (default: the client's
+        retry deadline)."""
+        data = self._request(
+            "POST", "/rendezvous", request, wait_s=request.wait_seconds, retry_for_s=retry_for_s
+        )
         return parse_json(RendezvousResponse, data)
 
     def notices(self, after_seq: int, wait_seconds: float) -> NoticesResponse:
@@ -127,10 +134,17 @@ class RendezvousClient:
         return parse_json(RoundInfo, self._request("GET", "/round", None))
 
     def _request(
-        self, method: str, path: str, body: BaseModel | None, *, wait_s: float = 0.0
+        self,
+        method: str,
+        path: str,
+        body: BaseModel | None,
+        *,
+        wait_s: float = 0.0,
+        retry_for_s: float | None = None,
     ) -> bytes:
         payload = body.model_dump_json().encode() if body is not None else None
-        deadline = time.monotonic() + self._retry_deadline_s
+        retry_for = self._retry_deadline_s if retry_for_s is None else retry_for_s
+        deadline = time.monotonic() + retry_for
         delay = 0.05
         while True:
             pause = delay
@@ -144,7 +158,7 @@ class RendezvousClient:
                 if time.monotonic() + delay > deadline:
                     raise RendezvousClientError(
                         f"rendezvous service at {self._host}:{self._port} unreachable for "
-                        f"{self._retry_deadline_s:.0f} s: {exc}"
+                        f"{retry_for:.0f} s: {exc}"
                     ) from exc
                 logger.debug("rendezvous %s %s failed (%s); retrying", method, path, exc)
             else:
@@ -166,7 +180,7 @@ class RendezvousClient:
                     status,
                     data.decode(errors="replace")[:200],
                     pause,
-                    self._retry_deadline_s,
+                    retry_for,
                 )
             time.sleep(pause)
             delay = min(delay * 2, 2.0)

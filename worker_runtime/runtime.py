@@ -238,7 +238,8 @@ class Runtime:
                     after_round=after_round,
                     wait_seconds=_RENDEZVOUS_POLL_S,
                     rolled_back=rolled_back,
-                )
+                ),
+                retry_for_s=max(deadline - time.monotonic(), 1.0),
             )
             if response.status is RendezvousStatus.PENDING:
                 continue

@@ -239,7 +239,7 @@ class InMemoryJobRendezvous(JobRendezvous):
         registration for an ``after_round``; an older ``after_round`` (a stale retry) binds
         nothing."""
         worker = WorkerId(request.hostname, request.local_rank)
-        self._check_worker(worker)
+        self._check_worker(worker, asking_for_a_round=True)
         self._check_round(request.after_round)
         endpoint = Endpoint(request.address, request.store_port)
         bound = self._endpoints.get(worker)
@@ -262,13 +262,15 @@ class InMemoryJobRendezvous(JobRendezvous):
             lambda: RendezvousResponse(status=RendezvousStatus.PENDING),
         )
 
-    def _check_worker(self, worker: WorkerId) -> None:
-        """Refuse a worker the driver did not admit: for good once the job has published a
-        round of its own, retryably before (after a restart, the driver takes back the
-        processes of the previous service only when it launches its first round)."""
+    def _check_worker(self, worker: WorkerId, *, asking_for_a_round: bool = False) -> None:
+        """Refuse a worker the driver did not admit, keeping nothing of it. Retryably when it
+        asks for a round (a pod can start and ask before the driver has planned it, and after
+        a restart the driver takes back the previous service's processes only when it
+        launches its first round); for good otherwise, once the job has published a round of
+        its own."""
         if worker in self._admitted:
             return
-        if self._round is None or self._round.store is None:
+        if asking_for_a_round or self._round is None or self._round.store is None:
             raise RequestRefused(
                 Refusal.NOT_ADMITTED_YET,
                 f"job {self.job} has not admitted a worker {worker} (yet): retry",

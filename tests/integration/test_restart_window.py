@@ -23,7 +23,12 @@ TOKEN = "token-of-the-job"
 
 
 class Listener:
-    def on_worker_ready(self, worker: wire.WorkerId, after_round: int) -> None:
+    def on_worker_ready(
+        self, worker: wire.WorkerId, after_round: int, *, rolled_back: bool
+    ) -> None:
+        return None
+
+    def on_worker_heartbeat(self, worker: wire.WorkerId) -> None:
         return None
 
     def on_worker_result(self, request: wire.ResultRequest) -> None:
@@ -118,3 +123,26 @@ async def test_the_client_gives_up_when_the_window_outlasts_its_deadline(
     client = RendezvousClient(service.url, "ns.never", TOKEN, retry_deadline_s=1.5)
     with pytest.raises(RendezvousClientError, match="503"):
         await asyncio.wait_for(asyncio.to_thread(client.round_info), DEADLINE)
+
+
+async def test_a_worker_asking_before_it_is_admitted_waits_as_long_as_it_waits_for_a_round(
+    service: RendezvousService,
+) -> None:
+    """A pod can start and ask for its round before the driver plans it (admits it): the
+    service refuses retryably, keeping nothing, and the worker keeps asking for as long as it
+    is willing to wait for a round, well past the client's ordinary retry deadline."""
+    job = service.add_job("ns.job", TOKEN, Listener())
+    early = wire.WorkerId("pod-b", 0)
+    client = RendezvousClient(service.url, "ns.job", TOKEN, retry_deadline_s=1.0)
+    request = wire.RendezvousRequest(
+        hostname=early.hostname, local_rank=0, address="127.0.0.1", store_port=1, wait_seconds=0
+    )
+    with pytest.raises(RendezvousClientError, match="503"):
+        await asyncio.wait_for(asyncio.to_thread(client.rendezvous, request), DEADLINE)
+    asking = asyncio.create_task(
+        asyncio.to_thread(client.rendezvous, request, retry_for_s=DEADLINE)
+    )
+    await asyncio.sleep(2.5 * RETRY_AFTER_S)  # longer than the client's ordinary deadline
+    job.readmit([early])  # the driver plans it
+    answer = await asyncio.wait_for(asking, DEADLINE)
+    assert answer.status is wire.RendezvousStatus.PENDING

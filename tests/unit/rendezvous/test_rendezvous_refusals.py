@@ -87,13 +87,16 @@ async def test_unknown_worker_is_refused_everywhere(
         job.publish_round(1, slots_for([W0]), sync=True)
     result = ResultRequest(hostname="planted", local_rank=0, state=WorkerState.SUCCESS)
     calls = [
-        lambda: job.rendezvous(request(STRANGER, wait=60)),
         lambda: job.report_result(result),
         lambda: job.report_heartbeat(HeartbeatRequest(hostname="planted", local_rank=0)),
     ]
     for call in calls:
         assert await refused(job, listener, call) is expected
     assert listener.heartbeats == []
+    # Asking for a round is refused retryably at every stage: a pod may ask before the
+    # driver has planned it (the worker retries; nothing of it is kept meanwhile).
+    asking = lambda: job.rendezvous(request(STRANGER, wait=60))  # noqa: E731
+    assert await refused(job, listener, asking) is Refusal.NOT_ADMITTED_YET
 
 
 async def test_members_of_a_published_or_adopted_round_are_admitted(
