@@ -33,7 +33,7 @@ from kubernetes.client.exceptions import ApiException
 
 from elasticjob.driver.api import Clock
 from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
-from elasticjob.driver.driver import DriverSettings, ElasticDriver, JobResult
+from elasticjob.driver.driver import ElasticDriver, JobResult
 from elasticjob.driver.hosts import HostManager
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.adoption import (
@@ -52,15 +52,9 @@ from elasticjob.operator.api import (
 )
 from elasticjob.operator.api.podschema import PodSchema
 from elasticjob.operator.api.validation import name_errors
-from elasticjob.operator.hosts import PodDiscovery, PodLauncher
+from elasticjob.operator.hosts import PodDiscovery, PodLauncher, driver_settings
 from elasticjob.operator.kube import KubeApi, refusal
-from elasticjob.operator.scaling import (
-    PodPlan,
-    ReplicasClamp,
-    plan_pods,
-    pods_to_clean,
-    read_spec,
-)
+from elasticjob.operator.scaling import PodPlan, ReplicasClamp, plan_pods, pods_to_clean, read_spec
 from elasticjob.operator.status import Observation, observe
 from elasticjob.operator.status_writer import StatusWriter
 from elasticjob.operator.token import RefusedJobError, ensure_token
@@ -204,13 +198,7 @@ class JobController:
             lambda listener: self._service.add_job(
                 self.job_id, token, listener, max_workers=spec.max_replicas * slots
             ),
-            DriverSettings(
-                min_np=spec.min_replicas * slots,
-                max_np=spec.max_replicas * slots,
-                reset_limit=spec.reset_limit,
-                elastic_timeout_s=float(spec.elastic_timeout_seconds),
-                heartbeat_timeout_s=float(spec.heartbeat_timeout_seconds) or None,
-            ),
+            driver_settings(spec),
             self._clock,
         )
         self.driver = driver

@@ -1,12 +1,14 @@
 """Worker pods as the driver's hosts: the driver (the same code ``elasticjob-run`` runs)
 discovers hosts and stops workers through these, and the controller carries both out on
-Kubernetes."""
+Kubernetes; the job's spec in the driver's terms (its hosts are pods of ``slotsPerWorker``
+processes)."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from elasticjob.driver.api import HostDiscovery, WorkerLauncher
+from elasticjob.driver.api import DriverSettings, HostDiscovery, WorkerLauncher
+from elasticjob.operator.api import ElasticJobSpec
 from elasticjob.wire import WorkerId
 
 
@@ -46,3 +48,16 @@ class PodLauncher(WorkerLauncher):
 
     async def stop_all(self) -> None:
         return None  # the clean-pod policy decides, once the job has ended
+
+
+def driver_settings(spec: ElasticJobSpec) -> DriverSettings:
+    """The driver's settings for ``spec``: its bounds in worker processes (pods times slots),
+    its reset limit and timeouts (a heartbeat timeout of 0 turns eviction off)."""
+    slots = spec.slots_per_worker
+    return DriverSettings(
+        min_np=spec.min_replicas * slots,
+        max_np=spec.max_replicas * slots,
+        reset_limit=spec.reset_limit,
+        elastic_timeout_s=float(spec.elastic_timeout_seconds),
+        heartbeat_timeout_s=float(spec.heartbeat_timeout_seconds) or None,
+    )
