@@ -11,7 +11,8 @@ malformed JSON, oversized bodies, other jobs' tokens, unknown jobs, wrong protoc
 floods over the rate, long-polls over the bound; plus slow clients that dribble their
 headers over raw sockets.
 
-Figures: requests sent, answers by status, 5xx count, state changes caused by rejected
+Figures: requests sent, answers by status, 5xx count (a 503 with Retry-After is a deliberate
+retry-later, counted apart), state changes caused by rejected
 requests (each class's target jobs snapshotted before and after it), cross-job leaks (a 2xx
 answer to another job's token or an unknown job, or a body naming another job's data), RSS
 before, after each of two passes of the hostile classes and at the end (one process: the
@@ -100,6 +101,9 @@ class Report:
     by_status: Counter[int] = field(default_factory=Counter)
     by_kind: dict[str, Counter[int]] = field(default_factory=dict)
     server_errors: int = 0
+    """5xx answers that are not a deliberate retry-later (503 with ``Retry-After``)."""
+    retry_later: int = 0
+    """503 answers with ``Retry-After``: a worker not admitted yet, asking for its round."""
     state_changes: list[str] = field(default_factory=list)
     cross_job_leaks: int = 0
     accepted_hostile: list[str] = field(default_factory=list)
@@ -262,7 +266,9 @@ class Campaign:
         self.report.requests += 1
         self.report.by_status[response.status] += 1
         self.report.by_kind.setdefault(probe.kind, Counter())[response.status] += 1
-        if response.status >= 500:
+        if response.status == 503 and "Retry-After" in response.headers:
+            self.report.retry_later += 1
+        elif response.status >= 500:
             self.report.server_errors += 1
         if response.status < 400 and probe.hostile:
             self.report.accepted_hostile.append(f"{probe.kind}: {probe.route} {response.status}")

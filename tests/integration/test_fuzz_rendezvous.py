@@ -1,6 +1,6 @@
 """A bounded run of the rendezvous fuzz campaign (``bench/fuzz_rendezvous.py``): hostile
-requests of every class get 4xx, change no job's state, leak nothing across jobs, and the
-service's memory stays bounded while valid traffic is served."""
+requests of every class get 4xx (or a retry-later 503), change no job's state, leak nothing
+across jobs, and the service's memory stays bounded while valid traffic is served."""
 
 from __future__ import annotations
 
@@ -20,7 +20,14 @@ async def test_bounded_fuzz_campaign() -> None:
     assert report.cross_job_leaks == 0
     assert report.accepted_hostile == []
     hostile = {kind: statuses for kind, statuses in report.by_kind.items() if "flood" not in kind}
-    assert all(400 <= status < 500 for statuses in hostile.values() for status in statuses)
+    # Refused with a 4xx, or (an unknown worker asking for a round: its pod may have started
+    # before the driver planned it) told to retry later, keeping nothing of it.
+    assert all(
+        400 <= status < 500 or (kind == "unknown worker" and status == 503)
+        for kind, statuses in hostile.items()
+        for status in statuses
+    ), report.by_kind
+    assert report.retry_later == report.by_kind["unknown worker"][503]
     assert report.by_kind["flood over the rate"][429] > 0
     assert report.valid_requests > 0 and report.valid_failures == 0
     assert report.long_polls_held_max >= 30

@@ -66,7 +66,7 @@ async def cluster() -> AsyncIterator[Cluster]:
 @pytest.mark.parametrize(
     ("route", "body", "status", "words"),
     [
-        ("rendezvous", rendezvous_body(wire.WorkerId("planted", 0)), 403, "not launched"),
+        ("rendezvous", rendezvous_body(wire.WorkerId("planted", 0)), 503, "(yet): retry"),
         ("results", {"hostname": "planted", "local_rank": 0, "state": "SUCCESS"}, 403, "planted"),
         ("heartbeat", {"hostname": "planted", "local_rank": 0}, 403, "planted"),
         ("rendezvous", rendezvous_body(W0, after_round=99), 409, "round 99"),
