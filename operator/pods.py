@@ -19,6 +19,7 @@ from elasticjob.operator.api import (
     ElasticJobSpec,
     worker_labels,
 )
+from elasticjob.operator.hosts import driver_settings
 
 TOKEN_KEY = "token"
 """Key of the job's rendezvous token in its Secret."""
@@ -136,22 +137,16 @@ def _runtime_env(
         {"name": wire.ENV_DEFER_SIGTERM, "value": "1"},
         *_seconds_env(wire.ENV_COLLECTIVE_TIMEOUT, spec.collective_timeout_seconds),
         *_seconds_env(wire.ENV_ROUND_WAIT, spec.round_wait_seconds),
-        *(
-            [{"name": wire.ENV_HEARTBEAT_INTERVAL, "value": f"{interval:g}"}]
-            if (interval := heartbeat_interval(spec)) is not None
-            else []
+        *_seconds_env(
+            wire.ENV_HEARTBEAT_INTERVAL,
+            heartbeat_interval_s(driver_settings(spec).heartbeat_timeout_s),
         ),
     ]
 
 
-def _seconds_env(name: str, seconds: int | None) -> list[dict[str, Any]]:
-    return [] if seconds is None else [{"name": name, "value": str(seconds)}]
-
-
-def heartbeat_interval(spec: ElasticJobSpec) -> float | None:
-    """How often the job's workers beat (None: eviction off, no heartbeat)."""
-    timeout = spec.heartbeat_timeout_seconds
-    return heartbeat_interval_s(float(timeout)) if timeout else None
+def _seconds_env(name: str, seconds: float | None) -> list[dict[str, Any]]:
+    """The variable when there is a value to set (None: the worker's default applies)."""
+    return [] if seconds is None else [{"name": name, "value": f"{seconds:g}"}]
 
 
 def _add_node_anti_affinity(pod_spec: dict[str, Any], nodes: list[str]) -> None:

@@ -33,8 +33,11 @@ MIN_HEARTBEAT_INTERVAL_S = 0.1
 """Shortest interval between heartbeats (1,024 workers at 1 s are ~1,000 requests/s)."""
 
 
-def heartbeat_interval_s(timeout_s: float) -> float:
-    """The interval at which workers beat for a driver evicting after ``timeout_s``."""
+def heartbeat_interval_s(timeout_s: float | None) -> float | None:
+    """The interval at which workers beat for a driver evicting after ``timeout_s`` (None:
+    the driver evicts nobody, and workers need not beat)."""
+    if timeout_s is None:
+        return None
     if timeout_s <= 0:
         raise ValueError(f"heartbeat timeout must be > 0, got {timeout_s}")
     return min(

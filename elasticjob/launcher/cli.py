@@ -210,11 +210,7 @@ async def run_job(args: argparse.Namespace) -> JobResult:
         token=token,
         backend=args.backend,
         network_interface=args.network_interface,
-        heartbeat_interval_s=(
-            heartbeat_interval_s(settings.heartbeat_timeout_s)
-            if settings.heartbeat_timeout_s is not None
-            else None
-        ),
+        heartbeat_interval_s=heartbeat_interval_s(settings.heartbeat_timeout_s),
     )
 
     def make_launcher(driver: ElasticDriver) -> LocalWorkerLauncher:

@@ -39,10 +39,12 @@ def test_hung_workers(
         pytest.param(2.5, 0.5, id="short timeout"),
         pytest.param(0.2, 0.1, id="floor"),
         pytest.param(60.0, 2.0, id="ceiling"),
+        pytest.param(None, None, id="no eviction, no beat"),
     ],
 )
-def test_heartbeat_interval(timeout: float, interval: float) -> None:
-    assert heartbeat_interval_s(timeout) == pytest.approx(interval)
+def test_heartbeat_interval(timeout: float | None, interval: float | None) -> None:
+    got = heartbeat_interval_s(timeout)
+    assert got is None if interval is None else got == pytest.approx(interval)
 
 
 @pytest.mark.parametrize("timeout", [0.0, -1.0])
