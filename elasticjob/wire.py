@@ -36,8 +36,6 @@ with ``426 Upgrade Required`` naming both versions, and exits with that message.
 
 # Environment variables through which a launcher (or the operator) hands a worker its identity.
 ENV_RENDEZVOUS_URL = "ELASTICJOB_RENDEZVOUS_URL"
-ENV_RENDEZVOUS_CA = "ELASTICJOB_RENDEZVOUS_CA"
-"""The CA certificate (PEM text) that verifies an ``https`` rendezvous URL's server."""
 ENV_JOB = "ELASTICJOB_JOB"
 ENV_TOKEN = "ELASTICJOB_TOKEN"
 ENV_HOSTNAME = "ELASTICJOB_HOSTNAME"

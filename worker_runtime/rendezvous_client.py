@@ -120,15 +120,7 @@ class RendezvousClient:
     def heartbeat(self, request: HeartbeatRequest) -> None:
         """Send one heartbeat, without retrying: the next beat is the retry. Raises
         :class:`RendezvousClientError` if it did not arrive."""
-        payload = request.model_dump_json().encode()
-        try:
-            status, _retry_after, data = self._send("POST", self._base + "/heartbeat", payload, 0.0)
-        except OSError as exc:
-            raise RendezvousClientError(f"heartbeat not sent: {exc}") from exc
-        if status >= 300:
-            raise RendezvousClientError(
-                f"heartbeat refused with {status}: {data.decode(errors='replace')}"
-            )
+        self._request("POST", "/heartbeat", request, retry_for_s=0.0)
 
     def round_info(self) -> RoundInfo:
         return parse_json(RoundInfo, self._request("GET", "/round", None))

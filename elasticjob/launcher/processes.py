@@ -203,9 +203,7 @@ class LocalWorkerLauncher(WorkerLauncher):
         try:
             await asyncio.wait_for(process.wait(), self._stop_grace_s)
         except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
+            await self.kill(worker)
 
     async def kill(self, worker: WorkerId) -> None:
         """SIGKILL the worker's process group (a stopped process cannot handle SIGTERM)."""

@@ -50,7 +50,6 @@ DEFAULT_MAX_WORKERS: Final = 1024
 class JobLimits:
     """The bounds of one job (see the module docstring)."""
 
-    max_workers: int
     requests_per_s: float
     burst: float
     long_polls: int
@@ -62,7 +61,6 @@ class JobLimits:
             raise ValueError(f"a job's maximum worker count must be >= 1, got {max_workers}")
         rate = max(MIN_REQUESTS_PER_S, NORMAL_REQUESTS_PER_WORKER_S * HEADROOM * max_workers)
         return cls(
-            max_workers=max_workers,
             requests_per_s=rate,
             burst=rate * BURST_SECONDS,
             long_polls=max(MIN_LONG_POLLS, LONG_POLLS_PER_WORKER * HEADROOM * max_workers),

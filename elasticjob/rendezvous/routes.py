@@ -200,7 +200,7 @@ class _Api:
                 503,
                 f"job {name!r} is not served yet (the service is taking its jobs back "
                 "after a restart): retry",
-                headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)},
+                headers=_retry_after(RETRY_AFTER_S),
             )
         if job is None or not job.check_token(token):
             raise ApiError(403, f"the token is not valid for job {name!r}")
