@@ -54,7 +54,14 @@ from elasticjob.operator.api.podschema import PodSchema
 from elasticjob.operator.api.validation import name_errors
 from elasticjob.operator.hosts import PodDiscovery, PodLauncher, driver_settings
 from elasticjob.operator.kube import KubeApi, refusal
-from elasticjob.operator.scaling import PodPlan, ReplicasClamp, plan_pods, pods_to_clean, read_spec
+from elasticjob.operator.scaling import (
+    PodPlan,
+    ReplicasClamp,
+    blacklist_key,
+    plan_pods,
+    pods_to_clean,
+    read_spec,
+)
 from elasticjob.operator.status import Observation, observe
 from elasticjob.operator.status_writer import StatusWriter
 from elasticjob.operator.token import RefusedJobError, ensure_token
@@ -163,7 +170,6 @@ class JobController:
     async def run(self, body: Mapping[str, Any], stopped: Stopped) -> None:
         """Run the job until it ends or the operator stops (``stopped``)."""
         self._job = {"metadata": dict(body["metadata"])}
-        self._pods = {name: pod for name, pod in self._pods.items() if self._owns(pod)}
         try:
             if errors := name_errors(self.name):
                 raise InvalidSpecError(errors)
@@ -345,8 +351,8 @@ class JobController:
                 warning=True,
             )
             node_scope = spec.blacklist.scope is BlacklistScope.NODE
-            key = view.node if node_scope else view.name
-            if key:
+            key = blacklist_key(view, spec.blacklist.scope)
+            if key is not None:
                 self._blacklist.add(key)
                 await self._event(
                     body,

@@ -88,10 +88,16 @@ class PodPlan:
     the driver's hosts."""
 
 
+def blacklist_key(view: PodView, scope: BlacklistScope) -> str | None:
+    """What a failure of ``view`` blacklists, and what keeps it out: its node (scope Node;
+    None while it has none) or itself (scope Pod)."""
+    return (view.node if scope is BlacklistScope.NODE else view.name) or None
+
+
 def is_blacklisted(view: PodView, scope: BlacklistScope, blacklisted: Collection[str]) -> bool:
     """Whether ``view`` is kept out: its node (scope Node) or itself (scope Pod) is
     blacklisted."""
-    key = view.node if scope is BlacklistScope.NODE else view.name
+    key = blacklist_key(view, scope)
     return key is not None and key in blacklisted
 
 
@@ -152,8 +158,7 @@ def plan_pods(
             v
             for v in views.values()
             if v.state is PodState.RUNNING
-            and v.name not in chosen
-            and not is_blacklisted(v, scope, blacklisted)
+            and v.name not in chosen  # a running blacklisted pod drains: it is chosen
         ),
         key=lambda v: (rank.get(v.name, len(rank)), v.created, v.name),
     )
