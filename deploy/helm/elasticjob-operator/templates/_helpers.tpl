@@ -123,15 +123,20 @@ namespace is watched, else in a Role per watched namespace.
   resources: ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"]
   resourceNames: [{{ include "elasticjob-operator.webhookConfigName" . | quote }}]
   verbs: ["get", "list", "watch", "patch", "update"]
-{{- if .Values.rbac.create }}
 # The operator makes this ClusterRole the owner of its webhook configurations (it reads its uid),
 # so that they go with the release.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["clusterroles"]
-  resourceNames: [{{ printf "%s-cluster" (include "elasticjob-operator.fullname" .) | quote }}]
+  resourceNames: [{{ include "elasticjob-operator.clusterRoleName" . | quote }}]
   verbs: ["get"]
 {{- end }}
-{{- end }}
+{{- end -}}
+
+{{/*
+Name of the release's ClusterRole (it also owns the webhook configurations).
+*/}}
+{{- define "elasticjob-operator.clusterRoleName" -}}
+{{ include "elasticjob-operator.fullname" . }}-cluster
 {{- end -}}
 
 {{/*
