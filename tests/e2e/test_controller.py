@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from devcluster import Cluster
 from tests.devcluster.helpers import Kube
 from tests.e2e.test_operator import (  # the module's helm-installed operator and helpers
@@ -18,9 +20,10 @@ from tests.e2e.test_operator import (  # the module's helm-installed operator an
     job_manifest,
     operator,
     restart_operator,
+    stop_workers,
     wait_status,
 )
-from tests.integration.harness import JobRun, kill_leftovers, read_events
+from tests.integration.harness import read_events
 
 __all__ = ["operator"]  # a fixture of this module too
 
@@ -119,7 +122,7 @@ def test_blacklisted_nodes_stay_blacklisted_after_an_operator_restart(
         assert all(w["node"] != victim["node"] for w in scaled["workers"])
         (tmp_path / "stop").touch()
     finally:
-        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+        stop_workers(kube, log_dir)
 
 
 def test_out_of_range_replicas_are_clamped_and_never_fail_the_job(
@@ -170,7 +173,7 @@ def test_out_of_range_replicas_are_clamped_and_never_fail_the_job(
         done = wait_status(kube, "clamp", "success", lambda s: s.get("phase") == "Succeeded", 180)
         assert condition(done, "Ready")["status"] == "False"
     finally:
-        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+        stop_workers(kube, log_dir)
 
 
 def test_unschedulable_worker_pods_are_named_with_the_schedulers_message(
@@ -196,12 +199,16 @@ def test_unschedulable_worker_pods_are_named_with_the_schedulers_message(
     assert stuck["observedGeneration"] == (kube.get("ej", "huge") or {})["metadata"]["generation"]
 
 
-def test_a_frozen_worker_is_evicted_and_the_survivors_re_form(
-    operator: Cluster, kube: Kube, tmp_path: Path
+@pytest.mark.parametrize("fault", ["freeze", "partition"])
+def test_a_silent_worker_is_evicted_and_the_survivors_re_form(
+    operator: Cluster, kube: Kube, tmp_path: Path, fault: str
 ) -> None:
-    """A worker process that stops answering (SIGSTOP: alive, frozen) sends no heartbeat: its
-    pod is deleted and counted as failed, its node blacklisted, and the survivors re-form
-    without it within 10 s of the freeze instead of waiting out the collective timeout."""
+    """A worker that stops answering sends no heartbeat: frozen (SIGSTOP: alive, its process
+    stopped) or partitioned (alive and running, its pod's network cut off). Its pod is
+    deleted and counted as failed, its node blacklisted, and the survivors re-form without it
+    within 10 s instead of waiting out the collective timeout."""
+    if fault == "partition" and operator.config.runtime == "process":
+        pytest.skip("process nodes share the machine's network: nothing to partition")
     log_dir = tmp_path / "events"
     kube.apply(
         job_manifest(
@@ -222,11 +229,14 @@ def test_a_frozen_worker_is_evicted_and_the_survivors_re_form(
         )
         victim = next(w for w in first["workers"] if 0 not in w["ranks"])
         stopped_at = time.time()
-        assert operator.faults.stop(victim["pod"], kube.ns), "no process was frozen"
+        if fault == "freeze":
+            assert operator.faults.stop(victim["pod"], kube.ns), "no process was frozen"
+        else:
+            operator.faults.partition(victim["pod"], kube.ns)
         recovered = wait_status(
             kube,
             "frozen",
-            "re-formed without the frozen worker, its node blacklisted",
+            f"re-formed without the {fault} worker, its node blacklisted",
             lambda s: (
                 s.get("round", 0) > first["round"]
                 and all(w["pod"] != victim["pod"] for w in s.get("workers", []))
@@ -242,7 +252,7 @@ def test_a_frozen_worker_is_evicted_and_the_survivors_re_form(
         )
         assert reformed_at - stopped_at <= 10.0, f"re-formed {reformed_at - stopped_at:.1f} s after"
         kube.wait(
-            "the frozen worker's pod deleted",
+            f"the {fault} worker's pod deleted",
             lambda: all(
                 p["metadata"]["name"] != victim["pod"]
                 for p in kube.pods("elasticjob.dev/job-name=frozen")
@@ -257,4 +267,4 @@ def test_a_frozen_worker_is_evicted_and_the_survivors_re_form(
         (epochs,) = {e["epochs"] for e in finals}
         assert all(e["seen_min"] == e["seen_max"] == epochs for e in finals), finals
     finally:
-        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+        stop_workers(kube, log_dir)

@@ -21,12 +21,12 @@ from elasticjob.operator.api import worker_labels
 from tests.devcluster.helpers import Kube, pod_manifest
 from tests.e2e.test_controller import condition, delete_webhook, wait_ready
 from tests.e2e.test_operator import (  # the module's helm-installed operator and helpers
-    SYSTEM_NS,
     job_manifest,
     operator,
+    operator_logs,
+    stop_workers,
     wait_status,
 )
-from tests.integration.harness import JobRun, kill_leftovers, read_events
 
 __all__ = ["operator"]  # a fixture of this module too
 
@@ -166,7 +166,7 @@ def test_a_planted_pod_with_the_jobs_labels_is_neither_a_worker_nor_deleted(
         left = kube.get("pod", "planted")
         assert left is not None and not left["metadata"].get("deletionTimestamp"), left
     finally:
-        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+        stop_workers(kube, log_dir)
 
 
 def test_a_planted_token_secret_fails_the_job_and_is_never_used(
@@ -226,7 +226,7 @@ def test_a_token_secret_left_by_an_earlier_job_of_the_name_is_waited_out(
         (tmp_path / "stop").touch()
         wait_status(kube, "again", "success", lambda s: s.get("phase") == "Succeeded", 180)
     finally:
-        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+        stop_workers(kube, log_dir)
 
 
 CARELESS = {
@@ -283,10 +283,7 @@ def test_without_the_webhook_careless_specs_fail_once_with_no_pods_left(
         ]
         assert len(refusals) == 1, (name, [e["message"] for e in refusals])
     assert json.loads(kube.kubectl("get", "pods", "-o", "json"))["items"] == []
-    logs = "\n".join(
-        path.read_text(errors="replace")
-        for path in kube.cluster.config.pods_dir.glob(f"{SYSTEM_NS}_*/logs/*/*.log")
-    )
+    logs = operator_logs(kube.cluster)
     assert "elasticjob" in logs, "the operator's log was not found"
     restarts = [
         line for line in logs.splitlines() if f"job {kube.ns}/" in line and "restart" in line

@@ -18,11 +18,12 @@ from tests.e2e.test_operator import (
     job_manifest,
     operator,
     operator_pods,
+    stop_workers,
     wait_operator_serving,
     wait_status,
     worker_logs,
 )
-from tests.integration.harness import JobRun, kill_leftovers, read_events
+from tests.integration.harness import read_events
 
 __all__ = ["operator"]
 
@@ -82,7 +83,7 @@ def test_a_worker_lost_while_the_operator_restarts_is_recovered_from(
         stop_file.touch()
         wait_status(kube, "restart", "success", lambda s: s.get("phase") == "Succeeded", 180)
     finally:
-        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+        stop_workers(kube, log_dir)
 
 
 def test_after_uninstall_jobs_and_the_crd_can_be_deleted(operator: Cluster, kube: Kube) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import os
 import socket
 import ssl
 import urllib.request
@@ -24,7 +25,7 @@ import yaml
 from devcluster import Cluster
 from elasticjob import wire
 from tests.devcluster.helpers import Kube
-from tests.integration.harness import JobRun, kill_leftovers, read_events
+from tests.integration.harness import read_events
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "elasticjob-operator"
@@ -61,6 +62,12 @@ def operator(cluster: Cluster) -> Iterator[Cluster]:
 
 
 def job_manifest(name: str, log_dir: Path, stop_file: Path, **spec: Any) -> dict[str, Any]:
+    """An ElasticJob running the integration tests' worker script. The script and the
+    directory of its event log and stop file are hostPath volumes at the same paths, so the
+    test reads what workers write on real nodes (containers) and process nodes alike."""
+    scratch = Path(os.path.commonpath([log_dir, stop_file.parent]))
+    scratch.mkdir(parents=True, exist_ok=True)
+    scratch.chmod(0o777)  # the worker image runs as a non-root user
     command = [
         "python",
         str(WORKER),
@@ -75,6 +82,7 @@ def job_manifest(name: str, log_dir: Path, stop_file: Path, **spec: Any) -> dict
         "--step-time",
         "0.05",
     ]
+    mounts = {"tests": WORKER.parent, "scratch": scratch}
     return {
         "apiVersion": "elasticjob.dev/v1alpha1",
         "kind": "ElasticJob",
@@ -89,7 +97,18 @@ def job_manifest(name: str, log_dir: Path, stop_file: Path, **spec: Any) -> dict
                 "spec": {
                     "terminationGracePeriodSeconds": 30,
                     "containers": [
-                        {"name": "worker", "image": "elasticjob/worker:0.1.0", "command": command}
+                        {
+                            "name": "worker",
+                            "image": "elasticjob/worker:0.1.0",
+                            "command": command,
+                            "volumeMounts": [
+                                {"name": n, "mountPath": str(path)} for n, path in mounts.items()
+                            ],
+                        }
+                    ],
+                    "volumes": [
+                        {"name": n, "hostPath": {"path": str(path), "type": "Directory"}}
+                        for n, path in mounts.items()
                     ],
                 }
             },
@@ -153,11 +172,30 @@ def restart_operator(kube: Kube) -> None:
     wait_operator_serving(kube, old)
 
 
-def worker_logs(kube: Kube) -> str:
-    return "\n".join(
-        path.read_text(errors="replace")
-        for path in kube.cluster.config.pods_dir.glob(f"{kube.ns}_*/logs/*/*.log")
+def operator_logs(cluster: Cluster) -> str:
+    """The logs of the operator's pods."""
+    found = cluster.kubectl(
+        "-n", SYSTEM_NS, "logs", "-l", OPERATOR_PODS, "--tail=-1", "--all-containers"
     )
+    return found.stdout
+
+
+def worker_logs(kube: Kube) -> str:
+    """The logs of the job's current worker pods (from the kubelet, through the API)."""
+    pods = kube.pods("elasticjob.dev/job-name")
+    return "\n".join(
+        kube.kubectl("logs", p["metadata"]["name"], "--all-containers", check=False) for p in pods
+    )
+
+
+def stop_workers(kube: Kube, log_dir: Path) -> None:
+    """End whatever workers a test left behind, at once: their pods on real nodes, their
+    processes on process nodes (the events name their pids there)."""
+    if kube.cluster.config.runtime == "process":
+        stop_workers(kube, log_dir)
+        return
+    kube.kubectl("delete", "ej", "--all", "--wait=false", check=False)
+    kube.kubectl("delete", "pods", "--all", "--grace-period=0", "--force", check=False)
 
 
 def test_elastic_job_scales_survives_failures_and_finishes(
@@ -168,7 +206,7 @@ def test_elastic_job_scales_survives_failures_and_finishes(
     try:
         run_lifecycle(kube, log_dir, stop_file)
     finally:
-        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+        stop_workers(kube, log_dir)
 
 
 def run_lifecycle(kube: Kube, log_dir: Path, stop_file: Path) -> None:
@@ -431,7 +469,7 @@ def test_slots_per_worker_runs_a_process_per_slot(
         finals = [e for e in read_events(tmp_path / "events") if e["ev"] == "done"]
         assert len(finals) == 4 and len({e["digest"] for e in finals}) == 1
     finally:
-        kill_leftovers(JobRun(0, "", "", read_events(tmp_path / "events")))
+        stop_workers(kube, tmp_path / "events")
 
 
 def test_preemption_and_a_not_ready_node_are_survived(
@@ -478,7 +516,7 @@ def test_preemption_and_a_not_ready_node_are_survived(
         )
         (tmp_path / "stop").touch()
     finally:
-        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+        stop_workers(kube, log_dir)
 
 
 def test_without_the_webhook_an_invalid_job_is_marked_failed_and_left_alone(

@@ -36,10 +36,11 @@ from tests.e2e.test_operator import (  # the module's helm-installed operator an
     operator_ip,
     rendezvous_status,
     secret_token,
+    stop_workers,
     wait_status,
     worker_env,
 )
-from tests.integration.harness import JobRun, kill_leftovers, read_events
+from tests.integration.harness import read_events
 
 __all__ = ["operator"]
 
@@ -132,7 +133,7 @@ def test_a_job_trains_over_verified_tls_and_plain_http_gets_nothing(
         finals = [e for e in read_events(log_dir) if e["ev"] == "done"]
         assert len(finals) == 2 and len({e["digest"] for e in finals}) == 1, finals
     finally:
-        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+        stop_workers(kube, log_dir)
 
 
 def test_a_provided_certificate_is_served_and_its_ca_handed_to_workers(
@@ -166,7 +167,7 @@ def test_a_provided_certificate_is_served_and_its_ca_handed_to_workers(
         stop_file.touch()
         wait_status(kube, "provided", "success", lambda s: s.get("phase") == "Succeeded", 180)
     finally:
-        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+        stop_workers(kube, log_dir)
         upgrade(operator, "rendezvous.tls.secretName=")
         operator.kubectl("-n", SYSTEM_NS, "delete", "secret", "provided-tls", check=False)
 
