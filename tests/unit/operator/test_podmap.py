@@ -172,7 +172,7 @@ def test_pod_map_merges(steps: list[Step], expected: dict[str, str], removed: li
 
 
 def test_a_merge_says_whether_it_changed_anything() -> None:
-    pods, changes = run(
+    _, changes = run(
         [
             ("ADDED", pod("a", 5)),
             ("ADDED", pod("a", 5)),
