@@ -23,7 +23,7 @@ from elasticjob.operator.kube import KubeApi
 from elasticjob.rendezvous.server import RendezvousService
 from tests.devcluster.helpers import Kube
 from tests.e2e.test_controller import delete_webhook
-from tests.e2e.test_operator import CHART, job_manifest
+from tests.e2e.test_operator import CHART, job_manifest, operator_pods
 from tests.integration.harness import JobRun, kill_leftovers, read_events
 
 CRD = CHART / "crds" / "elasticjob.dev_elasticjobs.yaml"
@@ -95,9 +95,11 @@ async def wait_for(what: str, check: Callable[[], bool], timeout_s: float) -> No
 async def test_the_first_round_forms_though_the_watch_misses_the_running_pods(
     cluster: Cluster, kube: Kube, service: RendezvousService, tmp_path: Path
 ) -> None:
+    # A helm-installed operator of an earlier module must be gone: it would run the job too.
+    kube.wait("no operator pod", lambda: not operator_pods(cluster), timeout=120)
+    delete_webhook(cluster)
     cluster.kubectl("apply", "-f", str(CRD))
     cluster.kubectl("wait", "--for=condition=Established", "crd/elasticjobs.elasticjob.dev")
-    delete_webhook(cluster)  # a helm-installed operator's, if one ran before
     kubernetes.config.load_kube_config(config_file=str(cluster.config.kubeconfig))
     log_dir, stop_file = tmp_path / "events", tmp_path / "stop"
     kube.apply(job_manifest("lossy", log_dir, stop_file, replicas=2, minReplicas=2))
