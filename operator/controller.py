@@ -4,10 +4,11 @@ The driver (``elasticjob.driver``, the same code ``elasticjob-run`` uses) decide
 module feeds it and carries out what it cannot do itself on Kubernetes. Its decisions are
 pure functions in other modules; it only gathers their input and carries them out:
 
-- scaling (``scaling.plan_pods``): worker pods are created up to ``replicas`` (clamped to
-  [min, max] by ``scaling.read_spec``), off blacklisted nodes; scale-in picks the newest
-  pods, drops them from the driver's hosts (the driver tells their workers, which leave at
-  their next check without rollback) and deletes them once they have exited, or after a
+- the job's pods (``podmap``): watch events, create responses and re-lists (periodic, and
+  sooner while the driver waits for hosts) merged by resourceVersion: none stays stale;
+- scaling (``scaling.plan_pods``): worker pods up to ``replicas`` (clamped by
+  ``scaling.read_spec``), off blacklisted nodes; scale-in drains the newest pods (their workers
+  leave at their next check, without rollback) and deletes them once exited or after a
   deadline; a host is a Running worker pod that is not leaving and not blacklisted;
 - failures: a failed, vanished or NotReady-node pod is reported to the driver as failed
   worker processes (it tells the survivors at once), and its node (or, with scope Pod, the
@@ -27,7 +28,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
@@ -54,6 +55,7 @@ from elasticjob.operator.api.podschema import PodSchema
 from elasticjob.operator.api.validation import name_errors
 from elasticjob.operator.hosts import PodDiscovery, PodLauncher, driver_settings
 from elasticjob.operator.kube import KubeApi, refusal
+from elasticjob.operator.podmap import PodChange, PodMap
 from elasticjob.operator.scaling import (
     PodPlan,
     ReplicasClamp,
@@ -64,6 +66,7 @@ from elasticjob.operator.scaling import (
 )
 from elasticjob.operator.status import Observation, observe
 from elasticjob.operator.status_writer import StatusWriter
+from elasticjob.operator.supervisor import Stopped
 from elasticjob.operator.token import RefusedJobError, ensure_token
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire import WorkerId
@@ -82,12 +85,6 @@ class ControllerSettings:
     reconcile_interval_s: float = 1.0
     pod_schema: PodSchema | None = None
     """The API server's Pod schema: a pod template field a pod does not have is invalid."""
-
-
-class Stopped(Protocol):
-    """Set when the operator stops (kopf's ``stopped`` flag of a daemon)."""
-
-    def is_set(self) -> bool: ...
 
 
 class JobController:
@@ -114,7 +111,7 @@ class JobController:
         self._clock, self._wall_clock = clock, wall_clock
         self._job: Mapping[str, Any] | None = None
         """The ElasticJob (its metadata: whose pods are its own)."""
-        self._pods: dict[str, dict[str, Any]] = {}
+        self._pods = PodMap(clock)
         self._reported: set[str] = set()
         self._deleted: set[str] = set()
         self._hung: set[str] = set()
@@ -142,14 +139,20 @@ class JobController:
     def on_pod_event(self, event_type: str, pod: Mapping[str, Any]) -> None:
         if not self._owns(pod):
             return  # it has the job's labels, not its ownerReference: not a worker
-        name = pod["metadata"]["name"]
-        if event_type == "DELETED":
-            gone = self._pods.pop(name, None)
-            if gone is not None and name not in self._deleted and name not in self._reported:
-                self._fail_pod(podlib.view(gone), "the pod disappeared", exit_code=137)
-        else:
-            self._pods[name] = dict(pod)
-        self._wake.set()
+        self._merge(self._pods.apply(event_type, pod))
+
+    def _merge(self, change: PodChange) -> None:
+        for name in change.removed:
+            if name not in self._deleted and name not in self._reported:
+                self._fail_pod(name, "the pod disappeared", exit_code=137)
+        if change.changed:
+            self._wake.set()
+
+    async def _relist(self) -> None:
+        """Merge a fresh list of the job's pods: what the watch missed is caught up."""
+        listed = await self._api.list_pods(self.namespace, worker_selector(self.name))
+        owned = [pod for pod in listed.items if self._owns(pod)]
+        self._merge(self._pods.replace(owned, listed.resource_version))
 
     def evict(self, name: str) -> None:
         """A worker of this pod stopped answering: it fails, as a failed pod does."""
@@ -185,16 +188,14 @@ class JobController:
                 raise
             logger.warning("job %s: %s", self.job_id, message)
             await self._refuse(body, message)
-            for name in list(self._pods):
+            for name in self._pods.snapshot():
                 await self.delete_pod(name)
 
     async def _run(self, body: Mapping[str, Any], spec: ElasticJobSpec, stopped: Stopped) -> None:
         token = await ensure_token(self._api, self.namespace, body)
         # Pods first: the job joins the rendezvous service with the driver, and adopts its
         # recorded round right after, with no API call in between.
-        for pod in await self._api.list_pods(self.namespace, worker_selector(self.name)):
-            if self._owns(pod):
-                self._pods[pod["metadata"]["name"]] = pod
+        await self._relist()
         policy = spec.blacklist.policy()
         self._blacklist = Blacklist[str](policy, self._clock)
         slots = self._slots = spec.slots_per_worker
@@ -239,13 +240,10 @@ class JobController:
             return False
         driver.adopt(recorded.round, recorded.slots, recorded.notice_seq)
         self._rank_order = list(recorded.rank_order)
+        pods = self._pods.snapshot()
         for pod in recorded.rank_order:
-            if pod not in self._pods:
-                self._fail_pod(
-                    podlib.PodView(pod, podlib.PodState.FAILED, None, None, ""),
-                    "the pod disappeared while the operator was away",
-                    137,
-                )
+            if pod not in pods:
+                self._fail_pod(pod, "the pod disappeared while the operator was away", 137)
         logger.info(
             "job %s: resumed round %s after an operator restart", self.job_id, recorded.round
         )
@@ -272,9 +270,11 @@ class JobController:
     async def _reconcile(self, body: Mapping[str, Any], spec: ElasticJobSpec) -> None:
         assert self.driver is not None
         now = self._clock()
+        if self._pods.resync_due(waiting=len(self._discovery.hosts) < spec.replicas):
+            await self._relist()  # the driver waits for hosts: a missed event may hide one
         views = {
             name: podlib.view(pod, not_ready_nodes=self._not_ready_nodes, hung=self._hung)
-            for name, pod in self._pods.items()
+            for name, pod in self._pods.snapshot().items()
         }
         for view in views.values():
             await self._account(body, spec, view)
@@ -328,12 +328,12 @@ class JobController:
             )
             created = await self._api.create_pod(self.namespace, pod)
             self.pods_created += 1
-            self._pods[created["metadata"]["name"]] = created
+            self._merge(self._pods.apply("ADDED", created))
         for name in plan.delete:
             await self.delete_pod(name)
         for name in plan.overdue:
             logger.warning("job %s: pod %s did not leave in time", self.job_id, name)
-            self._fail_pod(views[name], "did not leave in time", exit_code=1)
+            self._fail_pod(name, "did not leave in time", exit_code=1)
             await self.delete_pod(name, grace_s=0)
 
     async def _account(
@@ -343,7 +343,7 @@ class JobController:
         if view.name in self._reported:
             return
         if view.state is podlib.PodState.FAILED:
-            self._fail_pod(view, view.reason, exit_code=view.exit_code or 1)
+            self._fail_pod(view.name, view.reason, exit_code=view.exit_code or 1)
             await self._event(
                 body,
                 "WorkerFailed",
@@ -369,10 +369,10 @@ class JobController:
                 await self.delete_pod(view.name)
             # A member that succeeded finished training: it stays, as cleanPodPolicy says.
 
-    def _fail_pod(self, view: podlib.PodView, reason: str, exit_code: int) -> None:
-        self._reported.add(view.name)
-        logger.warning("job %s: worker pod %s failed: %s", self.job_id, view.name, reason)
-        self._exit_workers(view.name, exit_code, self._slots)
+    def _fail_pod(self, name: str, reason: str, exit_code: int) -> None:
+        self._reported.add(name)
+        logger.warning("job %s: worker pod %s failed: %s", self.job_id, name, reason)
+        self._exit_workers(name, exit_code, self._slots)
 
     def _exit_workers(self, pod: str, exit_code: int, slots: int) -> None:
         if self.driver is None:
@@ -393,7 +393,7 @@ class JobController:
     ) -> None:
         reason = "Succeeded" if result.success else "Failed"
         await self._event(body, reason, result.message, warning=not result.success)
-        views = {name: podlib.view(pod) for name, pod in self._pods.items()}
+        views = {name: podlib.view(pod) for name, pod in self._pods.snapshot().items()}
         await self._status.write(body, self._observe(spec, views))
         for name in pods_to_clean(list(views.values()), spec.clean_pod_policy):
             await self.delete_pod(name)

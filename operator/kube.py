@@ -13,6 +13,7 @@ import datetime
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import kubernetes
@@ -28,6 +29,14 @@ REQUEST_TIMEOUT_S = 10.0
 
 
 _REFUSALS = {400, 403, 404, 409, 413, 422}
+
+
+@dataclass(frozen=True)
+class PodList:
+    """Pods as listed, and the list's ``metadata.resourceVersion`` (the moment it shows)."""
+
+    items: list[dict[str, Any]]
+    resource_version: str | None
 
 
 def refusal(exc: ApiException) -> str | None:
@@ -98,12 +107,14 @@ class KubeApi:
         result: dict[str, Any] = kubernetes.client.ApiClient().sanitize_for_serialization(created)
         return result
 
-    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+    async def list_pods(self, namespace: str, selector: str) -> PodList:
+        """The pods in ``namespace`` that ``selector`` (a label selector) selects."""
         found = await self._call(
             "list pods", self.core.list_namespaced_pod, namespace, label_selector=selector
         )
         serialize = kubernetes.client.ApiClient().sanitize_for_serialization
-        return [serialize(pod) for pod in found.items]
+        version = found.metadata.resource_version if found.metadata is not None else None
+        return PodList([serialize(pod) for pod in found.items], version)
 
     async def delete_pod(self, namespace: str, name: str, grace_s: int | None = None) -> None:
         try:

@@ -19,7 +19,7 @@ import copy
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from elasticjob.operator.api import Phase
 
@@ -28,6 +28,13 @@ logger = logging.getLogger(__name__)
 RunJob = Callable[[str, str, Mapping[str, Any], asyncio.Event], Awaitable[None]]
 """Runs one job: ``(namespace, name, body, stopped)``. ``body`` is kept up to date with the
 job's latest version; ``stopped`` is set when the job is deleted or the operator stops."""
+
+
+class Stopped(Protocol):
+    """Set when the job is deleted or the operator stops (an :class:`asyncio.Event`)."""
+
+    def is_set(self) -> bool: ...
+
 
 ENDED_PHASES = frozenset({Phase.SUCCEEDED.value, Phase.FAILED.value})
 
