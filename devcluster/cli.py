@@ -13,7 +13,7 @@ from pathlib import Path
 from devcluster.bench import run_bench
 from devcluster.build import find_binaries, run_prereqs
 from devcluster.cluster import Cluster
-from devcluster.config import ClusterConfig, default_cache_dir, default_run_dir
+from devcluster.config import RUNTIMES, ClusterConfig, default_cache_dir, default_run_dir
 from devcluster.faults import FaultError
 
 logger = logging.getLogger(__name__)
@@ -30,6 +30,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     extended = dict(item.split("=", 1) for item in args.node_resource)
     cfg = ClusterConfig(
         run_dir=args.run_dir,
+        runtime=args.runtime,
+        net=args.net,
         nodes=args.nodes,
         node_cpu=args.node_cpu,
         node_memory=args.node_memory,
@@ -174,7 +176,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start a cluster (builds the binaries on first use)")
-    up.add_argument("--nodes", type=int, default=4)
+    up.add_argument(
+        "--runtime", choices=RUNTIMES, default="process",
+        help="process: the node agent runs pods as host processes (fast); containerd: real "
+        "kubelets, containerd, runc, CNI and kube-proxy, one network namespace per node",
+    )  # fmt: skip
+    up.add_argument("--nodes", type=int, default=0, help="default: 4 process or 3 real nodes")
+    up.add_argument(
+        "--net", type=int, default=0,
+        help="0..219: address block of this cluster (beside others on this machine)",
+    )  # fmt: skip
     up.add_argument("--node-cpu", default="4")
     up.add_argument("--node-memory", default="8Gi")
     up.add_argument("--node-pods", type=int, default=110)
