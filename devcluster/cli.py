@@ -1,4 +1,4 @@
-"""Command line: ``python -m devcluster up|down|status|kubeconfig|logs|fault|build``."""
+"""Command line: ``python -m devcluster up|down|status|kubeconfig|logs|fault|build|images``."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from devcluster.build import find_binaries, run_prereqs
 from devcluster.cluster import Cluster
 from devcluster.config import RUNTIMES, ClusterConfig, default_cache_dir, default_run_dir
 from devcluster.faults import FaultError
+from devcluster.imagebuild import ensure_images
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +163,15 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_images(args: argparse.Namespace) -> int:
+    """Build (or find cached) the pause, base, operator and worker images."""
+    for image in ensure_images(default_cache_dir(), rebuild=args.rebuild):
+        took = "cached" if image.build_seconds is None else f"built in {image.build_seconds:.1f} s"
+        print(f"{image.name:48} {image.archive.stat().st_size / 2**20:7.0f} MiB  {took}")
+        print(f"  {image.archive}")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Measure up time, pod start latency and agent CPU on a private cluster."""
     result = run_bench(samples=args.samples, idle=args.idle, window=args.window)
@@ -223,6 +233,9 @@ def parser() -> argparse.ArgumentParser:
     fault.add_argument("--seconds", type=float, help="node-notready: come back after this long")
     fault.set_defaults(fn=cmd_fault)
     sub.add_parser("build", help="build/fetch the binaries").set_defaults(fn=cmd_build)
+    images = sub.add_parser("images", help="build the node images (pause, base, operator, worker)")
+    images.add_argument("--rebuild", action="store_true", help="build even when cached")
+    images.set_defaults(fn=cmd_images)
     bench = sub.add_parser("bench", help="measure the numbers of docs/devcluster.md")
     bench.add_argument("--samples", type=int, default=20)
     bench.add_argument("--idle", type=int, default=50)
