@@ -89,6 +89,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("cluster is not (fully) running")
         return 1
     print(f"kubeconfig                 {cluster.kubeconfig}")
+    if cluster.config.real:
+        nodes = cluster.kubectl("get", "nodes", "-o", "wide", check=False)
+        pods = cluster.kubectl("get", "pods", "-A", "-o", "wide", check=False)
+        print(nodes.stdout + pods.stdout, end="")
+        return 0
     try:
         status = cluster.faults.agent_status()
     except (OSError, FaultError) as err:
@@ -112,8 +117,22 @@ def cmd_kubeconfig(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    """Print a pod's logs from disk (works after the pod is gone)."""
-    cfg = _attach(args.run_dir).config
+    """Print a pod's logs: process nodes from disk (also after the pod is gone), real nodes
+    through the API from the kubelet (``kubectl logs``)."""
+    cluster = _attach(args.run_dir)
+    if cluster.config.real:
+        argv = [
+            "logs",
+            "-n",
+            args.namespace,
+            args.pod,
+            *(["-c", args.container] * bool(args.container)),
+        ]
+        result = cluster.kubectl(*argv, check=False)
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        return result.returncode
+    cfg = cluster.config
     dirs = sorted(
         cfg.pods_dir.glob(f"{args.namespace}_{args.pod}_*/logs"), key=lambda p: p.stat().st_mtime
     )
@@ -149,6 +168,10 @@ def cmd_fault(args: argparse.Namespace) -> int:
             faults.node_add(args.target)
         elif args.fault == "evict":
             faults.evict(args.target, args.namespace)
+        elif args.fault == "partition":
+            faults.partition(args.target, args.namespace, args.mode, args.allow)
+        elif args.fault == "heal":
+            faults.heal(args.target, args.namespace)
     except FaultError as err:
         print(f"fault failed: {err}", file=sys.stderr)
         return 1
@@ -216,7 +239,7 @@ def parser() -> argparse.ArgumentParser:
     kc = sub.add_parser("kubeconfig", help="print the admin kubeconfig path")
     kc.add_argument("--content", action="store_true", help="print the file itself")
     kc.set_defaults(fn=cmd_kubeconfig)
-    logs = sub.add_parser("logs", help="a pod's logs from disk")
+    logs = sub.add_parser("logs", help="a pod's logs (process nodes: from disk)")
     logs.add_argument("pod")
     logs.add_argument("-n", "--namespace", default="default")
     logs.add_argument("-c", "--container")
@@ -225,12 +248,20 @@ def parser() -> argparse.ArgumentParser:
     fault.add_argument(
         "fault",
         choices=["kill", "stop", "cont", "evict", "node-notready", "node-ready", "node-delete",
-                 "node-add"],
+                 "node-add", "partition", "heal"],
     )  # fmt: skip
     fault.add_argument("target", help="pod name, or node name for node-* faults")
     fault.add_argument("-n", "--namespace", default="default")
     fault.add_argument("-c", "--container")
     fault.add_argument("--seconds", type=float, help="node-notready: come back after this long")
+    fault.add_argument(
+        "--mode", choices=["all", "peers"], default="all",
+        help="partition: all (only loopback works) or peers (other pods are cut off)",
+    )  # fmt: skip
+    fault.add_argument(
+        "--allow", action="append", default=[], metavar="IP",
+        help="partition: an address that stays reachable (e.g. the rendezvous'); repeatable",
+    )  # fmt: skip
     fault.set_defaults(fn=cmd_fault)
     sub.add_parser("build", help="build/fetch the binaries").set_defaults(fn=cmd_build)
     images = sub.add_parser("images", help="build the node images (pause, base, operator, worker)")

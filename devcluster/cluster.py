@@ -27,6 +27,7 @@ from devcluster import pki, procs, realcluster
 from devcluster.build import Binaries, find_binaries
 from devcluster.config import ClusterConfig, read_token
 from devcluster.faults import Faults
+from devcluster.realfaults import RealFaults
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class Cluster:
 
     def __init__(self, config: ClusterConfig | None = None) -> None:
         self.config = config or ClusterConfig()
-        self.faults: Faults = Faults(self.config)
+        self.faults: Faults = RealFaults(self) if self.config.real else Faults(self.config)
         self._pids: dict[str, int] = {}
         #: Components stopped on purpose (faults): not reported as dead while waiting.
         self._stopped: set[str] = set()

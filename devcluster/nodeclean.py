@@ -74,11 +74,13 @@ def container_ids(node: RealNode) -> set[str]:
     return ids
 
 
-def kill_containers(cfg: ClusterConfig, timeout: float = 30.0) -> None:
-    """``runc delete --force`` every container of every node: kills its processes (frozen
-    ones too) and removes its cgroups and runc state."""
+def kill_containers(
+    cfg: ClusterConfig, nodes: list[RealNode] | None = None, timeout: float = 30.0
+) -> None:
+    """``runc delete --force`` every container of the nodes (default: all): kills its
+    processes (frozen ones too) and removes its cgroups and runc state."""
     deadline = time.monotonic() + timeout
-    for node in real_nodes(cfg):
+    for node in real_nodes(cfg) if nodes is None else nodes:
         root = _runc_root(node)
         while root.is_dir() and (ids := [p.name for p in root.iterdir()]):
             if time.monotonic() > deadline:

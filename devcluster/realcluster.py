@@ -105,7 +105,7 @@ class RealNodes:
         t = lap("image_import_s", t)
         nodeclean.save_kernel_tunables(cfg)
         for node in nodes:
-            self.start_kubelet(node)
+            start_kubelet(cluster, node, self.node_bins)
         objects = {"apiVersion": "v1", "kind": "List", "items": clusterdns.dns_objects(cfg)}
         cluster.kubectl("apply", "-f", "-", input=json.dumps(objects))
         cluster.wait_usable(probe, left)
@@ -117,10 +117,6 @@ class RealNodes:
         """Forget the previous run's pods (containerd's content and snapshots stay)."""
         for stale in ("kubelet", "containerd/state", "cni"):
             shutil.rmtree(node.dir / stale, ignore_errors=True)
-
-    def start_kubelet(self, node: RealNode) -> None:
-        """Start the node's kubelet and kube-proxy."""
-        start_kubelet(self.cluster, node, self.node_bins)
 
 
 def start_kubelet(cluster: Cluster, node: RealNode, bins: NodeBinaries) -> None:
