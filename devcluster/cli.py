@@ -16,6 +16,7 @@ from devcluster.cluster import Cluster
 from devcluster.config import RUNTIMES, ClusterConfig, default_cache_dir, default_run_dir
 from devcluster.faults import FaultError
 from devcluster.imagebuild import ensure_images
+from devcluster.realbench import run_real_bench
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +198,10 @@ def cmd_images(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Measure up time, pod start latency and agent CPU on a private cluster."""
-    result = run_bench(samples=args.samples, idle=args.idle, window=args.window)
+    if args.runtime == "containerd":
+        result = run_real_bench(samples=args.samples)
+    else:
+        result = run_bench(samples=args.samples, idle=args.idle, window=args.window)
     print(json.dumps({k: round(v, 3) for k, v in result.items()}, indent=2))
     return 0
 
@@ -268,6 +272,7 @@ def parser() -> argparse.ArgumentParser:
     images.add_argument("--rebuild", action="store_true", help="build even when cached")
     images.set_defaults(fn=cmd_images)
     bench = sub.add_parser("bench", help="measure the numbers of docs/devcluster.md")
+    bench.add_argument("--runtime", choices=RUNTIMES, default="process")
     bench.add_argument("--samples", type=int, default=20)
     bench.add_argument("--idle", type=int, default=50)
     bench.add_argument("--window", type=float, default=30.0)

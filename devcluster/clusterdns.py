@@ -14,6 +14,9 @@ Debian has no CoreDNS. Instead:
   ClusterIP and, having no selector, an Endpoints object naming dnsmasq's address: a pod's
   query goes to the ClusterIP and its node's kube-proxy forwards it, as on a real cluster.
 
+The feeder also plays the node agent's other duty: when the cluster has an ``owner_pid`` (a
+test session) and that process dies, it brings the cluster down.
+
 The kubelets write ``search <ns>.svc.cluster.local svc.cluster.local cluster.local`` and
 ``options ndots:5`` into pods' resolv.conf, so ``svc``, ``svc.ns`` and the full name resolve.
 """
@@ -23,11 +26,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from devcluster.agent.kubeapi import Api, Informer
-from devcluster.config import ClusterConfig, read_token
+from devcluster.config import MARKER_ENV, ClusterConfig, read_token
 from devcluster.nodes import CLUSTER_DOMAIN
 
 logger = logging.getLogger(__name__)
@@ -139,6 +145,37 @@ class Feeder:
         tmp.write_text("\n".join(lines) + "\n")
         tmp.replace(directory / "services")
 
+    async def watch_owner(self) -> None:
+        """When the cluster's owner process (a test session) dies, bring the cluster down.
+
+        ``down`` runs in a new process outside the cluster (no marker variable), since it
+        stops this one too.
+        """
+        owner = self.cfg.owner_pid
+        if owner is None:
+            return
+        try:
+            fd = os.pidfd_open(owner)
+        except ProcessLookupError:
+            fd = None
+        if fd is not None:
+            gone = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            loop.add_reader(fd, gone.set)
+            try:
+                await gone.wait()
+            finally:
+                loop.remove_reader(fd)
+                os.close(fd)
+        logger.warning("owner process %d is gone: stopping the cluster", owner)
+        env = {k: v for k, v in os.environ.items() if k != MARKER_ENV}
+        argv = [sys.executable, "-m", "devcluster", "--run-dir", str(self.cfg.run_dir), "down"]
+        with open(self.cfg.logs_dir / "owner-gone-down.log", "ab") as log:
+            subprocess.Popen(
+                argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
     async def run(self) -> None:
         """Watch and rewrite until cancelled."""
         informers = [
@@ -146,6 +183,7 @@ class Feeder:
             Informer(self.api, "/api/v1/endpoints", self._handler(self.endpoints)),
         ]
         tasks = [asyncio.create_task(i.run()) for i in informers]
+        tasks.append(asyncio.create_task(self.watch_owner()))
         try:
             while True:
                 await self.changed.wait()

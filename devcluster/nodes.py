@@ -278,7 +278,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         return self.socket.exists() and self.ctr("version", timeout=10).returncode == 0
 
     def import_image(self, archive: Path) -> float:
-        """Import (and unpack) an image archive unless already imported; returns seconds spent."""
+        """Import an image archive unless already imported; returns seconds spent.
+
+        Only the content is stored: containerd's CRI unpacks an image into a snapshot when
+        the node first creates a container from it (as after a pull), so ``up`` does not
+        unpack the worker image on nodes that never run it.
+        """
         stamp = self.containerd_dir / "imported.json"
         done: dict[str, str] = json.loads(stamp.read_text()) if stamp.exists() else {}
         st = archive.stat()
@@ -286,7 +291,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         if done.get(str(archive)) == key:
             return 0.0
         started = time.monotonic()
-        result = self.ctr("images", "import", str(archive))
+        result = self.ctr("images", "import", "--no-unpack", str(archive))
         if result.returncode != 0:
             raise RuntimeError(f"{self.name}: ctr images import {archive}: {result.stderr.strip()}")
         done[str(archive)] = key
