@@ -94,8 +94,8 @@ class Buildah:
 
     def inspect(self, image: str) -> dict[str, object]:
         """The image's OCI configuration (``config``: User, Entrypoint, Cmd...)."""
-        out = self.run("inspect", "--type", "image", "--format", "{{json .OCIv1}}", image)
-        data: dict[str, object] = json.loads(out)
+        out = self.run("inspect", "--type", "image", image)
+        data: dict[str, object] = json.loads(out)["OCIv1"]
         return data
 
     def from_rootfs(self, image: str, rootfs_tar: Path, config: Sequence[str]) -> None:
@@ -123,6 +123,7 @@ class Buildah:
             "bud",
             "--signature-policy", str(self.policy),
             "--layers",
+            "--force-rm",
             "--pull-never",
             "--network", "host",
             "--format", "oci",
@@ -154,8 +155,12 @@ class Buildah:
             raise ImageBuildError(f"{archive} does not hold {image}")
 
     def prune_untagged(self) -> None:
-        """Drop dangling images (superseded builds); cached layers of current builds stay."""
-        self.run("rmi", "--prune", timeout=BUILD_TIMEOUT)
+        """Drop dangling images (superseded builds); cached layers of current builds stay.
+        Housekeeping only: an image still in use (by a container of a concurrent run) stays."""
+        try:
+            self.run("rmi", "--prune", timeout=BUILD_TIMEOUT)
+        except ImageBuildError as err:
+            logger.warning("could not prune superseded images: %s", err)
 
 
 def _deb822_mirror(text: str) -> str | None:
@@ -215,8 +220,8 @@ def debootstrap_rootfs(work: Path, tarball: Path) -> None:
         DEBOOTSTRAP_TIMEOUT,
         capture=True,
     )
-    # No package lists or downloaded .debs in the image; apt-get update fetches fresh lists.
-    for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
+    # No package lists, caches or downloaded .debs in the image: apt-get update makes them.
+    for leftover in ("var/cache/apt", "var/cache/apt/archives", "var/lib/apt/lists"):
         for entry in (rootfs / leftover).glob("*"):
             if entry.is_file():
                 entry.unlink()

@@ -19,6 +19,7 @@ change to the project's sources rebuilds only the layers after its ``COPY``.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import logging
@@ -28,11 +29,18 @@ import tarfile
 import time
 import tomllib
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from devcluster.build import BuildError, cached_pause
-from devcluster.buildah import Buildah, ImageBuildError, debian_mirror, debootstrap_rootfs
+from devcluster.buildah import (
+    BUILD_TIMEOUT,
+    Buildah,
+    ImageBuildError,
+    debian_mirror,
+    debootstrap_rootfs,
+)
 from devcluster.config import REPO_ROOT
 from devcluster.pipconf import PipSettings, pip_settings
 
@@ -48,10 +56,12 @@ OPERATOR_REPOSITORY = "docker.io/elasticjob/operator"
 WORKER_REPOSITORY = "docker.io/elasticjob/worker"
 CHART = REPO_ROOT / "deploy" / "helm" / "elasticjob-operator" / "Chart.yaml"
 #: Bump when the way images are built changes: part of every cache key.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 #: Files never copied into images nor hashed (also in .dockerignore).
 IGNORED_DIRS = frozenset({"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 IGNORED_SUFFIXES = (".pyc", ".pyo")
+#: Seconds between two tries to take the build lock.
+LOCK_POLL_S = 0.5
 BASE_CONFIG = (
     "--env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "--env", "LANG=C.UTF-8",
@@ -173,7 +183,8 @@ class ImageBuilder:
         logger.info("built %s in %.1f s (%s)", image, seconds, archive)
         return BuiltImage(image, archive, seconds)
 
-    def _in_store(self, built: BuiltImage) -> None:
+    def ensure_in_store(self, built: BuiltImage) -> None:
+        """Load ``built`` from its archive when the build store lacks it."""
         if not self.buildah.exists(built.name):
             self.buildah.load(built.archive, built.name)
 
@@ -220,13 +231,14 @@ class ImageBuilder:
         key = _key("base", self._base_keys[BASE_MINIMAL_IMAGE], *BASE_PACKAGES)
 
         def build() -> None:
-            self._in_store(minimal)
+            self.ensure_in_store(minimal)
             b = self.buildah
             container = b.run("from", "--pull-never", minimal.name).strip()
             try:
                 script = (
                     "apt-get update -q && apt-get install -y -q --no-install-recommends "
-                    f"{' '.join(BASE_PACKAGES)} && rm -rf /var/lib/apt/lists/*"
+                    f"{' '.join(BASE_PACKAGES)} && apt-get clean "
+                    "&& rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin"
                 )
                 b.run("run", "--network", "host", container, "--", "sh", "-c", script,
                       timeout=1800, capture=False)  # fmt: skip
@@ -255,11 +267,37 @@ class ImageBuilder:
         )
 
         def build() -> None:
-            self._in_store(base)
+            self.ensure_in_store(base)
             self.buildah.bud(context, dockerfile, image, extra)
             self.buildah.prune_untagged()
 
         return self._cached(image, key, build)
+
+
+@contextmanager
+def build_lock(cache_dir: Path, timeout: float = BUILD_TIMEOUT) -> Iterator[None]:
+    """Hold the cache's image build lock: one build at a time (several checkouts, tests and
+    clusters may share a cache); a second caller waits, then finds the images cached."""
+    root = cache_dir / "images"
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".lock").open("w") as lock:
+        deadline = time.monotonic() + timeout
+        logged = False
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ImageBuildError(f"another image build held {root} too long") from None
+                if not logged:
+                    logger.info("waiting for another image build in %s", root)
+                    logged = True
+                time.sleep(LOCK_POLL_S)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def ensure_images(cache_dir: Path, *, rebuild: bool = False) -> list[BuiltImage]:
@@ -267,6 +305,11 @@ def ensure_images(cache_dir: Path, *, rebuild: bool = False) -> list[BuiltImage]
 
     ``rebuild`` builds them again even when cached (build layers are still reused).
     """
+    with build_lock(cache_dir):
+        return _ensure_images(cache_dir, rebuild=rebuild)
+
+
+def _ensure_images(cache_dir: Path, *, rebuild: bool) -> list[BuiltImage]:
     builder = ImageBuilder(cache_dir, rebuild=rebuild)
     started = time.monotonic()
     pause = builder.pause()
