@@ -24,7 +24,7 @@ import pytest
 from devcluster import Cluster, ClusterConfig, procs
 from devcluster.nodeclean import KERNEL_TUNABLES, TUNABLES_DIR
 from tests.cluster_fixtures import REAL_TEST_NET, _missing_real_prereqs
-from tests.devcluster.helpers import Kube
+from tests.devcluster.helpers import Kube, read_proc_state
 from tests.devcluster.real import SLEEPER, real_pod
 
 pytestmark = pytest.mark.devcluster
@@ -51,6 +51,8 @@ def snapshot(
         try:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             cgroup = Path(f"/proc/{entry}/cgroup").read_text()
+            if read_proc_state(int(entry)) == "Z":
+                continue  # dead, waiting for PID 1 to reap it
         except OSError:
             continue
         if run_dir in cmdline or procs.is_marked(int(entry), cfg.run_dir):
