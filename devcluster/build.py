@@ -24,6 +24,9 @@ KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 #: Must match PATCH_LEVEL in scripts/devcluster-prereqs.sh (part of the cache key).
 PATCH_LEVEL = 1
 SUFFIX = f"-devcluster{PATCH_LEVEL}"
+#: Must match NODE_PATCH_LEVEL in scripts/devcluster-prereqs.sh (kubelet, kube-proxy, pause).
+NODE_PATCH_LEVEL = 1
+NODE_SUFFIX = f"-nodes{NODE_PATCH_LEVEL}"
 PREREQS_SCRIPT = REPO_ROOT / "scripts" / "devcluster-prereqs.sh"
 
 
@@ -44,13 +47,13 @@ class Binaries:
     helm: Path | None
 
 
-def kube_version(path: Path) -> str:
+def kube_version(path: Path, suffix: str = SUFFIX) -> str:
     """``kubernetes-1.20.5+really1.20.2-devcluster1`` -> ``1.20.2``."""
-    return path.name.removeprefix("kubernetes-").removesuffix(SUFFIX).split("really")[-1]
+    return path.name.removeprefix("kubernetes-").removesuffix(suffix).split("really")[-1]
 
 
-def _version_key(path: Path) -> tuple[int, ...]:
-    name = kube_version(path)
+def _version_key(path: Path, suffix: str = SUFFIX) -> tuple[int, ...]:
+    name = kube_version(path, suffix)
     parts: list[int] = []
     for piece in name.replace("+", ".").replace("-", ".").split("."):
         if piece.isdigit():
@@ -58,17 +61,23 @@ def _version_key(path: Path) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def cached_kubernetes(cache_dir: Path) -> Path | None:
-    """The newest complete ``kubernetes-<version>`` cache entry, if any."""
+def cached_kubernetes(cache_dir: Path, suffix: str = SUFFIX) -> Path | None:
+    """The newest complete ``kubernetes-<version><suffix>`` cache entry, if any."""
     wanted = os.environ.get("DEVCLUSTER_KUBE_VERSION")
     candidates = [
         d
-        for d in cache_dir.glob(f"kubernetes-*{SUFFIX}")
-        if (d / ".complete").exists() and (wanted is None or kube_version(d) == wanted)
+        for d in cache_dir.glob(f"kubernetes-*{suffix}")
+        if (d / ".complete").exists() and (wanted is None or kube_version(d, suffix) == wanted)
     ]
     if not candidates:
         return None
-    return max(candidates, key=_version_key)
+    return max(candidates, key=lambda d: _version_key(d, suffix))
+
+
+def cached_pause(cache_dir: Path) -> Path | None:
+    """The static ``pause`` binary cached beside the node binaries, if built."""
+    nodes = cached_kubernetes(cache_dir, NODE_SUFFIX)
+    return nodes / "bin" / "pause" if nodes is not None else None
 
 
 def cached_helm(cache_dir: Path) -> Path | None:
@@ -118,4 +127,30 @@ def find_binaries(cache_dir: Path, *, build: bool = True) -> Binaries:
         etcd=Path(etcd),
         kubectl=Path(kubectl) if kubectl else None,
         helm=helm,
+    )
+
+
+@dataclass(frozen=True)
+class NodeBinaries:
+    """The node binaries of real nodes (containerd and runc come from Debian's packages)."""
+
+    kubelet: Path
+    kube_proxy: Path
+    pause: Path
+
+
+def find_node_binaries(cache_dir: Path, *, build: bool = True) -> NodeBinaries:
+    """kubelet, kube-proxy and pause; built by the prerequisites script when missing."""
+    nodes = cached_kubernetes(cache_dir, NODE_SUFFIX)
+    if nodes is None and build:
+        run_prereqs(cache_dir)
+        nodes = cached_kubernetes(cache_dir, NODE_SUFFIX)
+    if nodes is None:
+        raise BuildError(f"no kubelet/kube-proxy in {cache_dir}; run {PREREQS_SCRIPT}")
+    for tool in ("containerd", "ctr", "runc", "nsenter", "ip", "dnsmasq"):
+        if shutil.which(tool) is None:
+            raise BuildError(f"{tool} is not installed; run {PREREQS_SCRIPT}")
+    bin_dir = nodes / "bin"
+    return NodeBinaries(
+        kubelet=bin_dir / "kubelet", kube_proxy=bin_dir / "kube-proxy", pause=bin_dir / "pause"
     )

@@ -1,4 +1,4 @@
-"""Command line: ``python -m devcluster up|down|status|kubeconfig|logs|fault|build``."""
+"""Command line: ``python -m devcluster up|down|status|kubeconfig|logs|fault|build|images``."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from pathlib import Path
 from devcluster.bench import run_bench
 from devcluster.build import find_binaries, run_prereqs
 from devcluster.cluster import Cluster
-from devcluster.config import ClusterConfig, default_cache_dir, default_run_dir
+from devcluster.config import RUNTIMES, ClusterConfig, default_cache_dir, default_run_dir
 from devcluster.faults import FaultError
+from devcluster.imagebuild import ensure_images
+from devcluster.realbench import run_real_bench
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +32,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     extended = dict(item.split("=", 1) for item in args.node_resource)
     cfg = ClusterConfig(
         run_dir=args.run_dir,
+        runtime=args.runtime,
+        net=args.net,
         nodes=args.nodes,
         node_cpu=args.node_cpu,
         node_memory=args.node_memory,
@@ -86,6 +90,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("cluster is not (fully) running")
         return 1
     print(f"kubeconfig                 {cluster.kubeconfig}")
+    if cluster.config.real:
+        nodes = cluster.kubectl("get", "nodes", "-o", "wide", check=False)
+        pods = cluster.kubectl("get", "pods", "-A", "-o", "wide", check=False)
+        print(nodes.stdout + pods.stdout, end="")
+        return 0
     try:
         status = cluster.faults.agent_status()
     except (OSError, FaultError) as err:
@@ -109,8 +118,22 @@ def cmd_kubeconfig(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    """Print a pod's logs from disk (works after the pod is gone)."""
-    cfg = _attach(args.run_dir).config
+    """Print a pod's logs: process nodes from disk (also after the pod is gone), real nodes
+    through the API from the kubelet (``kubectl logs``)."""
+    cluster = _attach(args.run_dir)
+    if cluster.config.real:
+        argv = [
+            "logs",
+            "-n",
+            args.namespace,
+            args.pod,
+            *(["-c", args.container] * bool(args.container)),
+        ]
+        result = cluster.kubectl(*argv, check=False)
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        return result.returncode
+    cfg = cluster.config
     dirs = sorted(
         cfg.pods_dir.glob(f"{args.namespace}_{args.pod}_*/logs"), key=lambda p: p.stat().st_mtime
     )
@@ -146,6 +169,10 @@ def cmd_fault(args: argparse.Namespace) -> int:
             faults.node_add(args.target)
         elif args.fault == "evict":
             faults.evict(args.target, args.namespace)
+        elif args.fault == "partition":
+            faults.partition(args.target, args.namespace, args.mode, args.allow)
+        elif args.fault == "heal":
+            faults.heal(args.target, args.namespace)
     except FaultError as err:
         print(f"fault failed: {err}", file=sys.stderr)
         return 1
@@ -160,9 +187,21 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_images(args: argparse.Namespace) -> int:
+    """Build (or find cached) the pause, base, operator and worker images."""
+    for image in ensure_images(default_cache_dir(), rebuild=args.rebuild):
+        took = "cached" if image.build_seconds is None else f"built in {image.build_seconds:.1f} s"
+        print(f"{image.name:48} {image.archive.stat().st_size / 2**20:7.0f} MiB  {took}")
+        print(f"  {image.archive}")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Measure up time, pod start latency and agent CPU on a private cluster."""
-    result = run_bench(samples=args.samples, idle=args.idle, window=args.window)
+    if args.runtime == "containerd":
+        result = run_real_bench(samples=args.samples)
+    else:
+        result = run_bench(samples=args.samples, idle=args.idle, window=args.window)
     print(json.dumps({k: round(v, 3) for k, v in result.items()}, indent=2))
     return 0
 
@@ -174,7 +213,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start a cluster (builds the binaries on first use)")
-    up.add_argument("--nodes", type=int, default=4)
+    up.add_argument(
+        "--runtime", choices=RUNTIMES, default="process",
+        help="process: the node agent runs pods as host processes (fast); containerd: real "
+        "kubelets, containerd, runc, CNI and kube-proxy, one network namespace per node",
+    )  # fmt: skip
+    up.add_argument("--nodes", type=int, default=0, help="default: 4 process or 3 real nodes")
+    up.add_argument(
+        "--net", type=int, default=0,
+        help="0..219: address block of this cluster (beside others on this machine)",
+    )  # fmt: skip
     up.add_argument("--node-cpu", default="4")
     up.add_argument("--node-memory", default="8Gi")
     up.add_argument("--node-pods", type=int, default=110)
@@ -195,7 +243,7 @@ def parser() -> argparse.ArgumentParser:
     kc = sub.add_parser("kubeconfig", help="print the admin kubeconfig path")
     kc.add_argument("--content", action="store_true", help="print the file itself")
     kc.set_defaults(fn=cmd_kubeconfig)
-    logs = sub.add_parser("logs", help="a pod's logs from disk")
+    logs = sub.add_parser("logs", help="a pod's logs (process nodes: from disk)")
     logs.add_argument("pod")
     logs.add_argument("-n", "--namespace", default="default")
     logs.add_argument("-c", "--container")
@@ -204,15 +252,27 @@ def parser() -> argparse.ArgumentParser:
     fault.add_argument(
         "fault",
         choices=["kill", "stop", "cont", "evict", "node-notready", "node-ready", "node-delete",
-                 "node-add"],
+                 "node-add", "partition", "heal"],
     )  # fmt: skip
     fault.add_argument("target", help="pod name, or node name for node-* faults")
     fault.add_argument("-n", "--namespace", default="default")
     fault.add_argument("-c", "--container")
     fault.add_argument("--seconds", type=float, help="node-notready: come back after this long")
+    fault.add_argument(
+        "--mode", choices=["all", "peers"], default="all",
+        help="partition: all (only loopback works) or peers (other pods are cut off)",
+    )  # fmt: skip
+    fault.add_argument(
+        "--allow", action="append", default=[], metavar="IP",
+        help="partition: an address that stays reachable (e.g. the rendezvous'); repeatable",
+    )  # fmt: skip
     fault.set_defaults(fn=cmd_fault)
     sub.add_parser("build", help="build/fetch the binaries").set_defaults(fn=cmd_build)
+    images = sub.add_parser("images", help="build the node images (pause, base, operator, worker)")
+    images.add_argument("--rebuild", action="store_true", help="build even when cached")
+    images.set_defaults(fn=cmd_images)
     bench = sub.add_parser("bench", help="measure the numbers of docs/devcluster.md")
+    bench.add_argument("--runtime", choices=RUNTIMES, default="process")
     bench.add_argument("--samples", type=int, default=20)
     bench.add_argument("--idle", type=int, default=50)
     bench.add_argument("--window", type=float, default=30.0)

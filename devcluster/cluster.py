@@ -5,6 +5,9 @@
 ...                        # the default ServiceAccount exists
 >>> cluster.kubectl("get", "nodes")
 >>> cluster.down()         # stops everything, leaves no process behind
+
+``ClusterConfig(runtime="containerd")`` gives real nodes instead of the node agent (kubelet,
+containerd, CNI, kube-proxy: :mod:`devcluster.realcluster`).
 """
 
 from __future__ import annotations
@@ -15,18 +18,21 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from devcluster import controlplane as cp
-from devcluster import pki, procs
+from devcluster import pki, procs, realcluster
 from devcluster.build import Binaries, find_binaries
 from devcluster.config import ClusterConfig, read_token
 from devcluster.faults import Faults
+from devcluster.realfaults import RealFaults
 
 logger = logging.getLogger(__name__)
 
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "agent")
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+COMPONENTS = (*CONTROL_PLANE, "agent")
 
 
 class Cluster:
@@ -34,8 +40,10 @@ class Cluster:
 
     def __init__(self, config: ClusterConfig | None = None) -> None:
         self.config = config or ClusterConfig()
-        self.faults = Faults(self.config)
+        self.faults: Faults = RealFaults(self) if self.config.real else Faults(self.config)
         self._pids: dict[str, int] = {}
+        #: Components stopped on purpose (faults): not reported as dead while waiting.
+        self._stopped: set[str] = set()
 
     @classmethod
     def from_run_dir(cls, run_dir: Path) -> Cluster:
@@ -74,17 +82,28 @@ class Cluster:
         """Process id of a component (etcd, kube-apiserver, ..., agent)."""
         return (self._pids or self._read_pids()).get(component)
 
+    def components(self) -> list[str]:
+        """Names of the processes this cluster runs, in start order."""
+        if not self.config.real:
+            return list(COMPONENTS)
+        return [*CONTROL_PLANE, *realcluster.components(self.config)]
+
     def running(self) -> dict[str, bool]:
         """Which components are alive."""
         run_dir = self.config.run_dir
+        pids = self._pids or self._read_pids()
         return {
-            name: procs.is_marked(self._pids[name], run_dir)
-            for name in COMPONENTS
-            if name in self._pids
+            name: procs.is_marked(pids[name], run_dir) for name in self.components() if name in pids
         }
+
+    def dead_component(self) -> str | None:
+        """The first started component that exited (with its log tail), if any."""
+        return self._dead_component()
 
     def _dead_component(self) -> str | None:
         for name, pid in self._pids.items():
+            if name in self._stopped:
+                continue
             if not procs.alive(pid):
                 tail = self.log_tail(name)
                 return f"{name} (log {self.config.logs_dir / (name + '.log')}):\n{tail}"
@@ -106,7 +125,9 @@ class Cluster:
                 f"a cluster is already running in {cfg.run_dir}; run `python -m devcluster down`"
             )
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in ("etcd", "pods", "logs", "volumes"):
+        if cfg.real:
+            realcluster.clean_stale(cfg)
+        for stale in ("etcd", "pods", "logs", "volumes", "dns"):
             shutil.rmtree(cfg.run_dir / stale, ignore_errors=True)
         cfg.logs_dir.mkdir()
         cfg.pods_dir.mkdir()
@@ -129,6 +150,20 @@ class Cluster:
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         self._pids[name] = procs.spawn(name, argv, self.config.run_dir, self.config.logs_dir)
+        self._stopped.discard(name)
+        self._write_pids()
+
+    def spawn(self, name: str, argv: list[str]) -> None:
+        """Start a component of this cluster (detached, marked, pid recorded)."""
+        self._spawn(name, argv)
+
+    def stop_component(self, name: str, grace: float = 10.0) -> None:
+        """Stop one component (SIGTERM, then SIGKILL) and forget its pid."""
+        pid = (self._pids or self._read_pids()).get(name)
+        if pid is not None and procs.is_marked(pid, self.config.run_dir):
+            procs.terminate([pid], grace)
+        self._pids.pop(name, None)
+        self._stopped.add(name)
         self._write_pids()
 
     def up(self, timeout: float = 120.0) -> None:
@@ -139,27 +174,30 @@ class Cluster:
         cfg = self.config
         bins = find_binaries(cfg.cache_dir)
         started = time.monotonic()
+        if cfg.real:
+            real = realcluster.RealNodes(self, bins)
+            real.prepare_images()
         self._prepare(bins)
         try:
-            self._start(bins, timeout)
+            if cfg.real:
+                real.start(timeout)
+            else:
+                self._start(bins, timeout)
         except BaseException:
             logger.error("devcluster up failed; stopping what was started")
             self.down()
             raise
         logger.info(
-            "devcluster is up in %.1f s (%d nodes); KUBECONFIG=%s",
+            "devcluster is up in %.1f s (%d %s nodes); KUBECONFIG=%s",
             time.monotonic() - started,
             cfg.nodes,
+            cfg.runtime,
             cfg.kubeconfig,
         )
 
-    def _start(self, bins: Binaries, timeout: float) -> None:
+    def start_control_plane(self, bins: Binaries, left: Callable[[], float]) -> cp.ApiProbe:
+        """etcd and the API server (ready), controller-manager and scheduler (started)."""
         cfg = self.config
-        deadline = time.monotonic() + timeout
-
-        def left() -> float:
-            return max(1.0, deadline - time.monotonic())
-
         t0 = time.monotonic()
         self._spawn("etcd", cp.etcd_argv(cfg, bins))
         cp.wait_for("etcd", lambda: cp.etcd_healthy(cfg), left(), self._dead_component)
@@ -175,7 +213,12 @@ class Cluster:
         logger.debug("kube-apiserver ready after %.1f s", time.monotonic() - t0)
         self._spawn("kube-controller-manager", cp.controller_manager_argv(cfg, bins))
         self._spawn("kube-scheduler", cp.scheduler_argv(cfg, bins))
-        self._spawn("agent", cp.agent_argv(cfg))
+        return probe
+
+    def wait_usable(self, probe: cp.ApiProbe, left: Callable[[], float]) -> None:
+        """Wait for the default ServiceAccount and every node Ready."""
+        cfg = self.config
+        t0 = time.monotonic()
         cp.wait_for(
             "the default ServiceAccount",
             lambda: bool(
@@ -194,14 +237,29 @@ class Cluster:
             self._dead_component,
         )
 
+    def _start(self, bins: Binaries, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            return max(1.0, deadline - time.monotonic())
+
+        probe = self.start_control_plane(bins, left)
+        self._spawn("agent", cp.agent_argv(self.config))
+        self.wait_usable(probe, left)
+
     def down(self) -> None:
-        """Stop every process of this cluster (pods first, etcd last)."""
+        """Stop every process of this cluster (pods first, etcd last); for real nodes also
+        remove their containers, mounts, cgroups and network."""
         pids = self._pids or self._read_pids()
-        order = [pids[name] for name in reversed(COMPONENTS) if name in pids]
+        if self.config.real:
+            realcluster.stop_nodes(self.config, pids)
+        order = [pids[name] for name in reversed(self.components()) if name in pids]
         procs.stop_all(self.config.run_dir, order)
         self._pids = {}
         self._pid_file().unlink(missing_ok=True)
         self.config.agent_socket.unlink(missing_ok=True)
+        if self.config.real:
+            realcluster.remove_leftovers(self.config)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Wait for /readyz and Ready nodes of an already running cluster."""

@@ -7,6 +7,7 @@ fixtures read it back from there.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -23,6 +24,13 @@ logger = logging.getLogger(__name__)
 MARKER_ENV = "DEVCLUSTER_RUN_DIR"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+#: Node runtimes: the node agent (pods as host processes) or real kubelets on containerd.
+RUNTIMES = ("process", "containerd")
+#: Default node count per runtime (``ClusterConfig.nodes == 0`` picks it).
+DEFAULT_NODES = {"process": 4, "containerd": 3}
+#: Real nodes of cluster ``net`` live in 10.<REAL_NET_BASE + net>.0.0/16 (see :class:`RealNet`).
+REAL_NET_BASE = 16
 
 
 def default_run_dir() -> Path:
@@ -49,12 +57,97 @@ def project_venv() -> Path | None:
     return candidate if (candidate / "bin" / "python").exists() else None
 
 
+@dataclass(frozen=True)
+class RealNet:
+    """Addresses and interface names of a real-node (containerd) cluster.
+
+    Everything lies in one private block 10.<16 + net>.0.0/16, so clusters with different
+    ``net`` values never overlap, nor overlap the process runtime (127.<net>.x.y, Services in
+    10.0.0.0/24):
+
+    - 10.B.0.0/24: the host bridge (``.1``, where the API server and cluster DNS listen) and
+      node ``i`` at ``.(10 + i)``, each node in its own network namespace;
+    - 10.B.96.0/24: Service ClusterIPs (``.1`` the ``kubernetes`` Service, ``.10`` cluster DNS);
+    - 10.B.128.0/17: pod addresses, node ``i`` owning 10.B.(128 + i).0/24.
+    """
+
+    net: int
+
+    @property
+    def block(self) -> str:
+        """The whole /16 of this cluster."""
+        return f"10.{REAL_NET_BASE + self.net}.0.0/16"
+
+    def _ip(self, third: int, fourth: int) -> str:
+        return f"10.{REAL_NET_BASE + self.net}.{third}.{fourth}"
+
+    @property
+    def bridge_ip(self) -> str:
+        """The host end of the node network (root namespace)."""
+        return self._ip(0, 1)
+
+    @property
+    def node_prefix(self) -> int:
+        """Prefix length of the node network."""
+        return 24
+
+    def node_ip(self, index: int) -> str:
+        """Address of node ``index`` (1-based) in its namespace."""
+        return self._ip(0, 10 + index)
+
+    @property
+    def service_cidr(self) -> str:
+        """The API server's --service-cluster-ip-range."""
+        return self._ip(96, 0) + "/24"
+
+    @property
+    def api_service_ip(self) -> str:
+        """ClusterIP of the ``kubernetes`` Service (first of the range)."""
+        return self._ip(96, 1)
+
+    @property
+    def dns_service_ip(self) -> str:
+        """ClusterIP of the cluster DNS Service (``kube-system/kube-dns``)."""
+        return self._ip(96, 10)
+
+    @property
+    def pod_range(self) -> str:
+        """Every pod address of the cluster (kube-proxy's --cluster-cidr)."""
+        return self._ip(128, 0) + "/17"
+
+    def pod_cidr(self, index: int) -> str:
+        """Pod addresses of node ``index``."""
+        return self._ip(128 + index, 0) + "/24"
+
+    def netns(self, node: str) -> str:
+        """Name of a node's network namespace (``ip netns``)."""
+        return f"devcluster{self.net}-{node}"
+
+    @property
+    def bridge(self) -> str:
+        """Name of the host bridge (at most 15 characters)."""
+        return f"ejbr{self.net}"
+
+    def veth(self, index: int) -> str:
+        """Host end of node ``index``'s veth pair (its namespace end is ``eth0``)."""
+        return f"ejv{self.net}n{index}"
+
+    def contains(self, address: str) -> bool:
+        """True if ``address`` (an IP or a network) overlaps this cluster's block."""
+        block = ipaddress.ip_network(self.block)
+        other = ipaddress.ip_network(address, strict=False)
+        return other.version == 4 and block.overlaps(other)
+
+
 @dataclass
 class ClusterConfig:
     """Settings of one cluster; serialised to ``config.json`` in the run directory."""
 
     run_dir: Path = field(default_factory=default_run_dir)
-    nodes: int = 4
+    #: "process" (node agent, pods as host processes) or "containerd" (real kubelets).
+    runtime: str = "process"
+    #: Number of nodes; 0 picks the runtime's default (4 process nodes, 3 real ones).
+    nodes: int = 0
     node_cpu: str = "4"
     node_memory: str = "8Gi"
     node_pods: int = 110
@@ -82,6 +175,34 @@ class ClusterConfig:
     #: If set, the agent stops the whole cluster when this process dies
     #: (test sessions that are killed without running their teardown).
     owner_pid: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.runtime not in RUNTIMES:
+            raise ValueError(f"runtime must be one of {RUNTIMES}, not {self.runtime!r}")
+        if self.nodes == 0:
+            self.nodes = DEFAULT_NODES[self.runtime]
+        if not 0 <= self.net <= 219:
+            raise ValueError(f"net must be in 0..219, not {self.net}")
+
+    @property
+    def real(self) -> bool:
+        """True for real nodes (kubelet + containerd)."""
+        return self.runtime == "containerd"
+
+    @property
+    def realnet(self) -> RealNet:
+        """Address plan of the real-node network (meaningful for ``runtime="containerd"``)."""
+        return RealNet(self.net)
+
+    @property
+    def api_host(self) -> str:
+        """Where the API server listens: loopback, or the host bridge for real nodes."""
+        return self.realnet.bridge_ip if self.real else "127.0.0.1"
+
+    @property
+    def service_cidr(self) -> str:
+        """The Service ClusterIP range."""
+        return self.realnet.service_cidr if self.real else "10.0.0.0/24"
 
     @classmethod
     def private(cls, run_dir: Path, net: int, **fields: Any) -> ClusterConfig:
@@ -140,7 +261,7 @@ class ClusterConfig:
     @property
     def server(self) -> str:
         """URL of the API server."""
-        return f"https://127.0.0.1:{self.apiserver_port}"
+        return f"https://{self.api_host}:{self.apiserver_port}"
 
     def node_name(self, index: int) -> str:
         """Name of node ``index`` (1-based)."""
@@ -148,7 +269,12 @@ class ClusterConfig:
 
     def node_ip(self, index: int) -> str:
         """Address of node ``index`` (1-based); its kubelet endpoint listens there."""
-        return f"127.{self.net}.{index}.1"
+        return self.realnet.node_ip(index) if self.real else f"127.{self.net}.{index}.1"
+
+    @property
+    def nodes_dir(self) -> Path:
+        """Real nodes: one directory per node (containerd, kubelet, kube-proxy state)."""
+        return self.run_dir / "nodes"
 
     def node_names(self) -> list[str]:
         """All node names."""

@@ -1,7 +1,9 @@
 """Command lines of the control-plane processes and the checks that they are up.
 
-All components listen on 127.0.0.1 only. RBAC is on, clients authenticate with
-static bearer tokens, and service-account tokens are signed with ``sa.key``.
+All components listen on 127.0.0.1 only, except the API server of a real-node cluster: it
+listens on the host bridge's address, the one address the nodes' network namespaces and the
+pods behind them reach (see :class:`~devcluster.config.RealNet`). RBAC is on, clients
+authenticate with static bearer tokens, and service-account tokens are signed with ``sa.key``.
 The node-lifecycle settings make a NotReady node lose its pods in seconds.
 """
 
@@ -21,8 +23,6 @@ from devcluster.build import Binaries
 from devcluster.config import ClusterConfig
 
 logger = logging.getLogger(__name__)
-
-SERVICE_CIDR = "10.0.0.0/24"
 
 
 def etcd_argv(cfg: ClusterConfig, bins: Binaries) -> list[str]:
@@ -50,8 +50,8 @@ def apiserver_argv(cfg: ClusterConfig, bins: Binaries) -> list[str]:
     return [
         str(bins.kube_apiserver),
         f"--etcd-servers=http://127.0.0.1:{cfg.etcd_port}",
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
+        f"--bind-address={cfg.api_host}",
+        f"--advertise-address={cfg.api_host}",
         f"--secure-port={cfg.apiserver_port}",
         f"--cert-dir={pki}",
         f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -62,7 +62,7 @@ def apiserver_argv(cfg: ClusterConfig, bins: Binaries) -> list[str]:
         "--service-account-issuer=https://kubernetes.default.svc",
         f"--service-account-key-file={pki / 'sa.pub'}",
         f"--service-account-signing-key-file={pki / 'sa.key'}",
-        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--service-cluster-ip-range={cfg.service_cidr}",
         f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
         f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
         f"--kubelet-certificate-authority={pki / 'ca.crt'}",
@@ -70,8 +70,9 @@ def apiserver_argv(cfg: ClusterConfig, bins: Binaries) -> list[str]:
         f"--default-not-ready-toleration-seconds={tol}",
         f"--default-unreachable-toleration-seconds={tol}",
         "--allow-privileged=true",
-        # No kube-proxy here: let the API server reach Services (admission webhooks,
-        # aggregated APIs) through their endpoints' addresses.
+        # Reach Services (admission webhooks, aggregated APIs) through their endpoints'
+        # addresses: process nodes have no kube-proxy, and on real nodes ClusterIPs are
+        # translated in the nodes' namespaces only (the root namespace blackholes them).
         "--enable-aggregator-routing=true",
         "--profiling=false",
         "--enable-priority-and-fairness=false",

@@ -1,5 +1,9 @@
 """Fault injection, from Python (tests) and from the CLI.
 
+``Cluster.faults`` is the implementation of the cluster's runtime: this module's
+:class:`Faults` for process nodes, :class:`devcluster.realfaults.RealFaults` (same methods,
+plus ``partition``/``heal``) for real nodes.
+
 The node agent owns the pod processes and the node heartbeats, so faults are
 requests to its control endpoint, a Unix socket in the run directory:
 
@@ -103,6 +107,20 @@ class Faults:
         self.request(
             "POST", "/faults/evict", {"namespace": namespace, "pod": pod, "reason": reason}
         )
+
+    def partition(
+        self,
+        pod: str,
+        namespace: str = "default",
+        mode: str = "all",
+        allow: list[str] | None = None,
+    ) -> None:
+        """Cut a pod's network (real nodes only: process nodes share the host's network)."""
+        raise FaultError("partition needs real nodes (--runtime containerd)")
+
+    def heal(self, pod: str, namespace: str = "default") -> None:
+        """Undo :meth:`partition` (real nodes only)."""
+        raise FaultError("heal needs real nodes (--runtime containerd)")
 
     def agent_status(self) -> dict[str, Any]:
         """Nodes and pods as the agent sees them."""

@@ -4,14 +4,17 @@ Layout of ``<run_dir>/pki``:
 
 - ``ca.crt``/``ca.key``: the cluster CA (also the pods' ``ca.crt``);
 - ``apiserver.crt``/``.key``: serving certificate of kube-apiserver;
-- ``kubelet.crt``/``.key``: serving certificate of the node agent's kubelet endpoints;
+- ``kubelet.crt``/``.key``: serving certificate of the kubelets (the node agent's endpoints
+  or the real kubelets), every node's address in its SANs;
 - ``apiserver-kubelet-client.crt``/``.key``: what the apiserver presents to them;
 - ``sa.key``/``sa.pub``: service-account token signing key;
-- ``tokens.csv``: static bearer tokens of the admin and the components.
+- ``tokens.csv``: static bearer tokens of the admin and the components (real nodes: also of
+  each kubelet, ``system:node:<name>`` in group ``system:nodes``, and of kube-proxy).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import secrets
 import subprocess
@@ -23,6 +26,13 @@ logger = logging.getLogger(__name__)
 
 #: Users of the static token file; all are cluster admins (group system:masters).
 TOKEN_USERS = ("admin", "kube-controller-manager", "kube-scheduler", "devcluster-agent")
+#: Real nodes: kube-proxy's user, bound to system:node-proxier by Kubernetes' default RBAC.
+KUBE_PROXY_USER = "system:kube-proxy"
+
+
+def node_user(node: str) -> str:
+    """A real kubelet's user: the Node authorizer knows it by this name and group."""
+    return f"system:node:{node}"
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -58,7 +68,7 @@ def ensure_pki(cfg: ClusterConfig) -> None:
     """Create every certificate, key and token that is missing (kept across runs)."""
     pki = cfg.pki_dir
     pki.mkdir(parents=True, exist_ok=True, mode=0o700)
-    marker = pki / f".complete-net{cfg.net}-nodes{cfg.nodes}"
+    marker = pki / f".complete-{cfg.runtime}-net{cfg.net}-nodes{cfg.nodes}"
     if marker.exists():
         return
     logger.info("creating certificates in %s", pki)
@@ -69,9 +79,11 @@ def ensure_pki(cfg: ClusterConfig) -> None:
         "req", "-x509", "-new", "-nodes", "-key", "ca.key", "-subj", "/CN=devcluster-ca",
         "-days", "3650", "-sha256", "-out", "ca.crt", cwd=pki,
     )  # fmt: skip
+    first_service_ip = str(next(ipaddress.ip_network(cfg.service_cidr).hosts()))
     api_sans = [
         "IP:127.0.0.1",
-        "IP:10.0.0.1",
+        f"IP:{cfg.api_host}",
+        f"IP:{first_service_ip}",
         "DNS:localhost",
         "DNS:kubernetes",
         "DNS:kubernetes.default",
@@ -92,6 +104,12 @@ def ensure_pki(cfg: ClusterConfig) -> None:
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
     lines = [f"{secrets.token_hex(24)},{user},{user},system:masters" for user in TOKEN_USERS]
+    if cfg.real:
+        lines.append(f"{secrets.token_hex(24)},{KUBE_PROXY_USER},{KUBE_PROXY_USER}")
+        lines += [
+            f"{secrets.token_hex(24)},{node_user(n)},{node_user(n)},system:nodes"
+            for n in cfg.node_names()
+        ]
     (pki / "tokens.csv").write_text("\n".join(lines) + "\n")
     for path in pki.iterdir():
         path.chmod(0o600)

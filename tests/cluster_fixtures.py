@@ -2,9 +2,10 @@
 import them in their conftest): one devcluster per test session, a fresh namespace per test.
 
 The cluster runs from its own run directory with free ports, so it does not
-collide with a developer's ``python -m devcluster up``. It is always torn down
-(also on Ctrl-C), leaving no process behind. The Kubernetes binaries must have
-been built once (``bash scripts/devcluster-prereqs.sh``); without them the tests
+collide with a developer's ``python -m devcluster up``. ``real_cluster`` (and ``real_kube``)
+is the same on real nodes (``runtime="containerd"``: kubelets, containerd, CNI, kube-proxy).
+It is always torn down (also on Ctrl-C), leaving no process behind. The Kubernetes binaries
+must have been built once (``bash scripts/devcluster-prereqs.sh``); without them the tests
 that need the cluster fail under CI and are skipped elsewhere.
 """
 
@@ -20,13 +21,16 @@ from pathlib import Path
 import pytest
 
 from devcluster import Cluster, ClusterConfig, procs
-from devcluster.build import cached_helm, cached_kubernetes
+from devcluster.build import BuildError, cached_helm, cached_kubernetes, find_node_binaries
 from devcluster.config import default_cache_dir
 from tests.devcluster.helpers import Kube
 
 #: Second octet of this session's node and pod addresses (127.<net>.<node>.<pod>);
 #: varies per session so that concurrent sessions on one machine do not collide.
 TEST_NET = int(os.environ.get("DEVCLUSTER_TEST_NET", str(20 + os.getpid() % 200)))
+#: ``net`` of the session's real-node cluster (its addresses are 10.<16 + net>.x.y).
+REAL_TEST_NET = int(os.environ.get("DEVCLUSTER_REAL_TEST_NET", str((TEST_NET + 97) % 220)))
+REAL_PREFIX = "devcluster-real-test-"
 
 
 def _missing_prereqs() -> str | None:
@@ -71,8 +75,44 @@ def cluster() -> Iterator[Cluster]:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-@pytest.fixture
-def kube(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Kube]:
+def _missing_real_prereqs() -> str | None:
+    problem = _missing_prereqs()
+    if problem:
+        return problem
+    if os.geteuid() != 0:
+        return "real nodes need root (network namespaces, containerd, mounts)"
+    try:
+        find_node_binaries(default_cache_dir(), build=False)
+    except BuildError as err:
+        return str(err)
+    return None
+
+
+@pytest.fixture(scope="session")
+def real_cluster() -> Iterator[Cluster]:
+    """A running devcluster on real nodes (3 kubelets on containerd), torn down at the end."""
+    problem = _missing_real_prereqs()
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(problem)
+        pytest.skip(problem)
+    for stale in Path(tempfile.gettempdir()).glob(f"{REAL_PREFIX}*"):
+        # Left by a session that was killed: stop what it left and remove its network.
+        if not procs.marked_pids(stale) and (stale / "config.json").exists():
+            Cluster.from_run_dir(stale).down()
+            shutil.rmtree(stale, ignore_errors=True)
+    run_dir = Path(tempfile.mkdtemp(prefix=REAL_PREFIX))
+    cfg = ClusterConfig.private(run_dir, REAL_TEST_NET, runtime="containerd", owner_pid=os.getpid())
+    c = Cluster(cfg)
+    try:
+        c.up(timeout=600)
+        yield c
+    finally:
+        c.down()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Kube]:
     """A fresh namespace for one test, deleted afterwards (without waiting)."""
     base = "".join(ch if ch.isalnum() else "-" for ch in request.node.name.lower())
     ns = f"{base[:40].strip('-')}-{uuid.uuid4().hex[:5]}"
@@ -85,3 +125,15 @@ def kube(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Kube]:
     )
     yield helper
     cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+@pytest.fixture
+def kube(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Kube]:
+    """A fresh namespace of the process-node cluster for one test."""
+    yield from _namespace(cluster, request)
+
+
+@pytest.fixture
+def real_kube(real_cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Kube]:
+    """A fresh namespace of the real-node cluster for one test."""
+    yield from _namespace(real_cluster, request)

@@ -1,5 +1,6 @@
-"""The images cannot be built here (no container engine): check what can be checked. They
-parse, run as non-root from pinned bases, keep torch out of the operator image, and run the
+"""The Dockerfiles as text (tests/devcluster/test_images.py builds and runs them): they parse,
+run as non-root from pinned bases that a build argument replaces, keep torch out of the
+operator image, install third-party dependencies before the project's sources, and run the
 commands that the chart, the example job and devcluster's image mapping expect."""
 
 from __future__ import annotations
@@ -33,10 +34,32 @@ def values(parsed: list[tuple[str, str]], keyword: str) -> list[str]:
     return [rest for kind, rest in parsed if kind == keyword]
 
 
+PIP_ARGS = {"PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CERT"}
+
+
+def check_common(parsed: list[tuple[str, str]]) -> None:
+    """What both Dockerfiles share: the base argument, pip's build-time configuration, the
+    dependencies' layer before the sources, the user."""
+    assert values(parsed, "FROM") == ["${BASE}"]
+    assert "BASE=python:3.11-slim-bookworm" in values(parsed, "ARG")
+    # pip settings are optional build arguments without defaults (unset: pip's own).
+    assert set(values(parsed, "ARG")) >= PIP_ARGS
+    assert not [e for e in values(parsed, "ENV") if "PIP_" in e]
+    # A base without Python gets it from apt.
+    assert "command -v python3" in values(parsed, "RUN")[0]
+    # Third-party dependencies are installed before the project's sources are copied.
+    kinds = [(kind, rest) for kind, rest in parsed if kind in ("RUN", "COPY")]
+    first_source = kinds.index(("COPY", "elasticjob ./elasticjob"))
+    assert any(k == "RUN" and "pip install" in r for k, r in kinds[:first_source])
+    assert values(parsed, "USER") == ["10001"]
+    # Debian has a group "operator" (gid 37): useradd without --gid would fail on it.
+    (adduser,) = [r for r in values(parsed, "RUN") if "useradd" in r]
+    assert "--uid 10001" in adduser and "--gid 10001" in adduser
+
+
 def test_operator_image() -> None:
     parsed = instructions("Dockerfile.operator")
-    assert values(parsed, "FROM") == ["python:3.11-slim-bookworm"]
-    assert values(parsed, "USER") == ["10001"]
+    check_common(parsed)
     installs = " ".join(values(parsed, "RUN"))
     assert '".[operator]"' in installs and "torch" not in installs
     (entrypoint,) = values(parsed, "ENTRYPOINT")
@@ -47,10 +70,9 @@ def test_operator_image() -> None:
 
 def test_worker_image() -> None:
     parsed = instructions("Dockerfile.worker")
-    assert values(parsed, "FROM") == ["${BASE}"]
-    assert "BASE=python:3.11-slim-bookworm" in values(parsed, "ARG")
+    check_common(parsed)
     assert "TORCH_VERSION=2.13.0" in values(parsed, "ARG")
-    assert values(parsed, "USER") == ["10001"]
+    assert "TORCH_INDEX=https://download.pytorch.org/whl/cpu" in values(parsed, "ARG")
     assert values(parsed, "WORKDIR")[-1] == "/opt/elasticjob"
     installs = " ".join(values(parsed, "RUN"))
     assert '"torch==${TORCH_VERSION}"' in installs and '".[worker,examples]"' in installs

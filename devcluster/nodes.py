@@ -1,0 +1,328 @@
+"""Real nodes: per node a containerd, a kubelet and a kube-proxy in the node's network namespace.
+
+Each node has a directory ``<run_dir>/nodes/<node>/`` with:
+
+- ``containerd/``: ``config.toml``, ``root/`` (content, snapshots: kept across ``up`` runs, so
+  images are imported once per run directory), ``state/`` (socket, shim state, runc state, the
+  pods' network namespace files: ``netns_mounts_under_state_dir``);
+- ``cni/``: the CNI configuration (bridge ``cni0`` + host-local on the node's pod CIDR,
+  portmap) and host-local's allocations;
+- ``kubelet/``: its configuration, kubeconfig and ``--root-dir`` (pod volumes);
+- ``kube-proxy.kubeconfig``.
+
+The three processes are started with :func:`devcluster.realnet.in_netns`, so they share the
+host's mounts (a Secret volume the kubelet mounts is what runc bind-mounts into the container)
+but each node has its own addresses, ports and iptables. Every process carries the cluster's
+marker variable; containerd passes it to its shims, so ``down`` finds those too. Container
+processes do not carry it: ``down`` finds them through the node's runc state
+(:mod:`devcluster.nodeclean`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from devcluster import pki
+from devcluster.build import NodeBinaries
+from devcluster.config import ClusterConfig, read_token
+from devcluster.realnet import in_netns
+
+logger = logging.getLogger(__name__)
+
+#: Where Debian's containernetworking-plugins put the CNI plugins.
+CNI_BIN_DIR = Path(os.environ.get("DEVCLUSTER_CNI_BIN_DIR", "/usr/lib/cni"))
+CLUSTER_DOMAIN = "cluster.local"
+
+
+@dataclass(frozen=True)
+class RealNode:
+    """Paths, configuration files and command lines of one real node."""
+
+    cfg: ClusterConfig
+    index: int
+
+    @property
+    def name(self) -> str:
+        """The node's name (also its hostname label)."""
+        return self.cfg.node_name(self.index)
+
+    @property
+    def ip(self) -> str:
+        """The node's address (in its namespace)."""
+        return self.cfg.realnet.node_ip(self.index)
+
+    @property
+    def netns(self) -> str:
+        """The node's network namespace."""
+        return self.cfg.realnet.netns(self.name)
+
+    @property
+    def dir(self) -> Path:
+        """The node's directory under the run directory."""
+        return self.cfg.nodes_dir / self.name
+
+    @property
+    def containerd_dir(self) -> Path:
+        """containerd's configuration, root and state."""
+        return self.dir / "containerd"
+
+    @property
+    def socket(self) -> Path:
+        """containerd's gRPC socket."""
+        return self.containerd_dir / "state" / "containerd.sock"
+
+    @property
+    def kubelet_dir(self) -> Path:
+        """The kubelet's configuration and --root-dir."""
+        return self.dir / "kubelet"
+
+    def component(self, what: str) -> str:
+        """Process name (pid file key, log file name) of ``what`` on this node."""
+        return f"{self.name}-{what}"
+
+    # ----- configuration -------------------------------------------------
+    def write_configs(self, pause_image: str) -> None:
+        """Write containerd's, CNI's, the kubelet's and kube-proxy's configuration."""
+        for sub in ("containerd/root", "containerd/state", "cni/net.d", "kubelet/root"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        (self.containerd_dir / "config.toml").write_text(self._containerd_toml(pause_image))
+        (self.dir / "cni" / "net.d" / "10-devcluster.conflist").write_text(
+            json.dumps(self._cni_conflist(), indent=2)
+        )
+        (self.kubelet_dir / "config.json").write_text(json.dumps(self._kubelet_config(), indent=2))
+        pki.write_kubeconfig(
+            self.cfg,
+            self.kubelet_dir / "kubeconfig",
+            pki.node_user(self.name),
+            read_token(self.cfg, pki.node_user(self.name)),
+        )
+        pki.write_kubeconfig(
+            self.cfg,
+            self.dir / "kube-proxy.kubeconfig",
+            pki.KUBE_PROXY_USER,
+            read_token(self.cfg, pki.KUBE_PROXY_USER),
+        )
+
+    def _containerd_toml(self, pause_image: str) -> str:
+        root = self.containerd_dir
+        cri = '[plugins."io.containerd.grpc.v1.cri"'
+        return f"""version = 2
+root = "{root / "root"}"
+state = "{root / "state"}"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = "{self.socket}"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{root / "opt"}"
+
+{cri}]
+  sandbox_image = "{pause_image}"
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  disable_apparmor = true
+  enable_selinux = false
+
+{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+
+{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+{cri}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+  Root = "{root / "state" / "runc"}"
+
+{cri}.cni]
+  bin_dir = "{CNI_BIN_DIR}"
+  conf_dir = "{self.dir / "cni" / "net.d"}"
+  max_conf_num = 1
+"""
+
+    def _cni_conflist(self) -> dict[str, object]:
+        return {
+            "cniVersion": "0.4.0",
+            # Unique per cluster and node: libcni's cache files under /var/lib/cni carry it.
+            "name": self.netns,
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": "cni0",
+                    "isGateway": True,
+                    "ipMasq": False,
+                    "hairpinMode": True,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": self.cfg.realnet.pod_cidr(self.index)}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "dataDir": str(self.dir / "cni" / "ipam"),
+                    },
+                },
+                {"type": "portmap", "capabilities": {"portMappings": True}},
+            ],
+        }
+
+    def _kubelet_config(self) -> dict[str, object]:
+        cfg = self.cfg
+        ca = str(cfg.pki_dir / "ca.crt")
+        return {
+            "kind": "KubeletConfiguration",
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "address": self.ip,
+            "port": 10250,
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": 10248,
+            "tlsCertFile": str(cfg.pki_dir / "kubelet.crt"),
+            "tlsPrivateKeyFile": str(cfg.pki_dir / "kubelet.key"),
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": True},
+                "x509": {"clientCAFile": ca},
+            },
+            "authorization": {"mode": "Webhook"},
+            "podCIDR": cfg.realnet.pod_cidr(self.index),
+            "cgroupDriver": "cgroupfs",
+            "cgroupsPerQOS": False,
+            "enforceNodeAllocatable": [],
+            "failSwapOn": False,
+            "clusterDNS": [cfg.realnet.dns_service_ip],
+            "clusterDomain": CLUSTER_DOMAIN,
+            "maxPods": cfg.node_pods,
+            # Heartbeats every 2 s: the controller-manager's grace period is short.
+            "nodeLeaseDurationSeconds": 8,
+            "nodeStatusUpdateFrequency": "4s",
+            "nodeStatusReportFrequency": "20s",
+            # Images cannot be pulled again here: never garbage-collect them, and never
+            # evict pods because the (shared) disk of this machine fills up.
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "evictionHard": {
+                "memory.available": "50Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+                "nodefs.inodesFree": "1%",
+            },
+            "serializeImagePulls": False,
+            "volumePluginDir": str(self.kubelet_dir / "volume-plugins"),
+            "containerLogMaxSize": "10Mi",
+        }
+
+    # ----- command lines -------------------------------------------------
+    def containerd_argv(self) -> list[str]:
+        """containerd with this node's configuration, in the node's namespace."""
+        return in_netns(
+            self.netns, "containerd", "--config", str(self.containerd_dir / "config.toml")
+        )
+
+    def kubelet_argv(self, bins: NodeBinaries) -> list[str]:
+        """The kubelet of this node, on its containerd."""
+        endpoint = f"unix://{self.socket}"
+        return in_netns(
+            self.netns,
+            str(bins.kubelet),
+            f"--config={self.kubelet_dir / 'config.json'}",
+            f"--kubeconfig={self.kubelet_dir / 'kubeconfig'}",
+            f"--root-dir={self.kubelet_dir / 'root'}",
+            f"--cert-dir={self.kubelet_dir / 'pki'}",
+            "--container-runtime=remote",
+            f"--container-runtime-endpoint={endpoint}",
+            f"--image-service-endpoint={endpoint}",
+            f"--hostname-override={self.name}",
+            f"--node-ip={self.ip}",
+            "--v=1",
+        )
+
+    def kube_proxy_argv(self, bins: NodeBinaries) -> list[str]:
+        """kube-proxy (iptables mode) of this node; machine-wide conntrack settings untouched."""
+        return in_netns(
+            self.netns,
+            str(bins.kube_proxy),
+            f"--kubeconfig={self.dir / 'kube-proxy.kubeconfig'}",
+            f"--hostname-override={self.name}",
+            f"--bind-address={self.ip}",
+            f"--cluster-cidr={self.cfg.realnet.pod_range}",
+            "--proxy-mode=iptables",
+            "--conntrack-max-per-core=0",
+            "--conntrack-tcp-timeout-established=0",
+            "--conntrack-tcp-timeout-close-wait=0",
+            "--metrics-bind-address=127.0.0.1:10249",
+            "--healthz-bind-address=127.0.0.1:10256",
+            "--v=1",
+        )
+
+    # ----- containerd ----------------------------------------------------
+    def ctr(self, *args: str, timeout: float = 600.0) -> subprocess.CompletedProcess[str]:
+        """Run ``ctr`` against this node's containerd in the ``k8s.io`` namespace."""
+        return subprocess.run(
+            ["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def containerd_ready(self) -> bool:
+        """True when containerd answers on its socket."""
+        return self.socket.exists() and self.ctr("version", timeout=10).returncode == 0
+
+    def import_image(self, archive: Path) -> float:
+        """Import an image archive unless already imported; returns seconds spent.
+
+        Only the content is stored: containerd's CRI unpacks an image into a snapshot when
+        the node first creates a container from it (as after a pull), so ``up`` does not
+        unpack the worker image on nodes that never run it.
+        """
+        stamp = self.containerd_dir / "imported.json"
+        done: dict[str, str] = json.loads(stamp.read_text()) if stamp.exists() else {}
+        st = archive.stat()
+        key = f"{st.st_size}:{st.st_mtime_ns}"
+        if done.get(str(archive)) == key:
+            return 0.0
+        started = time.monotonic()
+        result = self.ctr("images", "import", "--no-unpack", str(archive))
+        if result.returncode != 0:
+            raise RuntimeError(f"{self.name}: ctr images import {archive}: {result.stderr.strip()}")
+        done[str(archive)] = key
+        stamp.write_text(json.dumps(done, indent=1))
+        return time.monotonic() - started
+
+
+def real_nodes(cfg: ClusterConfig) -> list[RealNode]:
+    """Every node of a real-node cluster."""
+    return [RealNode(cfg, i) for i in range(1, cfg.nodes + 1)]
+
+
+def node_by_name(cfg: ClusterConfig, name: str) -> RealNode:
+    """The node called ``name``."""
+    for node in real_nodes(cfg):
+        if node.name == name:
+            return node
+    raise KeyError(f"no node {name!r}")
+
+
+def import_images(nodes: list[RealNode], archives: list[Path]) -> float:
+    """Import every archive into every node's containerd (nodes in parallel); wall seconds."""
+    started = time.monotonic()
+
+    def one(node: RealNode) -> None:
+        for archive in archives:
+            took = node.import_image(archive)
+            if took:
+                logger.debug("%s: imported %s in %.1f s", node.name, archive.name, took)
+
+    with ThreadPoolExecutor(max_workers=len(nodes) or 1) as pool:
+        for future in [pool.submit(one, node) for node in nodes]:
+            future.result()
+    return time.monotonic() - started
