@@ -47,8 +47,9 @@ def _missing_prereqs() -> str | None:
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
-    """A running devcluster (4 nodes, one with 2 nvidia.com/gpu), torn down at the end."""
+def process_cluster() -> Iterator[Cluster]:
+    """A running devcluster on process nodes (4 nodes, one with 2 nvidia.com/gpu), torn down
+    at the end."""
     problem = _missing_prereqs()
     if problem:
         if os.environ.get("CI"):
@@ -86,6 +87,12 @@ def _missing_real_prereqs() -> str | None:
     except BuildError as err:
         return str(err)
     return None
+
+
+@pytest.fixture(scope="session")
+def cluster(process_cluster: Cluster) -> Cluster:
+    """The cluster of the devcluster suite: process nodes (the e2e suite overrides it)."""
+    return process_cluster
 
 
 @pytest.fixture(scope="session")

@@ -1,13 +1,22 @@
 """End-to-end tests of the operator on devcluster (marked ``devcluster``; the cluster
-fixtures are in tests/cluster_fixtures.py)."""
+fixtures are in tests/cluster_fixtures.py).
+
+The suite runs on real nodes (kubelets on containerd, the project's images, pod networks in
+their own namespaces, kube-proxy, cluster DNS). ``ELASTICJOB_E2E_RUNTIME=process`` runs it on
+process nodes instead: quicker to start, but no container, image or network of its own."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from devcluster import Cluster
+
 CLUSTER_FIXTURES = "tests.cluster_fixtures"
+E2E_RUNTIME_ENV = "ELASTICJOB_E2E_RUNTIME"
+CLUSTER_OF_RUNTIME = {"containerd": "real_cluster", "process": "process_cluster"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -22,3 +31,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.devcluster)
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest) -> Cluster:
+    """The suite's cluster: real nodes unless ``ELASTICJOB_E2E_RUNTIME`` says ``process``."""
+    runtime = os.environ.get(E2E_RUNTIME_ENV, "containerd")
+    if runtime not in CLUSTER_OF_RUNTIME:
+        raise pytest.UsageError(f"{E2E_RUNTIME_ENV} must be one of {sorted(CLUSTER_OF_RUNTIME)}")
+    found: Cluster = request.getfixturevalue(CLUSTER_OF_RUNTIME[runtime])
+    return found

@@ -180,12 +180,20 @@ def operator_logs(cluster: Cluster) -> str:
     return found.stdout
 
 
+_SEEN_LOGS: dict[tuple[str, str], str] = {}
+"""The longest log read so far of every worker pod, by (namespace, pod): a deleted pod's log
+goes with it on a real node, so what was read before still counts."""
+
+
 def worker_logs(kube: Kube) -> str:
-    """The logs of the job's current worker pods (from the kubelet, through the API)."""
-    pods = kube.pods("elasticjob.dev/job-name")
-    return "\n".join(
-        kube.kubectl("logs", p["metadata"]["name"], "--all-containers", check=False) for p in pods
-    )
+    """The logs of every worker pod of the test's namespace read so far, from the kubelet
+    through the API (each current pod's log is read now)."""
+    for pod in kube.pods("elasticjob.dev/job-name"):
+        name = pod["metadata"]["name"]
+        text = kube.kubectl("logs", name, "--all-containers", check=False)
+        if len(text) >= len(_SEEN_LOGS.get((kube.ns, name), "")):
+            _SEEN_LOGS[(kube.ns, name)] = text
+    return "\n".join(text for (ns, _), text in _SEEN_LOGS.items() if ns == kube.ns)
 
 
 def stop_workers(kube: Kube, log_dir: Path) -> None:
@@ -198,6 +206,7 @@ def stop_workers(kube: Kube, log_dir: Path) -> None:
     kube.kubectl("delete", "pods", "--all", "--grace-period=0", "--force", check=False)
 
 
+@pytest.mark.timeout(900)
 def test_elastic_job_scales_survives_failures_and_finishes(
     operator: Cluster, kube: Kube, tmp_path: Path
 ) -> None:
@@ -247,7 +256,11 @@ def run_lifecycle(kube: Kube, log_dir: Path, stop_file: Path) -> None:
         timeout=180,
     )
     assert all(w["node"] != victim["node"] for w in recovered["workers"])
-    assert "rolling back to the last commit" in worker_logs(kube)
+    # The survivors re-form either by rolling back (a collective with the dead worker failed)
+    # or, when the failure notice reached them between steps before any collective failed, by
+    # a host update with live state: a real kubelet reports the exit sooner than it can fail.
+    logs = worker_logs(kube)
+    assert "rolling back to the last commit" in logs or "hosts updated" in logs, logs[-6000:]
     rollbacks = worker_logs(kube).count("rolling back")
 
     # kubectl delete pod: a graceful departure, no rollback.

@@ -75,10 +75,11 @@ class LossyPodWatch:
 
 
 @pytest.fixture
-async def service() -> AsyncIterator[RendezvousService]:
-    """A rendezvous service in this process (devcluster's pods share its network)."""
+async def service(cluster: Cluster) -> AsyncIterator[RendezvousService]:
+    """A rendezvous service in this process, on the address where this machine meets the
+    cluster's pods (loopback for process nodes, the node network's bridge for real ones)."""
     rendezvous = RendezvousService()
-    await rendezvous.start("127.0.0.1")
+    await rendezvous.start(cluster.config.api_host)
     try:
         yield rendezvous
     finally:
