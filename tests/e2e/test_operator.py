@@ -258,7 +258,7 @@ def run_lifecycle(kube: Kube, log_dir: Path, stop_file: Path) -> None:
     assert all(w["node"] != victim["node"] for w in recovered["workers"])
     # The survivors re-form either by rolling back (a collective with the dead worker failed)
     # or, when the failure notice reached them between steps before any collective failed, by
-    # a host update with live state: a real kubelet reports the exit sooner than it can fail.
+    # a host update with live state; which comes first is a matter of timing.
     logs = worker_logs(kube)
     assert "rolling back to the last commit" in logs or "hosts updated" in logs, logs[-6000:]
     rollbacks = worker_logs(kube).count("rolling back")
