@@ -13,6 +13,7 @@ import yaml  # type: ignore[import-untyped]
 from pydantic import BaseModel
 
 from elasticjob import wire
+from elasticjob.rendezvous.api import ProbeReport
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.routes import MAX_BODY_BYTES
 from elasticjob.rendezvous.server import RendezvousService
@@ -56,7 +57,7 @@ class RecordingListener:
     def on_progress(self, progress: wire.ProgressRequest) -> None:
         self.progress.append(progress)
 
-    def on_worker_heartbeat(self, worker: WorkerId) -> None:
+    def on_worker_heartbeat(self, worker: WorkerId, report: ProbeReport | None) -> None:
         self.heartbeats.append(worker)
 
 
