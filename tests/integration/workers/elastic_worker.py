@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +59,12 @@ def parse_args() -> argparse.Namespace:
         "--fail",
         action="append",
         default=[],
-        help="EPOCH:BATCH:RANK:MODE, MODE in exception|sigkill|sigstop|internal (internal: a "
-        "one-sided HorovodInternalError on that rank just before the commit after BATCH; nothing "
-        "exits)",
+        help="EPOCH:BATCH:RANK:MODE, MODE in exception|sigkill|sigstop|internal|partition "
+        "(internal: a one-sided HorovodInternalError on that rank just before the commit after "
+        "BATCH; nothing exits; partition: ask the test, through --cut-fifo, to cut this process "
+        "off from its peers, and train on)",
     )
+    parser.add_argument("--cut-fifo", type=Path, help="where a partition is asked for")
     parser.add_argument(
         "--slow",
         action="append",
@@ -108,6 +111,11 @@ def maybe_fail(
         except FileExistsError:
             continue
         log.write("fail", epoch=epoch, batch=batch, rank=hvd.rank(), mode=mode)
+        if mode == "partition":  # the test cuts this process's network but the rendezvous
+            rendezvous_port = urllib.parse.urlsplit(os.environ[wire.ENV_RENDEZVOUS_URL]).port
+            with args.cut_fifo.open("w") as fifo:
+                fifo.write(f"{os.getpid()} {rendezvous_port}\n")
+            return
         if mode == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "sigstop":  # frozen: every thread stops, the process stays
