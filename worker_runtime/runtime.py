@@ -30,7 +30,6 @@ import threading
 import time
 
 import torch
-import torch.distributed as dist
 from torch.distributed import HashStore, Store, TCPStore
 
 from elasticjob.wire import (
@@ -45,6 +44,7 @@ from elasticjob.wire import (
 )
 from elasticjob.worker_runtime.config import WorkerConfig, resolve_backend
 from elasticjob.worker_runtime.exceptions import HorovodInternalError, WorkerRemoved
+from elasticjob.worker_runtime.formation import await_members, connect_store
 from elasticjob.worker_runtime.heartbeat import Heartbeat
 from elasticjob.worker_runtime.host_updates import HostUpdateAgreement
 from elasticjob.worker_runtime.log import CONTEXT, get_logger
@@ -300,23 +300,17 @@ class Runtime:
     def _form_group(self, store_address: str, store_port: int) -> None:
         assert self.config is not None
         timeout = datetime.timedelta(seconds=self.config.collective_timeout_s)
-        if self.slot.rank == 0:
-            assert self._store is not None
-            store = self._store
-        else:
-            try:
-                with self.group.blocking():
-                    store = TCPStore(
-                        store_address,
-                        store_port,
-                        is_master=False,
-                        wait_for_workers=False,
-                        timeout=timeout,
-                    )
-            except (RuntimeError, dist.DistError) as exc:
-                raise HorovodInternalError(f"cannot reach the round's store: {exc}") from exc
-        self._round_store = store
         prefix = f"{self.config.job}/round-{self.round}/"
+        # Interruptible, unlike init_process_group: a member that cannot come (cut off, dead)
+        # fails the round, and the others give up at once (``formation.py``).
+        with self.group.blocking():
+            if self.slot.rank == 0:
+                assert self._store is not None
+                store = self._store
+            else:
+                store = connect_store(store_address, store_port, timeout, self._round_failed)
+            self._round_store = store
+            await_members(store, prefix, self.slot.size, timeout, self._round_failed)
         self.group.configure(store, prefix, self.slot.rank, self.slot.size, timeout)
         if self._round_failed():
             self.group.abort(f"a member of round {self.round} failed")
