@@ -61,7 +61,12 @@ class Refusal(enum.Enum):
 @dataclass(frozen=True)
 class ProbeReport:
     """What a member of ``round`` found when it probed its peers (see
-    ``elasticjob.rendezvous.probes``): the ones it could not reach (empty: it reached all)."""
+    ``elasticjob.rendezvous.probes``): the ones it could not reach (empty: it reached all).
+
+    The job validates a report against its round and hands it to the listener with the
+    heartbeat that carried it; the driver keeps each worker's latest beside its last beat,
+    timed by the driver's clock like the beat (the job keeps none: a report only means
+    something together with the beat's freshness, and the round's end makes it moot)."""
 
     round: int
     unreachable: frozenset[WorkerId]
