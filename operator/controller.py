@@ -155,8 +155,7 @@ class JobController:
         self._merge(self._pods.replace(owned, listed.resource_version))
 
     def evict(self, name: str, reason: str) -> None:
-        """A worker of this pod stopped answering (``reason`` says how): it fails, as a
-        failed pod does."""
+        """A worker of this pod stopped answering (``reason``): it fails, as a failed pod does."""
         self._evicted.setdefault(name, reason)
         self._wake.set()
 
