@@ -85,24 +85,17 @@ def cgroup() -> Iterator[tuple[Path, str]]:
         path.rmdir()  # every process in it has ended: the harness killed any leftover
 
 
-def cut_rules(cgroup_name: str, rendezvous_port: str, *, silent: bool) -> list[list[str]]:
-    """The packet filter rules of the cut. ``silent``: what the cut processes send (but to
-    the rendezvous) is lost on arrival, as across a cut network, so their peers' collectives
-    stall; else it is refused on the way out (a TCP reset, as a rejecting firewall answers),
-    so their own collective fails at once: they roll back and come to the next round, which
-    they cannot form (the case the collective timeout used to end only after a minute)."""
+def cut_rules(cgroup_name: str, rendezvous_port: str) -> list[list[str]]:
+    """The packet filter rules of the cut: what the cut processes send (but to the
+    rendezvous) is marked, and lost on arrival, silently, as across a cut network (a drop on
+    the way out would fail the send at once); nothing reaches the cut host's address (its
+    store, the probes' target)."""
     ours = ["-m", "cgroup", "--path", cgroup_name]
     to_rendezvous = ["-p", "tcp", "-d", "127.0.0.1", "--dport", rendezvous_port]
-    lose = [["OUTPUT", *ours, "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"]]
-    if silent:
-        lose = [
-            ["OUTPUT", *ours, "-j", "MARK", "--set-mark", CUT_MARK],
-            ["INPUT", "-m", "mark", "--mark", CUT_MARK, "-j", "DROP"],
-        ]
     return [
         ["OUTPUT", *ours, *to_rendezvous, "-j", "ACCEPT"],
-        *lose,
-        # Nothing reaches the cut host's address (its store, the probes' target).
+        ["OUTPUT", *ours, "-j", "MARK", "--set-mark", CUT_MARK],
+        ["INPUT", "-m", "mark", "--mark", CUT_MARK, "-j", "DROP"],
         ["INPUT", "-d", CUT_HOST, "-j", "DROP"],
     ]
 
@@ -111,12 +104,13 @@ class Cutter:
     """Waits (on a thread, up to a deadline) for the worker's request, then cuts the
     requesting process's cgroup off from everything but the rendezvous service."""
 
-    def __init__(self, fifo: Path, cgroup_name: str, deadline_s: float, *, silent: bool) -> None:
+    def __init__(self, fifo: Path, cgroup_name: str, deadline_s: float) -> None:
         os.mkfifo(fifo)
+        os.mkfifo(f"{fifo}.done")
+        self._done = Path(f"{fifo}.done")
         # Read-write, so that the worker's open does not wait and no EOF is seen meanwhile.
         self._fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
         self._cgroup = cgroup_name
-        self._silent = silent
         self._deadline_s = deadline_s
         self.error: str | None = None
         self.cut = False
@@ -131,9 +125,15 @@ class Cutter:
                 return
             pid, port = os.read(self._fd, 100).decode().split()
             iptables = ["nsenter", "--net", "--target", pid, "iptables", "-w", "-A"]
-            for rule in cut_rules(self._cgroup, port, silent=self._silent):
+            for rule in cut_rules(self._cgroup, port):
                 subprocess.run([*iptables, *rule], check=True, capture_output=True, timeout=30)
             self.cut = True
+            # The worker holds the answer FIFO open for reading while it waits.
+            answer = os.open(self._done, os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                os.write(answer, b"cut\n")
+            finally:
+                os.close(answer)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             self.error = f"cutting failed: {exc!r}"
         finally:
@@ -159,9 +159,9 @@ def write_prefixes(tmp_path: Path, cgroup_dir: Path) -> tuple[list[str], list[st
     return launcher, [str(enter)]
 
 
-def run_partitioned(tmp_path: Path, rank: int, *, silent: bool) -> JobRun:
+def run_partitioned(tmp_path: Path, rank: int, mode: str) -> JobRun:
     with cgroup() as (cgroup_dir, cgroup_name):
-        cutter = Cutter(tmp_path / "cut.fifo", cgroup_name, JOB_TIMEOUT_S, silent=silent)
+        cutter = Cutter(tmp_path / "cut.fifo", cgroup_name, JOB_TIMEOUT_S)
         launcher_prefix, worker_prefix = write_prefixes(tmp_path, cgroup_dir)
         # Hosts are ranked in the order given: the cut host holds ``rank``.
         hosts = ["127.0.1.1:1", "127.0.1.2:1"]
@@ -174,7 +174,7 @@ def run_partitioned(tmp_path: Path, rank: int, *, silent: bool) -> JobRun:
                 *("--network-interface", "lo"),
             ],
             worker_args=worker_args(
-                *("--fail", f"1:3:{rank}:partition", "--expect-sizes", "3,2,2"),
+                *("--fail", f"1:3:{rank}:{mode}", "--expect-sizes", "3,2,2"),
                 *("--cut-fifo", str(tmp_path / "cut.fifo")),
             ),
             timeout_s=JOB_TIMEOUT_S,
@@ -187,16 +187,16 @@ def run_partitioned(tmp_path: Path, rank: int, *, silent: bool) -> JobRun:
 
 
 @pytest.mark.parametrize(
-    ("rank", "silent"),
-    [(2, True), (0, True), (2, False)],
-    ids=["non-zero-rank", "rank-0", "its-sends-refused"],
+    ("rank", "mode"),
+    [(2, "partition"), (0, "partition"), (2, "partition-rollback")],
+    ids=["non-zero-rank", "rank-0", "comes-to-the-next-round"],
 )
 def test_a_worker_cut_off_from_its_peers_is_evicted_within_10_s(
-    tmp_path: Path, rank: int, silent: bool
+    tmp_path: Path, rank: int, mode: str
 ) -> None:
     if reason := why_not_runnable():
         pytest.skip(reason)
-    run = run_partitioned(tmp_path, rank, silent=silent)
+    run = run_partitioned(tmp_path, rank, mode)
     assert run.returncode == 0, run.explain()
     done = assert_trained_exactly_once(run)
     survivors = sorted(host for host, _ in ranks_by_host(done))
@@ -206,10 +206,11 @@ def test_a_worker_cut_off_from_its_peers_is_evicted_within_10_s(
     )
     assert f"blacklisted host {CUT_HOST}" in run.stderr
     assert "sent no heartbeat" not in run.stderr, "it kept beating: a partition, not a hang"
-    # Silent: the round's collective stalls until the eviction. Refused sends: the cut worker
-    # rolls back at once and comes to the next round, which cannot form until it is evicted.
+    # The round's collective stalls until the eviction; or the cut worker fails one-sidedly
+    # at once, rolls back and comes to the next round, which cannot form until it is evicted
+    # (the case the collective timeout used to end only after a minute).
     final = done[0]["round"]
-    assert final == (2 if silent else 3), run.explain()
+    assert final == (2 if mode == "partition" else 3), run.explain()
     cut_at = run.of("fail")[0]["time"]
     reformed_at = max(e["time"] for e in run.of("reset") if e["round"] == final)
     assert reformed_at - cut_at <= 10.0, f"re-formed {reformed_at - cut_at:.1f} s after the cut"
