@@ -45,6 +45,7 @@ from typing import Any
 import aiohttp
 
 from elasticjob import wire
+from elasticjob.rendezvous.api import ProbeReport
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire import WorkerId
@@ -72,7 +73,7 @@ class Listener:
     def on_progress(self, progress: wire.ProgressRequest) -> None:
         self.calls["progress"] += 1
 
-    def on_worker_heartbeat(self, worker: WorkerId) -> None:
+    def on_worker_heartbeat(self, worker: WorkerId, report: ProbeReport | None) -> None:
         self.calls["heartbeat"] += 1
 
 
@@ -212,7 +213,8 @@ def probes(rng: random.Random) -> dict[str, Callable[[], Probe]]:
         return Probe("unknown job", "GET", job, "round", TOKENS["job-a"], cross=True)
 
     def protocol() -> Probe:
-        version = rng.choice([None, "1", "3", "99", "abc", "-1", "9" * 40])
+        newer = str(wire.PROTOCOL_VERSION + 1)
+        version = rng.choice([None, "1", newer, "99", "abc", "-1", "9" * 40])
         probe = Probe("protocol version", "GET", "job-a", "round", token)
         probe.protocol = version
         return probe

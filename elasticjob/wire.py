@@ -17,7 +17,14 @@ import enum
 import json
 from typing import Annotated, Final, NamedTuple, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StringConstraints,
+    model_validator,
+)
 
 API_PREFIX = "/v1"
 """Path prefix of every job-scoped endpoint of the rendezvous service."""
@@ -25,14 +32,23 @@ API_PREFIX = "/v1"
 PROTOCOL_HEADER: Final = "X-Elasticjob-Protocol"
 """Header carrying the rendezvous protocol version: workers send theirs on every request and
 the service answers with its own."""
-PROTOCOL_VERSION: Final = 2
+PROTOCOL_VERSION: Final = 3
 """The rendezvous protocol this release speaks. Version 1 is that of the releases that sent no
 :data:`PROTOCOL_HEADER` (a request without it is version 1). Version 2 added the header,
 ``429 Too Many Requests`` answers (a version-1 worker takes them as fatal), refusals of
-workers the driver did not launch and of rounds not published yet, and strict bodies."""
+workers the driver did not launch and of rounds not published yet, and strict bodies.
+Version 3 added peer probes: :attr:`RendezvousResponse.peers` and the probe report of a
+:class:`HeartbeatRequest`. Its request fields are optional, so a version-2 worker's requests
+are valid version-3 requests; but a version-2 worker refuses any response field it does not
+know (strict models), so the service leaves ``peers`` out of its answers to version 2."""
 MIN_PROTOCOL_VERSION: Final = 2
 """The oldest worker protocol this service accepts; an older (or newer) worker is refused
-with ``426 Upgrade Required`` naming both versions, and exits with that message."""
+with ``426 Upgrade Required`` naming both versions, and exits with that message. Version-2
+workers still train; they send no probe reports (see :data:`PROTOCOL_VERSION`)."""
+
+MAX_PROBE_TARGETS: Final = 3
+"""Most peers one worker probes in a round: rank 0 and its two neighbours in the ring of its
+local rank across hosts (see ``elasticjob.rendezvous.probes``)."""
 
 # Environment variables through which a launcher (or the operator) hands a worker its identity.
 ENV_RENDEZVOUS_URL = "ELASTICJOB_RENDEZVOUS_URL"
@@ -59,6 +75,9 @@ ENV_ORPHAN_TIMEOUT = "ELASTICJOB_ORPHAN_TIMEOUT"
 operator restart."""
 ENV_DEFER_SIGTERM = "ELASTICJOB_DEFER_SIGTERM"
 """``1``: the first SIGTERM lets the worker leave at its next host-update check (pods)."""
+ENV_PROBE_AFTER = "ELASTICJOB_PROBE_AFTER"
+"""Seconds a collective (or the forming of a round's group) may block before the worker's
+heartbeat thread probes its peers and reports those it cannot reach (0: never probe)."""
 
 WORKER_ENV_PREFIX = "ELASTICJOB_"
 """Prefix of every variable of the worker contract above."""
@@ -77,6 +96,7 @@ WORKER_CONTRACT_ENV = frozenset(
         ENV_ORPHAN_TIMEOUT,
         ENV_DEFER_SIGTERM,
         ENV_RENDEZVOUS_CA,
+        ENV_PROBE_AFTER,
     }
 )
 """Every variable the operator may set for its workers: a pod template must not set them
@@ -231,6 +251,16 @@ class RendezvousRequest(_Strict):
     state back to its last commit: the driver fails that round and re-syncs the next."""
 
 
+class PeerEndpoint(_Strict):
+    """A member of the round that a worker probes: who it is and where its TCPStore server
+    listens (the endpoint it registered with). A TCP connect to it is the probe."""
+
+    hostname: HostName
+    local_rank: LocalRank
+    address: HostName
+    store_port: Port
+
+
 class RendezvousResponse(_Strict):
     status: RendezvousStatus
     round: RoundNumber = 0
@@ -244,6 +274,9 @@ class RendezvousResponse(_Strict):
     """Whether state must be broadcast from rank 0 after forming the group. False only when
     every member kept identical live state (a graceful removal); the driver decides it once
     for the whole round, so ranks can never disagree on it."""
+    peers: Annotated[tuple[PeerEndpoint, ...], Field(max_length=MAX_PROBE_TARGETS)] = ()
+    """The members this worker probes when one of its collectives of the round blocks
+    (ASSIGNED only; never sent to a version-2 worker, see :data:`PROTOCOL_VERSION`)."""
     message: str = ""
 
 
@@ -257,12 +290,38 @@ class ResultRequest(_Strict):
     message: Annotated[str, StringConstraints(max_length=4096)] = ""
 
 
-class HeartbeatRequest(_Strict):
-    """A worker process is alive. Sent by a background thread every heartbeat interval,
-    whatever the training thread does, so only a frozen or cut-off process stops sending."""
+class ProbedPeer(_Strict):
+    """A peer a worker could not reach (see :class:`HeartbeatRequest`)."""
 
     hostname: HostName
     local_rank: LocalRank
+
+
+class HeartbeatRequest(_Strict):
+    """A worker process is alive. Sent by a background thread every heartbeat interval,
+    whatever the training thread does, so only a frozen or cut-off process stops sending.
+
+    While one of its collectives of ``round`` has blocked for the probe threshold (see
+    :data:`ENV_PROBE_AFTER`), the worker probes the peers the round gave it
+    (:attr:`RendezvousResponse.peers`) before each beat and sends the result: ``round`` and
+    the peers it could not reach in ``unreachable`` (empty: it reached them all). Both are
+    absent otherwise. The driver evicts a member a majority of its probers cannot reach
+    (``elasticjob.driver.partition``)."""
+
+    hostname: HostName
+    local_rank: LocalRank
+    round: RoundNumber | None = None
+    """The round whose collective blocks (None: no probe report with this beat)."""
+    unreachable: Annotated[tuple[ProbedPeer, ...], Field(max_length=MAX_PROBE_TARGETS)] = ()
+    """The probed peers that did not answer; given only with ``round``."""
+
+    @model_validator(mode="after")
+    def _report_names_its_round(self) -> HeartbeatRequest:
+        if self.round is None and self.unreachable:
+            raise ValueError("unreachable peers are reported with the round they belong to")
+        if len(set(self.unreachable)) != len(self.unreachable):
+            raise ValueError("a peer is reported unreachable more than once")
+        return self
 
 
 class ProgressRequest(_Strict):

@@ -114,7 +114,7 @@ class JobController:
         self._pods = PodMap(clock)
         self._reported: set[str] = set()
         self._deleted: set[str] = set()
-        self._hung: set[str] = set()
+        self._evicted: dict[str, str] = {}
         self._leaving: dict[str, float] = {}
         self._discovery = PodDiscovery()
         self._wake = asyncio.Event()
@@ -154,9 +154,9 @@ class JobController:
         owned = [pod for pod in listed.items if self._owns(pod)]
         self._merge(self._pods.replace(owned, listed.resource_version))
 
-    def evict(self, name: str) -> None:
-        """A worker of this pod stopped answering: it fails, as a failed pod does."""
-        self._hung.add(name)
+    def evict(self, name: str, reason: str) -> None:
+        """A worker of this pod stopped answering (``reason``): it fails, as a failed pod does."""
+        self._evicted.setdefault(name, reason)
         self._wake.set()
 
     def _owns(self, obj: Mapping[str, Any]) -> bool:
@@ -273,7 +273,7 @@ class JobController:
         if self._pods.resync_due(waiting=len(self._discovery.hosts) < spec.replicas):
             await self._relist()  # the driver waits for hosts: a missed event may hide one
         views = {
-            name: podlib.view(pod, not_ready_nodes=self._not_ready_nodes, hung=self._hung)
+            name: podlib.view(pod, not_ready_nodes=self._not_ready_nodes, evicted=self._evicted)
             for name, pod in self._pods.snapshot().items()
         }
         for view in views.values():

@@ -27,7 +27,7 @@ class PodActions(Protocol):
 
     async def delete_pod(self, name: str, grace_s: int | None = None) -> None: ...
 
-    def evict(self, name: str) -> None: ...
+    def evict(self, name: str, reason: str) -> None: ...
 
 
 class PodLauncher(WorkerLauncher):
@@ -43,8 +43,8 @@ class PodLauncher(WorkerLauncher):
     async def stop(self, worker: WorkerId) -> None:
         await self._pods.delete_pod(worker.hostname)
 
-    async def kill(self, worker: WorkerId) -> None:
-        self._pods.evict(worker.hostname)
+    async def kill(self, worker: WorkerId, reason: str) -> None:
+        self._pods.evict(worker.hostname, reason)
 
     async def stop_all(self) -> None:
         return None  # the clean-pod policy decides, once the job has ended

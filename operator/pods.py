@@ -199,10 +199,14 @@ class PodView:
 
 
 def view(
-    pod: Mapping[str, Any], *, not_ready_nodes: Iterable[str] = (), hung: Iterable[str] = ()
+    pod: Mapping[str, Any],
+    *,
+    not_ready_nodes: Iterable[str] = (),
+    evicted: Mapping[str, str] | None = None,
 ) -> PodView:
-    """Classify a pod (see :class:`PodState`); ``hung``: pods the driver evicted because a
-    worker process in them stopped sending heartbeats."""
+    """Classify a pod (see :class:`PodState`); ``evicted``: pods the driver evicted because a
+    worker process in them stopped answering (no heartbeat, or its peers cannot reach it),
+    with why."""
     metadata, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
     node = spec.get("nodeName")
     phase = status.get("phase", "Pending")
@@ -216,8 +220,11 @@ def view(
         state = PodState.SUCCEEDED
     elif node is not None and node in set(not_ready_nodes):
         state, reason = PodState.FAILED, f"node {node} is not ready"
-    elif metadata["name"] in set(hung):
-        state, reason = PodState.FAILED, "a worker process stopped sending heartbeats"
+    elif evicted and metadata["name"] in evicted:
+        state, reason = (
+            PodState.FAILED,
+            f"a worker process was evicted: {evicted[metadata['name']]}",
+        )
     elif metadata.get("deletionTimestamp") or _disruption_target(status):
         state, reason = PodState.LEAVING, reason or "deleted or preempted"
     elif phase == "Running":

@@ -54,6 +54,10 @@ class WorkerConfig:
     rendezvous_ca: str | None = None
     """PEM text of the CA an ``https://`` rendezvous URL is verified against (None: the
     system's)."""
+    probe_after_s: float = 2.0
+    """How long a collective (or forming a round's group) may block before the heartbeat
+    thread probes the round's peers and reports those it cannot reach (0: never). Healthy
+    steps of 1,024 ranks stay well below it; a slow one only costs a few TCP connects."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> WorkerConfig | None:
@@ -85,6 +89,7 @@ class WorkerConfig:
             orphan_timeout_s=_seconds(environ, wire.ENV_ORPHAN_TIMEOUT, 900.0),
             defer_sigterm=environ.get(wire.ENV_DEFER_SIGTERM) == "1",
             rendezvous_ca=environ.get(wire.ENV_RENDEZVOUS_CA) or None,
+            probe_after_s=_seconds(environ, wire.ENV_PROBE_AFTER, 2.0),
         )
 
 

@@ -6,6 +6,10 @@ collective), so the driver can tell a frozen process (SIGSTOP, a host that stopp
 answering), where every thread stops, from a slow one. It beats until the process exits, so a
 worker that is still tearing down after its last round is not taken for a hung one.
 
+While the training thread is blocked in a collective, each beat also carries what probing
+the round's peers found (``probe``, see ``reachability.py``), so the driver can evict a
+member its peers cannot reach instead of waiting for the collective timeout.
+
 It is also how a worker notices that it was orphaned: when no beat has arrived for the orphan
 timeout (the launcher died, the operator is gone for good), it calls ``on_orphaned``, which
 ends the process.
@@ -17,17 +21,22 @@ import threading
 import time
 from collections.abc import Callable
 
-from elasticjob.wire import HeartbeatRequest
+from elasticjob.wire import HeartbeatRequest, ProbedPeer
 from elasticjob.worker_runtime.log import get_logger
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
 
 logger = get_logger(__name__)
 
 
+ProbeResult = tuple[int, tuple[ProbedPeer, ...]]
+"""A round whose collective blocks, and the peers of it that did not answer a probe."""
+
+
 class Heartbeat:
     """Beats for worker ``hostname[local_rank]`` every ``interval_s`` once started; calls
     ``on_orphaned`` (on the heartbeat thread) once no beat arrived for ``orphan_timeout_s``
-    (0: never)."""
+    (0: never). Before each beat it calls ``probe`` (on the heartbeat thread; it must take
+    less than the interval) and sends its result with the beat (None: nothing to report)."""
 
     def __init__(
         self,
@@ -38,11 +47,13 @@ class Heartbeat:
         *,
         orphan_timeout_s: float = 0.0,
         on_orphaned: Callable[[float], None] | None = None,
+        probe: Callable[[], ProbeResult | None] = lambda: None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"heartbeat interval must be > 0, got {interval_s}")
         self._client = client
         self._request = HeartbeatRequest(hostname=hostname, local_rank=local_rank)
+        self._probe = probe
         self._interval_s = interval_s
         self._orphan_timeout_s = orphan_timeout_s
         self._on_orphaned = on_orphaned
@@ -56,8 +67,16 @@ class Heartbeat:
         failing = False
         next_beat = last_arrived = time.monotonic()
         while True:
+            request = self._request
+            if (found := self._probe()) is not None:
+                request = HeartbeatRequest(
+                    hostname=request.hostname,
+                    local_rank=request.local_rank,
+                    round=found[0],
+                    unreachable=found[1],
+                )
             try:
-                self._client.heartbeat(self._request)
+                self._client.heartbeat(request)
             except RendezvousClientError as exc:
                 if not failing:
                     logger.warning("%s; still trying every %.1f s", exc, self._interval_s)

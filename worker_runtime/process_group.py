@@ -7,12 +7,19 @@ Collectives are issued asynchronously and waited on here, so a group can be aban
 moment the driver announces that a member failed (:meth:`RoundGroup.abort`, called from the
 notice thread): Gloo would otherwise block a survivor until its timeout when the dead peer is
 not its direct neighbour. A bounded timeout is the last resort.
+
+Every blocking operation on a round's group (a collective, forming the group) runs inside
+:meth:`RoundGroup.blocking`, so the heartbeat thread can tell how long the training thread
+has been blocked (:meth:`RoundGroup.blocked_for`) and probe its peers when it is too long.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -52,6 +59,30 @@ class RoundGroup:
         self._waiters: set[_Pending] = set()
         self._abandoned = 0
         self._configured = False
+        self._blocked_since: float | None = None
+        self._blocking_depth = 0
+
+    @contextlib.contextmanager
+    def blocking(self) -> Iterator[None]:
+        """Mark a blocking operation on the round's group (nested ones count as one, from
+        the outermost's start)."""
+        with self._lock:
+            if self._blocking_depth == 0:
+                self._blocked_since = time.monotonic()
+            self._blocking_depth += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._blocking_depth -= 1
+                if self._blocking_depth == 0:
+                    self._blocked_since = None
+
+    def blocked_for(self) -> float | None:
+        """Seconds the current blocking operation has lasted (None: none runs). Thread-safe."""
+        with self._lock:
+            since = self._blocked_since
+        return None if since is None else time.monotonic() - since
 
     def configure(
         self,
@@ -70,14 +101,15 @@ class RoundGroup:
         if self.backend == "nccl":
             kwargs["device_id"] = self.device
         try:
-            dist.init_process_group(
-                self.backend,
-                store=PrefixStore(prefix, store),
-                rank=rank,
-                world_size=size,
-                timeout=timeout,
-                **kwargs,  # type: ignore[arg-type]
-            )
+            with self.blocking():
+                dist.init_process_group(
+                    self.backend,
+                    store=PrefixStore(prefix, store),
+                    rank=rank,
+                    world_size=size,
+                    timeout=timeout,
+                    **kwargs,  # type: ignore[arg-type]
+                )
         except (RuntimeError, dist.DistError) as exc:
             raise HorovodInternalError(f"forming the process group failed: {exc}") from exc
         self._configured = True
@@ -116,7 +148,8 @@ class RoundGroup:
                 raise HorovodInternalError(self._error)
             self._waiters.add(pending)
         work.get_future().add_done_callback(lambda _future: self._complete(pending))
-        pending.event.wait()
+        with self.blocking():
+            pending.event.wait()
         with self._lock:
             self._waiters.discard(pending)
             reason = self._error

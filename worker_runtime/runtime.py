@@ -10,7 +10,11 @@ One :class:`Runtime` lives in each worker process (created by ``init()``). It
   member of the current round aborts the group at once;
 - beats a heartbeat on another background thread (``heartbeat.py``), so the driver can tell
   a frozen process from a slow step, and so the process exits once the rendezvous service
-  has been unreachable for the orphan timeout (its launcher or operator is gone).
+  has been unreachable for the orphan timeout (its launcher or operator is gone);
+- while a collective or the forming of a group has blocked for ``probe_after_s``, probes the
+  peers its round gave it (``reachability.py``) and reports the unreachable ones with each
+  beat, so the driver evicts a member cut off from its peers (``probes.py`` of the
+  rendezvous says whom each member probes).
 
 Its configuration comes from the environment (``config.py``). Without the launcher's
 environment it runs standalone as a world of one.
@@ -26,7 +30,6 @@ import threading
 import time
 
 import torch
-import torch.distributed as dist
 from torch.distributed import HashStore, Store, TCPStore
 
 from elasticjob.wire import (
@@ -41,11 +44,13 @@ from elasticjob.wire import (
 )
 from elasticjob.worker_runtime.config import WorkerConfig, resolve_backend
 from elasticjob.worker_runtime.exceptions import HorovodInternalError, WorkerRemoved
+from elasticjob.worker_runtime.formation import await_members, connect_store
 from elasticjob.worker_runtime.heartbeat import Heartbeat
 from elasticjob.worker_runtime.host_updates import HostUpdateAgreement
 from elasticjob.worker_runtime.log import CONTEXT, get_logger
 from elasticjob.worker_runtime.notices import NoticeWatcher
 from elasticjob.worker_runtime.process_group import RoundGroup
+from elasticjob.worker_runtime.reachability import PROBE_TIMEOUT_S, PeerProber
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
 
 logger = get_logger(__name__)
@@ -91,6 +96,7 @@ class Runtime:
         self._client: RendezvousClient | None = None
         self._watcher: NoticeWatcher | None = None
         self._heartbeat: Heartbeat | None = None
+        self._prober: PeerProber | None = None
         self._store: Store | None = None
         # The round's store client: held for as long as the round's group uses it.
         self._round_store: Store | None = None
@@ -109,6 +115,11 @@ class Runtime:
         if config.heartbeat_interval_s > 0 or config.orphan_timeout_s > 0:
             # Without a heartbeat the driver asked for, beat only to notice being orphaned.
             interval = config.heartbeat_interval_s or config.orphan_timeout_s / 4
+            # Probe reports are for a driver that evicts, that is one that asked for beats.
+            probe_after = config.probe_after_s if config.heartbeat_interval_s > 0 else 0.0
+            self._prober = PeerProber(
+                self.group.blocked_for, probe_after, min(PROBE_TIMEOUT_S, interval)
+            )
             self._heartbeat = Heartbeat(
                 self._client,
                 config.hostname,
@@ -116,6 +127,7 @@ class Runtime:
                 interval,
                 orphan_timeout_s=config.orphan_timeout_s,
                 on_orphaned=self._on_orphaned,
+                probe=self._prober.probe,
             )
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -260,6 +272,8 @@ class Runtime:
                     )
                     continue
                 self.round = response.round
+            if self._prober is not None:
+                self._prober.joined_round(response.round, response.peers)
             self._host_updates.joined_round(response.notice_seq)
             self.slot = response.slot
             CONTEXT.round, CONTEXT.rank = self.round, self.slot.rank
@@ -286,22 +300,17 @@ class Runtime:
     def _form_group(self, store_address: str, store_port: int) -> None:
         assert self.config is not None
         timeout = datetime.timedelta(seconds=self.config.collective_timeout_s)
-        if self.slot.rank == 0:
-            assert self._store is not None
-            store = self._store
-        else:
-            try:
-                store = TCPStore(
-                    store_address,
-                    store_port,
-                    is_master=False,
-                    wait_for_workers=False,
-                    timeout=timeout,
-                )
-            except (RuntimeError, dist.DistError) as exc:
-                raise HorovodInternalError(f"cannot reach the round's store: {exc}") from exc
-        self._round_store = store
         prefix = f"{self.config.job}/round-{self.round}/"
+        # Interruptible, unlike init_process_group: a member that cannot come (cut off, dead)
+        # fails the round, and the others give up at once (``formation.py``).
+        with self.group.blocking():
+            if self.slot.rank == 0:
+                assert self._store is not None
+                store = self._store
+            else:
+                store = connect_store(store_address, store_port, timeout, self._round_failed)
+            self._round_store = store
+            await_members(store, prefix, self.slot.size, timeout, self._round_failed)
         self.group.configure(store, prefix, self.slot.rank, self.slot.size, timeout)
         if self._round_failed():
             self.group.abort(f"a member of round {self.round} failed")

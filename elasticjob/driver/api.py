@@ -73,10 +73,10 @@ class WorkerLauncher(abc.ABC):
     async def stop(self, worker: WorkerId) -> None:
         """Ask the worker process to stop (SIGTERM, then SIGKILL after a grace period)."""
 
-    async def kill(self, worker: WorkerId) -> None:
-        """Stop the worker process at once, without a grace period: it stopped answering, so
-        it cannot exit on its own. A launcher that cannot do better stops it as :meth:`stop`
-        does."""
+    async def kill(self, worker: WorkerId, reason: str) -> None:
+        """Stop the worker process at once, without a grace period: it stopped answering
+        (``reason`` says how: no heartbeat, or its peers cannot reach it), so it cannot exit
+        on its own. A launcher that cannot do better stops it as :meth:`stop` does."""
         await self.stop(worker)
 
     @abc.abstractmethod

@@ -51,7 +51,7 @@ from elasticjob.driver.decisions import (
 from elasticjob.driver.hosts import HostManager
 from elasticjob.driver.registry import WorkerRegistry
 from elasticjob.driver.workers import WorkerProcesses
-from elasticjob.rendezvous.api import JobRendezvous, RendezvousListener
+from elasticjob.rendezvous.api import JobRendezvous, ProbeReport, RendezvousListener
 from elasticjob.wire import (
     NoticeKind,
     ProgressRequest,
@@ -166,10 +166,9 @@ class ElasticDriver(RendezvousListener):
     def on_progress(self, progress: ProgressRequest) -> None:
         self.progress = progress
 
-    def on_worker_heartbeat(self, worker: WorkerId) -> None:
-        record = self._workers.get(worker)
-        if record is not None and record.running:
-            record.last_heartbeat = self._clock()
+    def on_worker_heartbeat(self, worker: WorkerId, report: ProbeReport | None) -> None:
+        if self._workers.beat(worker, report):
+            self._wake.set()  # a member reports a peer it cannot reach: judge at once
 
     def on_worker_exit(self, worker: WorkerId, exit_code: int) -> None:
         """Called by the launcher when a worker process ends."""
@@ -258,7 +257,8 @@ class ElasticDriver(RendezvousListener):
         """One pass of the loop: act on everything that happened since the last one."""
         self._wake.clear()
         try:
-            await self._workers.evict_hung(self.settings.heartbeat_timeout_s)
+            timeout = self.settings.heartbeat_timeout_s
+            await self._workers.evict_unanswering(timeout, self.slots, self.round)
             await self._stop_overdue()
             if self.phase is Phase.STARTING or self.phase is Phase.FORMING:
                 await self._form_round()

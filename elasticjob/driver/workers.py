@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 from elasticjob.driver.api import Clock, Departure, WorkerLauncher
 from elasticjob.driver.liveness import hung_workers
-from elasticjob.rendezvous.api import JobRendezvous
-from elasticjob.wire import WorkerId
+from elasticjob.driver.partition import ReceivedReport, partitioned_members
+from elasticjob.rendezvous.api import JobRendezvous, ProbeReport
+from elasticjob.wire import SlotInfo, WorkerId
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,9 @@ class WorkerRecord:
     """When its process last beat (None: not yet, or it is being evicted)."""
     ending: bool = False
     """It reported how its process ends: its exit is awaited, not its heartbeat."""
+    probe_report: ReceivedReport | None = None
+    """What it found probing its peers, with its latest heartbeat (None: that beat had no
+    report: none of its collectives blocked)."""
 
     def fail_outside_round(self, exit_code: int) -> None:
         """Its process failed while it was no member of a running round (before it joined
@@ -136,6 +140,30 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
             if r.running and not r.ending and r.departure is None
         }
 
+    def beat(self, worker: WorkerId, report: ProbeReport | None) -> bool:
+        """Record a heartbeat of the worker's process and the probe report it carried (a
+        beat without one clears the previous); return whether the report names a peer."""
+        record = self._records.get(worker)
+        if record is None or not record.running:
+            return False
+        now = self._clock()
+        record.last_heartbeat = now
+        record.probe_report = (
+            None if report is None else ReceivedReport(report.round, report.unreachable, now)
+        )
+        return report is not None and bool(report.unreachable)
+
+    async def evict_unanswering(
+        self, timeout_s: float | None, slots: Mapping[WorkerId, SlotInfo], round_number: int
+    ) -> None:
+        """Evict the processes that stopped beating, and the members of the round in force
+        that their peers cannot reach. Both need heartbeats, so both are off without a
+        heartbeat timeout (``timeout_s`` None); probe reports older than it no longer
+        count."""
+        await self.evict_hung(timeout_s)
+        if timeout_s is not None:
+            await self.evict_partitioned(slots, round_number, timeout_s)
+
     async def evict_hung(self, timeout_s: float | None) -> None:
         """Kill the processes that sent no heartbeat for ``timeout_s`` (see
         ``liveness.py``); each exit is then classified like any other."""
@@ -143,15 +171,42 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
         for worker in sorted(hung_workers(self.heartbeats(), timeout_s=timeout_s, now=now)):
             silent = now - (self._records[worker].last_heartbeat or now)
             logger.error("worker %s sent no heartbeat for %.1f s: evicting it", worker, silent)
-            await self.kill(worker)
+            await self.kill(worker, f"it sent no heartbeat for {silent:.1f} s")
 
-    async def kill(self, worker: WorkerId) -> None:
-        """Kill the worker's process at once (it stopped answering); its exit is then
-        classified like any other."""
+    async def evict_partitioned(
+        self, slots: Mapping[WorkerId, SlotInfo], round_number: int, max_age_s: float
+    ) -> None:
+        """Kill the members of round ``round_number`` that their peers report unreachable
+        (see ``partition.py``); each exit is then classified like any other."""
+        awaited = self.heartbeats()
+        reports = {
+            w: r.probe_report
+            for w, r in self._records.items()
+            if r.probe_report is not None and w in awaited and not r.stop_requested
+        }
+        found = partitioned_members(
+            reports, slots, round_number=round_number, now=self._clock(), max_age_s=max_age_s
+        )
+        for verdict in found:
+            record = self._records.get(verdict.worker)
+            if record is None or record.stop_requested or verdict.worker not in awaited:
+                continue
+            reporters = ", ".join(map(str, verdict.reported_by))
+            logger.error(
+                "worker %s unreachable from its peers (reported by %s): evicting it",
+                verdict.worker,
+                reporters,
+            )
+            await self.kill(verdict.worker, f"its peers {reporters} could not reach it")
+
+    async def kill(self, worker: WorkerId, reason: str) -> None:
+        """Kill the worker's process at once (it stopped answering, ``reason`` says how);
+        its exit is then classified like any other."""
         record = self._records[worker]
         record.last_heartbeat = None
+        record.probe_report = None
         record.stop_requested = True
-        await self._launcher.kill(worker)
+        await self._launcher.kill(worker, reason)
 
     def messages(self) -> list[str]:
         """The last line of what each worker reported with its result, if anything."""

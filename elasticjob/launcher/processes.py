@@ -203,10 +203,11 @@ class LocalWorkerLauncher(WorkerLauncher):
         try:
             await asyncio.wait_for(process.wait(), self._stop_grace_s)
         except TimeoutError:
-            await self.kill(worker)
+            await self.kill(worker, "it did not stop within its grace period")
 
-    async def kill(self, worker: WorkerId) -> None:
-        """SIGKILL the worker's process group (a stopped process cannot handle SIGTERM)."""
+    async def kill(self, worker: WorkerId, reason: str) -> None:
+        """SIGKILL the worker's process group (a stopped process cannot handle SIGTERM; the
+        driver logged ``reason``)."""
         process = self._processes.get(worker)
         if process is None or process.returncode is not None:
             return

@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 import enum
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from elasticjob.wire import (
@@ -53,6 +54,22 @@ class Refusal(enum.Enum):
     """The worker's process already reported its result."""
     TOO_MANY_WAITS = "too many waits"
     """The job holds as many long-polls as its bounds allow."""
+    INVALID_REPORT = "invalid report"
+    """A probe report names a peer the worker does not probe in that round."""
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    """What a member of ``round`` found when it probed its peers (see
+    ``elasticjob.rendezvous.probes``): the ones it could not reach (empty: it reached all).
+
+    The job validates a report against its round and hands it to the listener with the
+    heartbeat that carried it; the driver keeps each worker's latest beside its last beat,
+    timed by the driver's clock like the beat (the job keeps none: a report only means
+    something together with the beat's freshness, and the round's end makes it moot)."""
+
+    round: int
+    unreachable: frozenset[WorkerId]
 
 
 class RequestRefused(Exception):
@@ -77,8 +94,10 @@ class RendezvousListener(Protocol):
     def on_progress(self, progress: ProgressRequest) -> None:
         """Rank 0 reported training progress."""
 
-    def on_worker_heartbeat(self, worker: WorkerId) -> None:
-        """The worker's process is alive (it beats every heartbeat interval)."""
+    def on_worker_heartbeat(self, worker: WorkerId, report: ProbeReport | None) -> None:
+        """The worker's process is alive (it beats every heartbeat interval). ``report``:
+        what it found probing its peers of the current round while a collective blocked
+        (validated against the round), or None (no report, or one of an older round)."""
 
 
 class JobRendezvous(abc.ABC):
@@ -163,8 +182,11 @@ class JobRendezvous(abc.ABC):
 
     @abc.abstractmethod
     def report_heartbeat(self, request: HeartbeatRequest) -> None:
-        """Tell the listener that the worker's process is alive. Raises
-        :class:`RequestRefused` for a worker the driver did not launch."""
+        """Tell the listener that the worker's process is alive, with its probe report if it
+        sent one for the current round (a report of an older round is dropped: the beat still
+        counts). Raises :class:`RequestRefused` (changing nothing) for a worker the driver
+        did not launch, a report of a round newer than the current one, and a report naming
+        a peer the worker does not probe in the round."""
 
     @abc.abstractmethod
     def round_info(self) -> RoundInfo:

@@ -29,6 +29,7 @@ from elasticjob.rendezvous.limits import (
     JobLimits,
     TokenBucket,
 )
+from elasticjob.rendezvous.probes import peer_endpoints, probe_report, probe_targets
 from elasticjob.rendezvous.rounds import Binding, Endpoint, PublishedRound, check_slots
 from elasticjob.rendezvous.wakeup import LongPolls, Wakeup
 from elasticjob.wire import (
@@ -153,8 +154,10 @@ class InMemoryJobRendezvous(JobRendezvous):
         binding = self._endpoints.get(rank0)
         if binding is None:
             raise RendezvousError(f"job {self.job}: rank-0 member {rank0} has not registered")
+        targets = probe_targets(slots)
+        peers = peer_endpoints(targets, {w: b.endpoint for w, b in self._endpoints.items()})
         self._round = PublishedRound(
-            round_number, dict(slots), binding.endpoint, self._latest_seq, sync
+            round_number, dict(slots), binding.endpoint, self._latest_seq, sync, targets, peers
         )
         self._dismissed.difference_update(slots)
         self._admitted.update(slots)
@@ -182,7 +185,9 @@ class InMemoryJobRendezvous(JobRendezvous):
             )
         check_slots(slots)
         self._latest_seq = max(self._latest_seq, notice_seq)
-        self._round = PublishedRound(round_number, dict(slots), None, self._latest_seq, False)
+        self._round = PublishedRound(
+            round_number, dict(slots), None, self._latest_seq, False, probe_targets(slots)
+        )
         self._admitted.update(slots)
         logger.info("job %s: adopted round %d with %d members", self.job, round_number, len(slots))
 
@@ -322,6 +327,7 @@ class InMemoryJobRendezvous(JobRendezvous):
             store_port=current.store.store_port,
             notice_seq=current.notice_seq,
             sync=current.sync,
+            peers=current.peers.get(worker, ()),
         )
 
     async def notices(self, after_seq: int, wait_seconds: float) -> NoticesResponse:
@@ -364,8 +370,9 @@ class InMemoryJobRendezvous(JobRendezvous):
         """See :meth:`JobRendezvous.report_heartbeat`."""
         worker = WorkerId(request.hostname, request.local_rank)
         self._check_worker(worker)
+        report = probe_report(self._round, worker, request)
         self._tell_listener(
-            "on_worker_heartbeat", lambda: self._listener.on_worker_heartbeat(worker)
+            "on_worker_heartbeat", lambda: self._listener.on_worker_heartbeat(worker, report)
         )
 
     def round_info(self) -> RoundInfo:

@@ -4,10 +4,10 @@ workers registered with."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from elasticjob.rendezvous.api import RendezvousError
-from elasticjob.wire import SlotInfo, WorkerId
+from elasticjob.wire import PeerEndpoint, SlotInfo, WorkerId
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,11 @@ class PublishedRound:
     """None for an adopted round: its members formed their group before this process ran."""
     notice_seq: int
     sync: bool
+    targets: Mapping[WorkerId, tuple[WorkerId, ...]] = field(default_factory=dict)
+    """Whom each member probes (``probes.probe_targets``)."""
+    peers: Mapping[WorkerId, tuple[PeerEndpoint, ...]] = field(default_factory=dict)
+    """The endpoints of each member's probe targets, as they registered (empty for an adopted
+    round: its members got theirs from the service before it restarted)."""
 
 
 def check_slots(slots: Mapping[WorkerId, SlotInfo]) -> WorkerId:

@@ -63,7 +63,11 @@ _REFUSAL_STATUS: Final = {
     Refusal.ENDPOINT_CHANGED: 409,
     Refusal.RESULT_REPEATED: 409,
     Refusal.TOO_MANY_WAITS: 429,
+    Refusal.INVALID_REPORT: 422,
 }
+
+_ADDED_IN_3: Final = {"peers"}
+"""Fields of a rendezvous answer that protocol 3 added (left out for version-2 workers)."""
 
 RETRY_AFTER_S: Final = 1
 """``Retry-After`` of the 503 answered for a job that is not served yet while the service's
@@ -104,10 +108,14 @@ class _NoticesQuery(BaseModel):
 
 
 def _json(
-    model: BaseModel, *, status: int = 200, headers: Mapping[str, str] | None = None
+    model: BaseModel,
+    *,
+    status: int = 200,
+    headers: Mapping[str, str] | None = None,
+    exclude: set[str] | None = None,
 ) -> web.Response:
     return web.Response(
-        body=model.model_dump_json().encode(),
+        body=model.model_dump_json(exclude=exclude).encode(),
         status=status,
         headers=headers,
         content_type="application/json",
@@ -151,7 +159,8 @@ async def _read_body(request: web.Request) -> bytes:
     return bytes(body)
 
 
-def _check_protocol(request: web.Request) -> None:
+def _check_protocol(request: web.Request) -> int:
+    """The request's protocol version, once it is one the service accepts."""
     raw = request.headers.get(PROTOCOL_HEADER, "1")
     if not raw.isascii() or not raw.isdecimal() or len(raw) > 6:
         raise ApiError(400, f"{PROTOCOL_HEADER} must be a protocol version number")
@@ -163,6 +172,7 @@ def _check_protocol(request: web.Request) -> None:
             f"{PROTOCOL_VERSION} and accepts {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION}: "
             "run a worker image of the operator's release",
         )
+    return version
 
 
 def _retry_after(seconds: float) -> dict[str, str]:
@@ -217,7 +227,9 @@ class _Api:
     async def rendezvous(self, request: web.Request) -> web.Response:
         job = self.authorize(request)
         body = await _parse_body(request, RendezvousRequest)
-        return _json(await job.rendezvous(body))
+        answer = await job.rendezvous(body)
+        # A version-2 worker refuses fields it does not know (see wire.PROTOCOL_VERSION).
+        return _json(answer, exclude=_ADDED_IN_3 if _check_protocol(request) < 3 else None)
 
     async def notices(self, request: web.Request) -> web.Response:
         job = self.authorize(request)

@@ -13,6 +13,7 @@ import yaml  # type: ignore[import-untyped]
 from pydantic import BaseModel
 
 from elasticjob import wire
+from elasticjob.rendezvous.api import ProbeReport
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.routes import MAX_BODY_BYTES
 from elasticjob.rendezvous.server import RendezvousService
@@ -44,6 +45,7 @@ class RecordingListener:
         self.results: list[wire.ResultRequest] = []
         self.progress: list[wire.ProgressRequest] = []
         self.heartbeats: list[WorkerId] = []
+        self.reports: list[tuple[WorkerId, ProbeReport | None]] = []
         self.ready_event = asyncio.Event()
 
     def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
@@ -56,8 +58,9 @@ class RecordingListener:
     def on_progress(self, progress: wire.ProgressRequest) -> None:
         self.progress.append(progress)
 
-    def on_worker_heartbeat(self, worker: WorkerId) -> None:
+    def on_worker_heartbeat(self, worker: WorkerId, report: ProbeReport | None) -> None:
         self.heartbeats.append(worker)
+        self.reports.append((worker, report))
 
 
 class Cluster:
@@ -384,7 +387,7 @@ async def test_invalid_rendezvous_body_is_422_naming_the_field(
         ("progress", b" " * (MAX_BODY_BYTES + 1), 413),
         ("heartbeat", b'{"hostname": "host-a"}', 422),
         ("heartbeat", b'{"hostname": "bad host!", "local_rank": 0}', 422),
-        ("heartbeat", b'{"hostname": "host-a", "local_rank": 0, "round": 3}', 422),
+        ("heartbeat", b'{"hostname": "host-a", "local_rank": 0, "step": 3}', 422),
         ("heartbeat", b"{not json", 400),
     ],
 )

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from elasticjob import wire
+from elasticjob.rendezvous.api import ProbeReport
 from elasticjob.rendezvous.routes import RETRY_AFTER_S
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire import RoundInfo
@@ -28,7 +29,7 @@ class Listener:
     ) -> None:
         return None
 
-    def on_worker_heartbeat(self, worker: wire.WorkerId) -> None:
+    def on_worker_heartbeat(self, worker: wire.WorkerId, report: ProbeReport | None) -> None:
         return None
 
     def on_worker_result(self, request: wire.ResultRequest) -> None:

@@ -18,8 +18,10 @@ import hashlib
 import json
 import logging
 import os
+import select
 import signal
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +60,14 @@ def parse_args() -> argparse.Namespace:
         "--fail",
         action="append",
         default=[],
-        help="EPOCH:BATCH:RANK:MODE, MODE in exception|sigkill|sigstop|internal (internal: a "
-        "one-sided HorovodInternalError on that rank just before the commit after BATCH; nothing "
-        "exits)",
+        help="EPOCH:BATCH:RANK:MODE, MODE in exception|sigkill|sigstop|internal|partition|"
+        "partition-rollback (internal: a one-sided HorovodInternalError on that rank just before "
+        "the commit after BATCH; nothing exits; partition: ask the test, through --cut-fifo, to "
+        "cut this process off from its peers, and train on once it did; partition-rollback: "
+        "then fail one-sidedly, so this process comes to the next round)",
+    )
+    parser.add_argument(
+        "--cut-fifo", type=Path, help="where a partition is asked for (and FIFO.done answers)"
     )
     parser.add_argument(
         "--slow",
@@ -108,6 +115,11 @@ def maybe_fail(
         except FileExistsError:
             continue
         log.write("fail", epoch=epoch, batch=batch, rank=hvd.rank(), mode=mode)
+        if mode.startswith("partition"):
+            ask_for_the_cut(args.cut_fifo)
+            if mode == "partition-rollback":
+                raise hvd.HorovodInternalError(f"scripted one-sided failure after the cut at {b}")
+            return
         if mode == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "sigstop":  # frozen: every thread stops, the process stays
@@ -117,6 +129,21 @@ def maybe_fail(
                 f"scripted one-sided collective failure at {epoch}:{batch}"
             )
         raise RuntimeError(f"scripted failure at epoch {epoch} batch {batch}")
+
+
+def ask_for_the_cut(fifo: Path, deadline_s: float = 30.0) -> None:
+    """Ask the test to cut this process's network but to the rendezvous; return once it did."""
+    done = os.open(f"{fifo}.done", os.O_RDWR | os.O_NONBLOCK)  # never waits for a writer
+    try:
+        rendezvous_port = urllib.parse.urlsplit(os.environ[wire.ENV_RENDEZVOUS_URL]).port
+        with fifo.open("w") as request:
+            request.write(f"{os.getpid()} {rendezvous_port}\n")
+        readable, _, _ = select.select([done], [], [], deadline_s)
+        if not readable:
+            raise RuntimeError(f"the test did not cut within {deadline_s} s")
+        os.read(done, 100)
+    finally:
+        os.close(done)
 
 
 def maybe_slow(args: argparse.Namespace, log: EventLog, epoch: int, batch: int) -> None:

@@ -289,7 +289,7 @@ DISRUPTED = {"type": "DisruptionTarget", "status": "True"}
         (
             {**manifest(), "metadata": {"name": "hung"}},
             PodState.FAILED,
-            "a worker process stopped sending heartbeats",
+            "a worker process was evicted: its peers could not reach it",
             None,
         ),
         (
@@ -318,7 +318,7 @@ DISRUPTED = {"type": "DisruptionTarget", "status": "True"}
 def test_view_classifies_pods(
     pod: dict[str, Any], state: PodState, reason: str, unschedulable: str | None
 ) -> None:
-    got = view(pod, not_ready_nodes={"down"}, hung={"hung"})
+    got = view(pod, not_ready_nodes={"down"}, evicted={"hung": "its peers could not reach it"})
     assert (got.state, got.reason, got.unschedulable) == (state, reason, unschedulable)
 
 

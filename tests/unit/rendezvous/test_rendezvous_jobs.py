@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from elasticjob.rendezvous.api import RendezvousError
+from elasticjob.rendezvous.api import ProbeReport, RendezvousError
 from elasticjob.rendezvous.jobs import MAX_NOTICES, InMemoryJobRendezvous
 from elasticjob.wire import (
     HeartbeatRequest,
@@ -34,6 +34,7 @@ class RecordingListener:
         self.results: list[ResultRequest] = []
         self.progress: list[ProgressRequest] = []
         self.heartbeats: list[WorkerId] = []
+        self.reports: list[tuple[WorkerId, ProbeReport | None]] = []
         self.ready_event = asyncio.Event()
 
     def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
@@ -48,8 +49,9 @@ class RecordingListener:
     def on_progress(self, progress: ProgressRequest) -> None:
         self.progress.append(progress)
 
-    def on_worker_heartbeat(self, worker: WorkerId) -> None:
+    def on_worker_heartbeat(self, worker: WorkerId, report: ProbeReport | None) -> None:
         self.heartbeats.append(worker)
+        self.reports.append((worker, report))
 
 
 class FailingListener(RecordingListener):

@@ -34,6 +34,16 @@ RENDEZVOUS = {
         (wire.RendezvousRequest, RENDEZVOUS, "rolled_back", 1),
         (wire.RendezvousRequest, RENDEZVOUS, "rolled_back", "true"),
         (wire.HeartbeatRequest, {"hostname": "h", "local_rank": 0}, "local_rank", True),
+        (wire.HeartbeatRequest, {"hostname": "h", "local_rank": 0}, "round", "1"),
+        (wire.HeartbeatRequest, {"hostname": "h", "local_rank": 0}, "round", True),
+        (wire.HeartbeatRequest, {"hostname": "h", "local_rank": 0}, "round", -1),
+        (wire.HeartbeatRequest, {"hostname": "h", "local_rank": 0, "round": 1}, "unreachable", 3),
+        (
+            wire.HeartbeatRequest,
+            {"hostname": "h", "local_rank": 0, "round": 1},
+            "unreachable",
+            [{"hostname": "p", "local_rank": 0}] * 4,
+        ),
         (wire.ProgressRequest, {"round": 1, "epoch": 0, "step": 0}, "step", 3.0),
         (wire.ProgressRequest, {"round": 1, "epoch": 0, "step": 0}, "round", "1"),
         (
@@ -81,3 +91,43 @@ def test_responses_are_parsed_strictly_too() -> None:
     assert answer.status is wire.RendezvousStatus.PENDING
     with pytest.raises(ValidationError):
         wire.parse_json(wire.RendezvousResponse, b'{"status": "PENDING", "round": "3"}')
+
+
+PEER = {"hostname": "peer", "local_rank": 1}
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ({"unreachable": [PEER]}, "with the round"),
+        ({"round": 2, "unreachable": [PEER, PEER]}, "more than once"),
+        ({"round": 2, "unreachable": [PEER | {"local_rank": "1"}]}, "valid integer"),
+        ({"round": 2, "unreachable": [PEER | {"hostname": "-bad"}]}, "pattern"),
+        ({"round": 2, "unreachable": [PEER | {"port": 1}]}, "Extra inputs"),
+        ({"round": 2, "unreachable": [None]}, "should be an object"),
+    ],
+)
+def test_malformed_probe_reports_are_refused(body: dict[str, object], problem: str) -> None:
+    with pytest.raises(ValidationError, match=problem):
+        wire.parse_json(
+            wire.HeartbeatRequest, json.dumps({"hostname": "h", "local_rank": 0} | body)
+        )
+
+
+def test_a_probe_report_and_a_plain_beat_are_valid() -> None:
+    plain = wire.parse_json(wire.HeartbeatRequest, b'{"hostname": "h", "local_rank": 0}')
+    assert (plain.round, plain.unreachable) == (None, ())
+    body = {"hostname": "h", "local_rank": 0, "round": 4, "unreachable": [PEER]}
+    report = wire.parse_json(wire.HeartbeatRequest, json.dumps(body))
+    assert report.round == 4 and report.unreachable == (wire.ProbedPeer(**PEER),)  # type: ignore[arg-type]
+
+
+def test_a_response_carries_at_most_three_peers() -> None:
+    peer = {"hostname": "p", "local_rank": 0, "address": "10.0.0.2", "store_port": 29500}
+    wire.parse_json(
+        wire.RendezvousResponse, json.dumps({"status": "ASSIGNED", "peers": [peer] * 3})
+    )
+    with pytest.raises(ValidationError, match="at most 3"):
+        wire.parse_json(
+            wire.RendezvousResponse, json.dumps({"status": "ASSIGNED", "peers": [peer] * 4})
+        )

@@ -1,0 +1,103 @@
+"""Peer probes over HTTP: the round's answer carries the peers to probe (for version-3
+workers only: a version-2 worker refuses fields it does not know), and heartbeats carry probe
+reports; malformed or foreign reports get a 4xx and change nothing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from elasticjob import wire
+from elasticjob.rendezvous.api import ProbeReport
+from elasticjob.rendezvous.server import RendezvousService
+from tests.integration.test_rendezvous_http import (
+    W0,
+    W1,
+    Cluster,
+    rendezvous_body,
+    slots_for,
+    snapshot,
+)
+
+pytestmark = pytest.mark.integration
+
+HEARTBEAT = "/v1/jobs/job-a/heartbeat"
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    """Round 1 of job-a: W0 (rank 0) and W1, both registered."""
+    service = RendezvousService()
+    await service.start("127.0.0.1", 0)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        cluster = Cluster(service, session)
+        await cluster.rendezvous(W0)
+        await cluster.rendezvous(W1)
+        cluster.job_a.publish_round(1, slots_for([W0, W1]), sync=True)
+        yield cluster
+    await service.stop()
+
+
+async def ask(cluster: Cluster, version: int) -> dict[str, Any]:
+    status, body = await cluster.call(
+        "POST",
+        "/v1/jobs/job-a/rendezvous",
+        json=rendezvous_body(W1),
+        headers={wire.PROTOCOL_HEADER: str(version)},
+    )
+    assert status == 200, body
+    assert isinstance(body, dict)
+    return body
+
+
+async def test_version_3_workers_get_their_peers_version_2_workers_no_new_field(
+    cluster: Cluster,
+) -> None:
+    current = await ask(cluster, wire.PROTOCOL_VERSION)
+    assert current["peers"] == [
+        {"hostname": "host-a", "local_rank": 0, "address": "addr-host-a", "store_port": 29506}
+    ]
+    old = await ask(cluster, 2)
+    assert "peers" not in old and old["status"] == "ASSIGNED"
+    # What a version-2 worker parses it with: the same strict model, without the field.
+    assert set(old) <= set(wire.RendezvousResponse.model_fields) - {"peers"}
+
+
+async def test_a_probe_report_reaches_the_driver(cluster: Cluster) -> None:
+    body = {"hostname": "host-b", "local_rank": 0, "round": 1, "unreachable": [W0._asdict()]}
+    status, _ = await cluster.call("POST", HEARTBEAT, json=body)
+    assert status == 204
+    assert cluster.listener_a.heartbeats == [W1]
+    assert cluster.listener_a.reports == [(W1, ProbeReport(1, frozenset({W0})))]
+
+
+@pytest.mark.parametrize(
+    ("changes", "status", "words"),
+    [
+        ({"unreachable": [{"hostname": "host-a", "local_rank": 0}]}, 422, "round"),
+        ({"round": 1, "unreachable": [{"hostname": "host-a", "local_rank": 0}] * 2}, 422, "once"),
+        ({"round": 1, "unreachable": [{"hostname": "host-z", "local_rank": 0}]}, 422, "probe"),
+        ({"round": 1, "unreachable": [{"hostname": "host-a"}]}, 422, "local_rank"),
+        ({"round": 1, "unreachable": "host-a"}, 422, "unreachable"),
+        ({"round": 2}, 409, "newer"),
+        (
+            {"round": 1, "unreachable": [{"hostname": f"h{i}", "local_rank": 0} for i in range(4)]},
+            422,
+            "at most 3",
+        ),
+    ],
+    ids=["no-round", "repeated", "not-its-target", "no-slot", "not-a-list", "future", "too-many"],
+)
+async def test_malformed_reports_are_refused_and_change_nothing(
+    cluster: Cluster, changes: dict[str, object], status: int, words: str
+) -> None:
+    before = snapshot(cluster.job_a, cluster.listener_a)
+    got, body = await cluster.call(
+        "POST", HEARTBEAT, json={"hostname": "host-b", "local_rank": 0} | changes
+    )
+    assert (got, words in str(body)) == (status, True), body
+    assert snapshot(cluster.job_a, cluster.listener_a) == before
+    assert cluster.listener_a.reports == []

@@ -1,0 +1,83 @@
+"""The driver, step by step, with a member its peers cannot reach: probe reports come with
+heartbeats through the real in-memory rendezvous, the driver evicts the member, the
+survivors are told and re-form without its host (see ``test_driver.py`` for the fakes)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from elasticjob.wire import HeartbeatRequest, NoticeKind, ProbedPeer, WorkerId
+from tests.unit.driver.test_driver import A0, B0, C0, Job, settings
+
+HEARTBEAT_TIMEOUT_S = 5.0
+
+
+def beat(job: Job, worker: WorkerId, round_number: int | None, *unreachable: WorkerId) -> None:
+    """``worker`` beats, with a probe report of ``round_number`` naming ``unreachable``."""
+    job.job.report_heartbeat(
+        HeartbeatRequest(
+            hostname=worker.hostname,
+            local_rank=worker.local_rank,
+            round=round_number,
+            unreachable=tuple(
+                ProbedPeer(hostname=w.hostname, local_rank=w.local_rank) for w in unreachable
+            ),
+        )
+    )
+
+
+async def test_a_member_its_peers_cannot_reach_is_evicted_and_the_round_re_forms(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    job = Job({"a": 1, "b": 1, "c": 1}, settings(heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S))
+    await job.start_round_1(A0, B0, C0)
+    # b is cut off from a and c but still reaches the rendezvous: everyone keeps beating.
+    beat(job, A0, 1, B0)
+    beat(job, B0, 1, A0, C0)
+    job.clock.now += 0.5
+    await job.step()
+    assert job.launcher.stopped == [], "one of b's two probers has reported so far"
+    beat(job, C0, 1, B0)
+    with caplog.at_level(logging.ERROR, logger="elasticjob.driver.workers"):
+        await job.step()
+    assert job.launcher.stopped == [B0], "killed (the fake launcher's kill is its stop)"
+    assert "worker b[0] unreachable from its peers (reported by a[0], c[0]): evicting it" in (
+        caplog.text
+    )
+    beat(job, A0, 1, B0)
+    await job.step()
+    assert job.launcher.stopped == [B0], "evicted once"
+    # Its exit fails the round: the survivors are told at once and re-form without b.
+    job.launcher.end(B0, -9)
+    assert (await job.notices()) == [(NoticeKind.ROUND_FAILED, ("b",))]
+    await job.ask(A0, 1)
+    await job.ask(C0, 1)
+    await job.step()
+    assert job.driver.round == 2 and list(job.driver.slots) == [A0, C0]
+    assert (await job.ask(C0, 1)).sync is True, "the next round re-syncs from rank 0"
+    assert "b" in job.hosts.blacklist
+
+
+@pytest.mark.parametrize(
+    ("timeout_s", "reports"),
+    [
+        (None, [(A0, 1, [B0]), (C0, 1, [B0])]),
+        (HEARTBEAT_TIMEOUT_S, [(A0, 0, [B0]), (C0, 1, [B0])]),
+        (HEARTBEAT_TIMEOUT_S, [(A0, 1, [B0]), (C0, 1, [B0]), (C0, None, [])]),
+    ],
+    ids=["no-heartbeat-timeout", "older-round", "unblocked-since"],
+)
+async def test_reports_that_do_not_count(
+    timeout_s: float | None, reports: list[tuple[WorkerId, int | None, list[WorkerId]]]
+) -> None:
+    """Without a heartbeat timeout nobody is evicted; a report of an older round is dropped
+    by the rendezvous; a beat without a report (the collective completed) clears the last."""
+    job = Job({"a": 1, "b": 1, "c": 1}, settings(heartbeat_timeout_s=timeout_s))
+    await job.start_round_1(A0, B0, C0)
+    for worker, round_number, unreachable in reports:
+        beat(job, worker, round_number, *unreachable)
+    job.clock.now += 0.5
+    await job.step()
+    assert job.launcher.stopped == []

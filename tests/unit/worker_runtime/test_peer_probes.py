@@ -1,0 +1,194 @@
+"""A worker's side of partition detection: how long the training thread has been blocked on
+its round's group, probing peers with real TCP connects (a listener, a closed port, a
+listener that accepts nothing more), and heartbeats that carry what the probes found."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import ClassVar
+
+import pytest
+import torch
+
+from elasticjob import wire
+from elasticjob.wire import PeerEndpoint, ProbedPeer
+from elasticjob.worker_runtime.config import WorkerConfig
+from elasticjob.worker_runtime.heartbeat import Heartbeat
+from elasticjob.worker_runtime.process_group import RoundGroup
+from elasticjob.worker_runtime.reachability import PeerProber, unreachable_peers
+from elasticjob.worker_runtime.rendezvous_client import RendezvousClient
+from tests.unit.worker_runtime.test_orphan_timeout import FULL_ENV, closed_port
+
+DEADLINE_S = 10.0
+
+
+def peer(name: str, port: int) -> PeerEndpoint:
+    return PeerEndpoint(hostname=name, local_rank=0, address="127.0.0.1", store_port=port)
+
+
+@contextlib.contextmanager
+def listening(backlog: int = 16) -> Iterator[socket.socket]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(backlog)
+        yield sock
+
+
+@contextlib.contextmanager
+def saturated() -> Iterator[int]:
+    """A listener whose accept queue is full: the kernel drops further SYNs, as a cut
+    network does, so a connect neither succeeds nor is refused."""
+    with listening(backlog=0) as server:
+        port = int(server.getsockname()[1])
+        fillers: list[socket.socket] = []
+        try:
+            for _ in range(4):
+                filler = socket.socket()
+                filler.setblocking(False)
+                filler.connect_ex(("127.0.0.1", port))
+                fillers.append(filler)  # on loopback the handshake is done within connect
+            yield port
+        finally:
+            for filler in fillers:
+                filler.close()
+
+
+def test_unreachable_peers_are_those_that_refuse_or_do_not_answer_in_time() -> None:
+    with listening() as up, saturated() as stalled:
+        peers = [
+            peer("up", int(up.getsockname()[1])),
+            peer("refused", closed_port()),
+            peer("stalled", stalled),
+        ]
+        started = time.monotonic()
+        found = unreachable_peers(peers, timeout_s=0.5)
+        elapsed = time.monotonic() - started
+    assert [p.hostname for p in found] == ["refused", "stalled"]
+    assert 0.45 <= elapsed < 2.0, f"one deadline for all probes, took {elapsed:.2f} s"
+
+
+def test_reachable_peers_are_answered_at_once() -> None:
+    with listening() as a, listening() as b:
+        peers = [peer("a", int(a.getsockname()[1])), peer("b", int(b.getsockname()[1]))]
+        started = time.monotonic()
+        assert unreachable_peers(peers, timeout_s=5.0) == []
+        assert time.monotonic() - started < 1.0
+
+
+def test_an_unresolvable_address_is_unreachable() -> None:
+    bad = PeerEndpoint(hostname="x", local_rank=0, address="no-such-host.invalid", store_port=1)
+    assert unreachable_peers([bad], timeout_s=0.5) == [bad]
+
+
+def test_the_group_tells_how_long_the_training_thread_has_been_blocked() -> None:
+    group = RoundGroup("gloo", torch.device("cpu"))
+    assert group.blocked_for() is None
+    with group.blocking():
+        time.sleep(0.05)
+        with group.blocking():
+            outer = group.blocked_for()
+        assert outer is not None and outer >= 0.05, "nested operations count from the first"
+    assert group.blocked_for() is None
+
+
+class _Work:
+    """An asynchronous collective that completes when the test says so."""
+
+    def __init__(self) -> None:
+        self.future: torch.futures.Future[object] = torch.futures.Future()
+
+    def get_future(self) -> torch.futures.Future[object]:
+        return self.future
+
+    def wait(self) -> bool:
+        return True
+
+
+def test_a_collective_being_waited_on_counts_as_blocked() -> None:
+    group = RoundGroup("gloo", torch.device("cpu"))
+    work = _Work()
+    waiter = threading.Thread(target=group.wait, args=(work,))
+    waiter.start()
+    deadline = time.monotonic() + DEADLINE_S
+    while group.blocked_for() is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # polling the state another thread sets; bounded
+    assert group.blocked_for() is not None
+    work.future.set_result(None)
+    waiter.join(DEADLINE_S)
+    assert not waiter.is_alive() and group.blocked_for() is None
+
+
+@pytest.mark.parametrize(
+    ("blocked", "probe_after", "has_peers", "reports"),
+    [
+        (None, 2.0, True, False),
+        (1.0, 2.0, True, False),
+        (2.5, 0.0, True, False),
+        (2.5, 2.0, False, False),
+        (2.5, 2.0, True, True),
+    ],
+    ids=["not-blocked", "not-long-enough", "probing-off", "nobody-to-probe", "probes"],
+)
+def test_the_prober_probes_only_once_blocked_long_enough(
+    blocked: float | None, probe_after: float, has_peers: bool, reports: bool
+) -> None:
+    with listening() as up:
+        peers = [peer("up", int(up.getsockname()[1])), peer("down", closed_port())]
+        prober = PeerProber(lambda: blocked, probe_after, timeout_s=0.5)
+        prober.joined_round(7, peers if has_peers else [])
+        found = prober.probe()
+    if reports:
+        assert found == (7, (ProbedPeer(hostname="down", local_rank=0),))
+    else:
+        assert found is None
+
+
+class _Recording(http.server.BaseHTTPRequestHandler):
+    bodies: ClassVar[list[dict[str, object]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.bodies.append(json.loads(body))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_heartbeats_carry_the_probe_report() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recording)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        reports = iter([None, (3, (ProbedPeer(hostname="b", local_rank=1),))])
+        client = RendezvousClient(f"http://127.0.0.1:{server.server_port}", "demo", "secret")
+        Heartbeat(client, "a", 0, 0.05, probe=lambda: next(reports, None)).start()
+        deadline = time.monotonic() + DEADLINE_S
+        while len(_Recording.bodies) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)  # beats arrive on the heartbeat thread's schedule; bounded
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _Recording.bodies[:3] == [
+        {"hostname": "a", "local_rank": 0, "round": None, "unreachable": []},
+        {
+            "hostname": "a",
+            "local_rank": 0,
+            "round": 3,
+            "unreachable": [{"hostname": "b", "local_rank": 1}],
+        },
+        {"hostname": "a", "local_rank": 0, "round": None, "unreachable": []},
+    ]
+
+
+def test_the_probe_threshold_comes_from_the_environment() -> None:
+    config = WorkerConfig.from_env(FULL_ENV | {wire.ENV_PROBE_AFTER: "0.5"})
+    assert config is not None and config.probe_after_s == 0.5
+    default = WorkerConfig.from_env(FULL_ENV)
+    assert default is not None and default.probe_after_s == 2.0

@@ -1,0 +1,131 @@
+"""Probing peers: can this worker reach the members the round gave it to probe?
+
+A probe is a TCP connect to the TCPStore server every worker hosts on its bind address (the
+endpoint it registered with the rendezvous service), closed as soon as it is made: nothing
+is sent, so the store never sees a request. A peer is unreachable when the connect is
+refused, fails, or does not complete within the timeout (a cut network drops the packets).
+All peers are probed at once, under one deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from elasticjob.wire import PeerEndpoint, ProbedPeer
+from elasticjob.worker_runtime.log import get_logger
+
+logger = get_logger(__name__)
+
+PROBE_TIMEOUT_S = 1.0
+"""Longest a probe waits for a peer to accept (a reachable peer answers within
+milliseconds; across hosts a handshake is a round trip)."""
+
+
+def unreachable_peers(
+    peers: Sequence[PeerEndpoint], timeout_s: float = PROBE_TIMEOUT_S
+) -> list[PeerEndpoint]:
+    """The peers a TCP connect does not reach within ``timeout_s``, in the given order."""
+    deadline = time.monotonic() + timeout_s
+    failed: list[PeerEndpoint] = []
+    pending: dict[socket.socket, PeerEndpoint] = {}
+    with selectors.DefaultSelector() as selector:
+        try:
+            for peer in peers:
+                sock = _start_connect(peer)
+                if sock is None:
+                    failed.append(peer)
+                    continue
+                pending[sock] = peer
+                selector.register(sock, selectors.EVENT_WRITE)
+            while pending and (left := deadline - time.monotonic()) > 0:
+                for key, _ in selector.select(left):
+                    done = key.fileobj
+                    assert isinstance(done, socket.socket)
+                    selector.unregister(done)
+                    peer = pending.pop(done)
+                    if done.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0:
+                        failed.append(peer)
+                    done.close()
+            failed.extend(pending.values())  # no answer within the deadline
+        finally:
+            for sock in pending:
+                sock.close()
+    order = {peer: index for index, peer in enumerate(peers)}
+    return sorted(failed, key=order.__getitem__)
+
+
+def _start_connect(peer: PeerEndpoint) -> socket.socket | None:
+    """A non-blocking socket connecting to ``peer``, or None if connecting failed at once
+    (the address does not resolve, no route, refused)."""
+    try:
+        infos = socket.getaddrinfo(peer.address, peer.store_port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        logger.debug("probe of %s:%d: %s", peer.address, peer.store_port, exc)
+        return None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setblocking(False)
+    code = sock.connect_ex(address)
+    if code in (0, errno.EINPROGRESS):
+        return sock
+    with contextlib.suppress(OSError):
+        sock.close()
+    logger.debug("probe of %s:%d: %s", peer.address, peer.store_port, errno.errorcode.get(code))
+    return None
+
+
+class PeerProber:
+    """Probes the peers of the round this worker joined last, once the training thread has
+    been blocked on the round's group (``blocked_for``: seconds, None when not blocked) for
+    ``probe_after_s`` (0: never). :meth:`probe` runs on the heartbeat thread,
+    :meth:`joined_round` on the training thread."""
+
+    def __init__(
+        self,
+        blocked_for: Callable[[], float | None],
+        probe_after_s: float,
+        timeout_s: float = PROBE_TIMEOUT_S,
+    ) -> None:
+        self._blocked_for = blocked_for
+        self._probe_after_s = probe_after_s
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._round = 0
+        self._peers: tuple[PeerEndpoint, ...] = ()
+        self._last: tuple[ProbedPeer, ...] | None = None
+
+    def joined_round(self, round_number: int, peers: Sequence[PeerEndpoint]) -> None:
+        """The worker joins ``round_number``, whose service gave it ``peers`` to probe."""
+        with self._lock:
+            self._round, self._peers = round_number, tuple(peers)
+
+    def probe(self) -> tuple[int, tuple[ProbedPeer, ...]] | None:
+        """The round and its peers that did not answer, once blocked long enough; None when
+        not blocked for ``probe_after_s`` or nobody is to be probed."""
+        blocked = self._blocked_for()
+        with self._lock:
+            round_number, peers = self._round, self._peers
+        if self._probe_after_s <= 0 or blocked is None or blocked < self._probe_after_s:
+            self._last = None
+            return None
+        if not peers:
+            return None
+        unreachable = tuple(
+            ProbedPeer(hostname=peer.hostname, local_rank=peer.local_rank)
+            for peer in unreachable_peers(peers, self._timeout_s)
+        )
+        if unreachable != self._last:
+            logger.warning(
+                "round %d: blocked for %.1f s; peers that do not answer: %s",
+                round_number,
+                blocked,
+                ", ".join(f"{p.hostname}[{p.local_rank}]" for p in unreachable) or "none",
+            )
+        self._last = unreachable
+        return round_number, unreachable
