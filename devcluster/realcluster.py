@@ -122,7 +122,10 @@ class RealNodes:
 
 def start_kubelet(cluster: Cluster, node: RealNode, bins: NodeBinaries) -> None:
     """Start a node's kubelet and kube-proxy (containerd must be running)."""
-    cluster.spawn(node.component("kubelet"), node.kubelet_argv(bins))
+    containerd = cluster.pid(node.component("containerd"))
+    if containerd is None:
+        raise RuntimeError(f"containerd of {node.name} is not running")
+    cluster.spawn(node.component("kubelet"), node.kubelet_argv(bins, containerd))
     cluster.spawn(node.component("kube-proxy"), node.kube_proxy_argv(bins))
 
 

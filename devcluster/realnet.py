@@ -12,8 +12,9 @@ Node namespaces forward; the root namespace does not need to (nodes share the br
 and its unreachable routes keep every packet for a pod or Service address on this machine even
 when no node route matches. Node namespaces have no default route: nothing outside the
 cluster's block is reachable from a node or a pod, and trying fails at once (a kubelet's cloud
-credential probes, a pod's request to the internet) instead of timing out. Each node namespace has its own iptables, which its kube-proxy and
-kubelet program; deleting the namespace deletes them with its veth and CNI bridge.
+credential probes, a pod's request to the internet) instead of timing out. Each node namespace
+has its own iptables, which its kube-proxy and kubelet program; deleting the namespace deletes
+them with its veth and CNI bridge.
 
 What :func:`create` makes is recorded in ``<run_dir>/realnet.json`` as it is made, and
 :func:`destroy` deletes only what that file lists, so ``down`` after a failed ``up`` removes
@@ -45,13 +46,15 @@ def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return result
 
 
-def in_netns(netns: str, *argv: str) -> list[str]:
-    """``argv`` run in ``netns``'s network namespace only (mounts stay the host's).
+def in_netns(netns: str, *argv: str, mount_of: int | None = None) -> list[str]:
+    """``argv`` run in ``netns``'s network namespace, and in the mount namespace of process
+    ``mount_of`` if given (else the host's).
 
-    ``ip netns exec`` would also give the command a private mount namespace; a kubelet started
-    that way mounts volumes containerd never sees.
+    Not ``ip netns exec``: it gives every command its own private mount namespace, and a
+    kubelet started that way mounts volumes its containerd never sees.
     """
-    return ["nsenter", f"--net={NETNS_DIR / netns}", "--", *argv]
+    mount = [f"--mount=/proc/{mount_of}/ns/mnt"] if mount_of is not None else []
+    return ["nsenter", f"--net={NETNS_DIR / netns}", *mount, "--", *argv]
 
 
 class _Record:
