@@ -10,12 +10,12 @@ kube-proxies and before stopping containerd and its shims (:mod:`devcluster.proc
 
 then, once no process of the cluster is left:
 
-2. :func:`unmount_all`: every mount under the run directory (overlay root filesystems, pods'
-   network namespace files, Secret and projected volumes), deepest first;
-3. :func:`remove_node_files`: what the kubelet, CNI and the shims write outside the run
-   directory, at fixed paths: ``/var/log/pods/<ns>_<pod>_<uid>`` of this cluster's pods, the
-   ``/var/log/containers`` links into them, libcni's cache files and the shims' sockets
-   named after this cluster's container ids;
+2. :func:`unmount_all`: every host mount under the run directory. The nodes mount in their
+   own mount namespaces (:mod:`devcluster.nodes`), which vanish with their processes; this
+   catches anything mounted from the host (a node's leftovers are unmounted by ``node_delete``
+   the same way);
+3. :func:`remove_node_files`: what CNI and the shims write outside the run directory, at fixed
+   paths: libcni's cache files and the shims' sockets, named after this cluster's ids;
 4. :func:`restore_kernel_tunables`: a kubelet sets machine-wide sysctls at start (its
    ``protect-kernel-defaults=false`` behaviour: ``vm.overcommit_memory=1``, ``kernel.panic=10``,
    ``kernel.panic_on_oops=1``...). The values from before the first kubelet are kept in a
@@ -30,7 +30,6 @@ import fcntl
 import hashlib
 import json
 import logging
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -42,8 +41,6 @@ from devcluster.nodes import RealNode, real_nodes
 
 logger = logging.getLogger(__name__)
 
-POD_LOGS = Path("/var/log/pods")
-CONTAINER_LOGS = Path("/var/log/containers")
 CNI_CACHE = Path("/var/lib/cni")
 #: containerd 1.6 puts its shims' sockets here whatever its state directory.
 SHIM_SOCKETS = Path("/run/containerd/s")
@@ -120,21 +117,7 @@ def unmount_all(root: Path, timeout: float = 10.0) -> None:
 
 
 def remove_node_files(cfg: ClusterConfig) -> None:
-    """Pod logs, their links and libcni cache files of this cluster, outside the run directory."""
-    uids: set[str] = set()
-    for pods in cfg.nodes_dir.glob("*/kubelet/root/pods"):
-        uids.update(p.name for p in pods.iterdir())
-    removed: list[Path] = []
-    if POD_LOGS.is_dir():
-        for entry in POD_LOGS.iterdir():
-            if entry.name.rsplit("_", 1)[-1] in uids:
-                subprocess.run(["rm", "-rf", str(entry)], check=False)
-                removed.append(entry)
-    if CONTAINER_LOGS.is_dir():
-        for link in CONTAINER_LOGS.iterdir():
-            target = os.readlink(link) if link.is_symlink() else ""
-            if any(target.startswith(str(r)) for r in removed):
-                link.unlink()
+    """libcni's cache files and the shims' sockets of this cluster, outside the run directory."""
     for node in real_nodes(cfg):
         ids = container_ids(node)
         # libcni caches each sandbox's result as <network>-<id>-<interface>; the network is

@@ -8,11 +8,20 @@ Each node has a directory ``<run_dir>/nodes/<node>/`` with:
 - ``cni/``: the CNI configuration (bridge ``cni0`` + host-local on the node's pod CIDR,
   portmap) and host-local's allocations;
 - ``kubelet/``: its configuration, kubeconfig and ``--root-dir`` (pod volumes);
-- ``kube-proxy.kubeconfig``.
+- ``kube-proxy.kubeconfig``;
+- ``logs/pods``, ``logs/containers``: the node's ``/var/log/pods`` and ``/var/log/containers``.
 
-The three processes are started with :func:`devcluster.realnet.in_netns`, so they share the
-host's mounts (a Secret volume the kubelet mounts is what runc bind-mounts into the container)
-but each node has its own addresses, ports and iptables. Every process carries the cluster's
+The three processes run in the node's network namespace (:func:`devcluster.realnet.in_netns`):
+each node has its own addresses, ports and iptables. containerd also gets a mount namespace of
+its own (``unshare --mount --propagation slave``: host mounts show inside, its mounts stay
+inside), and the kubelet joins it, so a Secret volume the kubelet mounts is what runc
+bind-mounts into the container. That namespace exists for one reason: a 1.20 kubelet keeps
+container logs in the fixed directory ``/var/log/pods`` and its garbage collector deletes every
+directory there whose pod it does not run, i.e. the other nodes' logs. Each node's
+``/var/log/pods`` and ``/var/log/containers`` are bind mounts of ``logs/`` in the node's
+directory, visible to its kubelet and containerd only. Everything mounted there (overlay root
+filesystems, volumes, the pods' network namespace files) disappears with the node's
+processes; nothing of a node is mounted on the host. Every process carries the cluster's
 marker variable; containerd passes it to its shims, so ``down`` finds those too. Container
 processes do not carry it: ``down`` finds them through the node's runc state
 (:mod:`devcluster.nodeclean`).
@@ -39,6 +48,8 @@ logger = logging.getLogger(__name__)
 #: Where Debian's containernetworking-plugins put the CNI plugins.
 CNI_BIN_DIR = Path(os.environ.get("DEVCLUSTER_CNI_BIN_DIR", "/usr/lib/cni"))
 CLUSTER_DOMAIN = "cluster.local"
+#: Where a 1.20 kubelet keeps container logs, whatever its flags.
+HOST_LOG_DIRS = (Path("/var/log/pods"), Path("/var/log/containers"))
 
 
 @dataclass(frozen=True)
@@ -90,8 +101,13 @@ class RealNode:
     # ----- configuration -------------------------------------------------
     def write_configs(self, pause_image: str) -> None:
         """Write containerd's, CNI's, the kubelet's and kube-proxy's configuration."""
-        for sub in ("containerd/root", "containerd/state", "cni/net.d", "kubelet/root"):
+        for sub in (
+            "containerd/root", "containerd/state", "cni/net.d", "kubelet/root", "logs/pods",
+            "logs/containers",
+        ):  # fmt: skip
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        for shared in HOST_LOG_DIRS:  # the mount points (a kubelet would create them too)
+            shared.mkdir(parents=True, exist_ok=True)
         (self.containerd_dir / "config.toml").write_text(self._containerd_toml(pause_image))
         (self.dir / "cni" / "net.d" / "10-devcluster.conflist").write_text(
             json.dumps(self._cni_conflist(), indent=2)
@@ -221,13 +237,23 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
     # ----- command lines -------------------------------------------------
     def containerd_argv(self) -> list[str]:
-        """containerd with this node's configuration, in the node's namespace."""
-        return in_netns(
-            self.netns, "containerd", "--config", str(self.containerd_dir / "config.toml")
+        """containerd with this node's configuration, in the node's network namespace and a
+        mount namespace of its own where the node's log directories are mounted."""
+        script = (
+            'mount --bind "$1" /var/log/pods && mount --bind "$2" /var/log/containers'
+            ' && exec containerd --config "$3"'
         )
+        return in_netns(
+            self.netns,
+            "unshare", "--mount", "--propagation", "slave",
+            "sh", "-c", script, "containerd",
+            str(self.dir / "logs" / "pods"),
+            str(self.dir / "logs" / "containers"),
+            str(self.containerd_dir / "config.toml"),
+        )  # fmt: skip
 
-    def kubelet_argv(self, bins: NodeBinaries) -> list[str]:
-        """The kubelet of this node, on its containerd."""
+    def kubelet_argv(self, bins: NodeBinaries, containerd_pid: int) -> list[str]:
+        """The kubelet of this node, on its containerd (in containerd's mount namespace)."""
         endpoint = f"unix://{self.socket}"
         return in_netns(
             self.netns,
@@ -242,6 +268,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             f"--hostname-override={self.name}",
             f"--node-ip={self.ip}",
             "--v=1",
+            mount_of=containerd_pid,
         )
 
     def kube_proxy_argv(self, bins: NodeBinaries) -> list[str]:

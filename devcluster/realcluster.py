@@ -109,6 +109,7 @@ class RealNodes:
         objects = {"apiVersion": "v1", "kind": "List", "items": clusterdns.dns_objects(cfg)}
         cluster.kubectl("apply", "-f", "-", input=json.dumps(objects))
         cluster.wait_usable(probe, left)
+        advertise_extended_resources(cluster)
         lap("nodes_ready_s", t)
         self.timings["up_s"] = time.monotonic() - started + self.timings.get("images_s", 0.0)
         timings_path(cfg).write_text(json.dumps(self.timings, indent=1))
@@ -121,8 +122,27 @@ class RealNodes:
 
 def start_kubelet(cluster: Cluster, node: RealNode, bins: NodeBinaries) -> None:
     """Start a node's kubelet and kube-proxy (containerd must be running)."""
-    cluster.spawn(node.component("kubelet"), node.kubelet_argv(bins))
+    containerd = cluster.pid(node.component("containerd"))
+    if containerd is None:
+        raise RuntimeError(f"containerd of {node.name} is not running")
+    cluster.spawn(node.component("kubelet"), node.kubelet_argv(bins, containerd))
     cluster.spawn(node.component("kube-proxy"), node.kube_proxy_argv(bins))
+
+
+def advertise_extended_resources(cluster: Cluster) -> None:
+    """Add ``extended_resources`` (e.g. nvidia.com/gpu) to every node's capacity, the way a
+    cluster operator advertises them (a patch of the Node status; the kubelet then reports
+    them as allocatable). A node that registers again (``node_add``) has them no more."""
+    for name in cluster.config.node_names():
+        patch = [
+            {"op": "add", "path": f"/status/capacity/{key.replace('/', '~1')}", "value": value}
+            for key, value in cluster.config.extended_resources.items()
+        ]
+        if patch:
+            cluster.kubectl(
+                "patch", "node", name, "--subresource=status", "--type=json",
+                "-p", json.dumps(patch),
+            )  # fmt: skip
 
 
 def _node_agents(cfg: ClusterConfig, pids: dict[str, int]) -> list[int]:

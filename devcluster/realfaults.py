@@ -111,7 +111,11 @@ class RealFaults(Faults):
             cp.wait_for(f"containerd of {node}", target.containerd_ready, 30.0, lambda: None)
         bins = find_node_binaries(self._config.cache_dir, build=False)
         if not running.get(target.component("kubelet")):
-            self._cluster.spawn(target.component("kubelet"), target.kubelet_argv(bins))
+            containerd = self._cluster.pid(target.component("containerd"))
+            if containerd is None:
+                raise FaultError(f"containerd of {node} is not running")
+            argv = target.kubelet_argv(bins, containerd)
+            self._cluster.spawn(target.component("kubelet"), argv)
         if not running.get(target.component("kube-proxy")):
             self._cluster.spawn(target.component("kube-proxy"), target.kube_proxy_argv(bins))
 

@@ -3,15 +3,18 @@
 Layout (addresses from :class:`~devcluster.config.RealNet`)::
 
     root namespace                         node-i namespace (devcluster<net>-node-i)
-    ejbr<net> 10.B.0.1/24  <--veth-->  eth0 10.B.0.(10+i)/24, default via 10.B.0.1
+    ejbr<net> 10.B.0.1/24  <--veth-->  eth0 10.B.0.(10+i)/24, no default route
       10.B.(128+i).0/24 via node i           cni0 10.B.(128+i).1/24 (CNI bridge), pods behind
       unreachable 10.B.128.0/17 (pods)       10.B.(128+j).0/24 via node j (host-gw)
       unreachable 10.B.96.0/24 (Services)    ip_forward=1, bridge-nf-call-iptables=1
 
 Node namespaces forward; the root namespace does not need to (nodes share the bridge's L2),
 and its unreachable routes keep every packet for a pod or Service address on this machine even
-when no node route matches. Each node namespace has its own iptables, which its kube-proxy and
-kubelet program; deleting the namespace deletes them with its veth and CNI bridge.
+when no node route matches. Node namespaces have no default route: nothing outside the
+cluster's block is reachable from a node or a pod, and trying fails at once (a kubelet's cloud
+credential probes, a pod's request to the internet) instead of timing out. Each node namespace
+has its own iptables, which its kube-proxy and kubelet program; deleting the namespace deletes
+them with its veth and CNI bridge.
 
 What :func:`create` makes is recorded in ``<run_dir>/realnet.json`` as it is made, and
 :func:`destroy` deletes only what that file lists, so ``down`` after a failed ``up`` removes
@@ -43,13 +46,15 @@ def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return result
 
 
-def in_netns(netns: str, *argv: str) -> list[str]:
-    """``argv`` run in ``netns``'s network namespace only (mounts stay the host's).
+def in_netns(netns: str, *argv: str, mount_of: int | None = None) -> list[str]:
+    """``argv`` run in ``netns``'s network namespace, and in the mount namespace of process
+    ``mount_of`` if given (else the host's).
 
-    ``ip netns exec`` would also give the command a private mount namespace; a kubelet started
-    that way mounts volumes containerd never sees.
+    Not ``ip netns exec``: it gives every command its own private mount namespace, and a
+    kubelet started that way mounts volumes its containerd never sees.
     """
-    return ["nsenter", f"--net={NETNS_DIR / netns}", "--", *argv]
+    mount = [f"--mount=/proc/{mount_of}/ns/mnt"] if mount_of is not None else []
+    return ["nsenter", f"--net={NETNS_DIR / netns}", *mount, "--", *argv]
 
 
 class _Record:
@@ -138,7 +143,6 @@ def _create_node(cfg: ClusterConfig, index: int, record: _Record) -> None:
     _run("ip", "-n", ns, "addr", "add", f"{net.node_ip(index)}/{net.node_prefix}", "dev", "eth0")
     _run("ip", "-n", ns, "link", "set", "lo", "up")
     _run("ip", "-n", ns, "link", "set", "eth0", "up")
-    _run("ip", "-n", ns, "route", "add", "default", "via", net.bridge_ip)
     for j in range(1, cfg.nodes + 1):
         if j != index:
             _run("ip", "-n", ns, "route", "add", net.pod_cidr(j), "via", net.node_ip(j))

@@ -97,7 +97,8 @@ def cluster(process_cluster: Cluster) -> Cluster:
 
 @pytest.fixture(scope="session")
 def real_cluster() -> Iterator[Cluster]:
-    """A running devcluster on real nodes (3 kubelets on containerd), torn down at the end."""
+    """A running devcluster on real nodes (3 kubelets on containerd, each advertising 2
+    nvidia.com/gpu), torn down at the end."""
     problem = _missing_real_prereqs()
     if problem:
         if os.environ.get("CI"):
@@ -109,7 +110,13 @@ def real_cluster() -> Iterator[Cluster]:
             Cluster.from_run_dir(stale).down()
             shutil.rmtree(stale, ignore_errors=True)
     run_dir = Path(tempfile.mkdtemp(prefix=REAL_PREFIX))
-    cfg = ClusterConfig.private(run_dir, REAL_TEST_NET, runtime="containerd", owner_pid=os.getpid())
+    cfg = ClusterConfig.private(
+        run_dir,
+        REAL_TEST_NET,
+        runtime="containerd",
+        extended_resources={"nvidia.com/gpu": "2"},
+        owner_pid=os.getpid(),
+    )
     c = Cluster(cfg)
     try:
         c.up(timeout=600)

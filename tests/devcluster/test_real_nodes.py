@@ -47,6 +47,12 @@ def test_nodes_are_real_kubelets_on_containerd_with_leases(real_kube: Kube) -> N
         addresses = {a["type"]: a["address"] for a in nodes[name]["status"]["addresses"]}
         assert addresses["InternalIP"] == cfg.node_ip(index)
         assert condition(nodes[name], "Ready") == "True"
+    real_kube.wait(
+        "the kubelets to report the advertised GPUs as allocatable",
+        lambda: all(
+            n["status"]["allocatable"].get("nvidia.com/gpu") == "2" for n in node_objects(real_kube)
+        ),
+    )
     leases = json.loads(
         real_kube.cluster.kubectl("-n", "kube-node-lease", "get", "leases", "-o", "json").stdout
     )["items"]

@@ -67,9 +67,16 @@ def snapshot(
     ]
     found["routes"] = [r for r in _out("ip", "route", "show", "table", "all") if prefix in r]
     found["iptables"] = [r for r in _out("iptables-save") if prefix in r or net.bridge in r]
-    found["mounts"] = [
-        m for m in Path("/proc/self/mountinfo").read_text().splitlines() if run_dir in m
-    ]
+    # The host's mounts, and those of the nodes' own mount namespaces (seen through their
+    # processes).
+    mounts: set[str] = set()
+    for pid in ["self", *map(str, procs.marked_pids(cfg.run_dir))]:
+        try:
+            mountinfo = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+        except OSError:
+            continue
+        mounts.update(" ".join(m.split()[3:5]) for m in mountinfo if run_dir in m)
+    found["mounts"] = sorted(mounts)
     files = []
     for cid in container_ids:
         for node in cfg.node_names():
@@ -77,7 +84,7 @@ def snapshot(
             key = hashlib.sha256(f"{sock}/k8s.io/{cid}".encode()).hexdigest()
             files += [str(p) for p in Path("/run/containerd/s").glob(key)]
         files += [str(p) for p in Path("/var/lib/cni/results").glob(f"*{cid}*")]
-    for uid in pod_uids:
+    for uid in pod_uids:  # the kubelets keep them in the run directory, never here
         files += [str(p) for p in Path("/var/log/pods").glob(f"*_{uid}")]
     found["files"] = files
     return found
