@@ -199,15 +199,17 @@ def test_unschedulable_worker_pods_are_named_with_the_schedulers_message(
     assert stuck["observedGeneration"] == (kube.get("ej", "huge") or {})["metadata"]["generation"]
 
 
-@pytest.mark.parametrize("fault", ["freeze", "partition"])
+@pytest.mark.parametrize("fault", ["freeze", "partition", "partition-from-peers"])
 def test_a_silent_worker_is_evicted_and_the_survivors_re_form(
     operator: Cluster, kube: Kube, tmp_path: Path, fault: str
 ) -> None:
-    """A worker that stops answering sends no heartbeat: frozen (SIGSTOP: alive, its process
-    stopped) or partitioned (alive and running, its pod's network cut off). Its pod is
-    deleted and counted as failed, its node blacklisted, and the survivors re-form without it
-    within 10 s instead of waiting out the collective timeout."""
-    if fault == "partition" and operator.config.runtime == "process":
+    """A worker that stops answering: frozen (SIGSTOP: alive, its process stopped, no
+    heartbeat), partitioned (alive and running, its pod's network cut off: no heartbeat), or
+    partitioned from its peers only (it still reaches the rendezvous through the operator's
+    Service and beats on; its peers' probe reports give it away). Its pod is deleted and
+    counted as failed, its node blacklisted, and the survivors re-form without it within 10 s
+    instead of waiting out the collective timeout."""
+    if fault.startswith("partition") and operator.config.runtime == "process":
         pytest.skip("process nodes share the machine's network: nothing to partition")
     log_dir = tmp_path / "events"
     kube.apply(
@@ -232,7 +234,8 @@ def test_a_silent_worker_is_evicted_and_the_survivors_re_form(
         if fault == "freeze":
             assert operator.faults.stop(victim["pod"], kube.ns), "no process was frozen"
         else:
-            operator.faults.partition(victim["pod"], kube.ns)
+            mode = "peers" if fault == "partition-from-peers" else "all"
+            operator.faults.partition(victim["pod"], kube.ns, mode=mode)
         recovered = wait_status(
             kube,
             "frozen",
