@@ -1,7 +1,7 @@
 # The two commands the README starts with are `make demo` and `make test`.
 PY := .venv/bin/python
 
-.PHONY: venv prereqs demo demo-local test lint unit integration devcluster-tests bench clean
+.PHONY: venv prereqs demo demo-fast demo-local test lint unit integration devcluster-tests bench clean
 
 venv: .venv/.installed
 .venv/.installed: pyproject.toml scripts/setup-venv.sh
@@ -13,9 +13,14 @@ venv: .venv/.installed
 prereqs:
 	bash scripts/devcluster-prereqs.sh
 
-# The ElasticJob operator on a real Kubernetes control plane on this machine (devcluster).
+# The ElasticJob operator on a real Kubernetes cluster on this machine (devcluster): real
+# nodes (kubelet, containerd, the project's images).
 demo: venv prereqs
 	$(PY) examples/digits/cluster_demo.py
+
+# The same on process nodes (pods as host processes): quicker to start, no containers.
+demo-fast: venv prereqs
+	$(PY) examples/digits/cluster_demo.py --runtime process
 
 # The same training under the local launcher, without Kubernetes.
 demo-local: venv

@@ -1,8 +1,11 @@
-"""The README's first command: the digits job as an ElasticJob on a real Kubernetes control plane
-on this machine (devcluster), with the operator installed by helm.
+"""The README's first command: the digits job as an ElasticJob on a real Kubernetes cluster on
+this machine (devcluster), with the operator installed by helm.
 
-It brings devcluster up (building its binaries first if this machine has none: about
-7 minutes, once), installs the operator's chart, applies examples/elasticjob.yaml, then scales
+It brings devcluster up on real nodes (kubelets on containerd, running the images built from
+Dockerfile.operator and Dockerfile.worker; on a fresh machine it first builds Kubernetes and
+the images: about 15 minutes, once), or with ``--runtime process`` on process nodes (pods as
+host processes: quicker, no containers). It installs the operator's chart, applies
+examples/elasticjob.yaml, then scales
 the job from 3 to 5 workers with `kubectl scale`, SIGKILLs a worker, and follows the job to
 its end, printing `kubectl get ej`, the job's events and rank 0's log as they change.
 The cluster is torn down at the end unless --keep is given.
@@ -84,10 +87,19 @@ class Demo:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
+    parser.add_argument(
+        "--runtime",
+        choices=("containerd", "process"),
+        default="containerd",
+        help="real nodes (default) or process nodes",
+    )
     args = parser.parse_args()
     run_dir = Path(tempfile.mkdtemp(prefix="elasticjob-demo-"))
-    cluster = Cluster(ClusterConfig.private(run_dir, 91, nodes=4))
-    say(f"starting devcluster in {run_dir} (the first run on a machine builds Kubernetes)")
+    cluster = Cluster(ClusterConfig.private(run_dir, 91, runtime=args.runtime))
+    say(
+        f"starting devcluster ({args.runtime} nodes) in {run_dir} "
+        "(the first run on a machine builds Kubernetes and the images)"
+    )
     cluster.up(timeout=900)
     demo = Demo(cluster)
     try:
