@@ -84,13 +84,13 @@ class Buildah:
         ]
         return _run(argv, timeout, capture=capture)
 
-    def exists(self, image: str) -> bool:
-        """Whether ``image`` is in the store."""
+    def image_id(self, image: str) -> str | None:
+        """The ID of the image named ``image`` in the store (None: there is none)."""
         try:
-            self.run("inspect", "--type", "image", "--format", "{{.FromImageID}}", image)
+            out = self.run("inspect", "--type", "image", "--format", "{{.FromImageID}}", image)
         except ImageBuildError:
-            return False
-        return True
+            return None
+        return out.strip()
 
     def inspect(self, image: str) -> dict[str, object]:
         """The image's OCI configuration (``config``: User, Entrypoint, Cmd...)."""
@@ -151,7 +151,7 @@ class Buildah:
             "pull", "--signature-policy", str(self.policy), f"docker-archive:{archive}",
             timeout=BUILD_TIMEOUT,
         )  # fmt: skip
-        if not self.exists(image):
+        if self.image_id(image) is None:
             raise ImageBuildError(f"{archive} does not hold {image}")
 
     def prune_untagged(self) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import io
+import json
 import logging
 import re
 import shlex
@@ -140,6 +141,17 @@ def context_digest(root: Path, sources: list[str]) -> str:
     return digest.hexdigest()
 
 
+def archive_image_id(archive: Path) -> str:
+    """The image ID (configuration digest) of the image in a docker-archive tar."""
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("manifest.json")
+        if member is None:
+            raise ImageBuildError(f"{archive} has no manifest.json")
+        (manifest,) = json.load(member)
+    config: str = manifest["Config"]
+    return config.removesuffix(".json")
+
+
 def _key(*parts: str) -> str:
     return hashlib.sha256("\0".join([str(BUILDER_VERSION), *parts]).encode()).hexdigest()[:16]
 
@@ -184,8 +196,9 @@ class ImageBuilder:
         return BuiltImage(image, archive, seconds)
 
     def ensure_in_store(self, built: BuiltImage) -> None:
-        """Load ``built`` from its archive when the build store lacks it."""
-        if not self.buildah.exists(built.name):
+        """Load ``built`` from its archive when the build store lacks that very image (not
+        only its name: another build may have tagged a different one)."""
+        if self.buildah.image_id(built.name) != archive_image_id(built.archive):
             self.buildah.load(built.archive, built.name)
 
     def pause(self) -> BuiltImage:

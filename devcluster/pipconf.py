@@ -5,8 +5,8 @@ directories or a private CA. :func:`pip_settings` reads that configuration at ru
 config list``, which includes the ``PIP_*`` environment) and turns it into build arguments
 (``PIP_INDEX_URL``, ``PIP_FIND_LINKS``...; the Dockerfiles declare them as ``ARG`` so that
 their ``RUN pip install`` steps see them) and read-only build-time mounts for every local
-directory or file they name, mounted at the same path inside the build. Nothing about the
-machine ends up in the project or in the images' configuration.
+directory or file they name, under :data:`MOUNT_ROOT` inside the build, the settings rewritten
+to match. Nothing about the machine ends up in the project or in the images' configuration.
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ from urllib.parse import unquote, urlparse
 
 logger = logging.getLogger(__name__)
 
+#: Where the build sees the local paths pip's settings name (not at their own paths: a
+#: build may write there, as installing ca-certificates writes the machine's CA bundle path).
+MOUNT_ROOT = "/run/pip-build"
 #: pip options passed on to builds: option name -> whether it holds several values.
 OPTIONS = {
     "index-url": False,
@@ -44,17 +47,18 @@ PIP_TIMEOUT = 60.0
 class PipSettings:
     """What a build needs to install packages the way pip is configured here."""
 
+    #: ``PIP_*`` build arguments, their local locations rewritten to the mounts' targets.
     build_args: dict[str, str]
-    #: Local paths the settings name; mounted read-only at the same path.
-    mounts: tuple[Path, ...]
+    #: (local path, path inside the build) of every read-only build-time mount.
+    mounts: tuple[tuple[Path, str], ...]
 
     def buildah_args(self) -> list[str]:
         """``--build-arg`` and ``-v`` arguments for ``buildah bud``."""
         args: list[str] = []
         for key, value in sorted(self.build_args.items()):
             args += ["--build-arg", f"{key}={value}"]
-        for path in self.mounts:
-            args += ["-v", f"{path.resolve()}:{path}:ro"]
+        for source, target in self.mounts:
+            args += ["-v", f"{source.resolve()}:{target}:ro"]
         return args
 
 
@@ -92,26 +96,36 @@ def local_path(location: str) -> Path | None:
 
 def settings_from_options(options: dict[str, str]) -> PipSettings:
     """Build arguments and mounts for the given pip options."""
-    build_args: dict[str, str] = {}
-    mounts: set[Path] = set()
-    for option, value in options.items():
-        values = value.split() if OPTIONS[option] else [value]
-        if not values:
-            continue
-        build_args["PIP_" + option.upper().replace("-", "_")] = " ".join(values)
-        if option not in LOCATION_OPTIONS:
-            continue
-        for location in values:
+    lists = {o: v.split() if OPTIONS[o] else [v] for o, v in options.items() if v.split()}
+    wanted: set[Path] = set()
+    for option, values in lists.items():
+        for location in values if option in LOCATION_OPTIONS else []:
             path = local_path(location)
             if path is None:
                 continue
             if not path.exists():
                 logger.warning("pip's %s names %s, which does not exist; not mounted", option, path)
                 continue
-            mounts.add(path.parent if option in INDEX_OPTIONS else path)
+            wanted.add(path.parent if option in INDEX_OPTIONS else path)
     # A directory inside another mounted one needs no mount of its own.
-    outer = [m for m in mounts if not any(o != m and o in m.parents for o in mounts)]
-    return PipSettings(build_args=build_args, mounts=tuple(sorted(outer)))
+    outer = sorted(m for m in wanted if not any(o in m.parents for o in wanted))
+    mounts = {source: f"{MOUNT_ROOT}/{i}" for i, source in enumerate(outer)}
+
+    def inside(location: str) -> str:
+        path = local_path(location)
+        source = next(
+            (m for m in outer if path is not None and (m == path or m in path.parents)), None
+        )
+        if path is None or source is None:
+            return location
+        target = f"{mounts[source]}{str(path)[len(str(source)) :]}"
+        return f"file://{target}" if location.startswith("file:") else target
+
+    build_args = {
+        "PIP_" + option.upper().replace("-", "_"): " ".join(map(inside, values))
+        for option, values in lists.items()
+    }
+    return PipSettings(build_args=build_args, mounts=tuple(mounts.items()))
 
 
 def pip_settings(python: str = sys.executable) -> PipSettings:

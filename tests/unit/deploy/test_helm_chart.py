@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import tomllib
 import uuid
@@ -358,6 +359,19 @@ def test_pod_runs_locked_down(helm: Helm) -> None:
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert "emptyDir" in volumes[mounts[tmpdir]]
+
+
+def test_pod_security_context_matches_the_operator_image(helm: Helm) -> None:
+    """The chart runs the image's own user and group (Dockerfile.operator: useradd 10001 with
+    group 10001), under the runtime's default seccomp profile."""
+    dockerfile = (REPO / "Dockerfile.operator").read_text()
+    (user,) = re.findall(r"^USER (\d+)$", dockerfile, re.MULTILINE)
+    (gid,) = re.findall(r"useradd .*--gid (\d+)", dockerfile)
+    pod = named(helm.template(), "Deployment", FULLNAME, NAMESPACE)["spec"]["template"]["spec"]
+    context = pod["securityContext"]
+    assert context["runAsUser"] == int(user)
+    assert context["runAsGroup"] == context["fsGroup"] == int(gid)
+    assert context["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
 def test_values_reach_the_pod(helm: Helm) -> None:
