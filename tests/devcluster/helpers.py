@@ -140,7 +140,7 @@ class Kube:
         return runs[-1].read_text(errors="replace") if runs else ""
 
     def dump(self) -> str:
-        """Pods, events and logs of the namespace, plus the agent's log tail."""
+        """Pods, events and logs of the namespace, plus the agent's (or kubelets') log tail."""
         parts = []
         for args in (("get", "pods", "-o", "wide"), ("get", "events", "--sort-by=.lastTimestamp")):
             try:
@@ -148,10 +148,18 @@ class Kube:
                 parts.append(f"$ kubectl {' '.join(args)}\n{result.stdout}{result.stderr}")
             except subprocess.TimeoutExpired:
                 parts.append(f"$ kubectl {' '.join(args)}: timed out")
-        for log in sorted(self.cluster.config.pods_dir.glob(f"{self.ns}_*/logs/*/*.log")):
+        cfg = self.cluster.config
+        # Process nodes: the agent's pod logs; real nodes: each node's /var/log/pods.
+        logs_root, pattern = cfg.pods_dir, f"{self.ns}_*/logs/*/*.log"
+        if cfg.real:
+            logs_root, pattern = cfg.nodes_dir, f"*/logs/pods/{self.ns}_*/*/*.log"
+        for log in sorted(logs_root.glob(pattern)):
             text = log.read_text(errors="replace")[-2000:]
-            parts.append(f"--- {log.relative_to(self.cluster.config.pods_dir)}\n{text}")
-        parts.append("--- agent log (tail)\n" + self.cluster.log_tail("agent", 20))
+            parts.append(f"--- {log.relative_to(logs_root)}\n{text}")
+        for component in [c for c in self.cluster.components() if c.endswith("-kubelet")] or [
+            "agent"
+        ]:
+            parts.append(f"--- {component} log (tail)\n" + self.cluster.log_tail(component, 20))
         return "\n".join(parts)
 
 
