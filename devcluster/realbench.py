@@ -9,7 +9,10 @@ On a private real-node cluster (own run directory, ports and ``net``):
 - image build, cold and warm, as :func:`devcluster.imagebuild.ensure_images` reports it
   (cold only when the cache was empty before this run);
 - pod create -> Running, pods created one after another on the Debian base image (median,
-  p99); and the first pod of the worker image on a node (which unpacks the image there).
+  p99); and the first pod of the worker image on a node (which unpacks the image there);
+- the operator's figures (:mod:`devcluster.jobbench`): ``kubectl scale`` 2 -> 4 -> first step
+  at 4, a worker partitioned from its peers -> the job re-formed, SIGKILL of a worker ->
+  the survivors' next step.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 from devcluster.cluster import Cluster
 from devcluster.config import ClusterConfig
 from devcluster.imagebuild import BASE_IMAGE, ensure_images, worker_image
+from devcluster.jobbench import measure_job
 from devcluster.realcluster import timings_path
 
 BENCH_NET = 211
@@ -100,6 +104,8 @@ def run_real_bench(samples: int = 20) -> dict[str, float]:
         result["worker_image_second_pod_s"] = _create_and_wait_running(
             cluster, _pod("worker-second", worker_image(), nodes[0]), 300
         )
+        cluster.kubectl("delete", "pods", "--all", "--wait=false")
+        result.update(measure_job(cluster))
     finally:
         cluster.down()
         shutil.rmtree(run_dir, ignore_errors=True)

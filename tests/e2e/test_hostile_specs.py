@@ -141,7 +141,12 @@ def test_the_restricted_profile_example_is_admitted(operator: Cluster, kube: Kub
 def test_a_planted_pod_with_the_jobs_labels_is_neither_a_worker_nor_deleted(
     operator: Cluster, kube: Kube, tmp_path: Path
 ) -> None:
-    planted = pod_manifest("planted", "import time; time.sleep(900)", labels=worker_labels("owned"))
+    planted = pod_manifest(
+        "planted",
+        "import time; time.sleep(900)",
+        image="elasticjob/worker:0.1.0",  # an image that real nodes have
+        labels=worker_labels("owned"),
+    )
     kube.apply(planted)
     kube.wait(
         "the planted pod running",

@@ -117,6 +117,27 @@ def job_manifest(name: str, log_dir: Path, stop_file: Path, **spec: Any) -> dict
     }
 
 
+def spread_over_nodes(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The job with its worker pods on different nodes where there are enough: a real
+    scheduler may well put two on one node (it prefers nodes that already hold the image),
+    and a test that blacklists the node of one worker must not lose another with it."""
+    job = manifest["metadata"]["name"]
+    manifest["spec"]["template"]["spec"]["affinity"] = {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "labelSelector": {"matchLabels": {"elasticjob.dev/job-name": job}},
+                        "topologyKey": "kubernetes.io/hostname",
+                    },
+                }
+            ]
+        }
+    }
+    return manifest
+
+
 def status(kube: Kube, name: str) -> dict[str, Any]:
     job = kube.get("ej", name) or {}
     result: dict[str, Any] = job.get("status") or {}
