@@ -106,6 +106,10 @@ class RealFaults(Faults):
         """Start the node's kubelet (and kube-proxy, containerd) again if stopped."""
         target = node_by_name(self._config, node)
         running = self._cluster.running()
+        if not running.get("kube-apiserver"):
+            # The cluster went down before a timed node_notready ran out: start nothing.
+            logger.info("%s stays down: the cluster is not running", node)
+            return
         if not running.get(target.component("containerd")):
             self._cluster.spawn(target.component("containerd"), target.containerd_argv())
             cp.wait_for(f"containerd of {node}", target.containerd_ready, 30.0, lambda: None)
