@@ -46,6 +46,17 @@ def _missing_prereqs() -> str | None:
     return None
 
 
+def _running(cfg: ClusterConfig, up_timeout: float) -> Iterator[Cluster]:
+    """The cluster of ``cfg`` up; down and its run directory removed afterwards."""
+    c = Cluster(cfg)
+    try:
+        c.up(timeout=up_timeout)
+        yield c
+    finally:
+        c.down()
+        shutil.rmtree(cfg.run_dir, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def process_cluster() -> Iterator[Cluster]:
     """A running devcluster on process nodes (4 nodes, one with 2 nvidia.com/gpu), torn down
@@ -67,13 +78,7 @@ def process_cluster() -> Iterator[Cluster]:
         extended_resources={"nvidia.com/gpu": "2"},
         owner_pid=os.getpid(),
     )
-    c = Cluster(cfg)
-    try:
-        c.up(timeout=120)
-        yield c
-    finally:
-        c.down()
-        shutil.rmtree(run_dir, ignore_errors=True)
+    yield from _running(cfg, up_timeout=120)
 
 
 def _missing_real_prereqs() -> str | None:
@@ -117,13 +122,7 @@ def real_cluster() -> Iterator[Cluster]:
         extended_resources={"nvidia.com/gpu": "2"},
         owner_pid=os.getpid(),
     )
-    c = Cluster(cfg)
-    try:
-        c.up(timeout=600)
-        yield c
-    finally:
-        c.down()
-        shutil.rmtree(run_dir, ignore_errors=True)
+    yield from _running(cfg, up_timeout=600)
 
 
 def _namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Kube]:
