@@ -448,7 +448,7 @@ def worker_env(kube: Kube, job: str) -> dict[str, Any]:
 
 class _PinnedHTTPSConnection(http.client.HTTPSConnection):
     """HTTPS to ``ip``, verifying the server as ``host`` (this machine does not resolve Service
-    names; pods do, through their hosts files)."""
+    names; pods do: through the cluster's DNS on real nodes, hosts files on process nodes)."""
 
     def __init__(self, host: str, ip: str, port: int, context: ssl.SSLContext) -> None:
         super().__init__(host, port, timeout=10, context=context)

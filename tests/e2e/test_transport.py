@@ -1,6 +1,6 @@
 """The rendezvous service's transport end to end on devcluster: with the chart's defaults the
 operator serves its rendezvous over TLS with a certificate it makes and keeps, workers verify it
-(host name included, through devcluster's hosts files) and train to the end, plain HTTP to the
+(host name included, resolved by the cluster's DNS) and train to the end, plain HTTP to the
 port gets nothing, and after an operator restart the same CA still verifies the new operator.
 A certificate the cluster admin provides (``rendezvous.tls.secretName``) is served instead.
 
