@@ -129,11 +129,12 @@ def start_kubelet(cluster: Cluster, node: RealNode, bins: NodeBinaries) -> None:
     cluster.spawn(node.component("kube-proxy"), node.kube_proxy_argv(bins))
 
 
-def advertise_extended_resources(cluster: Cluster) -> None:
-    """Add ``extended_resources`` (e.g. nvidia.com/gpu) to every node's capacity, the way a
-    cluster operator advertises them (a patch of the Node status; the kubelet then reports
-    them as allocatable). A node that registers again (``node_add``) has them no more."""
-    for name in cluster.config.node_names():
+def advertise_extended_resources(cluster: Cluster, nodes: list[str] | None = None) -> None:
+    """Add ``extended_resources`` (e.g. nvidia.com/gpu) to the capacity of ``nodes`` (all by
+    default), the way a cluster operator advertises them (a patch of the Node status; the
+    kubelet then reports them as allocatable). A node that registers again has them no more
+    until they are advertised again (``node_add`` does)."""
+    for name in nodes if nodes is not None else cluster.config.node_names():
         patch = [
             {"op": "add", "path": f"/status/capacity/{key.replace('/', '~1')}", "value": value}
             for key, value in cluster.config.extended_resources.items()

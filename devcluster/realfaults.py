@@ -31,6 +31,7 @@ from devcluster import nodeclean, procs
 from devcluster.build import find_node_binaries
 from devcluster.faults import FaultError, Faults
 from devcluster.nodes import RealNode, node_by_name
+from devcluster.realcluster import advertise_extended_resources
 
 if TYPE_CHECKING:
     from devcluster.cluster import Cluster
@@ -144,8 +145,16 @@ class RealFaults(Faults):
         self._cluster.kubectl("delete", "node", node, "--wait=false")
 
     def node_add(self, node: str) -> None:
-        """Start a deleted node again; its kubelet registers the Node."""
+        """Start a deleted node again; its kubelet registers the Node, which then gets the
+        cluster's extended resources advertised again."""
         self.node_ready(node)
+        cp.wait_for(
+            f"{node} registered",
+            lambda: self._cluster.kubectl("get", "node", node, check=False).returncode == 0,
+            60.0,
+            lambda: None,
+        )
+        advertise_extended_resources(self._cluster, [node])
 
     # ----- pods ----------------------------------------------------------
     def evict(

@@ -22,7 +22,6 @@ from tests.e2e.test_operator import (  # the module's helm-installed operator an
     operator,
     operator_logs,
     restart_operator,
-    spread_over_nodes,
     stop_workers,
     wait_status,
 )
@@ -61,15 +60,13 @@ def test_blacklisted_nodes_stay_blacklisted_after_an_operator_restart(
 ) -> None:
     log_dir = tmp_path / "events"
     kube.apply(
-        spread_over_nodes(
-            job_manifest(
-                "sticky",
-                log_dir,
-                tmp_path / "stop",
-                replicas=2,
-                minReplicas=2,
-                blacklist={"cooldownSeconds": {"min": 600, "max": 1200}},
-            )
+        job_manifest(
+            "sticky",
+            log_dir,
+            tmp_path / "stop",
+            replicas=2,
+            minReplicas=2,
+            blacklist={"cooldownSeconds": {"min": 600, "max": 1200}},
         )
     )
     try:
@@ -220,15 +217,13 @@ def test_a_silent_worker_is_evicted_and_the_survivors_re_form(
         pytest.skip("process nodes share the machine's network: nothing to partition")
     log_dir = tmp_path / "events"
     kube.apply(
-        spread_over_nodes(
-            job_manifest(
-                "frozen",
-                log_dir,
-                tmp_path / "stop",
-                replicas=3,
-                minReplicas=2,
-                heartbeatTimeoutSeconds=3,  # margin for a loaded 2-core machine: 10 s in all
-            )
+        job_manifest(
+            "frozen",
+            log_dir,
+            tmp_path / "stop",
+            replicas=3,
+            minReplicas=2,
+            heartbeatTimeoutSeconds=3,  # margin for a loaded 2-core machine: 10 s in all
         )
     )
     try:

@@ -62,9 +62,10 @@ def operator(cluster: Cluster) -> Iterator[Cluster]:
 
 
 def job_manifest(name: str, log_dir: Path, stop_file: Path, **spec: Any) -> dict[str, Any]:
-    """An ElasticJob running the integration tests' worker script. The script and the
-    directory of its event log and stop file are hostPath volumes at the same paths, so the
-    test reads what workers write on real nodes (containers) and process nodes alike."""
+    """An ElasticJob running the integration tests' worker script, its pods spread over nodes
+    where there are enough. The script and the directory of its event log and stop file are
+    hostPath volumes at the same paths, so the test reads what workers write on real nodes
+    (containers) and process nodes alike."""
     scratch = Path(os.path.commonpath([log_dir, stop_file.parent]))
     scratch.mkdir(parents=True, exist_ok=True)
     scratch.chmod(0o777)  # the worker image runs as a non-root user
@@ -83,38 +84,41 @@ def job_manifest(name: str, log_dir: Path, stop_file: Path, **spec: Any) -> dict
         "0.05",
     ]
     mounts = {"tests": WORKER.parent, "scratch": scratch}
-    return {
-        "apiVersion": "elasticjob.dev/v1alpha1",
-        "kind": "ElasticJob",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": 3,
-            "minReplicas": 2,
-            "maxReplicas": 5,
-            "backend": "gloo",
-            "blacklist": {"cooldownSeconds": {"min": 300, "max": 600}},
-            "template": {
-                "spec": {
-                    "terminationGracePeriodSeconds": 30,
-                    "containers": [
-                        {
-                            "name": "worker",
-                            "image": "elasticjob/worker:0.1.0",
-                            "command": command,
-                            "volumeMounts": [
-                                {"name": n, "mountPath": str(path)} for n, path in mounts.items()
-                            ],
-                        }
-                    ],
-                    "volumes": [
-                        {"name": n, "hostPath": {"path": str(path), "type": "Directory"}}
-                        for n, path in mounts.items()
-                    ],
-                }
+    return spread_over_nodes(
+        {
+            "apiVersion": "elasticjob.dev/v1alpha1",
+            "kind": "ElasticJob",
+            "metadata": {"name": name},
+            "spec": {
+                "replicas": 3,
+                "minReplicas": 2,
+                "maxReplicas": 5,
+                "backend": "gloo",
+                "blacklist": {"cooldownSeconds": {"min": 300, "max": 600}},
+                "template": {
+                    "spec": {
+                        "terminationGracePeriodSeconds": 30,
+                        "containers": [
+                            {
+                                "name": "worker",
+                                "image": "elasticjob/worker:0.1.0",
+                                "command": command,
+                                "volumeMounts": [
+                                    {"name": n, "mountPath": str(path)}
+                                    for n, path in mounts.items()
+                                ],
+                            }
+                        ],
+                        "volumes": [
+                            {"name": n, "hostPath": {"path": str(path), "type": "Directory"}}
+                            for n, path in mounts.items()
+                        ],
+                    }
+                },
+                **spec,
             },
-            **spec,
-        },
-    }
+        }
+    )
 
 
 def spread_over_nodes(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -187,9 +191,15 @@ def wait_operator_serving(kube: Kube, replaced: set[str]) -> None:
 
 
 def restart_operator(kube: Kube) -> None:
-    """Delete the operator's pod and wait until its replacement serves."""
+    """Delete the operator's pod, wait until it is gone (a real kubelet may take most of its
+    grace period on a loaded machine) and until its replacement serves."""
     old = {p["metadata"]["name"] for p in operator_pods(kube.cluster)}
-    kube.cluster.kubectl("-n", SYSTEM_NS, "delete", "pod", "-l", OPERATOR_PODS, "--wait=true")
+    kube.cluster.kubectl("-n", SYSTEM_NS, "delete", "pod", "-l", OPERATOR_PODS, "--wait=false")
+    kube.wait(
+        "the old operator pod gone",
+        lambda: not old & {p["metadata"]["name"] for p in operator_pods(kube.cluster)},
+        timeout=180,
+    )
     wait_operator_serving(kube, old)
 
 
