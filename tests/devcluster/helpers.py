@@ -163,6 +163,21 @@ class Kube:
         return "\n".join(parts)
 
 
+def node_ready_untainted(kube: Kube, node: str) -> bool:
+    """The node exists, is Ready and carries no ``node.kubernetes.io/`` taint."""
+    obj = kube.cluster.kubectl("get", "node", node, "-o", "json", check=False)
+    if obj.returncode != 0:
+        return False
+    data = json.loads(obj.stdout)
+    ready = any(
+        c["type"] == "Ready" and c["status"] == "True" for c in data["status"]["conditions"]
+    )
+    tainted = any(
+        t["key"].startswith("node.kubernetes.io/") for t in data["spec"].get("taints", [])
+    )
+    return ready and not tainted
+
+
 def is_ready(pod: Obj) -> bool:
     """True if the pod's Ready condition is True."""
     for cond in pod.get("status", {}).get("conditions") or []:

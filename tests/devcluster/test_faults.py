@@ -2,32 +2,23 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.devcluster.helpers import Kube, container_state, pod_manifest, read_proc_state
+from tests.devcluster.helpers import (
+    Kube,
+    container_state,
+    node_ready_untainted,
+    pod_manifest,
+    read_proc_state,
+)
 
 pytestmark = pytest.mark.devcluster
 
 SLEEPER = "import time; print('up', flush=True); time.sleep(3600)"
-
-
-def _node_ready(kube: Kube, node: str) -> bool:
-    obj = kube.cluster.kubectl("get", "node", node, "-o", "json", check=False)
-    if obj.returncode != 0:
-        return False
-    data = json.loads(obj.stdout)
-    ready = any(
-        c["type"] == "Ready" and c["status"] == "True" for c in data["status"]["conditions"]
-    )
-    tainted = any(
-        t["key"].startswith("node.kubernetes.io/") for t in data["spec"].get("taints", [])
-    )
-    return ready and not tainted
 
 
 @pytest.fixture
@@ -35,7 +26,9 @@ def node3(kube: Kube) -> Iterator[str]:
     """node-3, made Ready (and untainted) again after the test."""
     yield "node-3"
     kube.cluster.faults.node_ready("node-3")
-    kube.wait("node-3 to be Ready and untainted again", lambda: _node_ready(kube, "node-3"), 60)
+    kube.wait(
+        "node-3 to be Ready and untainted again", lambda: node_ready_untainted(kube, "node-3"), 60
+    )
 
 
 def test_kill_fault_makes_the_container_restart(kube: Kube) -> None:
@@ -72,7 +65,7 @@ def test_notready_node_gets_its_pods_evicted(kube: Kube, node3: str) -> None:
     kube.cluster.faults.node_notready(node3)
     kube.wait(
         f"{node3} to become NotReady",
-        lambda: not _node_ready(kube, node3),
+        lambda: not node_ready_untainted(kube, node3),
         timeout=cfg.node_monitor_grace_seconds + 20,
     )
 
@@ -133,4 +126,4 @@ def test_node_delete_removes_its_pods_and_add_brings_it_back(kube: Kube) -> None
             assert not Path(f"/proc/{p}").exists() or read_proc_state(p) == "Z"
     finally:
         kube.cluster.faults.node_add("node-4")
-    kube.wait("node-4 to be Ready again", lambda: _node_ready(kube, "node-4"), 60)
+    kube.wait("node-4 to be Ready again", lambda: node_ready_untainted(kube, "node-4"), 60)

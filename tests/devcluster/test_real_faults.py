@@ -7,21 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.devcluster.helpers import Kube, container_state, read_proc_state
-from tests.devcluster.real import SLEEPER, condition, fetch, node_objects, real_pod, server, service
+from tests.devcluster.helpers import Kube, container_state, node_ready_untainted, read_proc_state
+from tests.devcluster.real import SLEEPER, condition, fetch, real_pod, server, service
 from tests.devcluster.test_cli import _cli
 
 pytestmark = pytest.mark.devcluster
-
-
-def _node_ready(kube: Kube, node: str) -> bool:
-    for obj in node_objects(kube):
-        if obj["metadata"]["name"] == node:
-            tainted = any(
-                t["key"].startswith("node.kubernetes.io/") for t in obj["spec"].get("taints", [])
-            )
-            return condition(obj, "Ready") == "True" and not tainted
-    return False
 
 
 @pytest.fixture
@@ -29,7 +19,7 @@ def node3(real_kube: Kube) -> Iterator[str]:
     """node-3, brought back (Ready, untainted) after the test."""
     yield "node-3"
     real_kube.cluster.faults.node_add("node-3")
-    real_kube.wait("node-3 Ready again", lambda: _node_ready(real_kube, "node-3"), 90)
+    real_kube.wait("node-3 Ready again", lambda: node_ready_untainted(real_kube, "node-3"), 90)
 
 
 def test_kill_sigkills_the_container_and_the_kubelet_restarts_it(real_kube: Kube) -> None:
@@ -65,11 +55,13 @@ def test_a_stopped_kubelet_makes_its_node_notready(real_kube: Kube, node3: str) 
     real_kube.cluster.faults.cont("survivor", real_kube.ns)
     real_kube.cluster.faults.node_notready(node3)
     grace = real_kube.cluster.config.node_monitor_grace_seconds
-    real_kube.wait(f"{node3} NotReady", lambda: not _node_ready(real_kube, node3), grace + 30)
+    real_kube.wait(
+        f"{node3} NotReady", lambda: not node_ready_untainted(real_kube, node3), grace + 30
+    )
     # The kubelet is gone, its containers are not.
     assert read_proc_state(pid) in "RS"
     real_kube.cluster.faults.node_ready(node3)
-    real_kube.wait(f"{node3} Ready again", lambda: _node_ready(real_kube, node3), 60)
+    real_kube.wait(f"{node3} Ready again", lambda: node_ready_untainted(real_kube, node3), 60)
 
 
 def test_node_delete_removes_node_and_pods_and_node_add_registers_it(
@@ -83,7 +75,9 @@ def test_node_delete_removes_node_and_pods_and_node_add_registers_it(
     assert real_kube.cluster.kubectl("get", "node", node3, check=False).returncode != 0
     assert not Path(f"/proc/{pid}").exists() or read_proc_state(pid) == "Z"
     real_kube.cluster.faults.node_add(node3)
-    real_kube.wait(f"{node3} registered and Ready", lambda: _node_ready(real_kube, node3), 90)
+    real_kube.wait(
+        f"{node3} registered and Ready", lambda: node_ready_untainted(real_kube, node3), 90
+    )
 
 
 def test_evict_sets_disruption_target_then_the_kubelet_terminates(real_kube: Kube) -> None:
