@@ -79,13 +79,29 @@ def is_marked(pid: int, run_dir: Path) -> bool:
     return needle in environ and alive(pid)
 
 
+def _this_process_and_its_ancestors() -> set[int]:
+    """This process and those it runs under: a shell that exported the marker to choose the
+    run directory carries it too, and is not part of the cluster."""
+    found, pid = set(), os.getpid()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return found
+
+
 def marked_pids(run_dir: Path) -> list[int]:
-    """Pids of live processes whose environment marks them as part of ``run_dir``."""
-    me = os.getpid()
+    """Pids of live processes whose environment marks them as part of ``run_dir`` (never
+    this process or one it runs under)."""
+    mine = _this_process_and_its_ancestors()
     return [
         int(entry)
         for entry in os.listdir("/proc")
-        if entry.isdigit() and int(entry) != me and is_marked(int(entry), run_dir)
+        if entry.isdigit() and int(entry) not in mine and is_marked(int(entry), run_dir)
     ]
 
 

@@ -99,6 +99,7 @@ class JobController:
         settings: ControllerSettings,
         not_ready_nodes: set[str],
         *,
+        reachable: bool = True,
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,
     ) -> None:
@@ -108,6 +109,7 @@ class JobController:
         self._service = service
         self._settings = settings
         self._not_ready_nodes = not_ready_nodes
+        self._reachable = reachable
         self._clock, self._wall_clock = clock, wall_clock
         self._job: Mapping[str, Any] | None = None
         """The ElasticJob (its metadata: whose pods are its own)."""
@@ -209,6 +211,7 @@ class JobController:
             self._clock,
         )
         self.driver = driver
+        driver.reachability.update(self._reachable, self._clock())
         if not self._adopt(body, spec, driver):
             await self._event(body, "Created", f"job {self.job_id} started")
         driver_task = asyncio.create_task(driver.run(), name=f"driver {self.job_id}")
@@ -226,11 +229,20 @@ class JobController:
             await asyncio.gather(driver_task, return_exceptions=True)
             self._service.remove_job(self.job_id)
 
+    def set_reachable(self, reachable: bool) -> None:
+        """Whether workers can reach the operator now (its pod is ready): while they cannot,
+        their silence is not held against them."""
+        self._reachable = reachable
+        if self.driver is not None:
+            self.driver.reachability.update(reachable, self._clock())
+
     def _adopt(self, body: Mapping[str, Any], spec: ElasticJobSpec, driver: ElasticDriver) -> bool:
         """After an operator restart: keep the recorded blacklisting until its recorded ends,
-        and take over the recorded round, so its workers train on undisturbed. Members whose
-        pods are gone are reported failed."""
+        and take over the recorded round, so its workers train on undisturbed, and the count
+        of resets, so ``resetLimit`` counts those before the restart. Members whose pods are
+        gone are reported failed."""
         status = self._status.recorded(body)
+        driver.resume_resets(status.reset_count, status.last_reset_reason)
         if spec.blacklist.scope is BlacklistScope.NODE:
             restore_blacklist(
                 self._blacklist, status.blacklisted_nodes, self._wall_clock(), self._clock()

@@ -129,6 +129,17 @@ class KubeApi:
             if exc.status != 404:
                 raise
 
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod, or None when there is none."""
+        try:
+            pod = await self._call("read pod", self.core.read_namespaced_pod, name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        result: dict[str, Any] = kubernetes.client.ApiClient().sanitize_for_serialization(pod)
+        return result
+
     async def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Secret (``data`` still base64), or None when there is none."""
         try:

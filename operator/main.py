@@ -113,13 +113,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         webhook=webhook,
         namespaces=tuple(args.namespace),
         rendezvous_tls=tls,
+        own_pod=_own_pod(os.environ),
     )
-    memo = kopf.Memo(runtime=OperatorRuntime(config))
+    runtime = OperatorRuntime(config)
+    memo = kopf.Memo(runtime=runtime)
     asyncio.run(
         kopf.operator(
             registry=handlers.REGISTRY,
             memo=memo,
             standalone=True,
+            stop_flag=runtime.stop_flag,
             clusterwide=not args.namespace,
             namespaces=args.namespace,
             liveness_endpoint=_liveness_endpoint(args.bind_address, args.liveness_port),
@@ -167,6 +170,12 @@ def rendezvous_tls(
         namespace=namespace,
         dns_names=tuple(names if url.hostname in names else [*names, url.hostname]),
     )
+
+
+def _own_pod(environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """The operator's pod, from the downward API (None outside a pod)."""
+    name, namespace = environ.get("POD_NAME"), environ.get("POD_NAMESPACE")
+    return (namespace, name) if name and namespace else None
 
 
 def _given(args: argparse.Namespace, option: str) -> bool:

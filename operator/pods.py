@@ -72,10 +72,12 @@ def worker_pod(
     """The manifest of a new worker pod of ``job`` (named by the API server from a prefix).
 
     The pod carries the job's labels and an owner reference, never restarts (the driver
-    replaces failed workers), stays off ``avoid_nodes`` (blacklisted) by node affinity, and
-    hands its worker container the runtime's environment: the rendezvous URL, the job, the
-    token from the job's Secret, its own name as host name and its IP as bind address (and the
-    CA certificate to verify an ``https`` rendezvous URL with)."""
+    replaces failed workers), stays off ``avoid_nodes`` (blacklisted) by node affinity,
+    prefers a node that holds no other pod of the job (unless the template says how to
+    place them: a pod anti-affinity or topology spread constraints), and hands its worker
+    container the runtime's environment: the rendezvous URL, the job, the token from the
+    job's Secret, its own name as host name and its IP as bind address (and the CA
+    certificate to verify an ``https`` rendezvous URL with)."""
     name = job["metadata"]["name"]
     namespace = job["metadata"]["namespace"]
     template = spec.template.model_dump(by_alias=True, exclude_none=True)
@@ -109,6 +111,10 @@ def worker_pod(
     avoid = sorted(set(avoid_nodes))
     if avoid:
         _add_node_anti_affinity(pod_spec, avoid)
+    if "podAntiAffinity" not in pod_spec.get("affinity", {}) and not pod_spec.get(
+        "topologySpreadConstraints"
+    ):
+        _prefer_spreading(pod_spec, name)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
@@ -147,6 +153,24 @@ def _runtime_env(
 def _seconds_env(name: str, seconds: float | None) -> list[dict[str, Any]]:
     """The variable when there is a value to set (None: the worker's default applies)."""
     return [] if seconds is None else [{"name": name, "value": f"{seconds:g}"}]
+
+
+def _prefer_spreading(pod_spec: dict[str, Any], job_name: str) -> None:
+    """Prefer nodes without another pod of the job: a blacklisted node (a failure there)
+    then takes one worker out, not several, and one node's loss costs one host. A
+    preference only: where nodes are few, pods share them. (A scheduler left alone packs
+    them onto the nodes that already hold the image.)"""
+    pod_spec.setdefault("affinity", {})["podAntiAffinity"] = {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "weight": 100,
+                "podAffinityTerm": {
+                    "labelSelector": {"matchLabels": {LABEL_JOB_NAME: job_name}},
+                    "topologyKey": "kubernetes.io/hostname",
+                },
+            }
+        ]
+    }
 
 
 def _add_node_anti_affinity(pod_spec: dict[str, Any], nodes: list[str]) -> None:

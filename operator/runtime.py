@@ -24,6 +24,7 @@ from elasticjob.operator.certs import ManagedCertificate, TLSMaterial, managed_m
 from elasticjob.operator.controller import ControllerSettings, JobController
 from elasticjob.operator.kube import KubeApi, load_config
 from elasticjob.operator.metrics import render_metrics
+from elasticjob.operator.ownpod import follow_own_pod
 from elasticjob.operator.supervisor import ENDED_PHASES, JobSupervisor
 from elasticjob.operator.webhook import ServiceWebhookServer
 from elasticjob.rendezvous.server import RendezvousService
@@ -51,6 +52,9 @@ class OperatorConfig:
     or with one the operator makes and keeps (None: plain HTTP)."""
     tls_dir: Path = Path(tempfile.gettempdir()) / "elasticjob-rendezvous"
     """Where the rendezvous service's key is written for :mod:`ssl` to load it."""
+    own_pod: tuple[str, str] | None = None
+    """The operator's own pod (namespace, name), which it follows (see ``ownpod.py``; None:
+    it runs outside a pod, or is not told its name)."""
 
 
 @dataclass(frozen=True)
@@ -82,12 +86,18 @@ class OperatorRuntime:
     be)."""
     rendezvous_ca: str | None = None
     """The CA certificate (PEM) workers verify the rendezvous service with (None: no TLS)."""
+    stop_flag: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set to stop the operator (kopf's ``stop_flag``): its pod is being deleted."""
+    reachable: bool = field(init=False)
+    """Whether workers can reach the operator: its pod is ready (always, outside a pod)."""
     _api: KubeApi | None = None
     _service: RendezvousService | None = None
     _metrics: web.AppRunner | None = None
+    _own_pod_task: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         self.jobs = JobSupervisor(self.run_job)
+        self.reachable = self.config.own_pod is None
 
     @property
     def api(self) -> KubeApi:
@@ -148,6 +158,8 @@ class OperatorRuntime:
         self._metrics = web.AppRunner(app, access_log=None)
         await self._metrics.setup()
         await web.TCPSite(self._metrics, self.config.bind_address, self.config.metrics_port).start()
+        if self.config.own_pod is not None:
+            self._own_pod_task = asyncio.create_task(self._follow_own_pod(*self.config.own_pod))
         logger.info(
             "operator serving rendezvous (%s) on :%d and metrics on :%d",
             "https" if self.rendezvous_ca else "http",
@@ -156,11 +168,38 @@ class OperatorRuntime:
         )
 
     async def stop(self) -> None:
+        if self._own_pod_task is not None:
+            self._own_pod_task.cancel()
         await self.jobs.stop_all()
         if self._service is not None:
             await self._service.stop()
         if self._metrics is not None:
             await self._metrics.cleanup()
+
+    async def _follow_own_pod(self, namespace: str, name: str) -> None:
+        reason = await follow_own_pod(lambda: self.api.read_pod(namespace, name), self._ready)
+        logger.error(
+            "stopping: %s; the operator that replaces it drives the jobs (pod %s/%s)",
+            reason,
+            namespace,
+            name,
+        )
+        self.stop_flag.set()
+
+    def _ready(self, ready: bool) -> None:
+        """Whether the operator's pod is ready: workers reach it through its Service."""
+        if ready == self.reachable:
+            return
+        self.reachable = ready
+        if ready:
+            logger.info("the operator's pod is ready: workers reach it again")
+        else:
+            logger.warning(
+                "the operator's pod is not ready (its node may have stopped answering): "
+                "workers cannot reach it, and their silence is not held against them"
+            )
+        for controller in self.controllers.values():
+            controller.set_reachable(ready)
 
     def check_health(self) -> str:
         """What the liveness probe reports; raises when the operator cannot serve workers."""
@@ -179,6 +218,7 @@ class OperatorRuntime:
             self.service,
             self.controller_settings,
             self.not_ready_nodes,
+            reachable=self.reachable,
         )
         self.controllers[(namespace, name)] = controller
         try:

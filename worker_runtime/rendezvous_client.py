@@ -18,7 +18,6 @@ import logging
 import ssl
 import time
 import urllib.parse
-from typing import Final
 
 from pydantic import BaseModel
 
@@ -37,9 +36,6 @@ from elasticjob.wire import (
 )
 
 logger = logging.getLogger(__name__)
-
-PROGRESS_INTERVAL_S: Final = 1.0
-"""Least time between two progress reports sent (the service's bounds assume it)."""
 
 
 class RendezvousClientError(RuntimeError):
@@ -82,7 +78,6 @@ class RendezvousClient:
         }
         self._retry_deadline_s = retry_deadline_s
         self._connect_timeout_s = connect_timeout_s
-        self._progress_sent_at: float | None = None
 
     def __repr__(self) -> str:
         return f"RendezvousClient({self._url}{self._base})"
@@ -108,14 +103,9 @@ class RendezvousClient:
         self._request("POST", "/results", request)
 
     def report_progress(self, request: ProgressRequest) -> None:
-        """Send rank 0's progress, unless some was sent less than
-        :data:`PROGRESS_INTERVAL_S` ago (then this report is dropped)."""
-        now = time.monotonic()
-        sent_at = self._progress_sent_at
-        if sent_at is not None and now - sent_at < PROGRESS_INTERVAL_S:
-            return
-        self._progress_sent_at = now
-        self._request("POST", "/progress", request)
+        """Send rank 0's progress once, without retrying: the next report is the retry (see
+        ``progress.py``). Raises :class:`RendezvousClientError` if it did not arrive."""
+        self._request("POST", "/progress", request, retry_for_s=0.0)
 
     def heartbeat(self, request: HeartbeatRequest) -> None:
         """Send one heartbeat, without retrying: the next beat is the retry. Raises

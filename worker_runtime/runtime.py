@@ -15,6 +15,8 @@ One :class:`Runtime` lives in each worker process (created by ``init()``). It
   peers its round gave it (``reachability.py``) and reports the unreachable ones with each
   beat, so the driver evicts a member cut off from its peers (``probes.py`` of the
   rendezvous says whom each member probes).
+- on rank 0, sends the training progress from a third background thread
+  (``progress.py``): the training loop never waits on the rendezvous service for it.
 
 Its configuration comes from the environment (``config.py``). Without the launcher's
 environment it runs standalone as a world of one.
@@ -50,6 +52,7 @@ from elasticjob.worker_runtime.host_updates import HostUpdateAgreement
 from elasticjob.worker_runtime.log import CONTEXT, get_logger
 from elasticjob.worker_runtime.notices import NoticeWatcher
 from elasticjob.worker_runtime.process_group import RoundGroup
+from elasticjob.worker_runtime.progress import ProgressReporter
 from elasticjob.worker_runtime.reachability import PROBE_TIMEOUT_S, PeerProber
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
 
@@ -96,6 +99,7 @@ class Runtime:
         self._client: RendezvousClient | None = None
         self._watcher: NoticeWatcher | None = None
         self._heartbeat: Heartbeat | None = None
+        self._progress: ProgressReporter | None = None
         self._prober: PeerProber | None = None
         self._store: Store | None = None
         # The round's store client: held for as long as the round's group uses it.
@@ -112,6 +116,7 @@ class Runtime:
             config.rendezvous_url, config.job, config.token, ca_pem=config.rendezvous_ca
         )
         self._watcher = NoticeWatcher(self._client, self._on_notice)
+        self._progress = ProgressReporter(self._client.report_progress)
         if config.heartbeat_interval_s > 0 or config.orphan_timeout_s > 0:
             # Without a heartbeat the driver asked for, beat only to notice being orphaned.
             interval = config.heartbeat_interval_s or config.orphan_timeout_s / 4
@@ -214,6 +219,8 @@ class Runtime:
         self.group.destroy()
         if self._watcher is not None:
             self._watcher.stop()
+        if self._progress is not None:
+            self._progress.stop()
 
     @property
     def step(self) -> int:
@@ -371,16 +378,13 @@ class Runtime:
 
     def report_progress(self, epoch: int, step: int, samples_per_second: float) -> None:
         """Rank 0 reports training progress for the job's status (others do nothing)."""
-        if self._client is None or self.slot.rank != 0:
+        if self._progress is None or self.slot.rank != 0:
             return
-        try:
-            self._client.report_progress(
-                ProgressRequest(
-                    round=self.round,
-                    epoch=epoch,
-                    step=step,
-                    samples_per_second=max(samples_per_second, 0.0),
-                )
+        self._progress.offer(
+            ProgressRequest(
+                round=self.round,
+                epoch=epoch,
+                step=step,
+                samples_per_second=max(samples_per_second, 0.0),
             )
-        except RendezvousClientError as exc:
-            logger.warning("could not report progress: %s", exc)
+        )

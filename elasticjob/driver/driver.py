@@ -49,6 +49,7 @@ from elasticjob.driver.decisions import (
     slow_starters,
 )
 from elasticjob.driver.hosts import HostManager
+from elasticjob.driver.liveness import Reachability
 from elasticjob.driver.registry import WorkerRegistry
 from elasticjob.driver.workers import WorkerProcesses
 from elasticjob.rendezvous.api import JobRendezvous, ProbeReport, RendezvousListener
@@ -89,6 +90,8 @@ class ElasticDriver(RendezvousListener):
         self.phase = Phase.STARTING
         self.progress: ProgressRequest | None = None
         self._workers = WorkerProcesses(self.launcher, self.rendezvous, clock)
+        self.reachability = Reachability()
+        """Whether the workers can reach this driver (its front end keeps it up to date)."""
         self._newcomers_announced = False
         self._recovering = False
         self._capacity_wait_since: float | None = None
@@ -124,11 +127,20 @@ class ElasticDriver(RendezvousListener):
         slot = self.slots.get(worker)
         return slot.rank if slot is not None and not self._workers.gone(worker) else None
 
+    def resume_resets(self, reset_count: int, last_reset_reason: str | None) -> None:
+        """Carry on the job's reset history after a driver restart: ``reset_limit`` counts
+        the resets before it too, and the count never goes back."""
+        self.registry.reset_count = max(self.registry.reset_count, reset_count)
+        self.last_reset_reason = self.last_reset_reason or last_reset_reason
+
     def adopt(self, round_number: int, slots: Mapping[WorkerId, SlotInfo], notice_seq: int) -> None:
         """Resume supervising a running round (the driver restarted): its members are taken
-        as running and not at the barrier."""
+        as running and not at the barrier, and have the reach grace to find this driver
+        (see ``liveness.Reachability``)."""
         self.rendezvous.adopt(round_number, slots, notice_seq)
         self._workers.adopt(slots, round_number)
+        if self.reachability.since is not None:
+            self.reachability.since = max(self.reachability.since, self._clock())
         self.registry.start_round(round_number, frozenset(slots))
         self.phase = Phase.RUNNING
         logger.info("adopted round %d with %d workers", round_number, len(slots))
@@ -258,7 +270,8 @@ class ElasticDriver(RendezvousListener):
         self._wake.clear()
         try:
             timeout = self.settings.heartbeat_timeout_s
-            await self._workers.evict_unanswering(timeout, self.slots, self.round)
+            counts_from = self.reachability.silence_counts_from()
+            await self._workers.evict_unanswering(timeout, self.slots, self.round, counts_from)
             await self._stop_overdue()
             if self.phase is Phase.STARTING or self.phase is Phase.FORMING:
                 await self._form_round()

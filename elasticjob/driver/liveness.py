@@ -15,13 +15,21 @@ delayed beat is no eviction.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from elasticjob.wire import WorkerId
 
 DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
 """Default bound on the silence of a worker process: detection plus re-forming the round
 stays within about 10 s."""
+
+REACH_GRACE_S = 30.0
+"""How long workers have to beat to a driver they could not reach (it restarted, or its
+Service did not route to it) before their silence counts again: under the operator, their
+beats reach an operator pod only once its Service routes to it again (readiness, endpoints,
+the nodes' proxies), and a worker that cannot reach the rendezvous retries every second."""
 
 BEATS_PER_TIMEOUT = 5
 """Heartbeats a worker sends per timeout: four may be lost or late without an eviction."""
@@ -45,20 +53,48 @@ def heartbeat_interval_s(timeout_s: float | None) -> float | None:
     )
 
 
+@dataclass
+class Reachability:
+    """Whether the workers can reach their driver, as the driver can tell. Under the
+    operator: whether its own pod is ready (a Service routes to ready pods only; a pod on a
+    node that stopped answering is marked not ready). While they cannot, their silence says
+    nothing about them, and once they can again they have :data:`REACH_GRACE_S` to beat."""
+
+    since: float | None = -math.inf
+    """Since when (driver clock) they can reach it; None: they cannot now."""
+
+    def update(self, reachable: bool, now: float) -> bool:
+        """Record whether they can reach it at ``now``; return whether that changed."""
+        if reachable == (self.since is not None):
+            return False
+        self.since = now if reachable else None
+        return True
+
+    def silence_counts_from(self) -> float | None:
+        """From when a worker's silence counts (None: not at all now)."""
+        return None if self.since is None else self.since + REACH_GRACE_S
+
+
 def hung_workers(
-    last_heartbeat: Mapping[WorkerId, float | None], *, timeout_s: float | None, now: float
+    last_heartbeat: Mapping[WorkerId, float | None],
+    *,
+    timeout_s: float | None,
+    now: float,
+    counts_from: float | None = -math.inf,
 ) -> frozenset[WorkerId]:
-    """The workers to evict: those whose last heartbeat is more than ``timeout_s`` before
-    ``now``.
+    """The workers to evict: those silent for more than ``timeout_s`` before ``now``, their
+    silence counted from their last heartbeat, and no earlier than ``counts_from``.
 
     ``last_heartbeat`` holds the running worker processes the driver supervises, with the
     time of each one's last heartbeat, or None for a process that has not beaten yet (still
-    starting: the start timeout covers it). ``timeout_s`` None turns eviction off.
+    starting: the start timeout covers it). ``timeout_s`` None turns eviction off;
+    ``counts_from`` None suspends it (the workers cannot reach the driver: see
+    :class:`Reachability`).
     """
-    if timeout_s is None:
+    if timeout_s is None or counts_from is None:
         return frozenset()
     return frozenset(
         worker
         for worker, beat in last_heartbeat.items()
-        if beat is not None and now - beat > timeout_s
+        if beat is not None and now - max(beat, counts_from) > timeout_s
     )

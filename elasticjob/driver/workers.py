@@ -77,11 +77,15 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
         return len(self._records)
 
     def adopt(self, workers: Iterable[WorkerId], round_number: int) -> None:
-        """Take running members of ``round_number`` (not at the barrier) as launched."""
+        """Take running members of ``round_number`` (not at the barrier) as launched; they
+        count as having beaten now."""
         now = self._clock()
         for worker in workers:
             self._records[worker] = WorkerRecord(
-                started_at=now, waiting_after=round_number - 1, last_round=round_number
+                started_at=now,
+                waiting_after=round_number - 1,
+                last_round=round_number,
+                last_heartbeat=now,
             )
 
     def gone(self, worker: WorkerId) -> bool:
@@ -154,21 +158,29 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
         return report is not None and bool(report.unreachable)
 
     async def evict_unanswering(
-        self, timeout_s: float | None, slots: Mapping[WorkerId, SlotInfo], round_number: int
+        self,
+        timeout_s: float | None,
+        slots: Mapping[WorkerId, SlotInfo],
+        round_number: int,
+        counts_from: float | None,
     ) -> None:
-        """Evict the processes that stopped beating, and the members of the round in force
-        that their peers cannot reach. Both need heartbeats, so both are off without a
-        heartbeat timeout (``timeout_s`` None); probe reports older than it no longer
-        count."""
-        await self.evict_hung(timeout_s)
+        """Evict the processes that stopped beating (their silence counted no earlier than
+        ``counts_from``; None: not at all, see ``liveness.Reachability``), and the members of
+        the round in force that their peers cannot reach. Both need heartbeats, so both are
+        off without a heartbeat timeout (``timeout_s`` None); probe reports older than it no
+        longer count."""
+        await self.evict_hung(timeout_s, counts_from)
         if timeout_s is not None:
             await self.evict_partitioned(slots, round_number, timeout_s)
 
-    async def evict_hung(self, timeout_s: float | None) -> None:
+    async def evict_hung(self, timeout_s: float | None, counts_from: float | None) -> None:
         """Kill the processes that sent no heartbeat for ``timeout_s`` (see
         ``liveness.py``); each exit is then classified like any other."""
         now = self._clock()
-        for worker in sorted(hung_workers(self.heartbeats(), timeout_s=timeout_s, now=now)):
+        hung = hung_workers(
+            self.heartbeats(), timeout_s=timeout_s, now=now, counts_from=counts_from
+        )
+        for worker in sorted(hung):
             silent = now - (self._records[worker].last_heartbeat or now)
             logger.error("worker %s sent no heartbeat for %.1f s: evicting it", worker, silent)
             await self.kill(worker, f"it sent no heartbeat for {silent:.1f} s")

@@ -105,6 +105,7 @@ def test_blacklisted_nodes_stay_blacklisted_after_an_operator_restart(
             ),
             timeout=180,
         )
+        assert scaled["resetCount"] >= recovered["resetCount"], "the reset count went back"
         ready = condition(scaled, "Ready")
         assert ready["status"] == "True", scaled
         assert ready["lastTransitionTime"] == condition(recovered, "Ready")["lastTransitionTime"], (

@@ -25,7 +25,7 @@ import yaml
 from devcluster import Cluster
 from elasticjob import wire
 from tests.devcluster.helpers import Kube
-from tests.integration.harness import read_events
+from tests.integration.harness import JobRun, kill_leftovers, read_events
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "elasticjob-operator"
@@ -62,10 +62,10 @@ def operator(cluster: Cluster) -> Iterator[Cluster]:
 
 
 def job_manifest(name: str, log_dir: Path, stop_file: Path, **spec: Any) -> dict[str, Any]:
-    """An ElasticJob running the integration tests' worker script, its pods spread over nodes
-    where there are enough. The script and the directory of its event log and stop file are
-    hostPath volumes at the same paths, so the test reads what workers write on real nodes
-    (containers) and process nodes alike."""
+    """An ElasticJob running the integration tests' worker script (the operator spreads its
+    pods over nodes where there are enough). The script and the directory of its event log
+    and stop file are hostPath volumes at the same paths, so the test reads what workers
+    write on real nodes (containers) and process nodes alike."""
     scratch = Path(os.path.commonpath([log_dir, stop_file.parent]))
     scratch.mkdir(parents=True, exist_ok=True)
     scratch.chmod(0o777)  # the worker image runs as a non-root user
@@ -84,62 +84,38 @@ def job_manifest(name: str, log_dir: Path, stop_file: Path, **spec: Any) -> dict
         "0.05",
     ]
     mounts = {"tests": WORKER.parent, "scratch": scratch}
-    return spread_over_nodes(
-        {
-            "apiVersion": "elasticjob.dev/v1alpha1",
-            "kind": "ElasticJob",
-            "metadata": {"name": name},
-            "spec": {
-                "replicas": 3,
-                "minReplicas": 2,
-                "maxReplicas": 5,
-                "backend": "gloo",
-                "blacklist": {"cooldownSeconds": {"min": 300, "max": 600}},
-                "template": {
-                    "spec": {
-                        "terminationGracePeriodSeconds": 30,
-                        "containers": [
-                            {
-                                "name": "worker",
-                                "image": "elasticjob/worker:0.1.0",
-                                "command": command,
-                                "volumeMounts": [
-                                    {"name": n, "mountPath": str(path)}
-                                    for n, path in mounts.items()
-                                ],
-                            }
-                        ],
-                        "volumes": [
-                            {"name": n, "hostPath": {"path": str(path), "type": "Directory"}}
-                            for n, path in mounts.items()
-                        ],
-                    }
-                },
-                **spec,
-            },
-        }
-    )
-
-
-def spread_over_nodes(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The job with its worker pods on different nodes where there are enough: a real
-    scheduler may well put two on one node (it prefers nodes that already hold the image),
-    and a test that blacklists the node of one worker must not lose another with it."""
-    job = manifest["metadata"]["name"]
-    manifest["spec"]["template"]["spec"]["affinity"] = {
-        "podAntiAffinity": {
-            "preferredDuringSchedulingIgnoredDuringExecution": [
-                {
-                    "weight": 100,
-                    "podAffinityTerm": {
-                        "labelSelector": {"matchLabels": {"elasticjob.dev/job-name": job}},
-                        "topologyKey": "kubernetes.io/hostname",
-                    },
+    return {
+        "apiVersion": "elasticjob.dev/v1alpha1",
+        "kind": "ElasticJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 3,
+            "minReplicas": 2,
+            "maxReplicas": 5,
+            "backend": "gloo",
+            "blacklist": {"cooldownSeconds": {"min": 300, "max": 600}},
+            "template": {
+                "spec": {
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [
+                        {
+                            "name": "worker",
+                            "image": "elasticjob/worker:0.1.0",
+                            "command": command,
+                            "volumeMounts": [
+                                {"name": n, "mountPath": str(path)} for n, path in mounts.items()
+                            ],
+                        }
+                    ],
+                    "volumes": [
+                        {"name": n, "hostPath": {"path": str(path), "type": "Directory"}}
+                        for n, path in mounts.items()
+                    ],
                 }
-            ]
-        }
+            },
+            **spec,
+        },
     }
-    return manifest
 
 
 def status(kube: Kube, name: str) -> dict[str, Any]:
@@ -231,7 +207,7 @@ def stop_workers(kube: Kube, log_dir: Path) -> None:
     """End whatever workers a test left behind, at once: their pods on real nodes, their
     processes on process nodes (the events name their pids there)."""
     if kube.cluster.config.runtime == "process":
-        stop_workers(kube, log_dir)
+        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
         return
     kube.kubectl("delete", "ej", "--all", "--wait=false", check=False)
     kube.kubectl("delete", "pods", "--all", "--grace-period=0", "--force", check=False)

@@ -28,6 +28,7 @@ from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire import HeartbeatRequest, RendezvousRequest, RoundInfo
 from elasticjob.worker_runtime import rendezvous_client
 from elasticjob.worker_runtime.config import WorkerConfig
+from elasticjob.worker_runtime.progress import ProgressReporter
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
 from tests.integration.test_rendezvous_http import (
     TOKEN_A,
@@ -163,20 +164,19 @@ async def test_a_job_over_its_rate_gets_429_and_other_jobs_do_not() -> None:
         await service.stop()
 
 
-async def test_the_client_sends_progress_at_most_once_a_second(cluster: Cluster) -> None:
+async def test_progress_leaves_at_most_once_a_second_the_newest_last(cluster: Cluster) -> None:
     client = RendezvousClient(cluster.service.url, "job-a", TOKEN_A)
-
-    def report(step: int) -> None:
-        client.report_progress(wire.ProgressRequest(round=0, epoch=0, step=step))
-
-    started = time.monotonic()
-    for step in range(20):
-        await asyncio.to_thread(report, step)
-    if time.monotonic() - started < rendezvous_client.PROGRESS_INTERVAL_S:
-        assert [p.step for p in cluster.listener_a.progress] == [0]
-    await asyncio.sleep(rendezvous_client.PROGRESS_INTERVAL_S)
-    await asyncio.to_thread(report, 20)
-    assert cluster.listener_a.progress[-1].step == 20
+    reporter = ProgressReporter(client.report_progress)
+    try:
+        for step in range(20):
+            reporter.offer(wire.ProgressRequest(round=0, epoch=0, step=step))
+        deadline = time.monotonic() + DEADLINE
+        while not cluster.listener_a.progress or cluster.listener_a.progress[-1].step != 19:
+            assert time.monotonic() < deadline, cluster.listener_a.progress
+            await asyncio.sleep(0.05)
+        assert len(cluster.listener_a.progress) <= 2, "the first, then the newest"
+    finally:
+        reporter.stop()
 
 
 # ---- protocol versions -------------------------------------------------------------------

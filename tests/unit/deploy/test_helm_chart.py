@@ -74,6 +74,8 @@ LABELS = {
 SELECTOR = {"app.kubernetes.io/name": "elasticjob-operator", "app.kubernetes.io/instance": RELEASE}
 RENDEZVOUS_URL = f"https://{FULLNAME}.{NAMESPACE}.svc:8470"
 TLS_SECRET = f"{FULLNAME}-rendezvous-tls"
+SELF_ROLE = f"{FULLNAME}-self"
+"""The Role that lets the operator read its own pod (it stops once the pod is being deleted)."""
 TLS_ARGS = ["--rendezvous-tls-secret", TLS_SECRET]
 # The operator reads and fills the Secret that keeps the rendezvous certificate it makes.
 TLS_GRANTS: Grants = {("", "secrets"): {"get", "patch"}}
@@ -260,6 +262,8 @@ def test_defaults_render_the_expected_objects(helm: Helm) -> None:
         ("Secret", TLS_SECRET, NAMESPACE),
         ("Role", TLS_SECRET, NAMESPACE),
         ("RoleBinding", TLS_SECRET, NAMESPACE),
+        ("Role", SELF_ROLE, NAMESPACE),
+        ("RoleBinding", SELF_ROLE, NAMESPACE),
         ("NetworkPolicy", FULLNAME, NAMESPACE),
     }
 
@@ -319,6 +323,7 @@ def test_container_matches_the_operator_contract(helm: Helm) -> None:
     env = env_of(c)
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["ELASTICJOB_RENDEZVOUS_URL"] == RENDEZVOUS_URL
     assert env["ELASTICJOB_WEBHOOK_OWNER"] == f"{FULLNAME}-cluster"
     assert container_ports(c) == {
@@ -465,13 +470,17 @@ def test_cluster_wide_rbac_grants_exactly_what_the_operator_needs(helm: Helm) ->
     assert grants(named(objects, "ClusterRole", FULLNAME)) == JOB_GRANTS
     cluster = named(objects, "ClusterRole", f"{FULLNAME}-cluster")
     assert grants(cluster) == CLUSTER_GRANTS | WEBHOOK_GRANTS | OWNER_GRANTS
-    # The one Role: the rendezvous certificate's Secret, in the release namespace.
-    assert [identities([r]) for r in of_kind(objects, "Role")] == [
-        {("Role", TLS_SECRET, NAMESPACE)}
-    ]
-    assert [identities([b]) for b in of_kind(objects, "RoleBinding")] == [
-        {("RoleBinding", TLS_SECRET, NAMESPACE)}
-    ]
+    # The Roles: the rendezvous certificate's Secret and the operator's own pod, in the
+    # release namespace.
+    assert identities(of_kind(objects, "Role")) == {
+        ("Role", TLS_SECRET, NAMESPACE),
+        ("Role", SELF_ROLE, NAMESPACE),
+    }
+    assert identities(of_kind(objects, "RoleBinding")) == {
+        ("RoleBinding", TLS_SECRET, NAMESPACE),
+        ("RoleBinding", SELF_ROLE, NAMESPACE),
+    }
+    assert grants(named(objects, "Role", SELF_ROLE, NAMESPACE)) == {("", "pods"): {"get"}}
 
 
 def test_webhook_configuration_access_is_limited_to_its_own_name(helm: Helm) -> None:
@@ -576,7 +585,7 @@ def test_a_provided_certificate_is_mounted_and_nothing_is_made(helm: Helm) -> No
         "defaultMode": 0o400,
     }
     assert not of_kind(objects, "Secret")
-    assert not of_kind(objects, "Role")
+    assert identities(of_kind(objects, "Role")) == {("Role", SELF_ROLE, NAMESPACE)}
 
 
 def test_tls_disabled_serves_plain_http(helm: Helm) -> None:
@@ -586,7 +595,7 @@ def test_tls_disabled_serves_plain_http(helm: Helm) -> None:
     assert not any(a.startswith("--rendezvous-tls") for a in c["args"])
     assert [m["mountPath"] for m in c["volumeMounts"]] == ["/var/tmp/elasticjob"]
     assert not of_kind(objects, "Secret")
-    assert not of_kind(objects, "Role")
+    assert identities(of_kind(objects, "Role")) == {("Role", SELF_ROLE, NAMESPACE)}
 
 
 # --- NetworkPolicy -----------------------------------------------------------------------------

@@ -8,6 +8,8 @@ import logging
 
 import pytest
 
+from elasticjob.driver.liveness import REACH_GRACE_S
+from elasticjob.driver.slots import assign_slots
 from elasticjob.wire import HeartbeatRequest, NoticeKind, ProbedPeer, WorkerId
 from tests.unit.driver.test_driver import A0, B0, C0, Job, settings
 
@@ -81,3 +83,42 @@ async def test_reports_that_do_not_count(
     job.clock.now += 0.5
     await job.step()
     assert job.launcher.stopped == []
+
+
+async def test_adopted_members_have_a_grace_to_find_the_restarted_driver() -> None:
+    """A restarted driver adopts the running round: its members' silence counts only after
+    the grace they have to find it; then a member that never beats is evicted, one that
+    beats is not."""
+    job = Job({"a": 1, "b": 1}, settings(heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S))
+    await job.discover()
+    slots = assign_slots([("a", 1), ("b", 1)], min_np=1, max_np=None)
+    job.driver.adopt(3, slots, notice_seq=0)
+    job.clock.now += REACH_GRACE_S + HEARTBEAT_TIMEOUT_S - 1
+    await job.step()
+    assert job.launcher.stopped == [], "within the grace and the timeout"
+    beat(job, A0, 3)
+    job.clock.now += 2
+    await job.step()
+    assert job.launcher.stopped == [B0], "b never beat: evicted; a beat: kept"
+
+
+async def test_silence_does_not_count_while_the_workers_cannot_reach_the_driver() -> None:
+    """The driver's pod is not ready (its Service routes nowhere): its workers' silence
+    says nothing about them. Once it is ready again they have the grace to beat."""
+    job = Job({"a": 1, "b": 1}, settings(heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S))
+    await job.start_round_1(A0, B0)
+    beat(job, A0, None)
+    beat(job, B0, None)
+    assert job.driver.reachability.update(False, job.clock.now)
+    job.clock.now += 600
+    await job.step()
+    assert job.launcher.stopped == [], "unreachable: nobody is evicted"
+    assert job.driver.reachability.update(True, job.clock.now)
+    assert not job.driver.reachability.update(True, job.clock.now), "no change"
+    job.clock.now += REACH_GRACE_S + HEARTBEAT_TIMEOUT_S - 1
+    beat(job, A0, None)
+    await job.step()
+    assert job.launcher.stopped == [], "within the grace and the timeout"
+    job.clock.now += 2
+    await job.step()
+    assert job.launcher.stopped == [B0], "b never beat again: evicted; a beat: kept"

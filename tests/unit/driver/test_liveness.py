@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from elasticjob.driver.liveness import heartbeat_interval_s, hung_workers
+from elasticjob.driver.liveness import (
+    REACH_GRACE_S,
+    Reachability,
+    heartbeat_interval_s,
+    hung_workers,
+)
 from elasticjob.wire import WorkerId
 
 A = WorkerId("host-a", 0)
@@ -30,6 +37,44 @@ def test_hung_workers(
     beats: dict[WorkerId, float | None], timeout: float | None, hung: set[WorkerId]
 ) -> None:
     assert hung_workers(beats, timeout_s=timeout, now=NOW) == hung
+
+
+@pytest.mark.parametrize(
+    ("beats", "counts_from", "hung"),
+    [
+        pytest.param({A: NOW - 60, B: NOW - 1}, None, set(), id="driver unreachable: none"),
+        pytest.param({A: NOW - 60}, NOW - 4, set(), id="silence counted from the grace end"),
+        pytest.param({A: NOW - 60}, NOW - 6, {A}, id="silent past the grace end"),
+        pytest.param({A: NOW - 6, B: NOW - 1}, NOW - 600, {A}, id="grace long past"),
+        pytest.param({A: None}, NOW - 600, set(), id="never beat (starting)"),
+    ],
+)
+def test_hung_workers_counted_from(
+    beats: dict[WorkerId, float | None], counts_from: float | None, hung: set[WorkerId]
+) -> None:
+    assert hung_workers(beats, timeout_s=5.0, now=NOW, counts_from=counts_from) == hung
+
+
+@pytest.mark.parametrize(
+    ("moves", "since", "counts_from"),
+    [
+        pytest.param([], -math.inf, -math.inf, id="reachable from the start"),
+        pytest.param([(False, 10.0)], None, None, id="unreachable"),
+        pytest.param([(False, 10.0), (True, 20.0)], 20.0, 20.0 + REACH_GRACE_S, id="again"),
+        pytest.param([(False, 10.0), (False, 15.0)], None, None, id="still unreachable"),
+        pytest.param(
+            [(False, 1.0), (True, 20.0), (True, 25.0)], 20.0, 20.0 + REACH_GRACE_S, id="still"
+        ),
+    ],
+)
+def test_reachability(
+    moves: list[tuple[bool, float]], since: float | None, counts_from: float | None
+) -> None:
+    reachability = Reachability()
+    for reachable, now in moves:
+        reachability.update(reachable, now)
+    assert reachability.since == since
+    assert reachability.silence_counts_from() == counts_from
 
 
 @pytest.mark.parametrize(

@@ -62,7 +62,7 @@ def test_worker_pod_carries_the_template_and_the_runtime_contract() -> None:
     assert pod_spec["schedulerName"] == "gang"
     assert pod_spec["priorityClassName"] == "high"
     assert pod_spec["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    assert "affinity" not in pod_spec
+    assert set(pod_spec["affinity"]) == {"podAntiAffinity"}, "spread by default"
     worker, sidecar = pod_spec["containers"]
     assert worker["command"] == ["train"]
     assert "env" not in sidecar
@@ -230,6 +230,46 @@ def test_blacklisted_nodes_are_excluded_from_every_node_selector_term(
         assert pod["spec"]["affinity"]["podAntiAffinity"] == affinity["podAntiAffinity"]
     # The spec's template is not changed by making a pod from it.
     assert spec.template.spec.model_dump(by_alias=True, exclude_none=True) == pod_spec
+
+
+SPREAD = {
+    "preferredDuringSchedulingIgnoredDuringExecution": [
+        {
+            "weight": 100,
+            "podAffinityTerm": {
+                "labelSelector": {"matchLabels": {"elasticjob.dev/job-name": "train"}},
+                "topologyKey": "kubernetes.io/hostname",
+            },
+        }
+    ]
+}
+USER_ANTI_AFFINITY = {
+    "requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"team": "a"}}, "topologyKey": "zone"}
+    ]
+}
+ZONE_SPREAD = [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}]
+
+
+@pytest.mark.parametrize(
+    ("placement", "anti_affinity"),
+    [
+        ({}, SPREAD),
+        ({"affinity": {"nodeAffinity": {}}}, SPREAD),
+        ({"affinity": {"podAntiAffinity": USER_ANTI_AFFINITY}}, USER_ANTI_AFFINITY),
+        ({"topologySpreadConstraints": ZONE_SPREAD}, None),
+    ],
+    ids=["default", "with-node-affinity", "user-anti-affinity", "user-spread-constraints"],
+)
+def test_worker_pods_prefer_nodes_without_another_pod_of_the_job_unless_the_template_says(
+    placement: dict[str, Any], anti_affinity: dict[str, Any] | None
+) -> None:
+    pod_spec = {"containers": [WORKER], **placement}
+    pod = worker_pod(JOB, spec_with(pod_spec), rendezvous_url="u")
+    assert (pod["spec"].get("affinity") or {}).get("podAntiAffinity") == anti_affinity
+    assert pod["spec"].get("topologySpreadConstraints") == placement.get(
+        "topologySpreadConstraints"
+    )
 
 
 def manifest(
