@@ -65,8 +65,9 @@ def is_initialized() -> bool:
 
 
 def current_round() -> int:
-    """The number of the round this process is in (rounds count from 1)."""
-    return current().round
+    """The number of the round this process is in (rounds count from 1). A worker added to a
+    running job is tentatively in the next round until ``elastic.run`` joins it."""
+    return current().visible_round
 
 
 def report_progress(epoch: int, step: int, samples_per_second: float = 0.0) -> None:
@@ -77,32 +78,32 @@ def report_progress(epoch: int, step: int, samples_per_second: float = 0.0) -> N
 
 def rank() -> int:
     """This process's rank in the current round."""
-    return current().slot.rank
+    return current().visible_slot.rank
 
 
 def size() -> int:
     """Number of processes in the current round."""
-    return current().slot.size
+    return current().visible_slot.size
 
 
 def local_rank() -> int:
     """This process's slot on its host."""
-    return current().slot.local_rank
+    return current().visible_slot.local_rank
 
 
 def local_size() -> int:
     """Number of processes of the current round on this host."""
-    return current().slot.local_size
+    return current().visible_slot.local_size
 
 
 def cross_rank() -> int:
     """Index of this host among the hosts that run a process with this local rank."""
-    return current().slot.cross_rank
+    return current().visible_slot.cross_rank
 
 
 def cross_size() -> int:
     """Number of hosts that run a process with this local rank."""
-    return current().slot.cross_size
+    return current().visible_slot.cross_size
 
 
 def device() -> torch.device:

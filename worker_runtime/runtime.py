@@ -32,6 +32,8 @@ import time
 import torch
 from torch.distributed import HashStore, Store, TCPStore
 
+from elasticjob import wire
+from elasticjob.script_env import round_env, tentative_slot
 from elasticjob.wire import (
     Notice,
     NoticeKind,
@@ -87,6 +89,7 @@ class Runtime:
         self._step = 0
         self.sync_required = True
         self._join_deferred = False
+        self._tentative: tuple[int, SlotInfo] | None = None
         self._termination_requested = False
         self.exit_code: int | None = None
         """The status the process will exit with, once the elastic loop knows it."""
@@ -146,10 +149,18 @@ class Runtime:
             self._heartbeat.start()
         self._defer_termination()
         assert self._client is not None
-        if self._client.round_info().round > 0:
+        info = self._client.round_info()
+        if info.round > 0:
             logger.info("joining a running job: deferred until the training loop starts")
             self._join_deferred = True
             self._form_world_of_one("provisional/")
+            # Tentative values until the join (see ``tentative_slot``).
+            assert self.config is not None
+            self._tentative = (
+                info.round + 1,
+                tentative_slot(info, self.config.hostname, self.config.local_rank),
+            )
+            self._export_env(None)
             return
         self.sync_required = self._join()
 
@@ -189,6 +200,7 @@ class Runtime:
             return False
         self._join_deferred = False
         self.group.destroy()
+        self._tentative = None
         self.sync_required = self._join()
         return True
 
@@ -214,6 +226,19 @@ class Runtime:
         self.group.destroy()
         if self._watcher is not None:
             self._watcher.stop()
+
+    @property
+    def visible_round(self) -> int:
+        """The round that :attr:`visible_slot` is of: the current one, or for a worker whose
+        join is deferred (:meth:`start`), the round it is tentatively planned into."""
+        return self.round if self._tentative is None else self._tentative[0]
+
+    @property
+    def visible_slot(self) -> SlotInfo:
+        """The worker's place that ``rank()``, ``size()``... and the script variables give: its
+        slot of the current round, or its tentative one while its join is deferred (the group
+        it has then is a provisional world of one, which :attr:`slot` describes)."""
+        return self.slot if self._tentative is None else self._tentative[1]
 
     @property
     def step(self) -> int:
@@ -282,6 +307,7 @@ class Runtime:
             except HorovodInternalError as exc:
                 logger.warning("round %d: %s; waiting for the next round", self.round, exc)
                 continue
+            self._export_env((response.store_address, response.store_port))
             logger.info(
                 "%s joined round %d in %.3f s as rank %d of %d (local %d/%d, cross %d/%d, sync=%s)",
                 self.config.hostname,
@@ -296,6 +322,16 @@ class Runtime:
                 response.sync,
             )
             return response.sync
+
+    def _export_env(self, master: tuple[str, int] | None) -> None:
+        """Write the script variables (horovodrun's and torchrun's) of :attr:`visible_slot`
+        into ``os.environ``, for the script and the libraries that read them; ``master``:
+        the round's store (None while tentative: ``MASTER_ADDR``/``MASTER_PORT`` are unset)."""
+        assert self.config is not None
+        env = round_env(self.visible_slot, job=self.config.job, master=master)
+        for name in wire.SCRIPT_ROUND_ENV - env.keys():
+            os.environ.pop(name, None)
+        os.environ.update(env)
 
     def _form_group(self, store_address: str, store_port: int) -> None:
         assert self.config is not None

@@ -1,0 +1,130 @@
+"""The environment scripts read (horovodrun's and torchrun's variables) and the default
+``torch.distributed`` group, round after round, under ``elasticjob-run``: a scale-out (a host
+added by discovery) and a failure (SIGKILL of a worker).
+
+Every process logs its script variables at launch, right after ``init()`` and after every
+reset, with ``torch.distributed``'s view and an ``all_reduce`` on the default group; each
+round's records must match the round's rank, size, local and cross values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elasticjob import wire
+from tests.integration.harness import JobRun, run_job
+
+pytestmark = pytest.mark.integration
+
+OLD, NEW = "127.0.1.1", "127.0.1.2"
+ROUNDS: dict[int, dict[tuple[str, int], int]] = {
+    1: {(OLD, 0): 0, (OLD, 1): 1},
+    2: {(OLD, 0): 0, (OLD, 1): 1, (NEW, 0): 2, (NEW, 1): 3},
+    3: {(OLD, 0): 0, (OLD, 1): 1},
+}
+"""The ranks of every round: two slots, then a host of two slots added, then that host
+blacklisted after one of its workers is SIGKILLed."""
+
+
+def expected_env(round_ranks: dict[tuple[str, int], int], host: str, slot: int) -> dict[str, str]:
+    hosts = list(dict.fromkeys(h for h, _ in sorted(round_ranks, key=round_ranks.__getitem__)))
+    size, local_size = len(round_ranks), sum(1 for h, _ in round_ranks if h == host)
+    cross = [h for h in hosts if (h, slot) in round_ranks]
+    values = {
+        wire.ENV_HOROVOD_HOSTNAME: host,
+        wire.ENV_HOROVOD_LOCAL_RANK: slot,
+        wire.ENV_TORCH_LOCAL_RANK: slot,
+        wire.ENV_HOROVOD_RANK: round_ranks[host, slot],
+        wire.ENV_TORCH_RANK: round_ranks[host, slot],
+        wire.ENV_HOROVOD_SIZE: size,
+        wire.ENV_TORCH_WORLD_SIZE: size,
+        wire.ENV_HOROVOD_LOCAL_SIZE: local_size,
+        wire.ENV_TORCH_LOCAL_WORLD_SIZE: local_size,
+        wire.ENV_HOROVOD_CROSS_RANK: cross.index(host),
+        wire.ENV_TORCH_GROUP_RANK: cross.index(host),
+        wire.ENV_HOROVOD_CROSS_SIZE: len(cross),
+        wire.ENV_TORCH_MASTER_ADDR: OLD,  # rank 0's host
+    }
+    return {name: str(value) for name, value in values.items()}
+
+
+def records(run: JobRun, phase: str) -> list[dict[str, Any]]:
+    return [e for e in run.of("env") if e["phase"] == phase]
+
+
+def test_script_variables_and_default_group_follow_every_round(tmp_path: Path) -> None:
+    run = run_job(
+        tmp_path,
+        launcher_args=["-np", "2", "--min-np", "2", "--max-np", "8"],
+        worker_args=[
+            "--record-env",
+            "--epochs",
+            "3",
+            "--samples",
+            "48",
+            "--step-time",
+            "0.02",
+            "--expect-sizes",
+            "2,4,2",
+            "--fail",
+            "2:1:3:sigkill",
+        ],
+        schedule={0: f"{OLD}:2", 1: f"{OLD}:2,{NEW}:2"},
+        timeout_s=90,
+    )
+    assert run.returncode == 0, run.explain()
+    # Launch: the host and slot are in the environment before init().
+    for record in records(run, "launch"):
+        env = record["env"]
+        assert env[wire.ENV_HOROVOD_HOSTNAME] == record["host"], record
+        assert env[wire.ENV_HOROVOD_LOCAL_RANK] == env[wire.ENV_TORCH_LOCAL_RANK]
+        assert env[wire.ENV_TORCH_LOCAL_RANK] == str(record["slot"]), record
+    # Every round: each member's variables and torch.distributed's view match the round.
+    joined = [*(e for e in records(run, "init") if e["round"] == 1), *records(run, "reset")]
+    seen: dict[int, set[tuple[str, int]]] = {}
+    for record in joined:
+        round_ranks = ROUNDS[record["round"]]
+        where = (record["host"], record["slot"])
+        seen.setdefault(record["round"], set()).add(where)
+        env = record["env"]
+        expected = expected_env(round_ranks, *where)
+        assert {name: env[name] for name in expected} == expected, record
+        assert env[wire.ENV_TORCH_RUN_ID] == record["job"], record
+        rank, size = round_ranks[where], len(round_ranks)
+        assert (record["rank"], record["size"]) == (rank, size), record
+        assert record["dist_initialized"], record
+        assert (record["dist_rank"], record["dist_size"], record["dist_sum"]) == (
+            rank,
+            size,
+            size,
+        ), record
+        assert (record["local_size"], record["cross_rank"], record["cross_size"]) == (
+            int(expected[wire.ENV_HOROVOD_LOCAL_SIZE]),
+            int(expected[wire.ENV_HOROVOD_CROSS_RANK]),
+            int(expected[wire.ENV_HOROVOD_CROSS_SIZE]),
+        ), record
+    assert {r: sorted(s) for r, s in seen.items()} == {r: sorted(m) for r, m in ROUNDS.items()}
+    # Every member of a round names the same store as MASTER_ADDR:MASTER_PORT.
+    for number in ROUNDS:
+        masters = {
+            (e["env"][wire.ENV_TORCH_MASTER_ADDR], e["env"][wire.ENV_TORCH_MASTER_PORT])
+            for e in joined
+            if e["round"] == number
+        }
+        assert len(masters) == 1, (number, masters)
+    # A newcomer's init() returns tentative values (see docs/worker-runtime.md): the round and
+    # rank it then trains in, and sizes that are lower bounds, exact for its host's last slot.
+    newcomers = [e for e in records(run, "init") if e["host"] == NEW]
+    assert len(newcomers) == 2, run.explain()
+    for record in newcomers:
+        where = (record["host"], record["slot"])
+        assert (record["round"], record["rank"]) == (2, ROUNDS[2][where]), record
+        assert record["size"] == 3 + record["slot"], record
+        assert record["env"][wire.ENV_HOROVOD_RANK] == str(record["rank"]), record
+        assert record["env"][wire.ENV_HOROVOD_SIZE] == str(record["size"]), record
+        assert record["env"][wire.ENV_TORCH_MASTER_ADDR] is None, record
+        # Until its join, torch.distributed is a provisional world of one.
+        assert (record["dist_rank"], record["dist_size"], record["dist_sum"]) == (0, 1, 1)
