@@ -59,7 +59,7 @@ def tentative_slot(current: RoundInfo, hostname: str, local_rank: int) -> SlotIn
     beyond its own slot. The driver orders hosts oldest first, so the rank is exact when one
     host joins (all of its slots do, or a prefix of them); the sizes are lower bounds (exact
     for the host's last slot)."""
-    hosts = [host for host in current.hosts if host != hostname]
+    hosts = current.hosts
     return SlotInfo(
         hostname=hostname,
         rank=current.size + local_rank,
