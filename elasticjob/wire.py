@@ -383,6 +383,16 @@ class RoundInfo(_Strict):
     progress: ProgressRequest | None = None
 
 
+class PlannedRound(_Strict):
+    """The round the driver plans next while the workers it adds start
+    (``GET /v1/jobs/{job}/plan``): a worker added to a running job takes its tentative place
+    from it at ``init()``. Round 0 without slots: nothing is planned. (A service without this
+    endpoint answers 404; the worker then estimates its place.)"""
+
+    round: RoundNumber = 0
+    slots: tuple[SlotInfo, ...] = ()
+
+
 class ErrorResponse(_Strict):
     error: str
     detail: list[dict[str, object]] | str | None = None

@@ -41,6 +41,7 @@ from elasticjob.wire import (
     RendezvousRequest,
     RendezvousStatus,
     ResultRequest,
+    RoundInfo,
     SlotInfo,
     WorkerState,
 )
@@ -58,6 +59,7 @@ from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, Rendez
 logger = get_logger(__name__)
 
 _RENDEZVOUS_POLL_S = 20.0
+_PLAN_RETRY_S = 5.0
 ORPHANED_EXIT_CODE = 1
 """The exit status of a worker that ends because its rendezvous stayed unreachable."""
 
@@ -154,15 +156,26 @@ class Runtime:
             logger.info("joining a running job: deferred until the training loop starts")
             self._join_deferred = True
             self._form_world_of_one("provisional/")
-            # Tentative values until the join (see ``tentative_slot``).
-            assert self.config is not None
-            self._tentative = (
-                info.round + 1,
-                tentative_slot(info, self.config.hostname, self.config.local_rank),
-            )
+            self._tentative = self._tentative_place(info)
             self._export_env(None)
             return
         self.sync_required = self._join()
+
+    def _tentative_place(self, current: RoundInfo) -> tuple[int, SlotInfo]:
+        """The round and slot a worker added to a running job is planned into, until it
+        joins: the driver's plan (``GET plan``), or an estimate from the current round if the
+        plan does not name this worker (see :func:`tentative_slot`)."""
+        assert self.config is not None and self._client is not None
+        me = (self.config.hostname, self.config.local_rank)
+        try:
+            plan = self._client.planned_round(retry_for_s=_PLAN_RETRY_S)
+        except RendezvousClientError as exc:
+            logger.info("no planned round from the rendezvous service (%s)", exc)
+        else:
+            for slot in plan.slots if plan.round > current.round else ():
+                if (slot.hostname, slot.local_rank) == me:
+                    return plan.round, slot
+        return current.round + 1, tentative_slot(current, *me)
 
     def _defer_termination(self) -> None:
         """Under the operator, a pod being deleted or preempted gets SIGTERM while the driver

@@ -115,16 +115,17 @@ def test_script_variables_and_default_group_follow_every_round(tmp_path: Path) -
             if e["round"] == number
         }
         assert len(masters) == 1, (number, masters)
-    # A newcomer's init() returns tentative values (see docs/worker-runtime.md): the round and
-    # rank it then trains in, and sizes that are lower bounds, exact for its host's last slot.
+    # A newcomer's init() returns its place in the round the driver plans with it, which is
+    # the round it then trains in (tentative values, see docs/worker-runtime.md).
     newcomers = [e for e in records(run, "init") if e["host"] == NEW]
     assert len(newcomers) == 2, run.explain()
     for record in newcomers:
         where = (record["host"], record["slot"])
-        assert (record["round"], record["rank"]) == (2, ROUNDS[2][where]), record
-        assert record["size"] == 3 + record["slot"], record
-        assert record["env"][wire.ENV_HOROVOD_RANK] == str(record["rank"]), record
-        assert record["env"][wire.ENV_HOROVOD_SIZE] == str(record["size"]), record
+        expected = expected_env(ROUNDS[2], *where)
+        del expected[wire.ENV_TORCH_MASTER_ADDR]  # unknown until the join
+        assert {name: record["env"][name] for name in expected} == expected, record
         assert record["env"][wire.ENV_TORCH_MASTER_ADDR] is None, record
+        assert (record["round"], record["rank"], record["size"]) == (2, ROUNDS[2][where], 4)
+        assert (record["local_size"], record["cross_rank"], record["cross_size"]) == (2, 1, 2)
         # Until its join, torch.distributed is a provisional world of one.
         assert (record["dist_rank"], record["dist_size"], record["dist_sum"]) == (0, 1, 1)
