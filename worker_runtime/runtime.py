@@ -32,8 +32,6 @@ import time
 import torch
 from torch.distributed import HashStore, Store, TCPStore
 
-from elasticjob import wire
-from elasticjob.script_env import round_env, tentative_slot
 from elasticjob.wire import (
     Notice,
     NoticeKind,
@@ -41,7 +39,6 @@ from elasticjob.wire import (
     RendezvousRequest,
     RendezvousStatus,
     ResultRequest,
-    RoundInfo,
     SlotInfo,
     WorkerState,
 )
@@ -52,6 +49,7 @@ from elasticjob.worker_runtime.heartbeat import Heartbeat
 from elasticjob.worker_runtime.host_updates import HostUpdateAgreement
 from elasticjob.worker_runtime.log import CONTEXT, get_logger
 from elasticjob.worker_runtime.notices import NoticeWatcher
+from elasticjob.worker_runtime.placement import export_script_env, tentative_place
 from elasticjob.worker_runtime.process_group import RoundGroup
 from elasticjob.worker_runtime.reachability import PROBE_TIMEOUT_S, PeerProber
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
@@ -59,7 +57,6 @@ from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, Rendez
 logger = get_logger(__name__)
 
 _RENDEZVOUS_POLL_S = 20.0
-_PLAN_RETRY_S = 5.0
 ORPHANED_EXIT_CODE = 1
 """The exit status of a worker that ends because its rendezvous stayed unreachable."""
 
@@ -150,32 +147,16 @@ class Runtime:
         if self._heartbeat is not None:
             self._heartbeat.start()
         self._defer_termination()
-        assert self._client is not None
+        assert self._client is not None and self.config is not None
         info = self._client.round_info()
         if info.round > 0:
             logger.info("joining a running job: deferred until the training loop starts")
             self._join_deferred = True
             self._form_world_of_one("provisional/")
-            self._tentative = self._tentative_place(info)
-            self._export_env(None)
+            self._tentative = tentative_place(self._client, self.config, info)
+            export_script_env(self.visible[1], self.config.job, None)
             return
         self.sync_required = self._join()
-
-    def _tentative_place(self, current: RoundInfo) -> tuple[int, SlotInfo]:
-        """The round and slot a worker added to a running job is planned into, until it
-        joins: the driver's plan (``GET plan``), or an estimate from the current round if the
-        plan does not name this worker (see :func:`tentative_slot`)."""
-        assert self.config is not None and self._client is not None
-        me = (self.config.hostname, self.config.local_rank)
-        try:
-            plan = self._client.planned_round(retry_for_s=_PLAN_RETRY_S)
-        except RendezvousClientError as exc:
-            logger.info("no planned round from the rendezvous service (%s)", exc)
-        else:
-            for slot in plan.slots if plan.round > current.round else ():
-                if (slot.hostname, slot.local_rank) == me:
-                    return plan.round, slot
-        return current.round + 1, tentative_slot(current, *me)
 
     def _defer_termination(self) -> None:
         """Under the operator, a pod being deleted or preempted gets SIGTERM while the driver
@@ -241,17 +222,11 @@ class Runtime:
             self._watcher.stop()
 
     @property
-    def visible_round(self) -> int:
-        """The round that :attr:`visible_slot` is of: the current one, or for a worker whose
-        join is deferred (:meth:`start`), the round it is tentatively planned into."""
-        return self.round if self._tentative is None else self._tentative[0]
-
-    @property
-    def visible_slot(self) -> SlotInfo:
-        """The worker's place that ``rank()``, ``size()``... and the script variables give: its
-        slot of the current round, or its tentative one while its join is deferred (the group
-        it has then is a provisional world of one, which :attr:`slot` describes)."""
-        return self.slot if self._tentative is None else self._tentative[1]
+    def visible(self) -> tuple[int, SlotInfo]:
+        """The round and slot that ``rank()``, ``size()``... and the script variables give: the
+        current ones, or while the join is deferred (:meth:`start`) the tentative ones (the
+        group is then a provisional world of one, which :attr:`slot` describes)."""
+        return (self.round, self.slot) if self._tentative is None else self._tentative
 
     @property
     def step(self) -> int:
@@ -320,7 +295,8 @@ class Runtime:
             except HorovodInternalError as exc:
                 logger.warning("round %d: %s; waiting for the next round", self.round, exc)
                 continue
-            self._export_env((response.store_address, response.store_port))
+            master = (response.store_address, response.store_port)
+            export_script_env(self.visible[1], self.config.job, master)
             logger.info(
                 "%s joined round %d in %.3f s as rank %d of %d (local %d/%d, cross %d/%d, sync=%s)",
                 self.config.hostname,
@@ -335,16 +311,6 @@ class Runtime:
                 response.sync,
             )
             return response.sync
-
-    def _export_env(self, master: tuple[str, int] | None) -> None:
-        """Write the script variables (horovodrun's and torchrun's) of :attr:`visible_slot`
-        into ``os.environ``, for the script and the libraries that read them; ``master``:
-        the round's store (None while tentative: ``MASTER_ADDR``/``MASTER_PORT`` are unset)."""
-        assert self.config is not None
-        env = round_env(self.visible_slot, job=self.config.job, master=master)
-        for name in wire.SCRIPT_ROUND_ENV - env.keys():
-            os.environ.pop(name, None)
-        os.environ.update(env)
 
     def _form_group(self, store_address: str, store_port: int) -> None:
         assert self.config is not None
