@@ -307,6 +307,7 @@ class ElasticDriver(RendezvousListener):
             self._capacity_wait_since = plan.since
             return
         self._capacity_wait_since = None
+        self.rendezvous.plan_next(self.round + 1, plan.slots)  # replacements' init() reads it
         await self._launch(plan.slots)
         await self._expire_slow_starters()
         formation = decide_formation(
