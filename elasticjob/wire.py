@@ -40,7 +40,9 @@ workers the driver did not launch and of rounds not published yet, and strict bo
 Version 3 added peer probes: :attr:`RendezvousResponse.peers` and the probe report of a
 :class:`HeartbeatRequest`. Its request fields are optional, so a version-2 worker's requests
 are valid version-3 requests; but a version-2 worker refuses any response field it does not
-know (strict models), so the service leaves ``peers`` out of its answers to version 2."""
+know (strict models), so the service leaves ``peers`` out of its answers to version 2.
+``GET plan`` (:class:`PlannedRound`) came later without a new version: no older worker asks
+for it, and a newer worker takes an older service's 404 as "no plan"."""
 MIN_PROTOCOL_VERSION: Final = 2
 """The oldest worker protocol this service accepts; an older (or newer) worker is refused
 with ``426 Upgrade Required`` naming both versions, and exits with that message. Version-2
