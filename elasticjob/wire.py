@@ -40,7 +40,9 @@ workers the driver did not launch and of rounds not published yet, and strict bo
 Version 3 added peer probes: :attr:`RendezvousResponse.peers` and the probe report of a
 :class:`HeartbeatRequest`. Its request fields are optional, so a version-2 worker's requests
 are valid version-3 requests; but a version-2 worker refuses any response field it does not
-know (strict models), so the service leaves ``peers`` out of its answers to version 2."""
+know (strict models), so the service leaves ``peers`` out of its answers to version 2.
+``GET plan`` (:class:`PlannedRound`) came later without a new version: no older worker asks
+for it, and a newer worker takes an older service's 404 as "no plan"."""
 MIN_PROTOCOL_VERSION: Final = 2
 """The oldest worker protocol this service accepts; an older (or newer) worker is refused
 with ``426 Upgrade Required`` naming both versions, and exits with that message. Version-2
@@ -79,6 +81,44 @@ ENV_PROBE_AFTER = "ELASTICJOB_PROBE_AFTER"
 """Seconds a collective (or the forming of a round's group) may block before the worker's
 heartbeat thread probes its peers and reports those it cannot reach (0: never probe)."""
 
+# Variables that training scripts and their libraries read (horovodrun's and torchrun's), set
+# by ``elasticjob.script_env``: the launch-time ones by the launcher (or the operator and the
+# slots runner), the others by the worker runtime whenever the worker joins a round.
+ENV_HOROVOD_HOSTNAME = "HOROVOD_HOSTNAME"
+ENV_HOROVOD_LOCAL_RANK = "HOROVOD_LOCAL_RANK"
+ENV_HOROVOD_RANK = "HOROVOD_RANK"
+ENV_HOROVOD_SIZE = "HOROVOD_SIZE"
+ENV_HOROVOD_LOCAL_SIZE = "HOROVOD_LOCAL_SIZE"
+ENV_HOROVOD_CROSS_RANK = "HOROVOD_CROSS_RANK"
+ENV_HOROVOD_CROSS_SIZE = "HOROVOD_CROSS_SIZE"
+ENV_TORCH_RANK = "RANK"
+ENV_TORCH_WORLD_SIZE = "WORLD_SIZE"
+ENV_TORCH_LOCAL_RANK = "LOCAL_RANK"
+ENV_TORCH_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+ENV_TORCH_GROUP_RANK = "GROUP_RANK"
+ENV_TORCH_MASTER_ADDR = "MASTER_ADDR"
+ENV_TORCH_MASTER_PORT = "MASTER_PORT"
+ENV_TORCH_RUN_ID = "TORCHELASTIC_RUN_ID"
+SCRIPT_LAUNCH_ENV = frozenset({ENV_HOROVOD_HOSTNAME, ENV_HOROVOD_LOCAL_RANK, ENV_TORCH_LOCAL_RANK})
+"""Script variables known when a worker process starts (its host and slot)."""
+SCRIPT_ROUND_ENV = frozenset(
+    {
+        ENV_HOROVOD_RANK,
+        ENV_HOROVOD_SIZE,
+        ENV_HOROVOD_LOCAL_SIZE,
+        ENV_HOROVOD_CROSS_RANK,
+        ENV_HOROVOD_CROSS_SIZE,
+        ENV_TORCH_RANK,
+        ENV_TORCH_WORLD_SIZE,
+        ENV_TORCH_LOCAL_WORLD_SIZE,
+        ENV_TORCH_GROUP_RANK,
+        ENV_TORCH_MASTER_ADDR,
+        ENV_TORCH_MASTER_PORT,
+        ENV_TORCH_RUN_ID,
+    }
+)
+"""Script variables of the round the worker is in: rewritten in ``os.environ`` each round."""
+
 WORKER_ENV_PREFIX = "ELASTICJOB_"
 """Prefix of every variable of the worker contract above."""
 WORKER_CONTRACT_ENV = frozenset(
@@ -97,6 +137,7 @@ WORKER_CONTRACT_ENV = frozenset(
         ENV_DEFER_SIGTERM,
         ENV_RENDEZVOUS_CA,
         ENV_PROBE_AFTER,
+        *SCRIPT_LAUNCH_ENV,
     }
 )
 """Every variable the operator may set for its workers: a pod template must not set them
@@ -342,6 +383,16 @@ class RoundInfo(_Strict):
     hosts: tuple[HostName, ...]
     latest_notice_seq: Annotated[int, Field(strict=True, ge=0)]
     progress: ProgressRequest | None = None
+
+
+class PlannedRound(_Strict):
+    """The round the driver plans next while the workers it adds start
+    (``GET /v1/jobs/{job}/plan``): a worker added to a running job takes its tentative place
+    from it at ``init()``. Round 0 without slots: nothing is planned. (A service without this
+    endpoint answers 404; the worker then estimates its place.)"""
+
+    round: RoundNumber = 0
+    slots: tuple[SlotInfo, ...] = ()
 
 
 class ErrorResponse(_Strict):

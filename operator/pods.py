@@ -139,6 +139,10 @@ def _runtime_env(
         {"name": wire.ENV_HOSTNAME, "valueFrom": field("metadata.name")},
         {"name": wire.ENV_BIND_ADDRESS, "valueFrom": field("status.podIP")},
         {"name": wire.ENV_LOCAL_RANK, "value": "0"},
+        # The script's launch-time variables (the slots runner sets each slot's local rank).
+        {"name": wire.ENV_HOROVOD_HOSTNAME, "valueFrom": field("metadata.name")},
+        {"name": wire.ENV_HOROVOD_LOCAL_RANK, "value": "0"},
+        {"name": wire.ENV_TORCH_LOCAL_RANK, "value": "0"},
         {"name": wire.ENV_BACKEND, "value": spec.backend.value},
         {"name": wire.ENV_DEFER_SIGTERM, "value": "1"},
         *_seconds_env(wire.ENV_COLLECTIVE_TIMEOUT, spec.collective_timeout_seconds),

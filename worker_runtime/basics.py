@@ -19,8 +19,10 @@ def init() -> None:
     """Start the worker runtime and join the job's first round.
 
     Under ``elasticjob-run`` or the operator, the worker's identity comes from the
-    environment; without it the process runs standalone as a world of one. Calling ``init``
-    again is a no-op."""
+    environment; without it the process runs standalone as a world of one. A worker added to
+    a running job returns at once with its tentative place (it joins in ``elastic.run``, see
+    ``docs/worker-runtime.md``). When it returns, horovodrun's and torchrun's variables are in
+    ``os.environ``. Calling ``init`` again is a no-op."""
     global _runtime
     if _runtime is not None:
         return
@@ -65,8 +67,9 @@ def is_initialized() -> bool:
 
 
 def current_round() -> int:
-    """The number of the round this process is in (rounds count from 1)."""
-    return current().round
+    """The number of the round this process is in (rounds count from 1). A worker added to a
+    running job is tentatively in the next round until ``elastic.run`` joins it."""
+    return current().visible[0]
 
 
 def report_progress(epoch: int, step: int, samples_per_second: float = 0.0) -> None:
@@ -77,32 +80,32 @@ def report_progress(epoch: int, step: int, samples_per_second: float = 0.0) -> N
 
 def rank() -> int:
     """This process's rank in the current round."""
-    return current().slot.rank
+    return current().visible[1].rank
 
 
 def size() -> int:
     """Number of processes in the current round."""
-    return current().slot.size
+    return current().visible[1].size
 
 
 def local_rank() -> int:
     """This process's slot on its host."""
-    return current().slot.local_rank
+    return current().visible[1].local_rank
 
 
 def local_size() -> int:
     """Number of processes of the current round on this host."""
-    return current().slot.local_size
+    return current().visible[1].local_size
 
 
 def cross_rank() -> int:
     """Index of this host among the hosts that run a process with this local rank."""
-    return current().slot.cross_rank
+    return current().visible[1].cross_rank
 
 
 def cross_size() -> int:
     """Number of hosts that run a process with this local rank."""
-    return current().slot.cross_size
+    return current().visible[1].cross_size
 
 
 def device() -> torch.device:

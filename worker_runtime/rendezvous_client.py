@@ -27,6 +27,7 @@ from elasticjob.wire import (
     PROTOCOL_VERSION,
     HeartbeatRequest,
     NoticesResponse,
+    PlannedRound,
     ProgressRequest,
     RendezvousRequest,
     RendezvousResponse,
@@ -114,6 +115,12 @@ class RendezvousClient:
 
     def round_info(self) -> RoundInfo:
         return parse_json(RoundInfo, self._request("GET", "/round", None))
+
+    def planned_round(self, *, retry_for_s: float) -> PlannedRound:
+        """The round the driver plans with the workers it is adding (a service that predates
+        it refuses with 404: :class:`RendezvousClientError`)."""
+        data = self._request("GET", "/plan", None, retry_for_s=retry_for_s)
+        return parse_json(PlannedRound, data)
 
     def _request(
         self,

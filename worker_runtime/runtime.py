@@ -51,6 +51,7 @@ from elasticjob.worker_runtime.heartbeat import Heartbeat
 from elasticjob.worker_runtime.host_updates import HostUpdateAgreement
 from elasticjob.worker_runtime.log import CONTEXT, get_logger
 from elasticjob.worker_runtime.notices import NoticeWatcher
+from elasticjob.worker_runtime.placement import export_script_env, tentative_place
 from elasticjob.worker_runtime.process_group import RoundGroup
 from elasticjob.worker_runtime.progress import ProgressReporter
 from elasticjob.worker_runtime.reachability import PROBE_TIMEOUT_S, PeerProber
@@ -90,6 +91,7 @@ class Runtime:
         self._step = 0
         self.sync_required = True
         self._join_deferred = False
+        self._tentative: tuple[int, SlotInfo] | None = None
         self._termination_requested = False
         self.exit_code: int | None = None
         """The status the process will exit with, once the elastic loop knows it."""
@@ -150,11 +152,14 @@ class Runtime:
         if self._heartbeat is not None:
             self._heartbeat.start()
         self._defer_termination()
-        assert self._client is not None
-        if self._client.round_info().round > 0:
+        assert self._client is not None and self.config is not None
+        info = self._client.round_info()
+        if info.round > 0:
             logger.info("joining a running job: deferred until the training loop starts")
             self._join_deferred = True
             self._form_world_of_one("provisional/")
+            self._tentative = tentative_place(self._client, self.config, info)
+            export_script_env(self.visible[1], self.config.job, None)
             return
         self.sync_required = self._join()
 
@@ -194,6 +199,7 @@ class Runtime:
             return False
         self._join_deferred = False
         self.group.destroy()
+        self._tentative = None
         self.sync_required = self._join()
         return True
 
@@ -221,6 +227,13 @@ class Runtime:
             self._watcher.stop()
         if self._progress is not None:
             self._progress.stop()
+
+    @property
+    def visible(self) -> tuple[int, SlotInfo]:
+        """The round and slot that ``rank()``, ``size()``... and the script variables give: the
+        current ones, or while the join is deferred (:meth:`start`) the tentative ones (the
+        group is then a provisional world of one, which :attr:`slot` describes)."""
+        return (self.round, self.slot) if self._tentative is None else self._tentative
 
     @property
     def step(self) -> int:
@@ -289,6 +302,8 @@ class Runtime:
             except HorovodInternalError as exc:
                 logger.warning("round %d: %s; waiting for the next round", self.round, exc)
                 continue
+            master = (response.store_address, response.store_port)
+            export_script_env(self.visible[1], self.config.job, master)
             logger.info(
                 "%s joined round %d in %.3f s as rank %d of %d (local %d/%d, cross %d/%d, sync=%s)",
                 self.config.hostname,

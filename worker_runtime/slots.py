@@ -1,5 +1,6 @@
 """``python -m elasticjob.worker_runtime.slots N -- COMMAND...``: run one worker process per slot
-of a pod (``ELASTICJOB_LOCAL_RANK`` 0..N-1), as the operator does for ``slotsPerWorker > 1``.
+of a pod (``ELASTICJOB_LOCAL_RANK``, ``HOROVOD_LOCAL_RANK`` and ``LOCAL_RANK`` 0..N-1), as the
+operator does for ``slotsPerWorker > 1``.
 
 Signals are forwarded to every slot. The first slot that fails takes the others down and its
 exit status becomes the pod's; the pod succeeds when every slot does.
@@ -14,12 +15,17 @@ import sys
 from collections.abc import Sequence
 
 from elasticjob import wire
+from elasticjob.script_env import launch_env
 
 
 def run_slots(slots: int, command: Sequence[str]) -> int:
     """Run ``command`` once per slot and return the pod's exit status."""
+    hostname = os.environ.get(wire.ENV_HOSTNAME, "localhost")
     alive = {
-        subprocess.Popen(command, env={**os.environ, wire.ENV_LOCAL_RANK: str(slot)}).pid
+        subprocess.Popen(
+            command,
+            env={**os.environ, wire.ENV_LOCAL_RANK: str(slot), **launch_env(hostname, slot)},
+        ).pid
         for slot in range(slots)
     }
 

@@ -34,6 +34,7 @@ from elasticjob.driver.decisions import (
     AwaitCapacity,
     EndJob,
     ExitVerdict,
+    FormRound,
     Publish,
     ReadyVerdict,
     ScaleOutAction,
@@ -319,6 +320,7 @@ class ElasticDriver(RendezvousListener):
             self._capacity_wait_since = plan.since
             return
         self._capacity_wait_since = None
+        self.rendezvous.plan_next(self.round + 1, plan.slots)  # replacements' init() reads it
         await self._launch(plan.slots)
         await self._expire_slow_starters()
         formation = decide_formation(
@@ -385,6 +387,8 @@ class ElasticDriver(RendezvousListener):
             recovering=self._recovering,
         )
         if decision.action is ScaleOutAction.PREPARE:
+            assert isinstance(plan, FormRound)
+            self.rendezvous.plan_next(self.round + 1, plan.slots)  # newcomers' init() reads it
             await self._launch(decision.newcomers)
             await self._expire_slow_starters()
         elif decision.action is ScaleOutAction.ANNOUNCE:

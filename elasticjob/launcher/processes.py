@@ -28,6 +28,7 @@ from typing import TextIO
 
 from elasticjob import wire
 from elasticjob.driver.api import DriverError, WorkerLauncher
+from elasticjob.script_env import launch_env
 from elasticjob.wire import WorkerId
 
 logger = logging.getLogger(__name__)
@@ -119,6 +120,7 @@ class WorkerEnvironment:
             wire.ENV_BIND_ADDRESS: bind_address,
             wire.ENV_BACKEND: self.backend,
             wire.ENV_PYTHONUNBUFFERED: "1",
+            **launch_env(worker.hostname, worker.local_rank),
         }
         if self.orphan_timeout_s is not None:
             env[wire.ENV_ORPHAN_TIMEOUT] = str(self.orphan_timeout_s)

@@ -22,6 +22,7 @@ from elasticjob.wire import (
     Notice,
     NoticeKind,
     NoticesResponse,
+    PlannedRound,
     ProgressRequest,
     RendezvousRequest,
     RendezvousResponse,
@@ -119,6 +120,12 @@ class JobRendezvous(abc.ABC):
         rank-0 member has not registered."""
 
     @abc.abstractmethod
+    def plan_next(self, round_number: int, slots: Mapping[WorkerId, SlotInfo]) -> None:
+        """Tell workers being added what round the driver plans with them: until a round is
+        published, :meth:`planned_round` answers these slots (tentative: the round formed may
+        differ if something else changes meanwhile)."""
+
+    @abc.abstractmethod
     def dismiss(self, workers: Iterable[WorkerId]) -> None:
         """Tell these workers to exit: their pending and later rendezvous requests get
         ``REMOVED`` (they exit 0, which is not a failure)."""
@@ -187,6 +194,10 @@ class JobRendezvous(abc.ABC):
         counts). Raises :class:`RequestRefused` (changing nothing) for a worker the driver
         did not launch, a report of a round newer than the current one, and a report naming
         a peer the worker does not probe in the round."""
+
+    @abc.abstractmethod
+    def planned_round(self) -> PlannedRound:
+        """The round :meth:`plan_next` planned, if none was published since (else empty)."""
 
     @abc.abstractmethod
     def round_info(self) -> RoundInfo:

@@ -38,6 +38,7 @@ from elasticjob.wire import (
     Notice,
     NoticeKind,
     NoticesResponse,
+    PlannedRound,
     ProgressRequest,
     RendezvousRequest,
     RendezvousResponse,
@@ -100,6 +101,7 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._announced: dict[WorkerId, set[int]] = {}
         self._dismissed: set[WorkerId] = set()
         self._round: PublishedRound | None = None
+        self._plan = PlannedRound()
         self._finished: str | None = None
         self._closing = False
         self._notices: collections.deque[Notice] = collections.deque(maxlen=MAX_NOTICES)
@@ -159,12 +161,22 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._round = PublishedRound(
             round_number, dict(slots), binding.endpoint, self._latest_seq, sync, targets, peers
         )
+        self._plan = PlannedRound()
         self._dismissed.difference_update(slots)
         self._admitted.update(slots)
         logger.info(
             "job %s: round %d published with %d members", self.job, round_number, len(slots)
         )
         self._round_changed.fire()
+
+    def plan_next(self, round_number: int, slots: Mapping[WorkerId, SlotInfo]) -> None:
+        """See :meth:`JobRendezvous.plan_next`."""
+        ordered = sorted(slots.values(), key=lambda slot: slot.rank)
+        self._plan = PlannedRound(round=round_number, slots=tuple(ordered))
+
+    def planned_round(self) -> PlannedRound:
+        """See :meth:`JobRendezvous.planned_round`."""
+        return self._plan if self._plan.round > self.current_round else PlannedRound()
 
     def dismiss(self, workers: Iterable[WorkerId]) -> None:
         """See :meth:`JobRendezvous.dismiss`."""

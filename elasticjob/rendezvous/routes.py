@@ -260,6 +260,9 @@ class _Api:
     async def round(self, request: web.Request) -> web.Response:
         return _json(self.authorize(request).round_info())
 
+    async def plan(self, request: web.Request) -> web.Response:
+        return _json(self.authorize(request).planned_round())
+
 
 async def _parse_body(request: web.Request, model: type[_Model]) -> _Model:
     body = await _read_body(request)
@@ -321,6 +324,7 @@ def create_app(
     app.router.add_route("POST", f"{job_path}/results", api.results)
     app.router.add_route("POST", f"{job_path}/progress", api.progress)
     app.router.add_route("GET", f"{job_path}/round", api.round)
+    app.router.add_route("GET", f"{job_path}/plan", api.plan)
     app.router.add_route("POST", f"{job_path}/heartbeat", api.heartbeat)
 
     async def close_waits(_: web.Application) -> None:

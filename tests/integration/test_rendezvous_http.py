@@ -196,6 +196,20 @@ async def test_full_round_flow(cluster: Cluster) -> None:
     assert RoundInfo.model_validate(info).hosts == ("host-b", "host-a")
 
 
+async def test_the_planned_round_is_served_to_workers_being_added(cluster: Cluster) -> None:
+    status, empty = await cluster.call("GET", "/v1/jobs/job-a/plan")
+    assert (status, empty) == (200, {"round": 0, "slots": []})
+    cluster.job_a.plan_next(1, slots_for([W0, W1]))
+    status, body = await cluster.call("GET", "/v1/jobs/job-a/plan")
+    assert status == 200
+    planned = wire.PlannedRound.model_validate(body)
+    assert [(s.hostname, s.rank, s.size) for s in planned.slots] == [
+        ("host-a", 0, 2),
+        ("host-b", 1, 2),
+    ]
+    assert (await cluster.call("GET", "/v1/jobs/job-a/plan", token=TOKEN_B))[0] == 403
+
+
 async def test_long_poll_wakes_on_publish(cluster: Cluster) -> None:
     await cluster.rendezvous(W0)
     cluster.listener_a.ready_event.clear()
@@ -528,13 +542,14 @@ def test_openapi_document_lists_every_route_and_wire_model() -> None:
         wire.ProgressRequest,
         wire.HeartbeatRequest,
         wire.RoundInfo,
+        wire.PlannedRound,
         wire.ErrorResponse,
     ]
     for model in models:
         schema = schemas[model.__name__]
         assert set(schema["properties"]) == set(model.model_fields), model.__name__
         required = {name for name, info in model.model_fields.items() if info.is_required()}
-        assert set(schema["required"]) == required, model.__name__
+        assert set(schema.get("required", [])) == required, model.__name__
     for enum in (wire.WorkerState, wire.NoticeKind, wire.RendezvousStatus):
         assert schemas[enum.__name__]["enum"] == [member.value for member in enum]
 

@@ -33,7 +33,8 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
       round needs it (newcomers), retry.
 
     A worker added to a running job joins here, on entering the loop (its ``init()`` left it in
-    a world of one), so the others keep training while it starts up.
+    a provisional world of one, with its tentative place as rank and size), so the others keep
+    training while it starts up.
 
     After each reset, the state's reset callbacks run once the new group exists and before
     the sync. A worker that is no longer part of the job exits 0 from the reset. When

@@ -77,6 +77,12 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--wait-deadline", type=float, default=90.0)
     parser.add_argument("--stop-file", type=Path, help="finish after the epoch in which it appears")
+    parser.add_argument(
+        "--record-env",
+        action="store_true",
+        help="log the script variables and torch.distributed's view at start, after init() "
+        "and after every reset (an all_reduce on the default group included)",
+    )
     return parser.parse_args()
 
 
@@ -160,12 +166,43 @@ def maybe_slow(args: argparse.Namespace, log: EventLog, epoch: int, batch: int) 
         time.sleep(float(seconds))  # the other ranks wait in this step's gradient allreduce
 
 
+SCRIPT_ENV = sorted(wire.SCRIPT_LAUNCH_ENV | wire.SCRIPT_ROUND_ENV)
+
+
+def record_env(log: EventLog, phase: str, *, collective: bool) -> None:
+    """Log the script variables in ``os.environ`` and, with ``collective``, what the default
+    ``torch.distributed`` group says (an all_reduce of ones on it, with no group argument)."""
+    env = {name: os.environ.get(name) for name in SCRIPT_ENV}
+    fields: dict[str, Any] = {"phase": phase, "env": env, "job": os.environ.get(wire.ENV_JOB)}
+    if collective:
+        ones = torch.ones(1)
+        torch.distributed.all_reduce(ones)
+        fields |= {
+            "round": hvd.current_round(),
+            "rank": hvd.rank(),
+            "size": hvd.size(),
+            "local_rank": hvd.local_rank(),
+            "local_size": hvd.local_size(),
+            "cross_rank": hvd.cross_rank(),
+            "cross_size": hvd.cross_size(),
+            "dist_initialized": torch.distributed.is_initialized(),
+            "dist_rank": torch.distributed.get_rank(),
+            "dist_size": torch.distributed.get_world_size(),
+            "dist_sum": int(ones.item()),
+        }
+    log.write("env", **fields)
+
+
 def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     log = EventLog(args.log_dir)
     torch.set_num_threads(1)
+    if args.record_env:
+        record_env(log, "launch", collective=False)
     hvd.init()
+    if args.record_env:
+        record_env(log, "init", collective=True)
     expected = [int(s) for s in args.expect_sizes.split(",") if s]
 
     generator = torch.Generator().manual_seed(0)
@@ -189,6 +226,8 @@ def main() -> None:
         for group in optimizer.param_groups:
             group["lr"] = base_lr * hvd.size()
         log.write("reset", round=hvd.current_round(), rank=hvd.rank(), size=hvd.size())
+        if args.record_env:
+            record_env(log, "reset", collective=True)
 
     state.register_reset_callbacks([on_reset])
     log.write("start", round=hvd.current_round(), rank=hvd.rank(), size=hvd.size())

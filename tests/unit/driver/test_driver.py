@@ -249,6 +249,14 @@ async def test_scale_out_announces_newcomers_once_registered() -> None:
     await job.discover()
     await job.step()
     assert job.launcher.started == [A0, B0, WorkerId("b", 1)]
+    # The newcomers can read the round planned with them (their tentative place at init()).
+    plan = job.driver.rendezvous.planned_round()
+    assert plan.round == 2
+    assert [(s.hostname, s.local_rank, s.rank, s.size) for s in plan.slots] == [
+        ("a", 0, 0, 3),
+        ("b", 0, 1, 3),
+        ("b", 1, 2, 3),
+    ]
     await job.ask(B0)
     await job.step()
     assert (await job.notices()) == [], "b[1] has not registered"
@@ -260,6 +268,7 @@ async def test_scale_out_announces_newcomers_once_registered() -> None:
     await job.step()
     assert job.driver.round == 2 and len(job.driver.slots) == 3
     assert (await job.ask(A0, 1)).sync is True
+    assert job.driver.rendezvous.planned_round().slots == (), "published: nothing planned"
 
 
 async def test_blacklisted_host_rejoins_after_its_cooldown() -> None:
@@ -282,6 +291,22 @@ async def test_blacklisted_host_rejoins_after_its_cooldown() -> None:
     await job.ask(A0, 2)
     await job.step()
     assert job.driver.round == 3 and list(job.driver.slots) == [A0, B0]
+
+
+async def test_a_replacement_started_while_recovering_can_read_its_planned_place() -> None:
+    job = Job({"a": 1, "b": 1, "c": 1}, settings(max_np=2))
+    await job.start_round_1(A0, B0)
+    job.launcher.end(B0, 1)
+    await job.ask(A0, 1)
+    await job.step()
+    assert job.launcher.started == [A0, B0, C0] and job.driver.round == 1
+    plan = job.driver.rendezvous.planned_round()
+    assert [(s.hostname, s.rank, s.size) for s in plan.slots] == [("a", 0, 2), ("c", 1, 2)]
+    assert plan.round == 2
+    await job.ask(C0)
+    await job.step()
+    assert job.driver.round == 2 and list(job.driver.slots) == [A0, C0]
+    assert job.driver.rendezvous.planned_round().slots == ()
 
 
 async def test_reset_limit_ends_the_job() -> None:

@@ -391,3 +391,17 @@ def test_token_check_and_construction_errors(listener: RecordingListener) -> Non
     for token in ["", "has space", "tök", "tab\t"]:
         with pytest.raises(ValueError, match="token"):
             InMemoryJobRendezvous("job", token, listener)
+
+
+async def test_a_planned_round_is_answered_until_a_round_is_published(
+    job: InMemoryJobRendezvous,
+) -> None:
+    assert (job.planned_round().round, job.planned_round().slots) == (0, ())
+    slots = slots_for([W0, W1])
+    job.plan_next(1, slots)
+    planned = job.planned_round()
+    assert planned.round == 1
+    assert planned.slots == (slots[W0], slots[W1])
+    await job.rendezvous(request(W0))
+    job.publish_round(1, slots, sync=True)
+    assert (job.planned_round().round, job.planned_round().slots) == (0, ())

@@ -1,0 +1,71 @@
+"""The environment that training scripts and their libraries read: horovodrun's and torchrun's.
+
+Two pure functions compute it; nothing here touches ``os.environ``:
+
+- :func:`launch_env`: what is known when a worker process starts, its host and slot
+  (``HOROVOD_HOSTNAME``, ``HOROVOD_LOCAL_RANK``, ``LOCAL_RANK``). The launcher, the operator
+  and the slots runner put it in the process's environment.
+- :func:`round_env`: the worker's place in one round (Horovod's rank, size, local and cross
+  values; torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, the round's
+  rendezvous store as ``MASTER_ADDR``/``MASTER_PORT`` and the job as ``TORCHELASTIC_RUN_ID``).
+  The worker runtime writes it into ``os.environ`` each time the worker joins a round.
+
+``GROUP_RANK`` is torchrun's node rank; here it is the worker's cross rank, which is the index
+of its host in the round whenever the round's hosts run the same number of processes.
+"""
+
+from __future__ import annotations
+
+from elasticjob import wire
+from elasticjob.wire import RoundInfo, SlotInfo
+
+
+def launch_env(hostname: str, local_rank: int) -> dict[str, str]:
+    """The script variables of a worker process known at its start."""
+    return {
+        wire.ENV_HOROVOD_HOSTNAME: hostname,
+        wire.ENV_HOROVOD_LOCAL_RANK: str(local_rank),
+        wire.ENV_TORCH_LOCAL_RANK: str(local_rank),
+    }
+
+
+def round_env(slot: SlotInfo, *, job: str, master: tuple[str, int] | None) -> dict[str, str]:
+    """Every script variable of a worker with ``slot`` in a round whose rank 0 hosts its
+    store at ``master`` (address, port), the launch-time ones included (from the slot).
+    ``master`` None (a tentative slot: the round's rank 0 is not known yet) leaves
+    ``MASTER_ADDR`` and ``MASTER_PORT`` out."""
+    env = {
+        **launch_env(slot.hostname, slot.local_rank),
+        wire.ENV_HOROVOD_RANK: str(slot.rank),
+        wire.ENV_HOROVOD_SIZE: str(slot.size),
+        wire.ENV_HOROVOD_LOCAL_SIZE: str(slot.local_size),
+        wire.ENV_HOROVOD_CROSS_RANK: str(slot.cross_rank),
+        wire.ENV_HOROVOD_CROSS_SIZE: str(slot.cross_size),
+        wire.ENV_TORCH_RANK: str(slot.rank),
+        wire.ENV_TORCH_WORLD_SIZE: str(slot.size),
+        wire.ENV_TORCH_LOCAL_WORLD_SIZE: str(slot.local_size),
+        wire.ENV_TORCH_GROUP_RANK: str(slot.cross_rank),
+        wire.ENV_TORCH_RUN_ID: job,
+    }
+    if master is not None:
+        env[wire.ENV_TORCH_MASTER_ADDR] = master[0]
+        env[wire.ENV_TORCH_MASTER_PORT] = str(master[1])
+    return env
+
+
+def tentative_slot(current: RoundInfo, hostname: str, local_rank: int) -> SlotInfo:
+    """The place a worker added to a running job tentatively has until it joins its first
+    round: the place it would get if its host were the only one added and ran no process
+    beyond its own slot. The driver orders hosts oldest first, so the rank is exact when one
+    host joins (all of its slots do, or a prefix of them); the sizes are lower bounds (exact
+    for the host's last slot)."""
+    hosts = current.hosts
+    return SlotInfo(
+        hostname=hostname,
+        rank=current.size + local_rank,
+        local_rank=local_rank,
+        cross_rank=len(hosts),
+        size=current.size + local_rank + 1,
+        local_size=local_rank + 1,
+        cross_size=len(hosts) + 1,
+    )
