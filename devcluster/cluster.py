@@ -195,8 +195,11 @@ class Cluster:
             cfg.kubeconfig,
         )
 
-    def start_control_plane(self, bins: Binaries, left: Callable[[], float]) -> cp.ApiProbe:
-        """etcd and the API server (ready), controller-manager and scheduler (started)."""
+    def start_control_plane(
+        self, bins: Binaries, left: Callable[[], float], *, controller_manager: bool = True
+    ) -> cp.ApiProbe:
+        """etcd and the API server (ready), controller-manager (unless told not to: see
+        :meth:`start_controller_manager`) and scheduler (started)."""
         cfg = self.config
         t0 = time.monotonic()
         self._spawn("etcd", cp.etcd_argv(cfg, bins))
@@ -211,13 +214,26 @@ class Cluster:
             self._dead_component,
         )
         logger.debug("kube-apiserver ready after %.1f s", time.monotonic() - t0)
-        self._spawn("kube-controller-manager", cp.controller_manager_argv(cfg, bins))
+        if controller_manager:
+            self.start_controller_manager(bins)
         self._spawn("kube-scheduler", cp.scheduler_argv(cfg, bins))
         return probe
 
+    def start_controller_manager(self, bins: Binaries) -> None:
+        """Start kube-controller-manager. Real kubelets register their nodes NotReady: a node
+        lifecycle controller that sees every node NotReady enters its "master disruption
+        mode", and once out of it (Kubernetes 1.20) never taints a node that stops answering
+        with ``NoExecute``, so its pods are never evicted. Real nodes start it once they are
+        Ready."""
+        self._spawn("kube-controller-manager", cp.controller_manager_argv(self.config, bins))
+
     def wait_usable(self, probe: cp.ApiProbe, left: Callable[[], float]) -> None:
         """Wait for the default ServiceAccount and every node Ready."""
-        cfg = self.config
+        self.wait_service_account(probe, left)
+        self.wait_nodes_ready(probe, left)
+
+    def wait_service_account(self, probe: cp.ApiProbe, left: Callable[[], float]) -> None:
+        """Wait for the default ServiceAccount's token (the controller-manager makes it)."""
         t0 = time.monotonic()
         cp.wait_for(
             "the default ServiceAccount",
@@ -230,6 +246,10 @@ class Cluster:
             self._dead_component,
         )
         logger.debug("default ServiceAccount after %.1f s", time.monotonic() - t0)
+
+    def wait_nodes_ready(self, probe: cp.ApiProbe, left: Callable[[], float]) -> None:
+        """Wait for every node Ready."""
+        cfg = self.config
         cp.wait_for(
             f"{cfg.nodes} Ready nodes",
             lambda: cp.nodes_ready(probe, cfg.node_names()),

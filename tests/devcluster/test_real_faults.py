@@ -48,17 +48,28 @@ def test_stop_and_cont_freeze_and_thaw_the_container(real_kube: Kube) -> None:
     real_kube.wait("the process to run again", lambda: read_proc_state(pid) in "RS")
 
 
-def test_a_stopped_kubelet_makes_its_node_notready(real_kube: Kube, node3: str) -> None:
+def test_a_stopped_kubelet_makes_its_node_notready_and_its_pods_evicted(
+    real_kube: Kube, node3: str
+) -> None:
     real_kube.apply(real_pod("survivor", SLEEPER, node=node3, restart="Always"))
     real_kube.wait_phase("survivor", "Running", timeout=120)
     [pid] = real_kube.cluster.faults.stop("survivor", real_kube.ns)
     real_kube.cluster.faults.cont("survivor", real_kube.ns)
     real_kube.cluster.faults.node_notready(node3)
-    grace = real_kube.cluster.config.node_monitor_grace_seconds
+    config = real_kube.cluster.config
+    grace = config.node_monitor_grace_seconds
     real_kube.wait(
         f"{node3} NotReady", lambda: not node_ready_untainted(real_kube, node3), grace + 30
     )
-    # The kubelet is gone, its containers are not.
+    # The node controller taints it NoExecute and evicts its pods after their toleration:
+    # marked for deletion, which no kubelet confirms. The containers run on.
+    real_kube.wait(
+        "the pod evicted",
+        lambda: (
+            (real_kube.get("pod", "survivor") or {}).get("metadata", {}).get("deletionTimestamp")
+        ),
+        config.eviction_toleration_seconds + 30,
+    )
     assert read_proc_state(pid) in "RS"
     real_kube.cluster.faults.node_ready(node3)
     real_kube.wait(f"{node3} Ready again", lambda: node_ready_untainted(real_kube, node3), 60)

@@ -137,11 +137,8 @@ def test_an_operator_whose_node_stops_answering_hands_the_job_over(
             lambda: not serving_operator_pods(operator),
             timeout=60,
         )
-        # What the node controller's eviction does once the pod's toleration runs out (on
-        # devcluster's real nodes no NoExecute taint comes: see the issue note), and what an
-        # administrator does for a node that is gone: delete the pod; its kubelet never
-        # confirms, so it stays marked for deletion while its process runs on.
-        operator.kubectl("-n", SYSTEM_NS, "delete", "pod", old["metadata"]["name"], "--wait=false")
+        # The node controller evicts the pod once its toleration runs out: it is marked for
+        # deletion, which its kubelet never confirms, and its process runs on.
         wait_operator_serving(kube, {old["metadata"]["name"]})
         epoch = max(
             (e["epoch"] for e in read_events(log_dir) if e["ev"] == "epoch_end"), default=-1
