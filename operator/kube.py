@@ -129,29 +129,24 @@ class KubeApi:
             if exc.status != 404:
                 raise
 
-    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The pod, or None when there is none."""
+    async def _read(self, what: str, read: Callable[..., Any], *args: Any) -> dict[str, Any] | None:
+        """The object ``read`` returns, serialized, or None when there is none (404)."""
         try:
-            pod = await self._call("read pod", self.core.read_namespaced_pod, name, namespace)
+            found = await self._call(what, read, *args)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        result: dict[str, Any] = kubernetes.client.ApiClient().sanitize_for_serialization(pod)
+        result: dict[str, Any] = kubernetes.client.ApiClient().sanitize_for_serialization(found)
         return result
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod, or None when there is none."""
+        return await self._read("read pod", self.core.read_namespaced_pod, name, namespace)
 
     async def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Secret (``data`` still base64), or None when there is none."""
-        try:
-            secret = await self._call(
-                "read secret", self.core.read_namespaced_secret, name, namespace
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        result: dict[str, Any] = kubernetes.client.ApiClient().sanitize_for_serialization(secret)
-        return result
+        return await self._read("read secret", self.core.read_namespaced_secret, name, namespace)
 
     async def read_secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
         """A Secret's ``data`` (base64 values), or None if there is no such Secret."""
