@@ -53,9 +53,16 @@ class WorkerRecord:
 
     @property
     def at_barrier(self) -> bool:
-        """Whether the process runs and waits for a round after the last one it was in."""
+        """Whether the process runs and waits for a round after the last one it was in. A
+        dismissed process never is: it was told to exit and does (when its host comes back,
+        a fresh process takes the slot)."""
         waiting_after = self.waiting_after
-        return self.running and waiting_after is not None and waiting_after >= self.last_round
+        return (
+            self.running
+            and self.departure is not Departure.DISMISSED
+            and waiting_after is not None
+            and waiting_after >= self.last_round
+        )
 
 
 class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):

@@ -276,11 +276,11 @@ def run_lifecycle(kube: Kube, log_dir: Path, stop_file: Path) -> None:
     wait_status(
         kube,
         "train",
-        "the deleted pod's departure",
+        "the deleted pod's departure, and its replacement in the job",
         lambda s: (
             s.get("phase") == "Running"
             and all(w["pod"] != leaving["pod"] for w in s.get("workers", []))
-            and s.get("worldSize", 0) >= 4
+            and s.get("worldSize") == 5
         ),
         timeout=180,
     )

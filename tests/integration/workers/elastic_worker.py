@@ -236,7 +236,11 @@ def main() -> None:
     def train(state: hvd.elastic.TorchState) -> None:
         while state.epoch < args.epochs:
             if hvd.rank() == 0 and args.epoch_file is not None:
-                args.epoch_file.write_text(str(state.epoch))
+                # Atomically: a discovery script reading a half-written file would see epoch
+                # 0 and drop the hosts the schedule added since.
+                partial = args.epoch_file.with_name(f"{args.epoch_file.name}.{os.getpid()}")
+                partial.write_text(str(state.epoch))
+                partial.replace(args.epoch_file)
             real = state.sampler.num_real_samples
             for batch_idx, (x, y, idx) in enumerate(loader):
                 maybe_fail(args, log, state.epoch, state.batch)

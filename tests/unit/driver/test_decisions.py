@@ -366,6 +366,13 @@ PLAN_AB: dict[WorkerId, SlotInfo] = assign_slots((("a", 2), ("b", 1)), min_np=1,
             AwaitBarrier((B0,)),
             id="unregistered-starter",
         ),
+        pytest.param(
+            {"b0": {"departure": DISMISSED}},
+            1,
+            False,
+            AwaitBarrier((B0,)),
+            id="b0-dismissed-its-host-back: its exit, then a fresh process",
+        ),
         pytest.param({}, 1, False, Publish(2, PLAN_AB, False, (), ()), id="hosts-changed"),
         pytest.param({}, 1, True, Publish(2, PLAN_AB, True, (), ()), id="after-failure-syncs"),
         pytest.param(

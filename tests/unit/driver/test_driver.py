@@ -391,6 +391,35 @@ async def test_graceful_scale_in_dismisses_without_rollback_or_blacklisting() ->
     assert job.driver.result is None and job.driver.recoveries == 0
 
 
+async def test_a_host_back_before_its_dismissed_worker_exited_gets_a_fresh_process() -> None:
+    """b is removed (its worker dismissed), then discovered again while that worker is still
+    exiting: the next round waits for the exit and takes a fresh process, never the exiting
+    one (whose exit 0 would otherwise count as the job's success)."""
+    job = Job({"a": 1, "b": 1}, settings())
+    await job.start_round_1(A0, B0)
+    del job.discovery.hosts["b"]
+    await job.discover()
+    await job.ask(B0, 1)  # the leaving worker comes to the barrier too
+    await job.ask(A0, 1)
+    await job.step()
+    assert job.driver.round == 2 and list(job.driver.slots) == [A0]
+    assert (await job.ask(B0, 1)).status is RendezvousStatus.REMOVED
+    job.discovery.hosts["b"] = 1
+    await job.discover()
+    await job.step()
+    await job.ask(A0, 2)
+    await job.step()
+    assert job.driver.round == 2, "b[0]'s dismissed process is not a member-to-be"
+    assert job.launcher.started.count(B0) == 1
+    job.launcher.end(B0, 0)
+    await job.step()
+    assert job.launcher.started.count(B0) == 2, "a fresh process for b"
+    assert job.driver.result is None, "the dismissed worker's exit 0 is no success"
+    await job.ask(B0)
+    await job.step()
+    assert job.driver.round == 3 and set(job.driver.slots) == {A0, B0}
+
+
 async def test_leaving_member_that_exits_is_not_a_failure() -> None:
     job = Job({"a": 1, "b": 1}, settings())
     await job.start_round_1(A0, B0)
