@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+from place import place  # beside this script (run by path)
 from torch.nn.parallel import DistributedDataParallel
 
 import elasticjob.worker_runtime as hvd
@@ -131,13 +132,7 @@ def topology() -> Json:
     return {
         "hostname": basics.current().slot.hostname,
         "env_local_rank": os.environ.get(wire.ENV_LOCAL_RANK),
-        "rank": hvd.rank(),
-        "size": hvd.size(),
-        "local_rank": hvd.local_rank(),
-        "local_size": hvd.local_size(),
-        "cross_rank": hvd.cross_rank(),
-        "cross_size": hvd.cross_size(),
-        "round": hvd.current_round(),
+        **place(),
         "device": str(hvd.device()),
     }
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from place import place  # beside this script (run by path)
 from torch.utils.data import DataLoader, TensorDataset
 
 import elasticjob.worker_runtime as hvd
@@ -178,13 +179,7 @@ def record_env(log: EventLog, phase: str, *, collective: bool) -> None:
         ones = torch.ones(1)
         torch.distributed.all_reduce(ones)
         fields |= {
-            "round": hvd.current_round(),
-            "rank": hvd.rank(),
-            "size": hvd.size(),
-            "local_rank": hvd.local_rank(),
-            "local_size": hvd.local_size(),
-            "cross_rank": hvd.cross_rank(),
-            "cross_size": hvd.cross_size(),
+            **place(),
             "dist_initialized": torch.distributed.is_initialized(),
             "dist_rank": torch.distributed.get_rank(),
             "dist_size": torch.distributed.get_world_size(),
