@@ -148,12 +148,8 @@ class Kube:
                 parts.append(f"$ kubectl {' '.join(args)}\n{result.stdout}{result.stderr}")
             except subprocess.TimeoutExpired:
                 parts.append(f"$ kubectl {' '.join(args)}: timed out")
-        cfg = self.cluster.config
-        # Process nodes: the agent's pod logs; real nodes: each node's /var/log/pods.
-        logs_root, pattern = cfg.pods_dir, f"{self.ns}_*/logs/*/*.log"
-        if cfg.real:
-            logs_root, pattern = cfg.nodes_dir, f"*/logs/pods/{self.ns}_*/*/*.log"
-        for log in sorted(logs_root.glob(pattern)):
+        logs_root, logs = pod_log_files(self.cluster, self.ns)
+        for log in logs:
             text = log.read_text(errors="replace")[-2000:]
             parts.append(f"--- {log.relative_to(logs_root)}\n{text}")
         for component in [c for c in self.cluster.components() if c.endswith("-kubelet")] or [
@@ -161,6 +157,17 @@ class Kube:
         ]:
             parts.append(f"--- {component} log (tail)\n" + self.cluster.log_tail(component, 20))
         return "\n".join(parts)
+
+
+def pod_log_files(cluster: Cluster, namespace: str, pod: str = "*") -> tuple[Path, list[Path]]:
+    """The container log files of the namespace's pods (``pod``: a name or a glob), sorted,
+    and the directory they lie under: the agent's pod directories on process nodes, each
+    node's /var/log/pods on real nodes (readable even while the node's kubelet is down)."""
+    cfg = cluster.config
+    root, pattern = cfg.pods_dir, f"{namespace}_{pod}_*/logs/*/*.log"
+    if cfg.real:
+        root, pattern = cfg.nodes_dir, f"*/logs/pods/{namespace}_{pod}_*/*/*.log"
+    return root, sorted(root.glob(pattern))
 
 
 def node_ready_untainted(kube: Kube, node: str) -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from devcluster import Cluster
-from tests.devcluster.helpers import Kube, node_ready_untainted
+from tests.devcluster.helpers import Kube, node_ready_untainted, pod_log_files
 from tests.e2e.test_admission import sleeper
 from tests.e2e.test_operator import (
     OPERATOR_PODS,
@@ -88,11 +88,11 @@ def test_a_worker_lost_while_the_operator_restarts_is_recovered_from(
         stop_workers(kube, log_dir)
 
 
-def old_operator_log(cluster: Cluster, node: str, pod: str) -> str:
-    """The log of an operator pod on a node whose kubelet is down, from the node's container
-    runtime (the API cannot reach that kubelet)."""
-    logs = cluster.config.nodes_dir.glob(f"{node}/logs/pods/{SYSTEM_NS}_{pod}_*/*/*.log")
-    return "".join(path.read_text(errors="replace") for path in sorted(logs))
+def old_operator_log(cluster: Cluster, pod: str) -> str:
+    """The log of an operator pod on a node whose kubelet is down, from the files its
+    container runtime writes (the API cannot reach that kubelet)."""
+    _, logs = pod_log_files(cluster, SYSTEM_NS, pod)
+    return "".join(path.read_text(errors="replace") for path in logs)
 
 
 def test_an_operator_whose_node_stops_answering_hands_the_job_over(
@@ -162,11 +162,11 @@ def test_an_operator_whose_node_stops_answering_hands_the_job_over(
             "the old operator stopping itself",
             lambda: (
                 "stopping: its pod is being deleted"
-                in old_operator_log(operator, node, old["metadata"]["name"])
+                in old_operator_log(operator, old["metadata"]["name"])
             ),
             timeout=60,
         )
-        old_log = old_operator_log(operator, node, old["metadata"]["name"])
+        old_log = old_operator_log(operator, old["metadata"]["name"])
         assert "workers cannot reach it" in old_log
         assert "sent no heartbeat" not in old_log
         stop_file.touch()
