@@ -32,6 +32,7 @@ RELEASE = "elasticjob-operator"
 SYSTEM_NS = "elasticjob-system"
 JOB = "bench"
 SYNCED = re.compile(r"^(\S+) \[\S+ round=(\d+) rank=\d+ step=\d+\] state synced from rank 0")
+JOINED = re.compile(r"^\S+ \[\S+ round=(\d+) rank=\d+ step=\d+\] \S+ joined round")
 
 
 def _job(workers: int) -> dict[str, Any]:
@@ -77,9 +78,18 @@ def _until(
     raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
 
 
-def _first_sync_after(cluster: Cluster, after: float, round_: int, timeout: float = 120) -> float:
+def _logs(cluster: Cluster, pod: str) -> list[str]:
+    return cluster.kubectl("logs", pod, "--timestamps", check=False).stdout.splitlines()
+
+
+def _first_sync_after(
+    cluster: Cluster, after: float, round_: int, without: str | None = None, timeout: float = 120
+) -> float:
     """The wall-clock time of the first "state synced" line of round ``round_`` or later
-    logged by any worker after ``after``."""
+    logged by any worker after ``after``; ``without``: only of rounds that pod never joined."""
+    joined: set[int] = set()
+    if without is not None:
+        joined = {int(m.group(1)) for line in _logs(cluster, without) if (m := JOINED.match(line))}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         pods = json.loads(
@@ -89,11 +99,10 @@ def _first_sync_after(cluster: Cluster, after: float, round_: int, timeout: floa
         )["items"]
         times = []
         for pod in pods:
-            logs = cluster.kubectl(
-                "logs", pod["metadata"]["name"], "--timestamps", check=False
-            ).stdout
-            for line in logs.splitlines():
+            for line in _logs(cluster, pod["metadata"]["name"]):
                 if (m := SYNCED.match(line)) and int(m.group(2)) >= round_:
+                    if int(m.group(2)) in joined:
+                        continue
                     stamp = datetime.datetime.fromisoformat(m.group(1)[:26].rstrip("Z") + "+00:00")
                     if stamp.timestamp() > after:
                         times.append(stamp.timestamp())
@@ -112,7 +121,7 @@ def _after_fault(cluster: Cluster, fault: Callable[[str], None], before: dict[st
     victim = _victim(before)
     started = time.time()
     fault(victim["pod"])
-    after = _until(
+    _until(
         cluster,
         "the next round without the victim",
         lambda s: (
@@ -121,7 +130,10 @@ def _after_fault(cluster: Cluster, fault: Callable[[str], None], before: dict[st
             and all(w["pod"] != victim["pod"] for w in s.get("workers", []))
         ),
     )
-    return _first_sync_after(cluster, started, after["round"]) - started
+    # The first round without the victim may be short-lived (a replacement joins): count
+    # from the first sync of any later round the victim did not join.
+    reformed = _first_sync_after(cluster, started, before["round"] + 1, without=victim["pod"])
+    return reformed - started
 
 
 def measure_job(cluster: Cluster) -> dict[str, float]:

@@ -1,7 +1,9 @@
 """The process group of one round, with a configure / abort / errored contract.
 
 Every round gets a fresh default ``torch.distributed`` group on a fresh store prefix; the
-previous one is aborted (when it broke) and destroyed first, never leaked.
+previous one is destroyed first. A broken one is aborted and detached at once, and shut down
+on a background thread: its backend may still wait out an abandoned collective, which the
+next round must not wait for (a peer cut off by the network never resets its connections).
 
 Collectives are issued asynchronously and waited on here, so a group can be abandoned the
 moment the driver announces that a member failed (:meth:`RoundGroup.abort`, called from the
@@ -172,16 +174,25 @@ class RoundGroup:
         pending.event.set()
 
     def destroy(self) -> None:
-        """Tear the current group down (aborting it first if it broke)."""
+        """Tear the current group down. A broken group is aborted, detached from
+        ``torch.distributed`` at once and shut down on a background thread: its backend may
+        hold an abandoned collective until the group's timeout, and the next round must not
+        wait for that."""
         if not self._configured:
             return
         self._configured = False
-        if self.errored() is not None:
-            self._abort_backend()
-        try:
-            dist.destroy_process_group()
-        except (RuntimeError, ValueError) as exc:  # a broken group may refuse a clean destroy
-            logger.debug("destroying the process group: %s", exc)
+        if self.errored() is None:
+            _destroy_default_group()
+            return
+        self._abort_backend()
+        groups = _detach_groups()
+        if groups is None:
+            _destroy_default_group()
+            return
+        # The thread empties ``groups``: no reference to a group stays on this thread.
+        threading.Thread(
+            target=_shut_down, args=(groups,), name="abandoned-group-teardown", daemon=True
+        ).start()
 
     def _abort_backend(self) -> None:
         try:
@@ -189,3 +200,48 @@ class RoundGroup:
             group.abort()
         except (RuntimeError, ValueError) as exc:
             logger.debug("aborting the process group: %s", exc)
+
+
+def _destroy_default_group() -> None:
+    try:
+        dist.destroy_process_group()
+    except (RuntimeError, ValueError) as exc:  # a broken group may refuse a clean destroy
+        logger.debug("destroying the process group: %s", exc)
+
+
+def _detach_groups() -> list[dist.ProcessGroup] | None:
+    """Forget every process group as ``destroy_process_group()`` does, without shutting
+    them down; return them (their shutdown is the caller's), or None when this version of
+    torch keeps its groups differently (then the caller destroys them the usual way)."""
+    c10d = dist.distributed_c10d
+    world = getattr(c10d, "_world", None)
+    tables = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag",
+              "tags_to_pg", "pg_coalesce_state")  # fmt: skip
+    set_default = getattr(c10d, "_update_default_pg", None)
+    unregister = getattr(c10d, "_unregister_all_process_groups", None)
+    if world is None or set_default is None or unregister is None:
+        return None
+    if not all(hasattr(world, t) for t in tables) or getattr(world, "comms", None):
+        return None
+    groups = list(world.pg_names)
+    set_default(None)
+    for table in tables:
+        getattr(world, table).clear()
+    unregister()
+    world.group_count = 0
+    return groups
+
+
+def _shut_down(groups: list[dist.ProcessGroup]) -> None:
+    """Shut detached groups down and drop them, on a thread of their own: the last reference
+    to a group must go here, since its destructor joins the backend's threads, which wait out
+    any abandoned collective (the caller keeps only the list, emptied here)."""
+    started = time.monotonic()
+    while groups:
+        group = groups.pop()
+        try:
+            group.shutdown()
+        except (RuntimeError, ValueError) as exc:
+            logger.debug("shutting down an abandoned process group: %s", exc)
+        del group
+    logger.debug("abandoned process groups released in %.1f s", time.monotonic() - started)

@@ -213,7 +213,9 @@ def test_a_silent_worker_is_evicted_and_the_survivors_re_form(
     partitioned from its peers only (it still reaches the rendezvous through the operator's
     Service and beats on; its peers' probe reports give it away). Its pod is deleted and
     counted as failed, its node blacklisted, and the survivors re-form without it within 10 s
-    instead of waiting out the collective timeout."""
+    instead of waiting out the collective timeout. Four workers: with three, no survivor was
+    left blocked on the cut worker when the group was torn down, and a teardown that waited
+    for the abandoned collective went unseen."""
     if fault.startswith("partition") and operator.config.runtime == "process":
         pytest.skip("process nodes share the machine's network: nothing to partition")
     log_dir = tmp_path / "events"
@@ -222,7 +224,7 @@ def test_a_silent_worker_is_evicted_and_the_survivors_re_form(
             "frozen",
             log_dir,
             tmp_path / "stop",
-            replicas=3,
+            replicas=4,
             minReplicas=2,
             heartbeatTimeoutSeconds=3,  # margin for a loaded 2-core machine: 10 s in all
         )
@@ -231,8 +233,8 @@ def test_a_silent_worker_is_evicted_and_the_survivors_re_form(
         first = wait_status(
             kube,
             "frozen",
-            "training with 3 workers",
-            lambda s: s.get("phase") == "Running" and s.get("worldSize") == 3,
+            "training with 4 workers",
+            lambda s: s.get("phase") == "Running" and s.get("worldSize") == 4,
         )
         victim = next(w for w in first["workers"] if 0 not in w["ranks"])
         stopped_at = time.time()

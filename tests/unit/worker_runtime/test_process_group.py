@@ -1,0 +1,123 @@
+"""Tearing down a round's group never waits for a collective it abandoned (real Gloo groups
+over loopback, the peer a second process).
+
+The peer forms the group, then never enters the collective and never closes its sockets:
+what survivors see of a member cut off by the network (no reset ever comes). Gloo's threads
+wait for it until the group's timeout; the next round must not.
+"""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed import HashStore, TCPStore
+
+from elasticjob.worker_runtime.exceptions import HorovodInternalError
+from elasticjob.worker_runtime.process_group import RoundGroup
+
+TIMEOUT = datetime.timedelta(seconds=40)
+TEARDOWN_THREAD = "abandoned-group-teardown"
+
+PEER = """
+import datetime, sys
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False,
+                      timeout=datetime.timedelta(seconds=30))
+dist.init_process_group("gloo", store=dist.PrefixStore("round-1/", store), rank=1,
+                        world_size=2, timeout=datetime.timedelta(seconds=40))
+print("formed", flush=True)
+sys.stdin.read()  # silent, sockets open, until the test closes stdin
+"""
+
+
+@pytest.fixture
+def group() -> Iterator[RoundGroup]:
+    group = RoundGroup("gloo", torch.device("cpu"))
+    yield group
+    group.destroy()
+
+
+@pytest.fixture
+def silent_peer(group: RoundGroup) -> Iterator[subprocess.Popen[str]]:
+    """A two-member group whose other member formed it and then went silent."""
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
+    peer = subprocess.Popen(
+        [sys.executable, "-c", PEER, str(store.port)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        group.configure(store, "round-1/", 0, 2, TIMEOUT)
+        assert peer.stdout is not None and peer.stdout.readline().strip() == "formed"
+        yield peer
+    finally:
+        peer.kill()
+        peer.wait(30)
+
+
+def blocked_collective(group: RoundGroup) -> tuple[threading.Thread, list[BaseException]]:
+    """An allreduce the silent peer never joins, waited on in a thread; returns once the
+    thread is blocked in it."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            group.wait(dist.all_reduce(torch.ones(4096), async_op=True))
+        except HorovodInternalError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while (group.blocked_for() or 0.0) < 0.2:
+        assert time.monotonic() < deadline, "the collective never blocked"
+        time.sleep(0.02)
+    return thread, errors
+
+
+def teardown_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == TEARDOWN_THREAD]
+
+
+def test_an_aborted_group_is_torn_down_without_waiting_for_its_abandoned_collective(
+    group: RoundGroup, silent_peer: subprocess.Popen[str]
+) -> None:
+    thread, errors = blocked_collective(group)
+    group.abort("a member of round 1 failed")
+    thread.join(5)
+    assert not thread.is_alive() and errors, "the abort did not wake the collective"
+    assert group.abandoned == 1
+
+    started = time.monotonic()
+    group.destroy()
+    assert time.monotonic() - started < 5.0, "the teardown waited for the abandoned collective"
+
+    # The next round forms at once and works, while the old group's threads still wait.
+    group.configure(HashStore(), "round-2/", 0, 1, TIMEOUT)
+    total = torch.ones(3)
+    group.wait(dist.all_reduce(total, async_op=True))
+    assert total.tolist() == [1.0, 1.0, 1.0]
+    assert teardown_threads(), "the abandoned group was released before its collective ended"
+
+    # Once the peer is gone its connections reset: the old group is released, nothing leaks.
+    silent_peer.kill()
+    deadline = time.monotonic() + 30
+    while teardown_threads() or group.abandoned:
+        assert time.monotonic() < deadline, "the abandoned group was never released"
+        time.sleep(0.05)
+
+
+def test_a_healthy_group_is_destroyed_in_place(group: RoundGroup) -> None:
+    group.configure(HashStore(), "round-1/", 0, 1, TIMEOUT)
+    group.destroy()
+    assert not dist.is_initialized()
+    assert not teardown_threads()
