@@ -2,7 +2,8 @@
 
 Several "hosts" share the machine: each host name must resolve to a local address
 (``localhost``, ``127.0.0.1``, ``127.0.1.7``...), and the host's workers bind to it.
-Every output line of a worker is prefixed with its current rank.
+Every output line of a worker is prefixed with its current rank and its stream
+(``[1]<stdout>:``, ``[1]<stderr>:``), as horovodrun does.
 
 Workers never outlive the launcher: each is started with ``PR_SET_PDEATHSIG`` (Linux), so the
 kernel kills it when the launcher dies, even by SIGKILL; and each is told
@@ -28,6 +29,7 @@ from typing import TextIO
 
 from elasticjob import wire
 from elasticjob.driver.api import DriverError, WorkerLauncher
+from elasticjob.launcher.output_files import RankOutputFiles
 from elasticjob.script_env import launch_env
 from elasticjob.wire import WorkerId
 
@@ -147,6 +149,7 @@ class LocalWorkerLauncher(WorkerLauncher):
         *,
         base_env: Mapping[str, str] | None = None,
         output: TextIO = sys.stdout,
+        output_files: RankOutputFiles | None = None,
         stop_grace_s: float = 10.0,
     ) -> None:
         self._base_env = dict(os.environ if base_env is None else base_env)
@@ -156,6 +159,7 @@ class LocalWorkerLauncher(WorkerLauncher):
         self._on_exit = on_exit
         self._rank_of = rank_of
         self._output = output
+        self._output_files = output_files
         self._stop_grace_s = stop_grace_s
         self._processes: dict[WorkerId, asyncio.subprocess.Process] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -169,7 +173,7 @@ class LocalWorkerLauncher(WorkerLauncher):
                 env=env,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
+                stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
                 preexec_fn=_die_with(os.getpid()) if sys.platform == "linux" else None,
             )
@@ -185,16 +189,27 @@ class LocalWorkerLauncher(WorkerLauncher):
         task.add_done_callback(self._tasks.discard)
 
     async def _supervise(self, worker: WorkerId, process: asyncio.subprocess.Process) -> None:
-        assert process.stdout is not None
-        async for raw in process.stdout:
-            rank = self._rank_of(worker)
-            prefix = f"[{rank}]" if rank is not None else f"[{worker}]"
-            self._output.write(f"{prefix}<stdout>:{raw.decode(errors='replace')}")
-            self._output.flush()
+        assert process.stdout is not None and process.stderr is not None
+        await asyncio.gather(
+            self._forward(worker, process.stdout, "stdout"),
+            self._forward(worker, process.stderr, "stderr"),
+        )
         code = await process.wait()
         self._processes.pop(worker, None)
         logger.debug("worker %s exited with %d", worker, code)
         self._on_exit(worker, code)
+
+    async def _forward(self, worker: WorkerId, stream: asyncio.StreamReader, name: str) -> None:
+        """Copy the lines of a worker's ``stdout`` or ``stderr`` to the launcher's output,
+        prefixed with its current rank as horovodrun does, and to its rank's file."""
+        async for raw in stream:
+            rank = self._rank_of(worker)
+            line = raw.decode(errors="replace")
+            prefix = f"[{rank}]" if rank is not None else f"[{worker}]"
+            self._output.write(f"{prefix}<{name}>:{line}")
+            self._output.flush()
+            if self._output_files is not None:
+                self._output_files.write(worker, rank, name, line)
 
     async def stop(self, worker: WorkerId) -> None:
         process = self._processes.get(worker)
@@ -225,3 +240,5 @@ class LocalWorkerLauncher(WorkerLauncher):
         await asyncio.gather(*(self.stop(w) for w in list(self._processes)))
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self._stop_grace_s)
+        if self._output_files is not None:
+            self._output_files.close()
