@@ -90,7 +90,7 @@ class _Refuse(argparse.Action):
 
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         self.reason = str(kwargs.pop("help"))
-        super().__init__(option_strings, dest, nargs=0, help=argparse.SUPPRESS, **kwargs)
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
 
     def __call__(
         self,
