@@ -16,6 +16,7 @@ import math
 import secrets
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from importlib import metadata
@@ -42,7 +43,7 @@ from elasticjob.launcher.horovodrun_flags import (
     parse_hostfile,
     python_log_level,
 )
-from elasticjob.launcher.output_files import RankOutputFiles, rank_width
+from elasticjob.launcher.output_files import RankOutputFiles, rank_width, write_timeline
 from elasticjob.launcher.processes import LocalWorkerLauncher, WorkerEnvironment
 from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS
 from elasticjob.rendezvous.server import RendezvousService
@@ -143,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="also write each rank's output to DIR/rank.<rank>/stdout and .../stderr",
     )
+    parser.add_argument(
+        "--timeline-filename",
+        metavar="FILE",
+        help="write a Chrome-trace JSON (chrome://tracing, Perfetto) of every worker's "
+        "rounds, resets, commits and collectives to FILE at the end of the job",
+    )
     parser.add_argument("--job-name", default="local", help="name of the job (default: local)")
     parser.add_argument("--verbose", action="store_true", help="debug logging of the driver")
     parser.add_argument(
@@ -197,6 +204,8 @@ def _argument_errors(args: argparse.Namespace) -> Iterator[str]:
             f"--job-name {args.job_name!r} is not a valid job name (lower-case letters, digits, "
             "'-' and '.', starting and ending with a letter or digit, at most 253 characters)"
         )
+    if args.timeline_filename and not Path(args.timeline_filename).resolve().parent.is_dir():
+        yield f"--timeline-filename {args.timeline_filename!r}: its folder does not exist"
     if not args.command:
         yield "no worker command given (e.g. elasticjob-run -np 2 python train.py)"
 
@@ -289,6 +298,9 @@ async def run_job(args: argparse.Namespace) -> JobResult:
         except OSError as exc:
             raise DriverError(f"--output-filename {args.output_filename!r}: {exc}") from exc
 
+    timeline_dir = (
+        tempfile.mkdtemp(prefix="elasticjob-timeline-") if args.timeline_filename else None
+    )
     service = RendezvousService()
     await service.start("127.0.0.1", 0)
     token = secrets.token_urlsafe(24)
@@ -299,6 +311,7 @@ async def run_job(args: argparse.Namespace) -> JobResult:
         backend=args.backend,
         network_interface=",".join(args.nics) if args.nics else None,
         heartbeat_interval_s=heartbeat_interval_s(settings.heartbeat_timeout_s),
+        timeline_dir=timeline_dir,
     )
 
     def make_launcher(driver: ElasticDriver) -> LocalWorkerLauncher:
@@ -323,6 +336,8 @@ async def run_job(args: argparse.Namespace) -> JobResult:
         return await driver.run()
     finally:
         await service.stop()
+        if timeline_dir is not None:
+            write_timeline(Path(timeline_dir), Path(args.timeline_filename))
 
 
 async def _run_until_signalled(args: argparse.Namespace) -> JobResult:

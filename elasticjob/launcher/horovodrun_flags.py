@@ -62,7 +62,6 @@ REFUSED: dict[tuple[str, ...], str] = {
     ("--autotune-steps-per-sample",): _CORE,
     ("--autotune-bayes-opt-max-samples",): _CORE,
     ("--autotune-gaussian-process-noise",): _CORE,
-    ("--timeline-filename",): "elasticjob-run writes no timeline yet",
     ("--timeline-mark-cycles",): _CORE,
     ("--no-timeline-mark-cycles",): _CORE,
     ("--stall-check",): _CORE,

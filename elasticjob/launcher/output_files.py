@@ -1,4 +1,7 @@
-"""``--output-filename DIR``: each rank's output in files, in horovodrun's layout.
+"""What ``elasticjob-run`` writes besides its output: each rank's output in files, in
+horovodrun's layout (``--output-filename``), and the job's timeline (``--timeline-filename``).
+
+``--output-filename DIR``:
 
 horovodrun (Gloo) writes ``DIR/rank.<rank>/stdout`` and ``DIR/rank.<rank>/stderr``, the rank
 zero-padded so that the names sort in rank order. Its files are per process, named by the
@@ -11,9 +14,12 @@ joining, or it has left the job) go to ``DIR/unranked/<host>.<slot>/``.
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from elasticjob.wire import WorkerId
 
@@ -67,3 +73,31 @@ class RankOutputFiles:
         for file in self._files.values():
             file.close()
         self._files.clear()
+
+
+def write_timeline(parts: Path, destination: Path) -> None:
+    """Write every worker's timeline events under ``parts`` (appended there by
+    :mod:`elasticjob.worker_runtime.timeline`) into one Chrome-trace JSON at ``destination``
+    (``{"traceEvents": [...]}``, one trace process per worker process, named ``host[slot]``),
+    then remove ``parts``. Lines cut short by a killed worker are skipped."""
+    events: list[dict[str, Any]] = []
+    try:
+        for path in sorted(parts.glob("*.jsonl")):
+            host, slot, pid = path.name.removesuffix(".jsonl").rsplit(".", 2)
+            name = {"name": f"{host}[{slot}] pid {pid}"}
+            events.append({"name": "process_name", "ph": "M", "pid": int(pid), "args": name})
+            events.extend(_events(path.read_text(encoding="utf-8").splitlines()))
+        destination.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+        logger.info("timeline: %d events written to %s", len(events), destination)
+    except OSError as exc:
+        logger.error("timeline: cannot write %s: %s", destination, exc)
+    finally:
+        shutil.rmtree(parts, ignore_errors=True)
+
+
+def _events(lines: Iterable[str]) -> Iterable[dict[str, Any]]:
+    for line in lines:
+        try:
+            yield json.loads(line)
+        except ValueError:
+            continue

@@ -108,6 +108,8 @@ class WorkerEnvironment:
     network_interface: str | None = None
     heartbeat_interval_s: float | None = None
     """Seconds between each worker's heartbeats (None: workers do not beat)."""
+    timeline_dir: str | None = None
+    """Folder where workers append their timeline events (None: they record none)."""
     orphan_timeout_s: float | None = ORPHAN_TIMEOUT_S
     """How long a worker keeps running while the rendezvous is unreachable (None: the
     worker runtime's default)."""
@@ -126,6 +128,8 @@ class WorkerEnvironment:
         }
         if self.orphan_timeout_s is not None:
             env[wire.ENV_ORPHAN_TIMEOUT] = str(self.orphan_timeout_s)
+        if self.timeline_dir is not None:
+            env[wire.ENV_TIMELINE_DIR] = self.timeline_dir
         if self.heartbeat_interval_s is not None:
             env[wire.ENV_HEARTBEAT_INTERVAL] = str(self.heartbeat_interval_s)
         if self.network_interface:
