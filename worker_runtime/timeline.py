@@ -6,7 +6,8 @@ and the collectives it waited on, with wall-clock timestamps in microseconds. Wh
 launcher asks for a timeline (:data:`~elasticjob.wire.ENV_TIMELINE_DIR`), the process appends
 them as JSON lines to its own file in that folder whenever it joins a round, when many have
 gathered, and when it shuts down; the launcher merges every file into one trace at the end
-(:func:`elasticjob.launcher.output_files.write_timeline`). Without the variable nothing is recorded: each hook is one ``None`` test.
+(:func:`elasticjob.launcher.output_files.write_timeline`). Without the variable nothing is
+recorded: each hook is one ``None`` test.
 """
 
 from __future__ import annotations
