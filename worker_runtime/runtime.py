@@ -322,14 +322,8 @@ class Runtime:
                 self.slot.cross_size,
                 response.sync,
             )
-            timeline.span(
-                "join round",
-                started_us,
-                round=self.round,
-                rank=self.slot.rank,
-                size=self.slot.size,
-                sync=response.sync,
-            )
+            rank, size = self.slot.rank, self.slot.size
+            timeline.span("join round", started_us, round=self.round, rank=rank, size=size)
             timeline.flush()
             return response.sync
 
