@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import logging
 import math
+import os
 import secrets
 import signal
 import sys
@@ -100,14 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--elastic-timeout",
         type=float,
-        default=600.0,
-        help="seconds to wait while fewer than --min-np slots are available",
+        default=os.environ.get("HOROVOD_ELASTIC_TIMEOUT", "600"),
+        help="seconds to wait while fewer than --min-np slots are available "
+        "(default: $HOROVOD_ELASTIC_TIMEOUT, else 600)",
     )
     parser.add_argument(
         "--start-timeout",
         type=float,
-        default=120.0,
-        help="seconds a new worker may take to register",
+        default=os.environ.get("HOROVOD_START_TIMEOUT", "120"),
+        help="seconds a new worker may take to register "
+        "(default: $HOROVOD_START_TIMEOUT, else 120)",
     )
     parser.add_argument(
         "--heartbeat-timeout",

@@ -201,3 +201,20 @@ def test_output_files_layout(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "rank.03" / "stdout").read_text() == "a\nb\n"
     assert (tmp_path / "out" / "rank.03" / "stderr").read_text() == "oops\n"
     assert (tmp_path / "out" / "unranked" / "127.0.1.1.1" / "stdout").read_text() == "joining\n"
+
+
+def test_timeouts_default_to_horovodrun_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (parse("-np", "1").elastic_timeout, parse("-np", "1").start_timeout) == (600, 120)
+    monkeypatch.setenv("HOROVOD_ELASTIC_TIMEOUT", "30")
+    monkeypatch.setenv("HOROVOD_START_TIMEOUT", "7.5")
+    args = parse("-np", "1")
+    assert (args.elastic_timeout, args.start_timeout) == (30.0, 7.5)
+    assert parse("-np", "1", "--start-timeout", "9").start_timeout == 9.0
+
+
+def test_a_bad_timeout_variable_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HOROVOD_START_TIMEOUT", "soon")
+    assert main(["-np", "1", "true"]) == 2
+    assert "argument --start-timeout: invalid float value: 'soon'" in capsys.readouterr().err
