@@ -80,6 +80,9 @@ ENV_DEFER_SIGTERM = "ELASTICJOB_DEFER_SIGTERM"
 ENV_PROBE_AFTER = "ELASTICJOB_PROBE_AFTER"
 """Seconds a collective (or the forming of a round's group) may block before the worker's
 heartbeat thread probes its peers and reports those it cannot reach (0: never probe)."""
+ENV_TIMELINE_DIR = "ELASTICJOB_TIMELINE_DIR"
+"""Folder where each worker process appends its timeline events (``--timeline-filename``
+of ``elasticjob-run``; unset: no timeline is recorded)."""
 
 # Variables that training scripts and their libraries read (horovodrun's and torchrun's), set
 # by ``elasticjob.script_env``: the launch-time ones by the launcher (or the operator and the
@@ -137,6 +140,7 @@ WORKER_CONTRACT_ENV = frozenset(
         ENV_DEFER_SIGTERM,
         ENV_RENDEZVOUS_CA,
         ENV_PROBE_AFTER,
+        ENV_TIMELINE_DIR,
         *SCRIPT_LAUNCH_ENV,
     }
 )

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import PrefixStore, Store
 
+from elasticjob.worker_runtime import timeline
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 from elasticjob.worker_runtime.log import get_logger
 
@@ -144,6 +145,19 @@ class RoundGroup:
 
     def wait(self, work: _Work) -> None:
         """Wait for an asynchronous collective, or raise as soon as the group is aborted."""
+        started = timeline.now()
+        if started is None:
+            self._wait(work)
+            return
+        name = timeline.collective_name()
+        try:
+            self._wait(work)
+        except HorovodInternalError as exc:
+            timeline.span(name, started, cat="collective", failed=str(exc))
+            raise
+        timeline.span(name, started, cat="collective")
+
+    def _wait(self, work: _Work) -> None:
         pending = _Pending(threading.Event())
         with self._lock:
             if self._error is not None:

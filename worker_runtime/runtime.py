@@ -44,6 +44,7 @@ from elasticjob.wire import (
     SlotInfo,
     WorkerState,
 )
+from elasticjob.worker_runtime import timeline
 from elasticjob.worker_runtime.config import WorkerConfig, resolve_backend
 from elasticjob.worker_runtime.exceptions import HorovodInternalError, WorkerRemoved
 from elasticjob.worker_runtime.formation import await_members, connect_store
@@ -209,12 +210,14 @@ class Runtime:
         driver is told, so that the next round syncs every rank from rank 0).
 
         Raises :class:`WorkerRemoved` when this worker is no longer part of the job."""
+        started, left = timeline.now(), self.round
         self.group.destroy()
         if self._watcher is None:
             self.round += 1
             self._form_world_of_one(f"standalone-{self.round}/")
             return False
         self.sync_required = self._join(rolled_back=rolled_back)
+        timeline.span("reset", started, left=left, joined=self.round, rolled_back=rolled_back)
         return self.sync_required
 
     def _form_world_of_one(self, prefix: str) -> None:
@@ -222,6 +225,8 @@ class Runtime:
 
     def shutdown(self) -> None:
         """Destroy the group and stop following notices."""
+        timeline.instant("shutdown", round=self.round)
+        timeline.flush()
         self.group.destroy()
         if self._watcher is not None:
             self._watcher.stop()
@@ -252,7 +257,7 @@ class Runtime:
 
     def _join(self, *, rolled_back: bool = False) -> bool:
         assert self.config is not None and self._client is not None
-        started = time.monotonic()
+        started, started_us = time.monotonic(), timeline.now()
         deadline = started + self.config.round_wait_s
         after_round = self.round
         while True:
@@ -317,6 +322,9 @@ class Runtime:
                 self.slot.cross_size,
                 response.sync,
             )
+            rank, size = self.slot.rank, self.slot.size
+            timeline.span("join round", started_us, round=self.round, rank=rank, size=size)
+            timeline.flush()
             return response.sync
 
     def _form_group(self, store_address: str, store_port: int) -> None:

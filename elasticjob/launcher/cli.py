@@ -13,11 +13,15 @@ import argparse
 import asyncio
 import logging
 import math
+import os
 import secrets
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from importlib import metadata
+from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -32,6 +36,15 @@ from elasticjob.driver.discovery import (
 from elasticjob.driver.driver import DriverSettings, ElasticDriver, JobResult
 from elasticjob.driver.hosts import HostManager
 from elasticjob.driver.liveness import DEFAULT_HEARTBEAT_TIMEOUT_S, heartbeat_interval_s
+from elasticjob.launcher.horovodrun_flags import (
+    LOG_LEVELS,
+    HostfileError,
+    NetworkInterfaces,
+    add_refused_flags,
+    parse_hostfile,
+    python_log_level,
+)
+from elasticjob.launcher.output_files import RankOutputFiles, rank_width, write_timeline
 from elasticjob.launcher.processes import LocalWorkerLauncher, WorkerEnvironment
 from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS
 from elasticjob.rendezvous.server import RendezvousService
@@ -41,19 +54,40 @@ logger = logging.getLogger("elasticjob.launcher")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """horovodrun's flags that apply here, in its spellings; those that cannot apply are
+    refused by name (:mod:`elasticjob.launcher.horovodrun_flags`)."""
     parser = argparse.ArgumentParser(
         prog="elasticjob-run",
-        description="Run an elastic PyTorch job on this machine (horovodrun's elastic flags).",
+        description="Run an elastic PyTorch job on this machine (horovodrun's flags).",
+    )
+    parser.add_argument("-v", "--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "-np",
+        "--num-proc",
+        type=int,
+        dest="np",
+        help="number of processes; in elastic mode, the number needed before training starts",
     )
     parser.add_argument(
-        "-np", "--num-proc", type=int, dest="np", help="number of processes to start with"
+        "--min-np",
+        "--min-num-proc",
+        type=int,
+        dest="min_np",
+        help="fewest processes to train with (default: -np)",
     )
-    parser.add_argument("--min-np", type=int, help="fewest processes to train with (default: -np)")
     parser.add_argument(
-        "--max-np", type=int, help="most processes (default: unbounded with discovery, else -np)"
+        "--max-np",
+        "--max-num-proc",
+        type=int,
+        dest="max_np",
+        help="most processes; unbounded by default in elastic mode (--min-np or a discovery "
+        "script given), else -np",
     )
     hosts = parser.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", help="fixed hosts: host1:slots,host2:slots,...")
+    hosts.add_argument(
+        "-hostfile", "--hostfile", help="file of fixed hosts, one '<host> slots=<N>' per line"
+    )
     hosts.add_argument("--host-discovery-script", help="executable printing host[:slots] lines")
     parser.add_argument(
         "--slots",
@@ -61,20 +95,22 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         dest="slots",
-        help="slots of a host given without :slots (default 1)",
+        help="slots of a host given without slots (default 1)",
     )
     parser.add_argument("--reset-limit", type=int, help="fail after this many resets")
     parser.add_argument(
         "--elastic-timeout",
         type=float,
-        default=600.0,
-        help="seconds to wait while fewer than --min-np slots are available",
+        default=os.environ.get("HOROVOD_ELASTIC_TIMEOUT", "600"),
+        help="seconds to wait while fewer than --min-np slots are available "
+        "(default: $HOROVOD_ELASTIC_TIMEOUT, else 600)",
     )
     parser.add_argument(
         "--start-timeout",
         type=float,
-        default=120.0,
-        help="seconds a new worker may take to register",
+        default=os.environ.get("HOROVOD_START_TIMEOUT", "120"),
+        help="seconds a new worker may take to register "
+        "(default: $HOROVOD_START_TIMEOUT, else 120)",
     )
     parser.add_argument(
         "--heartbeat-timeout",
@@ -92,12 +128,48 @@ def build_parser() -> argparse.ArgumentParser:
         default=(10.0, 300.0),
         help="cooldown of a failed host, in seconds",
     )
-    parser.add_argument("--network-interface", help="interface for Gloo/NCCL traffic (e.g. lo)")
+    for flag in ("--network-interfaces", "--network-interface"):
+        parser.add_argument(
+            flag,
+            action=NetworkInterfaces,
+            dest="nics",
+            help="interfaces for Gloo/NCCL traffic, comma-separated (e.g. lo); repeatable",
+        )
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    parser.add_argument(
+        "--gloo",
+        action="store_true",
+        help="horovodrun's Gloo controller: accepted, it is the only one (Gloo runs the "
+        "collectives on CPU; --backend picks NCCL for GPUs)",
+    )
+    parser.add_argument(
+        "--output-filename",
+        metavar="DIR",
+        help="also write each rank's output to DIR/rank.<rank>/stdout and .../stderr",
+    )
+    parser.add_argument(
+        "--timeline-filename",
+        metavar="FILE",
+        help="write a Chrome-trace JSON (chrome://tracing, Perfetto) of every worker's "
+        "rounds, resets, commits and collectives to FILE at the end of the job",
+    )
     parser.add_argument("--job-name", default="local", help="name of the job (default: local)")
     parser.add_argument("--verbose", action="store_true", help="debug logging of the driver")
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        help="least level the launcher logs to stderr (default: INFO, DEBUG with --verbose)",
+    )
+    add_refused_flags(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the worker command")
     return parser
+
+
+def _version() -> str:
+    try:
+        return metadata.version("elasticjob")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 _JOB_NAME: TypeAdapter[str] = TypeAdapter(JobName)
@@ -135,6 +207,8 @@ def _argument_errors(args: argparse.Namespace) -> Iterator[str]:
             f"--job-name {args.job_name!r} is not a valid job name (lower-case letters, digits, "
             "'-' and '.', starting and ending with a letter or digit, at most 253 characters)"
         )
+    if args.timeline_filename and not Path(args.timeline_filename).resolve().parent.is_dir():
+        yield f"--timeline-filename {args.timeline_filename!r}: its folder does not exist"
     if not args.command:
         yield "no worker command given (e.g. elasticjob-run -np 2 python train.py)"
 
@@ -149,12 +223,18 @@ def parse_arguments(
         args.command = args.command[1:]
     for problem in _argument_errors(args):
         parser.error(problem)
+    if args.hostfile:
+        try:
+            args.hosts = parse_hostfile(args.hostfile, args.slots)
+        except HostfileError as exc:
+            parser.error(f"--hostfile: {exc}")
     if args.host_discovery_script:
         return args
+    flag = "--hostfile" if args.hostfile else "-H"
     try:
         fixed = parse_hosts(_fixed_hosts(args), args.slots)
     except DiscoveryError as exc:
-        parser.error(f"-H: {exc}")
+        parser.error(f"{flag}: {exc}")
     min_np = _min_np(args)
     if sum(fixed.values()) < min_np:
         parser.error(
@@ -166,8 +246,21 @@ def parse_arguments(
 
 
 def _fixed_hosts(args: argparse.Namespace) -> str:
-    """The ``-H`` host list, or this machine with ``-np`` slots."""
+    """The ``-H`` (or ``--hostfile``) host list, or this machine with ``-np`` slots."""
     return str(args.hosts or f"localhost:{args.np or 1}")
+
+
+def is_elastic(args: argparse.Namespace) -> bool:
+    """horovodrun's elastic mode: a discovery script or ``--min-np`` given."""
+    return bool(args.host_discovery_script) or args.min_np is not None
+
+
+def max_np(args: argparse.Namespace) -> int | None:
+    """``--max-np``, or horovodrun's default: unbounded (None) in elastic mode, else ``-np``
+    (horovodrun's static mode runs exactly ``-np`` processes)."""
+    if args.max_np is not None or is_elastic(args):
+        return int(args.max_np) if args.max_np is not None else None
+    return int(args.np) if args.np is not None else None
 
 
 def _min_np(args: argparse.Namespace) -> int:
@@ -178,15 +271,13 @@ def _settings(args: argparse.Namespace) -> tuple[HostDiscovery, DriverSettings, 
     discovery: HostDiscovery
     if args.host_discovery_script:
         discovery = ScriptDiscovery(args.host_discovery_script, default_slots=args.slots)
-        max_np = args.max_np
     else:
         discovery = FixedHosts(parse_hosts(_fixed_hosts(args), args.slots))
-        max_np = args.max_np if args.max_np is not None else args.np
     min_np = _min_np(args)
     try:
         settings = DriverSettings(
             min_np=min_np,
-            max_np=max_np,
+            max_np=max_np(args),
             reset_limit=args.reset_limit,
             elastic_timeout_s=args.elastic_timeout,
             start_timeout_s=args.start_timeout,
@@ -201,6 +292,18 @@ def _settings(args: argparse.Namespace) -> tuple[HostDiscovery, DriverSettings, 
 async def run_job(args: argparse.Namespace) -> JobResult:
     """Run the job ``args`` describe and return its result."""
     discovery, settings, policy = _settings(args)
+    output_files = None
+    if args.output_filename:
+        try:
+            output_files = RankOutputFiles(
+                Path(args.output_filename), rank_width(args.np, settings.max_np)
+            )
+        except OSError as exc:
+            raise DriverError(f"--output-filename {args.output_filename!r}: {exc}") from exc
+
+    timeline_dir = (
+        tempfile.mkdtemp(prefix="elasticjob-timeline-") if args.timeline_filename else None
+    )
     service = RendezvousService()
     await service.start("127.0.0.1", 0)
     token = secrets.token_urlsafe(24)
@@ -209,12 +312,19 @@ async def run_job(args: argparse.Namespace) -> JobResult:
         job=args.job_name,
         token=token,
         backend=args.backend,
-        network_interface=args.network_interface,
+        network_interface=",".join(args.nics) if args.nics else None,
         heartbeat_interval_s=heartbeat_interval_s(settings.heartbeat_timeout_s),
+        timeline_dir=timeline_dir,
     )
 
     def make_launcher(driver: ElasticDriver) -> LocalWorkerLauncher:
-        return LocalWorkerLauncher(args.command, environment, driver.on_worker_exit, driver.rank_of)
+        return LocalWorkerLauncher(
+            args.command,
+            environment,
+            driver.on_worker_exit,
+            driver.rank_of,
+            output_files=output_files,
+        )
 
     try:
         driver = ElasticDriver(
@@ -229,6 +339,8 @@ async def run_job(args: argparse.Namespace) -> JobResult:
         return await driver.run()
     finally:
         await service.stop()
+        if timeline_dir is not None:
+            write_timeline(Path(timeline_dir), Path(args.timeline_filename))
 
 
 async def _run_until_signalled(args: argparse.Namespace) -> JobResult:
@@ -248,8 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_arguments(build_parser(), argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
+    level = logging.DEBUG if args.verbose else logging.INFO
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=python_log_level(args.log_level) if args.log_level else level,
         format="elasticjob-run %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )

@@ -2,7 +2,8 @@
 
 Several "hosts" share the machine: each host name must resolve to a local address
 (``localhost``, ``127.0.0.1``, ``127.0.1.7``...), and the host's workers bind to it.
-Every output line of a worker is prefixed with its current rank.
+Every output line of a worker is prefixed with its current rank and its stream
+(``[1]<stdout>:``, ``[1]<stderr>:``), as horovodrun does.
 
 Workers never outlive the launcher: each is started with ``PR_SET_PDEATHSIG`` (Linux), so the
 kernel kills it when the launcher dies, even by SIGKILL; and each is told
@@ -28,6 +29,7 @@ from typing import TextIO
 
 from elasticjob import wire
 from elasticjob.driver.api import DriverError, WorkerLauncher
+from elasticjob.launcher.output_files import RankOutputFiles
 from elasticjob.script_env import launch_env
 from elasticjob.wire import WorkerId
 
@@ -106,6 +108,8 @@ class WorkerEnvironment:
     network_interface: str | None = None
     heartbeat_interval_s: float | None = None
     """Seconds between each worker's heartbeats (None: workers do not beat)."""
+    timeline_dir: str | None = None
+    """Folder where workers append their timeline events (None: they record none)."""
     orphan_timeout_s: float | None = ORPHAN_TIMEOUT_S
     """How long a worker keeps running while the rendezvous is unreachable (None: the
     worker runtime's default)."""
@@ -124,6 +128,8 @@ class WorkerEnvironment:
         }
         if self.orphan_timeout_s is not None:
             env[wire.ENV_ORPHAN_TIMEOUT] = str(self.orphan_timeout_s)
+        if self.timeline_dir is not None:
+            env[wire.ENV_TIMELINE_DIR] = self.timeline_dir
         if self.heartbeat_interval_s is not None:
             env[wire.ENV_HEARTBEAT_INTERVAL] = str(self.heartbeat_interval_s)
         if self.network_interface:
@@ -147,6 +153,7 @@ class LocalWorkerLauncher(WorkerLauncher):
         *,
         base_env: Mapping[str, str] | None = None,
         output: TextIO = sys.stdout,
+        output_files: RankOutputFiles | None = None,
         stop_grace_s: float = 10.0,
     ) -> None:
         self._base_env = dict(os.environ if base_env is None else base_env)
@@ -156,6 +163,7 @@ class LocalWorkerLauncher(WorkerLauncher):
         self._on_exit = on_exit
         self._rank_of = rank_of
         self._output = output
+        self._output_files = output_files
         self._stop_grace_s = stop_grace_s
         self._processes: dict[WorkerId, asyncio.subprocess.Process] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -169,7 +177,7 @@ class LocalWorkerLauncher(WorkerLauncher):
                 env=env,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
+                stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
                 preexec_fn=_die_with(os.getpid()) if sys.platform == "linux" else None,
             )
@@ -185,16 +193,27 @@ class LocalWorkerLauncher(WorkerLauncher):
         task.add_done_callback(self._tasks.discard)
 
     async def _supervise(self, worker: WorkerId, process: asyncio.subprocess.Process) -> None:
-        assert process.stdout is not None
-        async for raw in process.stdout:
-            rank = self._rank_of(worker)
-            prefix = f"[{rank}]" if rank is not None else f"[{worker}]"
-            self._output.write(f"{prefix}<stdout>:{raw.decode(errors='replace')}")
-            self._output.flush()
+        assert process.stdout is not None and process.stderr is not None
+        await asyncio.gather(
+            self._forward(worker, process.stdout, "stdout"),
+            self._forward(worker, process.stderr, "stderr"),
+        )
         code = await process.wait()
         self._processes.pop(worker, None)
         logger.debug("worker %s exited with %d", worker, code)
         self._on_exit(worker, code)
+
+    async def _forward(self, worker: WorkerId, stream: asyncio.StreamReader, name: str) -> None:
+        """Copy the lines of a worker's ``stdout`` or ``stderr`` to the launcher's output,
+        prefixed with its current rank as horovodrun does, and to its rank's file."""
+        async for raw in stream:
+            rank = self._rank_of(worker)
+            line = raw.decode(errors="replace")
+            prefix = f"[{rank}]" if rank is not None else f"[{worker}]"
+            self._output.write(f"{prefix}<{name}>:{line}")
+            self._output.flush()
+            if self._output_files is not None:
+                self._output_files.write(worker, rank, name, line)
 
     async def stop(self, worker: WorkerId) -> None:
         process = self._processes.get(worker)
@@ -225,3 +244,5 @@ class LocalWorkerLauncher(WorkerLauncher):
         await asyncio.gather(*(self.stop(w) for w in list(self._processes)))
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self._stop_grace_s)
+        if self._output_files is not None:
+            self._output_files.close()

@@ -57,7 +57,7 @@ def test_steady_job_on_two_hosts(tmp_path: Path) -> None:
         ("127.0.1.2", 0): 2,
         ("127.0.1.2", 1): 3,
     }
-    assert "[0]<stdout>:" in run.stdout and "[3]<stdout>:" in run.stdout
+    assert "[0]<stderr>:" in run.stdout and "[3]<stderr>:" in run.stdout
 
 
 def test_scale_out_newcomers_get_state_from_rank_0(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from elasticjob.worker_runtime import timeline
 from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.collectives import (
     broadcast_object,
@@ -48,7 +49,9 @@ class State(abc.ABC):
     def commit(self) -> None:
         """Snapshot the state in memory, then check for host updates (which may raise
         :class:`~elasticjob.worker_runtime.HostsUpdatedInterrupt` on every rank at once)."""
+        started = timeline.now()
         self.save()
+        timeline.span("commit", started)
         self.check_host_updates()
 
     def check_host_updates(self) -> None:

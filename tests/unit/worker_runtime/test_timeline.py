@@ -1,0 +1,87 @@
+"""The worker's timeline: nothing without ``ELASTICJOB_TIMELINE_DIR``; with it, Chrome-trace
+events appended to the process's file, which the launcher merges into one trace."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from elasticjob import wire
+from elasticjob.launcher.output_files import write_timeline
+from elasticjob.worker_runtime import timeline
+
+
+@pytest.fixture
+def recording(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    monkeypatch.setenv(wire.ENV_TIMELINE_DIR, str(tmp_path / "parts"))
+    monkeypatch.setenv(wire.ENV_HOSTNAME, "127.0.1.1")
+    monkeypatch.setenv(wire.ENV_LOCAL_RANK, "1")
+    (tmp_path / "parts").mkdir()
+    yield importlib.reload(timeline)
+    monkeypatch.delenv(wire.ENV_TIMELINE_DIR)
+    importlib.reload(timeline)
+
+
+def test_without_the_variable_nothing_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(wire.ENV_TIMELINE_DIR, raising=False)
+    module = importlib.reload(timeline)
+    assert not module.enabled()
+    assert module.now() is None
+    module.span("commit", module.now())
+    module.instant("shutdown")
+    module.flush()
+
+
+def allreduce_(module: ModuleType) -> str:
+    return _wait(module)
+
+
+def _wait(module: ModuleType) -> str:
+    return wait(module)
+
+
+def wait(module: ModuleType) -> str:
+    """Like ``RoundGroup.wait``, called by a private helper of the public function."""
+    return str(module.collective_name())
+
+
+def test_events_are_appended_and_merged(tmp_path: Path, recording: ModuleType) -> None:
+    started = recording.now()
+    assert isinstance(started, int)
+    recording.span("commit", started)
+    recording.span("allreduce_", started, cat="collective", failed="round broke")
+    recording.flush()
+    recording.instant("shutdown", round=3)
+    recording.flush()
+    parts = tmp_path / "parts"
+    (file,) = parts.iterdir()
+    assert file.name == f"127.0.1.1.1.{os.getpid()}.jsonl"
+    assert len(file.read_text().splitlines()) == 3
+    with file.open("a") as cut:
+        cut.write('{"name": "cut sho')  # a worker killed while writing
+    write_timeline(parts, tmp_path / "timeline.json")
+    events = json.loads((tmp_path / "timeline.json").read_text())["traceEvents"]
+    assert [e["name"] for e in events] == ["process_name", "commit", "allreduce_", "shutdown"]
+    assert events[0]["args"] == {"name": f"127.0.1.1[1] pid {os.getpid()}"}
+    assert events[1]["ph"] == "X" and events[1]["dur"] >= 0 and events[1]["ts"] == started
+    assert events[2]["cat"] == "collective" and events[2]["args"] == {"failed": "round broke"}
+    assert events[3]["ph"] == "i" and events[3]["args"] == {"round": 3}
+    assert {e["pid"] for e in events} == {os.getpid()}
+    assert not parts.exists()
+
+
+def test_a_collective_is_named_after_the_public_function(recording: ModuleType) -> None:
+    assert allreduce_(recording) == "allreduce_"
+
+
+def test_many_events_are_written_before_the_end(tmp_path: Path, recording: ModuleType) -> None:
+    for _ in range(recording.FLUSH_EVERY):
+        recording.instant("step")
+    (file,) = (tmp_path / "parts").iterdir()
+    assert len(file.read_text().splitlines()) == recording.FLUSH_EVERY
