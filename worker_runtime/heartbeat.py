@@ -57,11 +57,16 @@ class Heartbeat:
         self._interval_s = interval_s
         self._orphan_timeout_s = orphan_timeout_s
         self._on_orphaned = on_orphaned
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="elasticjob-heartbeat", daemon=True)
 
     def start(self) -> None:
         """Start beating (the first beat is sent at once)."""
         self._thread.start()
+
+    def beat_now(self) -> None:
+        """Send the next beat (and its probe) at once rather than on schedule. Thread-safe."""
+        self._wake.set()
 
     def _run(self) -> None:
         failing = False
@@ -93,4 +98,6 @@ class Heartbeat:
             # Beat on a fixed schedule: a slow request does not push the next beat back.
             now = time.monotonic()
             next_beat = max(next_beat + self._interval_s, now)
-            time.sleep(next_beat - now)
+            if self._wake.wait(next_beat - now):
+                self._wake.clear()
+                next_beat = time.monotonic()

@@ -83,8 +83,10 @@ def _start_connect(peer: PeerEndpoint) -> socket.socket | None:
 class PeerProber:
     """Probes the peers of the round this worker joined last, once the training thread has
     been blocked on the round's group (``blocked_for``: seconds, None when not blocked) for
-    ``probe_after_s`` (0: never). :meth:`probe` runs on the heartbeat thread,
-    :meth:`joined_round` on the training thread."""
+    ``probe_after_s`` (0: never), or at once after a collective of that round failed here
+    (:meth:`collective_failed`: a dead peer's connections reset before the driver hears of
+    its exit; its listener refuses the probe). :meth:`probe` runs on the heartbeat thread,
+    the other methods on the training thread."""
 
     def __init__(
         self,
@@ -97,6 +99,7 @@ class PeerProber:
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
         self._round = 0
+        self._failed_round = 0
         self._peers: tuple[PeerEndpoint, ...] = ()
         self._last: tuple[ProbedPeer, ...] | None = None
 
@@ -105,13 +108,21 @@ class PeerProber:
         with self._lock:
             self._round, self._peers = round_number, tuple(peers)
 
+    def collective_failed(self, round_number: int) -> None:
+        """A collective of ``round_number`` failed on this worker: probe its peers now."""
+        with self._lock:
+            self._failed_round = max(self._failed_round, round_number)
+
     def probe(self) -> tuple[int, tuple[ProbedPeer, ...]] | None:
-        """The round and its peers that did not answer, once blocked long enough; None when
-        not blocked for ``probe_after_s`` or nobody is to be probed."""
+        """The round and its peers that did not answer, once blocked long enough or after a
+        failed collective of the round; None otherwise or when nobody is to be probed."""
         blocked = self._blocked_for()
         with self._lock:
             round_number, peers = self._round, self._peers
-        if self._probe_after_s <= 0 or blocked is None or blocked < self._probe_after_s:
+            failed = self._failed_round == round_number
+        if self._probe_after_s <= 0:
+            return None
+        if not failed and (blocked is None or blocked < self._probe_after_s):
             self._last = None
             return None
         if not peers:
@@ -122,9 +133,9 @@ class PeerProber:
         )
         if unreachable != self._last:
             logger.warning(
-                "round %d: blocked for %.1f s; peers that do not answer: %s",
+                "round %d: %s; peers that do not answer: %s",
                 round_number,
-                blocked,
+                "a collective failed" if failed else f"blocked for {blocked:.1f} s",
                 ", ".join(f"{p.hostname}[{p.local_rank}]" for p in unreachable) or "none",
             )
         self._last = unreachable

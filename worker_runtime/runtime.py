@@ -211,6 +211,9 @@ class Runtime:
 
         Raises :class:`WorkerRemoved` when this worker is no longer part of the job."""
         started, left = timeline.now(), self.round
+        if rolled_back and self._prober is not None and self._heartbeat is not None:
+            self._prober.collective_failed(self.round)
+            self._heartbeat.beat_now()
         self.group.destroy()
         if self._watcher is None:
             self.round += 1

@@ -125,22 +125,40 @@ def test_a_collective_being_waited_on_counts_as_blocked() -> None:
 
 
 @pytest.mark.parametrize(
-    ("blocked", "probe_after", "has_peers", "reports"),
+    ("blocked", "probe_after", "has_peers", "failed_round", "reports"),
     [
-        (None, 2.0, True, False),
-        (1.0, 2.0, True, False),
-        (2.5, 0.0, True, False),
-        (2.5, 2.0, False, False),
-        (2.5, 2.0, True, True),
+        (None, 2.0, True, None, False),
+        (1.0, 2.0, True, None, False),
+        (2.5, 0.0, True, None, False),
+        (2.5, 2.0, False, None, False),
+        (2.5, 2.0, True, None, True),
+        (None, 2.0, True, 7, True),
+        (None, 2.0, True, 6, False),
+        (None, 0.0, True, 7, False),
     ],
-    ids=["not-blocked", "not-long-enough", "probing-off", "nobody-to-probe", "probes"],
+    ids=[
+        "not-blocked",
+        "not-long-enough",
+        "probing-off",
+        "nobody-to-probe",
+        "probes",
+        "a-collective-of-the-round-failed",
+        "a-collective-of-an-older-round-failed",
+        "failed-but-probing-off",
+    ],
 )
-def test_the_prober_probes_only_once_blocked_long_enough(
-    blocked: float | None, probe_after: float, has_peers: bool, reports: bool
+def test_the_prober_probes_once_blocked_long_enough_or_after_a_failed_collective(
+    blocked: float | None,
+    probe_after: float,
+    has_peers: bool,
+    failed_round: int | None,
+    reports: bool,
 ) -> None:
     with listening() as up:
         peers = [peer("up", int(up.getsockname()[1])), peer("down", closed_port())]
         prober = PeerProber(lambda: blocked, probe_after, timeout_s=0.5)
+        if failed_round is not None:
+            prober.collective_failed(failed_round)
         prober.joined_round(7, peers if has_peers else [])
         found = prober.probe()
     if reports:
@@ -163,6 +181,7 @@ class _Recording(http.server.BaseHTTPRequestHandler):
 
 
 def test_heartbeats_carry_the_probe_report() -> None:
+    _Recording.bodies.clear()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recording)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -185,6 +204,27 @@ def test_heartbeats_carry_the_probe_report() -> None:
         },
         {"hostname": "a", "local_rank": 0, "round": None, "unreachable": []},
     ]
+
+
+def test_a_beat_asked_for_is_sent_at_once() -> None:
+    _Recording.bodies.clear()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recording)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = RendezvousClient(f"http://127.0.0.1:{server.server_port}", "demo", "secret")
+        heartbeat = Heartbeat(client, "a", 0, 60.0)
+        heartbeat.start()
+        deadline = time.monotonic() + DEADLINE_S
+        while not _Recording.bodies and time.monotonic() < deadline:
+            time.sleep(0.01)  # the first beat is sent at once; bounded
+        assert len(_Recording.bodies) == 1
+        heartbeat.beat_now()
+        while len(_Recording.bodies) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # bounded; the next scheduled beat is a minute away
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(_Recording.bodies) == 2, "beat_now() did not send a beat before the schedule"
 
 
 def test_the_probe_threshold_comes_from_the_environment() -> None:
