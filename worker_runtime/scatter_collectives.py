@@ -10,6 +10,7 @@ rows. Neither is differentiable here (Horovod's are autograd functions).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import overload
 
 import torch
 import torch.distributed as dist
@@ -68,6 +69,24 @@ def alltoall_async(
     split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
     received_splits = torch.tensor(counts, dtype=split_dtype)
     return issue([work], lambda: (output.to(tensor.device), received_splits))
+
+
+@overload
+def alltoall(
+    tensor: torch.Tensor,
+    splits: None = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor: ...
+
+
+@overload
+def alltoall(
+    tensor: torch.Tensor,
+    splits: Splits,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def alltoall(

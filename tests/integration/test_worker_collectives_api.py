@@ -87,7 +87,7 @@ def test_async_handles(world: list[Result]) -> None:
 def test_grouped_allreduce(world: list[Result]) -> None:
     n = len(world)
     ranks = range(n)
-    sums = [
+    sums: list[list[Any]] = [
         [sum(q + 1.0 for q in ranks), -1.0 * n],
         [[sum(q * 0.5 for q in ranks)], [2.0 * n]],
         [sum(ranks), sum(10 * q + 1 for q in ranks)],
