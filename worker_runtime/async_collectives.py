@@ -17,8 +17,10 @@ import torch.distributed as dist
 
 from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.collectives import (
+    Compressor,
     Pending,
     ReduceOp,
+    compressed_copy,
     resolve_op,
     start_allgather,
     start_allreduce_,
@@ -152,20 +154,20 @@ def grouped_allreduce(
     tensors: Sequence[torch.Tensor],
     average: bool | None = None,
     name: str | None = None,
-    compression: object = None,
+    compression: type[Compressor] | None = None,
     op: ReduceOp | None = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
 ) -> list[torch.Tensor]:
-    """Return new tensors holding ``tensors`` reduced across all ranks (default: average).
-    ``compression`` is accepted for Horovod's signature and not applied."""
-    del compression
-    handle = grouped_allreduce_async(
-        tensors, average, name, op, prescale_factor, postscale_factor, process_set
+    """Return new tensors holding ``tensors`` reduced across all ranks (default: average),
+    compressed on the way if ``compression`` says so."""
+    copies = [compressed_copy(t, compression) for t in tensors]
+    handle = grouped_allreduce_async_(
+        [c for c, _ in copies], average, name, op, prescale_factor, postscale_factor, process_set
     )
-    result: list[torch.Tensor] = synchronize(handle)
-    return result
+    reduced: list[torch.Tensor] = synchronize(handle)
+    return [decompress(r) for r, (_, decompress) in zip(reduced, copies, strict=True)]
 
 
 def broadcast_async_(

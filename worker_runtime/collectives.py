@@ -14,7 +14,7 @@ import enum
 import pickle
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -140,18 +140,42 @@ def allreduce_(
     return pending.finish()
 
 
+class Compressor(Protocol):
+    """A compression of Horovod's ``hvd.Compression`` (``none``, ``fp16``)."""
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]: ...
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor: ...
+
+
+def compressed_copy(
+    tensor: torch.Tensor, compression: type[Compressor] | None
+) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """A copy of ``tensor`` to reduce, compressed, and the function that decompresses the
+    result."""
+    if compression is None:
+        return tensor.detach().clone(), lambda result: result
+    compressed, ctx = compression.compress(tensor.detach())
+    return compressed.clone(), lambda result: compression.decompress(result, ctx)
+
+
 def allreduce(
     tensor: torch.Tensor,
     average: bool | None = None,
     name: str | None = None,
+    compression: type[Compressor] | None = None,
     op: ReduceOp | None = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
-    """Return a new tensor holding ``tensor`` reduced across all ranks (default: average)."""
-    return allreduce_(
-        tensor.detach().clone(), average, name, op, prescale_factor, postscale_factor, process_set
+    """Return a new tensor holding ``tensor`` reduced across all ranks (default: average),
+    compressed on the way if ``compression`` says so (``hvd.Compression.fp16``)."""
+    copy, decompress = compressed_copy(tensor, compression)
+    return decompress(
+        allreduce_(copy, average, name, op, prescale_factor, postscale_factor, process_set)
     )
 
 

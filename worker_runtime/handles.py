@@ -32,6 +32,9 @@ class _Handle:
 
 
 _handles: dict[int, _Handle] = {}
+_expired: dict[int, int] = {}
+"""Handles of earlier rounds never synchronized, by round: their buffers are let go as soon as
+a newer round issues a collective, their ``synchronize`` still raises."""
 _lock = threading.Lock()
 _numbers = itertools.count(1)
 
@@ -41,17 +44,19 @@ def issue(works: Sequence[Any], finish: Callable[[], Any]) -> int:
     works) and the function that gives their output once all are done; returns the handle."""
     handle = _Handle(current().round, list(works), finish)
     with _lock:
+        for number in [n for n, h in _handles.items() if h.round != handle.round]:
+            _expired[number] = _handles.pop(number).round
         number = next(_numbers)
         _handles[number] = handle
     return number
 
 
-def _stale(handle: _Handle) -> str | None:
-    """Why ``handle`` can never complete (None if it may)."""
+def _stale(issued_in: int) -> str | None:
+    """Why a handle issued in round ``issued_in`` can never complete (None if it may)."""
     runtime = current()
-    if runtime.round != handle.round:
+    if runtime.round != issued_in:
         return (
-            f"the collective was issued in round {handle.round}; the group was re-formed "
+            f"the collective was issued in round {issued_in}; the group was re-formed "
             f"since (round {runtime.round})"
         )
     return runtime.group.errored()
@@ -62,9 +67,12 @@ def poll(handle: int) -> bool:
     returns True, :func:`synchronize` does not block (it raises at once if the round broke)."""
     with _lock:
         pending = _handles.get(handle)
+        expired = handle in _expired
+    if expired:
+        return True
     if pending is None:
         raise ValueError(f"unknown handle {handle} (already synchronized?)")
-    if _stale(pending) is not None:
+    if _stale(pending.round) is not None:
         return True
     return all(work.is_completed() for work in pending.works)
 
@@ -76,9 +84,12 @@ def synchronize(handle: int) -> Any:
     synchronized) gives None, as in Horovod."""
     with _lock:
         pending = _handles.pop(handle, None)
+        expired = _expired.pop(handle, None)
+    if expired is not None:
+        raise HorovodInternalError(str(_stale(expired)))
     if pending is None:
         return None
-    reason = _stale(pending)
+    reason = _stale(pending.round)
     if reason is not None:
         raise HorovodInternalError(reason)
     group = current().group

@@ -16,7 +16,13 @@ import torch
 import torch.distributed as dist
 
 from elasticjob.worker_runtime.basics import current
-from elasticjob.worker_runtime.collectives import Average, ReduceOp, start_allreduce_
+from elasticjob.worker_runtime.collectives import (
+    Average,
+    Compressor,
+    ReduceOp,
+    compressed_copy,
+    start_allreduce_,
+)
 from elasticjob.worker_runtime.handles import issue, synchronize
 from elasticjob.worker_runtime.process_sets import ProcessSet, check_process_set, global_process_set
 
@@ -136,15 +142,15 @@ def reducescatter_async(
 def reducescatter(
     tensor: torch.Tensor,
     name: str | None = None,
-    compression: object = None,
+    compression: type[Compressor] | None = None,
     op: ReduceOp = Average,
     process_set: ProcessSet = global_process_set,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> torch.Tensor:
-    """Reduce ``tensor`` across ranks and return this rank's rows of the result
-    (``compression`` is accepted for Horovod's signature and not applied)."""
-    del compression
-    handle = reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor)
-    result: torch.Tensor = synchronize(handle)
+    """Reduce ``tensor`` across ranks and return this rank's rows of the result, compressed
+    on the way if ``compression`` says so."""
+    copy, decompress = compressed_copy(tensor, compression)
+    handle = reducescatter_async(copy, name, op, process_set, prescale_factor, postscale_factor)
+    result: torch.Tensor = decompress(synchronize(handle))
     return result

@@ -94,7 +94,17 @@ def test_grouped_allreduce(world: list[Result]) -> None:
     ]
     for got in section(world, "grouped"):
         assert flat(got["sum"]) == pytest.approx(flat(sums))
-        assert got["dtypes"] == ["torch.float32", "torch.float64", "torch.int64"]
+        assert (
+            got["dtypes"]
+            == got["fp16_dtypes"]
+            == [
+                "torch.float32",
+                "torch.float64",
+                "torch.int64",
+            ]
+        )
+        assert flat(got["fp16"]) == pytest.approx(flat(sums))  # values exact in half precision
+        assert got["fp16_plain"] == [sum(q + 0.5 for q in ranks)]
         assert got["average"][0] == pytest.approx([v / n for v in sums[0]])
         assert flat(got["average"][1]) == pytest.approx([v[0] / n for v in sums[1]])
         assert got["average"][2] == [v // n for v in sums[2]]  # integers round down
@@ -131,6 +141,7 @@ def test_reducescatter_splits_rows_as_horovod(world: list[Result]) -> None:
         mine = total[first : first + count]
         first += count
         assert flat(got["sum"]) == pytest.approx(flat(mine))
+        assert got["fp16"] == got["sum"] and got["fp16_dtype"] == "torch.float32"
         assert flat(got["average"]) == pytest.approx([v / n for v in flat(mine)])
 
 

@@ -81,7 +81,13 @@ def grouped_checks(r: int) -> Json:
     averaged = hvd.grouped_allreduce_(inplace)
     handle = hvd.grouped_allreduce_async(tensors(), average=False, postscale_factor=2.0)
     scaled = hvd.synchronize(handle)
+    fp16 = hvd.grouped_allreduce(tensors(), op=hvd.Sum, compression=hvd.Compression.fp16)
     return {
+        "fp16": [t.tolist() for t in fp16],
+        "fp16_dtypes": [str(t.dtype) for t in fp16],
+        "fp16_plain": hvd.allreduce(
+            torch.tensor([r + 0.5]), op=hvd.Sum, compression=hvd.Compression.fp16
+        ).tolist(),
         "sum": [t.tolist() for t in summed],
         "dtypes": [str(t.dtype) for t in summed],
         "average": [t.tolist() for t in averaged],
@@ -114,7 +120,13 @@ def reducescatter_checks(r: int, n: int) -> Json:
     tensor = torch.tensor([[(r + 1.0) * (k + 1), float(k)] for k in range(rows)])
     average = hvd.reducescatter(tensor)
     total = hvd.synchronize(hvd.reducescatter_async(tensor, op=hvd.Sum))
-    return {"average": average.tolist(), "sum": total.tolist()}
+    fp16 = hvd.reducescatter(tensor, op=hvd.Sum, compression=hvd.Compression.fp16)
+    return {
+        "average": average.tolist(),
+        "sum": total.tolist(),
+        "fp16": fp16.tolist(),
+        "fp16_dtype": str(fp16.dtype),
+    }
 
 
 def coordination_checks(r: int, n: int) -> Json:

@@ -41,11 +41,17 @@ def test_a_handle_of_a_broken_round_raises_at_once(world_of_one: None) -> None:
 
 
 def test_a_handle_of_an_earlier_round_raises(world_of_one: None) -> None:
-    handle = hvd.grouped_allreduce_async([torch.ones(2), torch.zeros(1, dtype=torch.int64)])
+    tensors = [torch.ones(2), torch.zeros(1, dtype=torch.int64)]
+    handle = hvd.grouped_allreduce_async(tensors)
+    forgotten = hvd.allreduce_async(torch.ones(2))
     basics.current().reset()
     with pytest.raises(hvd.HorovodInternalError, match="issued in round 1"):
         hvd.synchronize(handle)
-    fresh = hvd.allgather_async(torch.ones(2, 1))
+    fresh = hvd.allgather_async(torch.ones(2, 1))  # lets the earlier round's buffers go
+    assert hvd.poll(forgotten) is True
+    with pytest.raises(hvd.HorovodInternalError, match="issued in round 1"):
+        hvd.synchronize(forgotten)
+    assert hvd.synchronize(forgotten) is None
     assert hvd.synchronize(fresh).shape == (2, 1)
 
 
