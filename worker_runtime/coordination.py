@@ -7,7 +7,9 @@ round's store counted the arrivals). Unlike Horovod's, a rank that has joined do
 the collectives other ranks still issue: ranks must not issue other collectives once one of
 them may have joined (with uneven data, let every rank run the same number of steps, or
 reduce a "done" flag each step). Both wait through the round's group, so a peer's failure
-raises :class:`HorovodInternalError` at once.
+raises :class:`HorovodInternalError` at once; ``join``'s count is one request to the round's
+store (served by rank 0), which fails at once if rank 0 died and at the store's timeout if
+it is cut off.
 """
 
 from __future__ import annotations
