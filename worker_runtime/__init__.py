@@ -14,6 +14,17 @@ PyTorch script runs after changing only its import line::
 """
 
 from elasticjob.worker_runtime import elastic
+from elasticjob.worker_runtime.async_collectives import (
+    allgather_async,
+    allreduce_async,
+    allreduce_async_,
+    broadcast_async,
+    broadcast_async_,
+    grouped_allreduce,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+)
 from elasticjob.worker_runtime.basics import (
     cross_rank,
     cross_size,
@@ -28,7 +39,19 @@ from elasticjob.worker_runtime.basics import (
     shutdown,
     size,
 )
+from elasticjob.worker_runtime.capabilities import (
+    cuda_built,
+    gloo_built,
+    gloo_enabled,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    start_timeline,
+    stop_timeline,
+)
 from elasticjob.worker_runtime.collectives import (
+    Adasum,
     Average,
     Max,
     Min,
@@ -46,15 +69,31 @@ from elasticjob.worker_runtime.collectives import (
     broadcast_parameters,
     broadcast_state,
 )
+from elasticjob.worker_runtime.coordination import barrier, join
 from elasticjob.worker_runtime.exceptions import (
     CollectiveError,
     HorovodInternalError,
     HostsUpdatedInterrupt,
     WorkerRemoved,
 )
+from elasticjob.worker_runtime.handles import poll, synchronize
 from elasticjob.worker_runtime.optimizer import Compression, DistributedOptimizer
+from elasticjob.worker_runtime.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+from elasticjob.worker_runtime.scatter_collectives import (
+    alltoall,
+    alltoall_async,
+    reducescatter,
+    reducescatter_async,
+)
+from elasticjob.worker_runtime.sync_batch_norm import SyncBatchNorm
 
 __all__ = [
+    "Adasum",
     "Average",
     "CollectiveError",
     "Compression",
@@ -63,31 +102,62 @@ __all__ = [
     "HostsUpdatedInterrupt",
     "Max",
     "Min",
+    "ProcessSet",
     "Product",
     "ReduceOp",
     "Sum",
+    "SyncBatchNorm",
     "WorkerRemoved",
+    "add_process_set",
     "allgather",
+    "allgather_async",
     "allgather_object",
     "allreduce",
     "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
+    "alltoall",
+    "alltoall_async",
+    "barrier",
     "broadcast",
     "broadcast_",
+    "broadcast_async",
+    "broadcast_async_",
     "broadcast_object",
     "broadcast_optimizer_state",
     "broadcast_parameters",
     "broadcast_state",
     "cross_rank",
     "cross_size",
+    "cuda_built",
     "current_round",
     "device",
     "elastic",
+    "global_process_set",
+    "gloo_built",
+    "gloo_enabled",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
     "init",
     "is_initialized",
+    "join",
     "local_rank",
     "local_size",
+    "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
+    "nccl_built",
+    "poll",
     "rank",
+    "reducescatter",
+    "reducescatter_async",
+    "remove_process_set",
     "report_progress",
     "shutdown",
     "size",
+    "start_timeline",
+    "stop_timeline",
+    "synchronize",
 ]

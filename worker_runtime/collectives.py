@@ -14,12 +14,13 @@ import enum
 import pickle
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from elasticjob.worker_runtime.basics import current
+from elasticjob.worker_runtime.process_sets import ProcessSet, check_process_set, global_process_set
 
 
 class ReduceOp(enum.Enum):
@@ -30,6 +31,7 @@ class ReduceOp(enum.Enum):
     MIN = "min"
     MAX = "max"
     PRODUCT = "product"
+    ADASUM = "adasum"
 
 
 Average = ReduceOp.AVERAGE
@@ -37,6 +39,8 @@ Sum = ReduceOp.SUM
 Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
+Adasum = ReduceOp.ADASUM
+"""Accepted as a name only: every reduction given it raises :class:`NotImplementedError`."""
 
 _TORCH_OPS = {
     ReduceOp.AVERAGE: dist.ReduceOp.SUM,
@@ -47,8 +51,76 @@ _TORCH_OPS = {
 }
 
 
+def torch_op(op: ReduceOp) -> dist.ReduceOp.RedOpType:
+    """The ``torch.distributed`` operation behind ``op``; Adasum is refused by name."""
+    if op is ReduceOp.ADASUM:
+        raise NotImplementedError(
+            "op=Adasum is not supported by elasticjob (no Adasum reduction over Gloo or "
+            "NCCL groups here); use op=hvd.Average, Horovod's default, instead"
+        )
+    return _TORCH_OPS[op]
+
+
+def resolve_op(average: bool | None, op: ReduceOp | None) -> ReduceOp:
+    """Horovod's rule: ``op`` wins; else ``average=False`` means Sum, anything else Average."""
+    if op is not None:
+        return op
+    return ReduceOp.SUM if average is False else ReduceOp.AVERAGE
+
+
 def _wait(work: Any) -> None:
     current().group.wait(work)
+
+
+@dataclass
+class Pending:
+    """A collective issued on a working buffer: once ``work`` has been waited on,
+    :meth:`finish` scales a reduction and copies the buffer back to ``target`` if it is a copy
+    of it on the round's device."""
+
+    work: Any
+    buffer: torch.Tensor
+    target: torch.Tensor
+    op: ReduceOp | None = None
+    postscale_factor: float = 1.0
+
+    def finish(self) -> torch.Tensor:
+        """Scale an average or postscaled reduction, copy back and return ``target``."""
+        buffer = self.buffer
+        if self.op is not None:
+            size = current().slot.size
+            scale = self.postscale_factor / (size if self.op is ReduceOp.AVERAGE else 1)
+            if scale != 1.0:
+                if buffer.is_floating_point() or buffer.is_complex():
+                    buffer.mul_(scale)
+                else:
+                    buffer.copy_(torch.div(buffer, 1 / scale, rounding_mode="floor"))
+        if buffer.device != self.target.device:
+            self.target.data.copy_(buffer)
+        return self.target
+
+
+def _round_buffer(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s storage when it lives on the round's device, else a copy there."""
+    runtime = current()
+    return tensor.data if tensor.device == runtime.device else tensor.data.to(runtime.device)
+
+
+def start_allreduce_(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Pending:
+    """Issue an in-place allreduce of ``tensor`` without waiting for it."""
+    op = resolve_op(average, op)
+    reduction = torch_op(op)
+    buffer = _round_buffer(tensor)
+    if prescale_factor != 1.0:
+        buffer.mul_(prescale_factor)
+    work = dist.all_reduce(buffer, op=reduction, async_op=True)
+    return Pending(work, buffer, tensor, op, postscale_factor)
 
 
 def allreduce_(
@@ -58,41 +130,59 @@ def allreduce_(
     op: ReduceOp | None = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """Reduce ``tensor`` across all ranks in place and return it (default: average)."""
     del name  # accepted for compatibility; collectives are matched by order
-    if op is None:
-        op = ReduceOp.SUM if average is False else ReduceOp.AVERAGE
-    runtime = current()
-    buffer = tensor.data if tensor.device == runtime.device else tensor.data.to(runtime.device)
-    if prescale_factor != 1.0:
-        buffer.mul_(prescale_factor)
-    _wait(dist.all_reduce(buffer, op=_TORCH_OPS[op], async_op=True))
-    scale = postscale_factor / (runtime.slot.size if op is ReduceOp.AVERAGE else 1)
-    if scale != 1.0:
-        if buffer.is_floating_point() or buffer.is_complex():
-            buffer.mul_(scale)
-        else:
-            buffer.copy_(torch.div(buffer, 1 / scale, rounding_mode="floor"))
-    if buffer is not tensor.data:
-        tensor.data.copy_(buffer)
-    return tensor
+    check_process_set(process_set)
+    pending = start_allreduce_(tensor, average, op, prescale_factor, postscale_factor)
+    _wait(pending.work)
+    return pending.finish()
+
+
+class Compressor(Protocol):
+    """A compression of Horovod's ``hvd.Compression`` (``none``, ``fp16``)."""
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]: ...
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor: ...
+
+
+def compressed_copy(
+    tensor: torch.Tensor, compression: type[Compressor] | None
+) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """A copy of ``tensor`` to reduce, compressed, and the function that decompresses the
+    result."""
+    if compression is None:
+        return tensor.detach().clone(), lambda result: result
+    compressed, ctx = compression.compress(tensor.detach())
+    return compressed.clone(), lambda result: compression.decompress(result, ctx)
 
 
 def allreduce(
     tensor: torch.Tensor,
     average: bool | None = None,
     name: str | None = None,
+    compression: type[Compressor] | None = None,
     op: ReduceOp | None = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
-    """Return a new tensor holding ``tensor`` reduced across all ranks (default: average)."""
-    return allreduce_(tensor.detach().clone(), average, name, op, prescale_factor, postscale_factor)
+    """Return a new tensor holding ``tensor`` reduced across all ranks (default: average),
+    compressed on the way if ``compression`` says so (``hvd.Compression.fp16``)."""
+    copy, decompress = compressed_copy(tensor, compression)
+    return decompress(
+        allreduce_(copy, average, name, op, prescale_factor, postscale_factor, process_set)
+    )
 
 
-def _allgather_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
-    """Every rank's ``tensor`` (first dimensions may differ), on the round's device."""
+def start_allgather(tensor: torch.Tensor) -> tuple[Any, Callable[[], list[torch.Tensor]]]:
+    """Exchange the first dimensions (waited on), then issue the gather of every rank's
+    ``tensor`` without waiting: returns the work and a function giving the parts (on the
+    round's device) once it is done."""
     runtime = current()
     local = tensor.detach().to(runtime.device)
     if local.dim() == 0:
@@ -104,30 +194,54 @@ def _allgather_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
     padded = torch.zeros((longest, *local.shape[1:]), dtype=local.dtype, device=runtime.device)
     padded[: local.shape[0]] = local
     gathered = [torch.empty_like(padded) for _ in range(runtime.slot.size)]
-    _wait(dist.all_gather(gathered, padded, async_op=True))
-    return [part[: int(n)] for part, n in zip(gathered, sizes.tolist(), strict=True)]
+    work = dist.all_gather(gathered, padded, async_op=True)
+    return work, lambda: [part[: int(n)] for part, n in zip(gathered, sizes.tolist(), strict=True)]
 
 
-def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
+def _allgather_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's ``tensor`` (first dimensions may differ), on the round's device."""
+    work, parts = start_allgather(tensor)
+    _wait(work)
+    return parts()
+
+
+def allgather(
+    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> torch.Tensor:
     """Concatenate every rank's ``tensor`` along dimension 0 (first dimensions may differ)."""
     del name
+    check_process_set(process_set)
     return torch.cat(_allgather_parts(tensor)).to(tensor.device)
 
 
-def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> torch.Tensor:
+def start_broadcast_(tensor: torch.Tensor, root_rank: int) -> Pending:
+    """Issue an in-place broadcast of root's ``tensor`` without waiting for it."""
+    buffer = _round_buffer(tensor)
+    return Pending(dist.broadcast(buffer, src=root_rank, async_op=True), buffer, tensor)
+
+
+def broadcast_(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
     """Overwrite ``tensor`` with root's value, in place."""
     del name
-    runtime = current()
-    buffer = tensor.data if tensor.device == runtime.device else tensor.data.to(runtime.device)
-    _wait(dist.broadcast(buffer, src=root_rank, async_op=True))
-    if buffer is not tensor.data:
-        tensor.data.copy_(buffer)
-    return tensor
+    check_process_set(process_set)
+    pending = start_broadcast_(tensor, root_rank)
+    _wait(pending.work)
+    return pending.finish()
 
 
-def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> torch.Tensor:
+def broadcast(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
     """Return a new tensor holding root's ``tensor``."""
-    return broadcast_(tensor.detach().clone(), root_rank, name)
+    return broadcast_(tensor.detach().clone(), root_rank, name, process_set)
 
 
 def _bytes_tensor(payload: bytes) -> torch.Tensor:

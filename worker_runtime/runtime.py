@@ -244,6 +244,11 @@ class Runtime:
         return (self.round, self.slot) if self._tentative is None else self._tentative
 
     @property
+    def round_store(self) -> Store | None:
+        """The store the current round's group was formed on (None: a world of one)."""
+        return self._round_store
+
+    @property
     def step(self) -> int:
         """Optimizer steps taken (synced from rank 0 whenever state is)."""
         return self._step

@@ -7,7 +7,10 @@ launcher asks for a timeline (:data:`~elasticjob.wire.ENV_TIMELINE_DIR`), the pr
 them as JSON lines to its own file in that folder whenever it joins a round, when many have
 gathered, and when it shuts down; the launcher merges every file into one trace at the end
 (:func:`elasticjob.launcher.output_files.write_timeline`). Without the variable nothing is
-recorded: each hook is one ``None`` test.
+recorded: each hook is one test.
+
+A script may also record its own process's events into a Chrome-trace JSON file of its
+choice, between :func:`start_file` and :func:`stop_file` (``hvd.start_timeline``).
 """
 
 from __future__ import annotations
@@ -31,13 +34,16 @@ FLUSH_EVERY = 4096
 
 
 class _Recorder:
-    def __init__(self, directory: Path) -> None:
-        host = os.environ.get(wire.ENV_HOSTNAME, socket.gethostname())
-        slot = os.environ.get(wire.ENV_LOCAL_RANK, "0")
-        self.name = f"{host}[{slot}]"
-        self.path = directory / f"{host}.{slot}.{os.getpid()}.jsonl"
+    """Events appended to ``path``: JSON lines, or with ``array`` one JSON array (a complete
+    Chrome trace once :meth:`close` wrote its end)."""
+
+    def __init__(self, path: Path, *, array: bool = False) -> None:
+        self.path = path
+        self.array = array
+        self.written = False
         self.events: list[dict[str, Any]] = []
         self.lock = threading.Lock()
+        self.write_lock = threading.Lock()
         self.failed = False
 
     def add(self, event: dict[str, Any]) -> None:
@@ -54,9 +60,25 @@ class _Recorder:
             events, self.events = self.events, []
         if not events or self.failed:
             return
+        lines = [json.dumps(e, separators=(",", ":")) for e in events]
+        with self.write_lock:
+            if self.array:
+                text = ("[\n" if not self.written else ",\n") + ",\n".join(lines)
+            else:
+                text = "".join(line + "\n" for line in lines)
+            self._write(text)
+            self.written = True
+
+    def close(self) -> None:
+        """Write what is left, and the end of the array."""
+        self.flush()
+        if self.array and not self.failed:
+            self._write("\n]\n" if self.written else "[]\n")
+
+    def _write(self, text: str) -> None:
         try:
             with self.path.open("a", encoding="utf-8") as file:
-                file.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in events)
+                file.write(text)
         except OSError as exc:
             self.failed = True
             logger.warning("timeline: cannot write %s: %s", self.path, exc)
@@ -64,34 +86,44 @@ class _Recorder:
 
 def _recorder() -> _Recorder | None:
     directory = os.environ.get(wire.ENV_TIMELINE_DIR)
-    return _Recorder(Path(directory)) if directory else None
+    if not directory:
+        return None
+    host = os.environ.get(wire.ENV_HOSTNAME, socket.gethostname())
+    slot = os.environ.get(wire.ENV_LOCAL_RANK, "0")
+    return _Recorder(Path(directory) / f"{host}.{slot}.{os.getpid()}.jsonl")
 
 
 _RECORDER = _recorder()
+_started: _Recorder | None = None
+"""The file of :func:`start_file`, while it records."""
+
+
+def _recorders() -> list[_Recorder]:
+    return [r for r in (_RECORDER, _started) if r is not None]
 
 
 def now() -> int | None:
     """The time in microseconds when the timeline is on, else None (nothing to record)."""
-    return time.time_ns() // 1000 if _RECORDER is not None else None
+    return time.time_ns() // 1000 if _RECORDER is not None or _started is not None else None
 
 
 def span(name: str, started_us: int | None, cat: str = "elastic", **args: Any) -> None:
     """Record ``name`` from ``started_us`` (from :func:`now`) until now: a complete event
     (``ph: X``) of category ``cat``."""
-    if _RECORDER is None or started_us is None:
+    if started_us is None:
         return
     duration = time.time_ns() // 1000 - started_us
-    _RECORDER.add(
-        {"name": name, "cat": cat, "ph": "X", "ts": started_us, "dur": duration, "args": args}
-    )
+    for recorder in _recorders():
+        recorder.add(
+            {"name": name, "cat": cat, "ph": "X", "ts": started_us, "dur": duration, "args": args}
+        )
 
 
 def instant(name: str, cat: str = "elastic", **args: Any) -> None:
     """Record a moment (``ph: i``) of this process."""
-    if _RECORDER is None:
-        return
     ts = time.time_ns() // 1000
-    _RECORDER.add({"name": name, "cat": cat, "ph": "i", "s": "p", "ts": ts, "args": args})
+    for recorder in _recorders():
+        recorder.add({"name": name, "cat": cat, "ph": "i", "s": "p", "ts": ts, "args": args})
 
 
 def collective_name() -> str:
@@ -105,10 +137,27 @@ def collective_name() -> str:
 
 def enabled() -> bool:
     """Whether this process records a timeline."""
-    return _RECORDER is not None
+    return bool(_recorders())
 
 
 def flush() -> None:
-    """Append the recorded events to this process's file."""
-    if _RECORDER is not None:
-        _RECORDER.flush()
+    """Append the recorded events to this process's file(s)."""
+    for recorder in _recorders():
+        recorder.flush()
+
+
+def start_file(path: Path) -> None:
+    """Record this process's events into the Chrome-trace JSON file ``path`` (replaced),
+    besides the launcher's timeline if any; a file being recorded is completed first."""
+    global _started
+    stop_file()
+    path.unlink(missing_ok=True)
+    _started = _Recorder(path, array=True)
+
+
+def stop_file() -> None:
+    """Complete the file of :func:`start_file` (nothing if none is recorded)."""
+    global _started
+    recorder, _started = _started, None
+    if recorder is not None:
+        recorder.close()

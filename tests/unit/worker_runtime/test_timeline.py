@@ -85,3 +85,24 @@ def test_many_events_are_written_before_the_end(tmp_path: Path, recording: Modul
         recording.instant("step")
     (file,) = (tmp_path / "parts").iterdir()
     assert len(file.read_text().splitlines()) == recording.FLUSH_EVERY
+
+
+def test_a_started_file_is_a_complete_chrome_trace(tmp_path: Path) -> None:
+    path = tmp_path / "trace.json"
+    path.write_text("old")
+    timeline.start_file(path)
+    try:
+        assert timeline.enabled()
+        started = timeline.now()
+        timeline.span("allreduce_", started, cat="collective")
+        timeline.flush()
+        timeline.instant("commit")
+    finally:
+        timeline.stop_file()
+    events = json.loads(path.read_text())
+    assert [e["name"] for e in events] == ["allreduce_", "commit"]
+    assert {e["pid"] for e in events} == {os.getpid()}
+    timeline.stop_file()  # stopping twice is harmless
+    timeline.start_file(path)
+    timeline.stop_file()
+    assert json.loads(path.read_text()) == []

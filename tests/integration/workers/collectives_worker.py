@@ -1,0 +1,309 @@
+"""Worker script of the tests of Horovod's further collective API (async handles, grouped
+reductions, alltoall, reducescatter, barrier, join, SyncBatchNorm, process sets, build flags,
+the script's timeline): writes what every rank observed to ``<out>/rank-<rank>.json``.
+
+Inputs are simple functions of the rank, so the test computes the expected values for any
+world size; SyncBatchNorm is checked here against a plain BatchNorm on the gathered batch.
+With ``--abort``, the job instead runs an elastic loop in which rank 2 of the first round
+SIGKILLs itself while rank 0 waits in a barrier and rank 1 on an async handle; every rank
+appends JSON lines (with wall-clock times) to ``<out>/events-<pid>.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import elasticjob.worker_runtime as hvd
+
+Json = dict[str, Any]
+
+
+def error_of(call: Any) -> str | None:
+    """The exception ``call()`` raised, as ``Type: message`` (None if it returned)."""
+    try:
+        call()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def async_checks(r: int, n: int) -> Json:
+    x = torch.tensor([r + 1.0, 2.0 * r])
+    y = torch.tensor([[r * 1.0, 3.0], [1.0, -r * 1.0]])
+    z = torch.tensor([r, r, r])
+    h_sum = hvd.allreduce_async(x, op=hvd.Sum)
+    h_avg = hvd.allreduce_async_(y)
+    h_cast = hvd.broadcast_async(torch.tensor([r * 10.0, 1.0]), root_rank=n - 1)
+    h_cast_ = hvd.broadcast_async_(z, root_rank=0)
+    h_gather = hvd.allgather_async(torch.full((r + 1, 2), float(r)))
+    handles = [h_sum, h_avg, h_cast, h_cast_, h_gather]
+    polled = [hvd.poll(h) for h in handles]
+    # Synchronized in another order than issued.
+    gathered = hvd.synchronize(h_gather)
+    cast_ = hvd.synchronize(h_cast_)
+    cast = hvd.synchronize(h_cast)
+    avg = hvd.synchronize(h_avg)
+    total = hvd.synchronize(h_sum)
+    return {
+        "handles_are_ints": all(isinstance(h, int) for h in handles),
+        "poll_types": [type(p).__name__ for p in polled],
+        "sum": total.tolist(),
+        "input_unchanged": x.tolist() == [r + 1.0, 2.0 * r],
+        "avg_inplace": avg.tolist(),
+        "avg_is_input": avg is y,
+        "broadcast": cast.tolist(),
+        "broadcast_inplace": cast_.tolist(),
+        "broadcast_inplace_is_input": cast_ is z,
+        "allgather": gathered.tolist(),
+        "synchronize_again": hvd.synchronize(h_sum),
+        "poll_after": error_of(lambda: hvd.poll(h_sum)),
+    }
+
+
+def grouped_checks(r: int) -> Json:
+    def tensors() -> list[torch.Tensor]:
+        return [
+            torch.tensor([r + 1.0, -1.0]),
+            torch.tensor([[r * 0.5], [2.0]], dtype=torch.float64),
+            torch.tensor([r, 10 * r + 1]),
+        ]
+
+    summed = hvd.grouped_allreduce(tensors(), op=hvd.Sum)
+    inplace = tensors()
+    averaged = hvd.grouped_allreduce_(inplace)
+    handle = hvd.grouped_allreduce_async(tensors(), average=False, postscale_factor=2.0)
+    scaled = hvd.synchronize(handle)
+    fp16 = hvd.grouped_allreduce(tensors(), op=hvd.Sum, compression=hvd.Compression.fp16)
+    return {
+        "fp16": [t.tolist() for t in fp16],
+        "fp16_dtypes": [str(t.dtype) for t in fp16],
+        "fp16_plain": hvd.allreduce(
+            torch.tensor([r + 0.5]), op=hvd.Sum, compression=hvd.Compression.fp16
+        ).tolist(),
+        "sum": [t.tolist() for t in summed],
+        "dtypes": [str(t.dtype) for t in summed],
+        "average": [t.tolist() for t in averaged],
+        "average_is_input": all(a is b for a, b in zip(averaged, inplace, strict=True)),
+        "async_sum_post2": [t.tolist() for t in scaled],
+    }
+
+
+def alltoall_checks(r: int, n: int) -> Json:
+    splits = [(r + j + 1) % 3 for j in range(n)]
+    rows = sum(splits)
+    tensor = torch.tensor([[100.0 * r + k, -1.0] for k in range(rows)]).reshape(rows, 2)
+    received, received_splits = hvd.alltoall(tensor, splits=torch.tensor(splits))
+    even = torch.arange(2 * n, dtype=torch.int64) + 10 * r
+    handle = hvd.alltoall_async(even)
+    even_received, even_splits = hvd.synchronize(handle)
+    return {
+        "received": received.tolist(),
+        "received_splits": received_splits.tolist(),
+        "received_splits_dtype": str(received_splits.dtype),
+        "even": hvd.alltoall(even).tolist(),
+        "even_async": even_received.tolist(),
+        "even_async_splits": even_splits.tolist(),
+        "bad_splits": error_of(lambda: hvd.alltoall(tensor, splits=[rows + 1] + [0] * (n - 1))),
+    }
+
+
+def reducescatter_checks(r: int, n: int) -> Json:
+    rows = 2 * n + 1
+    tensor = torch.tensor([[(r + 1.0) * (k + 1), float(k)] for k in range(rows)])
+    average = hvd.reducescatter(tensor)
+    total = hvd.synchronize(hvd.reducescatter_async(tensor, op=hvd.Sum))
+    fp16 = hvd.reducescatter(tensor, op=hvd.Sum, compression=hvd.Compression.fp16)
+    return {
+        "average": average.tolist(),
+        "sum": total.tolist(),
+        "fp16": fp16.tolist(),
+        "fp16_dtype": str(fp16.dtype),
+    }
+
+
+def coordination_checks(r: int, n: int) -> Json:
+    started = time.monotonic()
+    if r == 0:
+        time.sleep(0.5)
+    hvd.barrier()
+    waited = time.monotonic() - started
+    # Rank n-1 joins last, then rank 0: join returns the last to arrive.
+    if r == n - 1:
+        time.sleep(0.5)
+    first = hvd.join()
+    if r == 0:
+        time.sleep(0.5)
+    second = hvd.join()
+    return {"barrier_waited_s": waited, "join": [first, second]}
+
+
+def sync_batch_norm_checks(r: int, n: int) -> Json:
+    generator = torch.Generator().manual_seed(7 + r)
+    x = torch.randn(r + 2, 3, 4, generator=generator, dtype=torch.float64) * (r + 1) + r
+    x.requires_grad_(True)
+    weight = torch.randn(r + 2, 3, 4, generator=generator, dtype=torch.float64)
+    bn = hvd.SyncBatchNorm(3, momentum=0.3).double()
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([1.0, 2.0, -0.5]))
+        bn.bias.copy_(torch.tensor([0.1, 0.0, 0.3]))
+    out = bn(x)
+    (out * weight).sum().backward()
+    assert x.grad is not None and bn.weight.grad is not None and bn.bias.grad is not None
+    # Reference: a plain BatchNorm on every rank's batch, with the sum of every rank's loss.
+    ref_x = hvd.allgather(x.detach()).requires_grad_(True)
+    ref_weight = hvd.allgather(weight)
+    ref = torch.nn.BatchNorm1d(3, momentum=0.3).double()
+    with torch.no_grad():
+        ref.weight.copy_(bn.weight)
+        ref.bias.copy_(bn.bias)
+    ref_out = ref(ref_x)
+    (ref_out * ref_weight).sum().backward()
+    assert ref_x.grad is not None and ref.weight.grad is not None and ref.bias.grad is not None
+    start = sum(q + 2 for q in range(r))
+    mine = slice(start, start + x.shape[0])
+    weight_grad = hvd.allreduce(bn.weight.grad, op=hvd.Sum)
+    bias_grad = hvd.allreduce(bn.bias.grad, op=hvd.Sum)
+    assert bn.running_mean is not None and bn.running_var is not None
+    assert ref.running_mean is not None and ref.running_var is not None
+    assert bn.num_batches_tracked is not None
+    bn.eval()
+    ref.eval()
+    probe = torch.ones(2, 3, 4, dtype=torch.float64)
+    return {
+        "output": float((out - ref_out[mine]).detach().abs().max()),
+        "input_grad": float((x.grad - ref_x.grad[mine]).abs().max()),
+        "weight_grad": float((weight_grad - ref.weight.grad).abs().max()),
+        "bias_grad": float((bias_grad - ref.bias.grad).abs().max()),
+        "running_mean": float((bn.running_mean - ref.running_mean).abs().max()),
+        "running_var": float((bn.running_var - ref.running_var).abs().max()),
+        "eval_output": float((bn(probe) - ref(probe)).abs().max()),
+        "batches_tracked": int(bn.num_batches_tracked),
+    }
+
+
+def process_set_checks(n: int) -> Json:
+    whole = hvd.ProcessSet(list(range(n)))
+    return {
+        "global_ranks": hvd.global_process_set.ranks,
+        "global_size": hvd.global_process_set.size(),
+        "global_rank": hvd.global_process_set.rank(),
+        "included": hvd.global_process_set.included(),
+        "whole_equals_global": whole == hvd.global_process_set,
+        "allreduce_on_whole": hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=whole).item(),
+        "subset": error_of(lambda: hvd.ProcessSet([0])),
+        "add_subset": error_of(lambda: hvd.add_process_set([n])),
+        "remove_global": hvd.remove_process_set(hvd.global_process_set),
+    }
+
+
+def capability_checks() -> Json:
+    return {
+        "mpi_built": hvd.mpi_built(),
+        "mpi_enabled": hvd.mpi_enabled(),
+        "mpi_threads_supported": hvd.mpi_threads_supported(),
+        "gloo_built": hvd.gloo_built(),
+        "gloo_enabled": hvd.gloo_enabled(),
+        "nccl_built": hvd.nccl_built(),
+        "cuda_built": hvd.cuda_built(),
+        "adasum": error_of(lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum)),
+        "adasum_async": error_of(lambda: hvd.allreduce_async(torch.ones(2), op=hvd.Adasum)),
+    }
+
+
+def timeline_checks(out: Path) -> Json:
+    path = out / "timeline.json"
+    hvd.start_timeline(str(path))
+    hvd.allreduce(torch.ones(3))
+    hvd.synchronize(hvd.allreduce_async(torch.ones(3)))
+    hvd.barrier()
+    hvd.stop_timeline()
+    return {"path": str(path), "pid": os.getpid()}
+
+
+def values_run(out: Path) -> None:
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    out.mkdir(parents=True, exist_ok=True)
+    results: Json = {
+        "rank": r,
+        "size": n,
+        "async": async_checks(r, n),
+        "grouped": grouped_checks(r),
+        "alltoall": alltoall_checks(r, n),
+        "reducescatter": reducescatter_checks(r, n),
+        "coordination": coordination_checks(r, n),
+        "sync_batch_norm": sync_batch_norm_checks(r, n),
+        "process_set": process_set_checks(n),
+        "capabilities": capability_checks(),
+        "timeline": timeline_checks(out),
+    }
+    hvd.shutdown()
+    target = out / f"rank-{r}.json"
+    partial = target.with_suffix(".tmp")
+    partial.write_text(json.dumps(results, indent=1, sort_keys=True))
+    partial.rename(target)
+
+
+def abort_run(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / f"events-{os.getpid()}.jsonl"
+
+    def event(kind: str, **fields: Any) -> None:
+        record = {"ev": kind, "time": time.time(), "rank": hvd.rank(), "size": hvd.size()}
+        with log.open("a") as file:
+            file.write(json.dumps({**record, "round": hvd.current_round(), **fields}) + "\n")
+
+    hvd.init()
+    state = hvd.elastic.ObjectState(recovered=0)
+
+    @hvd.elastic.run
+    def train(state: Any) -> float:
+        r = hvd.rank()
+        if hvd.size() == 3:
+            hvd.synchronize(hvd.allreduce_async(torch.ones(4)))  # everyone is in the round
+            if r == 2:
+                event("kill")
+                os.kill(os.getpid(), signal.SIGKILL)
+            handle = hvd.allreduce_async(torch.ones(1000))  # rank 2 never joins it
+            try:
+                if r == 0:
+                    hvd.barrier()
+                else:
+                    hvd.synchronize(handle)
+            except hvd.HorovodInternalError as exc:
+                event("raised", waiting_in="barrier" if r == 0 else "synchronize", error=str(exc))
+                raise
+            event("not_raised")
+            return -1.0
+        total = hvd.synchronize(hvd.allreduce_async(torch.tensor([r + 1.0]), op=hvd.Sum))
+        hvd.barrier()
+        last = hvd.join()
+        event("recovered", total=total.item(), last_joined=last)
+        return float(total.item())
+
+    train(state)
+    hvd.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True, help="directory for the results")
+    parser.add_argument("--abort", action="store_true", help="run the abort scenario")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.abort:
+        abort_run(args.out)
+    else:
+        values_run(args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Horovod's ``alltoall`` and ``reducescatter`` (and their async variants) on the round's group.
+
+``alltoall`` first exchanges how many rows each rank sends to each other (a short wait,
+abortable like every other), then moves the rows with one ``all_to_all_single``.
+``reducescatter`` splits dimension 0 as Horovod does (the first ``rows % size`` ranks get one
+row more); Gloo has no reduce-scatter, so the whole tensor is reduced and each rank keeps its
+rows. Neither is differentiable here (Horovod's are autograd functions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import overload
+
+import torch
+import torch.distributed as dist
+
+from elasticjob.worker_runtime.basics import current
+from elasticjob.worker_runtime.collectives import (
+    Average,
+    Compressor,
+    ReduceOp,
+    compressed_copy,
+    start_allreduce_,
+)
+from elasticjob.worker_runtime.handles import issue, synchronize
+from elasticjob.worker_runtime.process_sets import ProcessSet, check_process_set, global_process_set
+
+Splits = Sequence[int] | torch.Tensor
+
+
+def _send_splits(tensor: torch.Tensor, splits: Splits | None, size: int) -> list[int]:
+    if splits is None:
+        rows = tensor.shape[0] if tensor.dim() else 1
+        if rows % size:
+            raise ValueError(
+                f"alltoall without splits: dimension 0 ({rows}) is not a multiple of the "
+                f"number of processes ({size})"
+            )
+        return [rows // size] * size
+    counts = [int(n) for n in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+    if len(counts) != size or any(n < 0 for n in counts) or sum(counts) != tensor.shape[0]:
+        raise ValueError(
+            f"alltoall splits {counts} must give {size} non-negative counts adding up to "
+            f"dimension 0 of the tensor ({tensor.shape[0]})"
+        )
+    return counts
+
+
+def alltoall_async(
+    tensor: torch.Tensor,
+    splits: Splits | None = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> int:
+    """Start sending ``splits[j]`` rows of ``tensor`` (in order, along dimension 0) to rank
+    ``j`` (default: equal parts); ``synchronize`` returns ``(received, received_splits)``:
+    the rows from every rank in rank order, and how many came from each."""
+    del name
+    check_process_set(process_set)
+    runtime = current()
+    size = runtime.slot.size
+    send = _send_splits(tensor, splits, size)
+    local = tensor.detach().to(runtime.device).contiguous()
+    if local.dim() == 0:
+        local = local.reshape(1)
+    sent = torch.tensor(send, dtype=torch.int64, device=runtime.device)
+    received = torch.empty_like(sent)
+    runtime.group.wait(dist.all_to_all_single(received, sent, async_op=True))
+    counts = [int(n) for n in received.tolist()]
+    output = torch.empty((sum(counts), *local.shape[1:]), dtype=local.dtype, device=runtime.device)
+    work = dist.all_to_all_single(
+        output, local, output_split_sizes=counts, input_split_sizes=send, async_op=True
+    )
+    split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
+    received_splits = torch.tensor(counts, dtype=split_dtype)
+    return issue([work], lambda: (output.to(tensor.device), received_splits))
+
+
+@overload
+def alltoall(
+    tensor: torch.Tensor,
+    splits: None = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor: ...
+
+
+@overload
+def alltoall(
+    tensor: torch.Tensor,
+    splits: Splits,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def alltoall(
+    tensor: torch.Tensor,
+    splits: Splits | None = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Scatter rows of ``tensor`` to every rank and gather theirs (see :func:`alltoall_async`);
+    returns the gathered rows, and with ``splits`` also how many came from each rank."""
+    output, received_splits = synchronize(alltoall_async(tensor, splits, name, process_set))
+    return output if splits is None else (output, received_splits)
+
+
+def rows_of(rank: int, rows: int, size: int) -> tuple[int, int]:
+    """The first row and number of rows of dimension 0 that ``rank`` receives from a
+    reduce-scatter of ``rows`` rows among ``size`` ranks."""
+    base, extra = divmod(rows, size)
+    return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
+
+
+def reducescatter_async(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    op: ReduceOp = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> int:
+    """Start reducing ``tensor`` across ranks (default: average); ``synchronize`` returns this
+    rank's rows of the result (see :func:`rows_of`)."""
+    del name
+    check_process_set(process_set)
+    if tensor.dim() == 0:
+        raise ValueError("reducescatter needs a tensor with at least one dimension")
+    runtime = current()
+    first, count = rows_of(runtime.slot.rank, tensor.shape[0], runtime.slot.size)
+    whole = tensor.detach().clone()
+    pending = start_allreduce_(whole, None, op, prescale_factor, postscale_factor)
+
+    def finish() -> torch.Tensor:
+        return pending.finish()[first : first + count].clone()
+
+    return issue([pending.work], finish)
+
+
+def reducescatter(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    compression: type[Compressor] | None = None,
+    op: ReduceOp = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> torch.Tensor:
+    """Reduce ``tensor`` across ranks and return this rank's rows of the result, compressed
+    on the way if ``compression`` says so."""
+    copy, decompress = compressed_copy(tensor, compression)
+    handle = reducescatter_async(copy, name, op, process_set, prescale_factor, postscale_factor)
+    result: torch.Tensor = decompress(synchronize(handle))
+    return result
