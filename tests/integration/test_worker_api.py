@@ -76,26 +76,33 @@ def launcher(*args: str) -> list[str]:
     return [sys.executable, "-m", "elasticjob.launcher.cli", *args]
 
 
+def run_worker_script(
+    worker: Path, tmp_path_factory: pytest.TempPathFactory, *, launched: bool
+) -> list[Result]:
+    """Every rank's results from ``worker`` run as one 3-process job on two hosts
+    (``launched``) or without a launcher (a world of one); fails the test if the run failed."""
+    name, ranks = ("cluster", 3) if launched else ("standalone", 1)
+    out = tmp_path_factory.mktemp(name) / "results"
+    command = [sys.executable, str(worker), "--out", str(out)]
+    if launched:
+        command = launcher("-np", "3", "-H", HOSTS, *command)
+    job = run(command, out)
+    if job.returncode != 0 or len(job.results) != ranks:
+        what = "the 3-process job" if launched else "the standalone run"
+        pytest.fail(f"{what} failed\n{job.explain()}")
+    return job.results
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> list[Result]:
     """Every rank's results from one 3-process job on two hosts."""
-    out = tmp_path_factory.mktemp("cluster") / "results"
-    job = run(
-        launcher("-np", "3", "-H", HOSTS, sys.executable, str(WORKER), "--out", str(out)), out
-    )
-    if job.returncode != 0 or len(job.results) != 3:
-        pytest.fail(f"the 3-process job failed\n{job.explain()}")
-    return job.results
+    return run_worker_script(WORKER, tmp_path_factory, launched=True)
 
 
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> list[Result]:
     """The results of the worker script run without a launcher."""
-    out = tmp_path_factory.mktemp("standalone") / "results"
-    job = run([sys.executable, str(WORKER), "--out", str(out)], out)
-    if job.returncode != 0 or len(job.results) != 1:
-        pytest.fail(f"the standalone run failed\n{job.explain()}")
-    return job.results
+    return run_worker_script(WORKER, tmp_path_factory, launched=False)
 
 
 @pytest.fixture(params=["cluster", "standalone"])

@@ -19,7 +19,14 @@ import pytest
 
 from elasticjob import wire
 from tests.integration.harness import run_to_end
-from tests.integration.test_worker_api import HOSTS, Result, launcher, run, section, worker_env
+from tests.integration.test_worker_api import (
+    HOSTS,
+    Result,
+    launcher,
+    run_worker_script,
+    section,
+    worker_env,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -32,21 +39,12 @@ PROMPT_S = 10.0
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> list[Result]:
-    out = tmp_path_factory.mktemp("cluster") / "results"
-    command = launcher("-np", "3", "-H", HOSTS, sys.executable, str(WORKER), "--out", str(out))
-    job = run(command, out)
-    if job.returncode != 0 or len(job.results) != 3:
-        pytest.fail(f"the 3-process job failed\n{job.explain()}")
-    return job.results
+    return run_worker_script(WORKER, tmp_path_factory, launched=True)
 
 
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> list[Result]:
-    out = tmp_path_factory.mktemp("standalone") / "results"
-    job = run([sys.executable, str(WORKER), "--out", str(out)], out)
-    if job.returncode != 0 or len(job.results) != 1:
-        pytest.fail(f"the standalone run failed\n{job.explain()}")
-    return job.results
+    return run_worker_script(WORKER, tmp_path_factory, launched=False)
 
 
 @pytest.fixture(params=["cluster", "standalone"])
