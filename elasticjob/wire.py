@@ -32,7 +32,7 @@ API_PREFIX = "/v1"
 PROTOCOL_HEADER: Final = "X-Elasticjob-Protocol"
 """Header carrying the rendezvous protocol version: workers send theirs on every request and
 the service answers with its own."""
-PROTOCOL_VERSION: Final = 3
+PROTOCOL_VERSION: Final = 4
 """The rendezvous protocol this release speaks. Version 1 is that of the releases that sent no
 :data:`PROTOCOL_HEADER` (a request without it is version 1). Version 2 added the header,
 ``429 Too Many Requests`` answers (a version-1 worker takes them as fatal), refusals of
@@ -42,7 +42,9 @@ Version 3 added peer probes: :attr:`RendezvousResponse.peers` and the probe repo
 are valid version-3 requests; but a version-2 worker refuses any response field it does not
 know (strict models), so the service leaves ``peers`` out of its answers to version 2.
 ``GET plan`` (:class:`PlannedRound`) came later without a new version: no older worker asks
-for it, and a newer worker takes an older service's 404 as "no plan"."""
+for it, and a newer worker takes an older service's 404 as "no plan". Version 4 added the
+optional :attr:`ProgressRequest.resumed` and :attr:`ProgressRequest.commit_seconds` (the
+driver's recovery and commit metrics); a version-3 worker's reports stay valid."""
 MIN_PROTOCOL_VERSION: Final = 2
 """The oldest worker protocol this service accepts; an older (or newer) worker is refused
 with ``426 Upgrade Required`` naming both versions, and exits with that message. Version-2
@@ -369,13 +371,26 @@ class HeartbeatRequest(_Strict):
         return self
 
 
+MAX_REPORTED_COMMITS: Final = 64
+"""Most commit durations one progress report carries (the newest ones)."""
+
+_NonNegativeFloat = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+
+
 class ProgressRequest(_Strict):
-    """Training progress that rank 0 reports (shown in the job's status)."""
+    """Training progress that rank 0 reports (shown in the job's status and the metrics)."""
 
     round: RoundNumber
     epoch: Annotated[int, Field(strict=True, ge=0)]
     step: Annotated[int, Field(strict=True, ge=0)]
-    samples_per_second: Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)] = 0.0
+    samples_per_second: _NonNegativeFloat = 0.0
+    resumed: Annotated[bool, Field(strict=True)] = False
+    """Training (re)starts in ``round`` now: its state is synced and the first step is next
+    (the end of a recovery or of a resize; protocol 4)."""
+    commit_seconds: Annotated[
+        tuple[_NonNegativeFloat, ...], Field(max_length=MAX_REPORTED_COMMITS)
+    ] = ()
+    """How long each commit since the previous report took (protocol 4)."""
 
 
 class RoundInfo(_Strict):

@@ -32,9 +32,10 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from elasticjob.driver.api import Clock
+from elasticjob.driver.api import Clock, DriverObserver
 from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
 from elasticjob.driver.driver import ElasticDriver, JobResult
+from elasticjob.driver.goodput import LostTo
 from elasticjob.driver.hosts import HostManager
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.adoption import (
@@ -48,11 +49,13 @@ from elasticjob.operator.api import (
     BlacklistScope,
     ElasticJobSpec,
     InvalidSpecError,
+    LostSeconds,
     Phase,
     worker_selector,
 )
 from elasticjob.operator.api.podschema import PodSchema
 from elasticjob.operator.api.validation import name_errors
+from elasticjob.operator.disruption import DisruptionBudget
 from elasticjob.operator.hosts import PodDiscovery, PodLauncher, driver_settings
 from elasticjob.operator.kube import KubeApi, refusal
 from elasticjob.operator.podmap import PodChange, PodMap
@@ -100,6 +103,7 @@ class JobController:
         not_ready_nodes: set[str],
         *,
         reachable: bool = True,
+        observer: DriverObserver | None = None,
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,
     ) -> None:
@@ -110,6 +114,7 @@ class JobController:
         self._settings = settings
         self._not_ready_nodes = not_ready_nodes
         self._reachable = reachable
+        self._observer = observer
         self._clock, self._wall_clock = clock, wall_clock
         self._job: Mapping[str, Any] | None = None
         """The ElasticJob (its metadata: whose pods are its own)."""
@@ -121,6 +126,7 @@ class JobController:
         self._discovery = PodDiscovery()
         self._wake = asyncio.Event()
         self._status = StatusWriter(api, namespace, name, wall_clock)
+        self._budget = DisruptionBudget(api, namespace)
         self._slots = 1
         self._rank_order: list[str] = []
         self._announced_round = 0
@@ -211,6 +217,8 @@ class JobController:
             self._clock,
         )
         self.driver = driver
+        if self._observer is not None:
+            driver.observer = self._observer
         driver.reachability.update(self._reachable, self._clock())
         if not self._adopt(body, spec, driver):
             await self._event(body, "Created", f"job {self.job_id} started")
@@ -238,8 +246,9 @@ class JobController:
 
     def _adopt(self, body: Mapping[str, Any], spec: ElasticJobSpec, driver: ElasticDriver) -> bool:
         """After an operator restart: keep the recorded blacklisting until its recorded ends,
-        and take over the recorded round, so its workers train on undisturbed, and the count
-        of resets, so ``resetLimit`` counts those before the restart. Members whose pods are
+        and take over the recorded round, so its workers train on undisturbed, the count
+        of resets, so ``resetLimit`` counts those before the restart, and the lost time, so
+        goodput covers the whole job. Members whose pods are
         gone are reported failed."""
         status = self._status.recorded(body)
         driver.resume_resets(status.reset_count, status.last_reset_reason)
@@ -248,9 +257,16 @@ class JobController:
                 self._blacklist, status.blacklisted_nodes, self._wall_clock(), self._clock()
             )
         recorded = recorded_round(status, self._slots)
+        if recorded is not None:
+            driver.adopt(recorded.round, recorded.slots, recorded.notice_seq)
+        if status.start_time is not None:
+            running_for = self._wall_clock() - status.start_time.timestamp()
+            lost = status.goodput.lost_seconds if status.goodput else LostSeconds()
+            driver.resume_lost_time(
+                {cause: getattr(lost, cause.value) for cause in LostTo}, running_for
+            )
         if recorded is None:
             return False
-        driver.adopt(recorded.round, recorded.slots, recorded.notice_seq)
         self._rank_order = list(recorded.rank_order)
         pods = self._pods.snapshot()
         for pod in recorded.rank_order:
@@ -281,6 +297,7 @@ class JobController:
 
     async def _reconcile(self, body: Mapping[str, Any], spec: ElasticJobSpec) -> None:
         assert self.driver is not None
+        await self._budget.ensure(body, spec.min_replicas)
         now = self._clock()
         if self._pods.resync_due(waiting=len(self._discovery.hosts) < spec.replicas):
             await self._relist()  # the driver waits for hosts: a missed event may hide one

@@ -82,6 +82,7 @@ class KubeApi:
         self.rbac = kubernetes.client.RbacAuthorizationV1Api()
         self.admission = kubernetes.client.AdmissionregistrationV1Api()
         self._attempts = attempts
+        self._policy_versions: frozenset[str] | None = None
 
     async def _call(self, what: str, call: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         delay = 0.2
@@ -199,29 +200,70 @@ class KubeApi:
         )
         return dict(job)
 
-    async def openapi_v2(self) -> dict[str, Any]:
-        """The API server's OpenAPI v2 document (``/openapi/v2``: several megabytes)."""
+    async def _raw(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """``method path`` as JSON, for APIs the client has no models of (an answer of 400
+        or more raises :class:`ApiException`)."""
         client = self.core.api_client
-        method, url, headers, body, post = client.param_serialize(
-            "GET",
-            "/openapi/v2",
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        method, url, headers, serialized, post = client.param_serialize(
+            method, path, header_params=headers, body=body, auth_settings=["BearerToken"]
         )
         response = await self._call(
-            "read the OpenAPI document",
+            what,
             client.call_api,
             method,
             url,
             header_params=headers,
-            body=body,
+            body=serialized,
             post_params=post,
         )
         data = response.read()
         if not 200 <= response.status < 300:
-            raise ApiException(status=response.status, reason=response.reason)
-        document: dict[str, Any] = json.loads(data)
+            raise ApiException(status=response.status, reason=response.reason, http_resp=response)
+        document: dict[str, Any] = json.loads(data) if data else {}
         return document
+
+    async def openapi_v2(self) -> dict[str, Any]:
+        """The API server's OpenAPI v2 document (``/openapi/v2``: several megabytes)."""
+        return await self._raw("read the OpenAPI document", "GET", "/openapi/v2")
+
+    async def policy_version(self, candidates: tuple[str, ...]) -> str | None:
+        """The first of ``candidates`` (``group/version``) the API server serves (asked once)."""
+        if self._policy_versions is None:
+            try:
+                group = await self._raw("discover the policy API", "GET", "/apis/policy")
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                group = {}
+            served = {v.get("groupVersion") for v in group.get("versions") or []}
+            self._policy_versions = frozenset(str(v) for v in served if v)
+        return next((v for v in candidates if v in self._policy_versions), None)
+
+    async def apply_disruption_budget(self, namespace: str, budget: dict[str, Any]) -> None:
+        """Create ``budget`` (a PodDisruptionBudget), or set its spec if it exists."""
+        base = f"/apis/{budget['apiVersion']}/namespaces/{namespace}/poddisruptionbudgets"
+        try:
+            await self._raw("create PodDisruptionBudget", "POST", base, budget)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            await self._raw(
+                "update PodDisruptionBudget",
+                "PATCH",
+                f"{base}/{budget['metadata']['name']}",
+                {"spec": budget["spec"]},
+                content_type="application/merge-patch+json",
+            )
 
     async def cluster_role_uid(self, name: str) -> str:
         """The uid of the ClusterRole ``name``."""

@@ -1,93 +1,191 @@
-"""The operator's metrics in the Prometheus text format."""
+"""The operator's Prometheus metrics.
+
+Two kinds: histograms fed as things happen (each job's driver tells its
+:class:`JobObserver` the time to recover, round formation and commit durations) and values
+read at every scrape from the job controllers and the rendezvous service's request stats
+(:class:`_StateCollector`: jobs by phase, world size, samples/s, goodput, lost seconds,
+resets, pods, rendezvous requests and their latency without long-polls).
+"""
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Final
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from elasticjob.operator.api import Phase
-from elasticjob.rendezvous.stats import RequestStats
+from elasticjob.rendezvous.stats import LATENCY_BUCKETS_S, RequestStats
 
 if TYPE_CHECKING:
     from elasticjob.operator.controller import JobController
 
+RECOVERY_BUCKETS_S: Final = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+"""Buckets of the time to recover and of round formation."""
+COMMIT_BUCKETS_S: Final = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+"""Buckets of commit durations."""
 
-def _labels(**labels: str) -> str:
-    inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    return "{" + inner + "}" if inner else ""
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+"""The exposition format :meth:`OperatorMetrics.render` writes."""
 
 
-def render_metrics(controllers: Iterable[JobController], stats: RequestStats) -> str:
-    """Jobs by phase, resets, recovery time, pods created and deleted, rendezvous requests
-    and latency."""
-    controllers = list(controllers)
-    lines: list[str] = []
+class JobObserver:
+    """One job's driver observer (``elasticjob.driver.api.DriverObserver``): puts what the
+    driver measures into the operator's histograms, labelled with the job."""
 
-    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        lines.extend(f"{name}{labels} {value:g}" for labels, value in samples)
+    def __init__(self, metrics: OperatorMetrics, job: str) -> None:
+        self._recovery = metrics.recovery.labels(job=job)
+        self._formation = metrics.formation.labels(job=job)
+        self._commit = metrics.commit.labels(job=job)
 
+    def round_formed(self, seconds: float) -> None:
+        self._formation.observe(seconds)
+
+    def recovered(self, seconds: float) -> None:
+        self._recovery.observe(seconds)
+
+    def committed(self, seconds: float) -> None:
+        self._commit.observe(seconds)
+
+
+class OperatorMetrics:
+    """The operator's metrics registry; :meth:`render` writes what ``/metrics`` serves."""
+
+    def __init__(
+        self,
+        controllers: Callable[[], Iterable[JobController]],
+        stats: Callable[[], RequestStats],
+    ) -> None:
+        self.registry = CollectorRegistry()
+        self.recovery = Histogram(
+            "elasticjob_recovery_seconds",
+            "Time to recover: from a failure to the moment training resumes in the next round.",
+            ["job"],
+            buckets=RECOVERY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.formation = Histogram(
+            "elasticjob_round_formation_seconds",
+            "From the end (or failure) of a round, or the job's start, to the next round's "
+            "publication.",
+            ["job"],
+            buckets=RECOVERY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.commit = Histogram(
+            "elasticjob_commit_seconds",
+            "Duration of rank 0's commits (reported by the workers).",
+            ["job"],
+            buckets=COMMIT_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.registry.register(_StateCollector(controllers, stats))
+
+    def job_observer(self, job: str) -> JobObserver:
+        """The driver observer of ``job``."""
+        return JobObserver(self, job)
+
+    def forget(self, job: str) -> None:
+        """Drop the histograms of ``job`` (it ended or was deleted)."""
+        for histogram in (self.recovery, self.formation, self.commit):
+            try:
+                histogram.remove(job)
+            except KeyError:
+                continue
+
+    def render(self) -> bytes:
+        """Every metric in the Prometheus text format."""
+        body: bytes = generate_latest(self.registry)
+        return body
+
+
+class _StateCollector(Collector):
+    """Values read from the controllers and the rendezvous service at each scrape."""
+
+    def __init__(
+        self,
+        controllers: Callable[[], Iterable[JobController]],
+        stats: Callable[[], RequestStats],
+    ) -> None:
+        self._controllers = controllers
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        controllers = list(self._controllers())
+        yield from _job_metrics(controllers)
+        yield from _request_metrics(self._stats())
+
+
+def _job_metrics(controllers: list[JobController]) -> Iterator[Metric]:
     phases = Counter(c.phase for c in controllers)
-    metric(
-        "elasticjob_jobs",
-        "gauge",
-        "Jobs this operator runs, by phase.",
-        [(_labels(phase=p.value), phases.get(p, 0)) for p in Phase],
+    jobs = GaugeMetricFamily(
+        "elasticjob_jobs", "Jobs this operator runs, by phase.", labels=["phase"]
     )
-    jobs = [(c, _labels(job=c.job_id)) for c in controllers]
-    metric(
-        "elasticjob_resets_total",
-        "counter",
-        "Resets (failure recoveries and resizes).",
-        [(lbl, c.driver.registry.reset_count if c.driver else 0) for c, lbl in jobs],
+    for phase in Phase:
+        jobs.add_metric([phase.value], phases.get(phase, 0))
+    yield jobs
+    world = GaugeMetricFamily(
+        "elasticjob_world_size", "Workers in the job's current round.", labels=["job"]
     )
-    metric(
-        "elasticjob_recovery_seconds_sum",
-        "counter",
-        "Seconds from a worker failure to the next round, summed.",
-        [(lbl, c.driver.recovery_seconds_sum if c.driver else 0.0) for c, lbl in jobs],
+    throughput = GaugeMetricFamily(
+        "elasticjob_samples_per_second", "Samples per second rank 0 last reported.", labels=["job"]
     )
-    metric(
-        "elasticjob_recovery_seconds_count",
-        "counter",
-        "Recoveries from worker failures.",
-        [(lbl, c.driver.recoveries if c.driver else 0) for c, lbl in jobs],
+    goodput = GaugeMetricFamily(
+        "elasticjob_goodput_ratio",
+        "Share of the job's wall time spent in productive steps (not in startup, recovery, "
+        "rolled-back training or resize pauses).",
+        labels=["job"],
     )
-    metric(
-        "elasticjob_pods_created_total",
-        "counter",
-        "Worker pods created.",
-        [(lbl, c.pods_created) for c, lbl in jobs],
+    lost = CounterMetricFamily(
+        "elasticjob_lost_seconds",
+        "Wall time the job lost, by cause (startup, recovery, rollback, resize).",
+        labels=["job", "cause"],
     )
-    metric(
-        "elasticjob_pods_deleted_total",
-        "counter",
-        "Worker pods deleted.",
-        [(lbl, c.pods_deleted) for c, lbl in jobs],
+    resets = CounterMetricFamily(
+        "elasticjob_resets", "Resets (failure recoveries and resizes).", labels=["job"]
     )
-    routes = stats.snapshot()
-    metric(
-        "elasticjob_rendezvous_requests_total",
-        "counter",
-        "Rendezvous requests.",
-        [
-            (_labels(route=r, code=str(code)), n)
-            for r, s in sorted(routes.items())
-            for code, n in sorted(s.by_status.items())
-        ],
+    created = CounterMetricFamily("elasticjob_pods_created", "Worker pods created.", labels=["job"])
+    deleted = CounterMetricFamily("elasticjob_pods_deleted", "Worker pods deleted.", labels=["job"])
+    for controller in controllers:
+        job = [controller.job_id]
+        created.add_metric(job, controller.pods_created)
+        deleted.add_metric(job, controller.pods_deleted)
+        driver = controller.driver
+        if driver is None:
+            continue
+        now = driver.clock()
+        world.add_metric(job, len(driver.slots))
+        progress = driver.progress
+        throughput.add_metric(job, progress.samples_per_second if progress else 0.0)
+        goodput.add_metric(job, driver.lost_time.goodput(now))
+        for cause, seconds in driver.lost_time.lost_seconds(now).items():
+            lost.add_metric([controller.job_id, cause.value], seconds)
+        resets.add_metric(job, driver.registry.reset_count)
+    yield from (world, throughput, goodput, lost, resets, created, deleted)
+
+
+def _request_metrics(stats: RequestStats) -> Iterator[Metric]:
+    routes = sorted(stats.snapshot().items())
+    requests = CounterMetricFamily(
+        "elasticjob_rendezvous_requests", "Rendezvous requests.", labels=["route", "code"]
     )
-    metric(
-        "elasticjob_rendezvous_request_seconds_sum",
-        "counter",
-        "Rendezvous request latency, summed (long-polls included).",
-        [(_labels(route=r), s.latency_seconds_sum) for r, s in sorted(routes.items())],
+    latency = HistogramMetricFamily(
+        "elasticjob_rendezvous_request_seconds",
+        "Rendezvous request latency (long-polls left out).",
+        labels=["route"],
     )
-    metric(
-        "elasticjob_rendezvous_request_seconds_count",
-        "counter",
-        "Rendezvous requests timed.",
-        [(_labels(route=r), s.requests) for r, s in sorted(routes.items())],
-    )
-    return "\n".join(lines) + "\n"
+    bounds = [str(b) for b in LATENCY_BUCKETS_S] + ["+Inf"]
+    for route, route_stats in routes:
+        for code, count in sorted(route_stats.by_status.items()):
+            requests.add_metric([route, str(code)], count)
+        cumulative = list(itertools.accumulate(route_stats.latency_buckets))
+        latency.add_metric(
+            [route], list(zip(bounds, cumulative, strict=True)), route_stats.latency_seconds_sum
+        )
+    yield requests
+    yield latency

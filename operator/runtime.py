@@ -23,7 +23,7 @@ from elasticjob.operator.api.podschema import PodSchema
 from elasticjob.operator.certs import ManagedCertificate, TLSMaterial, managed_material
 from elasticjob.operator.controller import ControllerSettings, JobController
 from elasticjob.operator.kube import KubeApi, load_config
-from elasticjob.operator.metrics import render_metrics
+from elasticjob.operator.metrics import CONTENT_TYPE, OperatorMetrics
 from elasticjob.operator.ownpod import follow_own_pod
 from elasticjob.operator.supervisor import ENDED_PHASES, JobSupervisor
 from elasticjob.operator.webhook import ServiceWebhookServer
@@ -93,10 +93,12 @@ class OperatorRuntime:
     _api: KubeApi | None = None
     _service: RendezvousService | None = None
     _metrics: web.AppRunner | None = None
+    metrics: OperatorMetrics = field(init=False)
     _own_pod_task: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         self.jobs = JobSupervisor(self.run_job)
+        self.metrics = OperatorMetrics(self.controllers.values, lambda: self.service.stats)
         self.reachable = self.config.own_pod is None
 
     @property
@@ -219,12 +221,14 @@ class OperatorRuntime:
             self.controller_settings,
             self.not_ready_nodes,
             reachable=self.reachable,
+            observer=self.metrics.job_observer(podlib.job_id(namespace, name)),
         )
         self.controllers[(namespace, name)] = controller
         try:
             await controller.run(body, stopped)
         finally:
             self.controllers.pop((namespace, name), None)
+            self.metrics.forget(controller.job_id)
 
     async def _rendezvous_ssl_context(self) -> ssl.SSLContext | None:
         """The rendezvous service's TLS context (None: plain HTTP); sets the CA for workers."""
@@ -273,5 +277,4 @@ class OperatorRuntime:
         )
 
     async def _serve_metrics(self, _request: web.Request) -> web.Response:
-        body = render_metrics(self.controllers.values(), self.service.stats)
-        return web.Response(text=body, content_type="text/plain", charset="utf-8")
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from elasticjob.driver.driver import ElasticDriver, JobResult
 from elasticjob.driver.driver import Phase as DriverPhase
+from elasticjob.driver.goodput import LostTime
 from elasticjob.operator.api import (
     BlacklistedNode,
     Condition,
@@ -21,6 +22,8 @@ from elasticjob.operator.api import (
     ConditionType,
     ElasticJobSpec,
     ElasticJobStatus,
+    Goodput,
+    LostSeconds,
     Phase,
     Progress,
     WorkerStatus,
@@ -88,6 +91,7 @@ class Observation:
     reset_count: int = 0
     last_reset_reason: str | None = None
     progress: Progress | None = None
+    goodput: Goodput | None = None
     notice_seq: int = 0
     invalid_spec: str | None = None
     replicas_clamped: str | None = None
@@ -147,8 +151,21 @@ def observe(
             step=progress.step,
             samples_per_second=progress.samples_per_second,
         ),
+        goodput=goodput_of(driver.lost_time, driver.clock()),
         notice_seq=driver.rendezvous.round_info().latest_notice_seq,
         replicas_clamped=replicas_clamped,
+    )
+
+
+def goodput_of(lost_time: LostTime, now: float) -> Goodput:
+    """The status's account of ``lost_time`` at ``now`` (the driver's clock)."""
+    lost = lost_time.lost_seconds(now)
+    return Goodput(
+        ratio=round(lost_time.goodput(now), 4),
+        lost_seconds=LostSeconds(**{cause.value: round(s, 3) for cause, s in lost.items()}),
+        last_recovery_seconds=None
+        if lost_time.last_recovery_s is None
+        else round(lost_time.last_recovery_s, 3),
     )
 
 
@@ -316,4 +333,5 @@ def status_of(
         start_time=previous.start_time or now,
         completion_time=previous.completion_time or (now if ended else None),
         progress=obs.progress or previous.progress,
+        goodput=obs.goodput or previous.goodput,
     )

@@ -4,7 +4,10 @@ its latest figures and never waits on the rendezvous service.
 Progress only feeds the job's status. When the service cannot be reached (the operator
 restarts, its node stopped answering) the training must go on at full speed: a report that
 does not arrive is dropped, and the next one carries newer figures anyway. Reports leave at
-most every :data:`PROGRESS_INTERVAL_S`, the newest one last.
+most every :data:`PROGRESS_INTERVAL_S`, the newest one last, except an urgent one (training
+resumes in a new round: the driver times recoveries by it), which leaves at once. A report
+that replaces one not sent yet keeps the commit durations and the ``resumed`` mark of the one
+it replaces.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Final
 
-from elasticjob.wire import ProgressRequest
+from elasticjob.wire import MAX_REPORTED_COMMITS, ProgressRequest
 from elasticjob.worker_runtime.log import get_logger
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClientError
 
@@ -39,23 +42,40 @@ class ProgressReporter:
         self._latest: ProgressRequest | None = None
         self._offered = threading.Event()
         self._stopped = threading.Event()
+        self._hurry = threading.Event()
+        """Cuts the wait between two reports short (an urgent report, or stop)."""
         self._thread: threading.Thread | None = None
 
-    def offer(self, request: ProgressRequest) -> None:
+    def offer(self, request: ProgressRequest, *, urgent: bool = False) -> None:
         """Hand over the newest progress (returns at once; an older one not sent yet is
-        replaced)."""
+        replaced, see the module docstring). ``urgent``: send it without waiting for the
+        interval to pass."""
         with self._lock:
+            older = self._latest
+            if older is not None:
+                request = request.model_copy(
+                    update={
+                        "commit_seconds": (older.commit_seconds + request.commit_seconds)[
+                            -MAX_REPORTED_COMMITS:
+                        ],
+                        "resumed": request.resumed
+                        or (older.resumed and older.round == request.round),
+                    }
+                )
             self._latest = request
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="elasticjob-progress", daemon=True
                 )
                 self._thread.start()
+        if urgent:
+            self._hurry.set()
         self._offered.set()
 
     def stop(self) -> None:
         """Send nothing more (what was not sent yet is dropped)."""
         self._stopped.set()
+        self._hurry.set()
         self._offered.set()
 
     def _run(self) -> None:
@@ -67,6 +87,7 @@ class ProgressReporter:
             with self._lock:
                 request, self._latest = self._latest, None
                 self._offered.clear()
+                self._hurry.clear()
             if request is None:
                 continue
             try:
@@ -79,5 +100,6 @@ class ProgressReporter:
                 if failing:
                     logger.info("progress reports arrive again")
                 failing = False
-            if self._stopped.wait(self._interval_s):
+            self._hurry.wait(self._interval_s)
+            if self._stopped.is_set():
                 return

@@ -103,6 +103,8 @@ class Runtime:
         self._watcher: NoticeWatcher | None = None
         self._heartbeat: Heartbeat | None = None
         self._progress: ProgressReporter | None = None
+        self._last_progress: tuple[int, float] = (0, 0.0)
+        """The epoch and samples/s the script last reported (reports of its own carry them)."""
         self._prober: PeerProber | None = None
         self._store: Store | None = None
         # The round's store client: held for as long as the round's group uses it.
@@ -409,13 +411,32 @@ class Runtime:
 
     def report_progress(self, epoch: int, step: int, samples_per_second: float) -> None:
         """Rank 0 reports training progress for the job's status (others do nothing)."""
+        self._last_progress = (epoch, max(samples_per_second, 0.0))
+        self._offer_progress(step=step)
+
+    def report_resumed(self) -> None:
+        """Training starts or resumes in this round now (rank 0 tells the driver at once:
+        the end of a recovery or a resize)."""
+        self._offer_progress(step=self.step, resumed=True)
+
+    def report_commit(self, seconds: float) -> None:
+        """A commit took ``seconds`` (rank 0's are reported, for the job's metrics)."""
+        self._offer_progress(step=self.step, commit_seconds=(max(seconds, 0.0),))
+
+    def _offer_progress(
+        self, *, step: int, resumed: bool = False, commit_seconds: tuple[float, ...] = ()
+    ) -> None:
         if self._progress is None or self.slot.rank != 0:
             return
+        epoch, samples_per_second = self._last_progress
         self._progress.offer(
             ProgressRequest(
                 round=self.round,
                 epoch=epoch,
                 step=step,
-                samples_per_second=max(samples_per_second, 0.0),
-            )
+                samples_per_second=samples_per_second,
+                resumed=resumed,
+                commit_seconds=commit_seconds,
+            ),
+            urgent=resumed,
         )

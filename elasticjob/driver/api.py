@@ -22,6 +22,7 @@ import abc
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from elasticjob.wire import WorkerId
 
@@ -141,6 +142,33 @@ class DriverSettings:
             raise ValueError(f"max_np ({self.max_np}) must be >= min_np ({self.min_np})")
 
 
+class DriverObserver(Protocol):
+    """Told the durations the driver measures (the operator turns them into histograms)."""
+
+    def round_formed(self, seconds: float) -> None:
+        """A round was published ``seconds`` after the previous one ended or failed (after
+        the job's start, for the first)."""
+
+    def recovered(self, seconds: float) -> None:
+        """Training resumed ``seconds`` after a failure (the time to recover)."""
+
+    def committed(self, seconds: float) -> None:
+        """Rank 0 committed its state in ``seconds``."""
+
+
+class Unobserved:
+    """A :class:`DriverObserver` that ignores everything (the local launcher's)."""
+
+    def round_formed(self, seconds: float) -> None:
+        del seconds
+
+    def recovered(self, seconds: float) -> None:
+        del seconds
+
+    def committed(self, seconds: float) -> None:
+        del seconds
+
+
 @dataclass(frozen=True)
 class JobResult:
     """How a job ended: success or not and why, after how many rounds and resets."""
@@ -156,11 +184,13 @@ __all__ = [
     "Departure",
     "DiscoveryError",
     "DriverError",
+    "DriverObserver",
     "DriverSettings",
     "HostDiscovery",
     "HostUpdate",
     "JobResult",
     "Phase",
+    "Unobserved",
     "WorkerId",
     "WorkerLauncher",
 ]

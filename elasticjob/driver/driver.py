@@ -23,9 +23,11 @@ from elasticjob.driver.api import (
     Departure,
     DiscoveryError,
     DriverError,
+    DriverObserver,
     DriverSettings,
     JobResult,
     Phase,
+    Unobserved,
     WorkerLauncher,
 )
 from elasticjob.driver.decisions import (
@@ -48,6 +50,14 @@ from elasticjob.driver.decisions import (
     overdue_dismissals,
     plan_round,
     slow_starters,
+)
+from elasticjob.driver.goodput import (
+    LostTime,
+    LostTo,
+    on_commit,
+    on_failure,
+    on_first_step,
+    on_resize,
 )
 from elasticjob.driver.hosts import HostManager
 from elasticjob.driver.liveness import Reachability
@@ -99,11 +109,20 @@ class ElasticDriver(RendezvousListener):
         self._wake = asyncio.Event()
         self._result: JobResult | None = None
         self.last_reset_reason: str | None = None
-        self.recoveries = 0
-        self.recovery_seconds_sum = 0.0
-        self._failed_at: float | None = None
+        self.observer: DriverObserver = Unobserved()
+        self.lost_time = LostTime.start(clock())
+        """Where the job's wall time went (goodput; see ``goodput.py``)."""
+        self._paused_in_round = 0
+        """The round in which training last stopped (for a resize, a failure or the start)."""
+        self._round_ended_at: float | None = clock()
+        """When the round in force ended or failed (the job's start, before round 1)."""
 
     # ---- queries -----------------------------------------------------------------------
+
+    @property
+    def clock(self) -> Clock:
+        """The driver's clock (monotonic seconds; the times of ``lost_time`` are in it)."""
+        return self._clock
 
     @property
     def round(self) -> int:
@@ -144,7 +163,14 @@ class ElasticDriver(RendezvousListener):
             self.reachability.since = max(self.reachability.since, self._clock())
         self.registry.start_round(round_number, frozenset(slots))
         self.phase = Phase.RUNNING
+        self._paused_in_round, self._round_ended_at = round_number, None
+        self.lost_time = LostTime.training(self._clock())
         logger.info("adopted round %d with %d workers", round_number, len(slots))
+
+    def resume_lost_time(self, lost: Mapping[LostTo, float], running_for_s: float) -> None:
+        """Carry on the job's lost-time accounting after a driver restart: it has run for
+        ``running_for_s`` and lost ``lost`` before it (as its status recorded)."""
+        self.lost_time = self.lost_time.resumed(lost, running_for_s)
 
     # ---- events (listener and launcher callbacks; all on the event loop) -----------------
 
@@ -178,6 +204,15 @@ class ElasticDriver(RendezvousListener):
 
     def on_progress(self, progress: ProgressRequest) -> None:
         self.progress = progress
+        now = self._clock()
+        for seconds in progress.commit_seconds:
+            self.observer.committed(seconds)
+        if progress.round > self._paused_in_round and progress.round == self.round:
+            self.lost_time, recovery = on_first_step(self.lost_time, now)
+            if recovery is not None:
+                self.observer.recovered(recovery)
+        if progress.commit_seconds:
+            self.lost_time = on_commit(self.lost_time, now)
 
     def on_worker_heartbeat(self, worker: WorkerId, report: ProbeReport | None) -> None:
         if self._workers.beat(worker, report):
@@ -215,8 +250,16 @@ class ElasticDriver(RendezvousListener):
         """Tell the members once that the round is broken; the next round syncs state."""
         if not self._recovering:
             self._recovering = True
-            self._failed_at = self._clock()
+            self._stop_training(failed=True)
             self.rendezvous.post_notice(NoticeKind.ROUND_FAILED, (host,))
+
+    def _stop_training(self, *, failed: bool) -> None:
+        """The round in force ended (at the barrier) or failed: training pauses."""
+        now = self._clock()
+        self.lost_time = (on_failure if failed else on_resize)(self.lost_time, now)
+        self._paused_in_round = self.round
+        if self._round_ended_at is None:
+            self._round_ended_at = now
 
     # ---- main loop -------------------------------------------------------------------------
 
@@ -297,6 +340,7 @@ class ElasticDriver(RendezvousListener):
             self._blacklist(decision.blacklist)
             self.registry.count_reset()
             self.last_reset_reason = decision.reason or "hosts changed"
+            self._stop_training(failed=False)
             self.phase = Phase.FORMING
             self._capacity_wait_since = None
             await self._form_round()
@@ -337,10 +381,9 @@ class ElasticDriver(RendezvousListener):
             record.last_round = publish.round_number
             record.departure = None  # a leaving worker whose host came back stays
         self.registry.start_round(publish.round_number, frozenset(publish.slots))
-        if self._failed_at is not None:
-            self.recoveries += 1
-            self.recovery_seconds_sum += self._clock() - self._failed_at
-            self._failed_at = None
+        if self._round_ended_at is not None:
+            self.observer.round_formed(self._clock() - self._round_ended_at)
+            self._round_ended_at = None
         self._recovering = False
         self._newcomers_announced = False
         self.phase = Phase.RUNNING

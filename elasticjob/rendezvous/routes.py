@@ -69,6 +69,9 @@ _REFUSAL_STATUS: Final = {
 _ADDED_IN_3: Final = {"peers"}
 """Fields of a rendezvous answer that protocol 3 added (left out for version-2 workers)."""
 
+_LONG_POLL: Final = web.RequestKey("elasticjob.long_poll", bool)
+"""Request key a handler sets when the request may wait for news (left out of the latency)."""
+
 RETRY_AFTER_S: Final = 1
 """``Retry-After`` of the 503 answered for a job that is not served yet while the service's
 owner is still adopting its jobs (after a restart)."""
@@ -227,6 +230,7 @@ class _Api:
     async def rendezvous(self, request: web.Request) -> web.Response:
         job = self.authorize(request)
         body = await _parse_body(request, RendezvousRequest)
+        request[_LONG_POLL] = body.wait_seconds > 0
         answer = await job.rendezvous(body)
         # A version-2 worker refuses fields it does not know (see wire.PROTOCOL_VERSION).
         return _json(answer, exclude=_ADDED_IN_3 if _check_protocol(request) < 3 else None)
@@ -240,6 +244,7 @@ class _Api:
             query = _NoticesQuery.model_validate(dict(request.query))
         except ValidationError as exc:
             raise _invalid("query", exc) from exc
+        request[_LONG_POLL] = query.wait > 0
         return _json(await job.notices(int(query.after), query.wait))
 
     async def results(self, request: web.Request) -> web.Response:
@@ -296,7 +301,12 @@ def _stats_and_errors(stats: RequestStats) -> typedefs.Middleware:
             logger.info("%s %s -> %d", request.method, _logged_path(request), response.status)
         response.headers[PROTOCOL_HEADER] = str(PROTOCOL_VERSION)
         response.force_close()
-        stats.record(_route_name(request), response.status, time.monotonic() - started)
+        stats.record(
+            _route_name(request),
+            response.status,
+            time.monotonic() - started,
+            long_poll=request.get(_LONG_POLL, False),
+        )
         return response
 
     return middleware

@@ -143,6 +143,7 @@ def build_crd() -> dict[str, Any]:
         ("Min", "integer", ".spec.minReplicas"),
         ("Max", "integer", ".spec.maxReplicas"),
         ("Round", "integer", ".status.round"),
+        ("Goodput", "number", ".status.goodput.ratio"),
         ("Age", "date", ".metadata.creationTimestamp"),
     ]
     return {

@@ -280,6 +280,32 @@ class Progress(_Status):
     samples_per_second: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
 
 
+_Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class LostSeconds(_Status):
+    """Wall time the job lost, by cause, since it started."""
+
+    startup: _Seconds = 0.0
+    """From the job's start to its first step."""
+    recovery: _Seconds = 0.0
+    """From failures to the first step of the next round."""
+    rollback: _Seconds = 0.0
+    """Training after the last commit before a failure, thrown away by the rollback."""
+    resize: _Seconds = 0.0
+    """Pauses of graceful resizes (hosts added or removed)."""
+
+
+class Goodput(_Status):
+    """How much of the job's wall time was productive."""
+
+    ratio: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 1.0
+    """Share of the wall time since the job started spent in productive steps."""
+    lost_seconds: LostSeconds = LostSeconds()
+    last_recovery_seconds: _Seconds | None = None
+    """Time to recover of the latest failure (failure -> training resumed)."""
+
+
 class ElasticJobStatus(_Status):
     """Observed state of an elastic training job, written by the operator."""
 
@@ -310,3 +336,4 @@ class ElasticJobStatus(_Status):
     start_time: AwareDatetime | None = None
     completion_time: AwareDatetime | None = None
     progress: Progress | None = None
+    goodput: Goodput | None = None

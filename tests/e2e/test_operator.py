@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from devcluster import Cluster
 from elasticjob import wire
@@ -403,9 +404,57 @@ def test_a_worker_token_opens_only_its_own_job(
     assert rendezvous_status(kube, f"{base}/{kube.ns}.beta/round", "", ca) == 401
     with urllib.request.urlopen(f"http://{operator_ip(kube)}:8471/metrics", timeout=10) as response:
         metrics = response.read().decode()
-    assert 'elasticjob_jobs{phase="Running"}' in metrics
-    assert f'elasticjob_pods_created_total{{job="{kube.ns}.alpha"}} 2' in metrics
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(metrics)
+        for s in family.samples
+    }
+    job = (("job", f"{kube.ns}.alpha"),)
+    assert samples[("elasticjob_jobs", (("phase", "Running"),))] >= 2
+    assert samples[("elasticjob_pods_created_total", job)] == 2
+    assert samples[("elasticjob_world_size", job)] == 2
+    assert samples[("elasticjob_round_formation_seconds_count", job)] >= 1
     (tmp_path / "stop").touch()
+
+
+def test_voluntary_evictions_keep_the_job_at_its_minimum(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    """The job's PodDisruptionBudget (owned by it, minAvailable = minReplicas) makes the
+    Eviction API refuse to take a job at its minimum below it, and follows minReplicas."""
+    kube.apply(
+        job_manifest("pdb", tmp_path / "events", tmp_path / "stop", replicas=2, minReplicas=2)
+    )
+    try:
+        running = wait_status(kube, "pdb", "running", lambda s: s.get("worldSize") == 2)
+        budget = kube.wait("the job's PodDisruptionBudget", lambda: kube.get("pdb", "pdb-workers"))
+        assert budget["spec"]["minAvailable"] == 2
+        assert budget["metadata"]["ownerReferences"][0]["name"] == "pdb"
+        pod = running["workers"][0]["pod"]
+        eviction = {
+            "apiVersion": "policy/v1beta1",
+            "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": kube.ns},
+        }
+        refused = kube.cluster.kubectl(
+            "create",
+            "--raw",
+            f"/api/v1/namespaces/{kube.ns}/pods/{pod}/eviction",
+            "-f",
+            "-",
+            input=json.dumps(eviction),
+            check=False,
+        )
+        assert refused.returncode != 0 and "disruption budget" in refused.stderr, refused
+        assert kube.get("pod", pod) is not None
+        kube.kubectl("patch", "ej", "pdb", "--type=merge", "-p", '{"spec": {"minReplicas": 1}}')
+        kube.wait(
+            "the budget following minReplicas",
+            lambda: (kube.get("pdb", "pdb-workers") or {}).get("spec", {}).get("minAvailable") == 1,
+            timeout=60,
+        )
+    finally:
+        (tmp_path / "stop").touch()
 
 
 def secret_token(kube: Kube, job: str) -> str:

@@ -470,7 +470,18 @@ async def test_request_stats(cluster: Cluster) -> None:
     await cluster.call("GET", "/v1/jobs/job-a/round", token=None)
     stats = cluster.service.stats.snapshot()["GET /v1/jobs/{job}/round"]
     assert (stats.requests, stats.errors, dict(stats.by_status)) == (2, 1, {200: 1, 401: 1})
+    assert stats.timed == 2 and sum(stats.latency_buckets) == 2
     assert stats.latency_seconds_sum > 0
+
+
+async def test_long_polls_are_counted_but_left_out_of_the_latency(cluster: Cluster) -> None:
+    status, _ = await cluster.call("GET", "/v1/jobs/job-a/notices?after=0&wait=0.3")
+    assert status == 200
+    status, _ = await cluster.call("GET", "/v1/jobs/job-a/notices?after=0")
+    assert status == 200
+    stats = cluster.service.stats.snapshot()["GET /v1/jobs/{job}/notices"]
+    assert (stats.requests, stats.timed, sum(stats.latency_buckets)) == (2, 1, 1)
+    assert stats.latency_seconds_sum < 0.3, "the long-poll's wait is not in the latency"
 
 
 # ---- service lifecycle -----------------------------------------------------------------
@@ -522,6 +533,7 @@ def registered_routes(service: RendezvousService) -> set[tuple[str, str]]:
 def test_openapi_document_lists_every_route_and_wire_model() -> None:
     document = yaml.safe_load(OPENAPI.read_text())
     assert document["openapi"].startswith("3.0")
+    assert document["info"]["version"] == str(wire.PROTOCOL_VERSION)
     documented = {
         (method, path)
         for path, item in document["paths"].items()

@@ -55,6 +55,7 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
                     state.sync()
                     runtime.step = broadcast_object(runtime.step, root_rank=0)
                     logger.info("state synced from rank 0 in %.3f s", time.monotonic() - started)
+                runtime.report_resumed()
                 result = func(state, *args, **kwargs)
             except HorovodInternalError as exc:
                 logger.warning("%s; rolling back to the last commit", exc)

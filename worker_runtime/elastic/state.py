@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import copy
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
@@ -49,9 +50,10 @@ class State(abc.ABC):
     def commit(self) -> None:
         """Snapshot the state in memory, then check for host updates (which may raise
         :class:`~elasticjob.worker_runtime.HostsUpdatedInterrupt` on every rank at once)."""
-        started = timeline.now()
+        started, started_us = time.monotonic(), timeline.now()
         self.save()
-        timeline.span("commit", started)
+        timeline.span("commit", started_us)
+        current().report_commit(time.monotonic() - started)
         self.check_host_updates()
 
     def check_host_updates(self) -> None:

@@ -15,14 +15,19 @@ import tomllib
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from devcluster.build import cached_helm
 from devcluster.config import default_cache_dir
 from elasticjob.operator.api import LABEL_ROLE, ROLE_WORKER
+from elasticjob.operator.controller import JobController
+from elasticjob.operator.metrics import OperatorMetrics
+from elasticjob.rendezvous.stats import RequestStats
+from tests.unit.operator.test_metrics import StubController, StubDriver
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "deploy" / "helm" / "elasticjob-operator"
@@ -51,6 +56,7 @@ JOB_GRANTS: Grants = {
     ("", "secrets"): {"get", "create"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
+    ("policy", "poddisruptionbudgets"): {"create", "patch"},
 }
 CLUSTER_GRANTS: Grants = {
     ("", "nodes"): {"get", "list", "watch"},
@@ -745,3 +751,60 @@ def test_notes_show_how_to_use_the_operator(helm: Helm) -> None:
         RENDEZVOUS_URL,
     ):
         assert text in notes, text
+
+
+# ---- monitoring: a ServiceMonitor and the Grafana dashboard (off by default) ----------------
+
+MONITORING: dict[str, Any] = {
+    "metrics": {
+        "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prom"}},
+        "grafanaDashboard": {"enabled": True, "labels": {"grafana_dashboard": "1"}},
+    }
+}
+
+
+def test_monitoring_objects_are_off_by_default(helm: Helm) -> None:
+    assert not {"ServiceMonitor", "ConfigMap"} & {o["kind"] for o in helm.template()}
+
+
+def test_the_service_monitor_scrapes_the_operators_metrics_port(helm: Helm) -> None:
+    objects = helm.template(MONITORING)
+    (monitor,) = [o for o in objects if o["kind"] == "ServiceMonitor"]
+    (service,) = [o for o in objects if o["kind"] == "Service"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["namespace"] == NAMESPACE
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["selector"]["matchLabels"] == SELECTOR
+    assert SELECTOR.items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint == {"port": "metrics", "path": "/metrics", "interval": "15s"}
+    assert "metrics" in {p["name"] for p in service["spec"]["ports"]}
+
+
+def served_metric_names() -> set[str]:
+    """The names of the samples the operator serves for a running job."""
+    stats = RequestStats()
+    stats.record("GET /v1/jobs/{job}/round", 200, 0.01)
+    controllers = [StubController("ns.job", driver=StubDriver())]
+    metrics = OperatorMetrics(lambda: cast(list[JobController], controllers), lambda: stats)
+    observer = metrics.job_observer("ns.job")
+    observer.recovered(1.0)
+    observer.round_formed(1.0)
+    observer.committed(1.0)
+    text = metrics.render().decode()
+    return {s.name for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_the_dashboard_ships_in_a_configmap_and_queries_served_metrics_only(helm: Helm) -> None:
+    objects = helm.template(MONITORING)
+    (config_map,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert config_map["metadata"]["name"] == f"{FULLNAME}-dashboard"
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(config_map["data"]["elasticjob.json"])
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {name for e in exprs for name in re.findall(r"\belasticjob_[a-z_]+", e)}
+    assert used, "the dashboard queries nothing"
+    assert used <= served_metric_names(), used - served_metric_names()
+    titles = {p["title"] for p in dashboard["panels"]}
+    assert {"Goodput", "Time to recover", "World size over time"} <= titles

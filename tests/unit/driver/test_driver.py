@@ -19,11 +19,13 @@ from elasticjob.driver.api import (
 )
 from elasticjob.driver.blacklist import BlacklistPolicy
 from elasticjob.driver.driver import ElasticDriver
+from elasticjob.driver.goodput import LostTo
 from elasticjob.driver.hosts import HostManager
 from elasticjob.rendezvous.api import RendezvousListener
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.wire import (
     NoticeKind,
+    ProgressRequest,
     RendezvousRequest,
     RendezvousResponse,
     RendezvousStatus,
@@ -203,7 +205,66 @@ async def test_member_failure_is_told_at_once_and_the_next_round_syncs() -> None
     assert job.driver.round == 2 and list(job.driver.slots) == [A0, C0]
     assert (await job.ask(C0, 1)).sync is True
     assert "b" in job.hosts.blacklist and job.driver.registry.reset_count == 1
-    assert job.driver.recoveries == 1 and not job.driver.recovering
+    assert not job.driver.recovering
+
+
+class RecordingObserver:
+    def __init__(self) -> None:
+        self.formed: list[float] = []
+        self.recoveries: list[float] = []
+        self.commits: list[float] = []
+
+    def round_formed(self, seconds: float) -> None:
+        self.formed.append(seconds)
+
+    def recovered(self, seconds: float) -> None:
+        self.recoveries.append(seconds)
+
+    def committed(self, seconds: float) -> None:
+        self.commits.append(seconds)
+
+
+async def test_time_to_recover_runs_from_the_failure_to_the_next_rounds_first_report() -> None:
+    """Round formation, commits and the time to recover reach the observer; lost time is
+    accounted per cause; a late report of the failed round ends nothing."""
+    job = Job({"a": 1, "b": 1, "c": 1}, settings())
+    observer = job.driver.observer = RecordingObserver()
+    job.clock.now += 1.0
+    await job.start_round_1(A0, B0, C0)
+
+    def report(
+        round_number: int, *, resumed: bool = False, commit_seconds: tuple[float, ...] = ()
+    ) -> None:
+        job.job.report_progress(
+            ProgressRequest(
+                round=round_number, epoch=0, step=1, resumed=resumed, commit_seconds=commit_seconds
+            )
+        )
+
+    job.clock.now += 1.0
+    report(1, resumed=True)
+    job.clock.now += 3.0
+    report(1, commit_seconds=(0.25, 0.5))
+    job.clock.now += 5.0
+    job.launcher.end(B0, 137)
+    job.clock.now += 1.0
+    await job.ask(A0, 1)
+    await job.ask(C0, 1)
+    await job.step()
+    assert job.driver.round == 2
+    job.clock.now += 0.5
+    report(1)
+    assert observer.recoveries == [], "a late report of the failed round"
+    job.clock.now += 1.5
+    report(2, resumed=True)
+    assert observer.formed == pytest.approx([1.0, 1.0])
+    assert observer.commits == [0.25, 0.5]
+    assert observer.recoveries == pytest.approx([3.0])
+    assert job.driver.lost_time.last_recovery_s == pytest.approx(3.0)
+    lost = job.driver.lost_time.lost_seconds(job.clock.now)
+    assert dict(lost) == pytest.approx(
+        {LostTo.STARTUP: 2.0, LostTo.ROLLBACK: 5.0, LostTo.RECOVERY: 3.0, LostTo.RESIZE: 0.0}
+    )
 
 
 @pytest.mark.parametrize("rolled_back", [True, False])
@@ -388,7 +449,7 @@ async def test_graceful_scale_in_dismisses_without_rollback_or_blacklisting() ->
     assert job.launcher.stopped == [B0], "a dismissed worker still running after the grace"
     job.launcher.end(B0, 0)
     await job.step()
-    assert job.driver.result is None and job.driver.recoveries == 0
+    assert job.driver.result is None and job.driver.lost_time.last_recovery_s is None
 
 
 async def test_a_host_back_before_its_dismissed_worker_exited_gets_a_fresh_process() -> None:

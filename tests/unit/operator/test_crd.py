@@ -84,6 +84,7 @@ def test_subresources_and_printer_columns() -> None:
         "Min": ("integer", ".spec.minReplicas"),
         "Max": ("integer", ".spec.maxReplicas"),
         "Round": ("integer", ".status.round"),
+        "Goodput": ("number", ".status.goodput.ratio"),
         "Age": ("date", ".metadata.creationTimestamp"),
     }
     # Every column's path exists in the schema.

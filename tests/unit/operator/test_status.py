@@ -11,6 +11,7 @@ import pytest
 
 from elasticjob.driver.driver import JobResult
 from elasticjob.driver.driver import Phase as DriverPhase
+from elasticjob.driver.goodput import LostTime, on_commit, on_failure, on_first_step
 from elasticjob.operator.api import (
     ConditionStatus,
     ConditionType,
@@ -22,6 +23,7 @@ from elasticjob.operator.pods import PodState, PodView
 from elasticjob.operator.status import (
     Observation,
     PodCounts,
+    goodput_of,
     phase_of,
     pod_counts,
     ready_of,
@@ -286,3 +288,29 @@ def test_times_and_progress_carry_over() -> None:
     assert status.completion_time is None
     done = status_of(obs(result=JobResult(True, "done", 4, 0)), status, "sel", 1, T1)
     assert done.completion_time == T1
+
+
+def test_goodput_in_the_status_says_where_the_time_went() -> None:
+    lost, _ = on_first_step(LostTime.start(0.0), 4.0)
+    lost = on_failure(on_commit(lost, 20.0), 30.0)
+    lost, _ = on_first_step(lost, 31.5)
+    goodput = goodput_of(lost, 40.0)
+    assert goodput.ratio == pytest.approx(1 - (4.0 + 10.0 + 1.5) / 40.0)
+    assert goodput.lost_seconds.model_dump() == {
+        "startup": 4.0,
+        "recovery": 1.5,
+        "rollback": 10.0,
+        "resize": 0.0,
+    }
+    assert goodput.last_recovery_seconds == 1.5
+    written = goodput.model_dump(by_alias=True)
+    assert written["lastRecoverySeconds"] == 1.5 and "lostSeconds" in written
+
+
+def test_the_status_keeps_the_goodput_it_had_while_there_is_no_newer() -> None:
+    before = status_of(
+        obs(goodput=goodput_of(LostTime.start(0.0), 5.0)), ElasticJobStatus(), "sel", 1, T0
+    )
+    assert before.goodput is not None and before.goodput.ratio == 0.0
+    after = status_of(obs(), before, "sel", 1, T1)
+    assert after.goodput == before.goodput

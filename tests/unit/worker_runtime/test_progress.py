@@ -1,12 +1,13 @@
 """Rank 0's progress leaves from a background thread: the training loop never waits for
-the rendezvous service, a report that does not arrive is dropped, the newest one wins."""
+the rendezvous service, a report that does not arrive is dropped, the newest one wins (keeping
+the commit durations and the resumed mark of those it replaced), an urgent one leaves at once."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from elasticjob.wire import ProgressRequest
+from elasticjob.wire import MAX_REPORTED_COMMITS, ProgressRequest
 from elasticjob.worker_runtime.progress import ProgressReporter
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClientError
 
@@ -22,6 +23,8 @@ class Service:
 
     def __init__(self) -> None:
         self.arrived: list[int] = []
+        self.requests: list[ProgressRequest] = []
+        self.arrived_at: list[float] = []
         self.attempts = 0
         self.hanging = threading.Event()
         self.release = threading.Event()
@@ -38,6 +41,8 @@ class Service:
             raise RendezvousClientError("rendezvous service unreachable")
         with self.changed:
             self.arrived.append(request.step)
+            self.requests.append(request)
+            self.arrived_at.append(time.monotonic())
             self.changed.notify_all()
 
     def wait(self, what: str, check: object) -> None:
@@ -84,9 +89,59 @@ def test_reports_leave_at_most_every_interval() -> None:
     try:
         reporter.offer(progress(0))
         service.wait("the first report", lambda: service.arrived == [0])
-        sent_first = time.monotonic()
         reporter.offer(progress(1))
         service.wait("the second report", lambda: service.arrived == [0, 1])
-        assert time.monotonic() - sent_first >= 0.3
+        assert service.arrived_at[1] - service.arrived_at[0] >= 0.3
+    finally:
+        reporter.stop()
+
+
+def test_an_urgent_report_does_not_wait_for_the_interval() -> None:
+    service = Service()
+    reporter = ProgressReporter(service.send, interval_s=60.0)
+    try:
+        reporter.offer(progress(0))
+        service.wait("the first report", lambda: service.arrived == [0])
+        reporter.offer(progress(1))
+        reporter.offer(ProgressRequest(round=2, epoch=0, step=1, resumed=True), urgent=True)
+        service.wait("the urgent report", lambda: service.arrived == [0, 1])
+        assert service.requests[-1].resumed and service.requests[-1].round == 2
+    finally:
+        reporter.stop()
+
+
+def test_a_replaced_report_keeps_its_commit_durations_and_resumed_mark() -> None:
+    service = Service()
+    service.hanging.set()
+    reporter = ProgressReporter(service.send, interval_s=0.0)
+    try:
+        reporter.offer(progress(0))
+        service.wait("the first report sent", lambda: service.attempts == 1)
+        reporter.offer(ProgressRequest(round=1, epoch=0, step=1, resumed=True))
+        for step in range(2, 100):
+            reporter.offer(ProgressRequest(round=1, epoch=0, step=step, commit_seconds=(0.5,)))
+        service.hanging.clear()
+        service.release.set()
+        service.wait("the newest report", lambda: service.arrived[-1:] == [99])
+        newest = service.requests[-1]
+        assert newest.resumed
+        assert newest.commit_seconds == (0.5,) * MAX_REPORTED_COMMITS, "the newest ones are kept"
+    finally:
+        reporter.stop()
+
+
+def test_a_resumed_mark_of_an_older_round_is_not_carried_into_a_newer_one() -> None:
+    service = Service()
+    service.hanging.set()
+    reporter = ProgressReporter(service.send, interval_s=0.0)
+    try:
+        reporter.offer(progress(0))
+        service.wait("the first report sent", lambda: service.attempts == 1)
+        reporter.offer(ProgressRequest(round=1, epoch=0, step=1, resumed=True))
+        reporter.offer(ProgressRequest(round=2, epoch=0, step=2))
+        service.hanging.clear()
+        service.release.set()
+        service.wait("the newest report", lambda: service.arrived[-1:] == [2])
+        assert not service.requests[-1].resumed
     finally:
         reporter.stop()

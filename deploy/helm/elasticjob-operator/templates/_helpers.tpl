@@ -103,6 +103,11 @@ namespace is watched, else in a Role per watched namespace.
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+# A job's PodDisruptionBudget (minAvailable = minReplicas): created, then kept at the job's
+# minimum; garbage-collected with the job.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["create", "patch"]
 {{- end -}}
 
 {{/* RBAC rules on cluster-scoped resources: always in a ClusterRole. */}}
