@@ -57,6 +57,7 @@ from elasticjob.operator.api.podschema import PodSchema
 from elasticjob.operator.api.validation import name_errors
 from elasticjob.operator.disruption import DisruptionBudget
 from elasticjob.operator.hosts import PodDiscovery, PodLauncher, driver_settings
+from elasticjob.operator.job_records import RecordKeeper
 from elasticjob.operator.kube import KubeApi, refusal
 from elasticjob.operator.podmap import PodChange, PodMap
 from elasticjob.operator.scaling import (
@@ -127,6 +128,7 @@ class JobController:
         self._wake = asyncio.Event()
         self._status = StatusWriter(api, namespace, name, wall_clock)
         self._budget = DisruptionBudget(api, namespace)
+        self._records = RecordKeeper(api, namespace, self.job_id, clock)
         self._slots = 1
         self._rank_order: list[str] = []
         self._announced_round = 0
@@ -201,6 +203,7 @@ class JobController:
 
     async def _run(self, body: Mapping[str, Any], spec: ElasticJobSpec, stopped: Stopped) -> None:
         token = await ensure_token(self._api, self.namespace, body)
+        stored_record = await self._records.load(body)
         # Pods first: the job joins the rendezvous service with the driver, and adopts its
         # recorded round right after, with no API call in between.
         await self._relist()
@@ -219,6 +222,7 @@ class JobController:
         self.driver = driver
         if self._observer is not None:
             driver.observer = self._observer
+        self._records.attach(driver, stored_record, self._wall_clock)
         driver.reachability.update(self._reachable, self._clock())
         if not self._adopt(body, spec, driver):
             await self._event(body, "Created", f"job {self.job_id} started")
@@ -298,6 +302,8 @@ class JobController:
     async def _reconcile(self, body: Mapping[str, Any], spec: ElasticJobSpec) -> None:
         assert self.driver is not None
         await self._budget.ensure(body, spec.min_replicas)
+        self._records.note_replicas(self.driver, spec.replicas)
+        await self._records.save(body, self.driver)
         now = self._clock()
         if self._pods.resync_due(waiting=len(self._discovery.hosts) < spec.replicas):
             await self._relist()  # the driver waits for hosts: a missed event may hide one
@@ -424,5 +430,7 @@ class JobController:
         await self._event(body, reason, result.message, warning=not result.success)
         views = {name: podlib.view(pod) for name, pod in self._pods.snapshot().items()}
         await self._status.write(body, self._observe(spec, views))
+        assert self.driver is not None
+        await self._records.save(body, self.driver, now=True)
         for name in pods_to_clean(list(views.values()), spec.clean_pod_policy):
             await self.delete_pod(name)

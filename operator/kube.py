@@ -149,6 +149,29 @@ class KubeApi:
         """The Secret (``data`` still base64), or None when there is none."""
         return await self._read("read secret", self.core.read_namespaced_secret, name, namespace)
 
+    async def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The ConfigMap, or None when there is none."""
+        return await self._read(
+            "read config map", self.core.read_namespaced_config_map, name, namespace
+        )
+
+    async def apply_config_map(self, namespace: str, config_map: dict[str, Any]) -> None:
+        """Create ``config_map``, or set its ``data`` if it exists."""
+        try:
+            await self._call(
+                "create config map", self.core.create_namespaced_config_map, namespace, config_map
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            await self._call(
+                "patch config map",
+                self.core.patch_namespaced_config_map,
+                config_map["metadata"]["name"],
+                namespace,
+                {"data": config_map["data"]},
+            )
+
     async def read_secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
         """A Secret's ``data`` (base64 values), or None if there is no such Secret."""
         secret = await self.read_secret(namespace, name)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
@@ -60,6 +61,7 @@ from elasticjob.driver.goodput import (
     on_resize,
 )
 from elasticjob.driver.hosts import HostManager
+from elasticjob.driver.job_record import EventKind, JobRecord
 from elasticjob.driver.liveness import Reachability
 from elasticjob.driver.registry import WorkerRegistry
 from elasticjob.driver.workers import WorkerProcesses
@@ -110,6 +112,8 @@ class ElasticDriver(RendezvousListener):
         self._result: JobResult | None = None
         self.last_reset_reason: str | None = None
         self.observer: DriverObserver = Unobserved()
+        self.record = JobRecord("job", time.time)
+        """What happened to the job over time (front ends name it, and may resume it)."""
         self.lost_time = LostTime.start(clock())
         """Where the job's wall time went (goodput; see ``goodput.py``)."""
         self._paused_in_round = 0
@@ -204,13 +208,19 @@ class ElasticDriver(RendezvousListener):
 
     def on_progress(self, progress: ProgressRequest) -> None:
         self.progress = progress
+        self.record.sample(len(self.slots), progress.samples_per_second)
         now = self._clock()
         for seconds in progress.commit_seconds:
             self.observer.committed(seconds)
         if progress.round > self._paused_in_round and progress.round == self.round:
+            paused = self.lost_time.paused_since is not None
             self.lost_time, recovery = on_first_step(self.lost_time, now)
             if recovery is not None:
                 self.observer.recovered(recovery)
+            if paused:
+                self.record.event(
+                    EventKind.RESUMED, round=progress.round, world_size=len(self.slots)
+                )
         if progress.commit_seconds:
             self.lost_time = on_commit(self.lost_time, now)
 
@@ -251,11 +261,24 @@ class ElasticDriver(RendezvousListener):
         if not self._recovering:
             self._recovering = True
             self._stop_training(failed=True)
+            self.record.event(
+                EventKind.FAILURE,
+                f"a worker on {host} failed",
+                round=self.round,
+                world_size=len(self.slots),
+            )
             self.rendezvous.post_notice(NoticeKind.ROUND_FAILED, (host,))
 
     def _stop_training(self, *, failed: bool) -> None:
         """The round in force ended (at the barrier) or failed: training pauses."""
         now = self._clock()
+        if not failed and self.lost_time.paused_since is None:
+            self.record.event(
+                EventKind.RESIZED,
+                "hosts added or removed",
+                round=self.round,
+                world_size=len(self.slots),
+            )
         self.lost_time = (on_failure if failed else on_resize)(self.lost_time, now)
         self._paused_in_round = self.round
         if self._round_ended_at is None:
@@ -387,6 +410,15 @@ class ElasticDriver(RendezvousListener):
         self._recovering = False
         self._newcomers_announced = False
         self.phase = Phase.RUNNING
+        self.record.event(
+            EventKind.ROUND,
+            f"{len(publish.newcomers)} joined, {len(publish.outgoing)} left",
+            round=publish.round_number,
+            world_size=len(publish.slots),
+        )
+        self.record.sample(
+            len(publish.slots), self.progress.samples_per_second if self.progress else 0.0
+        )
         logger.info(
             "round %d: %d workers on %s (sync=%s, newcomers=%d, dismissed=%d)",
             publish.round_number,
@@ -446,6 +478,9 @@ class ElasticDriver(RendezvousListener):
         for host in sorted(hosts):
             until = self.hosts.exclude(host)
             logger.warning("blacklisted host %s for %.0f s", host, until - self._clock())
+            self.record.event(
+                EventKind.BLACKLISTED, f"{host} for {until - self._clock():.0f} s", round=self.round
+            )
 
     def _with_worker_messages(self, reason: str) -> str:
         return "\n".join([reason, *self._workers.messages()])
@@ -453,6 +488,13 @@ class ElasticDriver(RendezvousListener):
     def _finish(self, success: bool, message: str) -> None:
         if self._result is None:
             self._result = JobResult(success, message, self.round, self.registry.reset_count)
+            self.record.event(
+                EventKind.FINISHED,
+                ("succeeded: " if success else "failed: ") + message.splitlines()[0]
+                if message
+                else ("succeeded" if success else "failed"),
+                round=self.round,
+            )
             (logger.info if success else logger.error)(
                 "job %s: %s", "succeeded" if success else "failed", message
             )

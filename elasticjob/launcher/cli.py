@@ -35,6 +35,7 @@ from elasticjob.driver.discovery import (
 )
 from elasticjob.driver.driver import DriverSettings, ElasticDriver, JobResult
 from elasticjob.driver.hosts import HostManager
+from elasticjob.driver.job_record import EventKind, JobRecord
 from elasticjob.driver.liveness import DEFAULT_HEARTBEAT_TIMEOUT_S, heartbeat_interval_s
 from elasticjob.launcher.horovodrun_flags import (
     LOG_LEVELS,
@@ -46,6 +47,7 @@ from elasticjob.launcher.horovodrun_flags import (
 )
 from elasticjob.launcher.output_files import RankOutputFiles, rank_width, write_timeline
 from elasticjob.launcher.processes import LocalWorkerLauncher, WorkerEnvironment
+from elasticjob.launcher.record_file import keep_record, write_record
 from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire import JobName
@@ -153,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a Chrome-trace JSON (chrome://tracing, Perfetto) of every worker's "
         "rounds, resets, commits and collectives to FILE at the end of the job",
     )
+    parser.add_argument(
+        "--job-record",
+        metavar="FILE",
+        help="keep the job's record (world size, throughput, rounds, failures, blacklisting, "
+        "goodput over time) in FILE, for `elasticjob timeline FILE`",
+    )
     parser.add_argument("--job-name", default="local", help="name of the job (default: local)")
     parser.add_argument("--verbose", action="store_true", help="debug logging of the driver")
     parser.add_argument(
@@ -209,6 +217,8 @@ def _argument_errors(args: argparse.Namespace) -> Iterator[str]:
         )
     if args.timeline_filename and not Path(args.timeline_filename).resolve().parent.is_dir():
         yield f"--timeline-filename {args.timeline_filename!r}: its folder does not exist"
+    if args.job_record and not Path(args.job_record).resolve().parent.is_dir():
+        yield f"--job-record {args.job_record!r}: its folder does not exist"
     if not args.command:
         yield "no worker command given (e.g. elasticjob-run -np 2 python train.py)"
 
@@ -336,7 +346,18 @@ async def run_job(args: argparse.Namespace) -> JobResult:
             settings,
             time.monotonic,
         )
-        return await driver.run()
+        if not args.job_record:
+            return await driver.run()
+        record_path = Path(args.job_record)
+        driver.record = JobRecord(args.job_name, time.time)
+        driver.record.event(EventKind.STARTED, " ".join(args.command))
+        keeper = asyncio.create_task(keep_record(driver, record_path), name="job record")
+        try:
+            return await driver.run()
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+            write_record(driver, record_path)
     finally:
         await service.stop()
         if timeline_dir is not None:

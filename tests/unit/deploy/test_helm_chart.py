@@ -57,6 +57,7 @@ JOB_GRANTS: Grants = {
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
     ("policy", "poddisruptionbudgets"): {"create", "patch"},
+    ("", "configmaps"): {"get", "create", "patch"},
 }
 CLUSTER_GRANTS: Grants = {
     ("", "nodes"): {"get", "list", "watch"},

@@ -21,6 +21,7 @@ from elasticjob.driver.blacklist import BlacklistPolicy
 from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.goodput import LostTo
 from elasticjob.driver.hosts import HostManager
+from elasticjob.driver.job_record import EventKind
 from elasticjob.rendezvous.api import RendezvousListener
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.wire import (
@@ -265,6 +266,16 @@ async def test_time_to_recover_runs_from_the_failure_to_the_next_rounds_first_re
     assert dict(lost) == pytest.approx(
         {LostTo.STARTUP: 2.0, LostTo.ROLLBACK: 5.0, LostTo.RECOVERY: 3.0, LostTo.RESIZE: 0.0}
     )
+    record = job.driver.record.data({}, 1.0)
+    assert [(e.kind, e.round, e.world_size) for e in record.events] == [
+        (EventKind.ROUND, 1, 3),
+        (EventKind.RESUMED, 1, 3),
+        (EventKind.FAILURE, 1, 3),
+        (EventKind.BLACKLISTED, 1, 0),
+        (EventKind.ROUND, 2, 2),
+        (EventKind.RESUMED, 2, 2),
+    ]
+    assert [s.world_size for s in record.samples][-1] == 2
 
 
 @pytest.mark.parametrize("rolled_back", [True, False])

@@ -108,6 +108,11 @@ namespace is watched, else in a Role per watched namespace.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["create", "patch"]
+# A job's record (ConfigMap <job>-record: its timeline), kept across operator restarts and
+# garbage-collected with the job.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "patch"]
 {{- end -}}
 
 {{/* RBAC rules on cluster-scoped resources: always in a ClusterRole. */}}

@@ -1,0 +1,150 @@
+"""A job's record: a bounded time series of what happened to it, for the timeline picture.
+
+The driver appends to it as things happen: rounds formed (with their world size), failures,
+blacklisted hosts, progress samples (world size and samples/s), and the goodput account; the
+operator adds scale requests. It is kept in the cluster by the operator (so it outlives
+operator restarts) and written to a file by the local launcher (``--job-record``);
+``elasticjob timeline`` draws it (``elasticjob/record_plot.py``).
+
+Bounds: at most :data:`MAX_EVENTS` events (the oldest dropped first, but the first one, the
+job's start, kept) and :data:`MAX_SAMPLES` samples; when the samples are full, every other
+one is dropped, so the series always spans the whole job at a resolution that halves as it
+grows. A full record stays well under 300 kB of JSON.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from typing import Annotated, Final
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_EVENTS: Final = 400
+MAX_SAMPLES: Final = 1200
+MIN_SAMPLE_INTERVAL_S: Final = 1.0
+"""Samples closer together than this replace the previous one (unless the world changed)."""
+
+_Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class EventKind(enum.StrEnum):
+    """What a job record event marks."""
+
+    STARTED = "started"
+    ROUND = "round"
+    RESUMED = "resumed"
+    """Training (re)started in a round: the end of a startup, recovery or resize pause."""
+    RESIZED = "resized"
+    """A round ended at the barrier for hosts added or removed."""
+    FAILURE = "failure"
+    BLACKLISTED = "blacklisted"
+    SCALE = "scale"
+    CHECKPOINT = "checkpoint"
+    FINISHED = "finished"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RecordEvent(_Record):
+    """One event: its wall time (seconds since the epoch), kind and what it says."""
+
+    t: _Finite
+    kind: EventKind
+    message: str = ""
+    round: Annotated[int, Field(ge=0)] = 0
+    world_size: Annotated[int, Field(ge=0)] = 0
+
+
+class RecordSample(_Record):
+    """The job's world size and throughput at wall time ``t``."""
+
+    t: _Finite
+    world_size: Annotated[int, Field(ge=0)]
+    samples_per_second: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+
+
+class JobRecordData(_Record):
+    """A job record as it is stored (JSON)."""
+
+    job: str
+    events: tuple[RecordEvent, ...] = ()
+    samples: tuple[RecordSample, ...] = ()
+    lost_seconds: Mapping[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]] = {}
+    """Wall time lost by cause when the record was written (see ``goodput.py``)."""
+    goodput: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 1.0
+    written_at: _Finite = 0.0
+
+
+class JobRecord:
+    """The record of one job, appended to as things happen (see the module docstring)."""
+
+    def __init__(self, job: str, wall_clock: Callable[[], float]) -> None:
+        self.job = job
+        self._wall_clock = wall_clock
+        self._events: list[RecordEvent] = []
+        self._samples: list[RecordSample] = []
+        self._changed = False
+
+    @classmethod
+    def resumed(cls, data: JobRecordData, wall_clock: Callable[[], float]) -> JobRecord:
+        """Carry on a stored record (an operator restarted)."""
+        record = cls(data.job, wall_clock)
+        record._events = list(data.events)
+        record._samples = list(data.samples)
+        return record
+
+    @property
+    def changed(self) -> bool:
+        """Whether anything was added since the record was last :meth:`saved`."""
+        return self._changed
+
+    def saved(self) -> None:
+        """The record as it is now has been stored."""
+        self._changed = False
+
+    def event(
+        self, kind: EventKind, message: str = "", *, round: int = 0, world_size: int = 0
+    ) -> None:
+        """Record that ``kind`` happened now."""
+        self._events.append(
+            RecordEvent(
+                t=self._wall_clock(), kind=kind, message=message, round=round, world_size=world_size
+            )
+        )
+        if len(self._events) > MAX_EVENTS:
+            del self._events[1]
+        self._changed = True
+
+    def sample(self, world_size: int, samples_per_second: float) -> None:
+        """Record the world size and throughput now."""
+        now = self._wall_clock()
+        sample = RecordSample(
+            t=now, world_size=world_size, samples_per_second=max(samples_per_second, 0.0)
+        )
+        last = self._samples[-1] if self._samples else None
+        if (
+            last is not None
+            and now - last.t < MIN_SAMPLE_INTERVAL_S
+            and last.world_size == world_size
+            and len(self._samples) > 1
+        ):
+            self._samples[-1] = sample
+        else:
+            self._samples.append(sample)
+        if len(self._samples) > MAX_SAMPLES:
+            self._samples = self._samples[::2] + ([sample] if len(self._samples) % 2 == 0 else [])
+        self._changed = True
+
+    def data(self, lost_seconds: Mapping[str, float], goodput: float) -> JobRecordData:
+        """The record as stored, with the goodput account at this moment."""
+        return JobRecordData(
+            job=self.job,
+            events=tuple(self._events),
+            samples=tuple(self._samples),
+            lost_seconds={cause: round(s, 3) for cause, s in lost_seconds.items()},
+            goodput=round(min(max(goodput, 0.0), 1.0), 4),
+            written_at=self._wall_clock(),
+        )

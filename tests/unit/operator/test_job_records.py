@@ -1,0 +1,114 @@
+"""A job's record in the cluster: its ConfigMap, when it is written, and how a restarted
+operator carries it on."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from kubernetes.client.exceptions import ApiException
+
+from elasticjob.driver.driver import ElasticDriver
+from elasticjob.driver.goodput import LostTime
+from elasticjob.driver.job_record import EventKind, JobRecord
+from elasticjob.operator.job_records import (
+    SAVE_INTERVAL_S,
+    RecordKeeper,
+    parse_record,
+    record_config_map,
+)
+from elasticjob.operator.kube import KubeApi
+
+JOB = {"metadata": {"name": "train", "uid": "uid-1"}}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 500.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class StubDriver:
+    def __init__(self, clock: Clock) -> None:
+        self.record = JobRecord("ns.train", clock)
+        self.lost_time = LostTime.start(clock.now)
+        self.round = 3
+        self.slots: dict[object, object] = {object(): None, object(): None}
+        self.clock = clock
+
+
+class FakeApi:
+    def __init__(self) -> None:
+        self.maps: dict[str, dict[str, Any]] = {}
+        self.writes = 0
+        self.down = False
+
+    async def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.maps.get(name)
+
+    async def apply_config_map(self, namespace: str, config_map: dict[str, Any]) -> None:
+        if self.down:
+            raise ApiException(status=503, reason="Service Unavailable")
+        self.writes += 1
+        self.maps[config_map["metadata"]["name"]] = config_map
+
+
+def keeper(api: FakeApi, clock: Clock) -> RecordKeeper:
+    return RecordKeeper(cast(KubeApi, api), "ns", "ns.train", clock)
+
+
+async def test_the_record_is_written_when_changed_at_most_every_interval() -> None:
+    api, clock = FakeApi(), Clock()
+    driver = StubDriver(clock)
+    records = keeper(api, clock)
+    stub = cast(ElasticDriver, driver)
+    records.attach(stub, await records.load(JOB), clock)
+    records.note_replicas(stub, 4)
+    await records.save(JOB, stub)
+    assert api.writes == 1
+    records.note_replicas(stub, 6)
+    await records.save(JOB, stub)
+    assert api.writes == 1, "too soon"
+    clock.now += SAVE_INTERVAL_S
+    await records.save(JOB, stub)
+    await records.save(JOB, stub, now=True)
+    assert api.writes == 2, "nothing changed since"
+    config_map = api.maps["train-record"]
+    assert config_map["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    data = parse_record(config_map)
+    assert [(e.kind, e.message) for e in data.events] == [
+        (EventKind.STARTED, "job ns.train created"),
+        (EventKind.SCALE, "replicas 4 -> 6"),
+    ]
+    assert data.events[1].world_size == 2 and data.events[1].round == 3
+
+
+async def test_a_restarted_operator_carries_the_stored_record_on() -> None:
+    api, clock = FakeApi(), Clock()
+    first = StubDriver(clock)
+    first.record.event(EventKind.FAILURE, "a worker on b failed")
+    api.maps["train-record"] = record_config_map(JOB, first.record.data({}, 1.0))
+    records = keeper(api, clock)
+    second = StubDriver(clock)
+    records.attach(cast(ElasticDriver, second), await records.load(JOB), clock)
+    kinds = [e.kind for e in second.record.data({}, 1.0).events]
+    assert kinds == [EventKind.FAILURE], "no second start"
+
+
+async def test_an_unreadable_record_starts_a_new_one_and_a_failed_write_is_retried() -> None:
+    api, clock = FakeApi(), Clock()
+    api.maps["train-record"] = {"data": {"record.json": "{broken"}}
+    records = keeper(api, clock)
+    driver = StubDriver(clock)
+    stub = cast(ElasticDriver, driver)
+    records.attach(stub, await records.load(JOB), clock)
+    assert [e.kind for e in driver.record.data({}, 1.0).events] == [EventKind.STARTED]
+    driver.record.event(EventKind.ROUND, round=1, world_size=2)
+    api.down = True
+    await records.save(JOB, stub, now=True)
+    api.down = False
+    clock.now += SAVE_INTERVAL_S
+    await records.save(JOB, stub)
+    assert api.writes == 1
+    assert [e.kind for e in parse_record(api.maps["train-record"]).events][-1] is EventKind.ROUND
