@@ -27,6 +27,8 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))  # devcluster is a tool of the repository, not of the package
 
 from devcluster import Cluster, ClusterConfig  # noqa: E402
+from elasticjob.driver.job_record import EventKind, JobRecordData  # noqa: E402
+from elasticjob.job_timeline import render  # noqa: E402
 
 NAMESPACE = "default"
 
@@ -70,6 +72,22 @@ class Demo:
             if line not in self._shown:
                 self._shown.add(line)
                 print(line, flush=True)
+
+    def draw_timeline(self, out: Path, timeout: float = 60) -> Path:
+        """Draw the job's record (ConfigMap digits-record, complete once the job's end is in
+        it) as ``out`` and as the HTML page beside it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = json.loads(self.kubectl("get", "configmap", "digits-record", "-o", "json"))
+            record = JobRecordData.model_validate_json(found["data"]["record.json"])
+            if record.events and record.events[-1].kind is EventKind.FINISHED:
+                break
+            if time.monotonic() > deadline:
+                break  # draw what there is
+            time.sleep(1)
+        render(record, out)
+        render(record, out.with_suffix(".html"))
+        return out
 
     def until(
         self, what: str, check: Callable[[dict[str, Any]], bool], timeout: float = 300
@@ -134,7 +152,14 @@ def main() -> int:
         final = demo.until(
             "the end of training", lambda s: s.get("phase") in ("Succeeded", "Failed"), 900
         )
-        say(f"job {final['phase']}: {final['round']} rounds, {final['resetCount']} resets")
+        goodput = final.get("goodput") or {}
+        say(
+            f"job {final['phase']}: {final['round']} rounds, {final['resetCount']} resets, "
+            f"goodput {goodput.get('ratio', 0):.1%}, last recovery "
+            f"{goodput.get('lastRecoverySeconds')} s"
+        )
+        picture = demo.draw_timeline(run_dir / "digits-timeline.png")
+        say(f"the job's timeline: {picture} (and {picture.with_suffix('.html')})")
         return 0 if final["phase"] == "Succeeded" else 1
     finally:
         if args.keep:

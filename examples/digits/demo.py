@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 
 from elasticjob import wire
+from elasticjob.driver.job_record import JobRecordData
+from elasticjob.job_timeline import render
 
 HERE = Path(__file__).resolve().parent
 
@@ -44,13 +46,14 @@ def workers_on(host: str) -> list[int]:
 
 
 def main() -> int:
+    out = Path(tempfile.mkdtemp(prefix="elasticjob-demo-local-"))
     with tempfile.TemporaryDirectory() as tmp:
         hosts = Path(tmp) / "hosts.txt"
         hosts.write_text("127.0.1.1:2\n127.0.1.2:1\n")
         command = [
             sys.executable, "-m", "elasticjob.launcher.cli", "--job-name", "digits",
             "-np", "3", "--min-np", "2", "--max-np", "6",
-            "--blacklist-cooldown-range", "5", "30",
+            "--blacklist-cooldown-range", "5", "30", "--job-record", str(out / "digits.json"),
             "--host-discovery-script", str(HERE / "discover_hosts.sh"),
             sys.executable, str(HERE / "train.py"), "--epochs", "12", "--pace", "0.05",
         ]  # fmt: skip
@@ -81,6 +84,10 @@ def main() -> int:
                 stage = 3
         code = job.wait()
         say(f"job exited with {code}")
+        record = JobRecordData.model_validate_json((out / "digits.json").read_bytes())
+        render(record, out / "digits-timeline.png")
+        render(record, out / "digits-timeline.html")
+        say(f"goodput {record.goodput:.1%}; the job's timeline: {out / 'digits-timeline.png'}")
         return code
 
 

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devcluster import Cluster
 from elasticjob import wire
+from elasticjob.driver.job_record import EventKind, JobRecordData
 from tests.devcluster.helpers import Kube
 from tests.integration.harness import JobRun, kill_leftovers, read_events
 
@@ -364,6 +365,21 @@ def run_lifecycle(kube: Kube, log_dir: Path, stop_file: Path) -> None:
         "ScalingIn",
         "Succeeded",
     } <= kinds, kinds
+    # Goodput in the status, and the job's record in the cluster, carried over the operator
+    # restart: what the timeline picture is drawn from.
+    goodput = done["goodput"]
+    assert 0 < goodput["ratio"] < 1 and goodput["lastRecoverySeconds"] is not None, goodput
+    assert goodput["lostSeconds"]["startup"] > 0, goodput
+    stored = kube.get("configmap", "train-record")
+    assert stored is not None
+    record = JobRecordData.model_validate_json(stored["data"]["record.json"])
+    recorded = [e.kind for e in record.events]
+    assert recorded.count(EventKind.STARTED) == 1, "the restarted operator carried it on"
+    assert {EventKind.FAILURE, EventKind.BLACKLISTED, EventKind.RESUMED} <= set(recorded)
+    scales = [e.message for e in record.events if e.kind is EventKind.SCALE]
+    assert scales == ["replicas 3 -> 5", "replicas 5 -> 4"], scales
+    assert recorded[-1] is EventKind.FINISHED
+    assert {s.world_size for s in record.samples} >= {3, 5}
 
 
 @pytest.mark.parametrize(
