@@ -69,7 +69,8 @@ def summarize(record: JobRecordData) -> Summary:
     """The :class:`Summary` of ``record``."""
     times = [e.t for e in record.events] + [s.t for s in record.samples]
     start = min(times, default=record.written_at)
-    end = max([*times, record.written_at])
+    finished = [e.t for e in record.events if e.kind is EventKind.FINISHED]
+    end = finished[-1] if finished else max([*times, record.written_at])
     kinds = Counter(e.kind for e in record.events)
     return Summary(
         start=datetime.datetime.fromtimestamp(start, datetime.UTC),

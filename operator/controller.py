@@ -221,7 +221,7 @@ class JobController:
         )
         self.driver = driver
         if self._observer is not None:
-            driver.observer = self._observer
+            driver.journal.observer = self._observer
         self._records.attach(driver, stored_record, self._wall_clock)
         driver.reachability.update(self._reachable, self._clock())
         if not self._adopt(body, spec, driver):
@@ -266,7 +266,7 @@ class JobController:
         if status.start_time is not None:
             running_for = self._wall_clock() - status.start_time.timestamp()
             lost = status.goodput.lost_seconds if status.goodput else LostSeconds()
-            driver.resume_lost_time(
+            driver.journal.resume_lost_time(
                 {cause: getattr(lost, cause.value) for cause in LostTo}, running_for
             )
         if recorded is None:

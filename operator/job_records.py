@@ -88,15 +88,15 @@ class RecordKeeper:
     ) -> None:
         """Give ``driver`` the job's record: ``stored`` carried on, or a new one."""
         if stored is not None:
-            driver.record = JobRecord.resumed(stored, wall_clock)
+            driver.journal.record = JobRecord.resumed(stored, wall_clock)
             return
-        driver.record = JobRecord(self._job_id, wall_clock)
-        driver.record.event(EventKind.STARTED, f"job {self._job_id} created")
+        driver.journal.record = JobRecord(self._job_id, wall_clock)
+        driver.journal.record.event(EventKind.STARTED, f"job {self._job_id} created")
 
     def note_replicas(self, driver: ElasticDriver, replicas: int) -> None:
         """Record a scale request when ``spec.replicas`` changed."""
         if self._replicas is not None and replicas != self._replicas:
-            driver.record.event(
+            driver.journal.record.event(
                 EventKind.SCALE,
                 f"replicas {self._replicas} -> {replicas}",
                 round=driver.round,
@@ -110,14 +110,12 @@ class RecordKeeper:
         """Write the record if it changed and the last write is old enough (``now``: if it
         changed at all). A failed write is logged and tried again later."""
         due = self._saved_at is None or self._clock() - self._saved_at >= SAVE_INTERVAL_S
-        if not driver.record.changed or not (now or due):
+        if not driver.journal.record.changed or not (now or due):
             return
-        at = driver.clock()
-        lost = {cause.value: s for cause, s in driver.lost_time.lost_seconds(at).items()}
-        data = driver.record.data(lost, driver.lost_time.goodput(at))
+        data = driver.journal.record_data()
         try:
             await self._api.apply_config_map(self._namespace, record_config_map(job, data))
-            driver.record.saved()
+            driver.journal.record.saved()
         except ApiException as exc:
             logger.warning(
                 "job %s: could not store its record: %s %s", self._job_id, exc.status, exc.reason

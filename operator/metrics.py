@@ -162,8 +162,8 @@ def _job_metrics(controllers: list[JobController]) -> Iterator[Metric]:
         world.add_metric(job, len(driver.slots))
         progress = driver.progress
         throughput.add_metric(job, progress.samples_per_second if progress else 0.0)
-        goodput.add_metric(job, driver.lost_time.goodput(now))
-        for cause, seconds in driver.lost_time.lost_seconds(now).items():
+        goodput.add_metric(job, driver.journal.lost_time.goodput(now))
+        for cause, seconds in driver.journal.lost_time.lost_seconds(now).items():
             lost.add_metric([controller.job_id, cause.value], seconds)
         resets.add_metric(job, driver.registry.reset_count)
     yield from (world, throughput, goodput, lost, resets, created, deleted)

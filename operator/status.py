@@ -151,7 +151,7 @@ def observe(
             step=progress.step,
             samples_per_second=progress.samples_per_second,
         ),
-        goodput=goodput_of(driver.lost_time, driver.clock()),
+        goodput=goodput_of(driver.journal.lost_time, driver.clock()),
         notice_seq=driver.rendezvous.round_info().latest_notice_seq,
         replicas_clamped=replicas_clamped,
     )

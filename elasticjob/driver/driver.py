@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
@@ -24,11 +23,9 @@ from elasticjob.driver.api import (
     Departure,
     DiscoveryError,
     DriverError,
-    DriverObserver,
     DriverSettings,
     JobResult,
     Phase,
-    Unobserved,
     WorkerLauncher,
 )
 from elasticjob.driver.decisions import (
@@ -52,16 +49,8 @@ from elasticjob.driver.decisions import (
     plan_round,
     slow_starters,
 )
-from elasticjob.driver.goodput import (
-    LostTime,
-    LostTo,
-    on_commit,
-    on_failure,
-    on_first_step,
-    on_resize,
-)
 from elasticjob.driver.hosts import HostManager
-from elasticjob.driver.job_record import EventKind, JobRecord
+from elasticjob.driver.journal import JobJournal
 from elasticjob.driver.liveness import Reachability
 from elasticjob.driver.registry import WorkerRegistry
 from elasticjob.driver.workers import WorkerProcesses
@@ -111,21 +100,14 @@ class ElasticDriver(RendezvousListener):
         self._wake = asyncio.Event()
         self._result: JobResult | None = None
         self.last_reset_reason: str | None = None
-        self.observer: DriverObserver = Unobserved()
-        self.record = JobRecord("job", time.time)
-        """What happened to the job over time (front ends name it, and may resume it)."""
-        self.lost_time = LostTime.start(clock())
-        """Where the job's wall time went (goodput; see ``goodput.py``)."""
-        self._paused_in_round = 0
-        """The round in which training last stopped (for a resize, a failure or the start)."""
-        self._round_ended_at: float | None = clock()
-        """When the round in force ended or failed (the job's start, before round 1)."""
+        self.journal = JobJournal(clock)
+        """What happened to the job: goodput, its record, its observer (``journal.py``)."""
 
     # ---- queries -----------------------------------------------------------------------
 
     @property
     def clock(self) -> Clock:
-        """The driver's clock (monotonic seconds; the times of ``lost_time`` are in it)."""
+        """The driver's clock (monotonic seconds; the journal's times are in it)."""
         return self._clock
 
     @property
@@ -167,14 +149,8 @@ class ElasticDriver(RendezvousListener):
             self.reachability.since = max(self.reachability.since, self._clock())
         self.registry.start_round(round_number, frozenset(slots))
         self.phase = Phase.RUNNING
-        self._paused_in_round, self._round_ended_at = round_number, None
-        self.lost_time = LostTime.training(self._clock())
+        self.journal.adopted(round_number)
         logger.info("adopted round %d with %d workers", round_number, len(slots))
-
-    def resume_lost_time(self, lost: Mapping[LostTo, float], running_for_s: float) -> None:
-        """Carry on the job's lost-time accounting after a driver restart: it has run for
-        ``running_for_s`` and lost ``lost`` before it (as its status recorded)."""
-        self.lost_time = self.lost_time.resumed(lost, running_for_s)
 
     # ---- events (listener and launcher callbacks; all on the event loop) -----------------
 
@@ -208,21 +184,7 @@ class ElasticDriver(RendezvousListener):
 
     def on_progress(self, progress: ProgressRequest) -> None:
         self.progress = progress
-        self.record.sample(len(self.slots), progress.samples_per_second)
-        now = self._clock()
-        for seconds in progress.commit_seconds:
-            self.observer.committed(seconds)
-        if progress.round > self._paused_in_round and progress.round == self.round:
-            paused = self.lost_time.paused_since is not None
-            self.lost_time, recovery = on_first_step(self.lost_time, now)
-            if recovery is not None:
-                self.observer.recovered(recovery)
-            if paused:
-                self.record.event(
-                    EventKind.RESUMED, round=progress.round, world_size=len(self.slots)
-                )
-        if progress.commit_seconds:
-            self.lost_time = on_commit(self.lost_time, now)
+        self.journal.progress(progress, self.round, len(self.slots))
 
     def on_worker_heartbeat(self, worker: WorkerId, report: ProbeReport | None) -> None:
         if self._workers.beat(worker, report):
@@ -260,29 +222,8 @@ class ElasticDriver(RendezvousListener):
         """Tell the members once that the round is broken; the next round syncs state."""
         if not self._recovering:
             self._recovering = True
-            self._stop_training(failed=True)
-            self.record.event(
-                EventKind.FAILURE,
-                f"a worker on {host} failed",
-                round=self.round,
-                world_size=len(self.slots),
-            )
+            self.journal.failed(host, self.round, len(self.slots))
             self.rendezvous.post_notice(NoticeKind.ROUND_FAILED, (host,))
-
-    def _stop_training(self, *, failed: bool) -> None:
-        """The round in force ended (at the barrier) or failed: training pauses."""
-        now = self._clock()
-        if not failed and self.lost_time.paused_since is None:
-            self.record.event(
-                EventKind.RESIZED,
-                "hosts added or removed",
-                round=self.round,
-                world_size=len(self.slots),
-            )
-        self.lost_time = (on_failure if failed else on_resize)(self.lost_time, now)
-        self._paused_in_round = self.round
-        if self._round_ended_at is None:
-            self._round_ended_at = now
 
     # ---- main loop -------------------------------------------------------------------------
 
@@ -363,7 +304,7 @@ class ElasticDriver(RendezvousListener):
             self._blacklist(decision.blacklist)
             self.registry.count_reset()
             self.last_reset_reason = decision.reason or "hosts changed"
-            self._stop_training(failed=False)
+            self.journal.round_ended(self.round, len(self.slots))
             self.phase = Phase.FORMING
             self._capacity_wait_since = None
             await self._form_round()
@@ -404,20 +345,15 @@ class ElasticDriver(RendezvousListener):
             record.last_round = publish.round_number
             record.departure = None  # a leaving worker whose host came back stays
         self.registry.start_round(publish.round_number, frozenset(publish.slots))
-        if self._round_ended_at is not None:
-            self.observer.round_formed(self._clock() - self._round_ended_at)
-            self._round_ended_at = None
         self._recovering = False
         self._newcomers_announced = False
         self.phase = Phase.RUNNING
-        self.record.event(
-            EventKind.ROUND,
-            f"{len(publish.newcomers)} joined, {len(publish.outgoing)} left",
-            round=publish.round_number,
-            world_size=len(publish.slots),
-        )
-        self.record.sample(
-            len(publish.slots), self.progress.samples_per_second if self.progress else 0.0
+        self.journal.published(
+            publish.round_number,
+            len(publish.slots),
+            len(publish.newcomers),
+            len(publish.outgoing),
+            self.progress.samples_per_second if self.progress else 0.0,
         )
         logger.info(
             "round %d: %d workers on %s (sync=%s, newcomers=%d, dismissed=%d)",
@@ -478,9 +414,7 @@ class ElasticDriver(RendezvousListener):
         for host in sorted(hosts):
             until = self.hosts.exclude(host)
             logger.warning("blacklisted host %s for %.0f s", host, until - self._clock())
-            self.record.event(
-                EventKind.BLACKLISTED, f"{host} for {until - self._clock():.0f} s", round=self.round
-            )
+            self.journal.blacklisted(host, until - self._clock(), self.round)
 
     def _with_worker_messages(self, reason: str) -> str:
         return "\n".join([reason, *self._workers.messages()])
@@ -488,13 +422,7 @@ class ElasticDriver(RendezvousListener):
     def _finish(self, success: bool, message: str) -> None:
         if self._result is None:
             self._result = JobResult(success, message, self.round, self.registry.reset_count)
-            self.record.event(
-                EventKind.FINISHED,
-                ("succeeded: " if success else "failed: ") + message.splitlines()[0]
-                if message
-                else ("succeeded" if success else "failed"),
-                round=self.round,
-            )
+            self.journal.finished(success, message, self.round)
             (logger.info if success else logger.error)(
                 "job %s: %s", "succeeded" if success else "failed", message
             )

@@ -349,8 +349,8 @@ async def run_job(args: argparse.Namespace) -> JobResult:
         if not args.job_record:
             return await driver.run()
         record_path = Path(args.job_record)
-        driver.record = JobRecord(args.job_name, time.time)
-        driver.record.event(EventKind.STARTED, " ".join(args.command))
+        driver.journal.record = JobRecord(args.job_name, time.time)
+        driver.journal.record.event(EventKind.STARTED, " ".join(args.command))
         keeper = asyncio.create_task(keep_record(driver, record_path), name="job record")
         try:
             return await driver.run()

@@ -19,13 +19,11 @@ WRITE_INTERVAL_S: Final = 5.0
 
 def write_record(driver: ElasticDriver, path: Path) -> None:
     """Write ``driver``'s record with its goodput account now to ``path``."""
-    now = driver.clock()
-    lost = {cause.value: s for cause, s in driver.lost_time.lost_seconds(now).items()}
-    data = driver.record.data(lost, driver.lost_time.goodput(now))
+    data = driver.journal.record_data()
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(data.model_dump_json(indent=1))
     os.replace(partial, path)
-    driver.record.saved()
+    driver.journal.record.saved()
 
 
 async def keep_record(driver: ElasticDriver, path: Path) -> None:
@@ -33,7 +31,7 @@ async def keep_record(driver: ElasticDriver, path: Path) -> None:
     last version)."""
     while True:
         await asyncio.sleep(WRITE_INTERVAL_S)
-        if driver.record.changed:
+        if driver.journal.record.changed:
             try:
                 write_record(driver, path)
             except OSError as exc:

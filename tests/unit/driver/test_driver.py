@@ -229,7 +229,7 @@ async def test_time_to_recover_runs_from_the_failure_to_the_next_rounds_first_re
     """Round formation, commits and the time to recover reach the observer; lost time is
     accounted per cause; a late report of the failed round ends nothing."""
     job = Job({"a": 1, "b": 1, "c": 1}, settings())
-    observer = job.driver.observer = RecordingObserver()
+    observer = job.driver.journal.observer = RecordingObserver()
     job.clock.now += 1.0
     await job.start_round_1(A0, B0, C0)
 
@@ -261,12 +261,12 @@ async def test_time_to_recover_runs_from_the_failure_to_the_next_rounds_first_re
     assert observer.formed == pytest.approx([1.0, 1.0])
     assert observer.commits == [0.25, 0.5]
     assert observer.recoveries == pytest.approx([3.0])
-    assert job.driver.lost_time.last_recovery_s == pytest.approx(3.0)
-    lost = job.driver.lost_time.lost_seconds(job.clock.now)
+    assert job.driver.journal.lost_time.last_recovery_s == pytest.approx(3.0)
+    lost = job.driver.journal.lost_time.lost_seconds(job.clock.now)
     assert dict(lost) == pytest.approx(
         {LostTo.STARTUP: 2.0, LostTo.ROLLBACK: 5.0, LostTo.RECOVERY: 3.0, LostTo.RESIZE: 0.0}
     )
-    record = job.driver.record.data({}, 1.0)
+    record = job.driver.journal.record.data({}, 1.0)
     assert [(e.kind, e.round, e.world_size) for e in record.events] == [
         (EventKind.ROUND, 1, 3),
         (EventKind.RESUMED, 1, 3),
@@ -460,7 +460,7 @@ async def test_graceful_scale_in_dismisses_without_rollback_or_blacklisting() ->
     assert job.launcher.stopped == [B0], "a dismissed worker still running after the grace"
     job.launcher.end(B0, 0)
     await job.step()
-    assert job.driver.result is None and job.driver.lost_time.last_recovery_s is None
+    assert job.driver.result is None and job.driver.journal.lost_time.last_recovery_s is None
 
 
 async def test_a_host_back_before_its_dismissed_worker_exited_gets_a_fresh_process() -> None:

@@ -8,8 +8,8 @@ from typing import Any, cast
 from kubernetes.client.exceptions import ApiException
 
 from elasticjob.driver.driver import ElasticDriver
-from elasticjob.driver.goodput import LostTime
-from elasticjob.driver.job_record import EventKind, JobRecord
+from elasticjob.driver.job_record import EventKind
+from elasticjob.driver.journal import JobJournal
 from elasticjob.operator.job_records import (
     SAVE_INTERVAL_S,
     RecordKeeper,
@@ -31,8 +31,7 @@ class Clock:
 
 class StubDriver:
     def __init__(self, clock: Clock) -> None:
-        self.record = JobRecord("ns.train", clock)
-        self.lost_time = LostTime.start(clock.now)
+        self.journal = JobJournal(clock)
         self.round = 3
         self.slots: dict[object, object] = {object(): None, object(): None}
         self.clock = clock
@@ -87,12 +86,12 @@ async def test_the_record_is_written_when_changed_at_most_every_interval() -> No
 async def test_a_restarted_operator_carries_the_stored_record_on() -> None:
     api, clock = FakeApi(), Clock()
     first = StubDriver(clock)
-    first.record.event(EventKind.FAILURE, "a worker on b failed")
-    api.maps["train-record"] = record_config_map(JOB, first.record.data({}, 1.0))
+    first.journal.record.event(EventKind.FAILURE, "a worker on b failed")
+    api.maps["train-record"] = record_config_map(JOB, first.journal.record.data({}, 1.0))
     records = keeper(api, clock)
     second = StubDriver(clock)
     records.attach(cast(ElasticDriver, second), await records.load(JOB), clock)
-    kinds = [e.kind for e in second.record.data({}, 1.0).events]
+    kinds = [e.kind for e in second.journal.record.data({}, 1.0).events]
     assert kinds == [EventKind.FAILURE], "no second start"
 
 
@@ -103,8 +102,8 @@ async def test_an_unreadable_record_starts_a_new_one_and_a_failed_write_is_retri
     driver = StubDriver(clock)
     stub = cast(ElasticDriver, driver)
     records.attach(stub, await records.load(JOB), clock)
-    assert [e.kind for e in driver.record.data({}, 1.0).events] == [EventKind.STARTED]
-    driver.record.event(EventKind.ROUND, round=1, world_size=2)
+    assert [e.kind for e in driver.journal.record.data({}, 1.0).events] == [EventKind.STARTED]
+    driver.journal.record.event(EventKind.ROUND, round=1, world_size=2)
     api.down = True
     await records.save(JOB, stub, now=True)
     api.down = False

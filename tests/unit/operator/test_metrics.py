@@ -21,6 +21,11 @@ from elasticjob.wire import ProgressRequest, WorkerId
 
 
 @dataclass
+class StubJournal:
+    lost_time: LostTime
+
+
+@dataclass
 class StubDriver:
     """What the metrics read of a driver."""
 
@@ -29,6 +34,10 @@ class StubDriver:
     progress: ProgressRequest | None = None
     lost_time: LostTime = field(default_factory=lambda: LostTime.start(0.0))
     registry: WorkerRegistry = field(default_factory=WorkerRegistry)
+
+    @property
+    def journal(self) -> StubJournal:
+        return StubJournal(self.lost_time)
 
     def clock(self) -> float:
         return self.now

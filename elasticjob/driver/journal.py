@@ -1,0 +1,128 @@
+"""What happened to a job, as the driver tells it: one place that turns the driver's events
+into the goodput account (``goodput.py``), the job's record (``job_record.py``) and the
+durations its observer wants (the operator's histograms).
+
+The driver calls one method per event; :class:`JobJournal` decides what each means for the
+three. Times are the driver's clock (monotonic seconds); the record stamps wall time itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from elasticjob.driver.api import DriverObserver, Unobserved
+from elasticjob.driver.goodput import (
+    LostTime,
+    LostTo,
+    on_commit,
+    on_failure,
+    on_first_step,
+    on_resize,
+)
+from elasticjob.driver.job_record import EventKind, JobRecord, JobRecordData
+from elasticjob.wire import ProgressRequest
+
+
+class JobJournal:
+    """The goodput account, the record and the observer of one job."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self.observer: DriverObserver = Unobserved()
+        self.record = JobRecord("job", time.time)
+        """Front ends name it (and may carry a stored one on)."""
+        self.lost_time = LostTime.start(clock())
+        self._paused_in_round = 0
+        """The round in which training last stopped (0: the job has not trained yet)."""
+        self._round_ended_at: float | None = clock()
+        """When the round in force ended or failed (the job's start, before round 1)."""
+
+    def record_data(self) -> JobRecordData:
+        """The record as stored, with the goodput account now."""
+        now = self._clock()
+        lost = {cause.value: s for cause, s in self.lost_time.lost_seconds(now).items()}
+        return self.record.data(lost, self.lost_time.goodput(now))
+
+    def adopted(self, round_number: int) -> None:
+        """A restarted driver took over ``round_number``, which is training."""
+        self._paused_in_round, self._round_ended_at = round_number, None
+        self.lost_time = LostTime.training(self._clock())
+
+    def resume_lost_time(self, lost: Mapping[LostTo, float], running_for_s: float) -> None:
+        """Carry on the account of a job that had run ``running_for_s`` and lost ``lost``."""
+        self.lost_time = self.lost_time.resumed(lost, running_for_s)
+
+    def progress(self, progress: ProgressRequest, current_round: int, world_size: int) -> None:
+        """Rank 0 reported: a throughput sample, commit durations, and maybe the first step
+        of a round after a pause (the end of a startup, recovery or resize)."""
+        now = self._clock()
+        self.record.sample(world_size, progress.samples_per_second)
+        for seconds in progress.commit_seconds:
+            self.observer.committed(seconds)
+        if self._paused_in_round < progress.round == current_round:
+            paused = self.lost_time.paused_since is not None
+            self.lost_time, recovery = on_first_step(self.lost_time, now)
+            if recovery is not None:
+                self.observer.recovered(recovery)
+            if paused:
+                self.record.event(EventKind.RESUMED, round=progress.round, world_size=world_size)
+        if progress.commit_seconds:
+            self.lost_time = on_commit(self.lost_time, now)
+
+    def failed(self, host: str, round_number: int, world_size: int) -> None:
+        """A member of the round on ``host`` failed (told once per round)."""
+        self.record.event(
+            EventKind.FAILURE,
+            f"a worker on {host} failed",
+            round=round_number,
+            world_size=world_size,
+        )
+        self._stop(round_number, failed=True)
+
+    def round_ended(self, round_number: int, world_size: int) -> None:
+        """The round ended at the barrier (hosts added or removed, or after a failure)."""
+        if self.lost_time.paused_since is None:
+            self.record.event(
+                EventKind.RESIZED,
+                "hosts added or removed",
+                round=round_number,
+                world_size=world_size,
+            )
+        self._stop(round_number, failed=False)
+
+    def _stop(self, round_number: int, *, failed: bool) -> None:
+        now = self._clock()
+        self.lost_time = (on_failure if failed else on_resize)(self.lost_time, now)
+        self._paused_in_round = round_number
+        if self._round_ended_at is None:
+            self._round_ended_at = now
+
+    def published(
+        self, round_number: int, world_size: int, joined: int, left: int, samples_per_second: float
+    ) -> None:
+        """The next round was published."""
+        if self._round_ended_at is not None:
+            self.observer.round_formed(self._clock() - self._round_ended_at)
+            self._round_ended_at = None
+        self.record.event(
+            EventKind.ROUND,
+            f"{joined} joined, {left} left",
+            round=round_number,
+            world_size=world_size,
+        )
+        self.record.sample(world_size, samples_per_second)
+
+    def blacklisted(self, host: str, seconds: float, round_number: int) -> None:
+        """``host`` is excluded for ``seconds``."""
+        self.record.event(EventKind.BLACKLISTED, f"{host} for {seconds:.0f} s", round=round_number)
+
+    def finished(self, success: bool, message: str, round_number: int) -> None:
+        """The job ended."""
+        first_line = message.splitlines()[0] if message else ""
+        outcome = "succeeded" if success else "failed"
+        self.record.event(
+            EventKind.FINISHED,
+            f"{outcome}: {first_line}" if first_line else outcome,
+            round=round_number,
+        )
