@@ -110,38 +110,42 @@ def test_an_urgent_report_does_not_wait_for_the_interval() -> None:
         reporter.stop()
 
 
-def test_a_replaced_report_keeps_its_commit_durations_and_resumed_mark() -> None:
+def sent_while_the_service_hung(offers: list[ProgressRequest]) -> ProgressRequest:
+    """The report that leaves once a service that hung on the first report answers again,
+    ``offers`` having been handed over meanwhile."""
     service = Service()
     service.hanging.set()
     reporter = ProgressReporter(service.send, interval_s=0.0)
     try:
         reporter.offer(progress(0))
         service.wait("the first report sent", lambda: service.attempts == 1)
-        reporter.offer(ProgressRequest(round=1, epoch=0, step=1, resumed=True))
-        for step in range(2, 100):
-            reporter.offer(ProgressRequest(round=1, epoch=0, step=step, commit_seconds=(0.5,)))
+        for request in offers:
+            reporter.offer(request)
         service.hanging.clear()
         service.release.set()
-        service.wait("the newest report", lambda: service.arrived[-1:] == [99])
-        newest = service.requests[-1]
-        assert newest.resumed
-        assert newest.commit_seconds == (0.5,) * MAX_REPORTED_COMMITS, "the newest ones are kept"
+        service.wait("the newest report", lambda: service.arrived[-1:] == [offers[-1].step])
+        return service.requests[-1]
     finally:
         reporter.stop()
+
+
+def test_a_replaced_report_keeps_its_commit_durations_and_resumed_mark() -> None:
+    newest = sent_while_the_service_hung(
+        [ProgressRequest(round=1, epoch=0, step=1, resumed=True)]
+        + [
+            ProgressRequest(round=1, epoch=0, step=step, commit_seconds=(0.5,))
+            for step in range(2, 100)
+        ]
+    )
+    assert newest.resumed
+    assert newest.commit_seconds == (0.5,) * MAX_REPORTED_COMMITS, "the newest ones are kept"
 
 
 def test_a_resumed_mark_of_an_older_round_is_not_carried_into_a_newer_one() -> None:
-    service = Service()
-    service.hanging.set()
-    reporter = ProgressReporter(service.send, interval_s=0.0)
-    try:
-        reporter.offer(progress(0))
-        service.wait("the first report sent", lambda: service.attempts == 1)
-        reporter.offer(ProgressRequest(round=1, epoch=0, step=1, resumed=True))
-        reporter.offer(ProgressRequest(round=2, epoch=0, step=2))
-        service.hanging.clear()
-        service.release.set()
-        service.wait("the newest report", lambda: service.arrived[-1:] == [2])
-        assert not service.requests[-1].resumed
-    finally:
-        reporter.stop()
+    newest = sent_while_the_service_hung(
+        [
+            ProgressRequest(round=1, epoch=0, step=1, resumed=True),
+            ProgressRequest(round=2, epoch=0, step=2),
+        ]
+    )
+    assert not newest.resumed
