@@ -121,3 +121,60 @@ def test_a_healthy_group_is_destroyed_in_place(group: RoundGroup) -> None:
     group.destroy()
     assert not dist.is_initialized()
     assert not teardown_threads()
+
+
+# ---- futures for collectives torch waits on (DDP comm hooks) -------------------------------
+
+
+def test_a_future_fails_at_once_when_the_group_is_aborted(
+    group: RoundGroup, silent_peer: subprocess.Popen[str]
+) -> None:
+    future = group.future(dist.all_reduce(torch.ones(4096), async_op=True))
+    assert group.blocked_for() is not None, "a pending future counts as blocking"
+    assert not future.done()
+    group.abort("a member of round 1 failed")
+    assert future.done()
+    with pytest.raises(HorovodInternalError, match="a member of round 1 failed"):
+        future.wait()
+    assert group.blocked_for() is None
+    assert group.abandoned == 1
+    silent_peer.kill()
+    deadline = time.monotonic() + 30
+    while group.abandoned:  # the work ends once the peer's connections reset
+        assert time.monotonic() < deadline, "the abandoned collective never ended"
+        time.sleep(0.05)
+
+
+def test_a_future_completes_with_its_work(group: RoundGroup) -> None:
+    group.configure(HashStore(), "round-1/", 0, 1, TIMEOUT)
+    total = torch.ones(3)
+    future = group.future(dist.all_reduce(total, async_op=True))
+    future.wait()
+    assert total.tolist() == [1.0, 1.0, 1.0]
+    assert group.blocked_for() is None and group.abandoned == 0
+    group.abort("late")  # settled futures stay settled
+    assert future.value() is not None
+    with pytest.raises(HorovodInternalError, match="late"):
+        group.future(dist.all_reduce(total, async_op=True)).wait()
+    assert group.blocked_for() is None
+
+
+class Holder:
+    def __init__(self, group: RoundGroup) -> None:
+        self.released = 0
+        group.on_destroy(self.release)
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def test_on_destroy_calls_live_holders_before_each_teardown(group: RoundGroup) -> None:
+    holder, dropped = Holder(group), Holder(group)
+    del dropped  # held weakly: collectable, then forgotten
+    group.destroy()  # nothing formed yet: nothing to release
+    assert holder.released == 0
+    for round_number in (1, 2):
+        group.configure(HashStore(), f"round-{round_number}/", 0, 1, TIMEOUT)
+    assert holder.released == 1  # configuring round 2 destroyed round 1
+    group.destroy()
+    assert holder.released == 2
