@@ -1,67 +1,29 @@
 """Tearing down a round's group never waits for a collective it abandoned (real Gloo groups
 over loopback, the peer a second process).
 
-The peer forms the group, then never enters the collective and never closes its sockets:
-what survivors see of a member cut off by the network (no reset ever comes). Gloo's threads
-wait for it until the group's timeout; the next round must not.
+The peer (``silent_peer`` of ``conftest.py``) forms the group, then never enters the
+collective and never closes its sockets: what survivors see of a member cut off by the network
+(no reset ever comes). Gloo's threads wait for it until the group's timeout; the next round
+must not.
 """
 
 from __future__ import annotations
 
 import datetime
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed import HashStore, TCPStore
+from torch.distributed import HashStore
 
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 from elasticjob.worker_runtime.process_group import RoundGroup
 
 TIMEOUT = datetime.timedelta(seconds=40)
 TEARDOWN_THREAD = "abandoned-group-teardown"
-
-PEER = """
-import datetime, sys
-import torch.distributed as dist
-store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False,
-                      timeout=datetime.timedelta(seconds=30))
-dist.init_process_group("gloo", store=dist.PrefixStore("round-1/", store), rank=1,
-                        world_size=2, timeout=datetime.timedelta(seconds=40))
-print("formed", flush=True)
-sys.stdin.read()  # silent, sockets open, until the test closes stdin
-"""
-
-
-@pytest.fixture
-def group() -> Iterator[RoundGroup]:
-    group = RoundGroup("gloo", torch.device("cpu"))
-    yield group
-    group.destroy()
-
-
-@pytest.fixture
-def silent_peer(group: RoundGroup) -> Iterator[subprocess.Popen[str]]:
-    """A two-member group whose other member formed it and then went silent."""
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
-    peer = subprocess.Popen(
-        [sys.executable, "-c", PEER, str(store.port)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        group.configure(store, "round-1/", 0, 2, TIMEOUT)
-        assert peer.stdout is not None and peer.stdout.readline().strip() == "formed"
-        yield peer
-    finally:
-        peer.kill()
-        peer.wait(30)
 
 
 def blocked_collective(group: RoundGroup) -> tuple[threading.Thread, list[BaseException]]:
