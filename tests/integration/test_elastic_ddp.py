@@ -153,9 +153,10 @@ def test_sigkill_in_backward_wakes_the_survivors_before_the_timeout(faulty: Job)
         e["time"] for e in faulty.of("train") if e["round"] > kill["round"] and e["size"] == 2
     )
     assert reformed - kill["time"] < REFORMED_WITHIN_S
+    woken_by = sorted("notice" if "driver notice" in e["error"] else "connection" for e in raised)
     print(
         f"SIGKILL in backward: raised after {max(e['time'] - kill['time'] for e in raised):.2f}"
-        f" s, re-formed after {reformed - kill['time']:.2f} s"
+        f" s (woken by {woken_by}), re-formed after {reformed - kill['time']:.2f} s"
         f" (collective timeout {KILL_COLLECTIVE_TIMEOUT_S} s)"
     )
 
