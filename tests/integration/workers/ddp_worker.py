@@ -9,7 +9,9 @@ trajectory and the final weights, which the test replays on one process.
 
 Each process appends JSON events (wall-clock times) to ``<out>/events-<pid>.jsonl``; with
 ``--kill EPOCH:STEP:RANK`` that rank SIGKILLs itself in round 1 in the middle of the backward
-pass of that step (the others are then waiting for its gradients).
+pass of that step (the others are then waiting for its gradients). With ``--hold-sockets S``
+a forked child keeps the dead worker's sockets open for S seconds, as a peer that lost its
+power or network would: no connection reset tells the others, only the driver's notice.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--commit-every", type=int, default=2)
     parser.add_argument("--step-time", type=float, default=0.0, help="simulated compute")
     parser.add_argument("--kill", default="", help="EPOCH:STEP:RANK, in round 1")
+    parser.add_argument("--hold-sockets", type=float, default=0.0, help="after the kill")
     parser.add_argument("--expect-sizes", default="", help="world size each epoch must end with")
     parser.add_argument("--epoch-file", type=Path, help="rank 0 writes the epoch it starts here")
     parser.add_argument("--wait-deadline", type=float, default=120.0)
@@ -82,7 +85,7 @@ def main() -> None:
                 weight = step_weight.pass_weight()
                 out = model(x)
                 if kill == (state.epoch, batch_idx, hvd.rank()) and hvd.current_round() == 1:
-                    out.register_hook(lambda grad: die(event))
+                    out.register_hook(lambda grad: die(event, args.hold_sockets))
                 loss = torch.nn.functional.mse_loss(out, y)
                 optimizer.zero_grad()
                 started = time.time()
@@ -126,8 +129,14 @@ def main() -> None:
     hvd.shutdown()
 
 
-def die(event: Any) -> None:
+def die(event: Any, hold_sockets_s: float) -> None:
     event("kill")
+    if hold_sockets_s and os.fork() == 0:
+        # The child holds every inherited socket and says nothing. It lets go of the output
+        # pipes: the launcher sees a worker end only once they close.
+        os.closerange(0, 3)
+        time.sleep(hold_sockets_s)
+        os._exit(0)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
