@@ -22,6 +22,16 @@ _R = TypeVar("_R")
 _S = TypeVar("_S", bound=State)
 
 
+def is_collective_failure(exc: Exception, broken: str | None) -> bool:
+    """Whether ``exc``, raised by the training function while the round's group is ``broken``
+    (why it was aborted, or None while it is healthy), is a collective failure to roll back
+    from. ``torch`` wraps the failure of a collective it waited for (a DDP backward pass whose
+    comm hook failed) in a ``RuntimeError`` of its own; anything else fails the worker."""
+    if isinstance(exc, HorovodInternalError):
+        return True
+    return broken is not None and isinstance(exc, RuntimeError)
+
+
 def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
     """Run ``func(state, ...)`` elastically.
 
@@ -66,15 +76,13 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
                 logger.info("hosts updated; re-forming the group with live state")
             except Exception as exc:
                 broken = runtime.group.errored()
-                if broken is None or not isinstance(exc, RuntimeError):
+                if not is_collective_failure(exc, broken):
                     runtime.exit_code = 1
                     runtime.report_result(
                         WorkerState.FAILURE,
                         f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}",
                     )
                     raise
-                # torch wraps a collective failure it waited for (a DDP backward pass whose
-                # comm hook failed) in a RuntimeError of its own.
                 logger.warning(
                     "the round's group broke (%s); rolling back to the last commit", broken
                 )
