@@ -1,7 +1,8 @@
 """The elastic ``DistributedDataParallel`` in this process (the standalone runtime, real Gloo
 groups): the weighted average and the pass count of its comm hook, a fresh DDP on each round's
 group, and a backward pass blocked on a silent peer that raises as soon as the round is
-aborted (what the driver's failure notice does) instead of at the collective timeout."""
+aborted (what the driver's failure notice does) instead of at the collective timeout, and the
+host-update vote riding the last bucket."""
 
 from __future__ import annotations
 
@@ -111,3 +112,14 @@ def test_a_backward_blocked_on_a_silent_peer_raises_when_the_round_is_aborted(
     basics.current().reset()
     assert time.monotonic() - started < RAISED_WITHIN_S
     backward(model)
+
+
+def test_the_host_update_vote_rides_the_last_bucket(group: RoundGroup) -> None:
+    """After a DDP step the host-update check needs no collective of its own: it still
+    answers once the group is broken, which a collective would not."""
+    model = hvd.elastic.DistributedDataParallel(mlp(), bucket_cap_mb=0.0001)
+    backward(model)
+    group.abort("broken after the step (test)")
+    basics.current().check_host_updates()  # settled by the hook: no collective
+    with pytest.raises(hvd.HorovodInternalError, match="broken after the step"):
+        basics.current().check_host_updates()  # nothing settled any more: a collective
