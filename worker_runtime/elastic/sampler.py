@@ -84,9 +84,9 @@ class ElasticSampler(Sampler[int]):
     of ``remaining`` and therefore of ``P``.
 
     Given a ``batch_size`` ``B`` (the ``DataLoader``'s), the sampler pads nothing with
-    duplicates. Every rank still runs the same number of steps, ``ceil(ceil(n / s) / B)``, but a
-    rank whose share is short gets a smaller last batch, and a rank with no sample left for the
-    last step gets one padding sample instead, whose weight is 0. The sampler is then the
+    duplicates. Every rank still runs the same number of steps, ``ceil(ceil(n / s) / B)``, but
+    the last step's batches may be short, and a rank with no sample left for the last step
+    gets one padding sample instead, whose weight is 0. The sampler is then the
     :mod:`~elasticjob.worker_runtime.step_weight` source: backward pass ``k`` since the last
     :meth:`reset` has the weight ``real samples of batch k / B``, and the gradient reducers
     (``DistributedOptimizer``, the elastic ``DistributedDataParallel``) average
