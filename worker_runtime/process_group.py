@@ -13,6 +13,13 @@ not its direct neighbour. A bounded timeout is the last resort.
 Every blocking operation on a round's group (a collective, forming the group) runs inside
 :meth:`RoundGroup.blocking`, so the heartbeat thread can tell how long the training thread
 has been blocked (:meth:`RoundGroup.blocked_for`) and probe its peers when it is too long.
+
+Collectives that ``torch`` itself waits for (a ``DistributedDataParallel`` comm hook's) go
+through :meth:`RoundGroup.future` instead: a future that fails the moment the group is
+aborted, and counts as blocking while it is pending. Objects that hold the round's group
+(a DDP wrapper's reducer) let go of it when the group is destroyed
+(:meth:`RoundGroup.on_destroy`), so that the last reference to a broken group is the one
+its teardown thread drops.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ import contextlib
 import datetime
 import threading
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -49,6 +57,9 @@ class _Pending:
     event: threading.Event
     completed: bool = False
     abandoned: bool = False
+    future: torch.futures.Future[object] | None = None
+    """Set for :meth:`RoundGroup.future`: settled once, by the work or by an abort."""
+    settled: bool = False
 
 
 class RoundGroup:
@@ -64,22 +75,34 @@ class RoundGroup:
         self._configured = False
         self._blocked_since: float | None = None
         self._blocking_depth = 0
+        self._on_destroy: list[weakref.WeakMethod[Callable[[], None]]] = []
 
     @contextlib.contextmanager
     def blocking(self) -> Iterator[None]:
         """Mark a blocking operation on the round's group (nested ones count as one, from
         the outermost's start)."""
+        self._enter_blocking()
+        try:
+            yield
+        finally:
+            self._leave_blocking()
+
+    def _enter_blocking(self) -> None:
         with self._lock:
             if self._blocking_depth == 0:
                 self._blocked_since = time.monotonic()
             self._blocking_depth += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._blocking_depth -= 1
-                if self._blocking_depth == 0:
-                    self._blocked_since = None
+
+    def _leave_blocking(self) -> None:
+        with self._lock:
+            self._blocking_depth -= 1
+            if self._blocking_depth == 0:
+                self._blocked_since = None
+
+    def on_destroy(self, release: Callable[[], None]) -> None:
+        """Call the bound method ``release`` whenever a group is destroyed, before it goes
+        (held weakly: an object that registered itself stays collectable)."""
+        self._on_destroy.append(weakref.WeakMethod(release))
 
     def blocked_for(self) -> float | None:
         """Seconds the current blocking operation has lasted (None: none runs). Thread-safe."""
@@ -125,6 +148,8 @@ class RoundGroup:
             waiters = list(self._waiters)
         for pending in waiters:
             pending.event.set()
+            if pending.future is not None:
+                self._settle(pending, None)
         if self.backend == "nccl" and self._configured:
             # NCCL kernels of a broken group never finish on their own: abort the
             # communicators now, which also unblocks collectives issued outside this module
@@ -187,6 +212,55 @@ class RoundGroup:
                 self._abandoned -= 1
         pending.event.set()
 
+    def future(self, work: _Work) -> torch.futures.Future[object]:
+        """A future of the asynchronous collective ``work`` for ``torch`` to wait on (a DDP
+        comm hook returns it): it completes with the work, or fails with
+        :class:`HorovodInternalError` as soon as the group is aborted; a failed work aborts
+        the group."""
+        result: torch.futures.Future[object] = torch.futures.Future()
+        pending = _Pending(threading.Event(), future=result)
+        self._enter_blocking()
+        with self._lock:
+            reason = self._error
+            if reason is None:
+                self._waiters.add(pending)
+        if reason is not None:
+            self._leave_blocking()
+            result.set_exception(HorovodInternalError(reason))
+            return result
+        work.get_future().add_done_callback(lambda done: self._settle(pending, done))
+        return result
+
+    def _settle(self, pending: _Pending, done: torch.futures.Future[object] | None) -> None:
+        """Settle a :meth:`future` once: with its work's outcome (``done``), or, when
+        ``done`` is None, with the group's error (an abort)."""
+        with self._lock:
+            first = not pending.settled
+            pending.settled = True
+            self._waiters.discard(pending)
+            if done is not None:
+                pending.completed = True
+                if pending.abandoned:
+                    self._abandoned -= 1
+            elif first:
+                pending.abandoned = True
+                self._abandoned += 1
+            reason = self._error
+        if not first:
+            return
+        self._leave_blocking()
+        assert pending.future is not None
+        if done is None:
+            pending.future.set_exception(HorovodInternalError(str(reason)))
+            return
+        try:
+            value = done.value()
+        except (RuntimeError, dist.DistError) as exc:
+            self.abort(f"collective failed: {exc}")
+            pending.future.set_exception(HorovodInternalError(f"collective failed: {exc}"))
+            return
+        pending.future.set_result(value)
+
     def destroy(self) -> None:
         """Tear the current group down. A broken group is aborted, detached from
         ``torch.distributed`` at once and shut down on a background thread: its backend may
@@ -194,6 +268,12 @@ class RoundGroup:
         wait for that."""
         if not self._configured:
             return
+        for release in list(self._on_destroy):
+            method = release()
+            if method is None:
+                self._on_destroy.remove(release)
+            else:
+                method()
         self._configured = False
         if self.errored() is None:
             _destroy_default_group()

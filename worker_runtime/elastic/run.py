@@ -22,10 +22,22 @@ _R = TypeVar("_R")
 _S = TypeVar("_S", bound=State)
 
 
+def is_collective_failure(exc: Exception, broken: str | None) -> bool:
+    """Whether ``exc``, raised by the training function while the round's group is ``broken``
+    (why it was aborted, or None while it is healthy), is a collective failure to roll back
+    from. ``torch`` wraps the failure of a collective it waited for (a DDP backward pass whose
+    comm hook failed) in a ``RuntimeError`` of its own; anything else fails the worker."""
+    if isinstance(exc, HorovodInternalError):
+        return True
+    return broken is not None and isinstance(exc, RuntimeError)
+
+
 def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
     """Run ``func(state, ...)`` elastically.
 
-    - A collective failure (:class:`HorovodInternalError`): roll ``state`` back to its last
+    - A collective failure (:class:`HorovodInternalError`, or any ``RuntimeError`` raised
+      once the round's group is broken: ``torch`` wraps the failure of a collective it
+      waited for, such as a DDP backward pass's): roll ``state`` back to its last
       commit, join the next round saying so (the driver then fails the round, so every rank
       rolls back, and makes the next round resync from rank 0), resync, retry.
     - Hosts added or removed (:class:`HostsUpdatedInterrupt`, raised on all ranks at the same
@@ -64,11 +76,19 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
             except HostsUpdatedInterrupt:
                 logger.info("hosts updated; re-forming the group with live state")
             except Exception as exc:
-                runtime.exit_code = 1
-                runtime.report_result(
-                    WorkerState.FAILURE, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+                broken = runtime.group.errored()
+                if not is_collective_failure(exc, broken):
+                    runtime.exit_code = 1
+                    runtime.report_result(
+                        WorkerState.FAILURE,
+                        f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}",
+                    )
+                    raise
+                logger.warning(
+                    "the round's group broke (%s); rolling back to the last commit", broken
                 )
-                raise
+                state.restore()
+                rolled_back = True
             else:
                 runtime.exit_code = 0
                 runtime.report_result(WorkerState.SUCCESS)

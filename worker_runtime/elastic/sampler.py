@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
+from elasticjob.worker_runtime import step_weight
+
 logger = logging.getLogger(__name__)
 
 RankAndSize = Callable[[], tuple[int, int]]
@@ -30,6 +32,33 @@ def _runtime_rank_and_size() -> tuple[int, int]:
     """Asks the worker runtime for this worker's rank and the world size."""
     runtime = importlib.import_module("elasticjob.worker_runtime")
     return int(runtime.rank()), int(runtime.size())
+
+
+def plan_share(remaining: int, rank: int, size: int, batch_size: int | None) -> tuple[int, int]:
+    """How ``rank``'s share of a round of ``remaining`` samples over ``size`` ranks is run:
+    ``(real, padding)``, its real samples (positions ``rank, rank + size, ...``) and the padding
+    samples after them that let it run as many steps as the rank with the most.
+
+    Without a batch size every share is padded to ``ceil(remaining / size)`` samples. With one,
+    every rank runs ``ceil(ceil(remaining / size) / batch_size)`` steps of up to
+    ``batch_size`` samples; a rank whose real samples end one step early gets one padding
+    sample for that step (its weight is 0), never more.
+    """
+    real = len(range(rank, remaining, size))
+    longest = math.ceil(remaining / size)
+    if batch_size is None:
+        return real, longest - real
+    steps = math.ceil(longest / batch_size)
+    return real, steps - math.ceil(real / batch_size)
+
+
+def batch_weight(real: int, padding: int, batch_size: int, batch: int) -> float:
+    """Weight of batch number ``batch`` of a share planned by :func:`plan_share`: the
+    fraction of a full batch it trains (0.0 for the padding sample); 1.0 past the plan."""
+    steps = math.ceil(real / batch_size) + padding
+    if batch >= steps:
+        return 1.0
+    return min(max(real - batch * batch_size, 0), batch_size) / batch_size
 
 
 def _require_int(state: Mapping[str, Any], key: str) -> int:
@@ -54,6 +83,19 @@ class ElasticSampler(Sampler[int]):
     its first ``m`` samples, the processed positions are exactly ``[0, min(m * s, n))``, a prefix
     of ``remaining`` and therefore of ``P``.
 
+    Given a ``batch_size`` ``B`` (the ``DataLoader``'s), the sampler pads nothing with
+    duplicates. Every rank still runs the same number of steps, ``ceil(ceil(n / s) / B)``, but
+    the last step's batches may be short, and a rank with no sample left for the last step
+    gets one padding sample instead, whose weight is 0. The sampler is then the
+    :mod:`~elasticjob.worker_runtime.step_weight` source: backward pass ``k`` since the last
+    :meth:`reset` has the weight ``real samples of batch k / B``, and the gradient reducers
+    (``DistributedOptimizer``, the elastic ``DistributedDataParallel``) average
+    ``sum(w_r * g_r) / sum(w_r)``, so a script training with a plain mean loss trains every
+    sample of the epoch exactly once, with the weight of a sample everywhere the same. Use it
+    with ``DataLoader(dataset, batch_size=B, sampler=sampler)`` (``drop_last`` false): the
+    shares are laid out so that the loader's batches are the planned ones. The sampler most
+    recently reset gives the weights.
+
     Lockstep assumption: training is synchronous data parallel, so all ranks record the same
     number of samples between two resets. Each rank therefore computes the same global
     ``processed_num`` locally, with no communication; :meth:`state_dict` is identical on all
@@ -70,6 +112,8 @@ class ElasticSampler(Sampler[int]):
         seed: base seed of the permutation; must be the same on every rank.
         rank_and_size: returns ``(rank, world_size)``; by default the worker runtime's
             ``rank()`` and ``size()``, looked up at each :meth:`reset`.
+        batch_size: the loader's batch size: plan uneven last batches weighted for the
+            gradient average instead of padding with duplicates (see above).
     """
 
     def __init__(
@@ -78,9 +122,13 @@ class ElasticSampler(Sampler[int]):
         shuffle: bool = True,
         seed: int = 0,
         rank_and_size: RankAndSize | None = None,
+        batch_size: int | None = None,
     ) -> None:
         super().__init__()
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self._dataset = dataset
+        self._batch_size = batch_size
         self._shuffle = shuffle
         self._seed = seed
         self._rank_and_size: RankAndSize = rank_and_size or _runtime_rank_and_size
@@ -93,8 +141,12 @@ class ElasticSampler(Sampler[int]):
         self._rank = 0
         self._num_replicas = 1
         self._partition: list[int] = []
+        self._real = 0
         # Leading samples of this rank's share recorded as processed in the current round.
         self._local_done = 0
+        # step_weight.passes() when the round started: backward pass k of the round trains
+        # batch k of the share.
+        self._passes_at_reset = 0
         self._build_order()
         self.reset()
 
@@ -114,6 +166,11 @@ class ElasticSampler(Sampler[int]):
         return self._seed
 
     @property
+    def batch_size(self) -> int | None:
+        """The batch size the shares are planned for (None: padded with duplicates)."""
+        return self._batch_size
+
+    @property
     def rank(self) -> int:
         """This worker's rank, as read at the last :meth:`reset`."""
         return self._rank
@@ -131,19 +188,31 @@ class ElasticSampler(Sampler[int]):
     @property
     def num_real_samples(self) -> int:
         """Leading samples of this rank's share that are not padding: ``num_samples`` minus the
-        wrapped-around samples at its end, which are trained but never counted as processed."""
-        return len(range(self._rank, self._round_size, self._num_replicas))
+        padding samples at its end, which are trained but never counted as processed."""
+        return self._real
 
     @property
     def total_size(self) -> int:
         """Samples the whole world runs in this round, padding included."""
-        return self.num_samples * self._num_replicas
+        size, n = self._num_replicas, self._round_size
+        return sum(sum(plan_share(n, r, size, self._batch_size)) for r in range(size))
 
     @property
     def processed_num(self) -> int:
         """Samples of the epoch processed by the whole world, padding excluded."""
-        done_this_round = min(self._local_done * self._num_replicas, self._round_size)
-        return self._processed_at_reset + done_this_round
+        # In lockstep every rank has run the same steps: a rank done with its whole share
+        # (padding included) knows that every rank is, whatever the length of its own share.
+        longest = math.ceil(self._round_size / self._num_replicas)
+        done = longest if self._local_done >= self.num_samples else self._local_done
+        return self._processed_at_reset + min(done * self._num_replicas, self._round_size)
+
+    def weight(self, passes: int) -> float:
+        """Weight of this rank's backward pass number ``passes`` of the
+        :mod:`~elasticjob.worker_runtime.step_weight` counter (a ``WeightSource``): that of
+        batch ``passes - start`` of the round, counted from the last :meth:`reset`."""
+        assert self._batch_size is not None
+        padding = self.num_samples - self._real
+        return batch_weight(self._real, padding, self._batch_size, passes - self._passes_at_reset)
 
     @property
     def remaining_indices(self) -> list[int]:
@@ -173,16 +242,23 @@ class ElasticSampler(Sampler[int]):
         remaining = self._order[self._processed_at_reset :]
         n = len(remaining)
         self._round_size = n
-        share = math.ceil(n / size)
-        self._partition = [remaining[(rank + i * size) % n] for i in range(share)]
+        real, padding = plan_share(n, rank, size, self._batch_size)
+        self._real = real
+        positions = [rank + i * size for i in range(real + padding)]
+        self._partition = [remaining[p % n] for p in positions]
+        if self._batch_size is not None:
+            self._passes_at_reset = step_weight.passes()
+            step_weight.set_source(self)
         logger.debug(
-            "sampler reset: epoch %d, rank %d of %d, %d processed, %d remaining, %d per rank",
+            "sampler reset: epoch %d, rank %d of %d, %d processed, %d remaining, "
+            "%d real and %d padding samples on this rank",
             self._epoch,
             rank,
             size,
             self._processed_at_reset,
             n,
-            share,
+            real,
+            padding,
         )
 
     def get_indices(self, batch_idx: int, batch_size: int) -> list[int]:

@@ -27,6 +27,7 @@ from elasticjob.worker_runtime.collectives import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
+from elasticjob.worker_runtime.elastic.ddp import DistributedDataParallel
 from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
 
 
@@ -120,14 +121,30 @@ class StateHandler(abc.ABC):
 class ModelStateHandler(StateHandler):
     value: torch.nn.Module
 
+    @property
+    def module(self) -> torch.nn.Module:
+        """The module whose weights are saved."""
+        return self.value
+
     def save(self) -> None:
-        self._saved = {k: v.detach().clone() for k, v in self.value.state_dict().items()}
+        self._saved = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
 
     def restore(self) -> None:
-        self.value.load_state_dict(self._saved)
+        self.module.load_state_dict(self._saved)
 
     def sync(self) -> None:
-        broadcast_parameters(self.value.state_dict(), root_rank=0)
+        broadcast_parameters(self.module.state_dict(), root_rank=0)
+
+
+class DistributedDataParallelStateHandler(ModelStateHandler):
+    """The elastic ``DistributedDataParallel``: its module's weights, without building a
+    DDP (the round may be broken when state is restored)."""
+
+    value: DistributedDataParallel  # type: ignore[assignment]
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.value.module
 
 
 class OptimizerStateHandler(StateHandler):
@@ -178,6 +195,7 @@ class TorchState(State):
 
     handler_registry: ClassVar[list[tuple[type, type[StateHandler]]]] = [
         (torch.nn.Module, ModelStateHandler),
+        (DistributedDataParallel, DistributedDataParallelStateHandler),
         (torch.optim.Optimizer, OptimizerStateHandler),
         (ElasticSampler, SamplerStateHandler),
     ]

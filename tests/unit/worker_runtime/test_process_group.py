@@ -1,67 +1,29 @@
 """Tearing down a round's group never waits for a collective it abandoned (real Gloo groups
 over loopback, the peer a second process).
 
-The peer forms the group, then never enters the collective and never closes its sockets:
-what survivors see of a member cut off by the network (no reset ever comes). Gloo's threads
-wait for it until the group's timeout; the next round must not.
+The peer (``silent_peer`` of ``conftest.py``) forms the group, then never enters the
+collective and never closes its sockets: what survivors see of a member cut off by the network
+(no reset ever comes). Gloo's threads wait for it until the group's timeout; the next round
+must not.
 """
 
 from __future__ import annotations
 
 import datetime
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed import HashStore, TCPStore
+from torch.distributed import HashStore
 
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 from elasticjob.worker_runtime.process_group import RoundGroup
 
 TIMEOUT = datetime.timedelta(seconds=40)
 TEARDOWN_THREAD = "abandoned-group-teardown"
-
-PEER = """
-import datetime, sys
-import torch.distributed as dist
-store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False,
-                      timeout=datetime.timedelta(seconds=30))
-dist.init_process_group("gloo", store=dist.PrefixStore("round-1/", store), rank=1,
-                        world_size=2, timeout=datetime.timedelta(seconds=40))
-print("formed", flush=True)
-sys.stdin.read()  # silent, sockets open, until the test closes stdin
-"""
-
-
-@pytest.fixture
-def group() -> Iterator[RoundGroup]:
-    group = RoundGroup("gloo", torch.device("cpu"))
-    yield group
-    group.destroy()
-
-
-@pytest.fixture
-def silent_peer(group: RoundGroup) -> Iterator[subprocess.Popen[str]]:
-    """A two-member group whose other member formed it and then went silent."""
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
-    peer = subprocess.Popen(
-        [sys.executable, "-c", PEER, str(store.port)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        group.configure(store, "round-1/", 0, 2, TIMEOUT)
-        assert peer.stdout is not None and peer.stdout.readline().strip() == "formed"
-        yield peer
-    finally:
-        peer.kill()
-        peer.wait(30)
 
 
 def blocked_collective(group: RoundGroup) -> tuple[threading.Thread, list[BaseException]]:
@@ -121,3 +83,60 @@ def test_a_healthy_group_is_destroyed_in_place(group: RoundGroup) -> None:
     group.destroy()
     assert not dist.is_initialized()
     assert not teardown_threads()
+
+
+# ---- futures for collectives torch waits on (DDP comm hooks) -------------------------------
+
+
+def test_a_future_fails_at_once_when_the_group_is_aborted(
+    group: RoundGroup, silent_peer: subprocess.Popen[str]
+) -> None:
+    future = group.future(dist.all_reduce(torch.ones(4096), async_op=True))
+    assert group.blocked_for() is not None, "a pending future counts as blocking"
+    assert not future.done()
+    group.abort("a member of round 1 failed")
+    assert future.done()
+    with pytest.raises(HorovodInternalError, match="a member of round 1 failed"):
+        future.wait()
+    assert group.blocked_for() is None
+    assert group.abandoned == 1
+    silent_peer.kill()
+    deadline = time.monotonic() + 30
+    while group.abandoned:  # the work ends once the peer's connections reset
+        assert time.monotonic() < deadline, "the abandoned collective never ended"
+        time.sleep(0.05)
+
+
+def test_a_future_completes_with_its_work(group: RoundGroup) -> None:
+    group.configure(HashStore(), "round-1/", 0, 1, TIMEOUT)
+    total = torch.ones(3)
+    future = group.future(dist.all_reduce(total, async_op=True))
+    future.wait()
+    assert total.tolist() == [1.0, 1.0, 1.0]
+    assert group.blocked_for() is None and group.abandoned == 0
+    group.abort("late")  # settled futures stay settled
+    assert future.value() is not None
+    with pytest.raises(HorovodInternalError, match="late"):
+        group.future(dist.all_reduce(total, async_op=True)).wait()
+    assert group.blocked_for() is None
+
+
+class Holder:
+    def __init__(self, group: RoundGroup) -> None:
+        self.released = 0
+        group.on_destroy(self.release)
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def test_on_destroy_calls_live_holders_before_each_teardown(group: RoundGroup) -> None:
+    holder, dropped = Holder(group), Holder(group)
+    del dropped  # held weakly: collectable, then forgotten
+    group.destroy()  # nothing formed yet: nothing to release
+    assert holder.released == 0
+    for round_number in (1, 2):
+        group.configure(HashStore(), f"round-{round_number}/", 0, 1, TIMEOUT)
+    assert holder.released == 1  # configuring round 2 destroyed round 1
+    group.destroy()
+    assert holder.released == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from torch.utils.data import DataLoader, TensorDataset
 
 import elasticjob.worker_runtime
-from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
+from elasticjob.worker_runtime import step_weight
+from elasticjob.worker_runtime.elastic.sampler import ElasticSampler, batch_weight, plan_share
 
 
 @dataclass
@@ -28,11 +30,26 @@ class Runtime:
         return self.rank, self.size
 
 
+@pytest.fixture(autouse=True)
+def no_weight_source_left() -> Iterator[None]:
+    """A sampler given a batch size registers itself as the process's step-weight source."""
+    yield
+    step_weight.set_source(None)
+
+
 def make_sampler(
-    length: int, rank: int = 0, size: int = 1, *, shuffle: bool = True, seed: int = 0
+    length: int,
+    rank: int = 0,
+    size: int = 1,
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+    batch_size: int | None = None,
 ) -> tuple[ElasticSampler, Runtime]:
     runtime = Runtime(rank, size)
-    sampler = ElasticSampler(range(length), shuffle=shuffle, seed=seed, rank_and_size=runtime)
+    sampler = ElasticSampler(
+        range(length), shuffle=shuffle, seed=seed, rank_and_size=runtime, batch_size=batch_size
+    )
     return sampler, runtime
 
 
@@ -50,12 +67,15 @@ class Cluster(RuleBasedStateMachine):
 
     The machine counts, independently of the sampler's own bookkeeping, how often each dataset
     index was trained at a non-padding position in the current (not rolled back) trajectory.
+    With ``planned``, the samplers plan uneven last batches for the loader's batch size: no
+    duplicates, and the weight of each batch is its share of real samples.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.length = 0
         self.batch_size = 1
+        self.planned = False
         self.workers: list[tuple[ElasticSampler, Runtime]] = []
         self.counts: list[int] = []
         self.steps = 0
@@ -74,16 +94,26 @@ class Cluster(RuleBasedStateMachine):
         size=st.integers(1, 8),
         seed=st.integers(0, 2**16),
         shuffle=st.booleans(),
+        planned=st.booleans(),
     )
-    def start(self, length: int, batch_size: int, size: int, seed: int, shuffle: bool) -> None:
+    def start(
+        self, length: int, batch_size: int, size: int, seed: int, shuffle: bool, planned: bool
+    ) -> None:
         self.length = length
         self.batch_size = batch_size
-        self.workers = [
-            make_sampler(length, rank, size, shuffle=shuffle, seed=seed) for rank in range(size)
-        ]
+        self.planned = planned
+        self.workers = [self.make(rank, size, shuffle=shuffle, seed=seed) for rank in range(size)]
         self.counts = [0] * length
         self.new_round()
         self.commit()
+
+    def make(
+        self, rank: int, size: int, *, shuffle: bool, seed: int
+    ) -> tuple[ElasticSampler, Runtime]:
+        batch_size = self.batch_size if self.planned else None
+        return make_sampler(
+            self.length, rank, size, shuffle=shuffle, seed=seed, batch_size=batch_size
+        )
 
     def new_round(self) -> None:
         self.steps = 0
@@ -93,11 +123,18 @@ class Cluster(RuleBasedStateMachine):
         n = len(self.round_remaining)
         for sampler, runtime in self.workers:
             batch = sampler.get_indices(self.steps, self.batch_size)
+            real = 0
             for offset, index in enumerate(batch):
                 position = runtime.rank + (self.steps * self.batch_size + offset) * self.size
                 assert index == self.round_remaining[position % n]
                 if position < n:
                     self.counts[index] += 1
+                    real += 1
+            if self.planned:
+                # No duplicates: a batch is all real samples, or the single padding sample.
+                assert real == len(batch) or (len(batch) == 1 and real == 0)
+                weight = sampler.weight(step_weight.passes() + self.steps)
+                assert weight == (real / self.batch_size if batch else 1.0)
             if use_indices:
                 sampler.record_indices(batch)
             else:
@@ -116,9 +153,7 @@ class Cluster(RuleBasedStateMachine):
         """Starts the workers that joined; they take the state the job broadcasts."""
         first = self.workers[0][0]
         for rank in range(len(self.workers), new_size):
-            sampler, runtime = make_sampler(
-                self.length, rank, new_size, shuffle=first.shuffle, seed=first.seed
-            )
+            sampler, runtime = self.make(rank, new_size, shuffle=first.shuffle, seed=first.seed)
             sampler.load_state_dict(state)
             self.workers.append((sampler, runtime))
 
@@ -414,3 +449,105 @@ def test_rank_and_size_default_to_the_worker_runtime(monkeypatch: pytest.MonkeyP
     sampler = ElasticSampler(range(6), shuffle=False)
     assert (sampler.rank, sampler.num_replicas) == (1, 2)
     assert list(sampler) == [1, 3, 5]
+
+
+# ---- uneven last batches (batch_size given) --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("remaining", "rank", "size", "batch_size", "expected"),
+    [
+        # Without a batch size, shares are padded to the longest with wrapped-around samples.
+        (10, 0, 3, None, (4, 0)),
+        (10, 2, 3, None, (3, 1)),
+        (3, 5, 8, None, (0, 1)),
+        # 97 samples, 3 ranks, batches of 4: 33/32/32 samples, 9 steps each; the two short
+        # shares end after 8 full batches and get one padding sample for the ninth step.
+        (97, 0, 3, 4, (33, 0)),
+        (97, 1, 3, 4, (32, 1)),
+        (97, 2, 3, 4, (32, 1)),
+        # 10 samples, 3 ranks, batches of 2: 4/3/3 samples, 2 steps; short last batches only.
+        (10, 1, 3, 2, (3, 0)),
+        # Fewer samples than ranks: a rank with nothing gets one padding sample.
+        (3, 5, 8, 4, (0, 1)),
+        (3, 2, 8, 4, (1, 0)),
+        (0, 0, 2, 4, (0, 0)),
+        (12, 1, 3, 4, (4, 0)),
+    ],
+)
+def test_plan_share(
+    remaining: int, rank: int, size: int, batch_size: int | None, expected: tuple[int, int]
+) -> None:
+    assert plan_share(remaining, rank, size, batch_size) == expected
+
+
+@pytest.mark.parametrize(
+    ("real", "padding", "batch", "expected"),
+    [
+        (33, 0, 0, 1.0),
+        (33, 0, 8, 0.25),  # the last batch holds 1 of 4 samples
+        (32, 1, 7, 1.0),
+        (32, 1, 8, 0.0),  # the padding sample
+        (3, 0, 0, 0.75),
+        (33, 0, 9, 1.0),  # past the plan: not a batch of this sampler
+        (0, 1, 0, 0.0),
+    ],
+)
+def test_batch_weight(real: int, padding: int, batch: int, expected: float) -> None:
+    assert batch_weight(real, padding, 4, batch) == expected
+
+
+def test_planned_loader_batches_train_every_sample_once_with_weights() -> None:
+    """97 samples, 3 ranks, a plain DataLoader with batch_size=4: every rank runs 9 steps,
+    no sample twice, and the weights say how much of a full batch each step trained."""
+    length, size, batch_size = 97, 3, 4
+    workers = [
+        make_sampler(length, rank, size, seed=3, batch_size=batch_size) for rank in range(size)
+    ]
+    batches = [
+        loader_indices(DataLoader(values_dataset(length), batch_size=batch_size, sampler=s))
+        for s, _ in workers
+    ]
+    assert [len(b) for b in batches] == [9, 9, 9]
+    assert [len(b[-1]) for b in batches] == [1, 1, 1]
+    weights = [[s.weight(step_weight.passes() + k) for k in range(9)] for s, _ in workers]
+    assert [w[-1] for w in weights] == [0.25, 0.0, 0.0]
+    trained = [
+        index
+        for rank_batches, rank_weights in zip(batches, weights, strict=True)
+        for batch, weight in zip(rank_batches, rank_weights, strict=True)
+        if weight > 0
+        for index in batch
+    ]
+    assert sorted(trained) == list(range(length))
+    for step in range(9):
+        real = sum(len(b[step]) for b, w in zip(batches, weights, strict=True) if w[step] > 0)
+        assert sum(w[step] for w in weights) * batch_size == real
+    for step, _ in enumerate(batches[0]):
+        for sampler, _ in workers:
+            sampler.record_batch(step, batch_size)
+        assert len({sampler.processed_num for sampler, _ in workers}) == 1
+    assert workers[1][0].processed_num == length
+
+
+def test_planned_sampler_is_the_step_weight_source_from_its_last_reset() -> None:
+    sampler, runtime = make_sampler(10, rank=1, size=3, shuffle=False, batch_size=2)
+    assert list(sampler) == [1, 4, 7]
+    assert sampler.num_real_samples == 3 and sampler.total_size == 10
+    assert step_weight.pass_weight() == 1.0
+    step_weight.pass_done()
+    assert step_weight.pass_weight() == 0.5  # batch 1 holds [7] only
+    step_weight.pass_done()
+    assert step_weight.pass_weight() == 1.0  # past the plan
+    runtime.rank, runtime.size = 0, 1
+    sampler.reset()  # a new round: pass 0 of it is batch 0 again
+    assert step_weight.pass_weight() == 1.0
+    assert list(sampler) == list(range(10))
+
+
+def test_without_batch_size_there_is_no_weight_source() -> None:
+    step_weight.set_source(None)
+    make_sampler(10, rank=1, size=3)
+    assert step_weight.pass_weight() == 1.0
+    with pytest.raises(ValueError, match="batch_size"):
+        make_sampler(10, batch_size=0)

@@ -1,0 +1,28 @@
+"""What ``elastic.run`` rolls back from and what fails the worker."""
+
+from __future__ import annotations
+
+import pytest
+
+from elasticjob.worker_runtime.elastic.run import is_collective_failure
+from elasticjob.worker_runtime.exceptions import HorovodInternalError
+
+BROKEN = "a member of round 3 failed (driver notice)"
+
+
+@pytest.mark.parametrize(
+    ("exc", "broken", "expected"),
+    [
+        (HorovodInternalError("collective failed"), None, True),
+        (HorovodInternalError("collective failed"), BROKEN, True),
+        # A DDP backward pass whose comm hook failed: torch's own RuntimeError.
+        (RuntimeError("Got the following error ...: HorovodInternalError: ..."), BROKEN, True),
+        # The same type while the group is healthy is the script's own error.
+        (RuntimeError("shape mismatch"), None, False),
+        # Not a RuntimeError: the script's error, even in a broken round.
+        (ValueError("bad value"), BROKEN, False),
+        (KeyError("missing"), BROKEN, False),
+    ],
+)
+def test_is_collective_failure(exc: Exception, broken: str | None, expected: bool) -> None:
+    assert is_collective_failure(exc, broken) is expected
