@@ -32,7 +32,7 @@ API_PREFIX = "/v1"
 PROTOCOL_HEADER: Final = "X-Elasticjob-Protocol"
 """Header carrying the rendezvous protocol version: workers send theirs on every request and
 the service answers with its own."""
-PROTOCOL_VERSION: Final = 4
+PROTOCOL_VERSION: Final = 5
 """The rendezvous protocol this release speaks. Version 1 is that of the releases that sent no
 :data:`PROTOCOL_HEADER` (a request without it is version 1). Version 2 added the header,
 ``429 Too Many Requests`` answers (a version-1 worker takes them as fatal), refusals of
@@ -44,7 +44,9 @@ know (strict models), so the service leaves ``peers`` out of its answers to vers
 ``GET plan`` (:class:`PlannedRound`) came later without a new version: no older worker asks
 for it, and a newer worker takes an older service's 404 as "no plan". Version 4 added the
 optional :attr:`ProgressRequest.resumed` and :attr:`ProgressRequest.commit_seconds` (the
-driver's recovery and commit metrics); a version-3 worker's reports stay valid."""
+driver's recovery and commit metrics); a version-3 worker's reports stay valid. Version 5 added
+the optional :attr:`ProgressRequest.checkpoints` and :attr:`ProgressRequest.restored_from`
+(durable checkpoints written and loaded); older workers' reports stay valid."""
 MIN_PROTOCOL_VERSION: Final = 2
 """The oldest worker protocol this service accepts; an older (or newer) worker is refused
 with ``426 Upgrade Required`` naming both versions, and exits with that message. Version-2
@@ -85,6 +87,18 @@ heartbeat thread probes its peers and reports those it cannot reach (0: never pr
 ENV_TIMELINE_DIR = "ELASTICJOB_TIMELINE_DIR"
 """Folder where each worker process appends its timeline events (``--timeline-filename``
 of ``elasticjob-run``; unset: no timeline is recorded)."""
+# The job's checkpoint policy (durable fallback when no worker of a round survives): rank 0
+# writes the committed state under the folder, and a new rank 0 without a survivor loads the
+# newest complete checkpoint found there (see ``elasticjob.worker_runtime.elastic.checkpoint``).
+ENV_CHECKPOINT_DIR = "ELASTICJOB_CHECKPOINT_DIR"
+"""Folder of the job's checkpoints (unset: no checkpoints, no fallback)."""
+ENV_CHECKPOINT_EVERY_COMMITS = "ELASTICJOB_CHECKPOINT_EVERY_COMMITS"
+"""Write a checkpoint every this many commits (0 or unset: not by count)."""
+ENV_CHECKPOINT_INTERVAL = "ELASTICJOB_CHECKPOINT_INTERVAL"
+"""Write a checkpoint at the first commit at least this many seconds after the previous one
+(0 or unset: not by time)."""
+ENV_CHECKPOINT_KEEP = "ELASTICJOB_CHECKPOINT_KEEP"
+"""How many complete checkpoints to keep (the newest ones)."""
 
 # Variables that training scripts and their libraries read (horovodrun's and torchrun's), set
 # by ``elasticjob.script_env``: the launch-time ones by the launcher (or the operator and the
@@ -143,6 +157,10 @@ WORKER_CONTRACT_ENV = frozenset(
         ENV_RENDEZVOUS_CA,
         ENV_PROBE_AFTER,
         ENV_TIMELINE_DIR,
+        ENV_CHECKPOINT_DIR,
+        ENV_CHECKPOINT_EVERY_COMMITS,
+        ENV_CHECKPOINT_INTERVAL,
+        ENV_CHECKPOINT_KEEP,
         *SCRIPT_LAUNCH_ENV,
     }
 )
@@ -375,6 +393,23 @@ MAX_REPORTED_COMMITS: Final = 64
 """Most commit durations one progress report carries (the newest ones)."""
 
 _NonNegativeFloat = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+_NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
+
+MAX_REPORTED_CHECKPOINTS: Final = 16
+"""Most checkpoint reports one progress report carries (the newest ones)."""
+
+
+class CheckpointReport(_Strict):
+    """A durable checkpoint of the committed state, written or loaded by rank 0 (protocol 5)."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=253)]
+    """The checkpoint's name in the job's checkpoint folder."""
+    epoch: _NonNegativeInt
+    step: _NonNegativeInt
+    """The runtime's step count at the commit the checkpoint holds."""
+    seconds: _NonNegativeFloat
+    """How long writing (or loading) it took, copy to disk included."""
+    size_bytes: _NonNegativeInt
 
 
 class ProgressRequest(_Strict):
@@ -391,6 +426,13 @@ class ProgressRequest(_Strict):
         tuple[_NonNegativeFloat, ...], Field(max_length=MAX_REPORTED_COMMITS)
     ] = ()
     """How long each commit since the previous report took (protocol 4)."""
+    checkpoints: Annotated[
+        tuple[CheckpointReport, ...], Field(max_length=MAX_REPORTED_CHECKPOINTS)
+    ] = ()
+    """The checkpoints completed since the previous report (protocol 5)."""
+    restored_from: CheckpointReport | None = None
+    """The checkpoint this round's rank 0 loaded because no worker of the previous round
+    survived (sent with ``resumed``; protocol 5)."""
 
 
 class RoundInfo(_Strict):

@@ -552,6 +552,7 @@ def test_openapi_document_lists_every_route_and_wire_model() -> None:
         wire.NoticesResponse,
         wire.ResultRequest,
         wire.ProgressRequest,
+        wire.CheckpointReport,
         wire.HeartbeatRequest,
         wire.RoundInfo,
         wire.PlannedRound,
