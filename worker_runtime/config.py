@@ -14,7 +14,8 @@ import torch
 from elasticjob import wire
 
 
-def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
+def env_seconds(environ: Mapping[str, str], name: str, default: float) -> float:
+    """The finite number of seconds >= 0 in ``environ[name]`` (unset or empty: ``default``)."""
     raw = environ.get(name)
     if raw is None or raw == "":
         return default
@@ -83,13 +84,13 @@ class WorkerConfig:
             local_rank=int(environ[wire.ENV_LOCAL_RANK]),
             bind_address=environ.get(wire.ENV_BIND_ADDRESS, hostname),
             backend=environ.get(wire.ENV_BACKEND, "auto"),
-            collective_timeout_s=_seconds(environ, wire.ENV_COLLECTIVE_TIMEOUT, 60.0),
-            round_wait_s=_seconds(environ, wire.ENV_ROUND_WAIT, 900.0),
-            heartbeat_interval_s=_seconds(environ, wire.ENV_HEARTBEAT_INTERVAL, 0.0),
-            orphan_timeout_s=_seconds(environ, wire.ENV_ORPHAN_TIMEOUT, 900.0),
+            collective_timeout_s=env_seconds(environ, wire.ENV_COLLECTIVE_TIMEOUT, 60.0),
+            round_wait_s=env_seconds(environ, wire.ENV_ROUND_WAIT, 900.0),
+            heartbeat_interval_s=env_seconds(environ, wire.ENV_HEARTBEAT_INTERVAL, 0.0),
+            orphan_timeout_s=env_seconds(environ, wire.ENV_ORPHAN_TIMEOUT, 900.0),
             defer_sigterm=environ.get(wire.ENV_DEFER_SIGTERM) == "1",
             rendezvous_ca=environ.get(wire.ENV_RENDEZVOUS_CA) or None,
-            probe_after_s=_seconds(environ, wire.ENV_PROBE_AFTER, 2.0),
+            probe_after_s=env_seconds(environ, wire.ENV_PROBE_AFTER, 2.0),
         )
 
 

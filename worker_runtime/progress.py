@@ -6,8 +6,8 @@ restarts, its node stopped answering) the training must go on at full speed: a r
 does not arrive is dropped, and the next one carries newer figures anyway. Reports leave at
 most every :data:`PROGRESS_INTERVAL_S`, the newest one last, except an urgent one (training
 resumes in a new round: the driver times recoveries by it), which leaves at once. A report
-that replaces one not sent yet keeps the commit durations and the ``resumed`` mark of the one
-it replaces.
+that replaces one not sent yet keeps the commit durations, the checkpoints, and the
+``resumed`` mark and the checkpoint loaded (same round) of the one it replaces.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Final
 
-from elasticjob.wire import MAX_REPORTED_COMMITS, ProgressRequest
+from elasticjob.wire import MAX_REPORTED_CHECKPOINTS, MAX_REPORTED_COMMITS, ProgressRequest
 from elasticjob.worker_runtime.log import get_logger
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClientError
 
@@ -60,6 +60,11 @@ class ProgressReporter:
                         ],
                         "resumed": request.resumed
                         or (older.resumed and older.round == request.round),
+                        "checkpoints": (older.checkpoints + request.checkpoints)[
+                            -MAX_REPORTED_CHECKPOINTS:
+                        ],
+                        "restored_from": request.restored_from
+                        or (older.restored_from if older.round == request.round else None),
                     }
                 )
             self._latest = request

@@ -36,6 +36,7 @@ from torch.distributed import HashStore, Store, TCPStore
 
 from elasticjob import wire
 from elasticjob.wire import (
+    CheckpointReport,
     Notice,
     NoticeKind,
     ProgressRequest,
@@ -442,17 +443,27 @@ class Runtime:
         self._last_progress = (epoch, max(samples_per_second, 0.0))
         self._offer_progress(step=step)
 
-    def report_resumed(self) -> None:
+    def report_resumed(self, restored_from: CheckpointReport | None = None) -> None:
         """Training starts or resumes in this round now (rank 0 tells the driver at once:
-        the end of a recovery or a resize)."""
-        self._offer_progress(step=self.step, resumed=True)
+        the end of a recovery or a resize), from ``restored_from`` if rank 0 loaded it."""
+        self._offer_progress(step=self.step, resumed=True, restored_from=restored_from)
+
+    def report_checkpoint(self, report: CheckpointReport) -> None:
+        """Rank 0 completed a durable checkpoint (any thread)."""
+        self._offer_progress(step=self.step, checkpoints=(report,))
 
     def report_commit(self, seconds: float) -> None:
         """A commit took ``seconds`` (rank 0's are reported, for the job's metrics)."""
         self._offer_progress(step=self.step, commit_seconds=(max(seconds, 0.0),))
 
     def _offer_progress(
-        self, *, step: int, resumed: bool = False, commit_seconds: tuple[float, ...] = ()
+        self,
+        *,
+        step: int,
+        resumed: bool = False,
+        commit_seconds: tuple[float, ...] = (),
+        checkpoints: tuple[CheckpointReport, ...] = (),
+        restored_from: CheckpointReport | None = None,
     ) -> None:
         if self._progress is None or self.slot.rank != 0:
             return
@@ -465,6 +476,8 @@ class Runtime:
                 samples_per_second=samples_per_second,
                 resumed=resumed,
                 commit_seconds=commit_seconds,
+                checkpoints=checkpoints,
+                restored_from=restored_from,
             ),
             urgent=resumed,
         )

@@ -376,13 +376,14 @@ def test_torch_state_commit_restore_sync_with_custom_handler(world: list[Result]
         assert synced["model"] == rank0_committed
         assert synced["lr"] == pytest.approx(0.1)
         assert (synced["count"], synced["epoch"], synced["counter_same_object"]) == (5, 0, True)
-        # The registered handler did the work: created (save), commit, restore, sync + save.
+        # The registered handler did the work: created (snapshot), commit, restore, sync +
+        # snapshot.
         assert g["calls"] == [
-            "handler.save",
-            "handler.save",
-            "handler.restore",
+            "handler.state_dict",
+            "handler.state_dict",
+            "handler.load_state_dict",
             "handler.sync",
-            "handler.save",
+            "handler.state_dict",
         ]
 
 

@@ -1,21 +1,21 @@
 """Elastic training API (Horovod's ``hvd.elastic``)."""
 
+from elasticjob.worker_runtime.elastic.checkpoint_files import CheckpointError
 from elasticjob.worker_runtime.elastic.ddp import DistributedDataParallel
-from elasticjob.worker_runtime.elastic.run import run
-from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
-from elasticjob.worker_runtime.elastic.state import (
+from elasticjob.worker_runtime.elastic.handlers import (
     DistributedDataParallelStateHandler,
     ModelStateHandler,
-    ObjectState,
     ObjectStateHandler,
     OptimizerStateHandler,
     SamplerStateHandler,
-    State,
     StateHandler,
-    TorchState,
 )
+from elasticjob.worker_runtime.elastic.run import run
+from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
+from elasticjob.worker_runtime.elastic.state import ObjectState, SnapshotState, State, TorchState
 
 __all__ = [
+    "CheckpointError",
     "DistributedDataParallel",
     "DistributedDataParallelStateHandler",
     "ElasticSampler",
@@ -24,6 +24,7 @@ __all__ = [
     "ObjectStateHandler",
     "OptimizerStateHandler",
     "SamplerStateHandler",
+    "SnapshotState",
     "State",
     "StateHandler",
     "TorchState",

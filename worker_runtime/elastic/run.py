@@ -48,6 +48,10 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
     a provisional world of one, with its tentative place as rank and size), so the others keep
     training while it starts up.
 
+    On a round's rank 0 that never held the job's committed state (no member of the
+    previous round survived, or the job's first start), the state first loads the newest
+    durable checkpoint of the job's checkpoint folder, if any (``checkpoint.py``).
+
     After each reset, the state's reset callbacks run once the new group exists and before
     the sync. A worker that is no longer part of the job exits 0 from the reset. When
     ``func`` returns, the driver is told the worker succeeded; when it raises, that it
@@ -62,13 +66,17 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
         while True:
             rolled_back = False
             try:
+                # A fresh rank 0 (no member of the previous round survived) loads the newest
+                # durable checkpoint, which the sync then gives every rank.
+                restored = state.resume_from_checkpoint() if runtime.slot.rank == 0 else None
                 if sync:
                     started = time.monotonic()
                     state.sync()
                     runtime.step = broadcast_object(runtime.step, root_rank=0)
                     logger.info("state synced from rank 0 in %.3f s", time.monotonic() - started)
-                runtime.report_resumed()
+                runtime.report_resumed(restored_from=restored)
                 result = func(state, *args, **kwargs)
+                state.finish_checkpoints()
             except HorovodInternalError as exc:
                 logger.warning("%s; rolling back to the last commit", exc)
                 state.restore()

@@ -3,11 +3,13 @@
 ``commit()`` snapshots the state in memory and checks for host updates; ``restore()`` rolls
 back to the last snapshot (after a collective failure); ``sync()`` gives every rank rank 0's
 live state (after a new group formed with newcomers or after a rollback; rank 0 is always a
-member of the previous round, so it holds the freshest state).
+member of the previous round, so it holds the freshest state, unless no member survived:
+then it is a fresh process that loaded the newest durable checkpoint, see ``checkpoint.py``).
 
-:class:`TorchState` dispatches each attribute to a :class:`StateHandler` chosen by type from
-an extensible registry (models, optimizers, elastic samplers; anything else is deep-copied
-and pickled).
+:class:`ObjectState` and :class:`TorchState` keep their commits in preallocated snapshot
+buffers (``snapshot.py``). :class:`TorchState` dispatches each attribute to a
+:class:`StateHandler` chosen by type from an extensible registry (models, optimizers,
+elastic samplers; anything else is deep-copied and pickled).
 """
 
 from __future__ import annotations
@@ -20,15 +22,24 @@ from typing import Any, ClassVar
 
 import torch
 
+from elasticjob.wire import CheckpointReport
 from elasticjob.worker_runtime import timeline
-from elasticjob.worker_runtime.basics import current
-from elasticjob.worker_runtime.collectives import (
-    broadcast_object,
-    broadcast_optimizer_state,
-    broadcast_parameters,
-)
+from elasticjob.worker_runtime.basics import current, is_initialized
+from elasticjob.worker_runtime.collectives import broadcast_object
+from elasticjob.worker_runtime.elastic.checkpoint import Checkpointer, load_newest
+from elasticjob.worker_runtime.elastic.checkpoint_files import CheckpointError, Manifest
+from elasticjob.worker_runtime.elastic.checkpoint_policy import CheckpointPolicy
 from elasticjob.worker_runtime.elastic.ddp import DistributedDataParallel
+from elasticjob.worker_runtime.elastic.handlers import (
+    DistributedDataParallelStateHandler,
+    ModelStateHandler,
+    ObjectStateHandler,
+    OptimizerStateHandler,
+    SamplerStateHandler,
+    StateHandler,
+)
 from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
+from elasticjob.worker_runtime.elastic.snapshot import SnapshotKeeper, find_tensors
 
 
 class State(abc.ABC):
@@ -49,13 +60,26 @@ class State(abc.ABC):
             callback()
 
     def commit(self) -> None:
-        """Snapshot the state in memory, then check for host updates (which may raise
+        """Snapshot the state in memory (and on rank 0 write a durable checkpoint when the
+        job's policy says so), then check for host updates (which may raise
         :class:`~elasticjob.worker_runtime.HostsUpdatedInterrupt` on every rank at once)."""
         started, started_us = time.monotonic(), timeline.now()
         self.save()
         timeline.span("commit", started_us)
         current().report_commit(time.monotonic() - started)
+        self.after_commit()
         self.check_host_updates()
+
+    def after_commit(self) -> None:  # noqa: B027 (optional hook)
+        """Called after each commit's snapshot (durable checkpoints start here)."""
+
+    def resume_from_checkpoint(self) -> CheckpointReport | None:
+        """Called by ``elastic.run`` on rank 0 before the first sync: a state that never held
+        the job's committed state loads the newest durable checkpoint (None: nothing loaded)."""
+        return None
+
+    def finish_checkpoints(self) -> None:  # noqa: B027 (optional hook)
+        """Called when the training function returns: wait for a checkpoint being written."""
 
     def check_host_updates(self) -> None:
         """Raise ``HostsUpdatedInterrupt`` on every rank if any rank saw hosts change."""
@@ -74,7 +98,125 @@ class State(abc.ABC):
         """Replace every rank's live state with rank 0's, then snapshot it."""
 
 
-class ObjectState(State):
+class SnapshotState(State):
+    """A state whose commits are snapshots of :meth:`state_dict` in preallocated buffers,
+    and which writes and loads durable checkpoints under the job's checkpoint policy
+    (``ELASTICJOB_CHECKPOINT_*``)."""
+
+    def __init__(self, *, background_commit: bool = False) -> None:
+        super().__init__()
+        self._keeper = SnapshotKeeper(background=background_commit)
+        policy = CheckpointPolicy.from_env()
+        self._checkpointer = (
+            Checkpointer(policy, self._keeper, lambda r: current().report_checkpoint(r))
+            if policy.folder is not None
+            else None
+        )
+        self._holds_job_state = False
+        """Whether this process's state was synced or committed in a round of the job."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """The live state by name (tensors by reference: the snapshot copies them)."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Set the live state from a snapshot's (or checkpoint's) contents; their tensors
+        belong to the snapshot, so copy what is kept."""
+
+    def _deferrable(self) -> Callable[[torch.Tensor], bool]:
+        """Which tensors a background commit may copy after ``commit()`` returned."""
+        return lambda _tensor: False
+
+    def _meta(self) -> dict[str, Any]:
+        """What a checkpoint's manifest says about the commit: the ``epoch`` attribute (0
+        without one), the runtime's step and round."""
+        epoch = getattr(self, "epoch", 0)
+        epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0
+        if not is_initialized():
+            return {"epoch": epoch, "step": 0, "round": 0}
+        runtime = current()
+        return {"epoch": epoch, "step": runtime.step, "round": runtime.round}
+
+    def save(self) -> None:
+        self._keeper.capture(self.state_dict(), self._meta(), self._deferrable())
+
+    def restore(self) -> None:
+        snapshot = self._keeper.committed()
+        assert snapshot is not None
+        self.load_state_dict(snapshot.value())
+
+    def sync(self) -> None:
+        self._keeper.wait()
+        self._holds_job_state = True
+        self._sync_live()
+        self.save()
+
+    @abc.abstractmethod
+    def _sync_live(self) -> None:
+        """Replace the live state with rank 0's."""
+
+    def commit(self) -> None:
+        self._holds_job_state = True
+        super().commit()
+
+    def after_commit(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.after_commit(current().slot.rank)
+
+    def checkpoint(self) -> None:
+        """Write the committed state as a durable checkpoint now, on rank 0 (other ranks do
+        nothing), on the writer thread: waits only for a checkpoint still being written.
+
+        Raises :class:`RuntimeError` when the job has no checkpoint folder."""
+        if self._checkpointer is None:
+            raise RuntimeError("no checkpoint folder configured (ELASTICJOB_CHECKPOINT_DIR)")
+        if not is_initialized() or current().slot.rank == 0:
+            self._checkpointer.write_now()
+
+    def finish_checkpoints(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.wait()
+
+    def resume_from_checkpoint(self) -> CheckpointReport | None:
+        if self._holds_job_state or self._checkpointer is None:
+            return None
+        self._holds_job_state = True
+        self._keeper.wait()
+        return load_newest(self._checkpointer.folder, self._apply_checkpoint)
+
+    def _apply_checkpoint(self, value: Any, manifest: Manifest) -> None:
+        if not isinstance(value, dict) or set(value) != set(self.state_dict()):
+            raise CheckpointError("it holds other attributes than this state")
+        check_fits(value, self.state_dict())
+        try:
+            self.load_state_dict(value)
+        except Exception as exc:
+            self.restore()
+            raise CheckpointError(f"it does not fit the state: {exc}") from exc
+        if is_initialized():
+            current().step = manifest.step
+        self.save()
+
+
+def check_fits(saved: Any, live: Any, path: str = "") -> None:
+    """Raise :class:`CheckpointError` where a tensor in ``saved`` has another shape or dtype
+    than the live tensor at the same place (a checkpoint of another model)."""
+    if isinstance(saved, torch.Tensor) and isinstance(live, torch.Tensor):
+        if saved.shape != live.shape or saved.dtype != live.dtype:
+            raise CheckpointError(
+                f"{path or 'a tensor'} is {tuple(saved.shape)} {saved.dtype} in the checkpoint "
+                f"but {tuple(live.shape)} {live.dtype} in the state (another model?)"
+            )
+    elif isinstance(saved, dict) and isinstance(live, dict):
+        for key in (k for k in saved if k in live):
+            check_fits(saved[key], live[key], f"{path}.{key}" if path else str(key))
+    elif isinstance(saved, (list, tuple)) and isinstance(live, (list, tuple)):
+        for i, (a, b) in enumerate(zip(saved, live, strict=False)):
+            check_fits(a, b, f"{path}[{i}]")
+
+
+class ObjectState(SnapshotState):
     """State made of picklable attributes given as keyword arguments."""
 
     def __init__(self, **kwargs: Any) -> None:
@@ -82,116 +224,28 @@ class ObjectState(State):
         self._names = list(kwargs)
         for name, value in kwargs.items():
             setattr(self, name, value)
-        self._saved: dict[str, Any] = {}
         self.save()
 
-    def save(self) -> None:
-        self._saved = {name: copy.deepcopy(getattr(self, name)) for name in self._names}
+    def state_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._names}
 
-    def restore(self) -> None:
-        for name, value in self._saved.items():
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        for name, value in saved.items():
             setattr(self, name, copy.deepcopy(value))
 
-    def sync(self) -> None:
-        live = {name: getattr(self, name) for name in self._names}
-        for name, value in broadcast_object(live, root_rank=0).items():
+    def _sync_live(self) -> None:
+        for name, value in broadcast_object(self.state_dict(), root_rank=0).items():
             setattr(self, name, value)
-        self.save()
 
 
-class StateHandler(abc.ABC):
-    """Saves, restores and syncs one attribute of a :class:`TorchState`."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    @abc.abstractmethod
-    def save(self) -> None: ...
-
-    @abc.abstractmethod
-    def restore(self) -> None: ...
-
-    @abc.abstractmethod
-    def sync(self) -> None: ...
-
-    def on_reset(self) -> None:  # noqa: B027 (optional hook)
-        """Called after every reset, before the user's reset callbacks."""
-
-
-class ModelStateHandler(StateHandler):
-    value: torch.nn.Module
-
-    @property
-    def module(self) -> torch.nn.Module:
-        """The module whose weights are saved."""
-        return self.value
-
-    def save(self) -> None:
-        self._saved = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
-
-    def restore(self) -> None:
-        self.module.load_state_dict(self._saved)
-
-    def sync(self) -> None:
-        broadcast_parameters(self.module.state_dict(), root_rank=0)
-
-
-class DistributedDataParallelStateHandler(ModelStateHandler):
-    """The elastic ``DistributedDataParallel``: its module's weights, without building a
-    DDP (the round may be broken when state is restored)."""
-
-    value: DistributedDataParallel  # type: ignore[assignment]
-
-    @property
-    def module(self) -> torch.nn.Module:
-        return self.value.module
-
-
-class OptimizerStateHandler(StateHandler):
-    value: torch.optim.Optimizer
-
-    def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(copy.deepcopy(self._saved))
-
-    def sync(self) -> None:
-        broadcast_optimizer_state(self.value, root_rank=0)
-
-
-class SamplerStateHandler(StateHandler):
-    value: ElasticSampler
-
-    def save(self) -> None:
-        self._saved = self.value.state_dict()
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self._saved)
-
-    def sync(self) -> None:
-        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0))
-
-    def on_reset(self) -> None:
-        # Repartition what is left of the epoch over the new world, also when no sync follows
-        # (a graceful removal): no sample is repeated or lost.
-        self.value.reset()
-
-
-class ObjectStateHandler(StateHandler):
-    def save(self) -> None:
-        self._saved = copy.deepcopy(self.value)
-
-    def restore(self) -> None:
-        self.value = copy.deepcopy(self._saved)
-
-    def sync(self) -> None:
-        self.value = broadcast_object(self.value, root_rank=0)
-
-
-class TorchState(State):
+class TorchState(SnapshotState):
     """State of a PyTorch training loop (Horovod's ``hvd.elastic.TorchState``): a model, an
-    optimizer and any other attributes (samplers, epoch and batch counters...)."""
+    optimizer and any other attributes (samplers, epoch and batch counters...).
+
+    ``background_commit``: ``commit()`` copies the tensors that only the optimizers' steps
+    change (parameters, optimizer state) on a background thread while the next forward and
+    backward pass run; the optimizers' next ``step()`` waits for it. Use it when parameters
+    change only through the optimizers given here; everything else is copied at once."""
 
     handler_registry: ClassVar[list[tuple[type, type[StateHandler]]]] = [
         (torch.nn.Module, ModelStateHandler),
@@ -210,9 +264,11 @@ class TorchState(State):
         self,
         model: torch.nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
+        *,
+        background_commit: bool = False,
         **kwargs: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(background_commit=background_commit)
         values = dict(kwargs)
         if model is not None:
             values["model"] = model
@@ -221,6 +277,9 @@ class TorchState(State):
         self._handlers: dict[str, StateHandler] = {
             name: self._handler_for(value) for name, value in values.items()
         }
+        if background_commit:
+            for optim in self._optimizers():
+                optim.register_step_pre_hook(self._before_step)
         self.save()
 
     def _handler_for(self, value: Any) -> StateHandler:
@@ -242,18 +301,32 @@ class TorchState(State):
         else:
             super().__setattr__(name, value)
 
-    def save(self) -> None:
-        for handler in self._handlers.values():
-            handler.save()
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        return [h.value for h in self._handlers.values() if isinstance(h, OptimizerStateHandler)]
 
-    def restore(self) -> None:
-        for handler in self._handlers.values():
-            handler.restore()
+    def _before_step(self, *_args: Any) -> None:
+        if self._keeper.copying:
+            self._keeper.wait()
 
-    def sync(self) -> None:
+    def _deferrable(self) -> Callable[[torch.Tensor], bool]:
+        stepped: set[int] = set()
+        for optim in self._optimizers():
+            for group in optim.param_groups:
+                stepped.update(p.data_ptr() for p in group["params"])
+            for per_param in optim.state.values():
+                stepped.update(t.data_ptr() for t in find_tensors(per_param))
+        return lambda tensor: tensor.numel() > 0 and tensor.data_ptr() in stepped
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: handler.state_dict() for name, handler in self._handlers.items()}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        for name, handler in self._handlers.items():
+            handler.load_state_dict(saved[name])
+
+    def _sync_live(self) -> None:
         for handler in self._handlers.values():
             handler.sync()
-        self.save()
 
     def on_reset(self) -> None:
         for handler in self._handlers.values():

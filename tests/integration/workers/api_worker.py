@@ -429,13 +429,13 @@ class CounterHandler(StateHandler):
 
     value: Counter
 
-    def save(self) -> None:
-        self._saved = self.value.count
-        CALLS.append("handler.save")
+    def state_dict(self) -> int:
+        CALLS.append("handler.state_dict")
+        return self.value.count
 
-    def restore(self) -> None:
-        self.value.count = self._saved
-        CALLS.append("handler.restore")
+    def load_state_dict(self, saved: int) -> None:
+        self.value.count = saved
+        CALLS.append("handler.load_state_dict")
 
     def sync(self) -> None:
         self.value.count = hvd.broadcast_object(self.value.count, root_rank=0)

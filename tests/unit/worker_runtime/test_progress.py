@@ -7,7 +7,12 @@ from __future__ import annotations
 import threading
 import time
 
-from elasticjob.wire import MAX_REPORTED_COMMITS, ProgressRequest
+from elasticjob.wire import (
+    MAX_REPORTED_CHECKPOINTS,
+    MAX_REPORTED_COMMITS,
+    CheckpointReport,
+    ProgressRequest,
+)
 from elasticjob.worker_runtime.progress import ProgressReporter
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClientError
 
@@ -149,3 +154,30 @@ def test_a_resumed_mark_of_an_older_round_is_not_carried_into_a_newer_one() -> N
         ]
     )
     assert not newest.resumed
+
+
+def checkpoint(step: int) -> CheckpointReport:
+    return CheckpointReport(name=f"ckpt-{step}", epoch=0, step=step, seconds=0.1, size_bytes=8)
+
+
+def test_a_replaced_report_keeps_its_checkpoints_and_the_one_loaded() -> None:
+    loaded = checkpoint(0)
+    newest = sent_while_the_service_hung(
+        [ProgressRequest(round=1, epoch=0, step=0, resumed=True, restored_from=loaded)]
+        + [
+            ProgressRequest(round=1, epoch=0, step=step, checkpoints=(checkpoint(step),))
+            for step in range(1, 40)
+        ]
+    )
+    assert newest.restored_from == loaded
+    assert [c.step for c in newest.checkpoints] == list(range(40 - MAX_REPORTED_CHECKPOINTS, 40))
+
+
+def test_the_checkpoint_loaded_in_an_older_round_is_not_carried_into_a_newer_one() -> None:
+    newest = sent_while_the_service_hung(
+        [
+            ProgressRequest(round=1, epoch=0, step=1, resumed=True, restored_from=checkpoint(1)),
+            ProgressRequest(round=2, epoch=0, step=2),
+        ]
+    )
+    assert newest.restored_from is None

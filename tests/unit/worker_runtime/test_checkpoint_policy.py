@@ -1,0 +1,70 @@
+"""The checkpoint policy: read from the environment, and when a commit is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from elasticjob import wire
+from elasticjob.worker_runtime.elastic.checkpoint_policy import (
+    DEFAULT_KEEP,
+    CheckpointPolicy,
+    checkpoint_due,
+)
+
+FOLDER = Path("ckpts")
+EVERY_10 = CheckpointPolicy(FOLDER, every_commits=10)
+EVERY_30_S = CheckpointPolicy(FOLDER, interval_s=30.0)
+BOTH = CheckpointPolicy(FOLDER, every_commits=10, interval_s=30.0)
+
+
+@pytest.mark.parametrize(
+    ("policy", "commits", "seconds", "busy", "due"),
+    [
+        (CheckpointPolicy(), 100, 1e6, False, False),  # no folder: never
+        (CheckpointPolicy(FOLDER), 100, 1e6, False, False),  # only explicit checkpoint()
+        (EVERY_10, 9, 1e6, False, False),
+        (EVERY_10, 10, 0.0, False, True),
+        (EVERY_10, 11, 0.0, False, True),  # the writer was busy at the 10th
+        (EVERY_10, 10, 0.0, True, False),  # busy: skip this commit rather than block
+        (EVERY_30_S, 1, 29.9, False, False),
+        (EVERY_30_S, 1, 30.0, False, True),
+        (EVERY_30_S, 1, 31.0, True, False),
+        (BOTH, 10, 1.0, False, True),
+        (BOTH, 2, 30.0, False, True),
+        (BOTH, 9, 29.0, False, False),
+    ],
+)
+def test_checkpoint_due(
+    policy: CheckpointPolicy, commits: int, seconds: float, busy: bool, due: bool
+) -> None:
+    assert checkpoint_due(policy, commits, seconds, busy) is due
+
+
+def test_policy_from_env() -> None:
+    policy = CheckpointPolicy.from_env(
+        {
+            wire.ENV_CHECKPOINT_DIR: "/data/ckpt",
+            wire.ENV_CHECKPOINT_EVERY_COMMITS: "10",
+            wire.ENV_CHECKPOINT_INTERVAL: "2.5",
+            wire.ENV_CHECKPOINT_KEEP: "2",
+        }
+    )
+    assert policy == CheckpointPolicy(Path("/data/ckpt"), 10, 2.5, 2)
+    assert CheckpointPolicy.from_env({}) == CheckpointPolicy(None, 0, 0.0, DEFAULT_KEEP)
+    assert CheckpointPolicy.from_env({wire.ENV_CHECKPOINT_DIR: ""}).folder is None
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "message"),
+    [
+        (wire.ENV_CHECKPOINT_EVERY_COMMITS, "ten", "whole number"),
+        (wire.ENV_CHECKPOINT_EVERY_COMMITS, "-1", ">= 0"),
+        (wire.ENV_CHECKPOINT_KEEP, "0", ">= 1"),
+        (wire.ENV_CHECKPOINT_INTERVAL, "-3", "seconds"),
+    ],
+)
+def test_malformed_policy_names_the_variable(name: str, raw: str, message: str) -> None:
+    with pytest.raises(RuntimeError, match=f"{name}.*{message}"):
+        CheckpointPolicy.from_env({name: raw})

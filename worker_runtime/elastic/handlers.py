@@ -1,0 +1,114 @@
+"""How a :class:`~elasticjob.worker_runtime.elastic.TorchState` commits, restores and syncs
+each kind of attribute (``TorchState.register_handler`` adds kinds)."""
+
+from __future__ import annotations
+
+import abc
+import copy
+from typing import Any
+
+import torch
+
+from elasticjob.worker_runtime.collectives import (
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
+from elasticjob.worker_runtime.elastic.ddp import DistributedDataParallel
+from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
+
+
+class StateHandler(abc.ABC):
+    """Commits, restores and syncs one attribute of a :class:`TorchState`."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    @abc.abstractmethod
+    def state_dict(self) -> Any:
+        """What a commit snapshots: dicts, lists and tuples of tensors (copied into the
+        snapshot's buffers, so return live tensors) and picklable values (deep-copied)."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, saved: Any) -> None:
+        """Set the value from what :meth:`state_dict` returned at a commit (tensors belong
+        to the snapshot: copy what is kept)."""
+
+    @abc.abstractmethod
+    def sync(self) -> None:
+        """Replace the value with rank 0's."""
+
+    def on_reset(self) -> None:  # noqa: B027 (optional hook)
+        """Called after every reset, before the user's reset callbacks."""
+
+
+class ModelStateHandler(StateHandler):
+    value: torch.nn.Module
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The module whose weights are saved."""
+        return self.value
+
+    def state_dict(self) -> Any:
+        return self.module.state_dict()
+
+    def load_state_dict(self, saved: Any) -> None:
+        self.module.load_state_dict(saved)  # copies into the module's tensors
+
+    def sync(self) -> None:
+        broadcast_parameters(self.module.state_dict(), root_rank=0)
+
+
+class DistributedDataParallelStateHandler(ModelStateHandler):
+    """The elastic ``DistributedDataParallel``: its module's weights, without building a
+    DDP (the round may be broken when state is restored)."""
+
+    value: DistributedDataParallel  # type: ignore[assignment]
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.value.module
+
+
+class OptimizerStateHandler(StateHandler):
+    value: torch.optim.Optimizer
+
+    def state_dict(self) -> Any:
+        return self.value.state_dict()
+
+    def load_state_dict(self, saved: Any) -> None:
+        # The optimizer keeps the tensors it is given: give it copies.
+        self.value.load_state_dict(copy.deepcopy(saved))
+
+    def sync(self) -> None:
+        broadcast_optimizer_state(self.value, root_rank=0)
+
+
+class SamplerStateHandler(StateHandler):
+    value: ElasticSampler
+
+    def state_dict(self) -> Any:
+        return self.value.state_dict()
+
+    def load_state_dict(self, saved: Any) -> None:
+        self.value.load_state_dict(copy.deepcopy(saved))
+
+    def sync(self) -> None:
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0))
+
+    def on_reset(self) -> None:
+        # Repartition what is left of the epoch over the new world, also when no sync follows
+        # (a graceful removal): no sample is repeated or lost.
+        self.value.reset()
+
+
+class ObjectStateHandler(StateHandler):
+    def state_dict(self) -> Any:
+        return self.value
+
+    def load_state_dict(self, saved: Any) -> None:
+        self.value = copy.deepcopy(saved)
+
+    def sync(self) -> None:
+        self.value = broadcast_object(self.value, root_rank=0)
