@@ -4,9 +4,11 @@ fallback switch, and the status's last checkpoint and restore."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml  # type: ignore[import-untyped]
 
 from elasticjob import wire
 from elasticjob.operator.api import (
@@ -22,6 +24,7 @@ from elasticjob.operator.status import status_of
 from tests.unit.operator.crd_model import SPEC_SCHEMA, good_spec, schema_errors
 from tests.unit.operator.test_status import T0, T1, obs
 
+REPO = Path(__file__).resolve().parents[3]
 JOB = {"metadata": {"name": "train", "namespace": "ml", "uid": "uid-1"}}
 CLAIM = {"name": "ckpt", "persistentVolumeClaim": {"claimName": "train-ckpt"}}
 
@@ -197,3 +200,12 @@ def test_the_status_shows_the_last_checkpoint_and_stamps_a_restore_once() -> Non
     assert dumped["restored"]["stepsLost"] == 80
     again = status_of(obs(restored=restore.model_copy(update={"round": 7})), later, "s", 1, T1)
     assert again.restored is not None and (again.restored.round, again.restored.time) == (7, T1)
+
+
+def test_the_example_manifest_is_a_valid_job_with_its_claim() -> None:
+    claim, job = yaml.safe_load_all((REPO / "examples/elasticjob-checkpoint.yaml").read_text())
+    assert claim["kind"] == "PersistentVolumeClaim"
+    spec = parse_spec(job["spec"])
+    assert spec.checkpoint is not None and spec.checkpoint.path == "/checkpoints"
+    volumes = (spec.template.spec.model_extra or {})["volumes"]
+    assert volumes[0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
