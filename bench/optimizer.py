@@ -31,14 +31,17 @@ WORKER = HERE / "optimizer_worker.py"
 
 
 def run_job(out: Path, worker_args: list[str]) -> list[dict[str, float | int | str]]:
-    command = [sys.executable, "-m", "elasticjob.launcher.cli", "-np", "4", "-H", "127.0.1.1:4",
-               sys.executable, str(WORKER), "--out", str(out), *worker_args]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launcher = ["-np", "4", "-H", "127.0.1.1:4", "--gloo"]
+    worker = [sys.executable, str(WORKER), "--out", str(out), *worker_args]
+    command = [sys.executable, "-m", "elasticjob.launcher.cli", *launcher, *worker]
+    # A CPU benchmark: keep the workers off any GPU of the machine.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     job = subprocess.run(
         command, check=False, capture_output=True, text=True, timeout=1800, env=env
     )
     if job.returncode != 0:
-        raise SystemExit(f"benchmark job failed ({job.returncode}):\n{job.stderr[-3000:]}")
+        output = f"{job.stderr[-3000:]}\n{job.stdout[-3000:]}"
+        raise SystemExit(f"benchmark job failed ({job.returncode}):\n{output}")
     lines = (out / "blocks.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
 
