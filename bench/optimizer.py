@@ -76,9 +76,14 @@ def main() -> None:
     print(f"load average after: {os.getloadavg()[0]:.2f} (1 min)")
     for variant in ("ddp", "optimizer", "optimizer_check"):
         times = [r[variant] for r in repeats]
+        mine = [b for b in blocks if b["variant"] == variant]
+        split = ", ".join(
+            f"{phase} {statistics.median(float(b[phase]) for b in mine) * 1000:.1f}"
+            for phase in ("forward", "backward", "step", "launch", "reduce")
+        )
         print(
             f"{variant}: median step {statistics.median(times) * 1000:.1f} ms "
-            f"(min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f})"
+            f"(min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f}; median {split} ms)"
         )
     print(ratio_line("optimizer / ddp", [r["optimizer"] / r["ddp"] for r in repeats]))
     print(
