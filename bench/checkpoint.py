@@ -75,7 +75,8 @@ def run(folder: Path, batch: int, blocks: int, steps: int, reports: list[Checkpo
         with_checkpoints.finish_checkpoints()
         if block == 1:
             reports.clear()  # the warm-up block's
-        for mode, state in states.items():
+        order = list(states.items())
+        for mode, state in order if block % 2 else order[::-1]:  # ABBA: no order effect
             with_checkpoints.finish_checkpoints()  # no write of the other mode's block
             for _ in range(steps):
                 started = time.perf_counter()
