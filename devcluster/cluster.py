@@ -17,13 +17,14 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from devcluster import controlplane as cp
-from devcluster import pki, procs, realcluster
+from devcluster import pki, procs, provisioner, realcluster
 from devcluster.build import Binaries, find_binaries
 from devcluster.config import ClusterConfig, read_token
 from devcluster.faults import Faults
@@ -32,7 +33,7 @@ from devcluster.realfaults import RealFaults
 logger = logging.getLogger(__name__)
 
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
-COMPONENTS = (*CONTROL_PLANE, "agent")
+COMPONENTS = (*CONTROL_PLANE, provisioner.COMPONENT, "agent")
 
 
 class Cluster:
@@ -264,6 +265,7 @@ class Cluster:
             return max(1.0, deadline - time.monotonic())
 
         probe = self.start_control_plane(bins, left)
+        self._spawn(provisioner.COMPONENT, provisioner.argv(self.config, sys.executable))
         self._spawn("agent", cp.agent_argv(self.config))
         self.wait_usable(probe, left)
 

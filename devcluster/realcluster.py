@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from devcluster import clusterdns, nodeclean, procs, realnet
+from devcluster import clusterdns, nodeclean, procs, provisioner, realnet
 from devcluster import controlplane as cp
 from devcluster.build import Binaries, NodeBinaries, find_node_binaries
 from devcluster.config import ClusterConfig
@@ -42,6 +42,7 @@ def components(cfg: ClusterConfig) -> list[str]:
     """Process names of a real-node cluster besides the control plane, in start order."""
     return [
         *DNS_PROCESSES,
+        provisioner.COMPONENT,
         *[f"{node}-{what}" for node in cfg.node_names() for what in NODE_PROCESSES],
     ]
 
@@ -91,6 +92,7 @@ class RealNodes:
         clusterdns.hosts_dir(cfg).mkdir(parents=True, exist_ok=True)
         cluster.spawn("cluster-dns", clusterdns.dnsmasq_argv(cfg))
         cluster.spawn("cluster-dns-feeder", clusterdns.feeder_argv(cfg, sys.executable))
+        cluster.spawn(provisioner.COMPONENT, provisioner.argv(cfg, sys.executable))
         nodes = real_nodes(cfg)
         for node in nodes:
             self._reset_node_state(node)

@@ -23,6 +23,7 @@ EVENT_STYLE: Final = {
     EventKind.BLACKLISTED: ("tab:orange", "host blacklisted"),
     EventKind.SCALE: ("tab:blue", "scale request"),
     EventKind.CHECKPOINT: ("tab:green", "checkpoint"),
+    EventKind.RESTORED: ("tab:purple", "restored from a checkpoint"),
 }
 """Colour and legend label of the events drawn as vertical lines."""
 

@@ -177,6 +177,8 @@ def is_worker_contract_env(name: str) -> bool:
 ENV_PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
 ENV_GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
 ENV_NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
+ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+"""Read, never set: the devices a worker process sees (see ``worker_runtime/devices.py``)."""
 
 HostName = Annotated[
     str, StringConstraints(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9]([A-Za-z0-9.\-_]*)$")

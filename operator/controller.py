@@ -132,6 +132,7 @@ class JobController:
         self._slots = 1
         self._rank_order: list[str] = []
         self._announced_round = 0
+        self._announced_restore = 0
         self._clamp: ReplicasClamp | None = None
         self._announced_clamp: ReplicasClamp | None = None
         self.pods_created = 0
@@ -256,6 +257,8 @@ class JobController:
         gone are reported failed."""
         status = self._status.recorded(body)
         driver.resume_resets(status.reset_count, status.last_reset_reason)
+        if status.progress is not None:  # the steps a durable fallback loses count from it
+            driver.journal.last_step = status.progress.step
         if spec.blacklist.scope is BlacklistScope.NODE:
             restore_blacklist(
                 self._blacklist, status.blacklisted_nodes, self._wall_clock(), self._clock()
@@ -331,6 +334,18 @@ class JobController:
                 body,
                 "RoundFormed",
                 f"round {self.driver.round}: {len(self.driver.slots)} workers in {', '.join(pods)}",
+            )
+        restore = self.driver.journal.restore
+        if restore is not None and restore.round != self._announced_restore:
+            self._announced_restore = restore.round
+            lost = "an unknown number of" if restore.steps_lost is None else restore.steps_lost
+            await self._event(
+                body,
+                "RestoredFromCheckpoint",
+                f"no worker survived: round {restore.round} resumed from checkpoint "
+                f"{restore.checkpoint.name} (step {restore.checkpoint.step}); {lost} committed "
+                "steps are trained again",
+                warning=True,
             )
         if self._clamp is not None and self._clamp != self._announced_clamp:
             logger.warning("job %s: %s", self.job_id, self._clamp)

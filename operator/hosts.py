@@ -52,7 +52,8 @@ class PodLauncher(WorkerLauncher):
 
 def driver_settings(spec: ElasticJobSpec) -> DriverSettings:
     """The driver's settings for ``spec``: its bounds in worker processes (pods times slots),
-    its reset limit and timeouts (a heartbeat timeout of 0 turns eviction off)."""
+    its reset limit and timeouts (a heartbeat timeout of 0 turns eviction off), and the
+    durable fallback when the spec has a checkpoint policy."""
     slots = spec.slots_per_worker
     return DriverSettings(
         min_np=spec.min_replicas * slots,
@@ -60,4 +61,5 @@ def driver_settings(spec: ElasticJobSpec) -> DriverSettings:
         reset_limit=spec.reset_limit,
         elastic_timeout_s=float(spec.elastic_timeout_seconds),
         heartbeat_timeout_s=float(spec.heartbeat_timeout_seconds) or None,
+        checkpoint_fallback=spec.checkpoint is not None,
     )

@@ -29,6 +29,8 @@ RECOVERY_BUCKETS_S: Final = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 
 """Buckets of the time to recover and of round formation."""
 COMMIT_BUCKETS_S: Final = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 """Buckets of commit durations."""
+CHECKPOINT_BUCKETS_S: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+"""Buckets of durable checkpoint durations (written to a volume, off the training thread)."""
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 """The exposition format :meth:`OperatorMetrics.render` writes."""
@@ -42,6 +44,7 @@ class JobObserver:
         self._recovery = metrics.recovery.labels(job=job)
         self._formation = metrics.formation.labels(job=job)
         self._commit = metrics.commit.labels(job=job)
+        self._checkpoint = metrics.checkpoint.labels(job=job)
 
     def round_formed(self, seconds: float) -> None:
         self._formation.observe(seconds)
@@ -51,6 +54,9 @@ class JobObserver:
 
     def committed(self, seconds: float) -> None:
         self._commit.observe(seconds)
+
+    def checkpointed(self, seconds: float) -> None:
+        self._checkpoint.observe(seconds)
 
 
 class OperatorMetrics:
@@ -84,6 +90,14 @@ class OperatorMetrics:
             buckets=COMMIT_BUCKETS_S,
             registry=self.registry,
         )
+        self.checkpoint = Histogram(
+            "elasticjob_checkpoint_seconds",
+            "Duration of rank 0's durable checkpoints, written off the training thread "
+            "(reported by the workers).",
+            ["job"],
+            buckets=CHECKPOINT_BUCKETS_S,
+            registry=self.registry,
+        )
         self.registry.register(_StateCollector(controllers, stats))
 
     def job_observer(self, job: str) -> JobObserver:
@@ -92,7 +106,7 @@ class OperatorMetrics:
 
     def forget(self, job: str) -> None:
         """Drop the histograms of ``job`` (it ended or was deleted)."""
-        for histogram in (self.recovery, self.formation, self.commit):
+        for histogram in (self.recovery, self.formation, self.commit, self.checkpoint):
             try:
                 histogram.remove(job)
             except KeyError:

@@ -16,6 +16,7 @@ from elasticjob.operator.api import (
     API_VERSION,
     KIND,
     LABEL_JOB_NAME,
+    CheckpointSpec,
     ElasticJobSpec,
     worker_labels,
 )
@@ -108,6 +109,8 @@ def worker_pod(
                 *container.get("env", []),
                 *_runtime_env(namespace, name, spec, rendezvous_url, rendezvous_ca),
             ]
+            if spec.checkpoint is not None:
+                _mount_checkpoints(container, spec.checkpoint)
     avoid = sorted(set(avoid_nodes))
     if avoid:
         _add_node_anti_affinity(pod_spec, avoid)
@@ -116,6 +119,18 @@ def worker_pod(
     ):
         _prefer_spreading(pod_spec, name)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _mount_checkpoints(container: dict[str, Any], checkpoint: CheckpointSpec) -> None:
+    """Mount the checkpoint volume at its path in the worker container (unless it is
+    already) and tell the worker the checkpoint policy."""
+    mounts = container.setdefault("volumeMounts", [])
+    path = checkpoint.path.rstrip("/")
+    if not any(m.get("mountPath", "").rstrip("/") == path for m in mounts):
+        mounts.append({"name": checkpoint.volume, "mountPath": checkpoint.path})
+    container["env"].extend(
+        {"name": key, "value": value} for key, value in checkpoint.policy().worker_env().items()
+    )
 
 
 def _runtime_env(

@@ -17,6 +17,7 @@ from elasticjob.driver.driver import Phase as DriverPhase
 from elasticjob.driver.goodput import LostTime
 from elasticjob.operator.api import (
     BlacklistedNode,
+    CheckpointStatus,
     Condition,
     ConditionStatus,
     ConditionType,
@@ -26,9 +27,11 @@ from elasticjob.operator.api import (
     LostSeconds,
     Phase,
     Progress,
+    RestoreStatus,
     WorkerStatus,
 )
 from elasticjob.operator.pods import PodState, PodView
+from elasticjob.wire import CheckpointReport
 
 _PHASE_CONDITIONS = (
     ConditionType.CREATED,
@@ -92,6 +95,9 @@ class Observation:
     last_reset_reason: str | None = None
     progress: Progress | None = None
     goodput: Goodput | None = None
+    last_checkpoint: CheckpointStatus | None = None
+    restored: RestoreStatus | None = None
+    """The latest durable fallback (its ``time`` is set when the status first shows it)."""
     notice_seq: int = 0
     invalid_spec: str | None = None
     replicas_clamped: str | None = None
@@ -152,9 +158,33 @@ def observe(
             samples_per_second=progress.samples_per_second,
         ),
         goodput=goodput_of(driver.journal.lost_time, driver.clock()),
+        last_checkpoint=checkpoint_of(driver.journal.last_checkpoint),
+        restored=restore_of(driver),
         notice_seq=driver.rendezvous.round_info().latest_notice_seq,
         replicas_clamped=replicas_clamped,
     )
+
+
+def checkpoint_of(report: CheckpointReport | None) -> CheckpointStatus | None:
+    """The status's account of a durable checkpoint a worker reported."""
+    if report is None:
+        return None
+    return CheckpointStatus(
+        name=report.name,
+        epoch=report.epoch,
+        step=report.step,
+        seconds=round(report.seconds, 3),
+        size_bytes=report.size_bytes,
+    )
+
+
+def restore_of(driver: ElasticDriver) -> RestoreStatus | None:
+    """The latest durable fallback the driver's journal holds (None: none yet)."""
+    restore = driver.journal.restore
+    checkpoint = None if restore is None else checkpoint_of(restore.checkpoint)
+    if restore is None or checkpoint is None:
+        return None
+    return RestoreStatus(checkpoint=checkpoint, round=restore.round, steps_lost=restore.steps_lost)
 
 
 def goodput_of(lost_time: LostTime, now: float) -> Goodput:
@@ -334,4 +364,15 @@ def status_of(
         completion_time=previous.completion_time or (now if ended else None),
         progress=obs.progress or previous.progress,
         goodput=obs.goodput or previous.goodput,
+        last_checkpoint=obs.last_checkpoint or previous.last_checkpoint,
+        restored=_restored(obs.restored, previous.restored, now),
     )
+
+
+def _restored(
+    restored: RestoreStatus | None, previous: RestoreStatus | None, now: datetime.datetime
+) -> RestoreStatus | None:
+    """The restore to show: a new one stamped ``now``, else the one shown before."""
+    if restored is None or (previous is not None and previous.round >= restored.round):
+        return previous
+    return restored.model_copy(update={"time": now})

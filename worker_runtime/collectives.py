@@ -95,15 +95,18 @@ class Pending:
                     buffer.mul_(scale)
                 else:
                     buffer.copy_(torch.div(buffer, 1 / scale, rounding_mode="floor"))
-        if buffer.device != self.target.device:
+        if buffer.device != self.target.device or buffer.data_ptr() != self.target.data_ptr():
             self.target.data.copy_(buffer)
         return self.target
 
 
 def _round_buffer(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor``'s storage when it lives on the round's device, else a copy there."""
+    """``tensor``'s storage when it is contiguous on the round's device, else a contiguous
+    copy there (NCCL refuses a strided tensor)."""
     runtime = current()
-    return tensor.data if tensor.device == runtime.device else tensor.data.to(runtime.device)
+    if tensor.device == runtime.device and tensor.is_contiguous():
+        return tensor.data
+    return tensor.data.to(runtime.device, memory_format=torch.contiguous_format)
 
 
 def start_allreduce_(

@@ -1,14 +1,33 @@
-"""``DistributedOptimizer``: averages gradients across the round before every step."""
+"""``DistributedOptimizer``: gradients averaged across the round, reduced while backward runs.
+
+The optimizer object is kept (its class becomes a subclass of its own class) and its
+parameters get backward hooks (:mod:`~elasticjob.worker_runtime.gradient_reducer`): buckets of
+gradients (:mod:`~elasticjob.worker_runtime.gradient_buckets`) are reduced as soon as they
+are ready, overlapping the rest of backward, and ``backward()`` returns with every gradient
+reduced (after ``backward_passes_per_step`` passes). ``step()`` then only steps; it reduces
+first whatever backward did not (gradients set by hand, a rank whose backward reached no
+parameter, a step taken before ``backward_passes_per_step`` passes).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import torch
 
 from elasticjob.worker_runtime.basics import current
-from elasticjob.worker_runtime.collectives import Average, ReduceOp, allreduce_
+from elasticjob.worker_runtime.collectives import Average, ReduceOp, torch_op
+from elasticjob.worker_runtime.gradient_buckets import (
+    DEFAULT_BUCKET_CAP_MB,
+    ParamInfo,
+    plan_buckets,
+    split_groups,
+)
+from elasticjob.worker_runtime.gradient_reducer import GradientReducer, Reduction
+from elasticjob.worker_runtime.process_sets import ProcessSet, check_process_set, global_process_set
 
 _Optimizer = TypeVar("_Optimizer", bound=torch.optim.Optimizer)
 
@@ -41,60 +60,90 @@ class _DistributedMixin:
     """Mixed into the wrapped optimizer's own class, so ``isinstance`` checks, learning-rate
     schedulers and ``state_dict`` keep working."""
 
-    _ej_op: ReduceOp
-    _ej_compression: type[Compression.none] | type[Compression.fp16]
-    _ej_predivide: float
-    param_groups: list[dict[str, Any]]
+    _ej_reducer: GradientReducer
+    _ej_synchronized_at: int | None
+    _ej_should_synchronize: bool
 
     def synchronize(self) -> None:
-        """Average every gradient across the round: one coalesced allreduce per dtype."""
-        grads = [
-            p.grad for group in self.param_groups for p in group["params"] if p.grad is not None
-        ]
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for grad in grads:
-            by_dtype.setdefault(grad.dtype, []).append(grad)
-        runtime = current()
-        # The ranks' host-update votes ride along with the first exact-enough buffer, so that
-        # commit()'s check after this step needs no collective of its own.
-        vote_dtype = next(
-            (
-                d
-                for d in by_dtype
-                if d in (torch.float32, torch.float64)
-                and self._ej_compression is Compression.none
-                and self._ej_op in (ReduceOp.AVERAGE, ReduceOp.SUM)
-            ),
-            None,
-        )
-        for dtype_of_group, group in by_dtype.items():
-            parts = [g.reshape(-1) for g in group]
-            if dtype_of_group == vote_dtype:
-                parts.append(torch.tensor([runtime.host_update_vote()], dtype=vote_dtype))
-            flat = torch.cat(parts)
-            compressed, dtype = self._ej_compression.compress(flat)
-            allreduce_(
-                compressed,
-                op=self._ej_op,
-                prescale_factor=1.0 / self._ej_predivide,
-                postscale_factor=self._ej_predivide,
-            )
-            flat = self._ej_compression.decompress(compressed, dtype)
-            if dtype_of_group == vote_dtype:
-                mean = float(flat[-1])
-                if self._ej_op is not ReduceOp.AVERAGE:
-                    mean /= runtime.slot.size
-                runtime.settle_host_update_vote(mean)
-            offset = 0
-            for grad in group:
-                n = grad.numel()
-                grad.copy_(flat[offset : offset + n].view_as(grad))
-                offset += n
+        """Wait until every gradient is reduced across the round (reducing those backward
+        did not), e.g. before clipping or unscaling gradients. Then take the step inside
+        :meth:`skip_synchronize`."""
+        reducer = self._ej_reducer
+        if not reducer.reduced:
+            reducer.reduce()
+        self._ej_synchronized_at = reducer.reductions
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """``step()`` inside this context reduces nothing (after :meth:`synchronize`)."""
+        self._ej_should_synchronize = False
+        try:
+            yield
+        finally:
+            self._ej_should_synchronize = True
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Reduce once every ``passes`` backward passes from now on."""
+        if passes < 1:
+            raise ValueError(f"backward_passes_per_step must be > 0, got {passes}")
+        self._ej_reducer.passes_per_step = passes
+        self._ej_reducer.discard()
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        self.synchronize()
+        reducer = self._ej_reducer
+        if self._ej_should_synchronize:
+            if self._ej_synchronized_at == reducer.reductions:
+                warnings.warn(
+                    "optimizer.step() after optimizer.synchronize() outside "
+                    "optimizer.skip_synchronize(): the gradients are not reduced again; "
+                    "take the step inside skip_synchronize()",
+                    stacklevel=2,
+                )
+            if not reducer.reduced:
+                reducer.reduce()
+        self._ej_synchronized_at = None
+        reducer.consume()
         current().step += 1
         return super().step(closure)  # type: ignore[misc, no-any-return]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._ej_reducer.open_passes():
+            raise RuntimeError(
+                "optimizer.zero_grad() between the backward passes of one step: with "
+                "backward_passes_per_step > 1, call it after step() or synchronize()"
+            )
+        super().zero_grad(set_to_none)  # type: ignore[misc]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._ej_reducer.discard()
+        self._ej_synchronized_at = None
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+
+
+def _parameters(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
+    """The optimizer's parameters that require a gradient, in registration order."""
+    seen: set[int] = set()
+    params = []
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.requires_grad and id(param) not in seen:
+                seen.add(id(param))
+                params.append(param)
+    return params
+
+
+def _group_indices(
+    params: Sequence[torch.Tensor], num_groups: int, groups: int | Sequence[Sequence[Any]] | None
+) -> list[list[int]] | None:
+    """Horovod's ``groups`` (a count, or lists of parameters) as lists of indices."""
+    if groups is None and num_groups:
+        groups = num_groups
+    if groups is None:
+        return None
+    if isinstance(groups, int):
+        return split_groups(len(params), groups)
+    index = {id(p): i for i, p in enumerate(params)}
+    return [[index[id(p)] for p in group if id(p) in index] for group in groups]
 
 
 def DistributedOptimizer(
@@ -104,17 +153,54 @@ def DistributedOptimizer(
     backward_passes_per_step: int = 1,
     op: ReduceOp = Average,
     gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: int | Sequence[Sequence[torch.Tensor]] | None = None,
+    sparse_as_dense: bool = False,
+    process_set: ProcessSet = global_process_set,
+    bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
 ) -> _Optimizer:
-    """Make ``optimizer`` average gradients across all ranks before each ``step()``.
+    """Make ``optimizer`` reduce gradients across all ranks (default: average) as backward
+    produces them.
 
     The optimizer object is kept (its state too); its class becomes a subclass of its own
-    class. Gradients accumulate locally over ``backward_passes_per_step`` backward passes and
-    are reduced once, at ``step()``. ``named_parameters`` is accepted for compatibility."""
-    del named_parameters, backward_passes_per_step
+    class, with Horovod's ``synchronize()``, ``skip_synchronize()`` and
+    ``set_backward_passes_per_step()``. Gradients travel in buckets of about
+    ``bucket_cap_mb`` megabytes, launched during backward in reverse registration order, or
+    in Horovod's explicit ``groups`` (a count, or lists of parameters; ``num_groups`` is the
+    older spelling of a count). Over ``backward_passes_per_step`` passes they accumulate
+    locally (summed, as in Horovod) and are reduced once, at the end of the last pass. A
+    parameter whose gradient is None on a rank is reduced as zeros there; sparse gradients
+    are reduced as dense ones. ``named_parameters`` is accepted for compatibility
+    (collectives are matched by order, not by name).
+
+    Raises:
+        ValueError: ``gradient_predivide_factor`` with an ``op`` other than Average, or
+            ``backward_passes_per_step`` < 1.
+        NotImplementedError: ``op=Adasum``, or a process set other than the global one.
+    """
+    del named_parameters
+    check_process_set(process_set)
+    torch_op(op)  # refuses Adasum by name now, not in the middle of a backward pass
+    if gradient_predivide_factor != 1.0 and op is not ReduceOp.AVERAGE:
+        raise ValueError("gradient_predivide_factor needs op=Average")
+    params = _parameters(optimizer)
+    plan = plan_buckets(
+        [ParamInfo(p.numel(), p.dtype) for p in params],
+        int(bucket_cap_mb * 1024 * 1024),
+        _group_indices(params, num_groups, groups),
+    )
+    reduction = Reduction(
+        op,
+        None if compression is Compression.none else compression,
+        gradient_predivide_factor,
+    )
+    reducer = GradientReducer(
+        params, plan, reduction, backward_passes_per_step, sparse_as_dense=sparse_as_dense
+    )
     base = type(optimizer)
     optimizer.__class__ = type(base.__name__, (_DistributedMixin, base), {})
     wrapped: Any = optimizer
-    wrapped._ej_op = op
-    wrapped._ej_compression = compression
-    wrapped._ej_predivide = gradient_predivide_factor
+    wrapped._ej_reducer = reducer
+    wrapped._ej_synchronized_at = None
+    wrapped._ej_should_synchronize = True
     return optimizer

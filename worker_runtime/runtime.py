@@ -34,6 +34,7 @@ import time
 import torch
 from torch.distributed import HashStore, Store, TCPStore
 
+from elasticjob import wire
 from elasticjob.wire import (
     CheckpointReport,
     Notice,
@@ -47,10 +48,12 @@ from elasticjob.wire import (
 )
 from elasticjob.worker_runtime import timeline
 from elasticjob.worker_runtime.config import WorkerConfig, resolve_backend
+from elasticjob.worker_runtime.devices import device_for_slot
 from elasticjob.worker_runtime.exceptions import HorovodInternalError, WorkerRemoved
 from elasticjob.worker_runtime.formation import await_members, connect_store
 from elasticjob.worker_runtime.heartbeat import Heartbeat
 from elasticjob.worker_runtime.host_updates import HostUpdateAgreement
+from elasticjob.worker_runtime.interfaces import pin_socket_interfaces
 from elasticjob.worker_runtime.log import CONTEXT, get_logger
 from elasticjob.worker_runtime.notices import NoticeWatcher
 from elasticjob.worker_runtime.placement import export_script_env, tentative_place
@@ -73,11 +76,16 @@ class Runtime:
         self.config = config
         local_rank = config.local_rank if config else 0
         self.backend = resolve_backend(config.backend if config else "auto")
-        if self.backend == "nccl":
-            torch.cuda.set_device(local_rank)
-            self.device = torch.device("cuda", local_rank)
-        else:
-            self.device = torch.device("cpu")
+        self.device = self._set_device(local_rank)
+        if config is not None:
+            # Before any group exists: Gloo and NCCL read these when they create one.
+            pinned = pin_socket_interfaces(config.bind_address)
+            if pinned:
+                logger.info(
+                    "sockets of Gloo and NCCL on the interface of %s: %s",
+                    config.bind_address,
+                    " ".join(f"{name}={value}" for name, value in sorted(pinned.items())),
+                )
         self.group = RoundGroup(self.backend, self.device)
         hostname = config.hostname if config else "localhost"
         self.slot = SlotInfo(
@@ -140,6 +148,26 @@ class Runtime:
                 on_orphaned=self._on_orphaned,
                 probe=self._prober.probe,
             )
+
+    def _set_device(self, local_rank: int) -> torch.device:
+        """This slot's device (``devices.py``), made current under NCCL."""
+        plan = device_for_slot(
+            local_rank,
+            self.backend,
+            torch.cuda.device_count() if self.backend == "nccl" else 0,
+            os.environ.get(wire.ENV_CUDA_VISIBLE_DEVICES),
+        )
+        if plan.cuda_index is not None:
+            torch.cuda.set_device(plan.cuda_index)
+            logger.info(
+                "slot %d uses %s%s",
+                local_rank,
+                plan.device,
+                f" ({wire.ENV_CUDA_VISIBLE_DEVICES} entry {plan.physical})"
+                if plan.physical is not None
+                else "",
+            )
+        return plan.device
 
     # ---- lifecycle ---------------------------------------------------------------------
 

@@ -42,6 +42,12 @@ def _project(
             _write(target / key, value, mode)
 
 
+def claim_dir(run_dir: Path, namespace: str, claim: str) -> Path:
+    """The folder of a PersistentVolumeClaim: what its pods mount, on every node, for the
+    cluster's lifetime (the volume provisioner's hostPath volume for it points here)."""
+    return run_dir / "volumes" / namespace / claim
+
+
 class Volumes:
     """Creates the volume directories of one pod."""
 
@@ -73,7 +79,7 @@ class Volumes:
         if "persistentVolumeClaim" in vol:
             ns = self._pod["metadata"]["namespace"]
             claim = str(vol["persistentVolumeClaim"]["claimName"])
-            path = self._run_dir / "volumes" / str(ns) / claim
+            path = claim_dir(self._run_dir, str(ns), claim)
             path.mkdir(parents=True, exist_ok=True)
             return path
         target.mkdir(parents=True, exist_ok=True)

@@ -134,6 +134,10 @@ class DriverSettings:
     heartbeat_timeout_s: float | None = None
     """Evict a worker process that sent no heartbeat for this long (None: never; see
     ``liveness.py``)."""
+    checkpoint_fallback: bool = False
+    """The workers write durable checkpoints (a checkpoint policy is configured): when no
+    worker of the previous round survives, fresh workers start a new round whose rank 0
+    loads the newest complete checkpoint (False: the job fails, nobody holds its state)."""
 
     def __post_init__(self) -> None:
         if self.min_np < 1:
@@ -155,6 +159,9 @@ class DriverObserver(Protocol):
     def committed(self, seconds: float) -> None:
         """Rank 0 committed its state in ``seconds``."""
 
+    def checkpointed(self, seconds: float) -> None:
+        """Rank 0 wrote a durable checkpoint in ``seconds``."""
+
 
 class Unobserved:
     """A :class:`DriverObserver` that ignores everything (the local launcher's)."""
@@ -166,6 +173,9 @@ class Unobserved:
         del seconds
 
     def committed(self, seconds: float) -> None:
+        del seconds
+
+    def checkpointed(self, seconds: float) -> None:
         del seconds
 
 

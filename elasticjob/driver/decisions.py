@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from elasticjob.driver.api import Departure, DriverSettings, Phase
 from elasticjob.driver.hosts import Capacity
@@ -149,6 +150,9 @@ class FormRound:
     """Form the next round with these slots (rank order)."""
 
     slots: Mapping[WorkerId, SlotInfo]
+    from_checkpoint: bool = False
+    """No worker of the previous round survives to be its rank 0: the round's fresh rank 0
+    loads the job's newest complete checkpoint (the durable fallback)."""
 
 
 @dataclass(frozen=True)
@@ -169,17 +173,28 @@ class EndJob:
 RoundPlan = FormRound | AwaitCapacity | EndJob
 
 
+ENABLE_CHECKPOINTS: Final = (
+    "durable checkpoints would let the job resume from the newest one instead "
+    "(elasticjob-run --checkpoint-dir, or spec.checkpoint of an ElasticJob)"
+)
+"""How to turn the durable fallback on, said where its absence ends a job."""
+
+
 def plan_round(
     capacity: Capacity,
     settings: DriverSettings,
     *,
-    survivors: Collection[str],
+    survivors: Collection[WorkerId] | None,
     waiting_since: float | None,
     now: float,
 ) -> RoundPlan:
-    """The next round from the usable hosts. ``survivors``: the hosts of the previous
-    round's members that do not leave (empty for a first round); the next round's rank 0
-    must be one of them. ``waiting_since``: when waiting for capacity started, if it has."""
+    """The next round from the usable hosts. ``survivors``: the previous round's members
+    whose processes live on with its state (None: no round to continue, a first round);
+    the next round's rank 0 must be one of them, or, with the checkpoint fallback
+    (``settings.checkpoint_fallback``), the round starts from the newest checkpoint.
+    ``waiting_since``: when waiting for capacity started, if it has. With the fallback, a
+    job whose every host is blacklisted waits for a cooldown to end (up to the elastic
+    timeout) instead of failing: nothing is lost that the checkpoint does not hold."""
     available = sum(slots for _, slots in capacity.hosts)
     if available < settings.min_np:
         shortage = (
@@ -188,8 +203,11 @@ def plan_round(
         )
         error = capacity.discovery_error
         failing = f"; the last host discovery failed: {error}" if error else ""
+        blacklisted = f"every discovered host is blacklisted: {sorted(capacity.blacklisted)}"
         if capacity.every_host_blacklisted:
-            return EndJob(f"every discovered host is blacklisted: {sorted(capacity.blacklisted)}")
+            if not settings.checkpoint_fallback:
+                return EndJob(blacklisted)
+            failing += f"; {blacklisted}"
         action = decide_capacity(
             available_slots=available,
             min_np=settings.min_np,
@@ -203,10 +221,12 @@ def plan_round(
         since = now if waiting_since is None else waiting_since
         return AwaitCapacity(since, f"{shortage}; waiting up to {timeout}{failing}")
     slots = assign_slots(capacity.hosts, min_np=settings.min_np, max_np=settings.max_np)
-    problem = missing_survivor(survivors, [w.hostname for w in slots])
-    if problem is not None:
-        return EndJob(problem)
-    return FormRound(slots)
+    problem = missing_survivor(survivors, list(slots))
+    if problem is None:
+        return FormRound(slots)
+    if settings.checkpoint_fallback:
+        return FormRound(slots, from_checkpoint=True)
+    return EndJob(f"{problem}; {ENABLE_CHECKPOINTS}")
 
 
 def decide_discovery_failure(error: str, *, discovered_before: bool) -> EndJob | None:
@@ -316,12 +336,23 @@ class Decision:
     reason: str = ""
 
 
-def decide_round(records: RoundRecords, *, resets: int, reset_limit: int | None) -> Decision:
+def decide_round(
+    records: RoundRecords,
+    *,
+    resets: int,
+    reset_limit: int | None,
+    checkpoint_fallback: bool = False,
+    raised: Collection[WorkerId] = (),
+) -> Decision:
     """Decide what the driver does once the counted members (members not leaving) reported.
 
     - a counted member has not reported: WAIT;
     - a counted member succeeded: SUCCEED;
-    - every counted member failed (at least one): FAIL;
+    - every counted member failed (at least one): FAIL, unless ``checkpoint_fallback`` is on
+      and some of them were lost rather than failing on their own (``raised``: the members
+      that reported their script's error before ending; a killed process, a deleted pod or
+      a lost node reports nothing): then the round resets as below, and the next one starts
+      from the newest checkpoint. A script that raises everywhere would only raise again;
     - no member is counted (all left gracefully): RESUME, the driver checks capacity;
     - otherwise the round resets: FAIL when ``resets + 1`` exceeds ``reset_limit`` (``None``
       is unlimited), else RESUME, blacklisting the hosts of the failed members.
@@ -340,8 +371,11 @@ def decide_round(records: RoundRecords, *, resets: int, reset_limit: int | None)
             reason=f"{len(succeeded)} of {len(counted)} workers succeeded: {_names(succeeded)}",
         )
     failed = [w for w in counted if records.states[w] is WorkerState.FAILURE]
-    if counted and len(failed) == len(counted):
-        return Decision(Action.FAIL, reason=f"all {len(failed)} workers failed: {_names(failed)}")
+    lost = [w for w in failed if w not in raised]
+    every_failed = bool(counted) and len(failed) == len(counted)
+    if every_failed and not (checkpoint_fallback and lost):
+        reason = f"all {len(failed)} workers failed: {_names(failed)}"
+        return Decision(Action.FAIL, reason=f"{reason}; {ENABLE_CHECKPOINTS}" if lost else reason)
     if not counted:
         return Decision(
             Action.RESUME,
@@ -349,7 +383,9 @@ def decide_round(records: RoundRecords, *, resets: int, reset_limit: int | None)
         )
     failed_hosts = frozenset(w.hostname for w in failed)
     rolled_back = counted & records.rolled_back
-    if failed:
+    if every_failed:
+        what = f"all {len(failed)} workers were lost ({_names(failed)})"
+    elif failed:
         what = f"{len(failed)} of {len(counted)} workers failed ({_names(failed)})"
     elif rolled_back:
         what = f"a collective failed on {_names(rolled_back)}, which rolled back"
@@ -360,6 +396,8 @@ def decide_round(records: RoundRecords, *, resets: int, reset_limit: int | None)
     reason = f"reset {resets + 1}: {what}"
     if failed_hosts:
         reason += f"; blacklisting hosts {_names(failed_hosts)}"
+    if every_failed:
+        reason += "; the next round starts from the newest checkpoint"
     return Decision(Action.RESUME, blacklist=failed_hosts, reason=reason)
 
 

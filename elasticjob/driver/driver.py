@@ -96,6 +96,8 @@ class ElasticDriver(RendezvousListener):
         """Whether the workers can reach this driver (its front end keeps it up to date)."""
         self._newcomers_announced = False
         self._recovering = False
+        self._from_checkpoint = False
+        """The round being formed starts from the newest checkpoint (no survivor)."""
         self._capacity_wait_since: float | None = None
         self._wake = asyncio.Event()
         self._result: JobResult | None = None
@@ -293,6 +295,8 @@ class ElasticDriver(RendezvousListener):
             self.registry.records(),
             resets=self.registry.reset_count,
             reset_limit=self.settings.reset_limit,
+            checkpoint_fallback=self.settings.checkpoint_fallback,
+            raised=self._workers.raised(self.slots),
         )
         if decision.action is Action.WAIT:
             await self._scale_out()
@@ -315,7 +319,7 @@ class ElasticDriver(RendezvousListener):
         plan = plan_round(
             self.hosts.capacity(),
             self.settings,
-            survivors=self._workers.staying_hosts(self.slots),
+            survivors=self._workers.survivors(self.slots) if self.round else None,
             waiting_since=self._capacity_wait_since,
             now=self._clock(),
         )
@@ -328,6 +332,16 @@ class ElasticDriver(RendezvousListener):
             self._capacity_wait_since = plan.since
             return
         self._capacity_wait_since = None
+        if plan.from_checkpoint and not self._from_checkpoint:
+            self._from_checkpoint = True
+            logger.warning(
+                "no worker of round %d survives: round %d starts %d fresh workers and its "
+                "rank 0 loads the newest checkpoint",
+                self.round,
+                self.round + 1,
+                len(plan.slots),
+            )
+            self.journal.fell_back(self.round)
         self.rendezvous.plan_next(self.round + 1, plan.slots)  # replacements' init() reads it
         await self._launch(plan.slots)
         await self._expire_slow_starters()
@@ -346,6 +360,7 @@ class ElasticDriver(RendezvousListener):
             record.departure = None  # a leaving worker whose host came back stays
         self.registry.start_round(publish.round_number, frozenset(publish.slots))
         self._recovering = False
+        self._from_checkpoint = False
         self._newcomers_announced = False
         self.phase = Phase.RUNNING
         self.journal.published(
@@ -388,7 +403,7 @@ class ElasticDriver(RendezvousListener):
     async def _scale_out(self) -> None:
         """While a round runs: launch workers for new hosts, announce them once registered."""
         capacity, now = self.hosts.capacity(), self._clock()
-        plan = plan_round(capacity, self.settings, survivors=(), waiting_since=None, now=now)
+        plan = plan_round(capacity, self.settings, survivors=None, waiting_since=None, now=now)
         decision = decide_scale_out(
             plan,
             self.slots,

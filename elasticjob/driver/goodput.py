@@ -7,7 +7,9 @@ lost to one of the :class:`LostTo` causes:
 - ``RECOVERY``: from a failure (a worker died, or a collective failed) to the first step of
   the next round; the interval is the job's *time to recover*;
 - ``ROLLBACK``: the training between the last commit before a failure and the failure, which
-  the rollback throws away and the job trains again;
+  the rollback throws away and the job trains again; after a durable fallback (no worker
+  survived, rank 0 loaded a checkpoint), the training between that checkpoint and the loss
+  too (:func:`on_restored`);
 - ``RESIZE``: a graceful change of the world (hosts added or removed), from the round's end at
   the barrier to the first step of the next round.
 
@@ -51,6 +53,10 @@ class LostTime:
     """When the state was last committed in the stretch of training under way."""
     last_recovery_s: float | None = None
     """Length of the latest recovery (failure -> first step), once one has ended."""
+    rollback_from: float | None = None
+    """While recovering: where the training the failure threw away began (the last commit
+    before it); what was trained before is kept, unless a checkpoint older than that is
+    restored (see :func:`on_restored`)."""
 
     @classmethod
     def start(cls, now: float) -> LostTime:
@@ -103,10 +109,26 @@ def on_failure(state: LostTime, now: float) -> LostTime:
             paused_for=LostTo.RECOVERY,
             lost=MappingProxyType(lost),
             last_commit_at=None,
+            rollback_from=now if state.last_commit_at is None else min(state.last_commit_at, now),
         )
     if state.paused_for is LostTo.RESIZE:
-        return replace(state, paused_for=LostTo.RECOVERY)
+        return replace(state, paused_for=LostTo.RECOVERY, rollback_from=state.paused_since)
     return state
+
+
+def on_restored(state: LostTime, checkpoint_at: float | None) -> LostTime:
+    """While recovering, the new round's rank 0 loaded a durable checkpoint of the state
+    committed at ``checkpoint_at`` (None: unknown, e.g. written before a driver restart):
+    the training between it and the loss, counted productive so far, is trained again, so
+    it moves to ``ROLLBACK``. Call it before the round's :func:`on_first_step`."""
+    if state.paused_for is not LostTo.RECOVERY or checkpoint_at is None:
+        return state
+    kept_until = state.rollback_from if state.rollback_from is not None else state.paused_since
+    if kept_until is None or kept_until <= checkpoint_at:
+        return state
+    lost = dict(state.lost)
+    lost[LostTo.ROLLBACK] += kept_until - checkpoint_at
+    return replace(state, lost=MappingProxyType(lost), rollback_from=checkpoint_at)
 
 
 def on_resize(state: LostTime, now: float) -> LostTime:
@@ -140,6 +162,7 @@ def on_first_step(state: LostTime, now: float) -> tuple[LostTime, float | None]:
             lost=MappingProxyType(lost),
             last_commit_at=now,
             last_recovery_s=recovery if recovery is not None else state.last_recovery_s,
+            rollback_from=None,
         ),
         recovery,
     )

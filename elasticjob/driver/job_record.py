@@ -41,6 +41,9 @@ class EventKind(enum.StrEnum):
     BLACKLISTED = "blacklisted"
     SCALE = "scale"
     CHECKPOINT = "checkpoint"
+    """Rank 0 wrote a durable checkpoint."""
+    RESTORED = "restored"
+    """No worker survived: the new round's rank 0 loaded a durable checkpoint."""
     FINISHED = "finished"
 
 

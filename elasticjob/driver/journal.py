@@ -1,6 +1,7 @@
 """What happened to a job, as the driver tells it: one place that turns the driver's events
-into the goodput account (``goodput.py``), the job's record (``job_record.py``) and the
-durations its observer wants (the operator's histograms).
+into the goodput account (``goodput.py``), the job's record (``job_record.py``), the
+durations its observer wants (the operator's histograms) and its durable checkpoints (the
+last one written, the one a fallback loaded and the steps it lost).
 
 The driver calls one method per event; :class:`JobJournal` decides what each means for the
 three. Times are the driver's clock (monotonic seconds); the record stamps wall time itself.
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Final
 
 from elasticjob.driver.api import DriverObserver, Unobserved
 from elasticjob.driver.goodput import (
@@ -19,9 +22,25 @@ from elasticjob.driver.goodput import (
     on_failure,
     on_first_step,
     on_resize,
+    on_restored,
 )
 from elasticjob.driver.job_record import EventKind, JobRecord, JobRecordData
-from elasticjob.wire import ProgressRequest
+from elasticjob.wire import CheckpointReport, ProgressRequest
+
+_CHECKPOINT_TIMES_KEPT: Final = 64
+"""How many checkpoints' commit times the journal remembers (for the goodput of a restore)."""
+
+
+@dataclass(frozen=True)
+class Restore:
+    """A durable fallback: no worker of the previous round survived, and rank 0 of
+    ``round`` loaded ``checkpoint``."""
+
+    checkpoint: CheckpointReport
+    round: int
+    steps_lost: int | None
+    """Committed steps trained again: the last step rank 0 reported before the loss minus
+    the checkpoint's (None: no step was reported since the driver started)."""
 
 
 class JobJournal:
@@ -37,6 +56,14 @@ class JobJournal:
         """The round in which training last stopped (0: the job has not trained yet)."""
         self._round_ended_at: float | None = clock()
         """When the round in force ended or failed (the job's start, before round 1)."""
+        self.last_step: int | None = None
+        """The last step rank 0 reported (front ends carry a stored one on)."""
+        self.last_checkpoint: CheckpointReport | None = None
+        """The newest durable checkpoint rank 0 reported written."""
+        self.restore: Restore | None = None
+        """The latest durable fallback, once training resumed from a checkpoint."""
+        self._checkpoint_times: dict[str, float] = {}
+        """When the state each recent checkpoint holds was committed (the driver's clock)."""
 
     def record_data(self) -> JobRecordData:
         """The record as stored, with the goodput account now."""
@@ -60,6 +87,12 @@ class JobJournal:
         self.record.sample(world_size, progress.samples_per_second)
         for seconds in progress.commit_seconds:
             self.observer.committed(seconds)
+        for checkpoint in progress.checkpoints:
+            self._checkpointed(checkpoint, progress.round, world_size, now)
+        restored = progress.restored_from
+        if restored is not None and (self.restore is None or self.restore.round < progress.round):
+            self._restored(restored, progress.round, world_size)
+        self.last_step = progress.step
         if self._paused_in_round < progress.round == current_round:
             paused = self.lost_time.paused_since is not None
             self.lost_time, recovery = on_first_step(self.lost_time, now)
@@ -69,6 +102,42 @@ class JobJournal:
                 self.record.event(EventKind.RESUMED, round=progress.round, world_size=world_size)
         if progress.commit_seconds:
             self.lost_time = on_commit(self.lost_time, now)
+
+    def _checkpointed(
+        self, checkpoint: CheckpointReport, round_number: int, world_size: int, now: float
+    ) -> None:
+        self.observer.checkpointed(checkpoint.seconds)
+        self.last_checkpoint = checkpoint
+        # Written off the training thread: the state it holds was committed about as long
+        # before the report as the write took.
+        self._checkpoint_times[checkpoint.name] = now - checkpoint.seconds
+        while len(self._checkpoint_times) > _CHECKPOINT_TIMES_KEPT:
+            del self._checkpoint_times[next(iter(self._checkpoint_times))]
+        self.record.event(
+            EventKind.CHECKPOINT,
+            f"{checkpoint.name} at step {checkpoint.step} ({checkpoint.seconds:.1f} s)",
+            round=round_number,
+            world_size=world_size,
+        )
+
+    def _restored(self, checkpoint: CheckpointReport, round_number: int, world_size: int) -> None:
+        last = self.last_step
+        lost = None if last is None else max(last - checkpoint.step, 0)
+        self.restore = Restore(checkpoint, round_number, lost)
+        self.lost_time = on_restored(self.lost_time, self._checkpoint_times.get(checkpoint.name))
+        steps = "an unknown number of" if lost is None else str(lost)
+        self.record.event(
+            EventKind.RESTORED,
+            f"{checkpoint.name} at step {checkpoint.step}: {steps} steps trained again",
+            round=round_number,
+            world_size=world_size,
+        )
+
+    def fell_back(self, round_number: int) -> None:
+        """No worker of ``round_number`` survives: the next round starts from the newest
+        checkpoint, and the pause under way is a recovery (its members may have left
+        gracefully, yet the job lost their state)."""
+        self._stop(round_number, failed=True)
 
     def failed(self, host: str, round_number: int, world_size: int) -> None:
         """A member of the round on ``host`` failed (told once per round)."""

@@ -73,18 +73,24 @@ def assign_slots(
     return assignment
 
 
-def missing_survivor(previous_hosts: Collection[str], hosts: Sequence[str]) -> str | None:
-    """Why the next round, on ``hosts`` in order, cannot continue the previous round on
-    ``previous_hosts``; None if it can.
+def missing_survivor(
+    survivors: Collection[WorkerId] | None, slots: Sequence[WorkerId]
+) -> str | None:
+    """Why the next round, with ``slots`` in rank order, cannot continue the previous round
+    from memory; None if it can.
 
-    Hosts are ordered oldest first, so ``hosts[0]`` (rank 0) is a survivor whenever any host
-    of the previous round remains. If none does, nobody holds the trained state. Nothing to
-    check for a first round (``previous_hosts`` empty).
+    ``survivors``: the workers of the previous round whose processes live on with its
+    state (None: there was no previous round to continue, a first round). The next round
+    syncs from its rank 0, so rank 0 must be one of them: a fresh process on a host of the
+    previous round is no survivor. Hosts are ordered oldest first, so rank 0 is a survivor
+    whenever a survivor's host is in the round.
     """
-    if not previous_hosts or (hosts and hosts[0] in previous_hosts):
+    if survivors is None or (slots and slots[0] in survivors):
         return None
+    rank0 = f"its rank 0 would be the fresh process {slots[0]}" if slots else "no worker can start"
+    if not survivors:
+        return f"no worker of the previous round survives to hold the trained state ({rank0})"
     return (
-        f"no host of the previous round ({', '.join(sorted(previous_hosts))}) is left "
-        f"(hosts now: {', '.join(hosts) or 'none'}), so no worker holds the trained "
-        "state; a durable-checkpoint fallback is not implemented yet"
+        f"the next round cannot keep the trained state: {rank0}, not one of the previous "
+        f"round's survivors ({', '.join(map(str, sorted(survivors)))})"
     )

@@ -134,13 +134,23 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
         self._records[worker].stop_requested = True
         await self._launcher.stop(worker)
 
-    def staying_hosts(self, members: Iterable[WorkerId]) -> set[str]:
-        """The hosts of these members that are not leaving."""
+    def survivors(self, members: Iterable[WorkerId]) -> set[WorkerId]:
+        """The members whose processes live on with the round's state: running, neither
+        leaving, dismissed nor failed. A fresh process started since on a member's host (or
+        slot) is not one: it never held the state."""
         return {
-            w.hostname
+            w
             for w in members
-            if w in self._records and self._records[w].departure is not Departure.LEAVING
+            if w in self._records
+            and self._records[w].running
+            and self._records[w].departure is None
+            and self._records[w].last_round > 0
         }
+
+    def raised(self, members: Iterable[WorkerId]) -> frozenset[WorkerId]:
+        """The members that reported how their process ends (a script's error, or its
+        success) before it ended; a lost process (killed, its pod or node gone) never did."""
+        return frozenset(w for w in members if w in self._records and self._records[w].ending)
 
     def heartbeats(self) -> dict[WorkerId, float | None]:
         """The last heartbeat of each running process whose beat is awaited: not one that

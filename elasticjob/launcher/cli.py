@@ -27,6 +27,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from elasticjob.driver.api import DiscoveryError, DriverError, HostDiscovery
 from elasticjob.driver.blacklist import BlacklistPolicy
+from elasticjob.driver.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
 from elasticjob.driver.discovery import (
     MAX_SLOTS_PER_HOST,
     FixedHosts,
@@ -161,6 +162,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep the job's record (world size, throughput, rounds, failures, blacklisting, "
         "goodput over time) in FILE, for `elasticjob timeline FILE`",
     )
+    checkpoints = parser.add_argument_group(
+        "durable checkpoints",
+        "rank 0 writes the committed state to DIR, off the training thread; when no worker "
+        "of a round survives, fresh workers start and rank 0 loads the newest complete one",
+    )
+    checkpoints.add_argument("--checkpoint-dir", metavar="DIR", help="folder of the checkpoints")
+    checkpoints.add_argument(
+        "--checkpoint-every-commits",
+        type=int,
+        metavar="N",
+        help="write a checkpoint every N commits",
+    )
+    checkpoints.add_argument(
+        "--checkpoint-interval",
+        type=float,
+        metavar="SECONDS",
+        help="or: write one at the first commit SECONDS after the previous one",
+    )
+    checkpoints.add_argument(
+        "--checkpoint-keep",
+        type=int,
+        metavar="K",
+        default=DEFAULT_KEEP,
+        help=f"keep the newest K complete checkpoints (default {DEFAULT_KEEP})",
+    )
     parser.add_argument("--job-name", default="local", help="name of the job (default: local)")
     parser.add_argument("--verbose", action="store_true", help="debug logging of the driver")
     parser.add_argument(
@@ -219,8 +245,42 @@ def _argument_errors(args: argparse.Namespace) -> Iterator[str]:
         yield f"--timeline-filename {args.timeline_filename!r}: its folder does not exist"
     if args.job_record and not Path(args.job_record).resolve().parent.is_dir():
         yield f"--job-record {args.job_record!r}: its folder does not exist"
+    yield from _checkpoint_errors(args)
     if not args.command:
         yield "no worker command given (e.g. elasticjob-run -np 2 python train.py)"
+
+
+def _checkpoint_errors(args: argparse.Namespace) -> Iterator[str]:
+    every, interval = args.checkpoint_every_commits, args.checkpoint_interval
+    if not args.checkpoint_dir:
+        if every is not None or interval is not None:
+            yield "--checkpoint-every-commits and --checkpoint-interval need --checkpoint-dir"
+        return
+    if Path(args.checkpoint_dir).exists() and not Path(args.checkpoint_dir).is_dir():
+        yield f"--checkpoint-dir {args.checkpoint_dir!r} is not a folder"
+    if (every is None) == (interval is None):
+        yield (
+            "--checkpoint-dir needs exactly one of --checkpoint-every-commits N and "
+            "--checkpoint-interval SECONDS"
+        )
+    if every is not None and every < 1:
+        yield f"--checkpoint-every-commits must be >= 1, got {every}"
+    if interval is not None and not _finite(interval, positive=True):
+        yield f"--checkpoint-interval must be > 0 seconds, got {interval}"
+    if args.checkpoint_keep < 1:
+        yield f"--checkpoint-keep must be >= 1, got {args.checkpoint_keep}"
+
+
+def checkpoint_policy(args: argparse.Namespace) -> CheckpointPolicy | None:
+    """The job's checkpoint policy from checked arguments (None: no ``--checkpoint-dir``)."""
+    if not args.checkpoint_dir:
+        return None
+    return CheckpointPolicy(
+        directory=str(Path(args.checkpoint_dir).resolve()),
+        every_commits=args.checkpoint_every_commits or 0,
+        interval_s=args.checkpoint_interval or 0.0,
+        keep=args.checkpoint_keep,
+    )
 
 
 def parse_arguments(
@@ -292,6 +352,7 @@ def _settings(args: argparse.Namespace) -> tuple[HostDiscovery, DriverSettings, 
             elastic_timeout_s=args.elastic_timeout,
             start_timeout_s=args.start_timeout,
             heartbeat_timeout_s=args.heartbeat_timeout or None,
+            checkpoint_fallback=bool(args.checkpoint_dir),
         )
         policy = BlacklistPolicy(*args.blacklist_cooldown_range)
     except ValueError as exc:
@@ -311,6 +372,12 @@ async def run_job(args: argparse.Namespace) -> JobResult:
         except OSError as exc:
             raise DriverError(f"--output-filename {args.output_filename!r}: {exc}") from exc
 
+    checkpoint = checkpoint_policy(args)
+    if checkpoint is not None:
+        try:
+            Path(checkpoint.directory).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DriverError(f"--checkpoint-dir {args.checkpoint_dir!r}: {exc}") from exc
     timeline_dir = (
         tempfile.mkdtemp(prefix="elasticjob-timeline-") if args.timeline_filename else None
     )
@@ -325,6 +392,7 @@ async def run_job(args: argparse.Namespace) -> JobResult:
         network_interface=",".join(args.nics) if args.nics else None,
         heartbeat_interval_s=heartbeat_interval_s(settings.heartbeat_timeout_s),
         timeline_dir=timeline_dir,
+        checkpoint=checkpoint,
     )
 
     def make_launcher(driver: ElasticDriver) -> LocalWorkerLauncher:

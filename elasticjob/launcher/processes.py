@@ -29,6 +29,7 @@ from typing import TextIO
 
 from elasticjob import wire
 from elasticjob.driver.api import DriverError, WorkerLauncher
+from elasticjob.driver.checkpoint_policy import CheckpointPolicy
 from elasticjob.launcher.output_files import RankOutputFiles
 from elasticjob.script_env import launch_env
 from elasticjob.wire import WorkerId
@@ -113,6 +114,8 @@ class WorkerEnvironment:
     orphan_timeout_s: float | None = ORPHAN_TIMEOUT_S
     """How long a worker keeps running while the rendezvous is unreachable (None: the
     worker runtime's default)."""
+    checkpoint: CheckpointPolicy | None = None
+    """The job's durable checkpoint policy (None: no checkpoints)."""
 
     def for_worker(self, worker: WorkerId, bind_address: str) -> dict[str, str]:
         env = {
@@ -130,6 +133,8 @@ class WorkerEnvironment:
             env[wire.ENV_ORPHAN_TIMEOUT] = str(self.orphan_timeout_s)
         if self.timeline_dir is not None:
             env[wire.ENV_TIMELINE_DIR] = self.timeline_dir
+        if self.checkpoint is not None:
+            env.update(self.checkpoint.worker_env())
         if self.heartbeat_interval_s is not None:
             env[wire.ENV_HEARTBEAT_INTERVAL] = str(self.heartbeat_interval_s)
         if self.network_interface:

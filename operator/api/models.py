@@ -19,6 +19,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt, Str
 from pydantic.alias_generators import to_camel
 
 from elasticjob.driver.blacklist import BlacklistPolicy
+from elasticjob.driver.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
 
 GROUP = "elasticjob.dev"
 VERSION = "v1alpha1"
@@ -115,6 +116,38 @@ class BlacklistSpec(_Spec):
         return BlacklistPolicy(float(self.cooldown_seconds.min), float(self.cooldown_seconds.max))
 
 
+class CheckpointSpec(_Spec):
+    """Durable checkpoints, the fallback when no worker of a round survives (every pod
+    evicted, every node blacklisted): rank 0 writes the committed state (model, optimizer,
+    sampler position, its own attributes) under path, off the training thread, and a new
+    round of fresh pods starts from the newest complete checkpoint there. Memory stays the
+    first resort: while any worker survives, nothing is read from disk. Give everyCommits or
+    intervalSeconds (exactly one)."""
+
+    volume: Annotated[StrictStr, Field(min_length=1)]
+    """Name of a volume of the pod template (template.spec.volumes), typically a
+    persistentVolumeClaim that every pod of the job mounts: the checkpoints must outlive
+    the pods, and a new rank 0 on any node must read them."""
+    path: Annotated[StrictStr, Field(min_length=1)]
+    """Absolute path of the checkpoint folder in the worker container; the operator mounts
+    the volume there unless the worker container already does."""
+    every_commits: Annotated[StrictInt, Field(ge=1)] | None = None
+    """Write a checkpoint every this many commits."""
+    interval_seconds: Annotated[StrictInt, Field(ge=1, le=86400)] | None = None
+    """Write a checkpoint at the first commit this many seconds after the previous one."""
+    keep: Annotated[StrictInt, Field(ge=1, le=1000)] = DEFAULT_KEEP
+    """How many complete checkpoints to keep (the newest ones)."""
+
+    def policy(self) -> CheckpointPolicy:
+        """The checkpoint policy the workers are told."""
+        return CheckpointPolicy(
+            directory=self.path,
+            every_commits=self.every_commits or 0,
+            interval_s=float(self.interval_seconds or 0),
+            keep=self.keep,
+        )
+
+
 class TemplateMetadata(_PassThrough):
     """Metadata of the worker pods (an ObjectMeta). The operator adds its own labels."""
 
@@ -185,6 +218,8 @@ class ElasticJobSpec(_Spec):
     """How long a worker waits for its next round before it gives up, in seconds (the worker
     runtime's default, 900, when absent)."""
     blacklist: BlacklistSpec = BlacklistSpec()
+    checkpoint: CheckpointSpec | None = None
+    """Durable checkpoints (none when absent: a job that loses every worker fails)."""
     clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
     """All: every worker pod is deleted when the job ends. Running: only those still running
     (finished pods stay for their logs). None: no pod is deleted."""
@@ -306,6 +341,34 @@ class Goodput(_Status):
     """Time to recover of the latest failure (failure -> training resumed)."""
 
 
+class CheckpointStatus(_Status):
+    """A durable checkpoint rank 0 wrote."""
+
+    name: str
+    """Its name in the checkpoint folder."""
+    epoch: NonNegative = 0
+    step: NonNegative = 0
+    """The step count at the commit it holds."""
+    seconds: _Seconds = 0.0
+    """How long writing it took."""
+    size_bytes: NonNegative = 0
+
+
+class RestoreStatus(_Status):
+    """The latest durable fallback: no worker survived, and the new round's rank 0 loaded
+    a checkpoint."""
+
+    checkpoint: CheckpointStatus
+    """The checkpoint it loaded (its seconds: how long loading took)."""
+    round: NonNegative = 0
+    """The round that started from it."""
+    steps_lost: NonNegative | None = None
+    """Committed steps trained again: the last step reported before the loss minus the
+    checkpoint's (absent when unknown)."""
+    time: AwareDatetime | None = None
+    """When training resumed from it."""
+
+
 class ElasticJobStatus(_Status):
     """Observed state of an elastic training job, written by the operator."""
 
@@ -337,3 +400,8 @@ class ElasticJobStatus(_Status):
     completion_time: AwareDatetime | None = None
     progress: Progress | None = None
     goodput: Goodput | None = None
+    last_checkpoint: CheckpointStatus | None = None
+    """The newest durable checkpoint rank 0 wrote (spec.checkpoint)."""
+    restored: RestoreStatus | None = None
+    """The latest durable fallback: which checkpoint was loaded and how many steps were
+    lost."""

@@ -16,7 +16,10 @@ express, a spec must satisfy these rules, which a Kubernetes 1.20 schema cannot 
   namespace, finalizers or ownerReferences (the operator names and owns the pods), and no
   container sets a variable of the worker contract (``elasticjob.wire.WORKER_CONTRACT_ENV``,
   any ``ELASTICJOB_*``) in ``env``, nor imports one through an ``envFrom`` prefix;
-- every container has an image (a non-empty string).
+- every container has an image (a non-empty string);
+- ``checkpoint`` (durable checkpoints): its ``volume`` is a volume of the pod template, its
+  ``path`` is absolute and no other volume is mounted there in the worker container, and
+  exactly one of ``everyCommits`` and ``intervalSeconds`` is given.
 
 Apart from the spec, a job's name must fit a label value (:func:`name_errors`): it labels the
 job's pods.
@@ -30,6 +33,7 @@ Every error names its field by its path in the object, e.g. ``spec.minReplicas``
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -90,6 +94,7 @@ def parse_spec(spec: Mapping[str, Any], pod_schema: PodSchema | None = None) -> 
         *_cooldown_errors(model),
         *_container_errors(model),
         *_template_errors(spec["template"]),
+        *_checkpoint_errors(model),
     ]
     if pod_schema is not None:
         errors.extend(pod_schema.unknown_fields(spec["template"]))
@@ -158,6 +163,56 @@ def _cooldown_errors(spec: ElasticJobSpec) -> list[FieldError]:
             )
         ]
     return []
+
+
+def _checkpoint_errors(spec: ElasticJobSpec) -> list[FieldError]:
+    checkpoint = spec.checkpoint
+    if checkpoint is None:
+        return []
+    errors = []
+    if (checkpoint.every_commits is None) == (checkpoint.interval_seconds is None):
+        errors.append(
+            FieldError(
+                "spec.checkpoint",
+                "give exactly one of everyCommits and intervalSeconds (how often rank 0 "
+                "writes a checkpoint)",
+            )
+        )
+    pod_spec = spec.template.spec.model_extra or {}
+    volumes = pod_spec.get("volumes") or []
+    names = [v.get("name") for v in volumes if isinstance(v, Mapping)]
+    if checkpoint.volume not in names:
+        errors.append(
+            FieldError(
+                "spec.checkpoint.volume",
+                f"{checkpoint.volume!r} is not a volume of the pod template "
+                f"(spec.template.spec.volumes: {', '.join(map(str, names)) or 'none'})",
+            )
+        )
+    path = checkpoint.path
+    if not path.startswith("/") or posixpath.normpath(path) != path.rstrip("/") or path == "/":
+        errors.append(
+            FieldError(
+                "spec.checkpoint.path",
+                f"must be an absolute, normalised folder path other than /, got {path!r}",
+            )
+        )
+    worker = spec.template.spec.worker_container()
+    mounts = (worker.model_extra or {}).get("volumeMounts") or [] if worker else []
+    for mount in mounts if isinstance(mounts, Sequence) else []:
+        if (
+            isinstance(mount, Mapping)
+            and mount.get("mountPath", "").rstrip("/") == path.rstrip("/")
+            and mount.get("name") != checkpoint.volume
+        ):
+            errors.append(
+                FieldError(
+                    "spec.checkpoint.path",
+                    f"the worker container mounts the volume {mount.get('name')!r} at "
+                    f"{path!r}, not {checkpoint.volume!r}",
+                )
+            )
+    return errors
 
 
 def _container_errors(spec: ElasticJobSpec) -> list[FieldError]:

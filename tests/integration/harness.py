@@ -69,13 +69,14 @@ def run_job(
     timeout_s: float = 240.0,
     launcher_prefix: Sequence[str] = (),
     worker_prefix: Sequence[str] = (),
+    script: Path = WORKER,
 ) -> JobRun:
-    """Run a job to its end (or kill it at ``timeout_s``) and collect the workers' events.
-    The prefixes are commands that exec the launcher and each worker (a network namespace,
-    a cgroup)."""
+    """Run a job of ``script`` to its end (or kill it at ``timeout_s``) and collect the
+    workers' events. The prefixes are commands that exec the launcher and each worker (a
+    network namespace, a cgroup)."""
     log_dir = tmp_path / "events"
     args = [*launcher_prefix, sys.executable, "-m", "elasticjob.launcher.cli", *launcher_args]
-    worker = [*worker_prefix, sys.executable, str(WORKER), "--log-dir", str(log_dir), *worker_args]
+    worker = [*worker_prefix, sys.executable, str(script), "--log-dir", str(log_dir), *worker_args]
     if schedule is not None:
         script, epoch_file = write_discovery(tmp_path, schedule)
         args += ["--host-discovery-script", str(script)]

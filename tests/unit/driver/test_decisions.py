@@ -63,6 +63,10 @@ class Case:
     rolled_back: tuple[WorkerId, ...] = ()
     resets: int = 0
     limit: int | None = None
+    fallback: bool = False
+    """A checkpoint policy is configured (``checkpoint_fallback``)."""
+    raised: tuple[WorkerId, ...] = ()
+    """Members that reported their own failure before ending."""
 
 
 AB = frozenset({"a", "b"})
@@ -140,13 +144,67 @@ DECIDE_CASES = [
         rolled_back=(B0,),
     ),
     Case("non-member-ignored", {C0: F, A0: R, A1: R, B0: R}, Action.RESUME, ("no worker failed",)),
+    Case(
+        "all-lost-without-checkpoints-says-how-to-enable-them",
+        {A0: F, A1: F, B0: F},
+        Action.FAIL,
+        ("all 3 workers failed", "--checkpoint-dir", "spec.checkpoint"),
+    ),
+    Case(
+        "all-lost-with-checkpoints-resumes-from-the-newest",
+        {A0: F, A1: F, B0: F},
+        Action.RESUME,
+        ("reset 1: all 3 workers were lost", "blacklisting hosts a, b", "newest checkpoint"),
+        blacklist=AB,
+        fallback=True,
+    ),
+    Case(
+        "some-raised-some-lost-with-checkpoints-resumes",
+        {A0: F, A1: F, B0: F},
+        Action.RESUME,
+        ("all 3 workers were lost",),
+        blacklist=AB,
+        fallback=True,
+        raised=(A0, A1),
+    ),
+    Case(
+        "all-raised-with-checkpoints-fails-a-script-error-would-repeat",
+        {A0: F, A1: F, B0: F},
+        Action.FAIL,
+        ("all 3 workers failed",),
+        fallback=True,
+        raised=(A0, A1, B0),
+    ),
+    Case(
+        "all-lost-with-checkpoints-past-the-reset-limit",
+        {A0: F, A1: F, B0: F},
+        Action.FAIL,
+        ("reset limit 2 exceeded: all 3 workers were lost",),
+        fallback=True,
+        resets=2,
+        limit=2,
+    ),
+    Case(
+        "one-lost-with-checkpoints-is-an-ordinary-reset",
+        {A0: F, A1: R, B0: R},
+        Action.RESUME,
+        ("1 of 3 workers failed",),
+        blacklist=frozenset({"a"}),
+        fallback=True,
+    ),
 ]
 
 
 @pytest.mark.parametrize("case", DECIDE_CASES, ids=lambda case: case.name)
 def test_decide_round(case: Case) -> None:
     recs = records(case.states, leaving=case.leaving, rolled_back=case.rolled_back)
-    decision = decide_round(recs, resets=case.resets, reset_limit=case.limit)
+    decision = decide_round(
+        recs,
+        resets=case.resets,
+        reset_limit=case.limit,
+        checkpoint_fallback=case.fallback,
+        raised=case.raised,
+    )
     assert decision.action is case.action
     assert decision.blacklist == case.blacklist
     for part in case.reason_parts:
@@ -288,53 +346,120 @@ SETTINGS = DriverSettings(min_np=2, max_np=3, elastic_timeout_s=60.0)
 AB_HOSTS = (("a", 2), ("b", 2))
 
 
+FALLBACK = DriverSettings(min_np=2, max_np=3, elastic_timeout_s=60.0, checkpoint_fallback=True)
+AB_SLOTS = assign_slots(AB_HOSTS, min_np=2, max_np=3)
+BA_SLOTS = assign_slots((("b", 1), ("a", 2)), min_np=2, max_np=3)
+BLACKLISTED = Capacity((), every_host_blacklisted=True, blacklisted=("a", "b"))
+
+
 @pytest.mark.parametrize(
-    ("capacity", "survivors", "since", "expected"),
+    ("capacity", "settings", "survivors", "since", "expected"),
     [
+        pytest.param(Capacity(AB_HOSTS), SETTINGS, None, None, FormRound(AB_SLOTS), id="first"),
         pytest.param(
-            Capacity(AB_HOSTS), (), None, FormRound(assign_slots(AB_HOSTS, min_np=2, max_np=3))
+            Capacity(AB_HOSTS), SETTINGS, (A0, B0), None, FormRound(AB_SLOTS), id="rank0-survives"
         ),
         pytest.param(
             Capacity((("b", 1), ("a", 2))),
-            ("a",),
+            SETTINGS,
+            (A0,),
             None,
-            EndJob("no host of the previous round (a) is left"),
+            EndJob("its rank 0 would be the fresh process b[0], not one of the previous round's"),
             id="rank0-not-a-survivor",
         ),
         pytest.param(
-            Capacity((("a", 1),)),
+            Capacity(AB_HOSTS),
+            SETTINGS,
             (),
+            None,
+            EndJob("no worker of the previous round survives to hold the trained state"),
+            id="no-survivor-fails-without-checkpoints",
+        ),
+        pytest.param(
+            Capacity(AB_HOSTS),
+            SETTINGS,
+            (A1,),
+            None,
+            EndJob("spec.checkpoint"),
+            id="fresh-process-on-a-survivors-host-is-no-survivor",
+        ),
+        pytest.param(
+            Capacity(AB_HOSTS),
+            FALLBACK,
+            (),
+            None,
+            FormRound(AB_SLOTS, from_checkpoint=True),
+            id="no-survivor-starts-from-the-checkpoint",
+        ),
+        pytest.param(
+            Capacity((("b", 1), ("a", 2))),
+            FALLBACK,
+            (A0,),
+            None,
+            FormRound(BA_SLOTS, from_checkpoint=True),
+            id="fresh-rank0-starts-from-the-checkpoint",
+        ),
+        pytest.param(
+            Capacity(AB_HOSTS), FALLBACK, (A0,), None, FormRound(AB_SLOTS), id="survivor-no-ckpt"
+        ),
+        pytest.param(
+            Capacity((("a", 1),)),
+            SETTINGS,
+            None,
             None,
             AwaitCapacity(100.0, "1 slots available on 1 hosts, but the job needs at least 2"),
             id="starts-waiting",
         ),
         pytest.param(
             Capacity((("a", 1),)),
-            (),
+            SETTINGS,
+            None,
             70.0,
             AwaitCapacity(70.0, "waiting up to 60 s"),
             id="keeps-waiting",
         ),
         pytest.param(
             Capacity((("a", 1),)),
-            (),
+            SETTINGS,
+            None,
             40.0,
             EndJob("elastic timeout: 1 slots available"),
             id="elastic-timeout",
         ),
         pytest.param(
-            Capacity((), every_host_blacklisted=True, blacklisted=("a", "b")),
-            (),
+            BLACKLISTED,
+            SETTINGS,
+            None,
             None,
             EndJob("every discovered host is blacklisted: ['a', 'b']"),
             id="every-host-blacklisted",
         ),
+        pytest.param(
+            BLACKLISTED,
+            FALLBACK,
+            (),
+            50.0,
+            AwaitCapacity(50.0, "every discovered host is blacklisted: ['a', 'b']"),
+            id="every-host-blacklisted-waits-for-a-cooldown-with-checkpoints",
+        ),
+        pytest.param(
+            BLACKLISTED,
+            FALLBACK,
+            (),
+            30.0,
+            EndJob("elastic timeout: 0 slots available"),
+            id="every-host-blacklisted-past-the-elastic-timeout",
+        ),
     ],
 )
 def test_plan_round(
-    capacity: Capacity, survivors: tuple[str, ...], since: float | None, expected: RoundPlan
+    capacity: Capacity,
+    settings: DriverSettings,
+    survivors: tuple[WorkerId, ...] | None,
+    since: float | None,
+    expected: RoundPlan,
 ) -> None:
-    plan = plan_round(capacity, SETTINGS, survivors=survivors, waiting_since=since, now=100.0)
+    plan = plan_round(capacity, settings, survivors=survivors, waiting_since=since, now=100.0)
     assert type(plan) is type(expected)
     if isinstance(expected, FormRound):
         assert plan == expected
@@ -550,7 +675,7 @@ def test_decide_discovery_failure(discovered_before: bool, expected: EndJob | No
 )
 def test_plan_round_reports_a_failing_discovery(since: float | None, expected: RoundPlan) -> None:
     capacity = Capacity((("a", 1),), discovery_error="boom")
-    plan = plan_round(capacity, SETTINGS, survivors=(), waiting_since=since, now=100.0)
+    plan = plan_round(capacity, SETTINGS, survivors=None, waiting_since=since, now=100.0)
     if isinstance(expected, EndJob):
         assert isinstance(plan, EndJob) and plan.reason.endswith(expected.reason), plan
     else:

@@ -214,6 +214,7 @@ class RecordingObserver:
         self.formed: list[float] = []
         self.recoveries: list[float] = []
         self.commits: list[float] = []
+        self.checkpoints: list[float] = []
 
     def round_formed(self, seconds: float) -> None:
         self.formed.append(seconds)
@@ -223,6 +224,9 @@ class RecordingObserver:
 
     def committed(self, seconds: float) -> None:
         self.commits.append(seconds)
+
+    def checkpointed(self, seconds: float) -> None:
+        self.checkpoints.append(seconds)
 
 
 async def test_time_to_recover_runs_from_the_failure_to_the_next_rounds_first_report() -> None:

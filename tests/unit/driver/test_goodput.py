@@ -13,6 +13,7 @@ from elasticjob.driver.goodput import (
     on_failure,
     on_first_step,
     on_resize,
+    on_restored,
 )
 
 Event = tuple[str, float]
@@ -25,6 +26,7 @@ def _apply(events: list[Event]) -> tuple[LostTime, list[float]]:
         "failure": on_failure,
         "resize": on_resize,
         "commit": on_commit,
+        "restored": on_restored,  # its time is the restored checkpoint's commit
     }
     for kind, at in events:
         if kind == "step":
@@ -89,6 +91,34 @@ def _apply(events: list[Event]) -> tuple[LostTime, list[float]]:
             {LostTo.STARTUP: 2.0, LostTo.RESIZE: 1.0},
             [],
             id="steps-and-commits-while-training-or-paused-change-nothing",
+        ),
+        pytest.param(
+            [("step", 2.0), ("commit", 8.0), ("failure", 9.0), ("restored", 5.0), ("step", 10.0)],
+            12.0,
+            {LostTo.STARTUP: 2.0, LostTo.ROLLBACK: 1.0 + 3.0, LostTo.RECOVERY: 1.0},
+            [1.0],
+            id="restored-checkpoint-older-than-the-last-commit-rolls-back-to-it",
+        ),
+        pytest.param(
+            [("step", 2.0), ("resize", 8.0), ("failure", 9.0), ("restored", 5.0), ("step", 10.0)],
+            12.0,
+            {LostTo.STARTUP: 2.0, LostTo.ROLLBACK: 3.0, LostTo.RECOVERY: 2.0},
+            [2.0],
+            id="every-member-left-then-restored-loses-the-training-since-the-checkpoint",
+        ),
+        pytest.param(
+            [("step", 2.0), ("commit", 8.0), ("failure", 9.0), ("restored", 8.5), ("step", 10.0)],
+            12.0,
+            {LostTo.STARTUP: 2.0, LostTo.ROLLBACK: 1.0, LostTo.RECOVERY: 1.0},
+            [1.0],
+            id="restored-checkpoint-newer-than-the-rollback-adds-nothing",
+        ),
+        pytest.param(
+            [("step", 2.0), ("commit", 4.0), ("restored", 1.0), ("failure", 6.0)],
+            6.0,
+            {LostTo.STARTUP: 2.0, LostTo.ROLLBACK: 2.0},
+            [],
+            id="restored-outside-a-recovery-changes-nothing",
         ),
     ],
 )

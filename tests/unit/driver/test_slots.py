@@ -146,28 +146,34 @@ def test_assign_slots_properties(hosts: list[tuple[str, int]], max_np: int | Non
         assert [s.hostname for s in holders] == [h for h in used if len(per_host[h]) > local_rank]
 
 
-@pytest.mark.parametrize(
-    ("previous", "hosts"),
-    [
-        pytest.param([], ["a"], id="first-round"),
-        pytest.param([], [], id="first-round-no-hosts"),
-        pytest.param(["a", "b"], ["a", "c"], id="rank0-host-survives"),
-        pytest.param(["a", "b"], ["b", "c"], id="other-survivor-first"),
-    ],
-)
-def test_continuity_ok(previous: list[str], hosts: list[str]) -> None:
-    assert missing_survivor(previous, hosts) is None
+A0, A1, B0, C0 = WorkerId("a", 0), WorkerId("a", 1), WorkerId("b", 0), WorkerId("c", 0)
 
 
 @pytest.mark.parametrize(
-    ("previous", "hosts"),
+    ("survivors", "slots"),
     [
-        pytest.param(["a", "b"], ["c", "d"], id="all-replaced"),
-        pytest.param(["a"], [], id="no-hosts-left"),
-        pytest.param(["a"], ["c", "a"], id="survivor-not-first"),
+        pytest.param(None, [A0], id="first-round"),
+        pytest.param(None, [], id="first-round-no-slots"),
+        pytest.param([A0, B0], [A0, C0], id="rank0-survives"),
+        pytest.param([A0, B0], [B0, C0], id="other-survivor-first"),
     ],
 )
-def test_continuity_broken(previous: list[str], hosts: list[str]) -> None:
-    problem = missing_survivor(previous, hosts)
-    assert problem is not None and "durable-checkpoint fallback" in problem
-    assert "a" in problem
+def test_continuity_ok(survivors: list[WorkerId] | None, slots: list[WorkerId]) -> None:
+    assert missing_survivor(survivors, slots) is None
+
+
+@pytest.mark.parametrize(
+    ("survivors", "slots", "says"),
+    [
+        pytest.param([], [C0, B0], "no worker of the previous round survives", id="all-replaced"),
+        pytest.param([], [], "no worker can start", id="no-slots-left"),
+        pytest.param([A0], [C0, A0], "fresh process c[0], not one of", id="survivor-not-first"),
+        pytest.param(
+            [A1], [A0, A1], "fresh process a[0], not one of", id="fresh-process-on-survivor-host"
+        ),
+    ],
+)
+def test_continuity_broken(survivors: list[WorkerId], slots: list[WorkerId], says: str) -> None:
+    problem = missing_survivor(survivors, slots)
+    assert problem is not None and says in problem
+    assert all(str(w) in problem for w in survivors)

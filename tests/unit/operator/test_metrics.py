@@ -74,6 +74,8 @@ def test_histograms_hold_what_the_drivers_observed_and_are_dropped_with_their_jo
         observer.recovered(seconds)
     observer.round_formed(0.2)
     observer.committed(0.003)
+    observer.checkpointed(0.8)
+    observer.checkpointed(12.0)
     samples = scrape(metrics)
     recovery = "elasticjob_recovery_seconds"
     assert value(samples, f"{recovery}_count", job="ns.a") == 3
@@ -83,6 +85,10 @@ def test_histograms_hold_what_the_drivers_observed_and_are_dropped_with_their_jo
     assert value(samples, f"{recovery}_bucket", job="ns.a", le="+Inf") == 3
     assert value(samples, "elasticjob_round_formation_seconds_count", job="ns.a") == 1
     assert value(samples, "elasticjob_commit_seconds_bucket", job="ns.a", le="0.005") == 1
+    checkpoint = "elasticjob_checkpoint_seconds"
+    assert value(samples, f"{checkpoint}_bucket", job="ns.a", le="1.0") == 1
+    assert value(samples, f"{checkpoint}_bucket", job="ns.a", le="30.0") == 2
+    assert value(samples, f"{checkpoint}_sum", job="ns.a") == pytest.approx(12.8)
     metrics.forget("ns.a")
     metrics.forget("ns.a")
     assert not [s for s in scrape(metrics) if s.labels.get("job") == "ns.a"]

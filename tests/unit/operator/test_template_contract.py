@@ -161,3 +161,18 @@ def test_the_restricted_example_is_admitted() -> None:
     assert context["allowPrivilegeEscalation"] is False
     assert context["capabilities"] == {"drop": ["ALL"]}
     assert context["readOnlyRootFilesystem"] is True
+
+
+def test_the_gpu_example_is_admitted_with_one_gpu_per_slot() -> None:
+    job = yaml.safe_load((REPO / "examples" / "elasticjob-gpu.yaml").read_text())
+    assert validate(job["spec"]) == []
+    spec = parse_spec(job["spec"])
+    worker = spec.template.spec.worker_container()
+    assert worker is not None
+    limits = (worker.model_extra or {})["resources"]["limits"]
+    assert spec.slots_per_worker == int(limits["nvidia.com/gpu"])
+    assert spec.backend.value == "nccl"
+    assert not {e["name"] for e in (worker.model_extra or {})["env"]} & {
+        wire.ENV_GLOO_SOCKET_IFNAME,
+        wire.ENV_NCCL_SOCKET_IFNAME,
+    }, "the runtime picks the interface"

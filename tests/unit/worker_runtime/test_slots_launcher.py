@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
+import torch
 
 from elasticjob import wire
 
@@ -60,3 +64,93 @@ def test_usage_errors_are_refused() -> None:
         [*SLOTS, "two", "--", "true"], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 2 and "usage" in done.stderr
+
+
+RUNTIME_OF_A_SLOT = """
+import json, os, sys
+import torch
+from elasticjob.worker_runtime.config import WorkerConfig
+from elasticjob.worker_runtime.runtime import Runtime
+runtime = Runtime(WorkerConfig.from_env())  # joins nothing: the rendezvous is never asked
+seen = {name: os.environ.get(name) for name in sys.argv[2:]}
+seen["device"] = str(runtime.device)
+seen["current"] = torch.cuda.current_device() if runtime.device.type == "cuda" else None
+with open(os.path.join(sys.argv[1], os.environ["LOCAL_RANK"]), "w") as out:
+    json.dump(seen, out)
+"""
+SEEN = [
+    wire.ENV_LOCAL_RANK,
+    wire.ENV_HOROVOD_LOCAL_RANK,
+    wire.ENV_TORCH_LOCAL_RANK,
+    wire.ENV_GLOO_SOCKET_IFNAME,
+    wire.ENV_NCCL_SOCKET_IFNAME,
+]
+
+
+def pod_env(backend: str, **extra: str) -> dict[str, str]:
+    """A worker container's environment as the operator writes it (the rendezvous service is
+    never reached: the slots only construct their runtime)."""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("SOCKET_IFNAME")}
+    return env | {
+        wire.ENV_RENDEZVOUS_URL: "http://127.0.0.1:9",
+        wire.ENV_JOB: "ns.gpu",
+        wire.ENV_TOKEN: "token",
+        wire.ENV_HOSTNAME: "gpu-worker-a",
+        wire.ENV_BIND_ADDRESS: "127.0.1.9",
+        wire.ENV_LOCAL_RANK: "0",
+        wire.ENV_BACKEND: backend,
+        **extra,
+    }
+
+
+def run_pod(tmp_path: Path, slots: int, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-c", RUNTIME_OF_A_SLOT, str(tmp_path), *SEEN]
+    return subprocess.run(
+        [*SLOTS, str(slots), "--", *command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+def test_each_slot_has_its_local_rank_device_and_the_interface_of_the_pod_ip(
+    tmp_path: Path,
+) -> None:
+    done = run_pod(tmp_path, 3, pod_env("gloo", **{wire.ENV_NCCL_SOCKET_IFNAME: "ib0"}))
+    assert done.returncode == 0, done.stderr
+    seen = {p.name: json.loads(p.read_text()) for p in tmp_path.iterdir()}
+    assert seen == {
+        str(slot): {
+            wire.ENV_LOCAL_RANK: str(slot),
+            wire.ENV_HOROVOD_LOCAL_RANK: str(slot),
+            wire.ENV_TORCH_LOCAL_RANK: str(slot),
+            wire.ENV_GLOO_SOCKET_IFNAME: "lo",  # the interface of the bind address
+            wire.ENV_NCCL_SOCKET_IFNAME: "ib0",  # the user's choice stays
+            "device": "cpu",
+            "current": None,
+        }
+        for slot in range(3)
+    }
+
+
+def test_nccl_slots_without_gpus_fail_at_init_naming_the_resource(tmp_path: Path) -> None:
+    done = run_pod(tmp_path, 2, pod_env("nccl", **{wire.ENV_CUDA_VISIBLE_DEVICES: ""}))
+    assert done.returncode != 0
+    assert "no CUDA device is visible" in done.stderr and "nvidia.com/gpu" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_nccl_slots_each_get_their_own_gpu(tmp_path: Path) -> None:
+    slots = min(torch.cuda.device_count(), 4)
+    done = run_pod(tmp_path, slots, pod_env("nccl"))
+    assert done.returncode == 0, done.stderr
+    seen = {p.name: json.loads(p.read_text()) for p in tmp_path.iterdir()}
+    assert {slot: (s["device"], s["current"]) for slot, s in seen.items()} == {
+        str(k): (f"cuda:{k}", k) for k in range(slots)
+    }
+    # One slot more than the pod's GPUs: that slot fails at init and takes the pod down.
+    done = run_pod(tmp_path, slots + 1, pod_env("nccl"))
+    assert done.returncode != 0 and f"slot {slots} has no GPU of its own" in done.stderr

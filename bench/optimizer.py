@@ -1,0 +1,89 @@
+"""DistributedOptimizer benchmark (prints its figures; asserts nothing).
+
+Four worker processes over Gloo on the loopback (one host, one torch thread each) train a
+~25M-parameter MLP in alternating blocks (order rotated every repeat, so that every variant
+sees the same machine load) with:
+
+- ``ddp``: torch's ``DistributedDataParallel`` on the round's group (the baseline);
+- ``optimizer``: ``hvd.DistributedOptimizer`` (reductions launched from backward hooks);
+- ``optimizer_check``: the same with ``check_host_updates()`` after every step.
+
+Figures: the median over repeats of each variant's mean steady-state step time, and the
+ratios optimizer / ddp (goal: within 5 %) and optimizer_check / optimizer (goal: within 1 %),
+each as the median of the per-repeat ratios with their spread (min..max).
+
+Usage: nice -n 5 python bench/optimizer.py [--repeats 5] [--steps 10] [--batch-size 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "optimizer_worker.py"
+
+
+def run_job(out: Path, worker_args: list[str]) -> list[dict[str, float | int | str]]:
+    command = [sys.executable, "-m", "elasticjob.launcher.cli", "-np", "4", "-H", "127.0.1.1:4",
+               sys.executable, str(WORKER), "--out", str(out), *worker_args]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    job = subprocess.run(
+        command, check=False, capture_output=True, text=True, timeout=1800, env=env
+    )
+    if job.returncode != 0:
+        raise SystemExit(f"benchmark job failed ({job.returncode}):\n{job.stderr[-3000:]}")
+    lines = (out / "blocks.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def ratio_line(name: str, ratios: list[float]) -> str:
+    median = statistics.median(ratios)
+    return (
+        f"{name}: {median:.4f} ({(median - 1) * 100:+.2f} %), "
+        f"spread {min(ratios):.4f}..{max(ratios):.4f} over {len(ratios)} repeats"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per block")
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args()
+    print(f"load average before: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs")
+    with tempfile.TemporaryDirectory() as scratch:
+        blocks = run_job(
+            Path(scratch),
+            ["--repeats", str(args.repeats), "--steps", str(args.steps),
+             "--batch-size", str(args.batch_size)],
+        )  # fmt: skip
+    by_repeat: dict[int, dict[str, float]] = {}
+    for block in blocks:
+        by_repeat.setdefault(int(block["repeat"]), {})[str(block["variant"])] = float(
+            block["step_s"]
+        )
+    repeats = list(by_repeat.values())
+    print(f"load average after: {os.getloadavg()[0]:.2f} (1 min)")
+    for variant in ("ddp", "optimizer", "optimizer_check"):
+        times = [r[variant] for r in repeats]
+        print(
+            f"{variant}: median step {statistics.median(times) * 1000:.1f} ms "
+            f"(min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f})"
+        )
+    print(ratio_line("optimizer / ddp", [r["optimizer"] / r["ddp"] for r in repeats]))
+    print(
+        ratio_line(
+            "optimizer_check / optimizer", [r["optimizer_check"] / r["optimizer"] for r in repeats]
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

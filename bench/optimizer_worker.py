@@ -1,0 +1,99 @@
+"""Worker of the optimizer benchmark: a ~25M-parameter MLP trained in alternating blocks of
+steps by torch's DistributedDataParallel, by ``hvd.DistributedOptimizer``, and by
+``hvd.DistributedOptimizer`` with ``check_host_updates()`` after every step; rank 0 writes
+one JSON line per block (its mean step time) to ``<out>/blocks.jsonl``."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+import elasticjob.worker_runtime as hvd
+from elasticjob.worker_runtime.basics import current
+
+VARIANTS = ("ddp", "optimizer", "optimizer_check")
+
+
+def model_25m() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(1024, 4096),
+        torch.nn.ReLU(),
+        torch.nn.Linear(4096, 4096),
+        torch.nn.ReLU(),
+        torch.nn.Linear(4096, 1024),
+        torch.nn.ReLU(),
+        torch.nn.Linear(1024, 10),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per block")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    hvd.init()
+    base = model_25m()
+    x = torch.randn(args.batch_size, 1024)
+    y = torch.randint(0, 10, (args.batch_size,))
+
+    ddp_model = copy.deepcopy(base)
+    ddp = DistributedDataParallel(ddp_model, init_sync=False)
+    ddp_opt = torch.optim.SGD(ddp_model.parameters(), lr=1e-3, momentum=0.9)
+    hvd_model = copy.deepcopy(base)
+    hvd_opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(hvd_model.parameters(), lr=1e-3, momentum=0.9)
+    )
+
+    def ddp_step() -> None:
+        ddp_opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        ddp_opt.step()
+
+    def hvd_step() -> None:
+        hvd_opt.zero_grad()
+        torch.nn.functional.cross_entropy(hvd_model(x), y).backward()
+        hvd_opt.step()
+
+    def hvd_checked_step() -> None:
+        hvd_step()
+        current().check_host_updates()
+
+    steps: dict[str, Callable[[], None]] = {
+        "ddp": ddp_step,
+        "optimizer": hvd_step,
+        "optimizer_check": hvd_checked_step,
+    }
+    for step in steps.values():
+        for _ in range(3):  # warm up (DDP rebuilds its buckets at the second iteration)
+            step()
+    log = None
+    if hvd.rank() == 0:
+        args.out.mkdir(parents=True, exist_ok=True)
+        log = (args.out / "blocks.jsonl").open("w", buffering=1)
+    for repeat in range(args.repeats):
+        order = VARIANTS[repeat % 3 :] + VARIANTS[: repeat % 3]  # rotate against drift
+        for variant in order:
+            hvd.allreduce(torch.zeros(1))  # start the block together
+            started = time.perf_counter()
+            for _ in range(args.steps):
+                steps[variant]()
+            seconds = (time.perf_counter() - started) / args.steps
+            if log is not None:
+                log.write(json.dumps({"repeat": repeat, "variant": variant, "step_s": seconds}))
+                log.write("\n")
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""DistributedOptimizer's hook-driven reducer in this process (the standalone runtime, real
+Gloo groups): step weights over one and several passes, the host-update vote riding the
+first exact bucket, and a backward blocked on a silent peer that raises as soon as the round
+is aborted (what the driver's failure notice does) instead of at the collective timeout."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import elasticjob.worker_runtime as hvd
+from elasticjob.worker_runtime import basics, step_weight
+from elasticjob.worker_runtime.process_group import RoundGroup
+
+ABORT_AFTER_S = 0.5
+RAISED_WITHIN_S = 5.0
+"""A backward pass on an aborted group must raise this soon (the group's timeout is 40 s)."""
+
+
+@pytest.fixture
+def group(monkeypatch: pytest.MonkeyPatch) -> Iterator[RoundGroup]:
+    """The standalone runtime's round group (a world of one until a test re-forms it)."""
+    for name in [n for n in os.environ if n.startswith("ELASTICJOB_")]:
+        monkeypatch.delenv(name)
+    hvd.init()
+    yield basics.current().group
+    step_weight.set_source(None)
+    hvd.shutdown()
+
+
+def mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2))
+
+
+def backward(model: torch.nn.Module, seed: int = 1) -> None:
+    torch.manual_seed(seed)
+    model(torch.randn(4, 3)).square().mean().backward()
+
+
+class Weights:
+    """A step-weight source with fixed weights per pass."""
+
+    def __init__(self, *weights: float) -> None:
+        self.start = step_weight.passes()
+        self.weights = weights
+
+    def weight(self, passes: int) -> float:
+        return self.weights[passes - self.start]
+
+
+def grads(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def test_weights_of_one_pass_cancel_in_a_world_of_one(group: RoundGroup) -> None:
+    reference = mlp()
+    backward(reference)
+    model = mlp()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), bucket_cap_mb=0)
+    step_weight.set_source(Weights(0.25, 0.0))
+    before = step_weight.passes()
+    backward(model)
+    assert step_weight.passes() == before + 1, "one pass per backward, whatever the buckets"
+    for got, want in zip(grads(model), grads(reference), strict=True):
+        torch.testing.assert_close(got, want)  # 0.25 * g / 0.25
+    opt.step()
+    opt.zero_grad()
+    backward(model)  # weight 0 everywhere: nothing trained
+    assert all(not g.any() for g in grads(model))
+
+
+def test_weights_of_accumulated_passes(group: RoundGroup) -> None:
+    """Two passes of weights 1 and 0.5: ``w * g`` per pass, summed, over the mean weight per
+    pass (with weights 1 that is Horovod's plain sum of the passes)."""
+    first, second = mlp(), mlp()
+    backward(first, seed=1)
+    backward(second, seed=2)
+    model = mlp()
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), backward_passes_per_step=2
+    )
+    step_weight.set_source(Weights(1.0, 0.5))
+    backward(model, seed=1)
+    backward(model, seed=2)
+    expected = [(a + 0.5 * b) / 0.75 for a, b in zip(grads(first), grads(second), strict=True)]
+    for got, want in zip(grads(model), expected, strict=True):
+        torch.testing.assert_close(got, want)
+    opt.step()
+
+
+def test_the_host_update_vote_rides_the_first_exact_bucket(group: RoundGroup) -> None:
+    """After a step the host-update check needs no collective of its own: it still answers
+    once the group is broken, which a collective would not."""
+    model = mlp()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), bucket_cap_mb=0)
+    backward(model)
+    opt.step()
+    group.abort("broken after the step (test)")
+    basics.current().check_host_updates()  # settled by the reduction: no collective
+    with pytest.raises(hvd.HorovodInternalError, match="broken after the step"):
+        basics.current().check_host_updates()  # nothing settled any more: a collective
+
+
+def test_no_vote_rides_compressed_buckets(group: RoundGroup) -> None:
+    model = mlp()
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), compression=hvd.Compression.fp16
+    )
+    backward(model)
+    opt.step()
+    group.abort("broken after the step (test)")
+    with pytest.raises(hvd.HorovodInternalError, match="broken after the step"):
+        basics.current().check_host_updates()
+
+
+def test_refusals(group: RoundGroup) -> None:
+    def sgd() -> torch.optim.Optimizer:
+        return torch.optim.SGD(mlp().parameters(), lr=0.1)
+
+    with pytest.raises(NotImplementedError, match="op=Adasum"):
+        hvd.DistributedOptimizer(sgd(), op=hvd.Adasum)
+    with pytest.raises(ValueError, match="needs op=Average"):
+        hvd.DistributedOptimizer(sgd(), op=hvd.Sum, gradient_predivide_factor=2.0)
+    with pytest.raises(ValueError, match="backward_passes_per_step must be > 0"):
+        hvd.DistributedOptimizer(sgd(), backward_passes_per_step=0)
+
+
+def test_a_dropped_optimizer_leaves_no_working_hooks(group: RoundGroup) -> None:
+    model = mlp()
+    reference = copy.deepcopy(model)
+    hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    before = step_weight.passes()
+    backward(model)  # the optimizer is gone: plain local gradients, no pass counted
+    backward(reference)
+    assert step_weight.passes() == before
+    for got, want in zip(grads(model), grads(reference), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_backward_blocked_on_a_silent_peer_raises_when_the_round_is_aborted(
+    group: RoundGroup, silent_peer: subprocess.Popen[str]
+) -> None:
+    model = mlp()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    notice = threading.Timer(ABORT_AFTER_S, group.abort, ["a member of round 1 failed"])
+    notice.start()
+    started = time.monotonic()
+    with pytest.raises(hvd.HorovodInternalError, match="a member of round 1 failed"):
+        backward(model)
+    waited = time.monotonic() - started
+    notice.join()
+    assert ABORT_AFTER_S <= waited < ABORT_AFTER_S + RAISED_WITHIN_S
+
+    # The next round forms at once; the optimizer drops the broken round's reductions.
+    basics.current().reset()
+    opt.zero_grad()
+    backward(model)
+    opt.step()
