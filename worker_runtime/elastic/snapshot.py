@@ -32,6 +32,11 @@ logger = get_logger(__name__)
 
 ALIGN: Final = 64
 """Byte alignment of each tensor in its buffer (any dtype may view its slice)."""
+SPARES: Final = 2
+"""Free snapshots kept for the next commits: one, plus one for when a checkpoint writer
+releases its pinned snapshot, so that neither commits nor checkpoints allocate (and fault
+in) fresh buffers in the steady state. A state thus holds up to three copies of itself with
+durable checkpoints, two without."""
 COPY_DEADLINE_S: Final = 300.0
 """Longest a background copy may take before a wait for it fails."""
 
@@ -207,7 +212,7 @@ class SnapshotKeeper:
         self.background = background
         self._committed: Snapshot | None = None
         self._pending: Snapshot | None = None
-        self._spare: Snapshot | None = None
+        self._spares: list[Snapshot] = []
         self._pins: dict[int, int] = {}
         self._lock = threading.Lock()
         self._copier: _Copier | None = None
@@ -275,20 +280,26 @@ class SnapshotKeeper:
             if left:
                 self._pins[id(snapshot)] = left
             elif snapshot is not self._committed and snapshot is not self._pending:
-                self._spare = snapshot
+                self._keep_spare(snapshot)
 
     def _free_snapshot(self, layout: Layout) -> Snapshot:
         with self._lock:
-            spare, self._spare = self._spare, None
-        if spare is not None and spare.layout == layout:
-            return spare
+            self._spares = [s for s in self._spares if s.layout == layout]
+            if self._spares:
+                return self._spares.pop()
         return Snapshot(layout)
+
+    def _keep_spare(self, snapshot: Snapshot) -> None:
+        """Keep a released snapshot's buffers for the next commits (at most
+        :data:`SPARES`; called under the lock)."""
+        if len(self._spares) < SPARES:
+            self._spares.append(snapshot)
 
     def _publish(self, snapshot: Snapshot) -> None:
         with self._lock:
             previous, self._committed = self._committed, snapshot
             if previous is not None and id(previous) not in self._pins:
-                self._spare = previous
+                self._keep_spare(previous)
 
 
 def _copy(pairs: list[tuple[torch.Tensor, torch.Tensor]], snapshot: Snapshot) -> None:

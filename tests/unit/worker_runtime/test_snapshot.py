@@ -192,3 +192,20 @@ def test_snapshot_value_views_its_own_buffers() -> None:
     snapshot.tensors[0].fill_(2.5)
     assert snapshot.value()["t"].data_ptr() == snapshot.buffers[0].data_ptr()
     assert snapshot.nbytes == 64
+
+
+def test_checkpoints_in_the_steady_state_allocate_no_new_buffers() -> None:
+    keeper = SnapshotKeeper()
+    live = {"w": torch.zeros(1000)}
+    snapshots: dict[int, Snapshot] = {}  # by id, kept alive: an id is never reused
+    for _ in range(6):  # a checkpoint pins the committed snapshot, two commits, released
+        keeper.capture(live, {}, lambda _t: False)
+        pinned = keeper.pin()
+        assert pinned is not None
+        for _ in range(2):
+            keeper.capture(live, {}, lambda _t: False)
+            committed = keeper.committed()
+            assert committed is not None
+            snapshots[id(committed)] = committed
+        keeper.unpin(pinned)
+    assert len(snapshots) <= 3

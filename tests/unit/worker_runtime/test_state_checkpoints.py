@@ -163,3 +163,48 @@ def test_checkpoint_without_a_folder_is_an_error(monkeypatch: pytest.MonkeyPatch
             make_state(0).checkpoint()
     finally:
         hvd.shutdown()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("background", [False, True])
+def test_a_cuda_state_commits_restores_and_resumes(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, background: bool
+) -> None:
+    """Snapshot buffers on the device; the writer copies them to the host; a fresh state
+    loads the host tensors into its device tensors."""
+    reports(monkeypatch)
+
+    def cuda_state(seed: int) -> TorchState:
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(64, 256), torch.nn.BatchNorm1d(256), torch.nn.Linear(256, 2)
+        ).cuda()
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        return TorchState(model, optimizer, background_commit=background, epoch=0)
+
+    def cuda_step(state: TorchState, seed: int) -> None:
+        torch.manual_seed(seed)
+        state.optimizer.zero_grad()
+        state.model(torch.randn(16, 64, device="cuda")).square().mean().backward()
+        state.optimizer.step()
+
+    def weights(state: TorchState) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in state.model.state_dict().items()}
+
+    old = cuda_state(0)
+    for seed in range(3):
+        cuda_step(old, seed)
+        old.commit()
+    committed = weights(old)
+    old.checkpoint()
+    cuda_step(old, 9)
+    cuda_step(old, 10)
+    old.restore()
+    assert all(torch.equal(v, committed[k]) for k, v in weights(old).items())
+    old.finish_checkpoints()
+
+    fresh = cuda_state(1)
+    assert fresh.resume_from_checkpoint() is not None
+    assert all(torch.equal(v, committed[k]) for k, v in weights(fresh).items())
+    assert all(t.is_cuda for s in fresh.optimizer.state.values() for t in s.values() if t.dim() > 0)
+    cuda_step(fresh, 11)  # trains on from the loaded state
