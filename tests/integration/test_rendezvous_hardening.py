@@ -230,6 +230,43 @@ async def test_responses_carry_the_service_version(cluster: Cluster) -> None:
 # ---- TLS ---------------------------------------------------------------------------------
 
 
+def connect_until_refused(port: int, count: int) -> int:
+    """Open up to ``count`` connections to ``port`` one after another, without the service
+    accepting any (the caller's event loop is blocked meanwhile); stop at the first that the
+    kernel does not complete within 0.2 s (a dropped SYN is retried only after 1 s)."""
+    opened: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            opened.append(sock)
+            sock.settimeout(0.2)
+            try:
+                sock.connect(("127.0.0.1", port))
+            except OSError:
+                break
+        else:
+            return count
+        return len(opened) - 1
+    finally:
+        for sock in opened:
+            sock.close()
+
+
+async def test_a_burst_of_connections_waits_for_a_busy_service() -> None:
+    """A notice wakes every worker of a job at once, while the service is busy answering:
+    the kernel queues their connections rather than dropping them (aiohttp's default queue
+    of 128 dropped the rest of a 1,024-worker burst)."""
+    burst = 600
+    if int(Path("/proc/sys/net/core/somaxconn").read_text()) < burst:
+        pytest.skip("net.core.somaxconn caps every listen queue below the burst")
+    service = RendezvousService()
+    await service.start("127.0.0.1", 0)
+    try:
+        assert connect_until_refused(service.port, burst) == burst
+    finally:
+        await service.stop()
+
+
 def make_ca(name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
