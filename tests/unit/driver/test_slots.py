@@ -171,3 +171,13 @@ def test_continuity_broken(previous: list[str], hosts: list[str]) -> None:
     problem = missing_survivor(previous, hosts)
     assert problem is not None and "durable-checkpoint fallback" in problem
     assert "a" in problem
+
+
+def test_equal_hosts_share_one_read_only_assignment() -> None:
+    """The driver plans on every step: the same hosts must not build the slots again."""
+    first = assign_slots([("a", 2), ("b", 1)], min_np=1, max_np=None)
+    again = assign_slots((("a", 2), ("b", 1)), min_np=1, max_np=None)
+    assert again is first
+    assert assign_slots([("a", 2), ("b", 1)], min_np=1, max_np=2) is not first
+    with pytest.raises(TypeError):
+        first[WorkerId("c", 0)] = first[WorkerId("a", 0)]  # type: ignore[index]
