@@ -63,6 +63,9 @@ class Row:
     requests: int
     errors: int
     gen_cpu_s: float
+    driver_steps: int = 0
+    driver_cpu_s: float = 0.0
+    """The drivers' steps during the scenario and their CPU (part of ``svc_cpu_s``)."""
     note: str = ""
 
     def pct(self, q: float) -> float:
@@ -119,7 +122,8 @@ class SizeRun:
         row = Row(
             self.size, scenario, found, after["cpu_s"] - before["cpu_s"],
             after["requests"] - before["requests"], after["errors"] - before["errors"],
-            _own_cpu() - gen_before, note,
+            _own_cpu() - gen_before, after["driver_steps"] - before["driver_steps"],
+            after["driver_cpu_s"] - before["driver_cpu_s"], note,
         )  # fmt: skip
         self.rows.append(row)
         print(_format_row(row), flush=True)
@@ -173,7 +177,7 @@ class SizeRun:
         notices = heard() or []
         self.rows.insert(self.rows.index(row), Row(
             self.size, "notice", notices, row.svc_cpu_s, row.requests, row.errors, row.gen_cpu_s,
-            "(cost: see fail)",
+            row.driver_steps, row.driver_cpu_s, "(cost: see fail)",
         ))  # fmt: skip
         print(_format_row(self.rows[-2]), flush=True)
         del hosts[victim_host]
@@ -236,13 +240,14 @@ def _format_row(row: Row) -> str:
     )  # fmt: skip
     return (
         f"{row.size:>6} {row.scenario:<10} {lat:<26} {row.svc_cpu_s:8.2f} {row.requests:>9}"
-        f" {row.errors:>6} {row.gen_cpu_s:8.2f} {row.note}"
+        f" {row.errors:>6} {row.gen_cpu_s:8.2f} {row.driver_steps:>6} {row.driver_cpu_s:8.2f}"
+        f" {row.note}"
     )
 
 
 HEADER = (
     f"{'N':>6} {'scenario':<10} {'p50 s':>8} {'p99 s':>8} {'max s':>8} {'svc cpu':>8}"
-    f" {'requests':>9} {'errors':>6} {'gen cpu':>8}"
+    f" {'requests':>9} {'errors':>6} {'gen cpu':>8} {'steps':>6} {'drv cpu':>8}"
 )
 
 
@@ -386,7 +391,8 @@ def main() -> None:
         rows += found
         finals[size] = final
         print(f"{size:>6} service peak RSS {final['maxrss_kib'] / 1024:.0f} MiB, "
-              f"{final['requests']} requests", flush=True)  # fmt: skip
+              f"{final['requests']} requests, CPU {final['cpu_s']:.1f} s of which garbage "
+              f"collection {final['gc_s']:.2f} s", flush=True)  # fmt: skip
     print_curve(rows, sizes, finals)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:

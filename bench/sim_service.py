@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import cProfile
+import gc
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ import resource
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from elasticjob.driver.api import DriverSettings, HostDiscovery, WorkerLauncher
@@ -40,6 +42,18 @@ from elasticjob.wire import WorkerId
 logger = logging.getLogger("sim_service")
 
 Event = dict[str, Any]
+
+
+_GC_SECONDS = [0.0, 0.0]
+"""Seconds spent in the cyclic garbage collector so far, and when the running one began."""
+
+
+def _time_gc(phase: str, info: dict[str, int]) -> None:
+    del info
+    if phase == "start":
+        _GC_SECONDS[1] = time.process_time()
+    else:
+        _GC_SECONDS[0] += time.process_time() - _GC_SECONDS[1]
 
 
 class Emitter:
@@ -138,6 +152,8 @@ class SimOperator:
         self._drivers: dict[str, ElasticDriver] = {}
         self._discovery: dict[str, SimDiscovery] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._steps = 0
+        self._step_cpu_s = 0.0
 
     def add_job(self, job: str, token: str, hosts: dict[str, int], settings: Event) -> None:
         discovery = SimDiscovery(job, hosts, self._emitter)
@@ -156,11 +172,25 @@ class SimOperator:
             time.monotonic,
         )
         driver.journal.observer = PublishObserver(job, driver, self._emitter)
+        driver.step = self._timed(driver.step)  # type: ignore[method-assign]
         self._drivers[job] = driver
         self._discovery[job] = discovery
         task = asyncio.create_task(self._run(job, driver), name=f"driver {job}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _timed(self, step: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        """The driver's step, counted and timed (its share of the service's CPU)."""
+
+        async def timed() -> None:
+            started = time.process_time()
+            try:
+                await step()
+            finally:
+                self._steps += 1
+                self._step_cpu_s += time.process_time() - started
+
+        return timed
 
     async def _run(self, job: str, driver: ElasticDriver) -> None:
         try:
@@ -195,16 +225,22 @@ class SimOperator:
             "maxrss_kib": usage.ru_maxrss,
             "rss_kib": rss_pages * os.sysconf("SC_PAGE_SIZE") // 1024,
             "requests": sum(r.requests for r in routes.values()),
+            "gc_s": _GC_SECONDS[0],
+            "driver_steps": self._steps,
+            "driver_cpu_s": self._step_cpu_s,
             "errors": sum(r.errors for r in routes.values()),
             "routes": {name: r.requests for name, r in routes.items()},
         }
 
 
 async def serve() -> None:
+    gc.callbacks.append(_time_gc)
     loop = asyncio.get_running_loop()
     emitter = Emitter(loop)
     service = RendezvousService()
     await service.start("127.0.0.1", 0)
+    if threshold := os.environ.get("SIM_GC_THRESHOLD"):  # to compare with other thresholds
+        gc.set_threshold(*map(int, threshold.split(",")))
     operator = SimOperator(service, emitter)
     reader = asyncio.StreamReader(limit=1 << 24)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
