@@ -97,9 +97,10 @@ class SizeRun:
 
     async def measure(
         self, scenario: str, act: Callable[[], Any], done: Callable[[], list[float] | None],
-        note: str = "",
+        note: str | Callable[[], str] = "",
     ) -> Row:  # fmt: skip
-        """Run ``act`` and wait until ``done()`` returns the latencies; record the row."""
+        """Run ``act`` and wait until ``done()`` returns the latencies; record the row with
+        ``note`` (called once done, if it is a function)."""
         before, gen_before = await self.svc.stats(), _own_cpu()
         await asyncio.sleep(0)
         act()
@@ -115,6 +116,7 @@ class SizeRun:
 
         try:
             await self.svc.until(finished, f"{scenario} at N={self.size}", SCENARIO_TIMEOUT_S)
+            note = note() if callable(note) else note
         except TimeoutError:
             note = f"TIMED OUT after {SCENARIO_TIMEOUT_S:.0f} s"
             self.timed_out = True
@@ -128,6 +130,11 @@ class SizeRun:
         self.rows.append(row)
         print(_format_row(row), flush=True)
         return row
+
+    def _published(self, job: str, round_number: int, since: float) -> str:
+        """When the driver published the round, after ``since``."""
+        published = self.svc.published.get((job, round_number))
+        return "" if published is None else f"published at {published - since:.3f} s"
 
     async def start_job(self, job: str, hosts: dict[str, int], scenario: str) -> None:
         expected = {(job, h, lr) for h, n in hosts.items() for lr in range(n)}
@@ -148,7 +155,7 @@ class SizeRun:
                 return None
             return [t - t0 for t in got if t is not None]
 
-        await self.measure(scenario, act, done)
+        await self.measure(scenario, act, done, lambda: self._published(job, 1, t0))
 
     async def fail_one(self, job: str, hosts: dict[str, int]) -> None:
         names = list(hosts)
@@ -173,7 +180,7 @@ class SizeRun:
             got = [next_round(w, before) for w in survivors]
             return None if None in got else [t - t0 for t in got if t is not None]
 
-        row = await self.measure("fail", act, formed)
+        row = await self.measure("fail", act, formed, lambda: self._published(job, before + 1, t0))
         notices = heard() or []
         self.rows.insert(self.rows.index(row), Row(
             self.size, "notice", notices, row.svc_cpu_s, row.requests, row.errors, row.gen_cpu_s,
@@ -204,7 +211,12 @@ class SizeRun:
             seen = self.svc.discovered[job]
             return [t - seen for t in got if t is not None]
 
-        await self.measure(scenario, lambda: self.svc.set_hosts(job, new_hosts), done)
+        await self.measure(
+            scenario,
+            lambda: self.svc.set_hosts(job, new_hosts),
+            done,
+            lambda: self._published(job, before + 1, self.svc.discovered[job]),
+        )
         hosts.clear()
         hosts.update(new_hosts)
 
