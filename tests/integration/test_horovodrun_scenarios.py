@@ -149,12 +149,12 @@ def test_reset_limit_counts_every_reset(tmp_path: Path, reset_limit: int, succee
     below resets the job twice (B added, then A removed), with no failure."""
     job = run(
         tmp_path,
-        ["-np", "2", "--min-np", "2", "--max-np", "4", "--reset-limit", str(reset_limit)],
-        schedule={0: f"{A}:2", 1: f"{A}:2,{B}:2", 2: f"{B}:2"},
+        ["-np", "1", "--min-np", "1", "--max-np", "2", "--reset-limit", str(reset_limit)],
+        schedule={0: f"{A}:1", 1: f"{A}:1,{B}:1", 2: f"{B}:1"},
     )
     if succeeds:
         assert job.returncode == 0, job.explain()
-        assert [seen(line)[1] for line in results(job)] == [2, 4, 2]
+        assert [seen(line)[1] for line in results(job)] == [1, 2, 1]
     else:
         assert job.returncode == 1, job.explain()
         assert f"reset limit {reset_limit} exceeded" in job.stderr, job.explain()
