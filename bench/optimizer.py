@@ -31,14 +31,17 @@ WORKER = HERE / "optimizer_worker.py"
 
 
 def run_job(out: Path, worker_args: list[str]) -> list[dict[str, float | int | str]]:
-    command = [sys.executable, "-m", "elasticjob.launcher.cli", "-np", "4", "-H", "127.0.1.1:4",
-               sys.executable, str(WORKER), "--out", str(out), *worker_args]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launcher = ["-np", "4", "-H", "127.0.1.1:4", "--gloo"]
+    worker = [sys.executable, str(WORKER), "--out", str(out), *worker_args]
+    command = [sys.executable, "-m", "elasticjob.launcher.cli", *launcher, *worker]
+    # A CPU benchmark: keep the workers off any GPU of the machine.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     job = subprocess.run(
         command, check=False, capture_output=True, text=True, timeout=1800, env=env
     )
     if job.returncode != 0:
-        raise SystemExit(f"benchmark job failed ({job.returncode}):\n{job.stderr[-3000:]}")
+        output = f"{job.stderr[-3000:]}\n{job.stdout[-3000:]}"
+        raise SystemExit(f"benchmark job failed ({job.returncode}):\n{output}")
     lines = (out / "blocks.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
 
@@ -73,9 +76,14 @@ def main() -> None:
     print(f"load average after: {os.getloadavg()[0]:.2f} (1 min)")
     for variant in ("ddp", "optimizer", "optimizer_check"):
         times = [r[variant] for r in repeats]
+        mine = [b for b in blocks if b["variant"] == variant]
+        split = ", ".join(
+            f"{phase} {statistics.median(float(b[phase]) for b in mine) * 1000:.1f}"
+            for phase in ("forward", "backward", "step", "launch", "reduce")
+        )
         print(
             f"{variant}: median step {statistics.median(times) * 1000:.1f} ms "
-            f"(min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f})"
+            f"(min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f}; median {split} ms)"
         )
     print(ratio_line("optimizer / ddp", [r["optimizer"] / r["ddp"] for r in repeats]))
     print(

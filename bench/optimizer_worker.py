@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import elasticjob.worker_runtime as hvd
 from elasticjob.worker_runtime.basics import current
+from elasticjob.worker_runtime.gradient_reducer import GradientReducer
 
 VARIANTS = ("ddp", "optimizer", "optimizer_check")
 
@@ -32,6 +33,20 @@ def model_25m() -> torch.nn.Module:
         torch.nn.ReLU(),
         torch.nn.Linear(1024, 10),
     )
+
+
+def instrument(cls: type, name: str, phase: str, phases: dict[str, float]) -> None:
+    """Add the time spent in ``cls.name`` to ``phases[phase]``."""
+    original = getattr(cls, name)
+
+    def timed(*args: object, **kwargs: object) -> object:
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            phases[phase] += time.perf_counter() - started
+
+    setattr(cls, name, timed)
 
 
 def main() -> None:
@@ -55,15 +70,28 @@ def main() -> None:
         torch.optim.SGD(hvd_model.parameters(), lr=1e-3, momentum=0.9)
     )
 
+    phases = {"forward": 0.0, "backward": 0.0, "step": 0.0, "launch": 0.0, "reduce": 0.0}
+    instrument(GradientReducer, "_launch", "launch", phases)
+    instrument(GradientReducer, "reduce", "reduce", phases)
+
+    def timed_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        t3 = time.perf_counter()
+        phases["forward"] += t1 - t0
+        phases["backward"] += t2 - t1
+        phases["step"] += t3 - t2
+
     def ddp_step() -> None:
-        ddp_opt.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(x), y).backward()
-        ddp_opt.step()
+        timed_step(ddp, ddp_opt)
 
     def hvd_step() -> None:
-        hvd_opt.zero_grad()
-        torch.nn.functional.cross_entropy(hvd_model(x), y).backward()
-        hvd_opt.step()
+        timed_step(hvd_model, hvd_opt)
 
     def hvd_checked_step() -> None:
         hvd_step()
@@ -85,12 +113,15 @@ def main() -> None:
         order = VARIANTS[repeat % 3 :] + VARIANTS[: repeat % 3]  # rotate against drift
         for variant in order:
             hvd.allreduce(torch.zeros(1))  # start the block together
+            phases.update(dict.fromkeys(phases, 0.0))
             started = time.perf_counter()
             for _ in range(args.steps):
                 steps[variant]()
             seconds = (time.perf_counter() - started) / args.steps
             if log is not None:
-                log.write(json.dumps({"repeat": repeat, "variant": variant, "step_s": seconds}))
+                split = {k: v / args.steps for k, v in phases.items()}
+                record = {"repeat": repeat, "variant": variant, "step_s": seconds, **split}
+                log.write(json.dumps(record))
                 log.write("\n")
     hvd.shutdown()
 

@@ -94,9 +94,9 @@ class Provisioner:
         volume = None if kind == "DELETED" else volume_for(claim, self.run_dir)
         if volume is None:
             return
-        claim_dir(self.run_dir, claim["metadata"]["namespace"], claim["metadata"]["name"]).mkdir(
-            parents=True, exist_ok=True
-        )
+        folder = claim_dir(self.run_dir, claim["metadata"]["namespace"], claim["metadata"]["name"])
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o777)  # as local provisioners do: pods may run as any user
         try:
             await self.api.post("/api/v1/persistentvolumes", volume)
         except ApiError as err:

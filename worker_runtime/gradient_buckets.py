@@ -3,11 +3,13 @@ in which order the buckets are launched.
 
 Backward computes the gradients of the last layers first, so the plan walks the parameters
 in reverse registration order and fills one open bucket per dtype until it holds at least
-``cap_bytes``. With explicit groups (Horovod's ``groups`` / ``num_groups``), each group is a
-bucket of its own (one per dtype it holds), whatever its size. Buckets are launched strictly
-in plan order, on every rank, which is what lets ranks whose gradients become ready in
-different orders (a parameter unused on one rank) still match their collectives: the plan is
-ordered by the walk position of each bucket's last parameter, when it is normally ready.
+``cap_bytes`` (the first bucket of each dtype closes at a smaller size, as DDP's does, so
+that communication starts early in the backward pass). With explicit groups (Horovod's
+``groups`` / ``num_groups``), each group is a bucket of its own (one per dtype it holds),
+whatever its size. Buckets are launched strictly in plan order, on every rank, which is what
+lets ranks whose gradients become ready in different orders (a parameter unused on one rank)
+still match their collectives: the plan is ordered by the walk position of each bucket's
+last parameter, when it is normally ready.
 
 Everything here is a pure function of the parameters' sizes and dtypes.
 """
@@ -21,6 +23,8 @@ import torch
 
 DEFAULT_BUCKET_CAP_MB = 25.0
 """Horovod's fusion threshold and DDP's bucket cap."""
+FIRST_BUCKET_CAP_BYTES = 1024 * 1024
+"""DDP's cap of the first bucket."""
 
 
 @dataclass(frozen=True)
@@ -62,11 +66,13 @@ def plan_buckets(
     params: Sequence[ParamInfo],
     cap_bytes: int,
     groups: Sequence[Sequence[int]] | None = None,
+    first_cap_bytes: int | None = None,
 ) -> tuple[Bucket, ...]:
     """The buckets of ``params`` (in registration order) in launch order.
 
     Without ``groups``: reverse registration order, one open bucket per dtype, closed once it
-    holds ``cap_bytes`` or more (a cap of 0 gives one bucket per parameter). With ``groups``
+    holds ``cap_bytes`` or more (a cap of 0 gives one bucket per parameter); the first bucket
+    of each dtype closes at ``min(first_cap_bytes, cap_bytes)`` already. With ``groups``
     (disjoint lists of indices; a parameter in none is a group of its own, as in Horovod):
     one bucket per group and dtype.
 
@@ -77,14 +83,17 @@ def plan_buckets(
     position = {index: step for step, index in enumerate(walk)}
     members: list[list[int]] = []
     if groups is None:
+        first_cap = cap_bytes if first_cap_bytes is None else min(first_cap_bytes, cap_bytes)
         open_by_dtype: dict[torch.dtype, tuple[list[int], int]] = {}
+        closed: set[torch.dtype] = set()
         for index in walk:
             info = params[index]
             bucket, size = open_by_dtype.get(info.dtype, ([], 0))
             bucket.append(index)
             size += _nbytes(info)
-            if size >= cap_bytes:
+            if size >= (cap_bytes if info.dtype in closed else first_cap):
                 members.append(bucket)
+                closed.add(info.dtype)
                 open_by_dtype.pop(info.dtype, None)
             else:
                 open_by_dtype[info.dtype] = (bucket, size)

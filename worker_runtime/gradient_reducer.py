@@ -109,6 +109,9 @@ class GradientReducer:
         self.passes_per_step = passes_per_step
         self._bucket_of = {i: b for b, bucket in enumerate(self.plan) for i in bucket.params}
         self._window: _Window | None = None
+        self._buffers: dict[int, torch.Tensor] = {}
+        """Each bucket's flat buffer, reused from window to window while no reduction was
+        abandoned (an abandoned one may still be written to by the backend)."""
         self.reduced = False
         """Gradients were reduced since the last :meth:`consume` (the optimizer's step)."""
         self.reductions = 0
@@ -132,6 +135,7 @@ class GradientReducer:
     def discard(self) -> None:
         """Forget the window under way (its launched reductions too) and any reduced flag."""
         self._window = None
+        self._buffers.clear()
         self.reduced = False
 
     def consume(self) -> None:
@@ -203,6 +207,9 @@ class GradientReducer:
                 self._launch(window, b)
             for launched in window.launched:
                 self._finish(launched, handles.synchronize(launched.handle))
+        except BaseException:
+            self._buffers.clear()
+            raise
         finally:
             self._window = None
         self.reduced = True
@@ -228,8 +235,12 @@ class GradientReducer:
         if vote:
             extras.append(float(runtime.host_update_vote()))
             window.voted = True
-        parts.append(torch.tensor(extras, dtype=bucket.dtype, device=parts[0].device))
-        flat = torch.cat(parts).to(runtime.device)
+        flat = self._buffer(b, numel + len(extras), bucket.dtype, runtime.device)
+        offset = 0
+        for part in parts:
+            flat[offset : offset + part.numel()].copy_(part)
+            offset += part.numel()
+        flat[numel:].copy_(torch.tensor(extras, dtype=bucket.dtype))
         if self.reduction.predivide != 1.0:
             flat[:numel].mul_(1.0 / self.reduction.predivide)
         compression = self.reduction.compression
@@ -240,6 +251,12 @@ class GradientReducer:
             return wire if compression is None else compression.decompress(wire, ctx)
 
         window.launched.append(_Launched(bucket, handles.issue([work], result), numel, vote))
+
+    def _buffer(self, b: int, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        buffer = self._buffers.get(b)
+        if buffer is None or buffer.numel() != numel or buffer.device != device:
+            buffer = self._buffers[b] = torch.empty(numel, dtype=dtype, device=device)
+        return buffer
 
     def _dense_grad(self, index: int) -> torch.Tensor:
         param = self.params[index]
@@ -268,8 +285,6 @@ class GradientReducer:
             weight, passes = float(flat[n]), float(flat[n + 1])
             # Only padding everywhere (never planned by the sampler): nothing was trained.
             scale = scale * passes / (size * weight) if weight > 0 else 0.0
-        if scale != 1.0:
-            grads.mul_(scale)
         if launched.vote:
             runtime.settle_host_update_vote(float(flat[-1]) / size)
         offset = 0
@@ -281,9 +296,13 @@ class GradientReducer:
                 part = grads[offset : offset + param.numel()].view_as(param)
                 offset += param.numel()
                 if grad.is_sparse:
-                    param.grad = part.to(grad.device).to_sparse()
+                    param.grad = (part * scale).to(grad.device).to_sparse()
+                elif scale != 1.0 and grad.device == part.device:
+                    torch.mul(part, scale, out=grad)  # one pass: scale and copy back
                 else:
                     grad.copy_(part)
+                    if scale != 1.0:
+                        grad.mul_(scale)
 
 
 def _pre_hook(ref: weakref.ref[GradientReducer]) -> Any:

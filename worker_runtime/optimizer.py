@@ -22,6 +22,7 @@ from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.collectives import Average, ReduceOp, torch_op
 from elasticjob.worker_runtime.gradient_buckets import (
     DEFAULT_BUCKET_CAP_MB,
+    FIRST_BUCKET_CAP_BYTES,
     ParamInfo,
     plan_buckets,
     split_groups,
@@ -165,13 +166,14 @@ def DistributedOptimizer(
     The optimizer object is kept (its state too); its class becomes a subclass of its own
     class, with Horovod's ``synchronize()``, ``skip_synchronize()`` and
     ``set_backward_passes_per_step()``. Gradients travel in buckets of about
-    ``bucket_cap_mb`` megabytes, launched during backward in reverse registration order, or
-    in Horovod's explicit ``groups`` (a count, or lists of parameters; ``num_groups`` is the
-    older spelling of a count). Over ``backward_passes_per_step`` passes they accumulate
-    locally (summed, as in Horovod) and are reduced once, at the end of the last pass. A
-    parameter whose gradient is None on a rank is reduced as zeros there; sparse gradients
-    are reduced as dense ones. ``named_parameters`` is accepted for compatibility
-    (collectives are matched by order, not by name).
+    ``bucket_cap_mb`` megabytes (the first of them 1 MB at most, as in DDP), launched during
+    backward in reverse registration order, or in Horovod's explicit ``groups`` (a count, or
+    lists of parameters; ``num_groups`` is the older spelling of a count). Over
+    ``backward_passes_per_step`` passes they accumulate locally (summed, as in Horovod) and
+    are reduced once, at the end of the last pass. A parameter whose gradient is None on a
+    rank is reduced as zeros there; sparse gradients are reduced as dense ones.
+    ``named_parameters`` is accepted for compatibility (collectives are matched by order,
+    not by name).
 
     Raises:
         ValueError: ``gradient_predivide_factor`` with an ``op`` other than Average, or
@@ -188,6 +190,7 @@ def DistributedOptimizer(
         [ParamInfo(p.numel(), p.dtype) for p in params],
         int(bucket_cap_mb * 1024 * 1024),
         _group_indices(params, num_groups, groups),
+        first_cap_bytes=FIRST_BUCKET_CAP_BYTES,
     )
     reduction = Reduction(
         op,

@@ -173,7 +173,10 @@ class ElasticDriver(RendezvousListener):
         if verdict in (ReadyVerdict.READY, ReadyVerdict.ROLLED_BACK):
             self.registry.record(worker, WorkerState.READY)
         if verdict is ReadyVerdict.ROLLED_BACK:
-            logger.warning("worker %s rolled back after a collective failed", worker)
+            # After a failure every survivor rolls back: one line per job, not per worker.
+            (logger.debug if self._recovering else logger.warning)(
+                "worker %s rolled back after a collective failed", worker
+            )
             self.registry.mark_rolled_back(worker)
             self._fail_round(worker.hostname)
         self._wake.set()

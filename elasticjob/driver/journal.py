@@ -40,7 +40,8 @@ class Restore:
     round: int
     steps_lost: int | None
     """Committed steps trained again: the last step rank 0 reported before the loss minus
-    the checkpoint's (None: no step was reported since the driver started)."""
+    the checkpoint's (None: unknown, no step reported since the driver started, or the
+    script reports step numbers of its own that come before the checkpoint's)."""
 
 
 class JobJournal:
@@ -122,7 +123,9 @@ class JobJournal:
 
     def _restored(self, checkpoint: CheckpointReport, round_number: int, world_size: int) -> None:
         last = self.last_step
-        lost = None if last is None else max(last - checkpoint.step, 0)
+        # A last step before the checkpoint's is not in the runtime's count (a script that
+        # reports its own step numbers): unknown rather than a made-up figure.
+        lost = None if last is None or last < checkpoint.step else last - checkpoint.step
         self.restore = Restore(checkpoint, round_number, lost)
         self.lost_time = on_restored(self.lost_time, self._checkpoint_times.get(checkpoint.name))
         steps = "an unknown number of" if lost is None else str(lost)

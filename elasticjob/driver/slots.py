@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from types import MappingProxyType
 
 from elasticjob.driver.api import DriverError
 from elasticjob.wire import SlotInfo, WorkerId
@@ -17,7 +19,7 @@ class NotEnoughSlotsError(DriverError):
 
 def assign_slots(
     hosts: Sequence[tuple[str, int]], *, min_np: int, max_np: int | None
-) -> dict[WorkerId, SlotInfo]:
+) -> Mapping[WorkerId, SlotInfo]:
     """Place one process per slot, walking ``hosts`` in order, up to ``max_np`` processes.
 
     Ranks are consecutive across hosts in their order; ``local_rank`` counts a host's
@@ -25,7 +27,17 @@ def assign_slots(
     among the hosts that have a process with the same local rank, ``cross_size`` their
     number. The result is in rank order. Raises :class:`NotEnoughSlotsError` when the hosts
     have fewer than ``min_np`` slots in all.
+
+    The result is read-only and shared by calls with equal arguments: the driver plans on
+    each of its steps, and building 1,024 slots every time was most of a step's cost.
     """
+    return _assign_slots(tuple(hosts), min_np, max_np)
+
+
+@functools.lru_cache(maxsize=16)
+def _assign_slots(
+    hosts: tuple[tuple[str, int], ...], min_np: int, max_np: int | None
+) -> Mapping[WorkerId, SlotInfo]:
     if min_np < 1:
         raise ValueError(f"min_np must be at least 1, got {min_np}")
     if max_np is not None and max_np < min_np:
@@ -70,7 +82,7 @@ def assign_slots(
             )
             next_cross_rank[local_rank] += 1
     logger.debug("assigned %d slots on %d hosts", size, len(local_sizes))
-    return assignment
+    return MappingProxyType(assignment)
 
 
 def missing_survivor(

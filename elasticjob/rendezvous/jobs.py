@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import collections
 import hmac
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Final
 
 from pydantic import TypeAdapter, ValidationError
@@ -55,6 +57,8 @@ MAX_NOTICES: Final = 1000
 """How many of its most recent notices a job keeps."""
 
 _JOB_NAME: Final = TypeAdapter(JobName)
+
+_NO_SLOTS: Final[Mapping[WorkerId, SlotInfo]] = MappingProxyType({})
 
 
 def _validate_job_name(job: str) -> None:
@@ -243,8 +247,10 @@ class InMemoryJobRendezvous(JobRendezvous):
 
     @property
     def current_slots(self) -> Mapping[WorkerId, SlotInfo]:
-        """See :attr:`JobRendezvous.current_slots`."""
-        return {} if self._round is None else dict(self._round.slots)
+        """See :attr:`JobRendezvous.current_slots`. A read-only view, not a copy: the driver
+        asks on every worker event, and copying 1,024 slots each time made a round's
+        registrations cost O(N^2)."""
+        return _NO_SLOTS if self._round is None else MappingProxyType(self._round.slots)
 
     # ---- worker side -------------------------------------------------------------------
 
@@ -348,7 +354,7 @@ class InMemoryJobRendezvous(JobRendezvous):
         newer than it (``latest_seq`` tells it how far the log has gone)."""
 
         def answer() -> NoticesResponse | None:
-            found = tuple(n for n in self._notices if n.seq > after_seq)
+            found = self._notices_after(after_seq)
             if found or self._finished is not None:
                 return NoticesResponse(notices=found, latest_seq=self._latest_seq)
             return None
@@ -359,6 +365,13 @@ class InMemoryJobRendezvous(JobRendezvous):
             self._notice_posted,
             lambda: NoticesResponse(notices=(), latest_seq=self._latest_seq),
         )
+
+    def _notices_after(self, seq: int) -> tuple[Notice, ...]:
+        """The kept notices newer than ``seq``, oldest first: read from the newest end, so a
+        poll costs the notices it gets, not the up to :data:`MAX_NOTICES` the job keeps
+        (every notice wakes every worker's poll)."""
+        newer = itertools.takewhile(lambda notice: notice.seq > seq, reversed(self._notices))
+        return tuple(reversed(tuple(newer)))
 
     def report_result(self, request: ResultRequest) -> None:
         """See :meth:`JobRendezvous.report_result`."""
@@ -389,12 +402,12 @@ class InMemoryJobRendezvous(JobRendezvous):
 
     def round_info(self) -> RoundInfo:
         """See :meth:`JobRendezvous.round_info`."""
-        slots = sorted(self.current_slots.values(), key=lambda slot: slot.rank)
+        current = self._round
         return RoundInfo(
             job=self.job,
             round=self.current_round,
-            size=len(slots),
-            hosts=tuple(dict.fromkeys(slot.hostname for slot in slots)),
+            size=0 if current is None else len(current.slots),
+            hosts=() if current is None else current.hosts,
             latest_notice_seq=self._latest_seq,
             progress=self._progress,
         )

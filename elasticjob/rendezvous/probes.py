@@ -70,18 +70,28 @@ def peer_endpoints(
     targets: Mapping[WorkerId, tuple[WorkerId, ...]], endpoints: Mapping[WorkerId, Endpoint]
 ) -> dict[WorkerId, tuple[PeerEndpoint, ...]]:
     """Each member's probe targets with the store endpoints they registered (a member that
-    never registered with this service has none, and is not probed)."""
-    return {
-        worker: tuple(
-            PeerEndpoint(
+    never registered with this service has none, and is not probed). Each member's
+    :class:`PeerEndpoint` is built once, whoever probes it: O(size) models in all."""
+    built: dict[WorkerId, PeerEndpoint | None] = {}
+
+    def peer_endpoint(peer: WorkerId) -> PeerEndpoint | None:
+        if peer in built:
+            return built[peer]
+        endpoint = endpoints.get(peer)
+        built[peer] = found = (
+            None
+            if endpoint is None
+            else PeerEndpoint(
                 hostname=peer.hostname,
                 local_rank=peer.local_rank,
                 address=endpoint.address,
                 store_port=endpoint.store_port,
             )
-            for peer in peers
-            if (endpoint := endpoints.get(peer)) is not None
         )
+        return found
+
+    return {
+        worker: tuple(found for peer in peers if (found := peer_endpoint(peer)) is not None)
         for worker, peers in targets.items()
     }
 

@@ -3,6 +3,7 @@ workers registered with."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -41,6 +42,13 @@ class PublishedRound:
     peers: Mapping[WorkerId, tuple[PeerEndpoint, ...]] = field(default_factory=dict)
     """The endpoints of each member's probe targets, as they registered (empty for an adopted
     round: its members got theirs from the service before it restarted)."""
+
+    @functools.cached_property
+    def hosts(self) -> tuple[str, ...]:
+        """The members' hosts in rank order, each once (worked out once per round: every
+        starting worker asks for them)."""
+        ranked = sorted(self.slots.values(), key=lambda slot: slot.rank)
+        return tuple(dict.fromkeys(slot.hostname for slot in ranked))
 
 
 def check_slots(slots: Mapping[WorkerId, SlotInfo]) -> WorkerId:

@@ -152,8 +152,10 @@ def _bearer_token(request: web.Request) -> str:
 
 async def _read_body(request: web.Request) -> bytes:
     too_large = ApiError(413, f"request body is larger than {MAX_BODY_BYTES} bytes")
-    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-        raise too_large
+    if request.content_length is not None:
+        if request.content_length > MAX_BODY_BYTES:
+            raise too_large
+        return await request.read()  # the parser stops at Content-Length
     body = bytearray()
     while chunk := await request.content.readany():
         body += chunk
@@ -328,14 +330,16 @@ def create_app(
     api = _Api(jobs, adopting)
     app = web.Application(middlewares=[_stats_and_errors(stats)])
     job_path = f"{API_PREFIX}/jobs/{{job}}"
-    app.router.add_route("GET", "/healthz", api.healthz)
-    app.router.add_route("POST", f"{job_path}/rendezvous", api.rendezvous)
+    # The router tries routes in this order: the most frequent first (every worker beats
+    # each heartbeat interval and keeps a notices poll open).
+    app.router.add_route("POST", f"{job_path}/heartbeat", api.heartbeat)
     app.router.add_route("GET", f"{job_path}/notices", api.notices)
-    app.router.add_route("POST", f"{job_path}/results", api.results)
+    app.router.add_route("POST", f"{job_path}/rendezvous", api.rendezvous)
     app.router.add_route("POST", f"{job_path}/progress", api.progress)
+    app.router.add_route("POST", f"{job_path}/results", api.results)
     app.router.add_route("GET", f"{job_path}/round", api.round)
     app.router.add_route("GET", f"{job_path}/plan", api.plan)
-    app.router.add_route("POST", f"{job_path}/heartbeat", api.heartbeat)
+    app.router.add_route("GET", "/healthz", api.healthz)
 
     async def close_waits(_: web.Application) -> None:
         for job in list(jobs.values()):

@@ -22,6 +22,12 @@ logger = logging.getLogger(__name__)
 HEADER_TIMEOUT_S: Final = 5.0
 """Seconds a connection may take to send the request line and headers."""
 
+LISTEN_BACKLOG: Final = 4096
+"""Connections the kernel queues before the service accepts them (it caps this at
+``net.core.somaxconn``). Every worker of a job opens a connection at the same moment when a
+notice wakes their long-polls: with aiohttp's default of 128, a 1,024-worker job overflowed
+the queue and the dropped SYNs were retried by the clients' kernels only 1 s and 3 s later."""
+
 _HEADERS_END: Final = b"\r\n\r\n"
 _BEARER: Final = re.compile(r"(?i)bearer\s+\S+")
 
@@ -109,7 +115,8 @@ class _HeaderDeadline(asyncio.Protocol):
 
 class GuardedSite(web.TCPSite):
     """A TCP site (TLS when given ``ssl_context``) whose connections must send their request
-    headers within ``header_timeout`` seconds."""
+    headers within ``header_timeout`` seconds, with a listen queue of
+    :data:`LISTEN_BACKLOG`."""
 
     def __init__(
         self,
@@ -120,7 +127,7 @@ class GuardedSite(web.TCPSite):
         ssl_context: ssl.SSLContext | None = None,
         header_timeout: float = HEADER_TIMEOUT_S,
     ) -> None:
-        super().__init__(runner, host, port, ssl_context=ssl_context)
+        super().__init__(runner, host, port, ssl_context=ssl_context, backlog=LISTEN_BACKLOG)
         self._header_timeout = header_timeout
 
     async def start(self) -> None:

@@ -62,18 +62,31 @@ def seen(line: dict[str, Any]) -> tuple[int, int, str, int]:
     return line["start_rank"], line["size"], line["hostname"], line["rendezvous"]
 
 
-def test_hosts_added_and_removed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("slots", [2, 1])
+def test_hosts_added_and_removed(tmp_path: Path, slots: int) -> None:
     """Discovery gives A, then A and B, then B alone: the job grows, then B's first process,
-    which started as rank 2, carries on as rank 0 (its host is the oldest left)."""
+    which started as rank ``slots``, carries on as rank 0 (its host is the oldest left).
+    Two slots per host come from ``--slots-per-host`` (the script prints bare host names)."""
+    if slots == 2:
+        flags, schedule = ["--slots-per-host", "2"], {0: A, 1: f"{A},{B}", 2: B}
+    else:
+        flags, schedule = [], {0: f"{A}:1", 1: f"{A}:1,{B}:1", 2: f"{B}:1"}
+    np = str(slots)
     job = run(
         tmp_path,
-        ["-np", "2", "--min-np", "2", "--max-np", "4", "--slots-per-host", "2"],
-        schedule={0: A, 1: f"{A},{B}", 2: B},
+        ["-np", np, "--min-np", np, "--max-np", str(2 * slots), *flags],
+        schedule=schedule,
     )
     assert job.returncode == 0, job.explain()
-    assert [seen(line) for line in results(job)] == [(0, 2, A, 1), (0, 4, A, 2), (2, 2, B, 3)]
+    assert [seen(line) for line in results(job)] == [
+        (0, slots, A, 1),
+        (0, 2 * slots, A, 2),
+        (slots, slots, B, 3),
+    ]
     final = [e for e in job.events if e["epoch"] == EPOCHS - 1]
-    assert sorted((e["rank"], e["start_rank"]) for e in final) == [(0, 2), (1, 3)]
+    assert sorted((e["rank"], e["start_rank"]) for e in final) == [
+        (rank, slots + rank) for rank in range(slots)
+    ]
     assert "job succeeded after 3 rounds" in job.stderr, job.explain()
 
 
@@ -136,12 +149,12 @@ def test_reset_limit_counts_every_reset(tmp_path: Path, reset_limit: int, succee
     below resets the job twice (B added, then A removed), with no failure."""
     job = run(
         tmp_path,
-        ["-np", "2", "--min-np", "2", "--max-np", "4", "--reset-limit", str(reset_limit)],
-        schedule={0: f"{A}:2", 1: f"{A}:2,{B}:2", 2: f"{B}:2"},
+        ["-np", "1", "--min-np", "1", "--max-np", "2", "--reset-limit", str(reset_limit)],
+        schedule={0: f"{A}:1", 1: f"{A}:1,{B}:1", 2: f"{B}:1"},
     )
     if succeeds:
         assert job.returncode == 0, job.explain()
-        assert [seen(line)[1] for line in results(job)] == [2, 4, 2]
+        assert [seen(line)[1] for line in results(job)] == [1, 2, 1]
     else:
         assert job.returncode == 1, job.explain()
         assert f"reset limit {reset_limit} exceeded" in job.stderr, job.explain()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import gc
 import http.client
 import ipaddress
 import json
@@ -24,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from elasticjob import wire
-from elasticjob.rendezvous.server import RendezvousService
+from elasticjob.rendezvous.server import GC_THRESHOLDS, RendezvousService
 from elasticjob.wire import HeartbeatRequest, RendezvousRequest, RoundInfo
 from elasticjob.worker_runtime import rendezvous_client
 from elasticjob.worker_runtime.config import WorkerConfig
@@ -228,6 +229,57 @@ async def test_responses_carry_the_service_version(cluster: Cluster) -> None:
 
 
 # ---- TLS ---------------------------------------------------------------------------------
+
+
+def connect_until_refused(port: int, count: int) -> int:
+    """Open up to ``count`` connections to ``port`` one after another, without the service
+    accepting any (the caller's event loop is blocked meanwhile); stop at the first that the
+    kernel does not complete within 0.2 s (a dropped SYN is retried only after 1 s)."""
+    opened: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            opened.append(sock)
+            sock.settimeout(0.2)
+            try:
+                sock.connect(("127.0.0.1", port))
+            except OSError:
+                break
+        else:
+            return count
+        return len(opened) - 1
+    finally:
+        for sock in opened:
+            sock.close()
+
+
+async def test_a_burst_of_connections_waits_for_a_busy_service() -> None:
+    """A notice wakes every worker of a job at once, while the service is busy answering:
+    the kernel queues their connections rather than dropping them (aiohttp's default queue
+    of 128 dropped the rest of a 1,024-worker burst)."""
+    burst = 600
+    if int(Path("/proc/sys/net/core/somaxconn").read_text()) < burst:
+        pytest.skip("net.core.somaxconn caps every listen queue below the burst")
+    service = RendezvousService()
+    await service.start("127.0.0.1", 0)
+    try:
+        assert connect_until_refused(service.port, burst) == burst
+    finally:
+        await service.stop()
+
+
+async def test_a_serving_process_collects_garbage_less_often() -> None:
+    """Python's thresholds made full collections take a fifth of a 1,024-worker service's
+    CPU; serving raises them (never lowers them)."""
+    before = gc.get_threshold()
+    gc.set_threshold(700, 10, 100)
+    service = RendezvousService()
+    try:
+        await service.start("127.0.0.1", 0)
+        assert gc.get_threshold() == (GC_THRESHOLDS[0], GC_THRESHOLDS[1], 100)
+    finally:
+        await service.stop()
+        gc.set_threshold(*before)
 
 
 def make_ca(name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:

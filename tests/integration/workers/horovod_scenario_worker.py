@@ -114,7 +114,7 @@ def main() -> None:
             while state.batch < args.batches_per_epoch:
                 check_exit(state.epoch, state.batch)
                 optimizer.zero_grad()
-                torch.nn.functional.cross_entropy(model(data), target).backward()
+                torch.autograd.backward(torch.nn.functional.cross_entropy(model(data), target))
                 optimizer.step()
                 state.batch += 1
                 if state.batch % args.batches_per_commit == 0:

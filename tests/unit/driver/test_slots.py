@@ -177,3 +177,13 @@ def test_continuity_broken(survivors: list[WorkerId], slots: list[WorkerId], say
     problem = missing_survivor(survivors, slots)
     assert problem is not None and says in problem
     assert all(str(w) in problem for w in survivors)
+
+
+def test_equal_hosts_share_one_read_only_assignment() -> None:
+    """The driver plans on every step: the same hosts must not build the slots again."""
+    first = assign_slots([("a", 2), ("b", 1)], min_np=1, max_np=None)
+    again = assign_slots((("a", 2), ("b", 1)), min_np=1, max_np=None)
+    assert again is first
+    assert assign_slots([("a", 2), ("b", 1)], min_np=1, max_np=2) is not first
+    with pytest.raises(TypeError):
+        first[WorkerId("c", 0)] = first[WorkerId("a", 0)]  # type: ignore[index]

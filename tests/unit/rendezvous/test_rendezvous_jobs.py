@@ -136,6 +136,14 @@ async def test_round_flow_assigns_members_with_rank0_store(
     assert job.current_round == 1
     assert set(job.current_slots) == {W0, W1}
     assert {worker for worker, _ in listener.ready} == {W0, W1}
+    assert job.round_info().hosts == ("host-b", "host-a")  # in rank order
+    assert job.round_info().size == 2
+
+
+def test_current_slots_is_a_read_only_view(job: InMemoryJobRendezvous) -> None:
+    assert job.current_slots == {}
+    with pytest.raises(TypeError):
+        job.current_slots[W0] = slots_for([W0])[W0]  # type: ignore[index]
 
 
 async def test_rolled_back_worker_is_reported_to_the_listener(

@@ -97,6 +97,28 @@ def test_plan_buckets(
     assert plan_buckets(params, cap_bytes, groups) == tuple(Bucket(*row) for row in expected)
 
 
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        pytest.param(
+            infos((10, F32), (10, F32), (10, F32), (10, F32)),
+            [((3,), F32), ((2, 1), F32), ((0,), F32)],
+            id="the first bucket closes at the first cap, the others at the cap",
+        ),
+        pytest.param(
+            infos((10, F64), (10, F32), (10, F32), (10, F32)),
+            [((3,), F32), ((2, 1), F32), ((0,), F64)],
+            id="the first bucket of each dtype",
+        ),
+    ],
+)
+def test_plan_buckets_first_cap(
+    params: list[ParamInfo], expected: list[tuple[tuple[int, ...], torch.dtype]]
+) -> None:
+    got = plan_buckets(params, cap_bytes=80, first_cap_bytes=40)
+    assert got == tuple(Bucket(*row) for row in expected)
+
+
 @pytest.mark.parametrize("groups", [[[0, 5]], [[0], [0, 1]]], ids=["unknown", "twice"])
 def test_plan_buckets_refuses_bad_groups(groups: list[list[int]]) -> None:
     with pytest.raises(ValueError, match="unknown or appears twice"):

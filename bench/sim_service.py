@@ -1,0 +1,285 @@
+"""The service side of the scale benchmark: the real rendezvous service and one real elastic
+driver per job, in one process, as the operator (and ``elasticjob-run``) run them.
+
+Run as ``python -m bench.sim_service`` by ``bench/scale.py``. It speaks JSON lines with its
+parent: commands on stdin, events on stdout (logs go to stderr). The drivers launch their
+workers through :class:`SimLauncher`, which asks the parent to start simulated workers
+(``sim_worker.py``) instead of processes, and find their hosts through :class:`SimDiscovery`,
+whose hosts the parent sets; the parent reports each simulated worker's exit back, as a
+launcher reports a process's exit. Everything else is the production code.
+
+Commands: ``add_job`` (job, token, hosts, settings), ``set_hosts`` (job, hosts), ``exit``
+(job, host, local_rank, code), ``stats``, ``quit``. Events: ``ready`` (url), ``start`` /
+``stop`` / ``kill`` (job, host, local_rank), ``discovered`` (job, t), ``published`` (job,
+round, size, t), ``ended`` (job, success, message), ``stats`` (cpu_s, maxrss_kib, rss_kib,
+requests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import cProfile
+import gc
+import json
+import logging
+import os
+import resource
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from elasticjob.driver.api import DriverSettings, HostDiscovery, WorkerLauncher
+from elasticjob.driver.blacklist import BlacklistPolicy
+from elasticjob.driver.driver import ElasticDriver
+from elasticjob.driver.hosts import HostManager
+from elasticjob.rendezvous.api import JobRendezvous, RendezvousListener
+from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS
+from elasticjob.rendezvous.server import RendezvousService
+from elasticjob.wire import WorkerId
+
+logger = logging.getLogger("sim_service")
+
+Event = dict[str, Any]
+
+
+_GC_SECONDS = [0.0, 0.0]
+"""Seconds spent in the cyclic garbage collector so far, and when the running one began."""
+
+
+def _time_gc(phase: str, info: dict[str, int]) -> None:
+    del info
+    if phase == "start":
+        _GC_SECONDS[1] = time.process_time()
+    else:
+        _GC_SECONDS[0] += time.process_time() - _GC_SECONDS[1]
+
+
+class Emitter:
+    """Writes events to stdout as JSON lines (from the event loop or, thread-safely, not)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._out = sys.stdout
+
+    def emit(self, event: Event) -> None:
+        self._out.write(json.dumps(event) + "\n")
+        self._out.flush()
+
+    def emit_threadsafe(self, event: Event) -> None:
+        self._loop.call_soon_threadsafe(self.emit, event)
+
+
+class SimDiscovery(HostDiscovery):
+    """Hosts the parent sets; tells it when a driver's discovery first sees a change."""
+
+    def __init__(self, job: str, hosts: dict[str, int], emitter: Emitter) -> None:
+        self._job = job
+        self._hosts = dict(hosts)
+        self._seen: dict[str, int] | None = None
+        self._lock = threading.Lock()
+        self._emitter = emitter
+
+    def set_hosts(self, hosts: dict[str, int]) -> None:
+        with self._lock:
+            self._hosts = dict(hosts)
+
+    def find_available_hosts_and_slots(self) -> dict[str, int]:
+        with self._lock:
+            hosts = dict(self._hosts)
+        if self._seen is not None and hosts != self._seen:
+            self._emitter.emit_threadsafe(
+                {"ev": "discovered", "job": self._job, "t": time.monotonic()}
+            )
+        self._seen = hosts
+        return hosts
+
+
+class SimLauncher(WorkerLauncher):
+    """Asks the parent to start and stop simulated workers; their exits come back as
+    ``exit`` commands (:meth:`ElasticDriver.on_worker_exit`)."""
+
+    def __init__(self, job: str, emitter: Emitter) -> None:
+        self._job = job
+        self._emitter = emitter
+
+    def _emit(self, ev: str, worker: WorkerId) -> None:
+        self._emitter.emit({"ev": ev, "job": self._job, "host": worker[0], "lr": worker[1]})
+
+    async def start(self, worker: WorkerId) -> None:
+        self._emit("start", worker)
+
+    async def stop(self, worker: WorkerId) -> None:
+        self._emit("stop", worker)
+
+    async def kill(self, worker: WorkerId, reason: str) -> None:
+        logger.warning("killing %s: %s", worker, reason)
+        self._emit("kill", worker)
+
+    async def stop_all(self) -> None:
+        self._emitter.emit({"ev": "stop_all", "job": self._job})
+
+
+class PublishObserver:
+    """A :class:`~elasticjob.driver.api.DriverObserver` telling the parent when a round is
+    published (the operator's observer turns the same calls into histograms)."""
+
+    def __init__(self, job: str, driver: ElasticDriver, emitter: Emitter) -> None:
+        self._job = job
+        self._driver = driver
+        self._emitter = emitter
+
+    def round_formed(self, seconds: float) -> None:
+        self._emitter.emit(
+            {"ev": "published", "job": self._job, "round": self._driver.round,
+             "size": len(self._driver.slots), "t": time.monotonic(), "formed_s": seconds}
+        )  # fmt: skip
+
+    def recovered(self, seconds: float) -> None:
+        del seconds
+
+    def committed(self, seconds: float) -> None:
+        del seconds
+
+
+class SimOperator:
+    """The jobs of this process: their drivers over one rendezvous service."""
+
+    def __init__(self, service: RendezvousService, emitter: Emitter) -> None:
+        self._service = service
+        self._emitter = emitter
+        self._drivers: dict[str, ElasticDriver] = {}
+        self._discovery: dict[str, SimDiscovery] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._steps = 0
+        self._step_cpu_s = 0.0
+
+    def add_job(self, job: str, token: str, hosts: dict[str, int], settings: Event) -> None:
+        discovery = SimDiscovery(job, hosts, self._emitter)
+        driver_settings = DriverSettings(**settings)
+
+        def rendezvous(listener: RendezvousListener) -> JobRendezvous:
+            return self._service.add_job(
+                job, token, listener, max_workers=driver_settings.max_np or DEFAULT_MAX_WORKERS
+            )
+
+        driver = ElasticDriver(
+            HostManager(discovery, BlacklistPolicy(60.0, 600.0)),
+            lambda _: SimLauncher(job, self._emitter),
+            rendezvous,
+            driver_settings,
+            time.monotonic,
+        )
+        driver.journal.observer = PublishObserver(job, driver, self._emitter)
+        driver.step = self._timed(driver.step)  # type: ignore[method-assign]
+        self._drivers[job] = driver
+        self._discovery[job] = discovery
+        task = asyncio.create_task(self._run(job, driver), name=f"driver {job}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _timed(self, step: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        """The driver's step, counted and timed (its share of the service's CPU)."""
+
+        async def timed() -> None:
+            started = time.process_time()
+            try:
+                await step()
+            finally:
+                self._steps += 1
+                self._step_cpu_s += time.process_time() - started
+
+        return timed
+
+    async def _run(self, job: str, driver: ElasticDriver) -> None:
+        try:
+            result = await driver.run()
+            event = {"ev": "ended", "job": job, "success": result.success, "message": ""}
+            if not result.success:
+                event["message"] = result.message[:2000]
+        except Exception as exc:  # reported to the parent, which fails the run
+            logger.exception("driver of %s failed", job)
+            event = {"ev": "ended", "job": job, "success": False, "message": repr(exc)}
+        self._service.remove_job(job)
+        self._drivers.pop(job, None)
+        self._discovery.pop(job, None)
+        self._emitter.emit(event)
+
+    def set_hosts(self, job: str, hosts: dict[str, int]) -> None:
+        self._discovery[job].set_hosts(hosts)
+
+    def exit(self, job: str, host: str, local_rank: int, code: int) -> None:
+        driver = self._drivers.get(job)
+        if driver is not None:
+            driver.on_worker_exit(WorkerId(host, local_rank), code)
+
+    def stats(self) -> Event:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        with open("/proc/self/statm") as statm:
+            rss_pages = int(statm.read().split()[1])
+        routes = self._service.stats.snapshot()
+        return {
+            "ev": "stats",
+            "cpu_s": usage.ru_utime + usage.ru_stime,
+            "maxrss_kib": usage.ru_maxrss,
+            "rss_kib": rss_pages * os.sysconf("SC_PAGE_SIZE") // 1024,
+            "requests": sum(r.requests for r in routes.values()),
+            "gc_s": _GC_SECONDS[0],
+            "driver_steps": self._steps,
+            "driver_cpu_s": self._step_cpu_s,
+            "errors": sum(r.errors for r in routes.values()),
+            "routes": {name: r.requests for name, r in routes.items()},
+        }
+
+
+async def serve() -> None:
+    gc.callbacks.append(_time_gc)
+    loop = asyncio.get_running_loop()
+    emitter = Emitter(loop)
+    service = RendezvousService()
+    await service.start("127.0.0.1", 0)
+    if threshold := os.environ.get("SIM_GC_THRESHOLD"):  # to compare with other thresholds
+        gc.set_threshold(*map(int, threshold.split(",")))
+    operator = SimOperator(service, emitter)
+    reader = asyncio.StreamReader(limit=1 << 24)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    emitter.emit({"ev": "ready", "url": service.url, "pid": os.getpid()})
+    try:
+        while line := await reader.readline():
+            command = json.loads(line)
+            op = command.pop("op")
+            if op == "quit":
+                break
+            if op == "add_job":
+                operator.add_job(**command)
+            elif op == "set_hosts":
+                operator.set_hosts(**command)
+            elif op == "exit":
+                operator.exit(**command)
+            elif op == "stats":
+                emitter.emit(operator.stats())
+            else:
+                raise ValueError(f"unknown command {op!r}")
+    finally:
+        await service.stop()
+
+
+def main() -> None:
+    level = os.environ.get("SIM_SERVICE_LOG", "WARNING")
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="svc %(levelname)s %(name)s: %(message)s"
+    )
+    profile_path = os.environ.get("SIM_SERVICE_PROFILE")
+    if not profile_path:
+        asyncio.run(serve())
+        return
+    profiler = cProfile.Profile()
+    try:
+        profiler.runcall(asyncio.run, serve())
+    finally:
+        profiler.dump_stats(profile_path)
+
+
+if __name__ == "__main__":
+    main()
