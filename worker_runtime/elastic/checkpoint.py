@@ -128,15 +128,17 @@ class Checkpointer:
             written.size_bytes / 1e6 / max(seconds, 1e-9),
         )
         self._prune()
-        self._report(
-            CheckpointReport(
-                name=written.name,
-                epoch=meta.get("epoch", 0),
-                step=meta.get("step", 0),
-                seconds=seconds,
-                size_bytes=written.size_bytes,
-            )
+        report = CheckpointReport(
+            name=written.name,
+            epoch=meta.get("epoch", 0),
+            step=meta.get("step", 0),
+            seconds=seconds,
+            size_bytes=written.size_bytes,
         )
+        try:
+            self._report(report)
+        except Exception as exc:  # the runtime is gone (shut down): the file is what counts
+            logger.warning("could not report checkpoint %s: %s", written.name, exc)
 
     def _prune(self) -> None:
         for entry in to_prune(os.listdir(self.folder), self._policy.keep):
