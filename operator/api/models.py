@@ -18,8 +18,8 @@ from typing import Annotated
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from pydantic.alias_generators import to_camel
 
+from elasticjob.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
 from elasticjob.driver.blacklist import BlacklistPolicy
-from elasticjob.driver.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
 
 GROUP = "elasticjob.dev"
 VERSION = "v1alpha1"
@@ -141,7 +141,7 @@ class CheckpointSpec(_Spec):
     def policy(self) -> CheckpointPolicy:
         """The checkpoint policy the workers are told."""
         return CheckpointPolicy(
-            directory=self.path,
+            folder=self.path,
             every_commits=self.every_commits or 0,
             interval_s=float(self.interval_seconds or 0),
             keep=self.keep,
