@@ -38,12 +38,10 @@ from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.collectives import Compressor, ReduceOp, torch_op
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 from elasticjob.worker_runtime.gradient_buckets import Bucket
+from elasticjob.worker_runtime.host_updates import VOTE_DTYPES
 from elasticjob.worker_runtime.log import get_logger
 
 logger = get_logger(__name__)
-
-_VOTE_DTYPES = (torch.float32, torch.float64)
-"""Bucket dtypes that carry a host-update vote exactly (a notice sequence number)."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +60,7 @@ class Reduction:
 
     def votes(self, dtype: torch.dtype) -> bool:
         """Whether a bucket of ``dtype`` can carry the host-update vote exactly."""
-        return self.weighted and self.compression is None and dtype in _VOTE_DTYPES
+        return self.weighted and self.compression is None and dtype in VOTE_DTYPES
 
 
 @dataclass
