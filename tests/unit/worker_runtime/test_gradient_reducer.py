@@ -145,6 +145,20 @@ def test_a_dropped_optimizer_leaves_no_working_hooks(group: RoundGroup) -> None:
         torch.testing.assert_close(got, want)
 
 
+def test_autograd_grad_reduces_nothing(group: RoundGroup) -> None:
+    """Gradients computed with ``torch.autograd.grad`` are not accumulated: no pass, no
+    reduction, no gradient set."""
+    model = mlp()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    before = step_weight.passes()
+    torch.manual_seed(1)
+    loss = model(torch.randn(4, 3)).square().mean()
+    torch.autograd.grad(loss, list(model.parameters()))
+    assert step_weight.passes() == before
+    assert all(p.grad is None for p in model.parameters())
+    assert opt._ej_reducer.reductions == 0  # type: ignore[attr-defined]
+
+
 def test_a_backward_blocked_on_a_silent_peer_raises_when_the_round_is_aborted(
     group: RoundGroup, silent_peer: subprocess.Popen[str]
 ) -> None:
