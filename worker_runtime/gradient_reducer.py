@@ -65,6 +65,18 @@ class Reduction:
         return self.weighted and self.compression is None and dtype in VOTE_DTYPES
 
 
+def result_scale(reduction: Reduction, size: int, weight: float, passes: float) -> float:
+    """What a reduced bucket is multiplied by: for Average, the predivide factor back times
+    ``passes / (size * weight)`` (the summed weight and pass count of every rank, carried in
+    the bucket), so that ``sum(w * g)`` becomes a mean per pass of weight 1; 0 when nothing
+    was trained anywhere (all weights 0: padding only). Other ops: 1."""
+    if reduction.op is not ReduceOp.AVERAGE:
+        return 1.0
+    if weight <= 0:
+        return 0.0
+    return reduction.predivide * passes / (size * weight)
+
+
 @dataclass
 class _Launched:
     bucket: Bucket
@@ -286,11 +298,11 @@ class GradientReducer:
         size = runtime.slot.size
         n = launched.numel
         grads = flat[:n]
-        scale = self.reduction.predivide
         if self.reduction.op is ReduceOp.AVERAGE:
-            weight, passes = float(flat[n]), float(flat[n + 1])
-            # Only padding everywhere (never planned by the sampler): nothing was trained.
-            scale = scale * passes / (size * weight) if weight > 0 else 0.0
+            totals = (float(flat[n]), float(flat[n + 1]))
+            scale = result_scale(self.reduction, size, *totals)
+        else:
+            scale = result_scale(self.reduction, size, 0.0, 0.0)
         if launched.vote:
             runtime.settle_host_update_vote(float(flat[-1]) / size)
         offset = 0
