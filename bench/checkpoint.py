@@ -4,9 +4,10 @@ rank 0's writer thread) against the same loop without checkpoints, in interleave
 (the machine's load drifts), one torch thread (the standalone runtime).
 
 Cost = mean step time with checkpoints / mean without - 1 (the mean, not the median: a
-checkpoint's cost falls on a few steps). It also prints the checkpoints written against the
-ones due (a writer still busy skips a due commit rather than block the step) and the write
-bandwidth (bytes over the writer's time: pickling, CRC32, write and fsync).
+checkpoint's cost falls on a few steps), and the extra time the training thread spends in
+``commit()`` (pinning the snapshot, starting the writer). It also prints the checkpoints
+written against the ones due (a writer still busy skips a due commit rather than block the
+step) and the write bandwidth (bytes over the writer's time: pickling, CRC32, write, fsync).
 
 Run: ``nice -n 5 .venv/bin/python bench/checkpoint.py [--folder DIR]`` (default: a fresh
 folder under the system's temporary folder; it is removed afterwards).
@@ -70,6 +71,7 @@ def run(folder: Path, batch: int, blocks: int, steps: int, reports: list[Checkpo
     with_checkpoints = TorchState(model, optimizer, epoch=0)
     size_mb = state_bytes(model, optimizer) / 1e6
     times: dict[str, list[float]] = {"commit every step": [], "+ checkpoint every 10": []}
+    in_commit: dict[str, list[float]] = {mode: [] for mode in times}
     states = dict(zip(times, (without, with_checkpoints), strict=True))
     for block in range(blocks + 1):  # the first block warms up
         with_checkpoints.finish_checkpoints()
@@ -81,9 +83,12 @@ def run(folder: Path, batch: int, blocks: int, steps: int, reports: list[Checkpo
             for _ in range(steps):
                 started = time.perf_counter()
                 step()
+                committing = time.perf_counter()
                 state.commit()
+                ended = time.perf_counter()
                 if block:
-                    times[mode].append(time.perf_counter() - started)
+                    times[mode].append(ended - started)
+                    in_commit[mode].append(ended - committing)
     with_checkpoints.finish_checkpoints()
     base = statistics.mean(times["commit every step"])
     print(
@@ -92,7 +97,18 @@ def run(folder: Path, batch: int, blocks: int, steps: int, reports: list[Checkpo
     )
     for mode, samples in times.items():
         mean = statistics.mean(samples)
-        print(f"  {mode:24s} {mean * 1e3:7.1f} ms  cost {mean / base - 1:+6.2%}")
+        blocked = statistics.mean(in_commit[mode])
+        print(
+            f"  {mode:24s} {mean * 1e3:7.1f} ms  cost {mean / base - 1:+6.2%}"
+            f"  (in commit() {blocked * 1e3:6.2f} ms per step)"
+        )
+    extra = statistics.mean(in_commit["+ checkpoint every 10"]) - statistics.mean(
+        in_commit["commit every step"]
+    )
+    print(
+        f"  the training thread's own cost of checkpoints: {extra * 1e3:+.2f} ms per step "
+        f"= {extra / base:+.2%} of the step"
+    )
     due = blocks * steps // EVERY
     written = sum(r.size_bytes for r in reports) / 1e6
     seconds = sum(r.seconds for r in reports)

@@ -1,8 +1,9 @@
 """DistributedOptimizer benchmark (prints its figures; asserts nothing).
 
 Four worker processes over Gloo on the loopback (one host, one torch thread each) train a
-~25M-parameter MLP in alternating blocks (order rotated every repeat, so that every variant
-sees the same machine load) with:
+~25M-parameter MLP in short alternating blocks (a few steps each, the ranks aligned before
+each block, the order rotated every repeat, so that every variant sees the same machine
+load) with:
 
 - ``ddp``: torch's ``DistributedDataParallel`` on the round's group (the baseline);
 - ``optimizer``: ``hvd.DistributedOptimizer`` (reductions launched from backward hooks);
@@ -10,9 +11,10 @@ sees the same machine load) with:
 
 Figures: the median over repeats of each variant's mean steady-state step time, and the
 ratios optimizer / ddp (goal: within 5 %) and optimizer_check / optimizer (goal: within 1 %),
-each as the median of the per-repeat ratios with their spread (min..max).
+each as the median of the per-repeat ratios with their quartiles and range.
 
-Usage: nice -n 5 python bench/optimizer.py [--repeats 5] [--steps 10] [--batch-size 64]
+Usage: nice -n 5 python bench/optimizer.py [--repeats 40] [--steps 2] [--batch-size 64]
+[--workers 4]
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ HERE = Path(__file__).resolve().parent
 WORKER = HERE / "optimizer_worker.py"
 
 
-def run_job(out: Path, worker_args: list[str]) -> list[dict[str, float | int | str]]:
-    launcher = ["-np", "4", "-H", "127.0.1.1:4", "--gloo"]
+def run_job(out: Path, workers: int, worker_args: list[str]) -> list[dict[str, float | int | str]]:
+    launcher = ["-np", str(workers), "-H", f"127.0.1.1:{workers}", "--gloo"]
     worker = [sys.executable, str(WORKER), "--out", str(out), *worker_args]
     command = [sys.executable, "-m", "elasticjob.launcher.cli", *launcher, *worker]
     # A CPU benchmark: keep the workers off any GPU of the machine.
@@ -48,22 +50,25 @@ def run_job(out: Path, worker_args: list[str]) -> list[dict[str, float | int | s
 
 def ratio_line(name: str, ratios: list[float]) -> str:
     median = statistics.median(ratios)
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
     return (
-        f"{name}: {median:.4f} ({(median - 1) * 100:+.2f} %), "
-        f"spread {min(ratios):.4f}..{max(ratios):.4f} over {len(ratios)} repeats"
+        f"{name}: {median:.4f} ({(median - 1) * 100:+.2f} %), quartiles {q1:.4f}..{q3:.4f}, "
+        f"range {min(ratios):.4f}..{max(ratios):.4f} over {len(ratios)} repeats"
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per block")
+    parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per block")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=4)
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs")
     with tempfile.TemporaryDirectory() as scratch:
         blocks = run_job(
             Path(scratch),
+            args.workers,
             ["--repeats", str(args.repeats), "--steps", str(args.steps),
              "--batch-size", str(args.batch_size)],
         )  # fmt: skip

@@ -52,8 +52,8 @@ def instrument(cls: type, name: str, phase: str, phases: dict[str, float]) -> No
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per block")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per block")
+    parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -63,6 +63,8 @@ class Row:
     requests: int
     errors: int
     gen_cpu_s: float
+    beats: int = 0
+    """Of ``requests``, the heartbeats (the steady load: one per worker per interval)."""
     driver_steps: int = 0
     driver_cpu_s: float = 0.0
     """The drivers' steps during the scenario and their CPU (part of ``svc_cpu_s``)."""
@@ -124,7 +126,8 @@ class SizeRun:
         row = Row(
             self.size, scenario, found, after["cpu_s"] - before["cpu_s"],
             after["requests"] - before["requests"], after["errors"] - before["errors"],
-            _own_cpu() - gen_before, after["driver_steps"] - before["driver_steps"],
+            _own_cpu() - gen_before, _beats(after) - _beats(before),
+            after["driver_steps"] - before["driver_steps"],
             after["driver_cpu_s"] - before["driver_cpu_s"], note,
         )  # fmt: skip
         self.rows.append(row)
@@ -184,7 +187,7 @@ class SizeRun:
         notices = heard() or []
         self.rows.insert(self.rows.index(row), Row(
             self.size, "notice", notices, row.svc_cpu_s, row.requests, row.errors, row.gen_cpu_s,
-            row.driver_steps, row.driver_cpu_s, "(cost: see fail)",
+            row.beats, row.driver_steps, row.driver_cpu_s, "(cost: see fail)",
         ))  # fmt: skip
         print(_format_row(self.rows[-2]), flush=True)
         del hosts[victim_host]
@@ -241,6 +244,10 @@ class SizeRun:
             print(f"  jobs failed: {failed}", flush=True)
 
 
+def _beats(stats: dict[str, Any]) -> int:
+    return sum(n for route, n in stats["routes"].items() if route.endswith("/heartbeat"))
+
+
 def _own_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -252,14 +259,14 @@ def _format_row(row: Row) -> str:
     )  # fmt: skip
     return (
         f"{row.size:>6} {row.scenario:<10} {lat:<26} {row.svc_cpu_s:8.2f} {row.requests:>9}"
-        f" {row.errors:>6} {row.gen_cpu_s:8.2f} {row.driver_steps:>6} {row.driver_cpu_s:8.2f}"
-        f" {row.note}"
+        f" {row.beats:>6} {row.errors:>6} {row.gen_cpu_s:8.2f} {row.driver_steps:>6}"
+        f" {row.driver_cpu_s:8.2f} {row.note}"
     )
 
 
 HEADER = (
     f"{'N':>6} {'scenario':<10} {'p50 s':>8} {'p99 s':>8} {'max s':>8} {'svc cpu':>8}"
-    f" {'requests':>9} {'errors':>6} {'gen cpu':>8} {'steps':>6} {'drv cpu':>8}"
+    f" {'requests':>9} {'beats':>6} {'errors':>6} {'gen cpu':>8} {'steps':>6} {'drv cpu':>8}"
 )
 
 
@@ -327,7 +334,9 @@ async def run_size(size: int, slots: int, heartbeat_timeout_s: float | None, log
 
 
 def print_curve(rows: list[Row], sizes: list[int], peaks: dict[int, dict[str, Any]]) -> None:
-    """p99 and service CPU per scenario against N, with ratios to the smallest N."""
+    """p99 and service CPU per scenario against N, with ratios to the smallest N, the
+    requests other than heartbeats (what the scenario's event costs) plus the heartbeats
+    that fell in it, and the service's CPU per request."""
     print("\ncurve (ratios against the smallest N; N grew", " / ".join(
         f"x{s / sizes[0]:.0f}" for s in sizes), ")")  # fmt: skip
     by = {(r.size, r.scenario): r for r in rows}
@@ -342,7 +351,11 @@ def print_curve(rows: list[Row], sizes: list[int], peaks: dict[int, dict[str, An
             p99, base_p99 = row.pct(0.99), base.pct(0.99)
             ratio = f"x{p99 / base_p99:.1f}" if base_p99 and not math.isnan(p99) else ""
             cpu_ratio = f"x{row.svc_cpu_s / base.svc_cpu_s:.1f}" if base.svc_cpu_s > 0 else ""
-            cells.append(f"p99 {p99:.3f} {ratio} cpu {row.svc_cpu_s:.2f} {cpu_ratio}")
+            per_request = 1000 * row.svc_cpu_s / row.requests if row.requests else math.nan
+            cells.append(
+                f"p99 {p99:.3f} {ratio} cpu {row.svc_cpu_s:.2f} {cpu_ratio} "
+                f"({row.requests - row.beats}+{row.beats} beats, {per_request:.2f} ms/req)"
+            )
         print(f"  {scenario:<10} " + " | ".join(cells))
     print("  peak RSS   " + " | ".join(f"{peaks[s]['maxrss_kib'] / 1024:.0f} MiB" for s in sizes))
     print("  requests   " + " | ".join(f"{peaks[s]['requests']}" for s in sizes))
@@ -359,11 +372,12 @@ def plot(rows: list[Row], sizes: list[int], path: Path) -> None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     by = {(r.size, r.scenario): r for r in rows}
-    for scenario in dict.fromkeys(r.scenario for r in rows if r.latencies):
+    for i, scenario in enumerate(dict.fromkeys(r.scenario for r in rows if r.latencies)):
         xs = [s for s in sizes if (s, scenario) in by]
-        axes[0].plot(xs, [by[(s, scenario)].pct(0.99) for s in xs], marker="o", label=scenario)
+        style = {"marker": "o", "label": scenario, "color": f"C{i}"}
+        axes[0].plot(xs, [by[(s, scenario)].pct(0.99) for s in xs], **style)
         if scenario != "notice":
-            axes[1].plot(xs, [by[(s, scenario)].svc_cpu_s for s in xs], marker="o", label=scenario)
+            axes[1].plot(xs, [by[(s, scenario)].svc_cpu_s for s in xs], **style)
     for ax, title in zip(axes, ("p99 latency (s)", "service CPU (s)"), strict=True):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("workers (N)")

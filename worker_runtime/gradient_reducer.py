@@ -1,18 +1,20 @@
 """Gradient reduction driven by backward hooks, so that communication overlaps backward.
 
-Every parameter gets two hooks. The one before accumulation opens a backward pass (the first
-of a pass asks :mod:`~elasticjob.worker_runtime.step_weight` for its weight, scales
-gradients by it, and queues the pass's end with the autograd engine); the one after
-accumulation marks the parameter ready, and each bucket of the plan
+Every parameter gets two hooks, which run only when backward accumulates into ``.grad`` (not
+for ``torch.autograd.grad``). The one before accumulation, on the parameter's gradient
+accumulator, opens a backward pass (the first of a pass asks
+:mod:`~elasticjob.worker_runtime.step_weight` for its weight, scales gradients by it, and
+queues the pass's end with the autograd engine); the one after accumulation marks the
+parameter ready, and each bucket of the plan
 (:mod:`~elasticjob.worker_runtime.gradient_buckets`) whose parameters are all ready is
 launched as an asynchronous allreduce, strictly in plan order. A *window* is the
 ``passes_per_step`` backward passes whose accumulated gradients are reduced once; at the end
-of its last pass, the buckets not launched yet (a parameter unused in this pass: its gradient
-is zeros, as in Horovod) are launched in order and every bucket is waited for through the
-round's group (:mod:`~elasticjob.worker_runtime.handles`), so a failed round raises
-:class:`HorovodInternalError` out of ``backward()`` at once. Gradients are therefore reduced
-when ``backward()`` returns, as under DDP, and identical on every rank: an inf on one rank is
-an inf everywhere (``GradScaler`` skips the step on every rank or on none).
+of its last pass, the buckets not launched yet (a parameter unused in this pass: its
+gradient is zeros, as in Horovod) are launched in order and every bucket is waited for
+through the round's group (:mod:`~elasticjob.worker_runtime.handles`), so a failed round
+raises :class:`HorovodInternalError` out of ``backward()`` at once. Gradients are therefore
+reduced when ``backward()`` returns, as under DDP, and identical on every rank: an inf on
+one rank is an inf everywhere (``GradScaler`` skips the step on every rank or on none).
 
 Average and Sum reductions are weighted: each rank sends ``w * g`` per pass, and every
 Average bucket carries two extra elements, the window's summed weight and its pass count, so
@@ -38,12 +40,10 @@ from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.collectives import Compressor, ReduceOp, torch_op
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 from elasticjob.worker_runtime.gradient_buckets import Bucket
+from elasticjob.worker_runtime.host_updates import VOTE_DTYPES
 from elasticjob.worker_runtime.log import get_logger
 
 logger = get_logger(__name__)
-
-_VOTE_DTYPES = (torch.float32, torch.float64)
-"""Bucket dtypes that carry a host-update vote exactly (a notice sequence number)."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,19 @@ class Reduction:
 
     def votes(self, dtype: torch.dtype) -> bool:
         """Whether a bucket of ``dtype`` can carry the host-update vote exactly."""
-        return self.weighted and self.compression is None and dtype in _VOTE_DTYPES
+        return self.weighted and self.compression is None and dtype in VOTE_DTYPES
+
+
+def result_scale(reduction: Reduction, size: int, weight: float, passes: float) -> float:
+    """What a reduced bucket is multiplied by: for Average, the predivide factor back times
+    ``passes / (size * weight)`` (the summed weight and pass count of every rank, carried in
+    the bucket), so that ``sum(w * g)`` becomes a mean per pass of weight 1; 0 when nothing
+    was trained anywhere (all weights 0: padding only). Other ops: 1."""
+    if reduction.op is not ReduceOp.AVERAGE:
+        return 1.0
+    if weight <= 0:
+        return 0.0
+    return reduction.predivide * passes / (size * weight)
 
 
 @dataclass
@@ -119,9 +131,15 @@ class GradientReducer:
         self._warned_sparse = sparse_as_dense
         ref = weakref.ref(self)
         removables = []
+        self._accumulators: list[Any] = []
+        """The parameters' gradient accumulators, kept alive so that their hooks stay."""
         for index, param in enumerate(self.params):
-            hooked: Any = param  # torch leaves both registrations unannotated
-            removables.append(hooked.register_hook(_pre_hook(ref)))
+            with torch.enable_grad():
+                grad_fn: Any = param.view_as(param).grad_fn
+                accumulator = grad_fn.next_functions[0][0]
+            self._accumulators.append(accumulator)
+            removables.append(accumulator.register_prehook(_pre_hook(ref)))
+            hooked: Any = param  # torch leaves the registration unannotated
             removables.append(hooked.register_post_accumulate_grad_hook(_post_hook(ref, index)))
         weakref.finalize(self, _remove_all, removables)
 
@@ -280,11 +298,11 @@ class GradientReducer:
         size = runtime.slot.size
         n = launched.numel
         grads = flat[:n]
-        scale = self.reduction.predivide
         if self.reduction.op is ReduceOp.AVERAGE:
-            weight, passes = float(flat[n]), float(flat[n + 1])
-            # Only padding everywhere (never planned by the sampler): nothing was trained.
-            scale = scale * passes / (size * weight) if weight > 0 else 0.0
+            totals = (float(flat[n]), float(flat[n + 1]))
+            scale = result_scale(self.reduction, size, *totals)
+        else:
+            scale = result_scale(self.reduction, size, 0.0, 0.0)
         if launched.vote:
             runtime.settle_host_update_vote(float(flat[-1]) / size)
         offset = 0
@@ -306,9 +324,10 @@ class GradientReducer:
 
 
 def _pre_hook(ref: weakref.ref[GradientReducer]) -> Any:
-    def hook(grad: torch.Tensor) -> torch.Tensor | None:
+    def hook(grads: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:
         reducer = ref()
-        return None if reducer is None else reducer.before_accumulation(grad)
+        scaled = None if reducer is None else reducer.before_accumulation(grads[0])
+        return None if scaled is None else (scaled,)
 
     return hook
 

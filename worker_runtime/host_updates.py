@@ -17,6 +17,9 @@ import torch.distributed as dist
 from elasticjob.worker_runtime.exceptions import HostsUpdatedInterrupt
 from elasticjob.worker_runtime.process_group import RoundGroup
 
+VOTE_DTYPES = (torch.float32, torch.float64)
+"""Dtypes of a gradient buffer that can carry a vote exactly (a notice sequence number)."""
+
 
 class HostUpdateAgreement:
     """One rank's side of the agreement. Notices arrive on the notice thread; everything else

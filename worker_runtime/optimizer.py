@@ -91,6 +91,8 @@ class _DistributedMixin:
         self._ej_reducer.discard()
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """Reduce what backward did not (unless inside :meth:`skip_synchronize`), then take
+        the wrapped optimizer's step."""
         reducer = self._ej_reducer
         if self._ej_should_synchronize:
             if self._ej_synchronized_at == reducer.reductions:
@@ -108,6 +110,8 @@ class _DistributedMixin:
         return super().step(closure)  # type: ignore[misc, no-any-return]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """The wrapped optimizer's ``zero_grad``; refused between the backward passes of one
+        step."""
         if self._ej_reducer.open_passes():
             raise RuntimeError(
                 "optimizer.zero_grad() between the backward passes of one step: with "
@@ -116,6 +120,8 @@ class _DistributedMixin:
         super().zero_grad(set_to_none)  # type: ignore[misc]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load the wrapped optimizer's state, forgetting any reduction under way (a restore
+        after a failed round)."""
         self._ej_reducer.discard()
         self._ej_synchronized_at = None
         super().load_state_dict(state_dict)  # type: ignore[misc]

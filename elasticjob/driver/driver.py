@@ -71,6 +71,11 @@ __all__ = ["DriverSettings", "ElasticDriver", "JobResult", "Phase"]
 TICK_S: Final = 1.0
 """The loop runs a step at least this often, even when nothing wakes it (timeouts)."""
 
+LAG_PROBE_S: Final = 0.5
+"""How often the driver checks how late its event loop runs (``liveness.LOOP_LAG_S``)."""
+LAG_QUIET_S: Final = 60.0
+"""A late loop is a warning when it had kept time this long (else a debug line)."""
+
 
 class ElasticDriver(RendezvousListener):
     """Runs one elastic job (see the module docstring)."""
@@ -235,6 +240,7 @@ class ElasticDriver(RendezvousListener):
     async def run(self) -> JobResult:
         """Run the job to completion and return its result."""
         discovery = asyncio.create_task(self._discover_forever(), name="discovery")
+        lag = asyncio.create_task(self._watch_loop_lag(), name="loop lag")
         try:
             await self.discover()
             while self._result is None:
@@ -243,12 +249,24 @@ class ElasticDriver(RendezvousListener):
                 await self.step()
         finally:
             discovery.cancel()
-            await asyncio.gather(discovery, return_exceptions=True)
+            lag.cancel()
+            await asyncio.gather(discovery, lag, return_exceptions=True)
             self.phase = Phase.FINISHED
             self.rendezvous.finish(self._result.message if self._result else "driver stopped")
             await self.launcher.stop_all()
         assert self._result is not None
         return self._result
+
+    async def _watch_loop_lag(self) -> None:
+        """Tell :attr:`reachability` how late the event loop runs a timer."""
+        while True:
+            due = self._clock() + LAG_PROBE_S
+            await asyncio.sleep(LAG_PROBE_S)
+            now, before = self._clock(), self.reachability.lagged_at
+            if self.reachability.loop_ran_late(now - due, now):
+                (logger.warning if now - before > LAG_QUIET_S else logger.debug)(
+                    "the event loop ran %.1f s late: heartbeat silence counts from now", now - due
+                )
 
     async def _discover_forever(self) -> None:
         while True:

@@ -31,6 +31,10 @@ Service did not route to it) before their silence counts again: under the operat
 beats reach an operator pod only once its Service routes to it again (readiness, endpoints,
 the nodes' proxies), and a worker that cannot reach the rendezvous retries every second."""
 
+LOOP_LAG_S = 1.0
+"""How late the driver's event loop may run a timer before heartbeats count as possibly stuck
+in its queues (see :meth:`Reachability.loop_ran_late`)."""
+
 BEATS_PER_TIMEOUT = 5
 """Heartbeats a worker sends per timeout: four may be lost or late without an eviction."""
 
@@ -62,6 +66,8 @@ class Reachability:
 
     since: float | None = -math.inf
     """Since when (driver clock) they can reach it; None: they cannot now."""
+    lagged_at: float = -math.inf
+    """When the driver's own event loop was last seen running late (driver clock)."""
 
     def update(self, reachable: bool, now: float) -> bool:
         """Record whether they can reach it at ``now``; return whether that changed."""
@@ -70,9 +76,23 @@ class Reachability:
         self.since = now if reachable else None
         return True
 
+    def loop_ran_late(self, lateness_s: float, now: float) -> bool:
+        """The driver's event loop ran a timer ``lateness_s`` late at ``now``. From
+        :data:`LOOP_LAG_S` on, it was too busy to keep up (a thousand workers' requests on
+        one loop, see ``docs/scale.md``): beats may have waited unanswered in its queues, so
+        silence counts again from ``now`` (an overloaded service would otherwise evict
+        healthy workers, and re-forming rounds for them would overload it more). Returns
+        whether it counts as running late."""
+        if lateness_s < LOOP_LAG_S:
+            return False
+        self.lagged_at = max(self.lagged_at, now)
+        return True
+
     def silence_counts_from(self) -> float | None:
         """From when a worker's silence counts (None: not at all now)."""
-        return None if self.since is None else self.since + REACH_GRACE_S
+        if self.since is None:
+            return None
+        return max(self.since + REACH_GRACE_S, self.lagged_at)
 
 
 def hung_workers(

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
+from elasticjob.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
 from elasticjob.driver.api import DiscoveryError, DriverError, HostDiscovery
 from elasticjob.driver.blacklist import BlacklistPolicy
-from elasticjob.driver.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
 from elasticjob.driver.discovery import (
     MAX_SLOTS_PER_HOST,
     FixedHosts,
@@ -276,7 +276,7 @@ def checkpoint_policy(args: argparse.Namespace) -> CheckpointPolicy | None:
     if not args.checkpoint_dir:
         return None
     return CheckpointPolicy(
-        directory=str(Path(args.checkpoint_dir).resolve()),
+        folder=str(Path(args.checkpoint_dir).resolve()),
         every_commits=args.checkpoint_every_commits or 0,
         interval_s=args.checkpoint_interval or 0.0,
         keep=args.checkpoint_keep,
@@ -375,7 +375,7 @@ async def run_job(args: argparse.Namespace) -> JobResult:
     checkpoint = checkpoint_policy(args)
     if checkpoint is not None:
         try:
-            Path(checkpoint.directory).mkdir(parents=True, exist_ok=True)
+            Path(checkpoint.folder).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise DriverError(f"--checkpoint-dir {args.checkpoint_dir!r}: {exc}") from exc
     timeline_dir = (

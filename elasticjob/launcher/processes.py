@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from elasticjob import wire
+from elasticjob.checkpoint_policy import CheckpointPolicy
 from elasticjob.driver.api import DriverError, WorkerLauncher
-from elasticjob.driver.checkpoint_policy import CheckpointPolicy
 from elasticjob.launcher.output_files import RankOutputFiles
 from elasticjob.script_env import launch_env
 from elasticjob.wire import WorkerId

@@ -18,8 +18,8 @@ from typing import Annotated
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from pydantic.alias_generators import to_camel
 
+from elasticjob.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
 from elasticjob.driver.blacklist import BlacklistPolicy
-from elasticjob.driver.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
 
 GROUP = "elasticjob.dev"
 VERSION = "v1alpha1"
@@ -141,7 +141,7 @@ class CheckpointSpec(_Spec):
     def policy(self) -> CheckpointPolicy:
         """The checkpoint policy the workers are told."""
         return CheckpointPolicy(
-            directory=self.path,
+            folder=self.path,
             every_commits=self.every_commits or 0,
             interval_s=float(self.interval_seconds or 0),
             keep=self.keep,
@@ -204,7 +204,9 @@ class ElasticJobSpec(_Spec):
     """The torch.distributed backend; auto: NCCL when the worker sees a CUDA device, else
     Gloo."""
     reset_limit: Annotated[StrictInt, Field(ge=0)] | None = None
-    """The job fails after this many resets (failure recoveries); unlimited when absent."""
+    """The job fails after this many resets, counted as horovodrun's ``--reset-limit``
+    counts them: every new round after the first, whether a failure or a change of hosts
+    (``kubectl scale``, a pod added or gone) caused it; unlimited when absent."""
     elastic_timeout_seconds: Annotated[StrictInt, Field(ge=1, le=86400)] = 600
     """Seconds to wait for minReplicas pods to be available before the job fails."""
     heartbeat_timeout_seconds: Annotated[StrictInt, Field(ge=0, le=3600)] = 5

@@ -1,7 +1,7 @@
 """DistributedOptimizer across real processes: reductions launched from backward hooks while
 backward runs, results equal to averaging at the step, Horovod's skip_synchronize,
-backward_passes_per_step, groups, None and sparse gradients, GradScaler with an inf on one
-rank, and the abort when a peer is SIGKILLed in the middle of a backward pass.
+backward_passes_per_step, groups, step weights, None and sparse gradients, GradScaler with an
+inf on one rank, and the abort when a peer is SIGKILLed in the middle of a backward pass.
 
 One 3-process Gloo job (``optimizer_worker.py``) on the loopback hosts of
 ``test_worker_api.py``; every rank writes what it observed, the tests assert on it.
@@ -82,6 +82,13 @@ def test_backward_passes_per_step_reduces_once_per_step(cluster: list[Result]) -
         assert got["max_diff"] < EXACT, got
         assert got["moved"] > 1e-2
         assert "between the backward passes" in got["zero_grad_between"]
+
+
+def test_step_weights_give_the_weighted_average(cluster: list[Result]) -> None:
+    got = section(cluster, "weighted")
+    same_everywhere([g["params"] for g in got])
+    for g in got:
+        assert g["max_diff"] < EXACT, g
 
 
 def test_gradients_none_on_some_ranks_are_reduced_as_zeros(cluster: list[Result]) -> None:

@@ -8,7 +8,7 @@ Rank 0 writes the *committed* snapshot (see ``snapshot.py``) on a writer thread,
 the next commits fill other buffers: a checkpoint costs the training thread nothing beyond
 the commit it already made. A writer still busy when the next one is due makes that commit
 skip it (the following commit is due instead). Files and atomicity: ``checkpoint_files.py``;
-when: ``checkpoint_policy.py``.
+when: ``elasticjob.checkpoint_policy``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from elasticjob.checkpoint_policy import CheckpointPolicy, checkpoint_due
 from elasticjob.wire import CheckpointReport
 from elasticjob.worker_runtime.elastic.checkpoint_files import (
     CheckpointError,
@@ -30,7 +31,6 @@ from elasticjob.worker_runtime.elastic.checkpoint_files import (
     to_prune,
     write_checkpoint,
 )
-from elasticjob.worker_runtime.elastic.checkpoint_policy import CheckpointPolicy, checkpoint_due
 from elasticjob.worker_runtime.elastic.snapshot import Snapshot, SnapshotKeeper
 from elasticjob.worker_runtime.log import get_logger
 
@@ -51,8 +51,7 @@ class Checkpointer:
         report: Callable[[CheckpointReport], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        assert policy.folder is not None
-        self.folder: Path = policy.folder
+        self.folder = Path(policy.folder)
         self._policy = policy
         self._keeper = keeper
         self._report = report
@@ -128,15 +127,17 @@ class Checkpointer:
             written.size_bytes / 1e6 / max(seconds, 1e-9),
         )
         self._prune()
-        self._report(
-            CheckpointReport(
-                name=written.name,
-                epoch=meta.get("epoch", 0),
-                step=meta.get("step", 0),
-                seconds=seconds,
-                size_bytes=written.size_bytes,
-            )
+        report = CheckpointReport(
+            name=written.name,
+            epoch=meta.get("epoch", 0),
+            step=meta.get("step", 0),
+            seconds=seconds,
+            size_bytes=written.size_bytes,
         )
+        try:
+            self._report(report)
+        except Exception as exc:  # the runtime is gone (shut down): the file is what counts
+            logger.warning("could not report checkpoint %s: %s", written.name, exc)
 
     def _prune(self) -> None:
         for entry in to_prune(os.listdir(self.folder), self._policy.keep):

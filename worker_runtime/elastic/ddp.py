@@ -27,12 +27,10 @@ from torch.nn.parallel import DistributedDataParallel as TorchDistributedDataPar
 
 from elasticjob.worker_runtime import step_weight
 from elasticjob.worker_runtime.basics import current
+from elasticjob.worker_runtime.host_updates import VOTE_DTYPES
 from elasticjob.worker_runtime.log import get_logger
 
 logger = get_logger(__name__)
-
-_VOTE_DTYPES = (torch.float32, torch.float64)
-"""Bucket dtypes that carry a host-update vote exactly (a notice sequence number)."""
 
 
 class DistributedDataParallel:
@@ -104,7 +102,7 @@ class DistributedDataParallel:
             self._weight = step_weight.pass_weight()
         weight = self._weight
         grads = bucket.buffer()
-        votes = bucket.is_last() and grads.dtype in _VOTE_DTYPES
+        votes = bucket.is_last() and grads.dtype in VOTE_DTYPES
         extras = [weight, float(runtime.host_update_vote())] if votes else [weight]
         flat = torch.cat(
             [grads * weight, torch.tensor(extras, dtype=grads.dtype, device=grads.device)]

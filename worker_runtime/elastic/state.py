@@ -22,13 +22,13 @@ from typing import Any, ClassVar
 
 import torch
 
+from elasticjob.checkpoint_policy import CheckpointPolicy
 from elasticjob.wire import CheckpointReport
 from elasticjob.worker_runtime import timeline
 from elasticjob.worker_runtime.basics import current, is_initialized
 from elasticjob.worker_runtime.collectives import broadcast_object
 from elasticjob.worker_runtime.elastic.checkpoint import Checkpointer, load_newest
 from elasticjob.worker_runtime.elastic.checkpoint_files import CheckpointError, Manifest
-from elasticjob.worker_runtime.elastic.checkpoint_policy import CheckpointPolicy
 from elasticjob.worker_runtime.elastic.ddp import DistributedDataParallel
 from elasticjob.worker_runtime.elastic.handlers import (
     DistributedDataParallelStateHandler,
@@ -109,7 +109,7 @@ class SnapshotState(State):
         policy = CheckpointPolicy.from_env()
         self._checkpointer = (
             Checkpointer(policy, self._keeper, lambda r: current().report_checkpoint(r))
-            if policy.folder is not None
+            if policy is not None
             else None
         )
         self._holds_job_state = False

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from api_worker import batch, max_diff, mlp, params_digest  # beside this script
 
 import elasticjob.worker_runtime as hvd
+from elasticjob.worker_runtime import step_weight
 
 Json = dict[str, Any]
 
@@ -228,6 +229,45 @@ def accumulation_checks(r: int) -> Json:
     }
 
 
+class Weights:
+    """A step-weight source with fixed weights per pass."""
+
+    def __init__(self, *weights: float) -> None:
+        self.start = step_weight.passes()
+        self.weights = weights
+
+    def weight(self, passes: int) -> float:
+        return self.weights[passes - self.start]
+
+
+def weighted_checks(r: int, n: int) -> Json:
+    """Step weights (the elastic sampler's uneven last batches): rank r's pass weighs
+    (r + 1) / n, rank 0's second pass 0 (a padding sample); the result is
+    sum(w_r * g_r) / sum(w_r), the same on every rank."""
+    model = mlp(9)
+    reference = copy.deepcopy(model)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5))
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
+    weights = [(r + 1) / n, 0.0 if r == 0 else 1.0]
+    step_weight.set_source(Weights(*weights))
+    try:
+        for step, w in enumerate(weights):
+            x, y = batch(700 * step + r, 3)
+            opt.zero_grad()
+            loss_of(model, x, y).backward()
+            opt.step()
+            ref_opt.zero_grad()
+            loss_of(reference, x, y).backward()
+            total = hvd.allreduce(torch.tensor([w]), op=hvd.Sum)
+            for p in reference.parameters():
+                assert p.grad is not None
+                p.grad = hvd.allreduce(p.grad * w, op=hvd.Sum) / total
+            ref_opt.step()
+    finally:
+        step_weight.set_source(None)
+    return {"max_diff": max_diff(model, reference), "params": params_digest(model)}
+
+
 class Branchy(torch.nn.Module):
     """A trunk and head every rank uses, a branch only rank 1 uses, a layer none uses."""
 
@@ -352,6 +392,7 @@ def values_run(out: Path) -> None:
         "equality": equality_checks(r),
         "clipping": clipping_checks(r),
         "accumulation": accumulation_checks(r),
+        "weighted": weighted_checks(r, n),
         "none_grads": none_grad_checks(r),
         "sparse": sparse_checks(r),
         "amp": amp_checks(r),

@@ -122,3 +122,23 @@ async def test_silence_does_not_count_while_the_workers_cannot_reach_the_driver(
     job.clock.now += 2
     await job.step()
     assert job.launcher.stopped == [B0], "b never beat again: evicted; a beat: kept"
+
+
+async def test_silence_does_not_count_across_a_late_event_loop() -> None:
+    """An overloaded service answers beats late; its driver does not take the delay for
+    silence (it would evict healthy workers and overload the service more)."""
+    job = Job({"a": 1, "b": 1}, settings(heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S))
+    await job.start_round_1(A0, B0)
+    beat(job, A0, None)
+    beat(job, B0, None)
+    job.clock.now += HEARTBEAT_TIMEOUT_S + 1
+    assert job.driver.reachability.loop_ran_late(HEARTBEAT_TIMEOUT_S, job.clock.now)
+    await job.step()
+    assert job.launcher.stopped == [], "the loop was late: nobody is evicted"
+    job.clock.now += HEARTBEAT_TIMEOUT_S - 1
+    beat(job, A0, None)
+    await job.step()
+    assert job.launcher.stopped == [], "within the timeout counted from the lag"
+    job.clock.now += 2
+    await job.step()
+    assert job.launcher.stopped == [B0], "b never beat after the lag: evicted; a beat: kept"

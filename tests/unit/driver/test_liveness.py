@@ -7,6 +7,7 @@ import math
 import pytest
 
 from elasticjob.driver.liveness import (
+    LOOP_LAG_S,
     REACH_GRACE_S,
     Reachability,
     heartbeat_interval_s,
@@ -96,3 +97,30 @@ def test_heartbeat_interval(timeout: float | None, interval: float | None) -> No
 def test_heartbeat_interval_needs_a_positive_timeout(timeout: float) -> None:
     with pytest.raises(ValueError, match="heartbeat timeout"):
         heartbeat_interval_s(timeout)
+
+
+@pytest.mark.parametrize(
+    ("reachable", "lateness", "counts", "counts_from"),
+    [
+        pytest.param(True, 0.2, False, -math.inf, id="on time: silence counts as before"),
+        pytest.param(True, LOOP_LAG_S, True, 50.0, id="late: silence counts from now"),
+        pytest.param(False, 5.0, True, None, id="unreachable: still not at all"),
+    ],
+)
+def test_a_late_loop_restarts_the_silence(
+    reachable: bool, lateness: float, counts: bool, counts_from: float | None
+) -> None:
+    reachability = Reachability()
+    reachability.update(reachable, 10.0)
+    assert reachability.loop_ran_late(lateness, 50.0) is counts
+    assert reachability.silence_counts_from() == counts_from
+
+
+def test_silence_counts_from_the_later_of_the_grace_and_the_lag() -> None:
+    reachability = Reachability()
+    reachability.update(False, 10.0)
+    reachability.update(True, 20.0)
+    reachability.loop_ran_late(3.0, 25.0)
+    assert reachability.silence_counts_from() == 20.0 + REACH_GRACE_S
+    reachability.loop_ran_late(3.0, 60.0)
+    assert reachability.silence_counts_from() == 60.0

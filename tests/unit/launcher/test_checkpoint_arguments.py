@@ -24,7 +24,7 @@ def test_checkpoint_flags_reach_every_worker_and_turn_the_fallback_on(tmp_path: 
     folder = tmp_path / "ckpt"
     args = parse("--checkpoint-dir", str(folder), "--checkpoint-every-commits", "10")
     policy = checkpoint_policy(args)
-    assert policy is not None and policy.directory == str(folder.resolve())
+    assert policy is not None and policy.folder == str(folder.resolve())
     _, settings, _ = _settings(args)
     assert settings.checkpoint_fallback
     env = WorkerEnvironment("http://127.0.0.1:1", "job", "token", checkpoint=policy).for_worker(

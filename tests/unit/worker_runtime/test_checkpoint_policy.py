@@ -1,19 +1,18 @@
-"""The checkpoint policy: read from the environment, and when a commit is written."""
+"""The checkpoint policy: its checks, the variables both sides read and write, and when a
+commit is written (a row each)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from elasticjob import wire
-from elasticjob.worker_runtime.elastic.checkpoint_policy import (
+from elasticjob.checkpoint_policy import (
     DEFAULT_KEEP,
     CheckpointPolicy,
     checkpoint_due,
 )
 
-FOLDER = Path("ckpts")
+FOLDER = "ckpts"
 EVERY_10 = CheckpointPolicy(FOLDER, every_commits=10)
 EVERY_30_S = CheckpointPolicy(FOLDER, interval_s=30.0)
 BOTH = CheckpointPolicy(FOLDER, every_commits=10, interval_s=30.0)
@@ -22,7 +21,6 @@ BOTH = CheckpointPolicy(FOLDER, every_commits=10, interval_s=30.0)
 @pytest.mark.parametrize(
     ("policy", "commits", "seconds", "busy", "due"),
     [
-        (CheckpointPolicy(), 100, 1e6, False, False),  # no folder: never
         (CheckpointPolicy(FOLDER), 100, 1e6, False, False),  # only explicit checkpoint()
         (EVERY_10, 9, 1e6, False, False),
         (EVERY_10, 10, 0.0, False, True),
@@ -51,9 +49,12 @@ def test_policy_from_env() -> None:
             wire.ENV_CHECKPOINT_KEEP: "2",
         }
     )
-    assert policy == CheckpointPolicy(Path("/data/ckpt"), 10, 2.5, 2)
-    assert CheckpointPolicy.from_env({}) == CheckpointPolicy(None, 0, 0.0, DEFAULT_KEEP)
-    assert CheckpointPolicy.from_env({wire.ENV_CHECKPOINT_DIR: ""}).folder is None
+    assert policy == CheckpointPolicy("/data/ckpt", 10, 2.5, 2)
+    assert CheckpointPolicy.from_env({wire.ENV_CHECKPOINT_DIR: "/c"}) == CheckpointPolicy(
+        "/c", 0, 0.0, DEFAULT_KEEP
+    )
+    assert CheckpointPolicy.from_env({}) is None
+    assert CheckpointPolicy.from_env({wire.ENV_CHECKPOINT_DIR: ""}) is None
 
 
 @pytest.mark.parametrize(
@@ -66,5 +67,32 @@ def test_policy_from_env() -> None:
     ],
 )
 def test_malformed_policy_names_the_variable(name: str, raw: str, message: str) -> None:
-    with pytest.raises(RuntimeError, match=f"{name}.*{message}"):
-        CheckpointPolicy.from_env({name: raw})
+    with pytest.raises(ValueError, match=f"{name}.*{message}"):
+        CheckpointPolicy.from_env({wire.ENV_CHECKPOINT_DIR: "/c", name: raw})
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"folder": ""}, "must not be empty"),
+        ({"every_commits": -1}, "must be >= 0"),
+        ({"interval_s": float("inf")}, "must be >= 0"),
+        ({"every_commits": 1, "keep": 0}, "at least 1 checkpoint must be kept"),
+    ],
+)
+def test_a_bad_policy_is_refused(changes: dict[str, object], message: str) -> None:
+    fields: dict[str, object] = {"folder": "/ckpt"} | changes
+    with pytest.raises(ValueError, match=message):
+        CheckpointPolicy(**fields)  # type: ignore[arg-type]
+
+
+def test_worker_env_round_trips() -> None:
+    policy = CheckpointPolicy("/ckpt", interval_s=2.5, keep=4)
+    env = policy.worker_env()
+    assert env == {
+        wire.ENV_CHECKPOINT_DIR: "/ckpt",
+        wire.ENV_CHECKPOINT_EVERY_COMMITS: "0",
+        wire.ENV_CHECKPOINT_INTERVAL: "2.5",
+        wire.ENV_CHECKPOINT_KEEP: "4",
+    }
+    assert CheckpointPolicy.from_env(env) == policy

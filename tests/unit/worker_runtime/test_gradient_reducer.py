@@ -17,6 +17,7 @@ import torch
 
 import elasticjob.worker_runtime as hvd
 from elasticjob.worker_runtime import basics, step_weight
+from elasticjob.worker_runtime.gradient_reducer import Reduction, result_scale
 from elasticjob.worker_runtime.process_group import RoundGroup
 
 ABORT_AFTER_S = 0.5
@@ -58,6 +59,26 @@ class Weights:
 
 def grads(model: torch.nn.Module) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+AVG, SUM = hvd.ReduceOp.AVERAGE, hvd.ReduceOp.SUM
+
+
+@pytest.mark.parametrize(
+    ("reduction", "size", "weight", "passes", "expected"),
+    [
+        pytest.param(Reduction(AVG, None), 4, 4.0, 4.0, 0.25, id="weights 1: plain mean"),
+        pytest.param(Reduction(AVG, None), 4, 12.0, 12.0, 0.25, id="3 passes: sum over mean"),
+        pytest.param(Reduction(AVG, None), 2, 1.5, 2.0, 2 / 3, id="uneven: per weight"),
+        pytest.param(Reduction(AVG, None, 4.0), 4, 4.0, 4.0, 1.0, id="predivide undone"),
+        pytest.param(Reduction(AVG, None), 3, 0.0, 3.0, 0.0, id="padding only: zero"),
+        pytest.param(Reduction(SUM, None), 4, 0.0, 0.0, 1.0, id="sum: as reduced"),
+    ],
+)
+def test_result_scale(
+    reduction: Reduction, size: int, weight: float, passes: float, expected: float
+) -> None:
+    assert result_scale(reduction, size, weight, passes) == pytest.approx(expected)
 
 
 def test_weights_of_one_pass_cancel_in_a_world_of_one(group: RoundGroup) -> None:
@@ -143,6 +164,20 @@ def test_a_dropped_optimizer_leaves_no_working_hooks(group: RoundGroup) -> None:
     assert step_weight.passes() == before
     for got, want in zip(grads(model), grads(reference), strict=True):
         torch.testing.assert_close(got, want)
+
+
+def test_autograd_grad_reduces_nothing(group: RoundGroup) -> None:
+    """Gradients computed with ``torch.autograd.grad`` are not accumulated: no pass, no
+    reduction, no gradient set."""
+    model = mlp()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    before = step_weight.passes()
+    torch.manual_seed(1)
+    loss = model(torch.randn(4, 3)).square().mean()
+    torch.autograd.grad(loss, list(model.parameters()))
+    assert step_weight.passes() == before
+    assert all(p.grad is None for p in model.parameters())
+    assert opt._ej_reducer.reductions == 0  # type: ignore[attr-defined]
 
 
 def test_a_backward_blocked_on_a_silent_peer_raises_when_the_round_is_aborted(

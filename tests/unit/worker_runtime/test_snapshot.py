@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -147,16 +148,35 @@ def test_a_pinned_snapshot_never_changes_and_is_reused_once_released() -> None:
     assert torch.equal(pinned.value()["w"], torch.full((1000,), 4.0))
 
 
-def test_background_copy_completes_before_the_next_optimizer_step() -> None:
-    model = torch.nn.Linear(2000, 2000)
+@pytest.mark.parametrize("distributed", [False, True])
+def test_background_copy_completes_before_the_next_optimizer_step(
+    distributed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = torch.nn.Linear(200, 200)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    if distributed:
+        optimizer = hvd.DistributedOptimizer(optimizer)
+    step_started, step_done = threading.Event(), threading.Event()
+    optimizer.register_step_pre_hook(lambda *_: step_started.set())  # runs before the state's
     state = TorchState(model, optimizer, background_commit=True)
-    train_step_big = lambda seed: _big_step(model, optimizer, seed)  # noqa: E731
-    train_step_big(1)
+    optimizer.register_step_post_hook(lambda *_: step_done.set())
+    _big_step(model, optimizer, 1)
+    real_copy = snapshot_module._copy
+
+    def late_copy(pairs: list[tuple[torch.Tensor, torch.Tensor]], snapshot: Snapshot) -> None:
+        # A copy still running when the next step starts: it goes on once that step is done,
+        # or after 0.5 s if the step waits for it.
+        if step_started.wait(5.0):
+            step_done.wait(0.5)
+        real_copy(pairs, snapshot)
+
+    monkeypatch.setattr(snapshot_module, "_copy", late_copy)
+    step_started.clear()
+    step_done.clear()
     state.commit()
     committed = {k: v.clone() for k, v in model.state_dict().items()}
-    train_step_big(2)  # the pre-step hook waited: the copy holds the committed weights
-    train_step_big(3)
+    _big_step(model, optimizer, 2)  # its step waits for the copy
+    assert step_done.is_set()
     state.restore()
     assert_same({k: v.clone() for k, v in model.state_dict().items()}, committed)
 
@@ -164,7 +184,7 @@ def test_background_copy_completes_before_the_next_optimizer_step() -> None:
 def _big_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> None:
     torch.manual_seed(seed)
     optimizer.zero_grad()
-    model(torch.randn(4, 2000)).square().mean().backward()
+    model(torch.randn(4, 200)).square().mean().backward()
     optimizer.step()
 
 
