@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 import elasticjob.worker_runtime as hvd
+from elasticjob import wire
 
 
 def parse_args() -> argparse.Namespace:
@@ -27,6 +28,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--kill-at", type=int, default=-1, help="--kill-rank SIGKILLs itself here")
     parser.add_argument("--kill-rank", type=int, default=3)
     parser.add_argument("--small", action="store_true", help="a ~70k-parameter MLP instead")
+    parser.add_argument(
+        "--steps-after-change", type=int, default=0, help="end this many steps into round 2"
+    )
     parser.add_argument("--join-file", type=Path, help="rank 0 writes the step it is at here")
     parser.add_argument("--steady", type=int, default=0, help="steps per block of the A/B run")
     return parser.parse_args()
@@ -89,12 +93,19 @@ def main() -> None:
         steady_ab(args.steady, step, state, log)
         return
 
+    round_2_from: list[int] = []  # the step at which round 2 started (same on every rank)
+
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
         while state.step < args.steps:
+            if args.steps_after_change and hvd.current_round() >= 2:
+                round_2_from.append(state.step)
+                if state.step >= round_2_from[0] + args.steps_after_change:
+                    break
             dies = hvd.rank() == args.kill_rank and hvd.current_round() == 1
             if state.step == args.kill_at and dies:
-                log("kill", step=state.step)
+                worker = f"{os.environ[wire.ENV_HOSTNAME]}[{os.environ[wire.ENV_LOCAL_RANK]}]"
+                log("kill", step=state.step, worker=worker)
                 out.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
             step()

@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -92,13 +93,13 @@ def worker_logs(evs: list[dict[str, Any]], pid: int) -> list[tuple[float, str]]:
 
 
 def kill_breakdown(
-    evs: list[dict[str, Any]], launcher: list[tuple[float, str]], killed: str
+    evs: list[dict[str, Any]], launcher: list[tuple[float, str]]
 ) -> dict[str, float]:
     """The path from the kill to the survivors' first step, each moment relative to the kill:
     the launcher sees the exit, the driver posts the failure notice, the survivors have
     aborted their group (the last to roll back), the killed host's other workers are gone,
     the driver publishes round 2, the survivors joined it, synced their state, stepped."""
-    kill = next(e["t"] for e in evs if e["ev"] == "kill")
+    kill, killed = next((e["t"], e["worker"]) for e in evs if e["ev"] == "kill")
     survivors = {e["pid"] for e in evs if e["ev"] == "step" and e["round"] == 2}
     per = {pid: worker_logs(evs, pid) for pid in survivors}
     firsts = [min(e["t"] for e in evs if e["ev"] == "step" and e["round"] == 2 and e["pid"] == pid)
@@ -129,7 +130,7 @@ def bench_kill(tmp: Path) -> dict[str, float]:
     launcher = finish(job)
     evs = events(log_dir)
     return {
-        **{f"{k}_s": v for k, v in kill_breakdown(evs, launcher, "127.0.1.2[1]").items()},
+        **{f"{k}_s": v for k, v in kill_breakdown(evs, launcher).items()},
         "step_s_4_workers": median_interval(step_times(evs, 0, 1)),
         "step_s_2_workers": median_interval(step_times(evs, 0, 2)),
     }
@@ -174,11 +175,88 @@ def bench_steady(tmp: Path) -> dict[str, float]:
     return {"step_s_with_check": elastic, "step_s_without": plain, "ratio": elastic / plain}
 
 
+def one_slot_hosts(count: int) -> list[str]:
+    return [f"127.0.1.{i + 1}:1" for i in range(count)]
+
+
+def size_kill(tmp: Path, size: int) -> dict[str, float]:
+    """``size`` workers, one per host, the small model; the last rank dies at step 10."""
+    log_dir = tmp / f"kill-{size}"
+    hosts = ",".join(one_slot_hosts(size))
+    job = launch(["-np", str(size), "--min-np", str(size - 1), "-H", hosts],
+                 ["--small", "--steps", "100000", "--steps-after-change", "10", "--kill-at", "10",
+                  "--kill-rank", str(size - 1)], log_dir)  # fmt: skip
+    launcher = finish(job)
+    moments = kill_breakdown(events(log_dir), launcher)
+    return {
+        "kill_to_step": moments["first_step"],
+        "exit_seen": moments["exit_seen"],
+        "re_form": moments["joined"] - moments["round_formed"],
+        "sync": moments["synced"] - moments["joined"],
+    }
+
+
+def size_join(tmp: Path, size: int) -> dict[str, float]:
+    """``size - 1`` workers, one per host, the small model; a host with one slot is added at
+    step 10: the members' pause, and the new round's group formation and (full) sync."""
+    log_dir, hosts, progress = tmp / f"join-{size}", tmp / f"hosts-{size}", tmp / f"step-{size}"
+    hosts.write_text("\n".join(one_slot_hosts(size - 1)) + "\n")
+    script = tmp / f"discover-{size}.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    job = launch(["-np", str(size - 1), "--min-np", str(size - 1), "--host-discovery-script",
+                  str(script)],
+                 ["--small", "--steps", "100000", "--steps-after-change", "10", "--join-file",
+                  str(progress)], log_dir)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (progress.exists() and progress.read_text() and int(progress.read_text()) >= 10):
+        if time.monotonic() > deadline or job.poll() is not None:
+            raise SystemExit(f"the scale-out run at {size} never reached step 10")
+        time.sleep(0.05)
+    hosts.write_text("\n".join(one_slot_hosts(size)) + "\n")
+    launcher = finish(job)
+    evs = events(log_dir)
+    old, new = step_times(evs, 0, 1), step_times(evs, 0, 2)
+    members = {e["pid"] for e in evs if e["ev"] == "step" and e["round"] == 2}
+    logs = {pid: worker_logs(evs, pid) for pid in members}
+    joined = max(first_time(lines, "joined round 2") for lines in logs.values())
+    synced = max(first_time(lines, "state ", "round=2") for lines in logs.values())
+    return {
+        "pause": new[0] - old[-1],
+        "re_form": joined - first_time(launcher, "round 2:"),
+        "sync": synced - joined,
+    }
+
+
+def bench_sizes(tmp: Path, sizes: list[int], repeat: int) -> None:
+    """Print, per world size, the median and range over ``repeat`` runs of each figure."""
+    print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"{'N':>3} {'figure':<26} {'median':>8} {'min':>8} {'max':>8}", flush=True)
+    for size in sizes:
+        runs: dict[str, list[float]] = {}
+        for _ in range(repeat):
+            for prefix, bench in (("kill", size_kill), ("scale-out", size_join)):
+                for name, value in bench(tmp, size).items():
+                    runs.setdefault(f"{prefix} {name}", []).append(value)
+        for name, values in runs.items():
+            print(f"{size:>3} {name:<26} {statistics.median(values):8.3f} "
+                  f"{min(values):8.3f} {max(values):8.3f}", flush=True)  # fmt: skip
+        print(f"    load average: {os.getloadavg()[0]:.2f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=("kill", "join", "steady"))
     parser.add_argument("--keep", type=Path, help="keep the jobs' output in this directory")
+    parser.add_argument("--sizes", help="world sizes of the recovery curve, e.g. 2,4,8,16")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per world size")
     args = parser.parse_args()
+    if args.sizes:
+        with tempfile.TemporaryDirectory() as scratch:
+            tmp = args.keep or Path(scratch)
+            tmp.mkdir(parents=True, exist_ok=True)
+            bench_sizes(tmp, [int(n) for n in args.sizes.split(",")], args.repeat)
+        return
     benches = {"kill": bench_kill, "join": bench_join, "steady": bench_steady}
     with tempfile.TemporaryDirectory() as scratch:
         tmp = args.keep or Path(scratch)
