@@ -45,8 +45,9 @@ know (strict models), so the service leaves ``peers`` out of its answers to vers
 for it, and a newer worker takes an older service's 404 as "no plan". Version 4 added the
 optional :attr:`ProgressRequest.resumed` and :attr:`ProgressRequest.commit_seconds` (the
 driver's recovery and commit metrics); a version-3 worker's reports stay valid. Version 5 added
-the optional :attr:`ProgressRequest.checkpoints` and :attr:`ProgressRequest.restored_from`
-(durable checkpoints written and loaded); older workers' reports stay valid."""
+the optional :attr:`ProgressRequest.checkpoints`, :attr:`ProgressRequest.restored_from`
+and :attr:`ProgressRequest.committed_step` (durable checkpoints written and loaded, and the
+committed steps a fallback loses); older workers' reports stay valid."""
 MIN_PROTOCOL_VERSION: Final = 2
 """The oldest worker protocol this service accepts; an older (or newer) worker is refused
 with ``426 Upgrade Required`` naming both versions, and exits with that message. Version-2
@@ -435,6 +436,10 @@ class ProgressRequest(_Strict):
     restored_from: CheckpointReport | None = None
     """The checkpoint this round's rank 0 loaded because no worker of the previous round
     survived (sent with ``resumed``; protocol 5)."""
+    committed_step: _NonNegativeInt | None = None
+    """The runtime's step count at rank 0's newest commit (``step`` is the script's own
+    number when it reports progress): a durable fallback loses the steps between this and the
+    checkpoint it loads (protocol 5)."""
 
 
 class RoundInfo(_Strict):

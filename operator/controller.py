@@ -258,7 +258,7 @@ class JobController:
         status = self._status.recorded(body)
         driver.resume_resets(status.reset_count, status.last_reset_reason)
         if status.progress is not None:  # the steps a durable fallback loses count from it
-            driver.journal.last_step = status.progress.step
+            driver.journal.committed_step = status.progress.committed_step
         if spec.blacklist.scope is BlacklistScope.NODE:
             restore_blacklist(
                 self._blacklist, status.blacklisted_nodes, self._wall_clock(), self._clock()

@@ -156,6 +156,7 @@ def observe(
             epoch=progress.epoch,
             step=progress.step,
             samples_per_second=progress.samples_per_second,
+            committed_step=driver.journal.committed_step,
         ),
         goodput=goodput_of(driver.journal.lost_time, driver.clock()),
         last_checkpoint=checkpoint_of(driver.journal.last_checkpoint),

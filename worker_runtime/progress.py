@@ -63,6 +63,9 @@ class ProgressReporter:
                         "checkpoints": (older.checkpoints + request.checkpoints)[
                             -MAX_REPORTED_CHECKPOINTS:
                         ],
+                        "committed_step": older.committed_step
+                        if request.committed_step is None
+                        else request.committed_step,
                         "restored_from": request.restored_from
                         or (older.restored_from if older.round == request.round else None),
                     }

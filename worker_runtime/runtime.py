@@ -446,7 +446,9 @@ class Runtime:
     def report_resumed(self, restored_from: CheckpointReport | None = None) -> None:
         """Training starts or resumes in this round now (rank 0 tells the driver at once:
         the end of a recovery or a resize), from ``restored_from`` if rank 0 loaded it."""
-        self._offer_progress(step=self.step, resumed=True, restored_from=restored_from)
+        self._offer_progress(
+            step=self.step, resumed=True, restored_from=restored_from, committed_step=self.step
+        )
 
     def report_checkpoint(self, report: CheckpointReport) -> None:
         """Rank 0 completed a durable checkpoint (any thread)."""
@@ -454,7 +456,9 @@ class Runtime:
 
     def report_commit(self, seconds: float) -> None:
         """A commit took ``seconds`` (rank 0's are reported, for the job's metrics)."""
-        self._offer_progress(step=self.step, commit_seconds=(max(seconds, 0.0),))
+        self._offer_progress(
+            step=self.step, commit_seconds=(max(seconds, 0.0),), committed_step=self.step
+        )
 
     def _offer_progress(
         self,
@@ -464,6 +468,7 @@ class Runtime:
         commit_seconds: tuple[float, ...] = (),
         checkpoints: tuple[CheckpointReport, ...] = (),
         restored_from: CheckpointReport | None = None,
+        committed_step: int | None = None,
     ) -> None:
         if self._progress is None or self.slot.rank != 0:
             return
@@ -478,6 +483,7 @@ class Runtime:
                 commit_seconds=commit_seconds,
                 checkpoints=checkpoints,
                 restored_from=restored_from,
+                committed_step=committed_step,
             ),
             urgent=resumed,
         )

@@ -57,8 +57,9 @@ class JobJournal:
         """The round in which training last stopped (0: the job has not trained yet)."""
         self._round_ended_at: float | None = clock()
         """When the round in force ended or failed (the job's start, before round 1)."""
-        self.last_step: int | None = None
-        """The last step rank 0 reported (front ends carry a stored one on)."""
+        self.committed_step: int | None = None
+        """The runtime's step count at rank 0's newest commit (front ends carry a stored
+        one on)."""
         self.last_checkpoint: CheckpointReport | None = None
         """The newest durable checkpoint rank 0 reported written."""
         self.restore: Restore | None = None
@@ -93,7 +94,8 @@ class JobJournal:
         restored = progress.restored_from
         if restored is not None and (self.restore is None or self.restore.round < progress.round):
             self._restored(restored, progress.round, world_size)
-        self.last_step = progress.step
+        if progress.committed_step is not None:
+            self.committed_step = progress.committed_step
         if self._paused_in_round < progress.round == current_round:
             paused = self.lost_time.paused_since is not None
             self.lost_time, recovery = on_first_step(self.lost_time, now)
@@ -109,6 +111,7 @@ class JobJournal:
     ) -> None:
         self.observer.checkpointed(checkpoint.seconds)
         self.last_checkpoint = checkpoint
+        self.committed_step = max(self.committed_step or 0, checkpoint.step)
         # Written off the training thread: the state it holds was committed about as long
         # before the report as the write took.
         self._checkpoint_times[checkpoint.name] = now - checkpoint.seconds
@@ -122,9 +125,9 @@ class JobJournal:
         )
 
     def _restored(self, checkpoint: CheckpointReport, round_number: int, world_size: int) -> None:
-        last = self.last_step
-        # A last step before the checkpoint's is not in the runtime's count (a script that
-        # reports its own step numbers): unknown rather than a made-up figure.
+        last = self.committed_step
+        # Unknown (rather than a made-up figure) when no commit was reported, or when the
+        # commits reported are older than the checkpoint (reports lost with the workers).
         lost = None if last is None or last < checkpoint.step else last - checkpoint.step
         self.restore = Restore(checkpoint, round_number, lost)
         self.lost_time = on_restored(self.lost_time, self._checkpoint_times.get(checkpoint.name))

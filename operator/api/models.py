@@ -315,6 +315,9 @@ class Progress(_Status):
     epoch: NonNegative = 0
     step: NonNegative = 0
     samples_per_second: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    committed_step: NonNegative | None = None
+    """The workers' step count at the newest commit: a restore from a checkpoint loses the
+    steps between the checkpoint's and this."""
 
 
 _Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]

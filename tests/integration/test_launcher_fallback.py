@@ -62,9 +62,9 @@ def test_every_worker_killed_resumes_from_the_newest_checkpoint_in_the_same_run(
     kinds = [e.kind for e in data.events]
     assert EventKind.CHECKPOINT in kinds and kinds.count(EventKind.RESTORED) == 1, run.explain()
     restored = next(e for e in data.events if e.kind is EventKind.RESTORED)
-    # The test worker reports its batch number as its step, the runtime its own step count
-    # (commits, checkpoints): whichever came last before the kill, the figure is either
-    # unknown (see Restore.steps_lost) or less than two checkpoints apart (4 steps each).
+    # Counted from the committed step rank 0 last reported (reports go at most every few
+    # seconds: in a run this short none may have arrived since the checkpoint's commit, and
+    # then the figure is unknown rather than made up), less than two checkpoints apart.
     lost = re.fullmatch(
         rf"{name} at step {loaded[0][2]}: (an unknown number of|\d+) steps trained again",
         restored.message,

@@ -45,6 +45,7 @@ def report(
             checkpoints=checkpoints,
             restored_from=restored_from,
             commit_seconds=(0.01,) * commits,
+            committed_step=step if commits else None,
         )
     )
 

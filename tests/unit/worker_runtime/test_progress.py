@@ -181,3 +181,16 @@ def test_the_checkpoint_loaded_in_an_older_round_is_not_carried_into_a_newer_one
         ]
     )
     assert newest.restored_from is None
+
+
+def test_a_replaced_report_keeps_the_newest_committed_step() -> None:
+    """The script's own progress report (no committed step) replacing a commit's keeps the
+    commit's step count: the driver counts a fallback's lost steps from it."""
+    newest = sent_while_the_service_hung(
+        [
+            ProgressRequest(round=1, epoch=0, step=1, committed_step=7),
+            ProgressRequest(round=1, epoch=0, step=2, committed_step=8),
+            ProgressRequest(round=1, epoch=0, step=3),
+        ]
+    )
+    assert newest.committed_step == 8
