@@ -49,7 +49,11 @@ def launch(launcher: list[str], worker: list[str], log_dir: Path) -> subprocess.
 
 def finish(job: subprocess.Popen[str], timeout_s: float = 300) -> list[tuple[float, str]]:
     """Wait for the job; return the launcher's log lines as (time, text)."""
-    _, stderr = job.communicate(timeout=timeout_s)
+    try:
+        _, stderr = job.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        job.kill()  # its workers die with it
+        raise
     if job.returncode != 0:
         raise SystemExit(f"benchmark job failed ({job.returncode}):\n{stderr[-3000:]}")
     lines = []
@@ -201,6 +205,7 @@ def size_join(tmp: Path, size: int) -> dict[str, float]:
     step 10: the members' pause, and the new round's group formation and (full) sync."""
     log_dir, hosts, progress = tmp / f"join-{size}", tmp / f"hosts-{size}", tmp / f"step-{size}"
     hosts.write_text("\n".join(one_slot_hosts(size - 1)) + "\n")
+    progress.unlink(missing_ok=True)  # a previous run's
     script = tmp / f"discover-{size}.sh"
     script.write_text(f"#!/bin/sh\ncat {hosts}\n")
     script.chmod(0o755)
