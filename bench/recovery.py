@@ -185,7 +185,7 @@ def one_slot_hosts(count: int) -> list[str]:
 
 def size_kill(tmp: Path, size: int) -> dict[str, float]:
     """``size`` workers, one per host, the small model; the last rank dies at step 10."""
-    log_dir = tmp / f"kill-{size}"
+    log_dir = tmp / "kill"
     hosts = ",".join(one_slot_hosts(size))
     job = launch(["-np", str(size), "--min-np", str(size - 1), "-H", hosts],
                  ["--small", "--steps", "100000", "--steps-after-change", "10", "--kill-at", "10",
@@ -203,10 +203,10 @@ def size_kill(tmp: Path, size: int) -> dict[str, float]:
 def size_join(tmp: Path, size: int) -> dict[str, float]:
     """``size - 1`` workers, one per host, the small model; a host with one slot is added at
     step 10: the members' pause, and the new round's group formation and (full) sync."""
-    log_dir, hosts, progress = tmp / f"join-{size}", tmp / f"hosts-{size}", tmp / f"step-{size}"
+    log_dir, hosts, progress = tmp / "join", tmp / "hosts", tmp / "step"
     hosts.write_text("\n".join(one_slot_hosts(size - 1)) + "\n")
     progress.unlink(missing_ok=True)  # a previous run's
-    script = tmp / f"discover-{size}.sh"
+    script = tmp / "discover.sh"
     script.write_text(f"#!/bin/sh\ncat {hosts}\n")
     script.chmod(0o755)
     job = launch(["-np", str(size - 1), "--min-np", str(size - 1), "--host-discovery-script",
@@ -239,9 +239,11 @@ def bench_sizes(tmp: Path, sizes: list[int], repeat: int) -> None:
     print(f"{'N':>3} {'figure':<26} {'median':>8} {'min':>8} {'max':>8}", flush=True)
     for size in sizes:
         runs: dict[str, list[float]] = {}
-        for _ in range(repeat):
+        for run in range(repeat):
             for prefix, bench in (("kill", size_kill), ("scale-out", size_join)):
-                for name, value in bench(tmp, size).items():
+                folder = tmp / f"{prefix}-{size}-{run}"  # each run's own logs
+                folder.mkdir(parents=True)
+                for name, value in bench(folder, size).items():
                     runs.setdefault(f"{prefix} {name}", []).append(value)
         for name, values in runs.items():
             print(f"{size:>3} {name:<26} {statistics.median(values):8.3f} "
