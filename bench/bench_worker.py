@@ -1,5 +1,6 @@
-"""Worker of the recovery benchmark: a ~5M-parameter MLP on random data, commit every 5 steps,
-one timestamped event per completed step (and per scripted kill) in a JSON-lines file."""
+"""Worker of the recovery benchmark: an MLP on random data (~5M parameters, or a small one),
+commit every 5 steps, one timestamped event per completed step, per scripted kill and per log
+record of the worker runtime (its aborts, joins and syncs) in a JSON-lines file."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 import elasticjob.worker_runtime as hvd
+from elasticjob import wire
 
 
 def parse_args() -> argparse.Namespace:
@@ -23,7 +25,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--commit-every", type=int, default=5)
-    parser.add_argument("--kill-at", type=int, default=-1, help="rank 3 SIGKILLs itself here")
+    parser.add_argument("--kill-at", type=int, default=-1, help="--kill-rank SIGKILLs itself here")
+    parser.add_argument("--kill-rank", type=int, default=3)
+    parser.add_argument("--small", action="store_true", help="a ~70k-parameter MLP instead")
+    parser.add_argument(
+        "--steps-after-change", type=int, default=0, help="end this many steps into round 2"
+    )
     parser.add_argument("--join-file", type=Path, help="rank 0 writes the step it is at here")
     parser.add_argument("--steady", type=int, default=0, help="steps per block of the A/B run")
     return parser.parse_args()
@@ -42,6 +49,23 @@ def model_5m() -> torch.nn.Module:
     )
 
 
+def model_small() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(1024, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+
+
+class EventLog(logging.Handler):
+    """Every log record of the worker runtime as a timestamped event of the JSON-lines file."""
+
+    def __init__(self, write: Any) -> None:
+        super().__init__()
+        self.write = write
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.write(json.dumps({"ev": "log", "t": record.created, "pid": os.getpid(),
+                               "msg": record.getMessage()}) + "\n")  # fmt: skip
+
+
 def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -49,11 +73,12 @@ def main() -> None:
     hvd.init()
     args.log_dir.mkdir(parents=True, exist_ok=True)
     out = (args.log_dir / f"{os.getpid()}.jsonl").open("a", buffering=1)
+    logging.getLogger("elasticjob").addHandler(EventLog(out.write))
 
     def log(event: str, **fields: Any) -> None:
         out.write(json.dumps({"ev": event, "t": time.time(), "pid": os.getpid(), **fields}) + "\n")
 
-    model = model_5m()
+    model = model_small() if args.small else model_5m()
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9))
     state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0)
     x = torch.randn(args.batch_size, 1024)
@@ -68,11 +93,19 @@ def main() -> None:
         steady_ab(args.steady, step, state, log)
         return
 
+    round_2_from: list[int] = []  # the step at which round 2 started (same on every rank)
+
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
         while state.step < args.steps:
-            if state.step == args.kill_at and hvd.rank() == 3 and hvd.current_round() == 1:
-                log("kill", step=state.step)
+            if args.steps_after_change and hvd.current_round() >= 2:
+                round_2_from.append(state.step)
+                if state.step >= round_2_from[0] + args.steps_after_change:
+                    break
+            dies = hvd.rank() == args.kill_rank and hvd.current_round() == 1
+            if state.step == args.kill_at and dies:
+                worker = f"{os.environ[wire.ENV_HOSTNAME]}[{os.environ[wire.ENV_LOCAL_RANK]}]"
+                log("kill", step=state.step, worker=worker)
                 out.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
             step()

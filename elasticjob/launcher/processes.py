@@ -25,7 +25,7 @@ import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 from elasticjob import wire
 from elasticjob.checkpoint_policy import CheckpointPolicy
@@ -39,6 +39,10 @@ logger = logging.getLogger(__name__)
 ORPHAN_TIMEOUT_S = 10.0
 """How long a worker of ``elasticjob-run`` keeps running while the launcher's rendezvous
 is unreachable (the launcher runs it in-process: unreachable means the launcher is gone)."""
+
+OUTPUT_DRAIN_S = 1.0
+"""How long a worker's exit waits for the rest of its output before the driver hears of it:
+its pipes close with it, unless a process it started (a data loader's worker) holds them."""
 
 _PR_SET_PDEATHSIG = 1
 
@@ -143,6 +147,38 @@ class WorkerEnvironment:
         return env
 
 
+class _ExitProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """The stream protocol of :func:`asyncio.create_subprocess_exec` that also tells when the
+    process itself exited: ``Process.wait()`` returns only once its pipes closed too."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=2**16, loop=loop)
+        self.exited: asyncio.Future[int] = loop.create_future()
+        self._process: asyncio.SubprocessTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        assert isinstance(transport, asyncio.SubprocessTransport)
+        self._process = transport
+
+    def process_exited(self) -> None:
+        assert self._process is not None
+        code = self._process.get_returncode()
+        if not self.exited.done() and code is not None:
+            self.exited.set_result(code)
+        super().process_exited()
+
+
+async def _spawn(
+    command: Sequence[str], **kwargs: Any
+) -> tuple[asyncio.subprocess.Process, _ExitProtocol]:
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.subprocess_exec(
+        lambda: _ExitProtocol(loop), *command, **kwargs
+    )
+    return asyncio.subprocess.Process(transport, protocol, loop), protocol
+
+
 class LocalWorkerLauncher(WorkerLauncher):
     """Runs ``command`` once per worker as a local process.
 
@@ -171,14 +207,15 @@ class LocalWorkerLauncher(WorkerLauncher):
         self._output_files = output_files
         self._stop_grace_s = stop_grace_s
         self._processes: dict[WorkerId, asyncio.subprocess.Process] = {}
+        self._exits: dict[WorkerId, asyncio.Future[int]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self, worker: WorkerId) -> None:
         bind_address = resolve_local_host(worker.hostname)
         env = self._base_env | self._environment.for_worker(worker, bind_address)
         try:
-            process = await asyncio.create_subprocess_exec(
-                *self._command,
+            process, protocol = await _spawn(
+                self._command,
                 env=env,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
@@ -192,21 +229,31 @@ class LocalWorkerLauncher(WorkerLauncher):
                 f"worker command {self._command[0]!r} cannot be run: {reason}"
             ) from exc
         self._processes[worker] = process
+        self._exits[worker] = protocol.exited
         logger.debug("started worker %s (pid %d)", worker, process.pid)
-        task = asyncio.create_task(self._supervise(worker, process), name=f"worker {worker}")
+        supervise = self._supervise(worker, process, protocol.exited)
+        task = asyncio.create_task(supervise, name=f"worker {worker}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _supervise(self, worker: WorkerId, process: asyncio.subprocess.Process) -> None:
+    async def _supervise(
+        self, worker: WorkerId, process: asyncio.subprocess.Process, exited: asyncio.Future[int]
+    ) -> None:
+        """Forward the worker's output; report its exit as soon as the process is gone (after
+        the rest of its output, for at most :data:`OUTPUT_DRAIN_S`), then forward what a
+        process it started still writes to the pipes it inherited."""
         assert process.stdout is not None and process.stderr is not None
-        await asyncio.gather(
+        output = asyncio.gather(
             self._forward(worker, process.stdout, "stdout"),
             self._forward(worker, process.stderr, "stderr"),
         )
-        code = await process.wait()
+        code = await exited
+        await asyncio.wait({output}, timeout=OUTPUT_DRAIN_S)
         self._processes.pop(worker, None)
+        self._exits.pop(worker, None)
         logger.debug("worker %s exited with %d", worker, code)
         self._on_exit(worker, code)
+        await output
 
     async def _forward(self, worker: WorkerId, stream: asyncio.StreamReader, name: str) -> None:
         """Copy the lines of a worker's ``stdout`` or ``stderr`` to the launcher's output,
@@ -227,7 +274,7 @@ class LocalWorkerLauncher(WorkerLauncher):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(process.wait(), self._stop_grace_s)
+            await asyncio.wait_for(self._exit_of(worker, process), self._stop_grace_s)
         except TimeoutError:
             await self.kill(worker, "it did not stop within its grace period")
 
@@ -239,7 +286,12 @@ class LocalWorkerLauncher(WorkerLauncher):
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-        await process.wait()
+        await self._exit_of(worker, process)
+
+    async def _exit_of(self, worker: WorkerId, process: asyncio.subprocess.Process) -> int:
+        """The process's exit code once it exited (not waiting for its pipes to close)."""
+        exited = self._exits.get(worker)
+        return await (process.wait() if exited is None else asyncio.shield(exited))
 
     async def stop_all(self) -> None:
         """Give every process the grace period to exit on its own (the job's end reaches

@@ -8,6 +8,7 @@ model state on every rank and exactly-once sample accounting in the committed tr
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,9 @@ def test_failed_worker_blacklists_its_host_and_survivors_roll_back(
     assert ranks_by_host(done) == {("127.0.1.1", 0): 0, ("127.0.1.1", 1): 1}
     assert "blacklisted host 127.0.1.2" in run.stderr
     assert "rolling back to the last commit" in run.stdout
+    # Both survivors rolled back to the same commit: round 2 has nothing to sync.
+    assert "state already in sync: every rank rolled back to the same commit" in run.stdout
+    assert not re.search(r"round=2 rank=\d step=\d+\] state synced", run.stdout), run.explain()
     # The failed worker's host-mate was removed, not failed.
     assert "worker 127.0.1.2[0] left the job (exit code 0)" in run.stderr, run.explain()
     assert "job succeeded after 2 rounds and 1 resets" in run.stderr
@@ -257,6 +261,8 @@ def test_one_sided_collective_failure_resyncs_from_rank_0(tmp_path: Path) -> Non
     done = assert_trained_exactly_once(run)
     assert {d["round"] for d in done} == {2}
     assert "rolling back to the last commit" in run.stdout
+    # The two ranks' commits differ: the state is synced, not taken as already in sync.
+    assert "state already in sync" not in run.stdout, run.explain()
     # The other rank hears of the rollback from the driver, not from a collective timeout.
     failed_at = run.of("fail")[0]["time"]
     resumed_at = min(e["time"] for e in run.of("reset") if e["round"] == 2)

@@ -8,14 +8,18 @@ import traceback
 from collections.abc import Callable
 from typing import Concatenate, ParamSpec, TypeVar
 
+import torch
+
 from elasticjob.wire import WorkerState
 from elasticjob.worker_runtime.basics import current
-from elasticjob.worker_runtime.collectives import broadcast_object
+from elasticjob.worker_runtime.collectives import Max, allreduce, broadcast_object
 from elasticjob.worker_runtime.elastic.state import State
 from elasticjob.worker_runtime.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from elasticjob.worker_runtime.log import get_logger
 
 logger = get_logger(__name__)
+
+IN_SYNC = "state already in sync: every rank rolled back to the same commit"
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -32,6 +36,20 @@ def is_collective_failure(exc: Exception, broken: str | None) -> bool:
     return broken is not None and isinstance(exc, RuntimeError)
 
 
+def same_on_every_rank(values: tuple[int, ...] | None) -> bool:
+    """Whether every rank of the round passed the same values (None matches nothing): one
+    allreduce of a few integers, which every rank must call."""
+    known = values is not None
+    numbers = values if values is not None else (0, 0, 0)
+    found = allreduce(
+        torch.tensor([*numbers, *(-n for n in numbers), int(not known)], dtype=torch.int64),
+        op=Max,
+    )
+    width = len(numbers)
+    highest, lowest = found[:width], -found[width : 2 * width]
+    return known and int(found[-1]) == 0 and bool(torch.equal(highest, lowest))
+
+
 def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
     """Run ``func(state, ...)`` elastically.
 
@@ -39,7 +57,10 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
       once the round's group is broken: ``torch`` wraps the failure of a collective it
       waited for, such as a DDP backward pass's): roll ``state`` back to its last
       commit, join the next round saying so (the driver then fails the round, so every rank
-      rolls back, and makes the next round resync from rank 0), resync, retry.
+      rolls back, and makes the next round resync from rank 0), resync, retry. When every
+      rank of the new round rolled back to the same commit (equal
+      :meth:`State.commit_token` and step count, checked with one small allreduce), their
+      states are already equal and the sync is skipped.
     - Hosts added or removed (:class:`HostsUpdatedInterrupt`, raised on all ranks at the same
       step): keep the live state, join the next round, resync only if the driver says the new
       round needs it (newcomers), retry.
@@ -63,17 +84,24 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
         if runtime.join_deferred():
             state.on_reset()
         sync = runtime.sync_required
+        rolled_back = False
         while True:
-            rolled_back = False
             try:
                 # A fresh rank 0 (no member of the previous round survived) loads the newest
                 # durable checkpoint, which the sync then gives every rank.
                 restored = state.resume_from_checkpoint() if runtime.slot.rank == 0 else None
+                token = state.commit_token() if rolled_back and restored is None else None
+                rolled_back = False
                 if sync:
                     started = time.monotonic()
-                    state.sync()
-                    runtime.step = broadcast_object(runtime.step, root_rank=0)
-                    logger.info("state synced from rank 0 in %.3f s", time.monotonic() - started)
+                    if same_on_every_rank(None if token is None else (*token, runtime.step)):
+                        elapsed = time.monotonic() - started
+                        logger.info(IN_SYNC + " (%.3f s)", elapsed)
+                    else:
+                        state.sync()
+                        runtime.step = broadcast_object(runtime.step, root_rank=0)
+                        elapsed = time.monotonic() - started
+                        logger.info("state synced from rank 0 in %.3f s", elapsed)
                 runtime.report_resumed(restored_from=restored)
                 result = func(state, *args, **kwargs)
                 state.finish_checkpoints()

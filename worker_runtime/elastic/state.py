@@ -81,6 +81,12 @@ class State(abc.ABC):
     def finish_checkpoints(self) -> None:  # noqa: B027 (optional hook)
         """Called when the training function returns: wait for a checkpoint being written."""
 
+    def commit_token(self) -> tuple[int, int] | None:
+        """An identity of the last commit, equal on two ranks only if their commits hold the
+        same state (None: unknown; ``elastic.run`` then syncs). After every rank rolled back
+        to commits with equal tokens, the next round skips the sync: nothing would change."""
+        return None
+
     def check_host_updates(self) -> None:
         """Raise ``HostsUpdatedInterrupt`` on every rank if any rank saw hosts change."""
         current().check_host_updates()
@@ -114,6 +120,10 @@ class SnapshotState(State):
         )
         self._holds_job_state = False
         """Whether this process's state was synced or committed in a round of the job."""
+        self._synced_in: int | None = None
+        """The round whose sync gave every member the same state (None: not synced since
+        it was created or loaded a checkpoint)."""
+        self._commits_since_sync = 0
 
     @abc.abstractmethod
     def state_dict(self) -> dict[str, Any]:
@@ -151,6 +161,15 @@ class SnapshotState(State):
         self._holds_job_state = True
         self._sync_live()
         self.save()
+        self._synced_in = current().round if is_initialized() else None
+        self._commits_since_sync = 0
+
+    def commit_token(self) -> tuple[int, int] | None:
+        """(the round of the last sync, commits since): the members of a round synced
+        together and commit in lockstep, so equal tokens mean equal commits."""
+        if self._synced_in is None:
+            return None
+        return (self._synced_in, self._commits_since_sync)
 
     @abc.abstractmethod
     def _sync_live(self) -> None:
@@ -158,6 +177,7 @@ class SnapshotState(State):
 
     def commit(self) -> None:
         self._holds_job_state = True
+        self._commits_since_sync += 1
         super().commit()
 
     def after_commit(self) -> None:
@@ -197,6 +217,7 @@ class SnapshotState(State):
         if is_initialized():
             current().step = manifest.step
         self.save()
+        self._synced_in = None
 
 
 def check_fits(saved: Any, live: Any, path: str = "") -> None:
