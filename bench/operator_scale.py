@@ -194,6 +194,10 @@ class ScaleBench:
             )
             self.seen.wait(f"4 pods of {name}", lambda n=name: n in self.seen.fourth_pod, 120)  # type: ignore[misc]
             durations.append(self.seen.fourth_pod[name] - started)
+            if len(durations) % 50 == 0:  # a partial figure, should the run be cut short
+                p50, p99, _ = percentiles(durations[-50:])
+                print(f"  jobs {len(durations) - 49}-{len(durations)}: create_to_pods "
+                      f"p50={p50:.3f} p99={p99:.3f} ({load()})", flush=True)  # fmt: skip
         elapsed = time.monotonic() - began
         p50, p99, worst = percentiles(durations)
         figures = {
