@@ -46,20 +46,30 @@ class PodList:
     resource_version: str | None
 
 
+def _status_of(exc: ApiException) -> dict[str, Any]:
+    """The ``Status`` object the API server answered with (empty when there is none)."""
+    try:
+        status = json.loads(exc.body or "")
+    except ValueError:
+        status = None
+    return status if isinstance(status, dict) else {}
+
+
+def already_exists(exc: ApiException) -> bool:
+    """Whether ``exc`` says that the object to create exists (a 409 no retry changes, unlike
+    the 409 of an update that conflicted)."""
+    return exc.status == 409 and _status_of(exc).get("reason") == "AlreadyExists"
+
+
 def refusal(exc: ApiException) -> str | None:
     """The API server's message, quoted, when ``exc`` refuses a request for good (a 4xx
     that no retry changes: the object is invalid, forbidden, too large...), else None. An
     exceeded quota or an object that already exists is not a refusal."""
     if exc.status not in _REFUSALS:
         return None
-    try:
-        status = json.loads(exc.body or "")
-    except ValueError:
-        status = None
-    if not isinstance(status, dict):
-        status = {}
+    status = _status_of(exc)
     message = str(status.get("message") or exc.reason or f"HTTP {exc.status}")
-    if exc.status == 409 and status.get("reason") == "AlreadyExists":
+    if already_exists(exc):
         return None
     if exc.status == 403 and "exceeded quota" in message:
         return None
@@ -119,7 +129,9 @@ class KubeApi:
                     functools.partial(call, *args, _request_timeout=REQUEST_TIMEOUT_S, **kwargs),
                 )
             except ApiException as exc:
-                if exc.status not in _TRANSIENT or attempt == self._attempts:
+                if exc.status not in _TRANSIENT or already_exists(exc):
+                    raise
+                if attempt == self._attempts:
                     raise
                 logger.warning("%s: %s %s; retrying", what, exc.status, exc.reason)
             except OSError as exc:  # connection refused/reset, timeouts
@@ -190,21 +202,32 @@ class KubeApi:
         )
 
     async def apply_config_map(self, namespace: str, config_map: dict[str, Any]) -> None:
-        """Create ``config_map``, or set its ``data`` if it exists."""
-        try:
-            await self._call(
-                "create config map", self.core.create_namespaced_config_map, namespace, config_map
-            )
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            await self._call(
+        """Set the ``data`` of ``config_map``, creating it if it does not exist (it mostly
+        does: one call)."""
+
+        async def patch() -> None:
+            await self._call_json(
                 "patch config map",
                 self.core.patch_namespaced_config_map,
                 config_map["metadata"]["name"],
                 namespace,
                 {"data": config_map["data"]},
             )
+
+        try:
+            await patch()
+            return
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        try:
+            await self._call_json(
+                "create config map", self.core.create_namespaced_config_map, namespace, config_map
+            )
+        except ApiException as exc:
+            if not already_exists(exc):
+                raise
+            await patch()  # created in between
 
     async def read_secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
         """A Secret's ``data`` (base64 values), or None if there is no such Secret."""
