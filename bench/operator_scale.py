@@ -37,6 +37,7 @@ BENCH = Path(__file__).resolve().parent
 NAMESPACE = "default"
 WORKER_SELECTOR = "elasticjob.dev/role=worker"
 IDLE_WINDOW_S = 30.0
+HEARTBEAT_TIMEOUT_S = 30
 
 
 @dataclass
@@ -129,6 +130,9 @@ def idle_job(name: str, spool: Path) -> dict[str, Any]:
             "minReplicas": 1,
             "maxReplicas": 4,
             "backend": "gloo",
+            # Workers beat every 2 s, not 1 s, and a beat late by up to 30 s is no eviction:
+            # on a loaded machine the load side is late before the operator is.
+            "heartbeatTimeoutSeconds": HEARTBEAT_TIMEOUT_S,
             "template": {"spec": {"containers": [container]}},
         },
     }
