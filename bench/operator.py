@@ -1,22 +1,23 @@
 """Benchmark of the operator on devcluster (prints its figures; asserts nothing).
 
-1. create: ElasticJobs of 4 worker pods created one after another; seconds from the create
-   call to the job's 4th pod existing (median, p99);
-2. idle:   the operator's CPU (share of one core) and memory with those jobs running, their
-   workers idle in their rounds (``idle_worker.py``: the protocol without training);
-3. scale:  a training job of 2 workers scaled to 4 with `kubectl scale`: seconds to the first
-           training step completed in the 4-worker world;
-4. kill:   a worker of that job SIGKILLed: seconds to the first step completed in the new world.
+1. scale:  a training job of 2 workers scaled to 4 with `kubectl scale`: seconds to the first
+           training step completed in the 4-worker world (skipped with ``--no-train``);
+2. kill:   a worker of that job SIGKILLed: seconds to the first step completed in the new world;
+3. many jobs (``operator_scale.py``): ``--jobs`` ElasticJobs of 4 idle workers each, created one
+   after another (create -> 4 pods, p50/p99, the operator's CPU seconds and the watch events
+   per second), idle (the operator's CPU share and RSS), a node failure that hits many jobs at
+   once (-> every hit job's next round and 4 workers again, p50/p99), the operator's peak RSS.
+   Their workers are played by one process (``pod_fleet.py``; each pod is a sleeping shell),
+   over plain http (the chart's rendezvous TLS off), one node per 50 pods.
 
-Usage: python bench/operator.py [--jobs 50]
+Usage: nice -n 5 python bench/operator.py [--jobs 200] [--no-train]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
+import math
 import sys
 import tempfile
 import time
@@ -27,11 +28,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.operator_scale import ScaleBench, load  # noqa: E402
 from devcluster import Cluster, ClusterConfig  # noqa: E402
 from tests.integration.harness import read_events  # noqa: E402
 
 WORKER = REPO / "tests" / "integration" / "workers" / "elastic_worker.py"
-IDLE = REPO / "bench" / "idle_worker.py"
 
 
 def job(name: str, command: list[str], replicas: int, maximum: int) -> dict[str, Any]:
@@ -106,48 +107,6 @@ def operator_pid() -> int:
     raise SystemExit("operator process not found")
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def bench_create_and_idle(bench: Bench, jobs: int) -> dict[str, float]:
-    durations = []
-    for i in range(jobs):
-        started = time.monotonic()
-        bench.apply(job(f"idle-{i}", ["python", str(IDLE)], 4, 4))
-        bench.until(
-            f"4 pods of idle-{i}",
-            lambda i=i: len(bench.pods(f"elasticjob.dev/job-name=idle-{i}")) >= 4,
-        )  # type: ignore[misc]
-        durations.append(time.monotonic() - started)
-    bench.until(
-        "every idle job running",
-        lambda: all(bench.status(f"idle-{i}").get("phase") == "Running" for i in range(jobs)),
-        timeout=600,
-        poll=2,
-    )
-    pid = operator_pid()
-    cpu_before, wall_before = cpu_seconds(pid), time.monotonic()
-    time.sleep(30)  # the measurement window itself
-    cpu = (cpu_seconds(pid) - cpu_before) / (time.monotonic() - wall_before)
-    ordered = sorted(durations)
-    return {
-        "jobs": jobs,
-        "create_to_pods_median_s": statistics.median(ordered),
-        "create_to_pods_p99_s": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
-        "operator_cpu_share_of_one_core": cpu,
-        "operator_rss_mib": rss_mib(pid),
-    }
-
-
 def bench_scale_and_kill(bench: Bench, log_dir: Path) -> dict[str, float]:
     command = [
         "python",
@@ -193,13 +152,25 @@ def bench_scale_and_kill(bench: Bench, log_dir: Path) -> dict[str, float]:
     return {"scale_to_first_step_s": first4 - started, "kill_to_first_step_s": after - killed}
 
 
+def operator_address(bench: Bench) -> str:
+    pods = json.loads(bench.kubectl("get", "pods", "-n", "elasticjob-system", "-o", "json"))
+    return str(pods["items"][0]["status"]["podIP"])
+
+
+def print_figures(what: str, figures: dict[str, float]) -> None:
+    print(f"{what}: " + ", ".join(f"{k}={v:.3f}" for k, v in figures.items()) + f" ({load()})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=50)
+    parser.add_argument("--no-train", action="store_true", help="skip the training job")
     args = parser.parse_args()
     run_dir = Path(tempfile.mkdtemp(prefix="elasticjob-bench-"))
-    cluster = Cluster(ClusterConfig.private(run_dir, 93, nodes=4, node_pods=110))
+    nodes = max(4, math.ceil(args.jobs * 4 / 50))
+    cluster = Cluster(ClusterConfig.private(run_dir, 93, nodes=nodes, node_pods=110))
     cluster.up(timeout=900)
+    scale: ScaleBench | None = None
     try:
         cluster.helm(
             "install",
@@ -210,18 +181,26 @@ def main() -> None:
             "--create-namespace",
             "--set",
             "logLevel=warning",
+            "--set",
+            "rendezvous.tls.enabled=false",
             "--wait",
             "--timeout",
             "180s",
             timeout=240,
         )
         bench = Bench(cluster)
-        figures = bench_scale_and_kill(bench, run_dir / "events")
-        print("train: " + ", ".join(f"{k}={v:.3f}" for k, v in figures.items()), flush=True)
-        bench.kubectl("delete", "ej", "train", "--wait=false")
-        figures = bench_create_and_idle(bench, args.jobs)
-        print("idle: " + ", ".join(f"{k}={v:.3f}" for k, v in figures.items()), flush=True)
+        if not args.no_train:
+            figures = bench_scale_and_kill(bench, run_dir / "events")
+            print_figures("train", figures)
+            bench.kubectl("delete", "ej", "train", "--wait=false")
+        scale = ScaleBench(cluster.kubeconfig, run_dir, operator_pid(), operator_address(bench))
+        print_figures("create", scale.create(args.jobs))
+        print_figures("idle", scale.idle())
+        print_figures("node failure", scale.node_failure(cluster.faults.node_delete))
+        print_figures("operator", {"peak_rss_mib": scale.memory_mib("VmHWM")})
     finally:
+        if scale is not None:
+            scale.close()
         cluster.down()
 
 

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -368,23 +369,36 @@ class JobController:
             await self._event(body, "ScalingIn", f"pod {name} leaves the job")
         self._discovery.hosts = {name: spec.slots_per_worker for name in plan.hosts}
         avoid = self._blacklist.active() if spec.blacklist.scope is BlacklistScope.NODE else {}
-        for _ in range(plan.create):
-            pod = podlib.worker_pod(
-                body,
-                spec,
-                rendezvous_url=self._settings.rendezvous_url,
-                rendezvous_ca=self._settings.rendezvous_ca,
-                avoid_nodes=avoid,
-            )
-            created = await self._api.create_pod(self.namespace, pod)
-            self.pods_created += 1
-            self._merge(self._pods.apply("ADDED", created))
+        await self._create_pods(body, spec, plan.create, avoid)
         for name in plan.delete:
             await self.delete_pod(name)
         for name in plan.overdue:
             logger.warning("job %s: pod %s did not leave in time", self.job_id, name)
             self._fail_pod(name, "did not leave in time", exit_code=1)
             await self.delete_pod(name, grace_s=0)
+
+    async def _create_pods(
+        self, body: Mapping[str, Any], spec: ElasticJobSpec, count: int, avoid: Iterable[str]
+    ) -> None:
+        """Create ``count`` worker pods at once (one API round trip, not ``count``); the first
+        error is raised once every create has answered."""
+        pod = podlib.worker_pod(
+            body,
+            spec,
+            rendezvous_url=self._settings.rendezvous_url,
+            rendezvous_ca=self._settings.rendezvous_ca,
+            avoid_nodes=avoid,
+        )
+        answers = await asyncio.gather(
+            *(self._api.create_pod(self.namespace, copy.deepcopy(pod)) for _ in range(count)),
+            return_exceptions=True,
+        )
+        for created in answers:
+            if not isinstance(created, BaseException):
+                self.pods_created += 1
+                self._merge(self._pods.apply("ADDED", created))
+        if errors := [a for a in answers if isinstance(a, BaseException)]:
+            raise errors[0]
 
     async def _account(
         self, body: Mapping[str, Any], spec: ElasticJobSpec, view: podlib.PodView

@@ -1,12 +1,15 @@
-"""KubeApi.list_pods: the client's models come back as the API's dicts, decoded off the loop."""
+"""KubeApi.list_pods and create_pod: the API server's JSON as dicts, without the client's
+models, decoded off the event loop."""
 
 from __future__ import annotations
 
+import io
+import json
 import threading
 from typing import Any
 
-import kubernetes
 import pytest
+import urllib3
 
 from elasticjob.operator.kube import KubeApi
 
@@ -25,37 +28,48 @@ POD = {
 }
 
 
-async def test_listed_pods_are_dicts_in_the_apis_names_made_off_the_event_loop(
+class Answer(urllib3.HTTPResponse):
+    """An answer as the client returns it with ``_preload_content=False``, recording the
+    thread that reads it."""
+
+    def __init__(self, document: dict[str, Any]) -> None:
+        super().__init__(io.BytesIO(json.dumps(document).encode()), status=200,
+                         preload_content=False)  # fmt: skip
+        self.read_in: list[threading.Thread] = []
+
+    def read(self, *args: Any, **kwargs: Any) -> bytes:
+        self.read_in.append(threading.current_thread())
+        return super().read(*args, **kwargs)
+
+
+async def test_listed_pods_are_the_servers_json_decoded_off_the_event_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    client = kubernetes.client.ApiClient()
-    body = {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "9"}}
-    answer = client._ApiClient__deserialize(body | {"items": [POD]}, "V1PodList")  # type: ignore[attr-defined]
-    loop_thread = threading.current_thread()
-    serialized_in: list[threading.Thread] = []
-    sanitize = kubernetes.client.ApiClient.sanitize_for_serialization
-
-    def recording_sanitize(self: Any, obj: Any) -> Any:
-        serialized_in.append(threading.current_thread())
-        return sanitize(self, obj)
-
-    monkeypatch.setattr(
-        kubernetes.client.ApiClient, "sanitize_for_serialization", recording_sanitize
-    )
+    answer = Answer({"kind": "PodList", "metadata": {"resourceVersion": "9"}, "items": [POD]})
     api = KubeApi()
     calls: list[tuple[Any, ...]] = []
 
     def list_namespaced_pod(*args: Any, **kwargs: Any) -> Any:
-        calls.append((args, kwargs["label_selector"]))
+        calls.append((args, kwargs["label_selector"], kwargs["_preload_content"]))
         return answer
 
     monkeypatch.setattr(api.core, "list_namespaced_pod", list_namespaced_pod)
     listed = await api.list_pods("ml", "elasticjob.dev/job-name=train")
-    assert calls == [(("ml",), "elasticjob.dev/job-name=train")]
+    assert calls == [(("ml",), "elasticjob.dev/job-name=train", False)]
     assert listed.resource_version == "9"
-    (pod,) = listed.items
-    assert pod["metadata"]["name"] == "train-worker-1"
-    assert pod["metadata"]["creationTimestamp"] == "2026-11-25T10:00:00+00:00"
-    assert pod["status"] == {"phase": "Running", "podIP": "10.1.0.1"}
-    assert pod["spec"]["nodeName"] == "n1"
-    assert serialized_in and loop_thread not in serialized_in
+    assert listed.items == [POD]  # timestamps as the server wrote them, as in watch events
+    assert answer.read_in and threading.current_thread() not in answer.read_in
+
+
+async def test_a_created_pod_is_the_servers_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = KubeApi()
+    sent: list[Any] = []
+
+    def create_namespaced_pod(namespace: str, pod: dict[str, Any], **kwargs: Any) -> Any:
+        sent.append((namespace, pod, kwargs["_preload_content"]))
+        return Answer(POD)
+
+    monkeypatch.setattr(api.core, "create_namespaced_pod", create_namespaced_pod)
+    manifest = {"metadata": {"generateName": "train-worker-"}}
+    assert await api.create_pod("ml", manifest) == POD
+    assert sent == [("ml", manifest, False)]

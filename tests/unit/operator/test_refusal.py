@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from elasticjob.operator.kube import refusal
+from elasticjob.operator.kube import KubeApi, already_exists, refusal
 
 INVALID = 'Pod "x" is invalid: metadata.labels: Invalid value: "aaa": must be no more than 63'
 
@@ -67,3 +68,41 @@ def error(
 )
 def test_refusal(exc: ApiException, expected: str | None) -> None:
     assert refusal(exc) == expected
+
+
+@pytest.mark.parametrize(
+    ("exc", "attempts"),
+    [
+        pytest.param(error(409, "AlreadyExists", "exists"), 1, id="already-exists-not-retried"),
+        pytest.param(error(409, "Conflict", "modified"), 3, id="conflict-retried"),
+        pytest.param(error(503, "ServiceUnavailable"), 3, id="unavailable-retried"),
+        pytest.param(error(422, "Invalid", INVALID), 1, id="invalid-not-retried"),
+    ],
+)
+async def test_which_errors_are_retried(
+    monkeypatch: pytest.MonkeyPatch, exc: ApiException, attempts: int
+) -> None:
+    real_sleep = asyncio.sleep
+    monkeypatch.setattr(asyncio, "sleep", lambda _s: real_sleep(0))  # no backoff wait
+    calls: list[float] = []
+
+    def create(**kwargs: float) -> None:
+        calls.append(kwargs["_request_timeout"])
+        raise exc
+
+    with pytest.raises(ApiException):
+        await KubeApi(attempts=3)._call("create", create)
+    assert len(calls) == attempts
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        pytest.param(error(409, "AlreadyExists", "exists"), True, id="already-exists"),
+        pytest.param(error(409, "Conflict", "modified"), False, id="conflict"),
+        pytest.param(error(409, "AlreadyExists", body="not json"), False, id="no-status-body"),
+        pytest.param(error(404, "NotFound", "gone"), False, id="not-found"),
+    ],
+)
+def test_already_exists(exc: ApiException, expected: bool) -> None:
+    assert already_exists(exc) is expected

@@ -1,0 +1,66 @@
+"""A job's controller creates the pods it lacks at once: every create is in flight before
+the first answers, the pods created are merged even when another create fails, and that
+failure is raised."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from elasticjob.operator.api import parse_spec
+from elasticjob.operator.controller import ControllerSettings, JobController
+from elasticjob.operator.kube import KubeApi
+from elasticjob.rendezvous.server import RendezvousService
+from tests.unit.operator.crd_model import with_changes
+
+DEADLINE = 5.0
+JOB = {"metadata": {"name": "job", "namespace": "ns", "uid": "u1"}}
+
+
+class ConcurrentApi(KubeApi):
+    """Answers creates only once ``expected`` of them are in flight; ``refuse`` fails one."""
+
+    def __init__(self, expected: int, refuse: int | None = None) -> None:
+        super().__init__()
+        self._expected, self._refuse = expected, refuse
+        self.in_flight = 0
+        self._all_in = asyncio.Event()
+
+    async def create_pod(self, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
+        self.in_flight += 1
+        number = self.in_flight
+        if self.in_flight == self._expected:
+            self._all_in.set()
+        await asyncio.wait_for(self._all_in.wait(), DEADLINE)
+        if number == self._refuse:
+            raise OSError("connection reset")
+        meta = {**pod["metadata"], "name": f"job-worker-{number}", "uid": f"p{number}"}
+        return {**pod, "metadata": meta, "status": {"phase": "Pending"}}
+
+
+def controller(api: KubeApi) -> JobController:
+    return JobController(
+        "ns", "job", api, RendezvousService(), ControllerSettings("http://r:1"), set()
+    )
+
+
+@pytest.mark.parametrize(
+    ("refuse", "created"),
+    [
+        (None, ["job-worker-1", "job-worker-2", "job-worker-3", "job-worker-4"]),
+        (2, ["job-worker-1", "job-worker-3", "job-worker-4"]),
+    ],
+)
+async def test_the_missing_pods_are_created_at_once(refuse: int | None, created: list[str]) -> None:
+    api = ConcurrentApi(4, refuse)
+    job = controller(api)
+    spec = parse_spec(with_changes(replicas=4))
+    if refuse is None:
+        await job._create_pods(JOB, spec, 4, ())
+    else:
+        with pytest.raises(OSError, match="connection reset"):
+            await job._create_pods(JOB, spec, 4, ())
+    assert sorted(job._pods.snapshot()) == created
+    assert job.pods_created == len(created)
