@@ -4,6 +4,7 @@ one timestamped event per completed step (and per scripted kill) in a JSON-lines
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -29,17 +30,14 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def model_5m() -> torch.nn.Module:
+def relu_mlp(*widths: int) -> torch.nn.Sequential:
+    """Linear layers of these widths with ReLUs between them, the same weights on every rank
+    (seed 0)."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(1024, 2048),
-        torch.nn.ReLU(),
-        torch.nn.Linear(2048, 1024),
-        torch.nn.ReLU(),
-        torch.nn.Linear(1024, 512),
-        torch.nn.ReLU(),
-        torch.nn.Linear(512, 10),
-    )
+    layers: list[torch.nn.Module] = []
+    for a, b in itertools.pairwise(widths):
+        layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers[:-1])
 
 
 def main() -> None:
@@ -53,7 +51,7 @@ def main() -> None:
     def log(event: str, **fields: Any) -> None:
         out.write(json.dumps({"ev": event, "t": time.time(), "pid": os.getpid(), **fields}) + "\n")
 
-    model = model_5m()
+    model = relu_mlp(1024, 2048, 1024, 512, 10)  # 5 M parameters
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9))
     state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0)
     x = torch.randn(args.batch_size, 1024)
