@@ -91,6 +91,22 @@ def event_log(out: Path) -> Callable[..., None]:
     return event
 
 
+def run_checks_or_abort(
+    values_run: Callable[[Path], None], abort_run: Callable[[Path], None]
+) -> None:
+    """The main of a worker script with an abort scenario: ``--out DIR`` runs
+    ``values_run(DIR)``, ``--out DIR --abort`` runs ``abort_run(DIR)``."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True, help="directory for the results")
+    parser.add_argument("--abort", action="store_true", help="run the abort scenario")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.abort:
+        abort_run(args.out)
+    else:
+        values_run(args.out)
+
+
 def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
     """Largest absolute difference between the parameters of two same-shaped modules."""
     with torch.no_grad():

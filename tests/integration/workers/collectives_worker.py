@@ -11,7 +11,6 @@ appends JSON lines (with wall-clock times) to ``<out>/events-<pid>.jsonl``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from api_worker import event_log, write_results  # beside this script
+from api_worker import event_log, run_checks_or_abort, write_results  # beside this script
 
 import elasticjob.worker_runtime as hvd
 
@@ -284,17 +283,5 @@ def abort_run(out: Path) -> None:
     hvd.shutdown()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True, help="directory for the results")
-    parser.add_argument("--abort", action="store_true", help="run the abort scenario")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    if args.abort:
-        abort_run(args.out)
-    else:
-        values_run(args.out)
-
-
 if __name__ == "__main__":
-    main()
+    run_checks_or_abort(values_run, abort_run)

@@ -12,7 +12,6 @@ first round SIGKILLs itself in the middle of a backward pass; every rank appends
 
 from __future__ import annotations
 
-import argparse
 import copy
 import os
 import signal
@@ -30,6 +29,7 @@ from api_worker import (  # beside this script
     max_diff,
     mlp,
     params_digest,
+    run_checks_or_abort,
     write_results,
 )
 
@@ -445,17 +445,5 @@ def abort_run(out: Path) -> None:
     hvd.shutdown()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True, help="directory for the results")
-    parser.add_argument("--abort", action="store_true", help="run the abort scenario")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    if args.abort:
-        abort_run(args.out)
-    else:
-        values_run(args.out)
-
-
 if __name__ == "__main__":
-    main()
+    run_checks_or_abort(values_run, abort_run)
