@@ -5,6 +5,7 @@ record of the worker runtime (its aborts, joins and syncs) in a JSON-lines file.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -36,22 +37,14 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def model_5m() -> torch.nn.Module:
+def relu_mlp(*widths: int) -> torch.nn.Sequential:
+    """Linear layers of these widths with ReLUs between them, the same weights on every rank
+    (seed 0)."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(1024, 2048),
-        torch.nn.ReLU(),
-        torch.nn.Linear(2048, 1024),
-        torch.nn.ReLU(),
-        torch.nn.Linear(1024, 512),
-        torch.nn.ReLU(),
-        torch.nn.Linear(512, 10),
-    )
-
-
-def model_small() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(1024, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    layers: list[torch.nn.Module] = []
+    for a, b in itertools.pairwise(widths):
+        layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers[:-1])
 
 
 class EventLog(logging.Handler):
@@ -78,7 +71,8 @@ def main() -> None:
     def log(event: str, **fields: Any) -> None:
         out.write(json.dumps({"ev": event, "t": time.time(), "pid": os.getpid(), **fields}) + "\n")
 
-    model = model_small() if args.small else model_5m()
+    # 5 M parameters, or a small model (66 k) for the world-size sweep
+    model = relu_mlp(1024, 64, 10) if args.small else relu_mlp(1024, 2048, 1024, 512, 10)
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9))
     state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0)
     x = torch.randn(args.batch_size, 1024)

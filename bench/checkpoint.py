@@ -20,11 +20,15 @@ import os
 import shutil
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from commit import model_and_optimizer, state_bytes, stepper  # beside this script (run by path)
+from commit import (  # beside this script (run by path)
+    model_and_optimizer,
+    state_bytes,
+    stepper,
+    timed_step,
+)
 
 import elasticjob.worker_runtime as hvd
 from elasticjob import wire
@@ -81,14 +85,10 @@ def run(folder: Path, batch: int, blocks: int, steps: int, reports: list[Checkpo
         for mode, state in order if block % 2 else order[::-1]:  # ABBA: no order effect
             with_checkpoints.finish_checkpoints()  # no write of the other mode's block
             for _ in range(steps):
-                started = time.perf_counter()
-                step()
-                committing = time.perf_counter()
-                state.commit()
-                ended = time.perf_counter()
+                total, committing = timed_step(step, state.commit)
                 if block:
-                    times[mode].append(ended - started)
-                    in_commit[mode].append(ended - committing)
+                    times[mode].append(total)
+                    in_commit[mode].append(committing)
     with_checkpoints.finish_checkpoints()
     base = statistics.mean(times["commit every step"])
     print(

@@ -78,6 +78,16 @@ def median_seconds(action: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
+def timed_step(step: Callable[[], object], commit: Callable[[], object]) -> tuple[float, float]:
+    """Run one training step, then one commit: the seconds of both, and of the commit."""
+    started = time.perf_counter()
+    step()
+    committing = time.perf_counter()
+    commit()
+    ended = time.perf_counter()
+    return ended - started, ended - committing
+
+
 def copy_costs(repeats: int) -> None:
     model, optimizer = model_and_optimizer()
     stepper(model, optimizer, 8)()  # momentum buffers exist
@@ -132,14 +142,10 @@ def step_costs(batch: int, blocks: int, steps: int) -> None:
             background.restore()  # waits for a background copy in flight
             for _ in range(steps):
                 waited.clear()
-                started = time.perf_counter()
-                step()
-                committing = time.perf_counter()
-                commit()
-                ended = time.perf_counter()
+                total, committing = timed_step(step, commit)
                 if block:
-                    totals[mode].append(ended - started)
-                    in_commit[mode].append(ended - committing + sum(waited))
+                    totals[mode].append(total)
+                    in_commit[mode].append(committing + sum(waited))
     base = statistics.median(totals["no commit"])
     print(f"step time (batch {batch}, {blocks} interleaved blocks of {steps} steps, median):")
     for mode, samples in totals.items():

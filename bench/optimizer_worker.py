@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from bench_worker import relu_mlp  # beside this script (run by path)
 from torch.nn.parallel import DistributedDataParallel
 
 import elasticjob.worker_runtime as hvd
@@ -20,19 +21,6 @@ from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.gradient_reducer import GradientReducer
 
 VARIANTS = ("ddp", "optimizer", "optimizer_check")
-
-
-def model_25m() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(1024, 4096),
-        torch.nn.ReLU(),
-        torch.nn.Linear(4096, 4096),
-        torch.nn.ReLU(),
-        torch.nn.Linear(4096, 1024),
-        torch.nn.ReLU(),
-        torch.nn.Linear(1024, 10),
-    )
 
 
 def instrument(cls: type, name: str, phase: str, phases: dict[str, float]) -> None:
@@ -58,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     hvd.init()
-    base = model_25m()
+    base = relu_mlp(1024, 4096, 4096, 1024, 10)  # 25 M parameters
     x = torch.randn(args.batch_size, 1024)
     y = torch.randint(0, 10, (args.batch_size,))
 

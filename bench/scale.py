@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.sim_cluster import ServiceProcess, hosts_of, next_round  # noqa: E402
-from bench.sim_worker import Fleet, SimWorker  # noqa: E402
+from bench.sim_worker import Fleet, Key, SimWorker  # noqa: E402
 
 SCENARIO_TIMEOUT_S = 120.0
 JOB_END_TIMEOUT_S = 60.0
@@ -92,6 +92,16 @@ class SizeRun:
     def fleet(self) -> Fleet:
         assert self.svc.fleet is not None
         return self.svc.fleet
+
+    def placed_in_round_1(self, expected: set[Key], since: float) -> list[float] | None:
+        """How long after ``since`` each of the ``expected`` workers got its place in round 1,
+        or None while one has not."""
+        got = [
+            self.fleet.workers[k].log.assigned.get(1) for k in expected if k in self.fleet.workers
+        ]
+        if len(got) < len(expected) or None in got:
+            return None
+        return [t - since for t in got if t is not None]
 
     def workers(self, job: str, hosts: Iterable[str]) -> list[SimWorker]:
         wanted = set(hosts)
@@ -149,14 +159,7 @@ class SizeRun:
             self.svc.add_job(job, hosts, max_np=self.size * 2)
 
         def done() -> list[float] | None:
-            got = [
-                self.fleet.workers[k].log.assigned.get(1)
-                for k in expected
-                if k in self.fleet.workers
-            ]
-            if len(got) < len(expected) or None in got:
-                return None
-            return [t - t0 for t in got if t is not None]
+            return self.placed_in_round_1(expected, t0)
 
         await self.measure(scenario, act, done, lambda: self._published(job, 1, t0))
 
@@ -317,14 +320,7 @@ async def run_size(size: int, slots: int, heartbeat_timeout_s: float | None, log
                     svc.add_job(j, hosts_of("m", 0, per_job, slots), max_np=size)
 
             def done() -> list[float] | None:
-                got = [
-                    run.fleet.workers[k].log.assigned.get(1)
-                    for k in expected
-                    if k in run.fleet.workers
-                ]
-                if len(got) < len(expected) or None in got:
-                    return None
-                return [t - t0 for t in got if t is not None]
+                return run.placed_in_round_1(expected, t0)
 
             await run.measure("multi", act, done, note=f"10 jobs x {per_job * slots}")
             await asyncio.sleep(SETTLE_S)

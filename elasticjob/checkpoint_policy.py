@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from elasticjob import wire
+from elasticjob.env_values import env_seconds, env_whole
 
 DEFAULT_KEEP: Final = 3
 """How many complete checkpoints are kept when the policy does not say."""
@@ -63,9 +64,9 @@ class CheckpointPolicy:
             return None
         return cls(
             folder=folder,
-            every_commits=_whole(environ, wire.ENV_CHECKPOINT_EVERY_COMMITS, 0, least=0),
-            interval_s=_seconds(environ, wire.ENV_CHECKPOINT_INTERVAL),
-            keep=_whole(environ, wire.ENV_CHECKPOINT_KEEP, DEFAULT_KEEP, least=1),
+            every_commits=env_whole(environ, wire.ENV_CHECKPOINT_EVERY_COMMITS, 0, least=0),
+            interval_s=env_seconds(environ, wire.ENV_CHECKPOINT_INTERVAL, 0.0),
+            keep=env_whole(environ, wire.ENV_CHECKPOINT_KEEP, DEFAULT_KEEP, least=1),
         )
 
 
@@ -82,29 +83,3 @@ def checkpoint_due(
     by_count = policy.every_commits > 0 and commits_since >= policy.every_commits
     by_time = policy.interval_s > 0 and seconds_since >= policy.interval_s
     return by_count or by_time
-
-
-def _whole(environ: Mapping[str, str], name: str, default: int, *, least: int) -> int:
-    raw = environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a whole number, got {raw!r}") from None
-    if value < least:
-        raise ValueError(f"{name} must be >= {least}, got {raw!r}")
-    return value
-
-
-def _seconds(environ: Mapping[str, str], name: str) -> float:
-    raw = environ.get(name)
-    if raw is None or raw == "":
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {raw!r}")
-    return value

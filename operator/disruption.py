@@ -39,11 +39,7 @@ def disruption_budget(
     return {
         "apiVersion": api_version,
         "kind": "PodDisruptionBudget",
-        "metadata": {
-            "name": budget_name(name),
-            "labels": worker_labels(name),
-            "ownerReferences": [podlib.owner_reference(job)],
-        },
+        "metadata": podlib.owned_metadata(job, budget_name(name)),
         "spec": {"minAvailable": min_available, "selector": {"matchLabels": worker_labels(name)}},
     }
 

@@ -16,7 +16,6 @@ from pydantic import ValidationError
 from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.job_record import EventKind, JobRecord, JobRecordData
 from elasticjob.operator import pods as podlib
-from elasticjob.operator.api import worker_labels
 from elasticjob.operator.kube import KubeApi, load_config
 
 logger = logging.getLogger(__name__)
@@ -32,15 +31,10 @@ def record_name(job_name: str) -> str:
 
 def record_config_map(job: Mapping[str, Any], data: JobRecordData) -> dict[str, Any]:
     """The ConfigMap holding ``data`` for ``job``."""
-    name = job["metadata"]["name"]
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {
-            "name": record_name(name),
-            "labels": worker_labels(name),
-            "ownerReferences": [podlib.owner_reference(job)],
-        },
+        "metadata": podlib.owned_metadata(job, record_name(job["metadata"]["name"])),
         "data": {RECORD_KEY: data.model_dump_json()},
     }
 

@@ -37,17 +37,23 @@ def token_secret_name(job_name: str) -> str:
 
 def token_secret(job: Mapping[str, Any]) -> dict[str, Any]:
     """A Secret holding a fresh rendezvous token, owned by the job."""
-    name = job["metadata"]["name"]
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {
-            "name": token_secret_name(name),
-            "labels": worker_labels(name),
-            "ownerReferences": [owner_reference(job)],
-        },
+        "metadata": owned_metadata(job, token_secret_name(job["metadata"]["name"])),
         "type": "Opaque",
         "stringData": {TOKEN_KEY: secrets.token_urlsafe(24)},
+    }
+
+
+def owned_metadata(job: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The metadata of an object ``name`` that ``job`` owns (deleted with it): the job's
+    worker labels and its controller owner reference."""
+    job_name = job["metadata"]["name"]
+    return {
+        "name": name,
+        "labels": worker_labels(job_name),
+        "ownerReferences": [owner_reference(job)],
     }
 
 

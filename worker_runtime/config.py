@@ -12,20 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from elasticjob import wire
-
-
-def env_seconds(environ: Mapping[str, str], name: str, default: float) -> float:
-    """The finite number of seconds >= 0 in ``environ[name]`` (unset or empty: ``default``)."""
-    raw = environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise RuntimeError(f"{name} must be a number of seconds, got {raw!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise RuntimeError(f"{name} must be a finite number of seconds >= 0, got {raw!r}")
-    return value
+from elasticjob.env_values import env_seconds
 
 
 @dataclass(frozen=True)
@@ -64,7 +51,8 @@ class WorkerConfig:
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> WorkerConfig | None:
         """Read the config, or None when the process was not started by a launcher.
 
-        Raises :class:`RuntimeError` naming the variable when one is missing or malformed."""
+        Raises :class:`RuntimeError` naming the variables that are missing, :class:`ValueError`
+        naming one that is malformed."""
         url = environ.get(wire.ENV_RENDEZVOUS_URL)
         if not url:
             return None

@@ -9,23 +9,16 @@ One 3-process Gloo job (``optimizer_worker.py``) on the loopback hosts of
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from elasticjob import wire
-from tests.integration.harness import run_to_end
 from tests.integration.test_worker_api import (
-    HOSTS,
     Result,
-    launcher,
+    run_abort_scenario,
     run_worker_script,
     same_everywhere,
     section,
-    worker_env,
 )
 
 pytestmark = pytest.mark.integration
@@ -126,27 +119,8 @@ def test_grad_scaler_with_an_inf_on_one_rank_skips_everywhere(
 # ---- abort ----------------------------------------------------------------------------
 
 
-def read_events(out: Path) -> list[dict[str, Any]]:
-    events = [
-        json.loads(line)
-        for path in sorted(out.glob("events-*.jsonl"))
-        for line in path.read_text().splitlines()
-    ]
-    return sorted(events, key=lambda e: e["time"])
-
-
 def test_a_peer_killed_mid_backward_fails_the_survivors_promptly(tmp_path: Path) -> None:
-    out = tmp_path / "results"
-    env = worker_env()
-    env[wire.ENV_COLLECTIVE_TIMEOUT] = str(ABORT_COLLECTIVE_TIMEOUT_S)
-    command = launcher(
-        *("-np", "3", "--min-np", "2", "-H", HOSTS),
-        *(sys.executable, str(WORKER), "--out", str(out), "--abort"),
-    )
-    returncode, stdout, stderr = run_to_end(command, tmp_path, env, 180.0)
-    events = read_events(out)
-    explain = f"exit {returncode}\n{stderr[-4000:]}\n{stdout[-4000:]}\n{events}"
-    assert returncode == 0, explain
+    events, explain = run_abort_scenario(WORKER, tmp_path, ABORT_COLLECTIVE_TIMEOUT_S)
     (kill,) = [e for e in events if e["ev"] == "kill"]
     raised = [e for e in events if e["ev"] == "raised"]
     assert sorted(e["rank"] for e in raised) == [0, 1], explain

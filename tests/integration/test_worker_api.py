@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from elasticjob import wire
-from tests.integration.harness import run_to_end
+from tests.integration.harness import read_events, run_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -110,6 +110,26 @@ def world(request: pytest.FixtureRequest) -> list[Result]:
     """The results of either world, indexed by rank."""
     results: list[Result] = request.getfixturevalue(request.param)
     return results
+
+
+def run_abort_scenario(
+    worker: Path, tmp_path: Path, collective_timeout_s: float
+) -> tuple[list[Result], str]:
+    """Run ``worker --abort`` as a 3-process job that may shrink to 2 (its rank 2 kills
+    itself) under a long collective timeout; fails the test unless it exits 0. Returns every
+    rank's events (``<out>/events-<pid>.jsonl``) in time order and an explanation for asserts."""
+    out = tmp_path / "results"
+    env = worker_env()
+    env[wire.ENV_COLLECTIVE_TIMEOUT] = str(collective_timeout_s)
+    command = launcher(
+        *("-np", "3", "--min-np", "2", "-H", HOSTS),
+        *(sys.executable, str(worker), "--out", str(out), "--abort"),
+    )
+    returncode, stdout, stderr = run_to_end(command, tmp_path, env, RUN_TIMEOUT_S)
+    events = read_events(out)
+    explain = f"exit {returncode}\n{stderr[-4000:]}\n{stdout[-4000:]}\n{events}"
+    assert returncode == 0, explain
+    return events, explain
 
 
 def section(results: list[Result], name: str) -> list[Any]:

@@ -14,9 +14,10 @@ import copy
 import hashlib
 import json
 import os
+import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -64,6 +65,46 @@ def params_digest(module: torch.nn.Module) -> str:
 
 def buffers_digest(module: torch.nn.Module) -> str:
     return digest(b for _, b in sorted(module.named_buffers()))
+
+
+def write_results(out: Path, rank: int, results: Json) -> Path:
+    """Write ``results`` to ``<out>/rank-<rank>.json`` in one rename (never half written)."""
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / f"rank-{rank}.json"
+    partial = target.with_suffix(".tmp")
+    partial.write_text(json.dumps(results, indent=1, sort_keys=True))
+    partial.rename(target)
+    return target
+
+
+def event_log(out: Path) -> Callable[..., None]:
+    """``event(kind, **fields)``: appends a JSON line with the wall-clock time, the rank, the
+    size and the round to ``<out>/events-<pid>.jsonl`` (the abort scenarios' record)."""
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / f"events-{os.getpid()}.jsonl"
+
+    def event(kind: str, **fields: Any) -> None:
+        record = {"ev": kind, "time": time.time(), "rank": hvd.rank(), "size": hvd.size()}
+        with log.open("a") as file:
+            file.write(json.dumps({**record, "round": hvd.current_round(), **fields}) + "\n")
+
+    return event
+
+
+def run_checks_or_abort(
+    values_run: Callable[[Path], None], abort_run: Callable[[Path], None]
+) -> None:
+    """The main of a worker script with an abort scenario: ``--out DIR`` runs
+    ``values_run(DIR)``, ``--out DIR --abort`` runs ``abort_run(DIR)``."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True, help="directory for the results")
+    parser.add_argument("--abort", action="store_true", help="run the abort scenario")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.abort:
+        abort_run(args.out)
+    else:
+        values_run(args.out)
 
 
 def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
@@ -580,11 +621,7 @@ def main() -> None:
     hvd.shutdown()
     results["after_shutdown"] = before_init()
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    target = args.out / f"rank-{r}.json"
-    partial = target.with_suffix(".tmp")
-    partial.write_text(json.dumps(results, indent=1, sort_keys=True))
-    partial.rename(target)
+    target = write_results(args.out, r, results)
     print(f"wrote {target.name}")
 
 

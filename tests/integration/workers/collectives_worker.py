@@ -11,8 +11,6 @@ appends JSON lines (with wall-clock times) to ``<out>/events-<pid>.jsonl``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import signal
 import time
@@ -20,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from api_worker import event_log, run_checks_or_abort, write_results  # beside this script
 
 import elasticjob.worker_runtime as hvd
 
@@ -246,20 +245,11 @@ def values_run(out: Path) -> None:
         "timeline": timeline_checks(out),
     }
     hvd.shutdown()
-    target = out / f"rank-{r}.json"
-    partial = target.with_suffix(".tmp")
-    partial.write_text(json.dumps(results, indent=1, sort_keys=True))
-    partial.rename(target)
+    write_results(out, r, results)
 
 
 def abort_run(out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / f"events-{os.getpid()}.jsonl"
-
-    def event(kind: str, **fields: Any) -> None:
-        record = {"ev": kind, "time": time.time(), "rank": hvd.rank(), "size": hvd.size()}
-        with log.open("a") as file:
-            file.write(json.dumps({**record, "round": hvd.current_round(), **fields}) + "\n")
+    event = event_log(out)
 
     hvd.init()
     state = hvd.elastic.ObjectState(recovered=0)
@@ -293,17 +283,5 @@ def abort_run(out: Path) -> None:
     hvd.shutdown()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True, help="directory for the results")
-    parser.add_argument("--abort", action="store_true", help="run the abort scenario")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    if args.abort:
-        abort_run(args.out)
-    else:
-        values_run(args.out)
-
-
 if __name__ == "__main__":
-    main()
+    run_checks_or_abort(values_run, abort_run)

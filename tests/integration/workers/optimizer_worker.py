@@ -12,9 +12,7 @@ first round SIGKILLs itself in the middle of a backward pass; every rank appends
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import os
 import signal
 import time
@@ -25,7 +23,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from api_worker import batch, max_diff, mlp, params_digest  # beside this script
+from api_worker import (  # beside this script
+    batch,
+    event_log,
+    max_diff,
+    mlp,
+    params_digest,
+    run_checks_or_abort,
+    write_results,
+)
 
 import elasticjob.worker_runtime as hvd
 from elasticjob.worker_runtime import step_weight
@@ -398,24 +404,14 @@ def values_run(out: Path) -> None:
         "amp": amp_checks(r),
     }
     hvd.shutdown()
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / f"rank-{r}.json"
-    partial = target.with_suffix(".tmp")
-    partial.write_text(json.dumps(results, indent=1, sort_keys=True))
-    partial.rename(target)
+    write_results(out, r, results)
 
 
 # ---- abort -----------------------------------------------------------------------------
 
 
 def abort_run(out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / f"events-{os.getpid()}.jsonl"
-
-    def event(kind: str, **fields: Any) -> None:
-        record = {"ev": kind, "time": time.time(), "rank": hvd.rank(), "size": hvd.size()}
-        with log.open("a") as file:
-            file.write(json.dumps({**record, "round": hvd.current_round(), **fields}) + "\n")
+    event = event_log(out)
 
     def kill() -> None:
         event("kill", launched=LAUNCHED[0])
@@ -449,17 +445,5 @@ def abort_run(out: Path) -> None:
     hvd.shutdown()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True, help="directory for the results")
-    parser.add_argument("--abort", action="store_true", help="run the abort scenario")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    if args.abort:
-        abort_run(args.out)
-    else:
-        values_run(args.out)
-
-
 if __name__ == "__main__":
-    main()
+    run_checks_or_abort(values_run, abort_run)

@@ -7,12 +7,9 @@ host-update vote riding the last bucket."""
 from __future__ import annotations
 
 import gc
-import os
 import subprocess
-import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -21,42 +18,19 @@ import torch.distributed as dist
 import elasticjob.worker_runtime as hvd
 from elasticjob.worker_runtime import basics, step_weight
 from elasticjob.worker_runtime.process_group import RoundGroup
-
-ABORT_AFTER_S = 0.5
-RAISED_WITHIN_S = 5.0
-"""A backward pass on an aborted group must raise this soon (the group's timeout is 40 s)."""
+from tests.unit.worker_runtime.standalone import (
+    RAISED_WITHIN_S,
+    Weights,
+    backward,
+    mlp,
+    raises_when_aborted,
+)
 
 
 @pytest.fixture
-def group(monkeypatch: pytest.MonkeyPatch) -> Iterator[RoundGroup]:
-    """The standalone runtime's round group (a world of one until a test re-forms it)."""
-    for name in [n for n in os.environ if n.startswith("ELASTICJOB_")]:
-        monkeypatch.delenv(name)
-    hvd.init()
-    yield basics.current().group
-    step_weight.set_source(None)
-    hvd.shutdown()
-
-
-def mlp() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(3, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2))
-
-
-def backward(model: Callable[[torch.Tensor], torch.Tensor], batch: int = 4) -> None:
-    torch.manual_seed(1)
-    model(torch.randn(batch, 3)).square().mean().backward()
-
-
-class Weights:
-    """A step-weight source with fixed weights per pass."""
-
-    def __init__(self, *weights: float) -> None:
-        self.start = step_weight.passes()
-        self.weights = weights
-
-    def weight(self, passes: int) -> float:
-        return self.weights[passes - self.start]
+def group(runtime_group: RoundGroup) -> RoundGroup:
+    """The standalone runtime's round group."""
+    return runtime_group
 
 
 def test_one_pass_per_backward_and_weights_scale_nothing_in_a_world_of_one(
@@ -97,14 +71,8 @@ def test_a_backward_blocked_on_a_silent_peer_raises_when_the_round_is_aborted(
     group: RoundGroup, silent_peer: subprocess.Popen[str]
 ) -> None:
     model = hvd.elastic.DistributedDataParallel(mlp())
-    notice = threading.Timer(ABORT_AFTER_S, group.abort, ["a member of round 1 failed"])
-    notice.start()
-    started = time.monotonic()
-    with pytest.raises(RuntimeError, match="HorovodInternalError: a member of round 1 failed"):
-        backward(model)
-    waited = time.monotonic() - started
-    notice.join()
-    assert ABORT_AFTER_S <= waited < ABORT_AFTER_S + RAISED_WITHIN_S
+    failed = "HorovodInternalError: a member of round 1 failed"
+    raises_when_aborted(group, lambda: backward(model), RuntimeError, failed)
     assert group.errored() is not None
 
     # The next round forms at once: the DDP of the broken one holds nothing that waits.

@@ -6,11 +6,7 @@ is aborted (what the driver's failure notice does) instead of at the collective 
 from __future__ import annotations
 
 import copy
-import os
 import subprocess
-import threading
-import time
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -19,42 +15,18 @@ import elasticjob.worker_runtime as hvd
 from elasticjob.worker_runtime import basics, step_weight
 from elasticjob.worker_runtime.gradient_reducer import Reduction, result_scale
 from elasticjob.worker_runtime.process_group import RoundGroup
-
-ABORT_AFTER_S = 0.5
-RAISED_WITHIN_S = 5.0
-"""A backward pass on an aborted group must raise this soon (the group's timeout is 40 s)."""
+from tests.unit.worker_runtime.standalone import (
+    Weights,
+    backward,
+    mlp,
+    raises_when_aborted,
+)
 
 
 @pytest.fixture
-def group(monkeypatch: pytest.MonkeyPatch) -> Iterator[RoundGroup]:
-    """The standalone runtime's round group (a world of one until a test re-forms it)."""
-    for name in [n for n in os.environ if n.startswith("ELASTICJOB_")]:
-        monkeypatch.delenv(name)
-    hvd.init()
-    yield basics.current().group
-    step_weight.set_source(None)
-    hvd.shutdown()
-
-
-def mlp() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(3, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2))
-
-
-def backward(model: torch.nn.Module, seed: int = 1) -> None:
-    torch.manual_seed(seed)
-    model(torch.randn(4, 3)).square().mean().backward()
-
-
-class Weights:
-    """A step-weight source with fixed weights per pass."""
-
-    def __init__(self, *weights: float) -> None:
-        self.start = step_weight.passes()
-        self.weights = weights
-
-    def weight(self, passes: int) -> float:
-        return self.weights[passes - self.start]
+def group(runtime_group: RoundGroup) -> RoundGroup:
+    """The standalone runtime's round group."""
+    return runtime_group
 
 
 def grads(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -185,14 +157,8 @@ def test_a_backward_blocked_on_a_silent_peer_raises_when_the_round_is_aborted(
 ) -> None:
     model = mlp()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
-    notice = threading.Timer(ABORT_AFTER_S, group.abort, ["a member of round 1 failed"])
-    notice.start()
-    started = time.monotonic()
-    with pytest.raises(hvd.HorovodInternalError, match="a member of round 1 failed"):
-        backward(model)
-    waited = time.monotonic() - started
-    notice.join()
-    assert ABORT_AFTER_S <= waited < ABORT_AFTER_S + RAISED_WITHIN_S
+    failed = "a member of round 1 failed"
+    raises_when_aborted(group, lambda: backward(model), hvd.HorovodInternalError, failed)
 
     # The next round forms at once; the optimizer drops the broken round's reductions.
     basics.current().reset()

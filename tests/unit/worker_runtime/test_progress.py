@@ -4,8 +4,10 @@ the commit durations and the resumed mark of those it replaced), an urgent one l
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 from elasticjob.wire import (
     MAX_REPORTED_CHECKPOINTS,
@@ -55,11 +57,20 @@ class Service:
             assert self.changed.wait_for(check, DEADLINE), what  # type: ignore[arg-type]
 
 
+@contextlib.contextmanager
+def reporting(service: Service, interval_s: float) -> Iterator[ProgressReporter]:
+    """A reporter sending to ``service``, stopped at the end of the block."""
+    reporter = ProgressReporter(service.send, interval_s=interval_s)
+    try:
+        yield reporter
+    finally:
+        reporter.stop()
+
+
 def test_offering_never_waits_for_a_hanging_service() -> None:
     service = Service()
     service.hanging.set()
-    reporter = ProgressReporter(service.send, interval_s=0.0)
-    try:
+    with reporting(service, interval_s=0.0) as reporter:
         reporter.offer(progress(0))
         service.wait("the first report sent", lambda: service.attempts == 1)
         started = time.monotonic()
@@ -70,49 +81,38 @@ def test_offering_never_waits_for_a_hanging_service() -> None:
         service.release.set()
         service.wait("the newest report", lambda: service.arrived[-1:] == [99])
         assert service.arrived == [0, 99], "the reports in between were replaced"
-    finally:
-        reporter.stop()
 
 
 def test_reports_that_do_not_arrive_are_dropped_and_reporting_goes_on() -> None:
     service = Service()
     service.down = True
-    reporter = ProgressReporter(service.send, interval_s=0.0)
-    try:
+    with reporting(service, interval_s=0.0) as reporter:
         reporter.offer(progress(1))
         service.wait("an attempt", lambda: service.attempts == 1)
         service.down = False
         reporter.offer(progress(2))
         service.wait("the next report", lambda: service.arrived == [2])
-    finally:
-        reporter.stop()
 
 
 def test_reports_leave_at_most_every_interval() -> None:
     service = Service()
-    reporter = ProgressReporter(service.send, interval_s=0.3)
-    try:
+    with reporting(service, interval_s=0.3) as reporter:
         reporter.offer(progress(0))
         service.wait("the first report", lambda: service.arrived == [0])
         reporter.offer(progress(1))
         service.wait("the second report", lambda: service.arrived == [0, 1])
         assert service.arrived_at[1] - service.arrived_at[0] >= 0.3
-    finally:
-        reporter.stop()
 
 
 def test_an_urgent_report_does_not_wait_for_the_interval() -> None:
     service = Service()
-    reporter = ProgressReporter(service.send, interval_s=60.0)
-    try:
+    with reporting(service, interval_s=60.0) as reporter:
         reporter.offer(progress(0))
         service.wait("the first report", lambda: service.arrived == [0])
         reporter.offer(progress(1))
         reporter.offer(ProgressRequest(round=2, epoch=0, step=1, resumed=True), urgent=True)
         service.wait("the urgent report", lambda: service.arrived == [0, 1])
         assert service.requests[-1].resumed and service.requests[-1].round == 2
-    finally:
-        reporter.stop()
 
 
 def sent_while_the_service_hung(offers: list[ProgressRequest]) -> ProgressRequest:
@@ -120,8 +120,7 @@ def sent_while_the_service_hung(offers: list[ProgressRequest]) -> ProgressReques
     ``offers`` having been handed over meanwhile."""
     service = Service()
     service.hanging.set()
-    reporter = ProgressReporter(service.send, interval_s=0.0)
-    try:
+    with reporting(service, interval_s=0.0) as reporter:
         reporter.offer(progress(0))
         service.wait("the first report sent", lambda: service.attempts == 1)
         for request in offers:
@@ -130,8 +129,6 @@ def sent_while_the_service_hung(offers: list[ProgressRequest]) -> ProgressReques
         service.release.set()
         service.wait("the newest report", lambda: service.arrived[-1:] == [offers[-1].step])
         return service.requests[-1]
-    finally:
-        reporter.stop()
 
 
 def test_a_replaced_report_keeps_its_commit_durations_and_resumed_mark() -> None:

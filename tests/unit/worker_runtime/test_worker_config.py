@@ -69,7 +69,7 @@ def test_optional_settings_from_environment() -> None:
     ],
 )
 def test_malformed_seconds_are_a_clear_error(name: str, value: str) -> None:
-    with pytest.raises(RuntimeError, match=f"{name} must be"):
+    with pytest.raises(ValueError, match=f"{name} must be"):
         WorkerConfig.from_env(FULL_ENV | {name: value})
 
 

@@ -1,0 +1,56 @@
+"""What the tests of gradient reduction in this process (the standalone runtime) share: a
+small model and its backward pass, fixed step weights, and a backward that must raise as
+soon as its round is aborted."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from elasticjob.worker_runtime import step_weight
+from elasticjob.worker_runtime.process_group import RoundGroup
+
+ABORT_AFTER_S = 0.5
+RAISED_WITHIN_S = 5.0
+"""A backward pass on an aborted group must raise this soon (the group's timeout is 40 s)."""
+
+
+def mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2))
+
+
+def backward(model: Callable[[torch.Tensor], torch.Tensor], seed: int = 1) -> None:
+    """One backward pass of ``model`` over a batch of 4 drawn with ``seed``."""
+    torch.manual_seed(seed)
+    model(torch.randn(4, 3)).square().mean().backward()
+
+
+class Weights:
+    """A step-weight source with fixed weights per pass."""
+
+    def __init__(self, *weights: float) -> None:
+        self.start = step_weight.passes()
+        self.weights = weights
+
+    def weight(self, passes: int) -> float:
+        return self.weights[passes - self.start]
+
+
+def raises_when_aborted(
+    group: RoundGroup, call: Callable[[], None], error: type[Exception], match: str
+) -> None:
+    """``call`` (blocked on a silent peer of ``group``) raises ``error`` matching ``match``
+    as soon as the round is aborted ``ABORT_AFTER_S`` into it, well before its timeout."""
+    notice = threading.Timer(ABORT_AFTER_S, group.abort, ["a member of round 1 failed"])
+    notice.start()
+    started = time.monotonic()
+    with pytest.raises(error, match=match):
+        call()
+    waited = time.monotonic() - started
+    notice.join()
+    assert ABORT_AFTER_S <= waited < ABORT_AFTER_S + RAISED_WITHIN_S
