@@ -29,10 +29,10 @@ from devcluster.imagebuild import (
     project_version,
 )
 
-#: Seconds a throwaway containerd may take to answer, and an import to finish.
 pytestmark = pytest.mark.timeout(1500)
 """The first test builds the four images (its module fixture): after a change of the project's
 dependencies that reinstalls them, well over the suite's 300 s on a loaded machine."""
+#: Seconds a throwaway containerd may take to answer, and an import to finish.
 CONTAINERD_TIMEOUT = 30.0
 IMPORT_TIMEOUT = 600.0
 #: Seconds a command inside an image may take (importing torch on a busy machine).
