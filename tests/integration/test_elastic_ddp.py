@@ -30,9 +30,8 @@ import pytest
 import torch
 
 from elasticjob import wire
-from tests.integration.harness import run_to_end, write_discovery
+from tests.integration.harness import read_events, run_to_end, write_discovery
 from tests.integration.test_worker_api import HOSTS, launcher, worker_env
-from tests.integration.test_worker_collectives_api import read_events
 from tests.integration.workers.ddp_model import SAMPLES, build_model, build_optimizer, data
 
 pytestmark = pytest.mark.integration
