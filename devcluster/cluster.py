@@ -36,6 +36,15 @@ CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-sche
 COMPONENTS = (*CONTROL_PLANE, provisioner.COMPONENT, "agent")
 
 
+class ToolFailed(subprocess.CalledProcessError):
+    """A cluster tool exited non-zero; unlike its base class, it says what the tool wrote
+    on stderr."""
+
+    def __str__(self) -> str:
+        said = (self.stderr or "").strip()
+        return f"{super().__str__()}: {said}" if said else super().__str__()
+
+
 class Cluster:
     """One devcluster, identified by its run directory."""
 
@@ -314,9 +323,7 @@ class Cluster:
             check=False,
         )
         if check and result.returncode != 0:
-            raise subprocess.CalledProcessError(
-                result.returncode, result.args, result.stdout, result.stderr
-            )
+            raise ToolFailed(result.returncode, result.args, result.stdout, result.stderr)
         return result
 
     def kubectl(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:

@@ -183,6 +183,7 @@ class ElasticDriver(RendezvousListener):
                 "worker %s rolled back after a collective failed", worker
             )
             self.registry.mark_rolled_back(worker)
+            self.journal.collective_failed(worker.hostname, self.round, len(self.slots))
             self._fail_round(worker.hostname)
         self._wake.set()
 
@@ -221,6 +222,7 @@ class ElasticDriver(RendezvousListener):
             )
             record.departure = Departure.FAILED
             self.registry.record(worker, WorkerState.FAILURE)
+            self.journal.failed(worker.hostname, self.round, len(self.slots))
             self._fail_round(worker.hostname)
         elif verdict is ExitVerdict.FAILED_OUTSIDE_ROUND:
             logger.warning("worker %s failed between rounds (exit code %d)", worker, exit_code)
@@ -232,7 +234,6 @@ class ElasticDriver(RendezvousListener):
         """Tell the members once that the round is broken; the next round syncs state."""
         if not self._recovering:
             self._recovering = True
-            self.journal.failed(host, self.round, len(self.slots))
             self.rendezvous.post_notice(NoticeKind.ROUND_FAILED, (host,))
 
     # ---- main loop -------------------------------------------------------------------------

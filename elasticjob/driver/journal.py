@@ -65,6 +65,11 @@ class JobJournal:
         self.restore: Restore | None = None
         """The latest durable fallback, once training resumed from a checkpoint."""
         self._checkpoint_times: dict[str, float] = {}
+        self._failure_told = 0
+        """The newest round whose failure the record tells."""
+        self._unexplained: tuple[int, int, str] | None = None
+        """A round that rolled back before any member was seen to fail: (round, world size,
+        the host of the first member that reported it)."""
         """When the state each recent checkpoint holds was committed (the driver's clock)."""
 
     def record_data(self) -> JobRecordData:
@@ -143,20 +148,49 @@ class JobJournal:
         """No worker of ``round_number`` survives: the next round starts from the newest
         checkpoint, and the pause under way is a recovery (its members may have left
         gracefully, yet the job lost their state)."""
+        self._explain_failure()
+        self._stop(round_number, failed=True)
+
+    def collective_failed(self, reporter: str, round_number: int, world_size: int) -> None:
+        """A member of the round on ``reporter`` rolled back: a collective of the round failed.
+        Training stops now; the record names the worker that failed once its exit is seen
+        (:meth:`failed`), or says the collective failed if none is seen before the round
+        ends."""
+        if self._failure_told < round_number and self._unexplained is None:
+            self._unexplained = (round_number, world_size, reporter)
         self._stop(round_number, failed=True)
 
     def failed(self, host: str, round_number: int, world_size: int) -> None:
-        """A member of the round on ``host`` failed (told once per round)."""
+        """A member of the round on ``host`` failed (the record tells the first per round)."""
+        if self._failure_told < round_number:
+            self._failure_told = round_number
+            self._unexplained = None
+            self.record.event(
+                EventKind.FAILURE,
+                f"a worker on {host} failed",
+                round=round_number,
+                world_size=world_size,
+            )
+        self._stop(round_number, failed=True)
+
+    def _explain_failure(self) -> None:
+        """The round that rolled back ends with no member's failure seen: the record says a
+        collective failed."""
+        if self._unexplained is None:
+            return
+        round_number, world_size, reporter = self._unexplained
+        self._unexplained = None
+        self._failure_told = max(self._failure_told, round_number)
         self.record.event(
             EventKind.FAILURE,
-            f"a worker on {host} failed",
+            f"a collective failed (first reported by a worker on {reporter})",
             round=round_number,
             world_size=world_size,
         )
-        self._stop(round_number, failed=True)
 
     def round_ended(self, round_number: int, world_size: int) -> None:
         """The round ended at the barrier (hosts added or removed, or after a failure)."""
+        self._explain_failure()
         if self.lost_time.paused_since is None:
             self.record.event(
                 EventKind.RESIZED,
@@ -177,6 +211,7 @@ class JobJournal:
         self, round_number: int, world_size: int, joined: int, left: int, samples_per_second: float
     ) -> None:
         """The next round was published."""
+        self._explain_failure()
         if self._round_ended_at is not None:
             self.observer.round_formed(self._clock() - self._round_ended_at)
             self._round_ended_at = None
@@ -194,6 +229,7 @@ class JobJournal:
 
     def finished(self, success: bool, message: str, round_number: int) -> None:
         """The job ended."""
+        self._explain_failure()
         first_line = message.splitlines()[0] if message else ""
         outcome = "succeeded" if success else "failed"
         self.record.event(

@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import ssl
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -181,12 +182,31 @@ def restart_operator(kube: Kube) -> None:
     wait_operator_serving(kube, old)
 
 
-def operator_logs(cluster: Cluster) -> str:
-    """The logs of the operator's pods."""
-    found = cluster.kubectl(
-        "-n", SYSTEM_NS, "logs", "-l", OPERATOR_PODS, "--tail=-1", "--all-containers"
-    )
-    return found.stdout
+def operator_logs(cluster: Cluster, timeout: float = 60.0) -> str:
+    """The logs of the operator's pods. The kubelet refuses a read while a container it
+    restarted has no log yet: the read is tried again until ``timeout``, and the last
+    refusal (kubectl's stderr) is what a timeout says."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = cluster.kubectl(
+            "-n",
+            SYSTEM_NS,
+            "logs",
+            "-l",
+            OPERATOR_PODS,
+            "--tail=-1",
+            "--all-containers",
+            check=False,
+        )
+        if found.returncode == 0:
+            return found.stdout
+        if time.monotonic() > deadline:
+            pods = [
+                (p["metadata"]["name"], p.get("status", {}).get("containerStatuses"))
+                for p in operator_pods(cluster)
+            ]
+            raise AssertionError(f"the operator's logs cannot be read: {found.stderr}\n{pods}")
+        time.sleep(0.5)
 
 
 _SEEN_LOGS: dict[tuple[str, str], str] = {}
