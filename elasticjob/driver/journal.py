@@ -149,6 +149,7 @@ class JobJournal:
         checkpoint, and the pause under way is a recovery (its members may have left
         gracefully, yet the job lost their state)."""
         self._explain_failure()
+        self.record.sample(0, 0.0)  # nobody trains until the fresh workers resume
         self._stop(round_number, failed=True)
 
     def collective_failed(self, reporter: str, round_number: int, world_size: int) -> None:

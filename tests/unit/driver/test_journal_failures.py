@@ -67,3 +67,12 @@ def test_a_failure_of_the_next_round_is_told_again() -> None:
         (1, "a worker on b failed"),
         (2, "a worker on a failed"),
     ]
+
+
+def test_a_fallback_drops_the_world_size_to_zero_until_the_next_round() -> None:
+    journal = JobJournal(lambda: 100.0)
+    journal.published(1, 4, 4, 0, 0.0)
+    journal.failed("a", 1, 4)
+    journal.fell_back(1)
+    journal.published(2, 2, 2, 0, 0.0)
+    assert [s.world_size for s in journal.record_data().samples] == [4, 0, 2]
