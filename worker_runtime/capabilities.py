@@ -1,8 +1,8 @@
 """What this runtime was built with, and the script-controlled timeline, as in Horovod's basics.
 
-There is no MPI here: the MPI queries answer False (``mpi_threads_supported`` too, where
-Horovod would raise without MPI). Gloo, NCCL and CUDA are whatever the installed torch
-provides.
+There is no MPI, DDL, oneCCL or ROCm build here: their queries answer False
+(``mpi_threads_supported`` too, where Horovod would raise without MPI). Gloo, NCCL and CUDA
+are whatever the installed torch provides.
 
 ``start_timeline(path)`` records this process's activity (rounds joined, resets, commits,
 the collectives it waited on) into a Chrome-trace JSON file, as Horovod's does; as in Horovod,
@@ -58,6 +58,21 @@ def nccl_built() -> int:
 def cuda_built() -> bool:
     """Whether the installed torch was built with CUDA."""
     return bool(torch.backends.cuda.is_built())  # type: ignore[no-untyped-call]
+
+
+def rocm_built() -> bool:
+    """Whether ROCm support was built in: not by this runtime."""
+    return False
+
+
+def ddl_built() -> bool:
+    """Whether IBM DDL support was built in: never."""
+    return False
+
+
+def ccl_built() -> bool:
+    """Whether oneCCL support was built in: never."""
+    return False
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

@@ -138,6 +138,36 @@ def test_reducescatter_splits_rows_as_horovod(world: list[Result]) -> None:
         assert flat(got["average"]) == pytest.approx([v / n for v in flat(mine)])
 
 
+def test_grouped_allgather_reducescatter_and_sparse_allreduce(world: list[Result]) -> None:
+    n = len(world)
+    rows = 2 * n + 1
+    base, extra = divmod(rows, n)
+    first = 0
+    for r, got in enumerate(section(world, "grouped_gather_scatter")):
+        assert got["gathered"] == [
+            [[float(q), float(q)] for q in range(n) for _ in range(q + 1)],
+            [10 * q for q in range(n)],
+        ]
+        assert got["gathered_dtypes"] == ["torch.float32", "torch.int64"]
+        assert got["gathered_async"] == [[v for q in range(n) for v in (q, -q)]]
+        count = base + (1 if r < extra else 0)
+        column = [sum((q + 1.0) * (k + 1) for q in range(n)) for k in range(rows)]
+        mine = column[first : first + count]
+        first += count
+        assert flat(got["scatter_sum"][0]) == pytest.approx(mine)
+        assert got["scatter_sum"][1] == [[float(n)] * 3]  # n rows over n ranks: one each
+        assert flat(got["scatter_average"][0]) == pytest.approx([v / n for v in mine])
+        assert got["scatter_average"][1] == [[1.0] * 3]
+        dense = [0.0] * 4
+        for q in range(n):
+            dense[q % 2] += 1.0
+            dense[3] += q + 1.0
+        assert got["sparse_sum"] == pytest.approx(dense)
+        assert got["sparse_average"] == pytest.approx([v / n for v in dense])
+        assert got["sparse_is_sparse"] is True
+        assert got["sparse_dense_input"].startswith("ValueError: sparse_allreduce_async needs")
+
+
 def test_barrier_and_join(world: list[Result]) -> None:
     n = len(world)
     for got in section(world, "coordination"):
@@ -175,6 +205,7 @@ def test_build_flags_and_adasum(world: list[Result]) -> None:
         assert got["mpi_built"] is got["mpi_enabled"] is got["mpi_threads_supported"] is False
         assert got["gloo_built"] is got["gloo_enabled"] is True
         assert got["nccl_built"] == 0 and got["cuda_built"] is False  # the CPU build of torch
+        assert got["other_builds"] == [False, False, False]  # ROCm, DDL, oneCCL
         for key in ("adasum", "adasum_async"):
             assert got[key].startswith("NotImplementedError: op=Adasum"), got[key]
             assert "op=hvd.Average" in got[key]

@@ -128,6 +128,33 @@ def reducescatter_checks(r: int, n: int) -> Json:
     }
 
 
+def grouped_gather_scatter_checks(r: int, n: int) -> Json:
+    rows = 2 * n + 1
+    gathered = hvd.grouped_allgather(
+        [torch.full((r + 1, 2), float(r)), torch.tensor([10 * r], dtype=torch.int64)]
+    )
+    gathered_async = hvd.synchronize(hvd.grouped_allgather_async([torch.tensor([r, -r])]))
+    tensors = [torch.tensor([[(r + 1.0) * (k + 1)] for k in range(rows)]), torch.ones(n, 3)]
+    summed = hvd.grouped_reducescatter(tensors, op=hvd.Sum)
+    averaged = hvd.synchronize(hvd.grouped_reducescatter_async(tensors))
+    sparse = torch.sparse_coo_tensor([[r % 2, 3]], [1.0, r + 1.0], (4,))
+    sparse_avg = hvd.sparse_allreduce_async(sparse, name="sparse", op=hvd.Average)()
+    sparse_sum = hvd.sparse_allreduce_async(sparse, name="sparse", op=hvd.Sum)()
+    return {
+        "gathered": [t.tolist() for t in gathered],
+        "gathered_dtypes": [str(t.dtype) for t in gathered],
+        "gathered_async": [t.tolist() for t in gathered_async],
+        "scatter_sum": [t.tolist() for t in summed],
+        "scatter_average": [t.tolist() for t in averaged],
+        "sparse_average": sparse_avg.to_dense().tolist(),
+        "sparse_sum": sparse_sum.to_dense().tolist(),
+        "sparse_is_sparse": sparse_sum.is_sparse,
+        "sparse_dense_input": error_of(
+            lambda: hvd.sparse_allreduce_async(torch.ones(2), "d", None)
+        ),
+    }
+
+
 def coordination_checks(r: int, n: int) -> Json:
     started = time.monotonic()
     if r == 0:
@@ -212,6 +239,7 @@ def capability_checks() -> Json:
         "gloo_enabled": hvd.gloo_enabled(),
         "nccl_built": hvd.nccl_built(),
         "cuda_built": hvd.cuda_built(),
+        "other_builds": [hvd.rocm_built(), hvd.ddl_built(), hvd.ccl_built()],
         "adasum": error_of(lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum)),
         "adasum_async": error_of(lambda: hvd.allreduce_async(torch.ones(2), op=hvd.Adasum)),
     }
@@ -238,6 +266,7 @@ def values_run(out: Path) -> None:
         "grouped": grouped_checks(r),
         "alltoall": alltoall_checks(r, n),
         "reducescatter": reducescatter_checks(r, n),
+        "grouped_gather_scatter": grouped_gather_scatter_checks(r, n),
         "coordination": coordination_checks(r, n),
         "sync_batch_norm": sync_batch_norm_checks(r, n),
         "process_set": process_set_checks(n),

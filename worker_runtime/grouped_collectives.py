@@ -1,0 +1,148 @@
+"""Horovod's ``grouped_allgather``, ``grouped_reducescatter`` (and their async variants) and
+``sparse_allreduce_async``, on the round's group.
+
+A grouped operation issues one collective per tensor, in the list's order, and completes as
+one: its handle's ``synchronize`` returns the list of results. Horovod fuses a group into one
+operation; here each member is its own collective, which gives the same results (every rank
+issues the same list in the same order, as Horovod requires too).
+
+``sparse_allreduce_async`` returns a function, as Horovod's does, that waits and gives the
+reduced sparse tensor: every rank's indices and values gathered, averaged when ``op`` says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from elasticjob.worker_runtime.basics import current
+from elasticjob.worker_runtime.collectives import (
+    Average,
+    Compressor,
+    ReduceOp,
+    compressed_copy,
+    resolve_op,
+    start_allgather,
+    start_allreduce_,
+)
+from elasticjob.worker_runtime.handles import issue, synchronize
+from elasticjob.worker_runtime.process_sets import ProcessSet, check_process_set, global_process_set
+from elasticjob.worker_runtime.scatter_collectives import rows_of
+
+
+def grouped_allgather_async(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> int:
+    """Start gathering every tensor of ``tensors`` along dimension 0 from every rank (first
+    dimensions may differ); ``synchronize`` returns the list of results, each on its input's
+    device."""
+    del name
+    check_process_set(process_set)
+    members = list(tensors)
+    started = [start_allgather(tensor) for tensor in members]
+
+    def finish() -> list[torch.Tensor]:
+        return [
+            torch.cat(parts()).to(tensor.device)
+            for (_, parts), tensor in zip(started, members, strict=True)
+        ]
+
+    return issue([work for work, _ in started], finish)
+
+
+def grouped_allgather(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
+    """Gather every tensor of ``tensors`` from every rank (see
+    :func:`grouped_allgather_async`) and return the list of results."""
+    result: list[torch.Tensor] = synchronize(grouped_allgather_async(tensors, name, process_set))
+    return result
+
+
+def grouped_reducescatter_async(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    op: ReduceOp = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> int:
+    """Start reducing every tensor of ``tensors`` across ranks (default: average);
+    ``synchronize`` returns, for each, this rank's rows of the result (see
+    :func:`~elasticjob.worker_runtime.scatter_collectives.rows_of`)."""
+    del name
+    check_process_set(process_set)
+    if any(tensor.dim() == 0 for tensor in tensors):
+        raise ValueError("grouped_reducescatter needs tensors with at least one dimension")
+    runtime = current()
+    rows = [rows_of(runtime.slot.rank, t.shape[0], runtime.slot.size) for t in tensors]
+    pendings = [
+        start_allreduce_(t.detach().clone(), None, op, prescale_factor, postscale_factor)
+        for t in tensors
+    ]
+
+    def finish() -> list[torch.Tensor]:
+        return [
+            pending.finish()[first : first + count].clone()
+            for pending, (first, count) in zip(pendings, rows, strict=True)
+        ]
+
+    return issue([pending.work for pending in pendings], finish)
+
+
+def grouped_reducescatter(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    compression: type[Compressor] | None = None,
+    op: ReduceOp = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[torch.Tensor]:
+    """Reduce every tensor of ``tensors`` across ranks and return this rank's rows of each
+    result, compressed on the way if ``compression`` says so."""
+    copies = [compressed_copy(t, compression) for t in tensors]
+    handle = grouped_reducescatter_async(
+        [c for c, _ in copies], name, op, process_set, prescale_factor, postscale_factor
+    )
+    reduced: list[torch.Tensor] = synchronize(handle)
+    return [decompress(r) for r, (_, decompress) in zip(reduced, copies, strict=True)]
+
+
+def sparse_allreduce_async(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    op: ReduceOp | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Callable[[], torch.Tensor]:
+    """Start reducing the sparse (COO) ``tensor`` across ranks: every rank's indices and
+    values are gathered (duplicates are summed when the result is coalesced) and averaged
+    unless ``op`` is ``Sum``. Returns a function that waits and gives the reduced sparse
+    tensor, as Horovod's does."""
+    del name
+    check_process_set(process_set)
+    if not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async needs a sparse COO tensor")
+    operation = resolve_op(None, op)
+    if operation not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise ValueError(f"sparse_allreduce_async supports Average and Sum, not {operation.name}")
+    coalesced = tensor.coalesce()
+    handle = grouped_allgather_async(
+        [coalesced.indices().transpose(0, 1).contiguous(), coalesced.values()]
+    )
+    size = current().slot.size
+
+    def result() -> torch.Tensor:
+        indices, values = synchronize(handle)
+        if operation is ReduceOp.AVERAGE:
+            values = values / size
+        return torch.sparse_coo_tensor(
+            indices.transpose(0, 1), values, tensor.shape, device=tensor.device
+        ).coalesce()
+
+    return result
