@@ -1,15 +1,17 @@
 """horovodrun's spellings that ``elasticjob-run`` takes, and those it refuses.
 
 horovodrun (``horovod/runner/launch.py``) has flags that cannot apply to this launcher: MPI,
-jsrun and SSH options, the tuning knobs of Horovod's C++ background thread (there is none
-here: collectives are ``torch.distributed``'s). Each of them is refused with a usage error
-that names it and says why, never silently ignored.
+jsrun and SSH options: each of them is refused with a usage error that names it and says
+why. The tuning knobs of Horovod's C++ background thread (there is none here: collectives are
+``torch.distributed``'s) and the output timestamps change no result: a command line that
+gives them runs, with a warning naming each. None is silently ignored.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ _CORE = (
     "it tunes Horovod's C++ background thread, which elasticjob does not have "
     "(collectives are torch.distributed's)"
 )
+_TIMESTAMPS = "elasticjob-run prefixes output lines with the rank only"
 
 REFUSED: dict[tuple[str, ...], str] = {
     ("--mpi",): _MPI,
@@ -46,42 +49,48 @@ REFUSED: dict[tuple[str, ...], str] = {
     ("--disable-cache",): "elasticjob-run runs no per-host checks, so it has nothing to cache",
     ("-cb", "--check-build"): "elasticjob has no build options to show (it is pure Python)",
     ("--config-file",): "elasticjob-run reads no YAML configuration: give the flags instead",
-    ("--fusion-threshold-mb",): _CORE,
-    ("--cycle-time-ms",): _CORE,
-    ("--cache-capacity",): _CORE,
-    ("--hierarchical-allreduce",): _CORE,
-    ("--no-hierarchical-allreduce",): _CORE,
-    ("--hierarchical-allgather",): _CORE,
-    ("--no-hierarchical-allgather",): _CORE,
-    ("--torus-allreduce",): _CORE,
-    ("--no-torus-allreduce",): _CORE,
-    ("--autotune",): _CORE,
-    ("--no-autotune",): _CORE,
-    ("--autotune-log-file",): _CORE,
-    ("--autotune-warmup-samples",): _CORE,
-    ("--autotune-steps-per-sample",): _CORE,
-    ("--autotune-bayes-opt-max-samples",): _CORE,
-    ("--autotune-gaussian-process-noise",): _CORE,
-    ("--timeline-mark-cycles",): _CORE,
-    ("--no-timeline-mark-cycles",): _CORE,
-    ("--stall-check",): _CORE,
-    ("--no-stall-check",): _CORE,
-    ("--stall-check-warning-time-seconds",): _CORE,
-    ("--stall-check-shutdown-time-seconds",): _CORE,
-    ("--num-nccl-streams",): _CORE,
-    ("--thread-affinity",): _CORE,
-    ("--gloo-timeout-seconds",): (
-        "collectives here abort when the round breaks; their timeout is torch.distributed's"
-    ),
-    ("--log-with-timestamp",): _CORE,
-    ("--log-without-timestamp",): _CORE,
-    ("--log-hide-timestamp",): _CORE,
-    ("--no-log-hide-timestamp",): _CORE,
-    ("-prefix-timestamp", "--prefix-output-with-timestamp"): (
-        "elasticjob-run prefixes output lines with the rank only"
-    ),
 }
-"""Every horovodrun flag that cannot apply here, with the reason."""
+"""Every horovodrun flag that cannot apply here, with the reason: a usage error, since
+each changes how or where the job runs."""
+
+IGNORED: dict[tuple[str, ...], tuple[int, str]] = {
+    ("--fusion-threshold-mb",): (1, _CORE),
+    ("--cycle-time-ms",): (1, _CORE),
+    ("--cache-capacity",): (1, _CORE),
+    ("--hierarchical-allreduce",): (0, _CORE),
+    ("--no-hierarchical-allreduce",): (0, _CORE),
+    ("--hierarchical-allgather",): (0, _CORE),
+    ("--no-hierarchical-allgather",): (0, _CORE),
+    ("--torus-allreduce",): (0, _CORE),
+    ("--no-torus-allreduce",): (0, _CORE),
+    ("--autotune",): (0, _CORE),
+    ("--no-autotune",): (0, _CORE),
+    ("--autotune-log-file",): (1, _CORE),
+    ("--autotune-warmup-samples",): (1, _CORE),
+    ("--autotune-steps-per-sample",): (1, _CORE),
+    ("--autotune-bayes-opt-max-samples",): (1, _CORE),
+    ("--autotune-gaussian-process-noise",): (1, _CORE),
+    ("--timeline-mark-cycles",): (0, _CORE),
+    ("--no-timeline-mark-cycles",): (0, _CORE),
+    ("--stall-check",): (0, _CORE),
+    ("--no-stall-check",): (0, _CORE),
+    ("--stall-check-warning-time-seconds",): (1, _CORE),
+    ("--stall-check-shutdown-time-seconds",): (1, _CORE),
+    ("--num-nccl-streams",): (1, _CORE),
+    ("--thread-affinity",): (1, _CORE),
+    ("--gloo-timeout-seconds",): (
+        1,
+        "collectives here abort when the round breaks; their timeout is torch.distributed's",
+    ),
+    ("--log-with-timestamp",): (0, _TIMESTAMPS),
+    ("--log-without-timestamp",): (0, _TIMESTAMPS),
+    ("--log-hide-timestamp",): (0, _TIMESTAMPS),
+    ("--no-log-hide-timestamp",): (0, _TIMESTAMPS),
+    ("-prefix-timestamp", "--prefix-output-with-timestamp"): (0, _TIMESTAMPS),
+}
+"""horovodrun's tuning and output-format flags, by name: how many values each takes and why it
+has no effect here. A command line that gives one still runs (they change no result), with a
+warning on stderr naming the flag."""
 
 
 class _Refuse(argparse.Action):
@@ -103,10 +112,34 @@ class _Refuse(argparse.Action):
         )
 
 
+class _Ignore(argparse.Action):
+    """Takes the flag's values and warns on stderr that it has no effect here."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        self.reason = str(kwargs.pop("help"))
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        print(
+            f"{parser.prog}: warning: horovodrun's {option_string} has no effect here and is "
+            f"ignored: {self.reason}",
+            file=sys.stderr,
+        )
+
+
 def add_refused_flags(parser: argparse.ArgumentParser) -> None:
-    """Make every flag of :data:`REFUSED` a usage error naming it."""
+    """Make every flag of :data:`REFUSED` a usage error naming it, and every flag of
+    :data:`IGNORED` a warning naming it."""
     for names, reason in REFUSED.items():
         parser.add_argument(*names, action=_Refuse, dest="refused", help=reason)
+    for names, (values, reason) in IGNORED.items():
+        parser.add_argument(*names, action=_Ignore, nargs=values, dest="ignored", help=reason)
 
 
 class NetworkInterfaces(argparse.Action):

@@ -1,5 +1,6 @@
 """``elasticjob-run`` takes horovodrun's spellings and defaults, reads its hostfiles, and
-refuses by name every horovodrun flag that cannot apply."""
+refuses by name every horovodrun flag that cannot apply (and warns of those that change
+nothing here)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from elasticjob.launcher.cli import build_parser, main, max_np, parse_arguments
 from elasticjob.launcher.horovodrun_flags import (
+    IGNORED,
     REFUSED,
     HostfileError,
     parse_hostfile,
@@ -173,6 +175,21 @@ def test_a_horovodrun_flag_that_cannot_apply_is_refused_by_name(
         err = capsys.readouterr().err
         assert "usage: elasticjob-run" in err
         assert f"error: horovodrun's {name} does not apply to elasticjob-run: {reason}" in err
+
+
+@pytest.mark.parametrize(
+    ("names", "values", "reason"),
+    [pytest.param(n, v, r, id=n[-1]) for n, (v, r) in IGNORED.items()],
+)
+def test_a_horovodrun_tuning_flag_runs_with_a_warning_naming_it(
+    capsys: pytest.CaptureFixture[str], names: tuple[str, ...], values: int, reason: str
+) -> None:
+    for name in names:
+        args = parse("-np", "2", name, *["7"] * values)
+        assert args.command == ["python", "train.py"], "the flag took only its own values"
+        assert args.np == 2
+        err = capsys.readouterr().err
+        assert f"warning: horovodrun's {name} has no effect here and is ignored: {reason}" in err
 
 
 def test_mpi_flags_are_refused_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
