@@ -78,11 +78,59 @@ class OptimizerStateHandler(StateHandler):
         return self.value.state_dict()
 
     def load_state_dict(self, saved: Any) -> None:
-        # The optimizer keeps the tensors it is given: give it copies.
-        self.value.load_state_dict(copy.deepcopy(saved))
+        if not copy_optimizer_state(self.value, saved):
+            # The optimizer keeps the tensors it is given: give it copies.
+            self.value.load_state_dict(copy.deepcopy(saved))
 
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
+
+
+def copy_optimizer_state(optimizer: torch.optim.Optimizer, saved: Any) -> bool:
+    """Copy ``saved`` (an earlier ``state_dict()`` of ``optimizer``) into the optimizer's own
+    tensors and groups, as a rollback does: no tensor is allocated and nothing a scheduler or
+    the script holds is replaced. Returns False, changing nothing, when the state's structure
+    changed since (a parameter gained or lost state, a tensor its shape, dtype or device):
+    the caller then loads it whole."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    state = saved.get("state") if isinstance(saved, dict) else None
+    if not isinstance(groups, list) or not isinstance(state, dict):
+        return False
+    if [len(g.get("params", ())) for g in groups] != [
+        len(g["params"]) for g in optimizer.param_groups
+    ] or set(state) != {index for index, p in enumerate(params) if p in optimizer.state}:
+        return False
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for index, entries in state.items():
+        live = optimizer.state[params[index]]
+        if not isinstance(entries, dict) or set(entries) != set(live):
+            return False
+        for name, value in entries.items():
+            current = live[name]
+            if isinstance(value, torch.Tensor) != isinstance(current, torch.Tensor):
+                return False
+            if isinstance(value, torch.Tensor):
+                if (value.shape, value.dtype, value.device) != (
+                    current.shape,
+                    current.dtype,
+                    current.device,
+                ):
+                    return False
+                pairs.append((current, value))
+    with torch.no_grad():
+        for current, value in pairs:
+            current.copy_(value)
+    for index, entries in state.items():
+        live = optimizer.state[params[index]]
+        for name, value in entries.items():
+            if not isinstance(value, torch.Tensor):
+                live[name] = copy.deepcopy(value)
+    for group, saved_group in zip(optimizer.param_groups, groups, strict=True):
+        for key, value in saved_group.items():
+            if key != "params":
+                group[key] = copy.deepcopy(value)
+    return True
 
 
 class SamplerStateHandler(StateHandler):
