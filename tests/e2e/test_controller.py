@@ -17,6 +17,7 @@ from devcluster import Cluster
 from tests.devcluster.helpers import Kube
 from tests.e2e.test_operator import (  # the module's helm-installed operator and helpers
     RELEASE,
+    STARTUP_S,
     SYSTEM_NS,
     job_manifest,
     operator,
@@ -75,6 +76,7 @@ def test_blacklisted_nodes_stay_blacklisted_after_an_operator_restart(
             "sticky",
             "training with 2 workers",
             lambda s: s.get("phase") == "Running" and s.get("worldSize") == 2,
+            STARTUP_S,
         )
         victim = next(w for w in first["workers"] if 0 not in w["ranks"])
         operator.faults.kill(victim["pod"], kube.ns)
@@ -235,6 +237,7 @@ def test_a_silent_worker_is_evicted_and_the_survivors_re_form(
             "frozen",
             "training with 4 workers",
             lambda s: s.get("phase") == "Running" and s.get("worldSize") == 4,
+            STARTUP_S,
         )
         victim = next(w for w in first["workers"] if 0 not in w["ranks"])
         stopped_at = time.time()

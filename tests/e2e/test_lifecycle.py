@@ -15,6 +15,7 @@ from tests.e2e.test_admission import sleeper
 from tests.e2e.test_operator import (
     OPERATOR_PODS,
     RELEASE,
+    STARTUP_S,
     SYSTEM_NS,
     job_manifest,
     operator,
@@ -41,6 +42,7 @@ def test_a_worker_lost_while_the_operator_restarts_is_recovered_from(
             "restart",
             "training with 3 workers",
             lambda s: s.get("phase") == "Running" and s.get("worldSize") == 3,
+            STARTUP_S,
         )
         old = {p["metadata"]["name"] for p in operator_pods(operator)}
         victim = next(w for w in running["workers"] if 0 not in w["ranks"])
@@ -127,6 +129,7 @@ def test_an_operator_whose_node_stops_answering_hands_the_job_over(
             "handover",
             "training with 2 workers",
             lambda s: s.get("phase") == "Running" and s.get("worldSize") == 2,
+            STARTUP_S,
         )
         operator.faults.node_notready(node)
         at_cut = max(
