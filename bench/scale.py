@@ -413,8 +413,9 @@ def main() -> None:
         rows += found
         finals[size] = final
         print(f"{size:>6} service peak RSS {final['maxrss_kib'] / 1024:.0f} MiB, "
-              f"{final['requests']} requests, CPU {final['cpu_s']:.1f} s of which garbage "
-              f"collection {final['gc_s']:.2f} s", flush=True)  # fmt: skip
+              f"{final['requests']} requests over {final['connections']} connections, "
+              f"CPU {final['cpu_s']:.1f} s of which garbage collection {final['gc_s']:.2f} s",
+              flush=True)  # fmt: skip
     print_curve(rows, sizes, finals)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:

@@ -12,7 +12,7 @@ Commands: ``add_job`` (job, token, hosts, settings), ``set_hosts`` (job, hosts),
 (job, host, local_rank, code), ``stats``, ``quit``. Events: ``ready`` (url), ``start`` /
 ``stop`` / ``kill`` (job, host, local_rank), ``discovered`` (job, t), ``published`` (job,
 round, size, t), ``ended`` (job, success, message), ``stats`` (cpu_s, maxrss_kib, rss_kib,
-requests).
+requests, connections accepted).
 """
 
 from __future__ import annotations
@@ -225,6 +225,7 @@ class SimOperator:
             "maxrss_kib": usage.ru_maxrss,
             "rss_kib": rss_pages * os.sysconf("SC_PAGE_SIZE") // 1024,
             "requests": sum(r.requests for r in routes.values()),
+            "connections": self._service.connections.accepted,
             "gc_s": _GC_SECONDS[0],
             "driver_steps": self._steps,
             "driver_cpu_s": self._step_cpu_s,

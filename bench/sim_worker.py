@@ -58,10 +58,7 @@ class WorkerLog:
 
 
 class HttpClient:
-    """A minimal HTTP/1.1 client over asyncio streams: one request per connection, read to
-    the end (the service closes every connection after its answer). It sends the same bytes
-    a worker's client sends at a fraction of aiohttp's client cost, so that one load
-    generator process can play a thousand workers beside the service on a small machine."""
+    """Where the service listens; opens :class:`HttpConnection` s to it."""
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
@@ -69,30 +66,72 @@ class HttpClient:
         self._host, self._port = parts.hostname, parts.port
         self._host_header = f"Host: {parts.netloc}\r\n"
 
+    def connection(self) -> HttpConnection:
+        return HttpConnection(self._host, self._port, self._host_header)
+
+
+class HttpConnection:
+    """A minimal HTTP/1.1 client over asyncio streams that keeps its connection open between
+    requests, as a worker's client does for each of its threads: one request at a time, the
+    connection re-opened when the service has closed it (idle, or after a refusal), and a
+    request that fails on a reused connection that the service closed meanwhile sent once
+    more on a fresh one. It sends the same bytes a worker's client sends at a fraction of
+    aiohttp's client cost, so that one load generator process can play a thousand workers
+    beside the service on a small machine."""
+
+    def __init__(self, host: str, port: int, host_header: str) -> None:
+        self._host, self._port, self._host_header = host, port, host_header
+        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    def close(self) -> None:
+        if self._streams is not None:
+            self._streams[1].close()
+            self._streams = None
+
     async def request(
         self, method: str, path: str, headers: str, body: bytes, timeout_s: float
     ) -> tuple[int, float | None, bytes]:
         """The answer's status, its ``Retry-After`` (seconds) and its body."""
+        message = (
+            f"{method} {path} HTTP/1.1\r\n{self._host_header}{headers}"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(self._host, self._port)
+            if self._streams is not None and self._streams[0].at_eof():
+                self.close()  # the service closed it while it was idle
+            reused = self._streams is not None
             try:
-                writer.write(
-                    f"{method} {path} HTTP/1.1\r\n{self._host_header}{headers}"
-                    f"Content-Length: {len(body)}\r\n\r\n".encode()
-                    + body
-                )
-                answer = await reader.read(-1)
-            finally:
-                writer.close()
-        head, _, payload = answer.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ", 2)[1])
-        retry_after = None
-        for line in lines[1:]:
+                return await self._exchange(message)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                self.close()
+                if not reused:
+                    raise
+            except BaseException:
+                self.close()
+                raise
+            try:
+                return await self._exchange(message)
+            except BaseException:
+                self.close()
+                raise
+
+    async def _exchange(self, message: bytes) -> tuple[int, float | None, bytes]:
+        if self._streams is None:
+            self._streams = await asyncio.open_connection(self._host, self._port)
+        reader, writer = self._streams
+        writer.write(message)
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        status = int(head[0].split(" ", 2)[1])
+        fields = {}
+        for line in head[1:]:
             name, _, value = line.partition(":")
-            if name.lower() == "retry-after":
-                retry_after = float(value)
-        return status, retry_after, payload
+            fields[name.strip().lower()] = value.strip()
+        payload = await reader.readexactly(int(fields.get("content-length", "0")))
+        if fields.get("connection", "").lower() == "close":
+            self.close()
+        retry_after = fields.get("retry-after")
+        return status, float(retry_after) if retry_after is not None else None, payload
 
 
 class SimWorker:
@@ -115,6 +154,8 @@ class SimWorker:
             f"{PROTOCOL_HEADER}: {PROTOCOL_VERSION}\r\n"
         )
         self._http = http
+        self._connections: dict[str, HttpConnection] = {}
+        """One kept-alive connection per task (a worker's client keeps one per thread)."""
         self._heartbeat_s = heartbeat_interval_s
         self._on_change = on_change
         self._beat = json.dumps({"hostname": self.host, "local_rank": self.local_rank}).encode()
@@ -130,9 +171,14 @@ class SimWorker:
         self._finish = True
         self._interrupt.set()
 
-    async def _call(self, method: str, path: str, body: Any = None, wait_s: float = 0.0) -> Any:
-        """One request, retried like the worker runtime's client retries (connection errors,
-        5xx and 429, honouring ``Retry-After``)."""
+    async def _call(
+        self, method: str, path: str, body: Any = None, wait_s: float = 0.0, task: str = "main"
+    ) -> Any:
+        """One request over ``task``'s connection, retried like the worker runtime's client
+        retries (connection errors, 5xx and 429, honouring ``Retry-After``)."""
+        connection = self._connections.get(task)
+        if connection is None:
+            connection = self._connections[task] = self._http.connection()
         data = (
             b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
         )
@@ -140,7 +186,7 @@ class SimWorker:
         while True:
             pause = delay
             try:
-                status, retry_after, payload = await self._http.request(
+                status, retry_after, payload = await connection.request(
                     method, self._base + path, self._headers, data, wait_s + 30.0
                 )
                 if status < 300:
@@ -201,6 +247,8 @@ class SimWorker:
         finally:
             for task in [*tasks, *([progress] if progress else [])]:
                 task.cancel()
+            for connection in self._connections.values():
+                connection.close()  # a process's sockets close with it
             self.log.ended_at = time.monotonic()
 
     async def _train(self) -> bool:
@@ -219,7 +267,10 @@ class SimWorker:
         after = 0
         while True:
             answer = await self._call(
-                "GET", f"/notices?after={after}&wait={NOTICES_WAIT_S}", wait_s=NOTICES_WAIT_S
+                "GET",
+                f"/notices?after={after}&wait={NOTICES_WAIT_S}",
+                wait_s=NOTICES_WAIT_S,
+                task="notices",
             )
             now = time.monotonic()
             for notice in answer["notices"]:
@@ -239,7 +290,7 @@ class SimWorker:
         next_beat = time.monotonic()
         while True:
             try:
-                await self._call("POST", "/heartbeat", self._beat)
+                await self._call("POST", "/heartbeat", self._beat, task="heartbeat")
             except Refused as exc:
                 logger.debug("heartbeat refused: %s", exc)
             next_beat = max(next_beat + interval_s, time.monotonic())
@@ -252,7 +303,7 @@ class SimWorker:
             body = {"round": round_number, "epoch": 0, "step": step, "samples_per_second": 1.0,
                     "resumed": step == 1}  # fmt: skip
             try:
-                await self._call("POST", "/progress", body)
+                await self._call("POST", "/progress", body, task="progress")
             except Refused as exc:
                 logger.debug("progress refused: %s", exc)
             await asyncio.sleep(PROGRESS_INTERVAL_S)

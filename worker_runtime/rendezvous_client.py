@@ -9,13 +9,25 @@ restart, and to a job over its rate), so a restarting operator does not kill tra
 other refusal (for example ``426``: the service speaks another protocol version) raises
 :class:`RendezvousClientError` with the service's message. Progress is sent at most once per
 :data:`PROGRESS_INTERVAL_S`; reports in between are dropped.
+
+Each calling thread keeps one HTTP/1.1 connection open between its requests (the heartbeat
+thread, the notices thread, the progress thread and the training thread each their own: an
+``http.client`` connection is never shared between threads), so a heartbeat costs neither
+side a new connection (nor a TLS handshake). The service closes a connection idle for its
+keep-alive timeout and after every refusal; a connection the service has closed is replaced
+before the next request, and a request that fails on a reused connection because the service
+closed it meanwhile is sent once more on a fresh one at once (other failures follow the retry
+policy above).
 """
 
 from __future__ import annotations
 
 import http.client
 import logging
+import select
+import socket
 import ssl
+import threading
 import time
 import urllib.parse
 
@@ -79,6 +91,8 @@ class RendezvousClient:
         }
         self._retry_deadline_s = retry_deadline_s
         self._connect_timeout_s = connect_timeout_s
+        self._local = threading.local()
+        """``conn``: the calling thread's :class:`_Connection` (absent until its first request)."""
 
     def __repr__(self) -> str:
         return f"RendezvousClient({self._url}{self._base})"
@@ -177,19 +191,83 @@ class RendezvousClient:
     def _send(
         self, method: str, path: str, payload: bytes | None, wait_s: float
     ) -> tuple[int, float | None, bytes]:
-        """The response's status, its ``Retry-After`` in seconds (if any) and its body."""
-        timeout = self._connect_timeout_s + wait_s
-        conn = (
-            http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._tls)
-            if self._tls is not None
-            else http.client.HTTPConnection(self._host, self._port, timeout=timeout)
-        )
-        try:
-            conn.request(method, path, body=payload, headers=self._headers)
-            response = conn.getresponse()
-            return response.status, _seconds(response.getheader("Retry-After")), response.read()
-        finally:
+        """The response's status, its ``Retry-After`` in seconds (if any) and its body, over
+        the calling thread's connection."""
+        connection: _Connection | None = getattr(self._local, "conn", None)
+        if connection is None:
+            connection = self._local.conn = _Connection(self._open())
+        conn = connection.conn
+        reused = conn.sock is not None
+        if reused and _closed_by_peer(conn.sock):
             conn.close()
+            reused = False
+        try:
+            return _exchange(conn, method, path, payload, self._headers, self._timeout(wait_s))
+        except _CLOSED_BY_PEER as exc:
+            conn.close()
+            if not reused:
+                raise
+            logger.debug("the service closed a kept-alive connection (%r); reconnecting", exc)
+        except BaseException:
+            conn.close()
+            raise
+        try:
+            return _exchange(conn, method, path, payload, self._headers, self._timeout(wait_s))
+        except BaseException:
+            conn.close()
+            raise
+
+    def _timeout(self, wait_s: float) -> float:
+        return self._connect_timeout_s + wait_s
+
+    def _open(self) -> http.client.HTTPConnection:
+        """An HTTP connection object to the service (it connects on its first request)."""
+        timeout = self._connect_timeout_s
+        if self._tls is not None:
+            return http.client.HTTPSConnection(
+                self._host, self._port, timeout=timeout, context=self._tls
+            )
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+
+_CLOSED_BY_PEER = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+"""What a request on a kept-alive connection that the service closed meanwhile fails with
+(``http.client.RemoteDisconnected`` is a ``ConnectionResetError``)."""
+
+
+class _Connection:
+    """One thread's connection; closed when the thread (or the client) is gone."""
+
+    def __init__(self, conn: http.client.HTTPConnection) -> None:
+        self.conn = conn
+
+    def __del__(self) -> None:
+        self.conn.close()
+
+
+def _exchange(
+    conn: http.client.HTTPConnection,
+    method: str,
+    path: str,
+    payload: bytes | None,
+    headers: dict[str, str],
+    timeout: float,
+) -> tuple[int, float | None, bytes]:
+    """One request and its whole response on ``conn`` (connected first if it is not)."""
+    conn.timeout = timeout
+    if conn.sock is not None:
+        conn.sock.settimeout(timeout)
+    conn.request(method, path, body=payload, headers=headers)
+    response = conn.getresponse()
+    return response.status, _seconds(response.getheader("Retry-After")), response.read()
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether an idle kept-alive connection has something to read: between requests the
+    service sends nothing but the end of the connection."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _seconds(retry_after: str | None) -> float | None:

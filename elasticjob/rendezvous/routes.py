@@ -18,7 +18,10 @@ called, so a rejected request never changes any job's state:
    for a round not published yet, another store endpoint for the same round or a repeated
    result, 429 beyond the job's long-polls).
 
-Every response closes its connection (one request per connection, see ``transport.py``).
+A connection is kept alive after an answered request (a worker sends its heartbeats and other
+short requests over one connection, see ``transport.py`` for its bounds); a refused request's
+answer (any status from 400) closes its connection, so a client that is refused holds no
+connection open and an unread body is never left on a connection.
 """
 
 from __future__ import annotations
@@ -302,7 +305,8 @@ def _stats_and_errors(stats: RequestStats) -> typedefs.Middleware:
         if response.status >= 400:
             logger.info("%s %s -> %d", request.method, _logged_path(request), response.status)
         response.headers[PROTOCOL_HEADER] = str(PROTOCOL_VERSION)
-        response.force_close()
+        if response.status >= 400:
+            response.force_close()
         stats.record(
             _route_name(request),
             response.status,

@@ -20,7 +20,12 @@ from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS, JobLimits
 from elasticjob.rendezvous.routes import create_app
 from elasticjob.rendezvous.stats import RequestStats
-from elasticjob.rendezvous.transport import HEADER_TIMEOUT_S, GuardedSite, protocol_logger
+from elasticjob.rendezvous.transport import (
+    HEADER_TIMEOUT_S,
+    ConnectionCounts,
+    GuardedSite,
+    protocol_logger,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +64,7 @@ class RendezvousService:
         self._header_timeout = header_timeout
         self._scheme = "http"
         self._runner: web.AppRunner | None = None
+        self._connections = ConnectionCounts()
         self._host = ""
         self._port: int | None = None
         self._stopped = False
@@ -72,6 +78,11 @@ class RendezvousService:
     def stats(self) -> RequestStats:
         """Per-route request counters and latency sums."""
         return self._stats
+
+    @property
+    def connections(self) -> ConnectionCounts:
+        """The connections accepted since the service started, and those open now (a copy)."""
+        return ConnectionCounts(self._connections.accepted, self._connections.open)
 
     def add_job(
         self,
@@ -132,8 +143,10 @@ class RendezvousService:
         self, host: str, port: int = 0, *, ssl_context: ssl.SSLContext | None = None
     ) -> None:
         """Listen on ``host``:``port`` (0: any free port), over TLS with ``ssl_context`` (a
-        server context holding the service's certificate); returns once listening. A
-        connection that has not sent its request headers within the header timeout is closed.
+        server context holding the service's certificate); returns once listening.
+        Connections are kept alive between requests; one that has not sent a request's headers
+        within the header timeout (the first request's from when it opened, a later one's
+        from the previous answer: the keep-alive idle timeout) is closed.
 
         A service starts once: if it cannot bind, it is stopped (the error propagates)."""
         if self._runner is not None or self._stopped:
@@ -144,6 +157,8 @@ class RendezvousService:
             handle_signals=False,
             shutdown_timeout=self._shutdown_timeout,
             logger=protocol_logger(),
+            # Also the bound on a kept-alive connection's next request headers (transport.py).
+            keepalive_timeout=self._header_timeout,
         )
         await runner.setup()
         site = GuardedSite(
@@ -156,6 +171,7 @@ class RendezvousService:
             await runner.cleanup()
             raise
         self._runner = runner
+        self._connections = site.connections
         self._scheme = "https" if ssl_context is not None else "http"
         self._host = host
         self._port = int(runner.addresses[0][1])

@@ -1,10 +1,14 @@
 """How the rendezvous service meets its connections: TLS when given a context, a deadline for
 a request's headers, and bad HTTP logged as one line.
 
-The service answers one request per connection (its clients open one per request), so the
-only time a connection waits for headers is right after it opens: :class:`GuardedSite` closes
-it if the end of the headers has not arrived :data:`HEADER_TIMEOUT_S` after it opened (after
-the TLS handshake, which has the same bound of its own).
+Connections are kept alive between requests (a worker's heartbeats reuse one), and no
+connection waits longer than the header timeout (:data:`HEADER_TIMEOUT_S`) for a request's
+headers: :class:`GuardedSite` closes a new connection whose first request's headers have not
+ended that long after it opened (after the TLS handshake, which has the same bound of its
+own), and the service's keep-alive timeout, the same number of seconds, closes a connection
+whose next request has not been received whole that long after the previous answer (aiohttp
+counts a request whose headers are still arriving as idle time). A refused request's answer
+closes its connection (``routes.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import asyncio
 import logging
 import re
 import ssl
+from dataclasses import dataclass
 from typing import Final
 
 from aiohttp import http_exceptions, web
@@ -61,18 +66,29 @@ def protocol_logger() -> logging.Logger:
     return protocol
 
 
+@dataclass
+class ConnectionCounts:
+    """The connections a site has accepted since it started, and those open now."""
+
+    accepted: int = 0
+    open: int = 0
+
+
 class _HeaderDeadline(asyncio.Protocol):
     """Passes everything to aiohttp's protocol; closes the connection if the end of the first
     request's headers does not arrive in time."""
 
-    def __init__(self, inner: asyncio.Protocol, timeout: float) -> None:
+    def __init__(self, inner: asyncio.Protocol, timeout: float, counts: ConnectionCounts) -> None:
         self._inner = inner
         self._timeout = timeout
+        self._counts = counts
         self._timer: asyncio.TimerHandle | None = None
         self._tail = b""
         self._transport: asyncio.BaseTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._counts.accepted += 1
+        self._counts.open += 1
         self._transport = transport
         self._timer = asyncio.get_running_loop().call_later(self._timeout, self._expire)
         self._inner.connection_made(transport)
@@ -101,6 +117,7 @@ class _HeaderDeadline(asyncio.Protocol):
         return self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._counts.open -= 1
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -116,7 +133,7 @@ class _HeaderDeadline(asyncio.Protocol):
 class GuardedSite(web.TCPSite):
     """A TCP site (TLS when given ``ssl_context``) whose connections must send their request
     headers within ``header_timeout`` seconds, with a listen queue of
-    :data:`LISTEN_BACKLOG`."""
+    :data:`LISTEN_BACKLOG`; it counts its connections in :attr:`connections`."""
 
     def __init__(
         self,
@@ -129,15 +146,16 @@ class GuardedSite(web.TCPSite):
     ) -> None:
         super().__init__(runner, host, port, ssl_context=ssl_context, backlog=LISTEN_BACKLOG)
         self._header_timeout = header_timeout
+        self.connections = ConnectionCounts()
 
     async def start(self) -> None:
         """Listen (registering with the runner as every site does)."""
         await web.BaseSite.start(self)
         server = self._runner.server
         assert server is not None
-        timeout = self._header_timeout
+        timeout, counts = self._header_timeout, self.connections
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: _HeaderDeadline(server(), timeout),
+            lambda: _HeaderDeadline(server(), timeout, counts),
             self._host,
             self._port,
             ssl=self._ssl_context,

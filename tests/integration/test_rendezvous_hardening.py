@@ -412,6 +412,78 @@ async def test_a_connection_that_dribbles_its_headers_is_closed(cluster: Cluster
     assert status == 200, "complete requests are still served"
 
 
+def read_answer(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One HTTP answer from ``sock``: its head and its body (of its Content-Length)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        assert chunk, f"closed before an answer: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        chunk = sock.recv(4096)
+        assert chunk, "closed in the body"
+        body += chunk
+    return head, body
+
+
+ROUND_REQUEST = (
+    b"GET /v1/jobs/job-a/round HTTP/1.1\r\nHost: x\r\n"
+    + f"Authorization: Bearer {TOKEN_A}\r\n".encode()
+    + f"{wire.PROTOCOL_HEADER}: {wire.PROTOCOL_VERSION}\r\n".encode()
+)
+
+
+async def test_a_kept_alive_connection_that_dribbles_its_next_headers_is_closed(
+    cluster: Cluster,
+) -> None:
+    """A connection kept alive after an answer has the same bound for its next request's
+    headers as a new one for its first (here 1 s): the keep-alive timeout."""
+
+    def answered_then_dribble() -> tuple[bytes, float]:
+        with socket.create_connection(("127.0.0.1", port_of(cluster.service)), timeout=8) as sock:
+            sock.sendall(ROUND_REQUEST + b"\r\n")
+            head, _ = read_answer(sock)
+            started = time.monotonic()
+            sock.sendall(ROUND_REQUEST)
+            try:
+                while time.monotonic() - started < 8:
+                    sock.sendall(b"X-Slow: 1\r\n")
+                    time.sleep(0.2)
+            except OSError:
+                return head, time.monotonic() - started  # the server closed it
+            return head, time.monotonic() - started
+
+    head, elapsed = await asyncio.wait_for(asyncio.to_thread(answered_then_dribble), DEADLINE)
+    assert head.split(b" ")[1] == b"200" and b"connection: close" not in head.lower(), head
+    assert 0.9 <= elapsed < 3.0, f"closed after {elapsed:.1f} s; the header timeout is 1 s"
+
+
+async def test_a_refused_request_closes_its_connection_and_an_answered_one_keeps_it(
+    cluster: Cluster,
+) -> None:
+    def two_then_refused() -> tuple[list[bytes], bytes]:
+        with socket.create_connection(("127.0.0.1", port_of(cluster.service)), timeout=8) as sock:
+            heads = []
+            for request in (
+                ROUND_REQUEST,
+                ROUND_REQUEST,
+                ROUND_REQUEST.replace(TOKEN_A.encode(), b"wrong"),
+            ):
+                sock.sendall(request + b"\r\n")
+                heads.append(read_answer(sock)[0])
+            return heads, sock.recv(100)
+
+    heads, after = await asyncio.wait_for(asyncio.to_thread(two_then_refused), DEADLINE)
+    assert [head.split(b" ")[1] for head in heads] == [b"200", b"200", b"403"]
+    assert b"connection: close" in heads[2].lower() and after == b"", "closed after the 403"
+
+
 async def test_half_a_request_line_is_closed_within_the_bound(cluster: Cluster) -> None:
     def half_line() -> tuple[bytes, float]:
         with socket.create_connection(("127.0.0.1", port_of(cluster.service)), timeout=8) as sock:
