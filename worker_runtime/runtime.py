@@ -406,6 +406,11 @@ class Runtime:
         """This rank's view of host updates (see :meth:`HostUpdateAgreement.vote`)."""
         return self._host_updates.vote()
 
+    def host_update_pending(self) -> bool:
+        """Whether this rank has seen a hosts-added or hosts-removed notice that the next
+        :meth:`check_host_updates` will act on."""
+        return self._host_updates.pending()
+
     def settle_host_update_vote(self, mean: float) -> None:
         """Record the mean of every rank's :meth:`host_update_vote`, reduced along with a
         collective the ranks made anyway (DistributedOptimizer's gradient allreduce); the
