@@ -38,7 +38,9 @@ def _leave(runtime: Runtime) -> None:
     A collective abandoned when its group was aborted keeps a backend thread and the old
     group's sockets until that group's timeout; tearing them down in native destructors at
     interpreter exit can abort the process. When the exit status is known (the elastic loop
-    ended, or the worker was removed), leave with it right away instead."""
+    ended, or the worker was removed), leave with it right away instead. Otherwise the
+    driver is told the process is ending (see :meth:`Runtime.report_leaving`)."""
+    runtime.report_leaving()
     shutdown()
     if runtime.group.abandoned and runtime.exit_code is not None:
         sys.stdout.flush()

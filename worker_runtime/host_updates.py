@@ -42,6 +42,12 @@ class HostUpdateAgreement:
             self._handled_seq = max(self._handled_seq, notice_seq)
         self._settled = None
 
+    def pending(self) -> bool:
+        """Whether this rank has seen a hosts notice that its round does not account for and
+        that no check has acted on yet. Thread-safe."""
+        with self._lock:
+            return self._latest_seq > self._handled_seq
+
     def vote(self) -> int:
         """This rank's view of host updates: equal on every rank while nothing new happened."""
         with self._lock:

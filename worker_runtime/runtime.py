@@ -406,6 +406,11 @@ class Runtime:
         """This rank's view of host updates (see :meth:`HostUpdateAgreement.vote`)."""
         return self._host_updates.vote()
 
+    def host_update_pending(self) -> bool:
+        """Whether this rank has seen a hosts-added or hosts-removed notice that the next
+        :meth:`check_host_updates` will act on."""
+        return self._host_updates.pending()
+
     def settle_host_update_vote(self, mean: float) -> None:
         """Record the mean of every rank's :meth:`host_update_vote`, reduced along with a
         collective the ranks made anyway (DistributedOptimizer's gradient allreduce); the
@@ -437,6 +442,21 @@ class Runtime:
             )
         except RendezvousClientError as exc:
             logger.warning("could not report %s: %s", state.value, exc)
+
+    def report_leaving(self) -> None:
+        """At interpreter exit, when the elastic loop did not say how the process ends (a
+        script without ``elastic.run``, or one that ends outside it): tell the driver now, so
+        that it awaits the process's exit rather than its heartbeat, which stops while the
+        interpreter tears down (torch's teardown can outlast the heartbeat timeout on a
+        loaded machine). An uncaught exception (``sys.last_value``) is reported as the
+        failure; the exit status decides either way."""
+        if self.exit_code is not None:
+            return
+        error = getattr(sys, "last_value", None)
+        if error is None:
+            self.report_result(WorkerState.SUCCESS)
+        else:
+            self.report_result(WorkerState.FAILURE, f"{type(error).__name__}: {error}")
 
     def report_progress(self, epoch: int, step: int, samples_per_second: float) -> None:
         """Rank 0 reports training progress for the job's status (others do nothing)."""

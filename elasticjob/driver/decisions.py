@@ -48,13 +48,22 @@ class ExitVerdict(enum.Enum):
     FAILED = "failed"  # a member of the running round failed: record FAILURE, fail the round
     FAILED_OUTSIDE_ROUND = "failed-outside-round"  # no running round's member: blacklist
     ENDED_OUTSIDE_ROUND = "ended-outside-round"  # exit 0, no running round's member: nothing
+    ENDED_WITHOUT_JOINING = "ended-without-joining"
+    """Exit 0 from a process that never asked for a round: its command does not use the worker
+    runtime (``hostname``, a torchrun script); a fresh process would do the same: fail the job."""
 
 
 def classify_exit(
-    phase: Phase, *, member: bool, departure: Departure | None, exit_code: int
+    phase: Phase,
+    *,
+    member: bool,
+    departure: Departure | None,
+    exit_code: int,
+    registered: bool = True,
 ) -> ExitVerdict:
     """What it means that a worker's process ended with ``exit_code``; ``member``: it is a
-    member of the round in force; ``departure``: how it was already on its way out."""
+    member of the round in force; ``departure``: how it was already on its way out;
+    ``registered``: it ever asked for a round or was a member of one."""
     if departure is Departure.FAILED:
         return ExitVerdict.ALREADY_FAILED
     if departure is not None:
@@ -63,7 +72,9 @@ def classify_exit(
         return ExitVerdict.IGNORED
     if member and phase is Phase.RUNNING:
         return ExitVerdict.SUCCEEDED if exit_code == 0 else ExitVerdict.FAILED
-    return ExitVerdict.FAILED_OUTSIDE_ROUND if exit_code != 0 else ExitVerdict.ENDED_OUTSIDE_ROUND
+    if exit_code != 0:
+        return ExitVerdict.FAILED_OUTSIDE_ROUND
+    return ExitVerdict.ENDED_OUTSIDE_ROUND if registered else ExitVerdict.ENDED_WITHOUT_JOINING
 
 
 class ReadyVerdict(enum.Enum):

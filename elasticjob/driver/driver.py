@@ -53,7 +53,7 @@ from elasticjob.driver.hosts import HostManager
 from elasticjob.driver.journal import JobJournal
 from elasticjob.driver.liveness import Reachability
 from elasticjob.driver.registry import WorkerRegistry
-from elasticjob.driver.workers import WorkerProcesses
+from elasticjob.driver.workers import NOT_JOINED_HINT, WorkerProcesses
 from elasticjob.rendezvous.api import JobRendezvous, ProbeReport, RendezvousListener
 from elasticjob.wire import (
     NoticeKind,
@@ -208,7 +208,11 @@ class ElasticDriver(RendezvousListener):
             return
         record.running = False
         verdict = classify_exit(
-            self.phase, member=worker in self.slots, departure=record.departure, exit_code=exit_code
+            self.phase,
+            member=worker in self.slots,
+            departure=record.departure,
+            exit_code=exit_code,
+            registered=record.registered,
         )
         if verdict is ExitVerdict.DEPARTED:
             logger.info("worker %s left the job (exit code %d)", worker, exit_code)
@@ -228,6 +232,14 @@ class ElasticDriver(RendezvousListener):
             logger.warning("worker %s failed between rounds (exit code %d)", worker, exit_code)
             record.fail_outside_round(exit_code)
             self._blacklist({worker.hostname})
+        elif verdict is ExitVerdict.ENDED_WITHOUT_JOINING:
+            record.departure = Departure.FAILED
+            self._finish(
+                False,
+                f"worker {worker} exited with status 0 before it joined the job: its command "
+                "never asked for a round, and a fresh process would do the same "
+                f"({NOT_JOINED_HINT})",
+            )
         self._wake.set()
 
     def _fail_round(self, host: str) -> None:
@@ -298,8 +310,11 @@ class ElasticDriver(RendezvousListener):
         self._wake.set()
 
     async def step(self) -> None:
-        """One pass of the loop: act on everything that happened since the last one."""
+        """One pass of the loop: act on everything that happened since the last one (nothing
+        once the job has its result)."""
         self._wake.clear()
+        if self._result is not None:
+            return
         try:
             timeout = self.settings.heartbeat_timeout_s
             counts_from = self.reachability.silence_counts_from()

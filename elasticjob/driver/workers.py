@@ -19,6 +19,13 @@ logger = logging.getLogger(__name__)
 _EXIT_CAUSES = {126: " (command not executable)", 127: " (command not found)"}
 """What a shell's exit status says about the command it could not run."""
 
+NOT_JOINED_HINT = (
+    "a worker joins the job through elasticjob.worker_runtime: init(), and elastic.run when "
+    "added to a running job; a torchrun-style script needs the changes of the torchrun / DDP "
+    "recipe in docs/worker-runtime.md"
+)
+"""Said of a worker whose process ended before it ever asked for a round."""
+
 
 @dataclass
 class WorkerRecord:
@@ -44,12 +51,25 @@ class WorkerRecord:
     """What it found probing its peers, with its latest heartbeat (None: that beat had no
     report: none of its collectives blocked)."""
 
+    @property
+    def registered(self) -> bool:
+        """Whether the process ever asked for a round or was a member of one (a process that
+        never called the runtime's ``init()``, or a newcomer not yet in ``elastic.run``, has
+        not)."""
+        return self.waiting_after is not None or self.last_round > 0
+
     def fail_outside_round(self, exit_code: int) -> None:
         """Its process failed while it was no member of a running round (before it joined
         one, or while the next one formed): it counts as failed, and says how it ended."""
         self.departure = Departure.FAILED
         cause = _EXIT_CAUSES.get(exit_code, "")
-        self.message = self.message or f"exited with status {exit_code}{cause} outside a round"
+        if self.registered:
+            where = "outside a round"
+        elif cause:
+            where = "before it joined the job"
+        else:
+            where = f"before it joined the job ({NOT_JOINED_HINT})"
+        self.message = self.message or f"exited with status {exit_code}{cause} {where}"
 
     @property
     def at_barrier(self) -> bool:

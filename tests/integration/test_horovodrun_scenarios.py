@@ -34,8 +34,9 @@ def run(
     schedule: dict[int, str] | None = None,
     exits: dict[tuple[int, int], list[int]] | None = None,
     exit_mode: str = "exception",
+    extra_worker_args: tuple[str, ...] = (),
 ) -> JobRun:
-    worker_args = ["--epochs", str(EPOCHS), "--exit-mode", exit_mode]
+    worker_args = ["--epochs", str(EPOCHS), "--exit-mode", exit_mode, *extra_worker_args]
     if exits:
         exit_schedule = {f"{epoch},{batch}": ranks for (epoch, batch), ranks in exits.items()}
         worker_args += ["--exit-schedule", json.dumps(exit_schedule)]
@@ -88,6 +89,20 @@ def test_hosts_added_and_removed(tmp_path: Path, slots: int) -> None:
         (rank, slots + rank) for rank in range(slots)
     ]
     assert "job succeeded after 3 rounds" in job.stderr, job.explain()
+
+
+def test_rank_0_waits_on_horovods_host_messages(tmp_path: Path) -> None:
+    """Horovod's own elastic test script waits for a host change on rank 0 alone, polling
+    Horovod's private ``state._host_messages.empty()``, then commits, which interrupts every
+    rank: the same schedule as above gives the same epochs."""
+    job = run(
+        tmp_path,
+        ["-np", "1", "--min-np", "1", "--max-np", "2"],
+        schedule={0: f"{A}:1", 1: f"{A}:1,{B}:1", 2: f"{B}:1"},
+        extra_worker_args=("--await-update", "host-messages"),
+    )
+    assert job.returncode == 0, job.explain()
+    assert [seen(line) for line in results(job)] == [(0, 1, A, 1), (0, 2, A, 2), (1, 1, B, 3)]
 
 
 @pytest.mark.parametrize(

@@ -113,6 +113,34 @@ def test_later_discovery_failures_are_retried_and_the_last_is_in_the_final_messa
     assert len(runs.read_text().splitlines()) >= 3, "later failures were not retried"
 
 
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        pytest.param(
+            ["true"],
+            "job failed: worker 127.0.1.1[0] exited with status 0 before it joined the job",
+            id="exits-0",
+        ),
+        pytest.param(
+            [sys.executable, str(HERE / "workers" / "torchrun_worker.py")],
+            "exited with status 1 before it joined the job",
+            id="torchrun-script",
+        ),
+    ],
+)
+def test_a_command_that_never_joins_the_job_fails_it_and_points_at_the_recipe(
+    tmp_path: Path, command: list[str], says: str
+) -> None:
+    """A worker command that does not use the worker runtime is not started over and over
+    (an exit 0 used to be, forever): the job fails, naming the torchrun recipe."""
+    returncode, _, stderr = run_to_end(
+        [*LAUNCHER, "-np", "2", "-H", "127.0.1.1:2", *command], tmp_path, None, WORKERS_UP_S
+    )
+    assert returncode == 1, stderr
+    assert says in stderr, stderr
+    assert "torchrun / DDP recipe in docs/worker-runtime.md" in stderr, stderr
+
+
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie waiting for its parent does not)."""
     try:

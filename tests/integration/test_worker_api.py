@@ -445,3 +445,29 @@ def test_launcher_accepts_double_dash_before_the_command(tmp_path: Path) -> None
         timeout_s=90,
     )
     assert job.returncode == 0, job.explain()
+
+
+# ---- scripts without elastic.run ------------------------------------------------------------
+
+
+def test_a_script_without_elastic_run_succeeds_through_a_slow_teardown(tmp_path: Path) -> None:
+    """A non-elastic Horovod script's process stops beating while the interpreter tears down
+    (slow on a loaded machine); it told the driver it is ending, so its exit is awaited, not
+    its heartbeat: no eviction, the job succeeds. Teardown 5 s, heartbeat timeout 2 s."""
+    script = HERE / "workers" / "plain_horovod_worker.py"
+    returncode, stdout, stderr = run_to_end(
+        [
+            *launcher("-np", "2", "-H", "127.0.1.1:2", "--heartbeat-timeout", "2"),
+            sys.executable,
+            str(script),
+            "--teardown-s",
+            "5",
+        ],
+        tmp_path,
+        None,
+        RUN_TIMEOUT_S,
+    )
+    assert returncode == 0, stderr
+    assert "job succeeded: 2 of 2 workers succeeded" in stderr, stderr
+    assert "evicting" not in stderr, stderr
+    assert stdout.count("trained, average 1.0") == 2, stdout

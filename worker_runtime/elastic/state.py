@@ -38,6 +38,7 @@ from elasticjob.worker_runtime.elastic.handlers import (
     SamplerStateHandler,
     StateHandler,
 )
+from elasticjob.worker_runtime.elastic.host_messages import HostMessages
 from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
 from elasticjob.worker_runtime.elastic.snapshot import SnapshotKeeper, find_tensors
 
@@ -47,6 +48,15 @@ class State(abc.ABC):
 
     def __init__(self) -> None:
         self._reset_callbacks: list[Callable[[], None]] = []
+        self._last_updated_timestamp = 0
+        """Horovod's attribute of the same name, which scripts may reset; nothing reads it
+        here (notices are ordered by sequence number, not by timestamp)."""
+
+    @property
+    def _host_messages(self) -> HostMessages:
+        """Horovod's queue of host-update notifications, as a read-only view: scripts poll
+        ``state._host_messages.empty()`` to wait until a host change reached this worker."""
+        return HostMessages()
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
         """Functions called after every reset, once the new group exists and before state is

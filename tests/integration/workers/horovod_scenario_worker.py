@@ -14,6 +14,10 @@ schedule, and one JSON line per epoch per rank.
   epoch it starts to ``--epoch-file`` atomically (the discovery script reads it); when the
   schedule gives the next epoch other hosts, every rank waits at the end of the epoch until the
   host update interrupts it, so that each epoch runs on the hosts the schedule gives it.
+  ``--await-update check`` (the default) has every rank check for host updates until one
+  interrupts it; ``--await-update host-messages`` waits as Horovod's own test script does:
+  rank 0 alone polls ``state._host_messages.empty()`` (Horovod's private queue of host-update
+  notifications) before the epoch's last commit, which then interrupts every rank.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--exit-schedule", default="{}", help='{"EPOCH,BATCH": [START_RANK...]}')
     parser.add_argument("--exit-mode", choices=["exception", "sigkill"], default="exception")
     parser.add_argument("--update-wait", type=float, default=60.0, help="seconds, at most")
+    parser.add_argument("--await-update", choices=["check", "host-messages"], default="check")
     return parser.parse_args()
 
 
@@ -101,6 +106,17 @@ def main() -> None:
             time.sleep(0.05)
         raise TimeoutError(f"no host update within {args.update_wait} s")
 
+    def await_host_message(state: hvd.elastic.TorchState) -> None:
+        """On rank 0, wait until a host update has reached this worker (Horovod's pattern)."""
+        if hvd.rank() != 0:
+            return
+        deadline = time.monotonic() + args.update_wait
+        state._last_updated_timestamp = 0
+        while state._host_messages.empty():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no host update within {args.update_wait} s")
+            time.sleep(0.05)
+
     state = hvd.elastic.TorchState(
         model=model, optimizer=optimizer, epoch=0, batch=0, commits=0, rendezvous=0
     )
@@ -144,6 +160,10 @@ def main() -> None:
             state.batch = 0
             state.commits += 1
             publish_epoch(state.epoch)
+            if changes and args.await_update == "host-messages":
+                await_host_message(state)
+                state.commit()
+                raise AssertionError("the commit after a host update did not interrupt")
             state.commit()
             if changes:
                 await_host_update(state)

@@ -275,6 +275,22 @@ def test_classify_exit(
     assert classify_exit(phase, member=member, departure=departure, exit_code=code) is verdict
 
 
+@pytest.mark.parametrize(
+    ("phase", "code", "verdict"),
+    [
+        (STARTING, 0, ExitVerdict.ENDED_WITHOUT_JOINING),
+        (RUNNING, 0, ExitVerdict.ENDED_WITHOUT_JOINING),  # a newcomer
+        (STARTING, 1, ExitVerdict.FAILED_OUTSIDE_ROUND),
+        (FINISHED, 0, ExitVerdict.IGNORED),
+    ],
+)
+def test_classify_exit_of_a_process_that_never_asked_for_a_round(
+    phase: Phase, code: int, verdict: ExitVerdict
+) -> None:
+    got = classify_exit(phase, member=False, departure=None, exit_code=code, registered=False)
+    assert got is verdict
+
+
 # ---- classify_ready --------------------------------------------------------------------
 
 

@@ -22,6 +22,7 @@ from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.goodput import LostTo
 from elasticjob.driver.hosts import HostManager
 from elasticjob.driver.job_record import EventKind
+from elasticjob.driver.workers import NOT_JOINED_HINT
 from elasticjob.rendezvous.api import RendezvousListener
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.wire import (
@@ -613,9 +614,9 @@ async def test_a_discovery_that_works_again_is_no_longer_reported() -> None:
 @pytest.mark.parametrize(
     ("exit_code", "says"),
     [
-        (127, "a[0]: exited with status 127 (command not found) outside a round"),
-        (126, "a[0]: exited with status 126 (command not executable) outside a round"),
-        (3, "a[0]: exited with status 3 outside a round"),
+        (127, "a[0]: exited with status 127 (command not found) before it joined the job"),
+        (126, "a[0]: exited with status 126 (command not executable) before it joined the job"),
+        (3, f"a[0]: exited with status 3 before it joined the job ({NOT_JOINED_HINT})"),
     ],
 )
 async def test_workers_that_fail_before_any_round_say_how_in_the_final_message(
@@ -630,3 +631,40 @@ async def test_workers_that_fail_before_any_round_say_how_in_the_final_message(
     await job.step()
     assert job.driver.result is not None and not job.driver.result.success
     assert job.driver.result.message == "every discovered host is blacklisted: ['a']\n" + says
+
+
+async def test_a_worker_that_registered_and_failed_between_rounds_says_so() -> None:
+    job = Job({"a": 1}, settings())
+    await job.discover()
+    await job.step()
+    await job.ask(A0)
+    job.launcher.end(A0, 3)
+    await job.step()
+    assert job.driver.result is not None and not job.driver.result.success
+    assert job.driver.result.message.endswith("a[0]: exited with status 3 outside a round")
+
+
+@pytest.mark.parametrize("running", [False, True], ids=["first-worker", "newcomer"])
+async def test_a_worker_that_exits_0_without_joining_fails_the_job_at_once(running: bool) -> None:
+    """A command that never uses the worker runtime (``hostname``, a torchrun script that
+    sets its own group up) is not restarted over and over: the job fails and says why."""
+    job = Job({"a": 1}, settings(max_np=2))
+    if running:
+        await job.start_round_1(A0)
+        job.discovery.hosts["b"] = 1
+        await job.discover()
+        await job.step()
+        assert B0 in job.launcher.started
+        worker = B0
+    else:
+        await job.discover()
+        await job.step()
+        worker = A0
+    job.launcher.end(worker, 0)
+    await job.step()
+    assert job.launcher.started.count(worker) == 1, "not started again"
+    assert job.driver.result is not None and not job.driver.result.success
+    assert job.driver.result.message == (
+        f"worker {worker} exited with status 0 before it joined the job: its command never "
+        f"asked for a round, and a fresh process would do the same ({NOT_JOINED_HINT})"
+    )
