@@ -190,7 +190,7 @@ class ElasticDriver(RendezvousListener):
     def on_worker_result(self, request: ResultRequest) -> None:
         record = self._workers.get(WorkerId(request.hostname, request.local_rank))
         if record is not None:
-            record.ending = True
+            record.ending = record.heard_from = True
             record.message = request.message or record.message  # its exit is what counts
 
     def on_progress(self, progress: ProgressRequest) -> None:

@@ -51,12 +51,16 @@ class WorkerRecord:
     """What it found probing its peers, with its latest heartbeat (None: that beat had no
     report: none of its collectives blocked)."""
 
+    heard_from: bool = False
+    """Its process's runtime beat or reported how it ends: it called ``init()``."""
+
     @property
     def registered(self) -> bool:
-        """Whether the process ever asked for a round or was a member of one (a process that
-        never called the runtime's ``init()``, or a newcomer not yet in ``elastic.run``, has
-        not)."""
-        return self.waiting_after is not None or self.last_round > 0
+        """Whether the process runs the worker runtime: it asked for a round, was a member of
+        one, or its runtime was heard from (a newcomer of a script without ``elastic.run``
+        calls ``init()`` and never asks; a command that never calls ``init()`` has none of
+        these)."""
+        return self.waiting_after is not None or self.last_round > 0 or self.heard_from
 
     def fail_outside_round(self, exit_code: int) -> None:
         """Its process failed while it was no member of a running round (before it joined
@@ -189,6 +193,7 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
             return False
         now = self._clock()
         record.last_heartbeat = now
+        record.heard_from = True
         record.probe_report = (
             None if report is None else ReceivedReport(report.round, report.unreachable, now)
         )

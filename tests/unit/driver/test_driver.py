@@ -668,3 +668,19 @@ async def test_a_worker_that_exits_0_without_joining_fails_the_job_at_once(runni
         f"worker {worker} exited with status 0 before it joined the job: its command never "
         f"asked for a round, and a fresh process would do the same ({NOT_JOINED_HINT})"
     )
+
+
+async def test_a_newcomer_that_ran_the_runtime_and_ended_does_not_fail_the_job() -> None:
+    """A script without ``elastic.run`` under elastic flags: its newcomer called ``init()``
+    (it beats) but never asks for a round; its exit 0 is no sign of a command that cannot
+    join, so the members' job goes on."""
+    job = Job({"a": 1}, settings(max_np=2))
+    await job.start_round_1(A0)
+    job.discovery.hosts["b"] = 1
+    await job.discover()
+    await job.step()
+    assert B0 in job.launcher.started
+    job.driver.on_worker_heartbeat(B0, None)
+    job.launcher.end(B0, 0)
+    await job.step()
+    assert job.driver.result is None
