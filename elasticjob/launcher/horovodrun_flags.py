@@ -93,30 +93,16 @@ has no effect here. A command line that gives one still runs (they change no res
 warning on stderr naming the flag."""
 
 
-class _Refuse(argparse.Action):
-    """Fails the parse at once, naming the flag and why it cannot apply."""
+class _Unsupported(argparse.Action):
+    """A horovodrun flag that does nothing here: with ``refuse``, it fails the parse at once;
+    otherwise it takes its values and warns on stderr. Either way it names the flag and says
+    why (the argument's ``help``)."""
 
-    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
-        self.reason = str(kwargs.pop("help"))
-        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
+    def __init__(
+        self, option_strings: Sequence[str], dest: str, *, refuse: bool, **kwargs: Any
     ) -> None:
-        parser.error(
-            f"horovodrun's {option_string} does not apply to elasticjob-run: {self.reason}"
-        )
-
-
-class _Ignore(argparse.Action):
-    """Takes the flag's values and warns on stderr that it has no effect here."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         self.reason = str(kwargs.pop("help"))
+        self.refuse = refuse
         super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
 
     def __call__(
@@ -126,6 +112,10 @@ class _Ignore(argparse.Action):
         values: str | Sequence[Any] | None,
         option_string: str | None = None,
     ) -> None:
+        if self.refuse:
+            parser.error(
+                f"horovodrun's {option_string} does not apply to elasticjob-run: {self.reason}"
+            )
         print(
             f"{parser.prog}: warning: horovodrun's {option_string} has no effect here and is "
             f"ignored: {self.reason}",
@@ -137,9 +127,13 @@ def add_refused_flags(parser: argparse.ArgumentParser) -> None:
     """Make every flag of :data:`REFUSED` a usage error naming it, and every flag of
     :data:`IGNORED` a warning naming it."""
     for names, reason in REFUSED.items():
-        parser.add_argument(*names, action=_Refuse, dest="refused", help=reason)
+        parser.add_argument(
+            *names, action=_Unsupported, refuse=True, nargs="?", dest="refused", help=reason
+        )
     for names, (values, reason) in IGNORED.items():
-        parser.add_argument(*names, action=_Ignore, nargs=values, dest="ignored", help=reason)
+        parser.add_argument(
+            *names, action=_Unsupported, refuse=False, nargs=values, dest="ignored", help=reason
+        )
 
 
 class NetworkInterfaces(argparse.Action):
