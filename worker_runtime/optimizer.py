@@ -57,7 +57,7 @@ class Compression:
             return tensor.to(dtype)
 
 
-class _DistributedMixin:
+class DistributedMixin:
     """Mixed into the wrapped optimizer's own class, so ``isinstance`` checks, learning-rate
     schedulers and ``state_dict`` keep working."""
 
@@ -119,11 +119,15 @@ class _DistributedMixin:
             )
         super().zero_grad(set_to_none)  # type: ignore[misc]
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load the wrapped optimizer's state, forgetting any reduction under way (a restore
-        after a failed round)."""
+    def forget_reduction(self) -> None:
+        """Forget any reduction under way or done for the coming step (a restore after a
+        failed round: the next step reduces the next backward's gradients)."""
         self._ej_reducer.discard()
         self._ej_synchronized_at = None
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load the wrapped optimizer's state, forgetting any reduction under way."""
+        self.forget_reduction()
         super().load_state_dict(state_dict)  # type: ignore[misc]
 
 
@@ -207,7 +211,7 @@ def DistributedOptimizer(
         params, plan, reduction, backward_passes_per_step, sparse_as_dense=sparse_as_dense
     )
     base = type(optimizer)
-    optimizer.__class__ = type(base.__name__, (_DistributedMixin, base), {})
+    optimizer.__class__ = type(base.__name__, (DistributedMixin, base), {})
     wrapped: Any = optimizer
     wrapped._ej_reducer = reducer
     wrapped._ej_synchronized_at = None

@@ -157,7 +157,7 @@ class RendezvousClient:
                 raise RendezvousClientError(
                     f"the rendezvous service at {self._url} is not trusted: {exc}"
                 ) from exc
-            except OSError as exc:
+            except (OSError, http.client.HTTPException) as exc:  # incl. an answer cut short
                 if time.monotonic() + delay > deadline:
                     raise RendezvousClientError(
                         f"rendezvous service at {self._host}:{self._port} unreachable for "

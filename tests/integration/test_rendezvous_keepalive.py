@@ -164,10 +164,12 @@ async def test_tls_beats_share_one_connection(
 class DroppingPeer:
     """An HTTP/1.1 peer that answers ``200`` and keeps the connection, except that it closes
     a connection without an answer when ``drop(connection, request)`` (0-based: the
-    connection's number, the request's number on it) says so."""
+    connection's number, the request's number on it) says so; with ``cut``, it first sends
+    the start of an answer whose body never comes."""
 
-    def __init__(self, drop: Callable[[int, int], bool]) -> None:
+    def __init__(self, drop: Callable[[int, int], bool], *, cut: bool = False) -> None:
         self._drop = drop
+        self._cut = cut
         self.connections = 0
         self.requests = 0
         self._server: asyncio.Server | None = None
@@ -196,6 +198,9 @@ class DroppingPeer:
                 await reader.readexactly(length)
                 self.requests += 1
                 if self._drop(connection, request):
+                    if self._cut:
+                        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n{")
+                        await writer.drain()
                     return
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
                 await writer.drain()
@@ -242,3 +247,20 @@ async def test_a_request_dropped_on_a_fresh_connection_is_not_sent_again(
 
         await on(one_thread, beat_until_it_fails)
     assert peer.requests == sent
+
+
+async def test_an_answer_cut_short_is_a_lost_connection(one_thread: ThreadPoolExecutor) -> None:
+    """A service that dies mid-answer: the call fails as if the service were unreachable
+    (what a heartbeat thread handles; an ``IncompleteRead`` would have ended it), and the
+    next call gets a fresh connection."""
+    peer = DroppingPeer(lambda connection, _: connection == 0, cut=True)
+    async with peer as url:
+        client = RendezvousClient(url, "job-a", TOKEN_A, retry_deadline_s=DEADLINE)
+
+        def cut_then_beat() -> None:
+            with pytest.raises(RendezvousClientError, match="unreachable"):
+                client.heartbeat(BEAT_0)
+            beats(client, BEAT_0, 1)()
+
+        await on(one_thread, cut_then_beat)
+    assert (peer.connections, peer.requests) == (2, 2)

@@ -16,6 +16,7 @@ from elasticjob.worker_runtime.collectives import (
 )
 from elasticjob.worker_runtime.elastic.ddp import DistributedDataParallel
 from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
+from elasticjob.worker_runtime.optimizer import DistributedMixin
 
 
 class StateHandler(abc.ABC):
@@ -78,12 +79,29 @@ class OptimizerStateHandler(StateHandler):
         return self.value.state_dict()
 
     def load_state_dict(self, saved: Any) -> None:
-        if not copy_optimizer_state(self.value, saved):
-            # The optimizer keeps the tensors it is given: give it copies.
-            self.value.load_state_dict(copy.deepcopy(saved))
+        optimizer = self.value
+        if loads_plainly(optimizer) and copy_optimizer_state(optimizer, saved):
+            if isinstance(optimizer, DistributedMixin):
+                optimizer.forget_reduction()  # what its load_state_dict would have done
+            return
+        # The optimizer keeps the tensors it is given: give it copies.
+        optimizer.load_state_dict(copy.deepcopy(saved))
 
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
+
+
+def loads_plainly(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.load_state_dict`` is torch's own (under the DistributedOptimizer's,
+    which only forgets its reduction first) with no load hooks: only then may a rollback copy
+    the state in place instead of calling it."""
+    for cls in type(optimizer).__mro__:
+        if cls is torch.optim.Optimizer:
+            break
+        if "load_state_dict" in vars(cls) and cls is not DistributedMixin:
+            return False
+    hooks = ("_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
+    return not any(getattr(optimizer, name, None) for name in hooks)
 
 
 def copy_optimizer_state(optimizer: torch.optim.Optimizer, saved: Any) -> bool:
@@ -92,14 +110,23 @@ def copy_optimizer_state(optimizer: torch.optim.Optimizer, saved: Any) -> bool:
     the script holds is replaced. Returns False, changing nothing, when the state's structure
     changed since (a parameter gained or lost state, a tensor its shape, dtype or device):
     the caller then loads it whole."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
     groups = saved.get("param_groups") if isinstance(saved, dict) else None
     state = saved.get("state") if isinstance(saved, dict) else None
     if not isinstance(groups, list) or not isinstance(state, dict):
         return False
     if [len(g.get("params", ())) for g in groups] != [
         len(g["params"]) for g in optimizer.param_groups
-    ] or set(state) != {index for index, p in enumerate(params) if p in optimizer.state}:
+    ]:
+        return False
+    # torch's rule: the saved groups' ids name the current groups' parameters, in order.
+    params = dict(
+        zip(
+            (i for g in groups for i in g["params"]),
+            (p for g in optimizer.param_groups for p in g["params"]),
+            strict=True,
+        )
+    )
+    if set(state) != {i for i, p in params.items() if p in optimizer.state}:
         return False
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
     for index, entries in state.items():
