@@ -114,8 +114,10 @@ class RendezvousClient:
         path = f"/notices?after={after_seq}&wait={wait_seconds}"
         return parse_json(NoticesResponse, self._request("GET", path, None, wait_s=wait_seconds))
 
-    def report_result(self, request: ResultRequest) -> None:
-        self._request("POST", "/results", request)
+    def report_result(self, request: ResultRequest, *, retry_for_s: float | None = None) -> None:
+        """Say how this worker's process ends, retrying for ``retry_for_s`` (default: the
+        client's retry deadline)."""
+        self._request("POST", "/results", request, retry_for_s=retry_for_s)
 
     def report_progress(self, request: ProgressRequest) -> None:
         """Send rank 0's progress once, without retrying: the next report is the retry (see

@@ -67,6 +67,9 @@ logger = get_logger(__name__)
 _RENDEZVOUS_POLL_S = 20.0
 ORPHANED_EXIT_CODE = 1
 """The exit status of a worker that ends because its rendezvous stayed unreachable."""
+LEAVING_REPORT_S = 10.0
+"""How long the report of a process leaving at interpreter exit is retried: a service that
+cannot be reached must not hold the exit back for the client's whole retry deadline."""
 
 
 class Runtime:
@@ -425,9 +428,15 @@ class Runtime:
     # ---- reports -----------------------------------------------------------------------
 
     def report_result(
-        self, state: WorkerState, message: str = "", exit_code: int | None = None
+        self,
+        state: WorkerState,
+        message: str = "",
+        exit_code: int | None = None,
+        *,
+        retry_for_s: float | None = None,
     ) -> None:
-        """Tell the driver how this worker's process ends (best effort)."""
+        """Tell the driver how this worker's process ends (best effort, retried for
+        ``retry_for_s``; default: the client's retry deadline)."""
         if self._client is None or self.config is None:
             return
         try:
@@ -438,7 +447,8 @@ class Runtime:
                     state=state,
                     exit_code=exit_code,
                     message=message[-4000:],
-                )
+                ),
+                retry_for_s=retry_for_s,
             )
         except RendezvousClientError as exc:
             logger.warning("could not report %s: %s", state.value, exc)
@@ -454,9 +464,13 @@ class Runtime:
             return
         error = getattr(sys, "last_value", None)
         if error is None:
-            self.report_result(WorkerState.SUCCESS)
+            self.report_result(WorkerState.SUCCESS, retry_for_s=LEAVING_REPORT_S)
         else:
-            self.report_result(WorkerState.FAILURE, f"{type(error).__name__}: {error}")
+            self.report_result(
+                WorkerState.FAILURE,
+                f"{type(error).__name__}: {error}",
+                retry_for_s=LEAVING_REPORT_S,
+            )
 
     def report_progress(self, epoch: int, step: int, samples_per_second: float) -> None:
         """Rank 0 reports training progress for the job's status (others do nothing)."""
