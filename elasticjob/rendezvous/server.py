@@ -25,6 +25,7 @@ from elasticjob.rendezvous.transport import (
     ConnectionCounts,
     GuardedSite,
     protocol_logger,
+    raise_open_files_limit,
 )
 
 logger = logging.getLogger(__name__)
@@ -152,6 +153,7 @@ class RendezvousService:
         if self._runner is not None or self._stopped:
             raise RuntimeError("the rendezvous service can be started only once")
         gc.set_threshold(*map(max, gc.get_threshold(), GC_THRESHOLDS))
+        raise_open_files_limit()
         runner = web.AppRunner(
             self._app,
             handle_signals=False,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import resource
 import ssl
 from dataclasses import dataclass
 from typing import Final
@@ -162,3 +163,20 @@ class GuardedSite(web.TCPSite):
             ssl_handshake_timeout=timeout if self._ssl_context else None,
             backlog=self._backlog,
         )
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's limit of open files to its hard limit (capped at 2**20), since a
+    serving process holds about three connections per worker (its notices long-poll, its
+    heartbeat's and its training thread's kept-alive connections) and container runtimes may
+    start it with a soft limit of 1,024. Returns the soft limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = min(2**20 if hard == resource.RLIM_INFINITY else hard, 2**20)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (OSError, ValueError) as exc:
+        logger.warning("could not raise the open-files limit from %d to %d: %s", soft, wanted, exc)
+        return soft
+    return wanted
