@@ -7,7 +7,8 @@ operation; here each member is its own collective, which gives the same results 
 issues the same list in the same order, as Horovod requires too).
 
 ``sparse_allreduce_async`` returns a function, as Horovod's does, that waits and gives the
-reduced sparse tensor: every rank's indices and values gathered, averaged when ``op`` says so.
+reduced sparse tensor: every rank's indices and values gathered, averaged when ``op`` is
+``Average``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from elasticjob.worker_runtime.collectives import (
     Compressor,
     ReduceOp,
     compressed_copy,
-    resolve_op,
     start_allgather,
     start_allreduce_,
 )
@@ -121,14 +121,14 @@ def sparse_allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> Callable[[], torch.Tensor]:
     """Start reducing the sparse (COO) ``tensor`` across ranks: every rank's indices and
-    values are gathered (duplicates are summed when the result is coalesced) and averaged
-    unless ``op`` is ``Sum``. Returns a function that waits and gives the reduced sparse
-    tensor, as Horovod's does."""
+    values are gathered (duplicates are summed when the result is coalesced), and averaged
+    when ``op`` is ``Average`` (``None`` sums, as in Horovod). Returns a function that waits
+    and gives the reduced sparse tensor, as Horovod's does."""
     del name
     check_process_set(process_set)
     if not tensor.is_sparse:
         raise ValueError("sparse_allreduce_async needs a sparse COO tensor")
-    operation = resolve_op(None, op)
+    operation = ReduceOp.SUM if op is None else op  # Horovod averages only for Average
     if operation not in (ReduceOp.AVERAGE, ReduceOp.SUM):
         raise ValueError(f"sparse_allreduce_async supports Average and Sum, not {operation.name}")
     coalesced = tensor.coalesce()
