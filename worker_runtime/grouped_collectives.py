@@ -24,11 +24,10 @@ from elasticjob.worker_runtime.collectives import (
     ReduceOp,
     compressed_copy,
     start_allgather,
-    start_allreduce_,
 )
 from elasticjob.worker_runtime.handles import issue, synchronize
 from elasticjob.worker_runtime.process_sets import ProcessSet, check_process_set, global_process_set
-from elasticjob.worker_runtime.scatter_collectives import rows_of
+from elasticjob.worker_runtime.scatter_collectives import start_reducescatter
 
 
 def grouped_allgather_async(
@@ -77,22 +76,10 @@ def grouped_reducescatter_async(
     :func:`~elasticjob.worker_runtime.scatter_collectives.rows_of`)."""
     del name
     check_process_set(process_set)
-    if any(tensor.dim() == 0 for tensor in tensors):
+    if any(tensor.dim() == 0 for tensor in tensors):  # before any rank issues a collective
         raise ValueError("grouped_reducescatter needs tensors with at least one dimension")
-    runtime = current()
-    rows = [rows_of(runtime.slot.rank, t.shape[0], runtime.slot.size) for t in tensors]
-    pendings = [
-        start_allreduce_(t.detach().clone(), None, op, prescale_factor, postscale_factor)
-        for t in tensors
-    ]
-
-    def finish() -> list[torch.Tensor]:
-        return [
-            pending.finish()[first : first + count].clone()
-            for pending, (first, count) in zip(pendings, rows, strict=True)
-        ]
-
-    return issue([pending.work for pending in pendings], finish)
+    started = [start_reducescatter(t, op, prescale_factor, postscale_factor) for t in tensors]
+    return issue([work for work, _ in started], lambda: [rows() for _, rows in started])
 
 
 def grouped_reducescatter(

@@ -9,8 +9,8 @@ rows. Neither is differentiable here (Horovod's are autograd functions).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import overload
+from collections.abc import Callable, Sequence
+from typing import Any, overload
 
 import torch
 import torch.distributed as dist
@@ -114,6 +114,23 @@ def rows_of(rank: int, rows: int, size: int) -> tuple[int, int]:
     return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
 
 
+def start_reducescatter(
+    tensor: torch.Tensor, op: ReduceOp, prescale_factor: float, postscale_factor: float
+) -> tuple[Any, Callable[[], torch.Tensor]]:
+    """Issue the reduction of a copy of ``tensor`` without waiting: returns the work and a
+    function giving this rank's rows of the result (see :func:`rows_of`) once it is done."""
+    if tensor.dim() == 0:
+        raise ValueError("reducescatter needs a tensor with at least one dimension")
+    runtime = current()
+    first, count = rows_of(runtime.slot.rank, tensor.shape[0], runtime.slot.size)
+    pending = start_allreduce_(tensor.detach().clone(), None, op, prescale_factor, postscale_factor)
+
+    def rows() -> torch.Tensor:
+        return pending.finish()[first : first + count].clone()
+
+    return pending.work, rows
+
+
 def reducescatter_async(
     tensor: torch.Tensor,
     name: str | None = None,
@@ -126,17 +143,8 @@ def reducescatter_async(
     rank's rows of the result (see :func:`rows_of`)."""
     del name
     check_process_set(process_set)
-    if tensor.dim() == 0:
-        raise ValueError("reducescatter needs a tensor with at least one dimension")
-    runtime = current()
-    first, count = rows_of(runtime.slot.rank, tensor.shape[0], runtime.slot.size)
-    whole = tensor.detach().clone()
-    pending = start_allreduce_(whole, None, op, prescale_factor, postscale_factor)
-
-    def finish() -> torch.Tensor:
-        return pending.finish()[first : first + count].clone()
-
-    return issue([pending.work], finish)
+    work, rows = start_reducescatter(tensor, op, prescale_factor, postscale_factor)
+    return issue([work], rows)
 
 
 def reducescatter(
