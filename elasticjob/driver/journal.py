@@ -164,14 +164,7 @@ class JobJournal:
     def failed(self, host: str, round_number: int, world_size: int) -> None:
         """A member of the round on ``host`` failed (the record tells the first per round)."""
         if self._failure_told < round_number:
-            self._failure_told = round_number
-            self._unexplained = None
-            self.record.event(
-                EventKind.FAILURE,
-                f"a worker on {host} failed",
-                round=round_number,
-                world_size=world_size,
-            )
+            self._tell_failure(f"a worker on {host} failed", round_number, world_size)
         self._stop(round_number, failed=True)
 
     def _explain_failure(self) -> None:
@@ -180,14 +173,17 @@ class JobJournal:
         if self._unexplained is None:
             return
         round_number, world_size, reporter = self._unexplained
-        self._unexplained = None
-        self._failure_told = max(self._failure_told, round_number)
-        self.record.event(
-            EventKind.FAILURE,
+        self._tell_failure(
             f"a collective failed (first reported by a worker on {reporter})",
-            round=round_number,
-            world_size=world_size,
+            round_number,
+            world_size,
         )
+
+    def _tell_failure(self, message: str, round_number: int, world_size: int) -> None:
+        """The record's one FAILURE event of ``round_number``."""
+        self._failure_told = max(self._failure_told, round_number)
+        self._unexplained = None
+        self.record.event(EventKind.FAILURE, message, round=round_number, world_size=world_size)
 
     def round_ended(self, round_number: int, world_size: int) -> None:
         """The round ended at the barrier (hosts added or removed, or after a failure)."""
