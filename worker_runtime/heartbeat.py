@@ -3,8 +3,10 @@ interval, that this process is alive.
 
 It beats whatever the training thread does (a slow step, a long evaluation, a wait in a
 collective), so the driver can tell a frozen process (SIGSTOP, a host that stopped
-answering), where every thread stops, from a slow one. It beats until the process exits, so a
-worker that is still tearing down after its last round is not taken for a hung one.
+answering), where every thread stops, from a slow one. It beats until the interpreter exits
+(work after the training loop, an evaluation or a save, beats too); at exit, once the driver
+knows how the process ends, it stops: the driver then gives the teardown a grace period and
+stops a process whose teardown hangs (``elasticjob.driver.timeouts.overdue_endings``).
 
 While the training thread is blocked in a collective, each beat also carries what probing
 the round's peers found (``probe``, see ``reachability.py``), so the driver can evict a
@@ -58,11 +60,17 @@ class Heartbeat:
         self._orphan_timeout_s = orphan_timeout_s
         self._on_orphaned = on_orphaned
         self._wake = threading.Event()
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="elasticjob-heartbeat", daemon=True)
 
     def start(self) -> None:
         """Start beating (the first beat is sent at once)."""
         self._thread.start()
+
+    def stop(self) -> None:
+        """Send no more beats (a beat under way still arrives). Thread-safe."""
+        self._stopped.set()
+        self._wake.set()
 
     def beat_now(self) -> None:
         """Send the next beat (and its probe) at once rather than on schedule. Thread-safe."""
@@ -71,7 +79,7 @@ class Heartbeat:
     def _run(self) -> None:
         failing = False
         next_beat = last_arrived = time.monotonic()
-        while True:
+        while not self._stopped.is_set():
             request = self._request
             if (found := self._probe()) is not None:
                 request = HeartbeatRequest(

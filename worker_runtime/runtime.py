@@ -454,14 +454,19 @@ class Runtime:
             logger.warning("could not report %s: %s", state.value, exc)
 
     def report_leaving(self) -> None:
-        """At interpreter exit, when the elastic loop did not say how the process ends (a
-        script without ``elastic.run``, or one that ends outside it): tell the driver now, so
-        that it awaits the process's exit rather than its heartbeat, which stops while the
-        interpreter tears down (torch's teardown can outlast the heartbeat timeout on a
-        loaded machine). An uncaught exception (``sys.last_value``) is reported as the
+        """At interpreter exit: stop beating, and when the elastic loop did not say how the
+        process ends (a script without ``elastic.run``, or one that ends outside it), tell
+        the driver first, so that it awaits the process's exit rather than its heartbeat
+        (torch's teardown can outlast the heartbeat timeout on a loaded machine). The driver
+        gives the teardown its removal grace from the last beat, then stops a process whose
+        teardown hangs. An uncaught exception (``sys.last_value``) is reported as the
         failure; the exit status decides either way."""
-        if self.exit_code is not None:
-            return
+        if self.exit_code is None:
+            self._report_exit_status()
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+
+    def _report_exit_status(self) -> None:
         error = getattr(sys, "last_value", None)
         if error is None:
             self.report_result(WorkerState.SUCCESS, retry_for_s=LEAVING_REPORT_S)

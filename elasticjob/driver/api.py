@@ -130,7 +130,8 @@ class DriverSettings:
     """How long a newly launched worker may take to register before it counts as failed."""
     discovery_interval_s: float = 1.0
     removal_grace_s: float = 30.0
-    """How long a dismissed worker may take to exit before it is stopped."""
+    """How long a worker on its way out may take to exit before it is stopped: a dismissed
+    one, or one that reported how its process ends (its result) and hangs in its teardown."""
     heartbeat_timeout_s: float | None = None
     """Evict a worker process that sent no heartbeat for this long (None: never; see
     ``liveness.py``)."""

@@ -3,9 +3,9 @@ action values, one per question the driver has: what a worker's exit or its requ
 next round means (:func:`classify_exit`, :func:`classify_ready`), who leaves on a discovery
 (:func:`leaving_members`), what the next round is (:func:`plan_round`, :func:`decide_capacity`)
 and when to publish it (:func:`decide_formation`), when to start and announce newcomers
-(:func:`decide_scale_out`), what follows a round (:func:`decide_round`), whom to stop
-(:func:`slow_starters`, :func:`overdue_dismissals`), whether a failed host discovery ends the
-job (:func:`decide_discovery_failure`). ``driver.py`` carries the actions out.
+(:func:`decide_scale_out`), what follows a round (:func:`decide_round`), whether a failed host
+discovery ends the job (:func:`decide_discovery_failure`); whom to stop for taking too long is
+in ``timeouts.py``. ``driver.py`` carries the actions out.
 *Leaving*, *dismissed* and *failed* mean what :class:`~elasticjob.driver.api.Departure` says.
 """
 
@@ -60,19 +60,23 @@ def classify_exit(
     departure: Departure | None,
     exit_code: int,
     registered: bool = True,
+    stopped_after_success: bool = False,
 ) -> ExitVerdict:
     """What it means that a worker's process ended with ``exit_code``; ``member``: it is a
     member of the round in force; ``departure``: how it was already on its way out;
-    ``registered``: it ever asked for a round or was a member of one."""
+    ``registered``: it ever asked for a round or was a member of one;
+    ``stopped_after_success``: the driver stopped it because it did not end after reporting
+    success (see ``timeouts.overdue_endings``): its training finished, so it ended as 0."""
     if departure is Departure.FAILED:
         return ExitVerdict.ALREADY_FAILED
     if departure is not None:
         return ExitVerdict.DEPARTED
     if phase is Phase.FINISHED:
         return ExitVerdict.IGNORED
+    ended_well = exit_code == 0 or stopped_after_success
     if member and phase is Phase.RUNNING:
-        return ExitVerdict.SUCCEEDED if exit_code == 0 else ExitVerdict.FAILED
-    if exit_code != 0:
+        return ExitVerdict.SUCCEEDED if ended_well else ExitVerdict.FAILED
+    if not ended_well:
         return ExitVerdict.FAILED_OUTSIDE_ROUND
     return ExitVerdict.ENDED_OUTSIDE_ROUND if registered else ExitVerdict.ENDED_WITHOUT_JOINING
 
@@ -410,37 +414,3 @@ def decide_round(
     if every_failed:
         reason += "; the next round starts from the newest checkpoint"
     return Decision(Action.RESUME, blacklist=failed_hosts, reason=reason)
-
-
-# ---- timeouts ----------------------------------------------------------------------------
-
-
-def slow_starters(
-    workers: Mapping[WorkerId, WorkerRecord], *, now: float, start_timeout_s: float
-) -> tuple[WorkerId, ...]:
-    """Newcomers that have not registered within ``start_timeout_s`` of their start: they
-    count as failed."""
-    return tuple(
-        w
-        for w, record in workers.items()
-        if record.running
-        and record.departure is None
-        and record.last_round == 0
-        and record.waiting_after is None
-        and now - record.started_at > start_timeout_s
-    )
-
-
-def overdue_dismissals(
-    workers: Mapping[WorkerId, WorkerRecord], *, now: float, grace_s: float
-) -> tuple[WorkerId, ...]:
-    """Dismissed workers still running ``grace_s`` after their dismissal: to be stopped."""
-    return tuple(
-        w
-        for w, record in workers.items()
-        if record.running
-        and record.departure is Departure.DISMISSED
-        and not record.stop_requested
-        and record.dismissed_at is not None
-        and now - record.dismissed_at >= grace_s
-    )

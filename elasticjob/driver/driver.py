@@ -45,14 +45,13 @@ from elasticjob.driver.decisions import (
     decide_round,
     decide_scale_out,
     leaving_members,
-    overdue_dismissals,
     plan_round,
-    slow_starters,
 )
 from elasticjob.driver.hosts import HostManager
 from elasticjob.driver.journal import JobJournal
 from elasticjob.driver.liveness import Reachability
 from elasticjob.driver.registry import WorkerRegistry
+from elasticjob.driver.timeouts import overdue_dismissals, overdue_endings, slow_starters
 from elasticjob.driver.workers import NOT_JOINED_HINT, WorkerProcesses
 from elasticjob.rendezvous.api import JobRendezvous, ProbeReport, RendezvousListener
 from elasticjob.wire import (
@@ -190,7 +189,9 @@ class ElasticDriver(RendezvousListener):
     def on_worker_result(self, request: ResultRequest) -> None:
         record = self._workers.get(WorkerId(request.hostname, request.local_rank))
         if record is not None:
-            record.ending = record.heard_from = True
+            record.ending_since = self._clock()
+            record.reported = request.state
+            record.heard_from = True
             record.message = request.message or record.message  # its exit is what counts
 
     def on_progress(self, progress: ProgressRequest) -> None:
@@ -213,6 +214,7 @@ class ElasticDriver(RendezvousListener):
             departure=record.departure,
             exit_code=exit_code,
             registered=record.registered,
+            stopped_after_success=record.stop_requested and record.reported is WorkerState.SUCCESS,
         )
         if verdict is ExitVerdict.DEPARTED:
             logger.info("worker %s left the job (exit code %d)", worker, exit_code)
@@ -431,10 +433,21 @@ class ElasticDriver(RendezvousListener):
             self._wake.set()  # plan again without its host
 
     async def _stop_overdue(self) -> None:
-        """Stop dismissed workers that have not exited after the grace period."""
-        grace = self.settings.removal_grace_s
-        for worker in overdue_dismissals(self._workers, now=self._clock(), grace_s=grace):
+        """Stop the workers on their way out that have not exited after the grace period:
+        dismissed ones, and those whose process hangs after reporting how it ends."""
+        grace, now = self.settings.removal_grace_s, self._clock()
+        for worker in overdue_dismissals(self._workers, now=now, grace_s=grace):
             logger.warning("dismissed worker %s did not exit; stopping it", worker)
+            await self._workers.stop(worker)
+        for worker in overdue_endings(self._workers, now=now, grace_s=grace):
+            reported = self._workers[worker].reported
+            logger.warning(
+                "worker %s reported %s and has not exited within %.0f s (its teardown hangs): "
+                "stopping it",
+                worker,
+                reported.value if reported else "its end",
+                grace,
+            )
             await self._workers.stop(worker)
 
     async def _scale_out(self) -> None:

@@ -12,7 +12,7 @@ from elasticjob.driver.api import Clock, Departure, WorkerLauncher
 from elasticjob.driver.liveness import hung_workers
 from elasticjob.driver.partition import ReceivedReport, partitioned_members
 from elasticjob.rendezvous.api import JobRendezvous, ProbeReport
-from elasticjob.wire import SlotInfo, WorkerId
+from elasticjob.wire import SlotInfo, WorkerId, WorkerState
 
 logger = logging.getLogger(__name__)
 
@@ -45,14 +45,22 @@ class WorkerRecord:
     """The last lines the worker reported with its result."""
     last_heartbeat: float | None = None
     """When its process last beat (None: not yet, or it is being evicted)."""
-    ending: bool = False
-    """It reported how its process ends: its exit is awaited, not its heartbeat."""
+    ending_since: float | None = None
+    """When it reported how its process ends (None: it has not): its exit is awaited from
+    then on, not its heartbeat."""
+    reported: WorkerState | None = None
+    """The state it reported with its result (SUCCESS: its training function returned)."""
     probe_report: ReceivedReport | None = None
     """What it found probing its peers, with its latest heartbeat (None: that beat had no
     report: none of its collectives blocked)."""
 
     heard_from: bool = False
     """Its process's runtime beat or reported how it ends: it called ``init()``."""
+
+    @property
+    def ending(self) -> bool:
+        """Whether it reported how its process ends."""
+        return self.ending_since is not None
 
     @property
     def registered(self) -> bool:

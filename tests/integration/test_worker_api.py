@@ -471,3 +471,29 @@ def test_a_script_without_elastic_run_succeeds_through_a_slow_teardown(tmp_path:
     assert "job succeeded: 2 of 2 workers succeeded" in stderr, stderr
     assert "evicting" not in stderr, stderr
     assert stdout.count("trained, average 1.0") == 2, stdout
+
+
+def test_a_teardown_that_hangs_after_success_is_stopped_and_the_job_succeeds(
+    tmp_path: Path,
+) -> None:
+    """One worker's interpreter never finishes tearing down (a finalizer that blocks, as a
+    communicator's shutdown can): it told the driver it succeeded and stopped beating, so the
+    driver stops it after the removal grace (30 s) and the job succeeds. Before, the job
+    waited for that process forever."""
+    script = HERE / "workers" / "plain_horovod_worker.py"
+    returncode, stdout, stderr = run_to_end(
+        [
+            *launcher("-np", "1", "-H", "127.0.1.1:1"),
+            sys.executable,
+            str(script),
+            "--teardown-s",
+            "3600",
+        ],
+        tmp_path,
+        None,
+        RUN_TIMEOUT_S,
+    )
+    assert returncode == 0, stderr
+    assert "reported SUCCESS and has not exited within 30 s (its teardown hangs)" in stderr, stderr
+    assert "job succeeded: 1 of 1 workers succeeded" in stderr, stderr
+    assert stdout.count("trained, average 1.0") == 1, stdout

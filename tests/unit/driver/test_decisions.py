@@ -27,9 +27,7 @@ from elasticjob.driver.decisions import (
     decide_round,
     decide_scale_out,
     leaving_members,
-    overdue_dismissals,
     plan_round,
-    slow_starters,
 )
 from elasticjob.driver.hosts import Capacity
 from elasticjob.driver.registry import RoundRecords
@@ -288,6 +286,25 @@ def test_classify_exit_of_a_process_that_never_asked_for_a_round(
     phase: Phase, code: int, verdict: ExitVerdict
 ) -> None:
     got = classify_exit(phase, member=False, departure=None, exit_code=code, registered=False)
+    assert got is verdict
+
+
+@pytest.mark.parametrize(
+    ("phase", "member", "code", "verdict"),
+    [
+        pytest.param(RUNNING, True, -15, ExitVerdict.SUCCEEDED, id="member-terminated"),
+        pytest.param(RUNNING, True, -9, ExitVerdict.SUCCEEDED, id="member-killed"),
+        pytest.param(FORMING, True, -15, ExitVerdict.ENDED_OUTSIDE_ROUND, id="round-failed"),
+        pytest.param(FINISHED, True, -15, ExitVerdict.IGNORED, id="job-finished"),
+    ],
+)
+def test_classify_exit_of_a_process_stopped_after_it_reported_success(
+    phase: Phase, member: bool, code: int, verdict: ExitVerdict
+) -> None:
+    """Its training function returned; its teardown hung until the driver stopped it."""
+    got = classify_exit(
+        phase, member=member, departure=None, exit_code=code, stopped_after_success=True
+    )
     assert got is verdict
 
 
@@ -620,42 +637,7 @@ def test_decide_scale_out(
         assert decision.newcomers == (C0,)
 
 
-# ---- timeouts --------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("record", "expected"),
-    [
-        pytest.param(WorkerRecord(started_at=0.0), True, id="never-registered"),
-        pytest.param(WorkerRecord(started_at=50.0), False, id="within-timeout"),
-        pytest.param(WorkerRecord(started_at=0.0, waiting_after=0), False, id="registered"),
-        pytest.param(WorkerRecord(started_at=0.0, running=False), False, id="ended"),
-        pytest.param(WorkerRecord(started_at=0.0, departure=FAILED), False, id="already-failed"),
-        pytest.param(WorkerRecord(started_at=0.0, last_round=2), False, id="member-before"),
-    ],
-)
-def test_slow_starters(record: WorkerRecord, expected: bool) -> None:
-    assert slow_starters({C0: record}, now=100.0, start_timeout_s=60.0) == (
-        (C0,) if expected else ()
-    )
-
-
-def dismissed(at: float | None, **fields: bool) -> WorkerRecord:
-    return WorkerRecord(started_at=0.0, departure=DISMISSED, dismissed_at=at, **fields)
-
-
-@pytest.mark.parametrize(
-    ("record", "expected"),
-    [
-        pytest.param(dismissed(70.0), True, id="grace-over"),
-        pytest.param(dismissed(80.0), False, id="within-grace"),
-        pytest.param(dismissed(0.0, running=False), False, id="exited"),
-        pytest.param(dismissed(0.0, stop_requested=True), False, id="stopping"),
-        pytest.param(WorkerRecord(started_at=0.0, departure=LEAVING), False, id="leaving"),
-    ],
-)
-def test_overdue_dismissals(record: WorkerRecord, expected: bool) -> None:
-    assert overdue_dismissals({C0: record}, now=100.0, grace_s=30.0) == ((C0,) if expected else ())
+# ---- discovery failures ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

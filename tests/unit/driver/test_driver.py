@@ -26,12 +26,15 @@ from elasticjob.driver.workers import NOT_JOINED_HINT
 from elasticjob.rendezvous.api import RendezvousListener
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.wire import (
+    HeartbeatRequest,
     NoticeKind,
     ProgressRequest,
     RendezvousRequest,
     RendezvousResponse,
     RendezvousStatus,
+    ResultRequest,
     WorkerId,
+    WorkerState,
 )
 
 DEADLINE = 5.0
@@ -550,6 +553,86 @@ async def test_success_of_a_member_ends_the_job() -> None:
     await job.step()
     assert job.driver.result is not None and job.driver.result.success
     assert (job.driver.result.rounds, job.driver.result.resets) == (1, 0)
+
+
+def report(job: Job, worker: WorkerId, state: WorkerState) -> None:
+    """The worker's runtime beats, then reports how its process ends (its script returned or
+    raised); it beats no more (its interpreter exits)."""
+    job.job.report_heartbeat(
+        HeartbeatRequest(hostname=worker.hostname, local_rank=worker.local_rank)
+    )
+    job.job.report_result(
+        ResultRequest(hostname=worker.hostname, local_rank=worker.local_rank, state=state)
+    )
+
+
+async def test_a_member_still_beating_after_its_success_is_not_stopped() -> None:
+    """Work after the training loop (an evaluation, a save) beats: never cut short."""
+    job = Job({"a": 1}, settings(removal_grace_s=30.0))
+    await job.start_round_1(A0)
+    report(job, A0, WorkerState.SUCCESS)
+    for _ in range(10):
+        job.clock.now += 20.0
+        job.job.report_heartbeat(HeartbeatRequest(hostname="a", local_rank=0))
+        await job.step()
+    assert job.launcher.stopped == [] and job.driver.result is None
+    job.launcher.end(A0, 0)
+    await job.step()
+    assert job.driver.result is not None and job.driver.result.success
+
+
+async def test_a_member_hung_in_teardown_after_its_success_is_stopped_and_counts_as_success() -> (
+    None
+):
+    """Every member reported SUCCESS; b[0] never exits (a communicator's shutdown hangs).
+    After the removal grace the driver stops it, and the job succeeds: its training ended."""
+    job = Job({"a": 1, "b": 1}, settings(removal_grace_s=30.0))
+    await job.start_round_1(A0, B0)
+    report(job, A0, WorkerState.SUCCESS)
+    report(job, B0, WorkerState.SUCCESS)
+    job.launcher.end(A0, 0)
+    job.clock.now += 29.0
+    await job.step()
+    assert job.launcher.stopped == [] and job.driver.result is None, "within the grace"
+    job.clock.now += 1.0
+    await job.step()
+    assert job.launcher.stopped == [B0]
+    await job.step()
+    assert job.launcher.stopped == [B0], "stopped once"
+    job.launcher.end(B0, -15)
+    await job.step()
+    assert job.driver.result is not None and job.driver.result.success
+    assert not job.hosts.blacklist.active()
+
+
+async def test_a_lone_member_hung_in_teardown_after_its_success_ends_the_job_with_success() -> None:
+    job = Job({"a": 1}, settings(removal_grace_s=30.0))
+    await job.start_round_1(A0)
+    report(job, A0, WorkerState.SUCCESS)
+    job.clock.now += 30.0
+    await job.step()
+    assert job.launcher.stopped == [A0]
+    job.launcher.end(A0, -9)
+    await job.step()
+    assert job.driver.result is not None and job.driver.result.success
+
+
+async def test_a_member_hung_in_teardown_after_its_failure_is_stopped_and_fails_the_round() -> None:
+    """b[0]'s script raised and its process hangs: stopped after the grace, it fails the
+    round (its host blacklisted) instead of holding every survivor forever."""
+    job = Job({"a": 1, "b": 1}, settings(removal_grace_s=30.0))
+    await job.start_round_1(A0, B0)
+    report(job, B0, WorkerState.FAILURE)
+    job.clock.now += 30.0
+    await job.step()
+    assert job.launcher.stopped == [B0]
+    job.launcher.end(B0, -15)
+    await job.step()
+    assert (await job.notices()) == [(NoticeKind.ROUND_FAILED, ("b",))]
+    await job.ask(A0, 1, rolled_back=True)
+    await job.step()
+    assert list(job.hosts.blacklist.active()) == ["b"]
+    assert job.driver.round == 2 and list(job.driver.slots) == [A0]
 
 
 async def test_run_drives_the_job_to_its_end() -> None:

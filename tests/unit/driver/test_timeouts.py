@@ -1,0 +1,80 @@
+"""Table tests of whom the driver stops for taking too long (``elasticjob.driver.timeouts``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from elasticjob.driver.api import Departure
+from elasticjob.driver.timeouts import overdue_dismissals, overdue_endings, slow_starters
+from elasticjob.driver.workers import WorkerRecord
+from elasticjob.wire import WorkerId, WorkerState
+
+C0 = WorkerId("c", 0)
+LEAVING, DISMISSED, FAILED = Departure.LEAVING, Departure.DISMISSED, Departure.FAILED
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        pytest.param(WorkerRecord(started_at=0.0), True, id="never-registered"),
+        pytest.param(WorkerRecord(started_at=50.0), False, id="within-timeout"),
+        pytest.param(WorkerRecord(started_at=0.0, waiting_after=0), False, id="registered"),
+        pytest.param(WorkerRecord(started_at=0.0, running=False), False, id="ended"),
+        pytest.param(WorkerRecord(started_at=0.0, departure=FAILED), False, id="already-failed"),
+        pytest.param(WorkerRecord(started_at=0.0, last_round=2), False, id="member-before"),
+    ],
+)
+def test_slow_starters(record: WorkerRecord, expected: bool) -> None:
+    assert slow_starters({C0: record}, now=100.0, start_timeout_s=60.0) == (
+        (C0,) if expected else ()
+    )
+
+
+def dismissed(at: float | None, **fields: bool) -> WorkerRecord:
+    return WorkerRecord(started_at=0.0, departure=DISMISSED, dismissed_at=at, **fields)
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        pytest.param(dismissed(70.0), True, id="grace-over"),
+        pytest.param(dismissed(80.0), False, id="within-grace"),
+        pytest.param(dismissed(0.0, running=False), False, id="exited"),
+        pytest.param(dismissed(0.0, stop_requested=True), False, id="stopping"),
+        pytest.param(WorkerRecord(started_at=0.0, departure=LEAVING), False, id="leaving"),
+    ],
+)
+def test_overdue_dismissals(record: WorkerRecord, expected: bool) -> None:
+    assert overdue_dismissals({C0: record}, now=100.0, grace_s=30.0) == ((C0,) if expected else ())
+
+
+def ending(since: float | None, **fields: object) -> WorkerRecord:
+    """A member of round 1 that reported SUCCESS at ``since`` (None: reported nothing) and
+    beat last at 0."""
+    reported = None if since is None else WorkerState.SUCCESS
+    record = WorkerRecord(
+        started_at=0.0, last_round=1, ending_since=since, reported=reported, last_heartbeat=0.0
+    )
+    for name, value in fields.items():
+        setattr(record, name, value)
+    return record
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        pytest.param(ending(70.0), True, id="grace-over"),
+        pytest.param(ending(70.0, reported=WorkerState.FAILURE), True, id="reported-failure"),
+        pytest.param(ending(80.0), False, id="within-grace"),
+        pytest.param(ending(0.0, last_heartbeat=80.0), False, id="still-beating"),
+        pytest.param(ending(0.0, last_heartbeat=70.0), True, id="stopped-beating"),
+        pytest.param(ending(0.0, last_heartbeat=None), False, id="never-beat"),
+        pytest.param(ending(None), False, id="reported-nothing"),
+        pytest.param(ending(0.0, running=False), False, id="exited"),
+        pytest.param(ending(0.0, stop_requested=True), False, id="stopping"),
+        pytest.param(ending(0.0, departure=DISMISSED), False, id="dismissed"),
+        pytest.param(ending(0.0, departure=FAILED), False, id="already-failed"),
+    ],
+)
+def test_overdue_endings(record: WorkerRecord, expected: bool) -> None:
+    assert overdue_endings({C0: record}, now=100.0, grace_s=30.0) == ((C0,) if expected else ())
