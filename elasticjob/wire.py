@@ -32,7 +32,7 @@ API_PREFIX = "/v1"
 PROTOCOL_HEADER: Final = "X-Elasticjob-Protocol"
 """Header carrying the rendezvous protocol version: workers send theirs on every request and
 the service answers with its own."""
-PROTOCOL_VERSION: Final = 5
+PROTOCOL_VERSION: Final = 6
 """The rendezvous protocol this release speaks. Version 1 is that of the releases that sent no
 :data:`PROTOCOL_HEADER` (a request without it is version 1). Version 2 added the header,
 ``429 Too Many Requests`` answers (a version-1 worker takes them as fatal), refusals of
@@ -47,7 +47,10 @@ optional :attr:`ProgressRequest.resumed` and :attr:`ProgressRequest.commit_secon
 driver's recovery and commit metrics); a version-3 worker's reports stay valid. Version 5 added
 the optional :attr:`ProgressRequest.checkpoints`, :attr:`ProgressRequest.restored_from`
 and :attr:`ProgressRequest.committed_step` (durable checkpoints written and loaded, and the
-committed steps a fallback loses); older workers' reports stay valid."""
+committed steps a fallback loses); older workers' reports stay valid. Version 6 added the
+optional :attr:`RendezvousRequest.probe_port` and :attr:`PeerEndpoint.probe_port`: peers are
+probed on a listener of their own, not on their TCPStore server (the service leaves
+``probe_port`` out of the peers it gives an older worker, which would refuse it)."""
 MIN_PROTOCOL_VERSION: Final = 2
 """The oldest worker protocol this service accepts; an older (or newer) worker is refused
 with ``426 Upgrade Required`` naming both versions, and exits with that message. Version-2
@@ -312,6 +315,9 @@ class RendezvousRequest(_Strict):
     """The address the worker binds to (its host's address or pod IP)."""
     store_port: Port
     """Port of the TCPStore server the worker hosts; used when it becomes rank 0."""
+    probe_port: Port | None = None
+    """Port of the listener its peers probe (protocol 6; None: an older worker, probed by
+    nobody)."""
     after_round: RoundNumber = 0
     wait_seconds: Annotated[float, Field(strict=True, ge=0, le=60, allow_inf_nan=False)] = 30.0
     rolled_back: StrictBool = False
@@ -320,13 +326,17 @@ class RendezvousRequest(_Strict):
 
 
 class PeerEndpoint(_Strict):
-    """A member of the round that a worker probes: who it is and where its TCPStore server
-    listens (the endpoint it registered with). A TCP connect to it is the probe."""
+    """A member of the round that a worker probes: who it is and the endpoint it registered
+    with. A TCP connect to its probe listener is the probe."""
 
     hostname: HostName
     local_rank: LocalRank
     address: HostName
     store_port: Port
+    """Its TCPStore server's port, which protocols 3 to 5 probed. Never probed now: a store
+    server can stall for seconds on connections that close without a request."""
+    probe_port: Port | None = None
+    """Its probe listener's port (protocol 6; None: an older worker, which is not probed)."""
 
 
 class RendezvousResponse(_Strict):

@@ -59,7 +59,7 @@ from elasticjob.worker_runtime.notices import NoticeWatcher
 from elasticjob.worker_runtime.placement import export_script_env, tentative_place
 from elasticjob.worker_runtime.process_group import RoundGroup
 from elasticjob.worker_runtime.progress import ProgressReporter
-from elasticjob.worker_runtime.reachability import PROBE_TIMEOUT_S, PeerProber
+from elasticjob.worker_runtime.reachability import PROBE_TIMEOUT_S, PeerProber, ProbeListener
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
 
 logger = get_logger(__name__)
@@ -118,6 +118,7 @@ class Runtime:
         self._last_progress: tuple[int, float] = (0, 0.0)
         """The epoch and samples/s the script last reported (reports of its own carry them)."""
         self._prober: PeerProber | None = None
+        self._probe_listener: ProbeListener | None = None
         self._store: Store | None = None
         # The round's store client: held for as long as the round's group uses it.
         self._round_store: Store | None = None
@@ -129,6 +130,7 @@ class Runtime:
             config.bind_address, 0, is_master=True, wait_for_workers=False, timeout=timeout
         )
         self._store, self._store_port = server, server.port
+        self._probe_listener = ProbeListener()
         self._client = RendezvousClient(
             config.rendezvous_url, config.job, config.token, ca_pem=config.rendezvous_ca
         )
@@ -265,6 +267,8 @@ class Runtime:
         timeline.instant("shutdown", round=self.round)
         timeline.flush()
         self.group.destroy()
+        if self._probe_listener is not None:
+            self._probe_listener.close()
         if self._watcher is not None:
             self._watcher.stop()
         if self._progress is not None:
@@ -314,6 +318,7 @@ class Runtime:
                     local_rank=self.config.local_rank,
                     address=self.config.bind_address,
                     store_port=self._store_port,
+                    probe_port=self._probe_listener.port if self._probe_listener else None,
                     after_round=after_round,
                     wait_seconds=_RENDEZVOUS_POLL_S,
                     rolled_back=rolled_back,

@@ -264,7 +264,7 @@ class InMemoryJobRendezvous(JobRendezvous):
         worker = WorkerId(request.hostname, request.local_rank)
         self._check_worker(worker, asking_for_a_round=True)
         self._check_round(request.after_round)
-        endpoint = Endpoint(request.address, request.store_port)
+        endpoint = Endpoint(request.address, request.store_port, request.probe_port)
         bound = self._endpoints.get(worker)
         if bound and bound.after_round == request.after_round and bound.endpoint != endpoint:
             raise RequestRefused(

@@ -1,6 +1,6 @@
 """Which members of a round probe which: a small, deterministic set per worker.
 
-When a collective blocks, a worker probes a few peers (a TCP connect to the TCPStore server
+When a collective blocks, a worker probes a few peers (a TCP connect to the probe listener
 each one hosts) and reports those it cannot reach with its heartbeat; the driver then evicts
 a member that a majority of its probers cannot reach (``elasticjob.driver.partition``). The
 service hands each member the endpoints of its targets with its round, and the driver asks
@@ -86,6 +86,7 @@ def peer_endpoints(
                 local_rank=peer.local_rank,
                 address=endpoint.address,
                 store_port=endpoint.store_port,
+                probe_port=endpoint.probe_port,
             )
         )
         return found

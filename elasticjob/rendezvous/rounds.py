@@ -13,10 +13,12 @@ from elasticjob.wire import PeerEndpoint, SlotInfo, WorkerId
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where a worker's TCPStore server listens."""
+    """Where a worker's TCPStore server and probe listener listen."""
 
     address: str
     store_port: int
+    probe_port: int | None = None
+    """None: an older worker, with no probe listener."""
 
 
 @dataclass(frozen=True)

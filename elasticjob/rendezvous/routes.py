@@ -31,7 +31,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import Annotated, Final, TypeVar
+from typing import Annotated, Any, Final, TypeVar
 
 from aiohttp import hdrs, typedefs, web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -71,6 +71,8 @@ _REFUSAL_STATUS: Final = {
 
 _ADDED_IN_3: Final = {"peers"}
 """Fields of a rendezvous answer that protocol 3 added (left out for version-2 workers)."""
+_ADDED_IN_6: Final = {"peers": {"__all__": {"probe_port"}}}
+"""Fields of a rendezvous answer that protocol 6 added (left out for versions 3 to 5)."""
 
 _LONG_POLL: Final = web.RequestKey("elasticjob.long_poll", bool)
 """Request key a handler sets when the request may wait for news (left out of the latency)."""
@@ -118,7 +120,7 @@ def _json(
     *,
     status: int = 200,
     headers: Mapping[str, str] | None = None,
-    exclude: set[str] | None = None,
+    exclude: set[str] | dict[str, Any] | None = None,
 ) -> web.Response:
     return web.Response(
         body=model.model_dump_json(exclude=exclude).encode(),
@@ -237,8 +239,10 @@ class _Api:
         body = await _parse_body(request, RendezvousRequest)
         request[_LONG_POLL] = body.wait_seconds > 0
         answer = await job.rendezvous(body)
-        # A version-2 worker refuses fields it does not know (see wire.PROTOCOL_VERSION).
-        return _json(answer, exclude=_ADDED_IN_3 if _check_protocol(request) < 3 else None)
+        # An older worker refuses fields it does not know (see wire.PROTOCOL_VERSION).
+        version = _check_protocol(request)
+        exclude = _ADDED_IN_3 if version < 3 else _ADDED_IN_6 if version < 6 else None
+        return _json(answer, exclude=exclude)
 
     async def notices(self, request: web.Request) -> web.Response:
         job = self.authorize(request)

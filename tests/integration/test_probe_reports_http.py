@@ -1,6 +1,6 @@
-"""Peer probes over HTTP: the round's answer carries the peers to probe (for version-3
-workers only: a version-2 worker refuses fields it does not know), and heartbeats carry probe
-reports; malformed or foreign reports get a 4xx and change nothing."""
+"""Peer probes over HTTP: the round's answer carries the peers to probe (from version 3, with
+their probe listener from version 6: an older worker refuses fields it does not know), and
+heartbeats carry probe reports; malformed or foreign reports get a 4xx and change nothing."""
 
 from __future__ import annotations
 
@@ -53,13 +53,19 @@ async def ask(cluster: Cluster, version: int) -> dict[str, Any]:
     return body
 
 
-async def test_version_3_workers_get_their_peers_version_2_workers_no_new_field(
+async def test_each_worker_gets_the_peer_fields_of_its_protocol_version(
     cluster: Cluster,
 ) -> None:
+    """Version 6 gets the peers' probe ports, versions 3 to 5 the peers without them, version
+    2 no peers."""
+    peer = {"hostname": "host-a", "local_rank": 0, "address": "addr-host-a", "store_port": 29506}
     current = await ask(cluster, wire.PROTOCOL_VERSION)
-    assert current["peers"] == [
-        {"hostname": "host-a", "local_rank": 0, "address": "addr-host-a", "store_port": 29506}
-    ]
+    assert current["peers"] == [{**peer, "probe_port": 30506}]
+    for version in (3, 5):
+        before_6 = await ask(cluster, version)
+        assert before_6["peers"] == [peer]
+        # What a version-5 worker parses it with: the same strict model, without the field.
+        assert set(before_6["peers"][0]) <= set(wire.PeerEndpoint.model_fields) - {"probe_port"}
     old = await ask(cluster, 2)
     assert "peers" not in old and old["status"] == "ASSIGNED"
     # What a version-2 worker parses it with: the same strict model, without the field.

@@ -116,6 +116,7 @@ def rendezvous_body(worker: WorkerId, *, after_round: int = 0, wait: float = 0.0
         "local_rank": worker.local_rank,
         "address": f"addr-{worker.hostname}",
         "store_port": 29500 + len(worker.hostname),
+        "probe_port": 30500 + len(worker.hostname),
         "after_round": after_round,
         "wait_seconds": wait,
     }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
+import os
 import socket
 import threading
 import time
@@ -21,15 +22,18 @@ from elasticjob.wire import PeerEndpoint, ProbedPeer
 from elasticjob.worker_runtime.config import WorkerConfig
 from elasticjob.worker_runtime.heartbeat import Heartbeat
 from elasticjob.worker_runtime.process_group import RoundGroup
-from elasticjob.worker_runtime.reachability import PeerProber, unreachable_peers
+from elasticjob.worker_runtime.reachability import PeerProber, ProbeListener, unreachable_peers
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient
 from tests.unit.worker_runtime.test_orphan_timeout import FULL_ENV, closed_port
 
 DEADLINE_S = 10.0
 
 
-def peer(name: str, port: int) -> PeerEndpoint:
-    return PeerEndpoint(hostname=name, local_rank=0, address="127.0.0.1", store_port=port)
+def peer(name: str, port: int, store_port: int = 1) -> PeerEndpoint:
+    """A peer whose probe listener is on ``port``."""
+    return PeerEndpoint(
+        hostname=name, local_rank=0, address="127.0.0.1", store_port=store_port, probe_port=port
+    )
 
 
 @contextlib.contextmanager
@@ -82,8 +86,64 @@ def test_reachable_peers_are_answered_at_once() -> None:
 
 
 def test_an_unresolvable_address_is_unreachable() -> None:
-    bad = PeerEndpoint(hostname="x", local_rank=0, address="no-such-host.invalid", store_port=1)
+    bad = PeerEndpoint(
+        hostname="x", local_rank=0, address="no-such-host.invalid", store_port=1, probe_port=1
+    )
     assert unreachable_peers([bad], timeout_s=0.5) == [bad]
+
+
+def accepted(server: socket.socket) -> int:
+    """How many connections wait in ``server``'s accept queue (taken off it)."""
+    server.setblocking(False)
+    count = 0
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            server.accept()[0].close()
+            count += 1
+    return count
+
+
+def test_probes_go_to_the_probe_listener_never_to_the_store() -> None:
+    """A store server can stall for seconds on connections that close without a request:
+    probes connect to the peer's probe listener only."""
+    with listening() as probes, listening() as store:
+        target = peer("p", int(probes.getsockname()[1]), int(store.getsockname()[1]))
+        for _ in range(5):
+            assert unreachable_peers([target], timeout_s=5.0) == []
+        assert accepted(store) == 0
+        assert accepted(probes) == 5
+
+
+def test_a_peer_without_a_probe_listener_is_not_probed() -> None:
+    """An older worker registered no probe port: it is neither probed nor reported."""
+    with listening() as store:
+        old = PeerEndpoint(
+            hostname="old", local_rank=0, address="127.0.0.1", store_port=store.getsockname()[1]
+        )
+        gone = peer("gone", closed_port())
+        assert unreachable_peers([old, gone], timeout_s=0.5) == [gone]
+        assert accepted(store) == 0
+
+
+def open_files() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_the_probe_listener_answers_every_probe_and_holds_no_connection() -> None:
+    listener = ProbeListener()
+    try:
+        target = peer("me", listener.port)
+        assert unreachable_peers([target], timeout_s=5.0) == []
+        before = open_files()
+        for _ in range(200):
+            assert unreachable_peers([target], timeout_s=5.0) == []
+        deadline = time.monotonic() + DEADLINE_S
+        while open_files() > before and time.monotonic() < deadline:
+            time.sleep(0.01)  # the accepting thread closes the last one
+        assert open_files() <= before
+    finally:
+        listener.close()
+    assert unreachable_peers([target], timeout_s=0.5) == [target], "closed: probes refused"
 
 
 def test_the_group_tells_how_long_the_training_thread_has_been_blocked() -> None:
