@@ -158,9 +158,17 @@ class KubeApi:
         return await self._call_json("create pod", self.core.create_namespaced_pod, namespace, pod)
 
     async def list_pods(self, namespace: str, selector: str) -> PodList:
-        """The pods in ``namespace`` that ``selector`` (a label selector) selects."""
+        """The pods in ``namespace`` that ``selector`` (a label selector) selects, from the API
+        server's watch cache (``resourceVersion=0``, as informers list): a list served from
+        etcd reads and decodes every pod of the namespace to filter them, and each job
+        re-lists every 10 s. The list may be a little older than the newest state; the pod
+        map's merge rules take a list for what it is, by its version (``podmap.py``)."""
         found = await self._call_json(
-            "list pods", self.core.list_namespaced_pod, namespace, label_selector=selector
+            "list pods",
+            self.core.list_namespaced_pod,
+            namespace,
+            label_selector=selector,
+            resource_version="0",
         )
         version = (found.get("metadata") or {}).get("resourceVersion")
         return PodList(list(found.get("items") or []), version)

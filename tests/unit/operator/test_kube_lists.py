@@ -50,12 +50,15 @@ async def test_listed_pods_are_the_servers_json_decoded_off_the_event_loop(
     calls: list[tuple[Any, ...]] = []
 
     def list_namespaced_pod(*args: Any, **kwargs: Any) -> Any:
-        calls.append((args, kwargs["label_selector"], kwargs["_preload_content"]))
+        calls.append(
+            (args, kwargs["label_selector"], kwargs["resource_version"], kwargs["_preload_content"])
+        )
         return answer
 
     monkeypatch.setattr(api.core, "list_namespaced_pod", list_namespaced_pod)
     listed = await api.list_pods("ml", "elasticjob.dev/job-name=train")
-    assert calls == [(("ml",), "elasticjob.dev/job-name=train", False)]
+    # resourceVersion 0: from the API server's watch cache, not a read of every pod from etcd
+    assert calls == [(("ml",), "elasticjob.dev/job-name=train", "0", False)]
     assert listed.resource_version == "9"
     assert listed.items == [POD]  # timestamps as the server wrote them, as in watch events
     assert answer.read_in and threading.current_thread() not in answer.read_in
