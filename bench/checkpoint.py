@@ -51,7 +51,7 @@ def main() -> None:
     torch.set_num_threads(1)
     hvd.init()
     reports: list[CheckpointReport] = []
-    basics.current().report_checkpoint = reports.append  # type: ignore[method-assign]
+    basics.current().reports.checkpoint = reports.append  # type: ignore[method-assign]
     folder = args.folder or Path(tempfile.mkdtemp(prefix="checkpoint-bench-"))
     print(f"load average at start: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} cores")
     print(f"checkpoints in {folder}")

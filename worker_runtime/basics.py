@@ -77,7 +77,7 @@ def current_round() -> int:
 def report_progress(epoch: int, step: int, samples_per_second: float = 0.0) -> None:
     """Report training progress to the driver (shown in the job's status). Only rank 0's
     report is sent; on other ranks this does nothing."""
-    current().report_progress(epoch, step, samples_per_second)
+    current().reports.progress(epoch, step, samples_per_second)
 
 
 def rank() -> int:

@@ -15,8 +15,9 @@ One :class:`Runtime` lives in each worker process (created by ``init()``). It
   peers its round gave it (``reachability.py``) and reports the unreachable ones with each
   beat, so the driver evicts a member cut off from its peers (``probes.py`` of the
   rendezvous says whom each member probes).
-- on rank 0, sends the training progress from a third background thread
-  (``progress.py``): the training loop never waits on the rendezvous service for it.
+- tells the driver how its process ends, and on rank 0 the training's progress from a third
+  background thread (``reports.py``): the training loop never waits on the rendezvous
+  service for it.
 
 Its configuration comes from the environment (``config.py``). Without the launcher's
 environment it runs standalone as a world of one.
@@ -36,15 +37,11 @@ from torch.distributed import HashStore, Store, TCPStore
 
 from elasticjob import wire
 from elasticjob.wire import (
-    CheckpointReport,
     Notice,
     NoticeKind,
-    ProgressRequest,
     RendezvousRequest,
     RendezvousStatus,
-    ResultRequest,
     SlotInfo,
-    WorkerState,
 )
 from elasticjob.worker_runtime import timeline
 from elasticjob.worker_runtime.config import WorkerConfig, resolve_backend
@@ -58,18 +55,15 @@ from elasticjob.worker_runtime.log import CONTEXT, get_logger
 from elasticjob.worker_runtime.notices import NoticeWatcher
 from elasticjob.worker_runtime.placement import export_script_env, tentative_place
 from elasticjob.worker_runtime.process_group import RoundGroup
-from elasticjob.worker_runtime.progress import ProgressReporter
 from elasticjob.worker_runtime.reachability import PROBE_TIMEOUT_S, PeerProber, ProbeListener
-from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
+from elasticjob.worker_runtime.rendezvous_client import RendezvousClient
+from elasticjob.worker_runtime.reports import Reports
 
 logger = get_logger(__name__)
 
 _RENDEZVOUS_POLL_S = 20.0
 ORPHANED_EXIT_CODE = 1
 """The exit status of a worker that ends because its rendezvous stayed unreachable."""
-LEAVING_REPORT_S = 10.0
-"""How long the report of a process leaving at interpreter exit is retried: a service that
-cannot be reached must not hold the exit back for the client's whole retry deadline."""
 
 
 class Runtime:
@@ -114,15 +108,14 @@ class Runtime:
         self._client: RendezvousClient | None = None
         self._watcher: NoticeWatcher | None = None
         self._heartbeat: Heartbeat | None = None
-        self._progress: ProgressReporter | None = None
-        self._last_progress: tuple[int, float] = (0, 0.0)
-        """The epoch and samples/s the script last reported (reports of its own carry them)."""
         self._prober: PeerProber | None = None
         self._probe_listener: ProbeListener | None = None
         self._store: Store | None = None
         # The round's store client: held for as long as the round's group uses it.
         self._round_store: Store | None = None
         CONTEXT.job = config.job if config else "standalone"
+        self.reports = Reports(None, hostname, local_rank, self._position)
+        """What this worker tells the driver: its result and rank 0's progress."""
         if config is None:
             return
         timeout = datetime.timedelta(seconds=config.collective_timeout_s)
@@ -135,7 +128,7 @@ class Runtime:
             config.rendezvous_url, config.job, config.token, ca_pem=config.rendezvous_ca
         )
         self._watcher = NoticeWatcher(self._client, self._on_notice)
-        self._progress = ProgressReporter(self._client.report_progress)
+        self.reports = Reports(self._client, hostname, local_rank, self._position)
         if config.heartbeat_interval_s > 0 or config.orphan_timeout_s > 0:
             # Without a heartbeat the driver asked for, beat only to notice being orphaned.
             interval = config.heartbeat_interval_s or config.orphan_timeout_s / 4
@@ -271,8 +264,7 @@ class Runtime:
             self._probe_listener.close()
         if self._watcher is not None:
             self._watcher.stop()
-        if self._progress is not None:
-            self._progress.stop()
+        self.reports.stop()
 
     @property
     def visible(self) -> tuple[int, SlotInfo]:
@@ -294,6 +286,10 @@ class Runtime:
     @step.setter
     def step(self, value: int) -> None:
         self._step = CONTEXT.step = value
+
+    def _position(self) -> tuple[int, int, int]:
+        """This worker's round, rank and step now (what its reports carry)."""
+        return self.round, self.slot.rank, self.step
 
     @property
     def _worker_name(self) -> str:
@@ -430,33 +426,7 @@ class Runtime:
         has seen a hosts-added or hosts-removed notice (see :class:`HostUpdateAgreement`)."""
         self._host_updates.check(self.group, self.slot.size)
 
-    # ---- reports -----------------------------------------------------------------------
-
-    def report_result(
-        self,
-        state: WorkerState,
-        message: str = "",
-        exit_code: int | None = None,
-        *,
-        retry_for_s: float | None = None,
-    ) -> None:
-        """Tell the driver how this worker's process ends (best effort, retried for
-        ``retry_for_s``; default: the client's retry deadline)."""
-        if self._client is None or self.config is None:
-            return
-        try:
-            self._client.report_result(
-                ResultRequest(
-                    hostname=self.config.hostname,
-                    local_rank=self.config.local_rank,
-                    state=state,
-                    exit_code=exit_code,
-                    message=message[-4000:],
-                ),
-                retry_for_s=retry_for_s,
-            )
-        except RendezvousClientError as exc:
-            logger.warning("could not report %s: %s", state.value, exc)
+    # ---- leaving -----------------------------------------------------------------------
 
     def report_leaving(self) -> None:
         """At interpreter exit: stop beating, and when the elastic loop did not say how the
@@ -467,67 +437,6 @@ class Runtime:
         teardown hangs. An uncaught exception (``sys.last_value``) is reported as the
         failure; the exit status decides either way."""
         if self.exit_code is None:
-            self._report_exit_status()
+            self.reports.exit_status()
         if self._heartbeat is not None:
             self._heartbeat.stop()
-
-    def _report_exit_status(self) -> None:
-        error = getattr(sys, "last_value", None)
-        if error is None:
-            self.report_result(WorkerState.SUCCESS, retry_for_s=LEAVING_REPORT_S)
-        else:
-            self.report_result(
-                WorkerState.FAILURE,
-                f"{type(error).__name__}: {error}",
-                retry_for_s=LEAVING_REPORT_S,
-            )
-
-    def report_progress(self, epoch: int, step: int, samples_per_second: float) -> None:
-        """Rank 0 reports training progress for the job's status (others do nothing)."""
-        self._last_progress = (epoch, max(samples_per_second, 0.0))
-        self._offer_progress(step=step)
-
-    def report_resumed(self, restored_from: CheckpointReport | None = None) -> None:
-        """Training starts or resumes in this round now (rank 0 tells the driver at once:
-        the end of a recovery or a resize), from ``restored_from`` if rank 0 loaded it."""
-        self._offer_progress(
-            step=self.step, resumed=True, restored_from=restored_from, committed_step=self.step
-        )
-
-    def report_checkpoint(self, report: CheckpointReport) -> None:
-        """Rank 0 completed a durable checkpoint (any thread)."""
-        self._offer_progress(step=self.step, checkpoints=(report,))
-
-    def report_commit(self, seconds: float) -> None:
-        """A commit took ``seconds`` (rank 0's are reported, for the job's metrics)."""
-        self._offer_progress(
-            step=self.step, commit_seconds=(max(seconds, 0.0),), committed_step=self.step
-        )
-
-    def _offer_progress(
-        self,
-        *,
-        step: int,
-        resumed: bool = False,
-        commit_seconds: tuple[float, ...] = (),
-        checkpoints: tuple[CheckpointReport, ...] = (),
-        restored_from: CheckpointReport | None = None,
-        committed_step: int | None = None,
-    ) -> None:
-        if self._progress is None or self.slot.rank != 0:
-            return
-        epoch, samples_per_second = self._last_progress
-        self._progress.offer(
-            ProgressRequest(
-                round=self.round,
-                epoch=epoch,
-                step=step,
-                samples_per_second=samples_per_second,
-                resumed=resumed,
-                commit_seconds=commit_seconds,
-                checkpoints=checkpoints,
-                restored_from=restored_from,
-                committed_step=committed_step,
-            ),
-            urgent=resumed,
-        )

@@ -102,7 +102,7 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
                         runtime.step = broadcast_object(runtime.step, root_rank=0)
                         elapsed = time.monotonic() - started
                         logger.info("state synced from rank 0 in %.3f s", elapsed)
-                runtime.report_resumed(restored_from=restored)
+                runtime.reports.resumed(restored_from=restored)
                 result = func(state, *args, **kwargs)
                 state.finish_checkpoints()
             except HorovodInternalError as exc:
@@ -115,7 +115,7 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
                 broken = runtime.group.errored()
                 if not is_collective_failure(exc, broken):
                     runtime.exit_code = 1
-                    runtime.report_result(
+                    runtime.reports.result(
                         WorkerState.FAILURE,
                         f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}",
                     )
@@ -127,7 +127,7 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
                 rolled_back = True
             else:
                 runtime.exit_code = 0
-                runtime.report_result(WorkerState.SUCCESS)
+                runtime.reports.result(WorkerState.SUCCESS)
                 return result
             sync = runtime.reset(rolled_back=rolled_back)
             state.on_reset()

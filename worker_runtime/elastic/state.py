@@ -76,7 +76,7 @@ class State(abc.ABC):
         started, started_us = time.monotonic(), timeline.now()
         self.save()
         timeline.span("commit", started_us)
-        current().report_commit(time.monotonic() - started)
+        current().reports.commit(time.monotonic() - started)
         self.after_commit()
         self.check_host_updates()
 
@@ -124,7 +124,8 @@ class SnapshotState(State):
         self._keeper = SnapshotKeeper(background=background_commit)
         policy = CheckpointPolicy.from_env()
         self._checkpointer = (
-            Checkpointer(policy, self._keeper, lambda r: current().report_checkpoint(r))
+            # current() when a checkpoint completes: init() after shutdown() makes a new one
+            Checkpointer(policy, self._keeper, lambda r: current().reports.checkpoint(r))  # noqa: PLW0108
             if policy is not None
             else None
         )
