@@ -40,10 +40,10 @@ def reports(monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], list[Any]]:
     """What the runtime is asked to report: checkpoints written, checkpoints resumed from."""
     written: list[Any] = []
     resumed: list[Any] = []
-    runtime = basics.current()
-    monkeypatch.setattr(runtime, "report_checkpoint", written.append)
+    runtime_reports = basics.current().reports
+    monkeypatch.setattr(runtime_reports, "checkpoint", written.append)
     monkeypatch.setattr(
-        runtime, "report_resumed", lambda restored_from=None: resumed.append(restored_from)
+        runtime_reports, "resumed", lambda restored_from=None: resumed.append(restored_from)
     )
     return written, resumed
 

@@ -1,0 +1,139 @@
+"""What a worker tells the driver besides asking for rounds: how its process ends (its
+result) and, on rank 0, the training's progress, commits, checkpoints and resumptions (sent
+by ``progress.py``'s thread, so the training loop never waits on the rendezvous service).
+
+Every report is best effort: a service that cannot be reached loses it, never the training.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Final
+
+from elasticjob.wire import CheckpointReport, ProgressRequest, ResultRequest, WorkerState
+from elasticjob.worker_runtime.log import get_logger
+from elasticjob.worker_runtime.progress import ProgressReporter
+from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
+
+logger = get_logger(__name__)
+
+LEAVING_REPORT_S: Final = 10.0
+"""How long the report of a process leaving at interpreter exit is retried: a service that
+cannot be reached must not hold the exit back for the client's whole retry deadline."""
+
+RESULT_MESSAGE_CHARS: Final = 4000
+"""The end of a result's message that is sent (its last lines: the error)."""
+
+Position = Callable[[], tuple[int, int, int]]
+"""The worker's round, rank and step now."""
+
+
+class Reports:
+    """The reports of worker ``hostname[local_rank]`` through ``client`` (None: a standalone
+    process, which reports nothing); ``position`` tells where the worker is when a report is
+    made."""
+
+    def __init__(
+        self, client: RendezvousClient | None, hostname: str, local_rank: int, position: Position
+    ) -> None:
+        self._client = client
+        self._hostname = hostname
+        self._local_rank = local_rank
+        self._position = position
+        self._progress = None if client is None else ProgressReporter(client.report_progress)
+        self._last_progress: tuple[int, float] = (0, 0.0)
+
+    def stop(self) -> None:
+        """Stop sending progress (what was offered and not sent yet is dropped)."""
+        if self._progress is not None:
+            self._progress.stop()
+
+    def result(
+        self,
+        state: WorkerState,
+        message: str = "",
+        exit_code: int | None = None,
+        *,
+        retry_for_s: float | None = None,
+    ) -> None:
+        """Tell the driver how this worker's process ends (best effort, retried for
+        ``retry_for_s``; default: the client's retry deadline)."""
+        if self._client is None:
+            return
+        try:
+            self._client.report_result(
+                ResultRequest(
+                    hostname=self._hostname,
+                    local_rank=self._local_rank,
+                    state=state,
+                    exit_code=exit_code,
+                    message=message[-RESULT_MESSAGE_CHARS:],
+                ),
+                retry_for_s=retry_for_s,
+            )
+        except RendezvousClientError as exc:
+            logger.warning("could not report %s: %s", state.value, exc)
+
+    def exit_status(self) -> None:
+        """At interpreter exit, the process's end as the interpreter knows it: an uncaught
+        exception (``sys.last_value``) is a failure, anything else a success (the exit status
+        decides either way)."""
+        error = getattr(sys, "last_value", None)
+        if error is None:
+            self.result(WorkerState.SUCCESS, retry_for_s=LEAVING_REPORT_S)
+        else:
+            self.result(
+                WorkerState.FAILURE,
+                f"{type(error).__name__}: {error}",
+                retry_for_s=LEAVING_REPORT_S,
+            )
+
+    def progress(self, epoch: int, step: int, samples_per_second: float) -> None:
+        """Rank 0 reports training progress for the job's status (others do nothing)."""
+        self._last_progress = (epoch, max(samples_per_second, 0.0))
+        self._offer(step=step)
+
+    def resumed(self, restored_from: CheckpointReport | None = None) -> None:
+        """Training starts or resumes in this round now (rank 0 tells the driver at once:
+        the end of a recovery or a resize), from ``restored_from`` if rank 0 loaded it."""
+        step = self._position()[2]
+        self._offer(step=step, resumed=True, restored_from=restored_from, committed_step=step)
+
+    def checkpoint(self, report: CheckpointReport) -> None:
+        """Rank 0 completed a durable checkpoint (any thread)."""
+        self._offer(step=self._position()[2], checkpoints=(report,))
+
+    def commit(self, seconds: float) -> None:
+        """A commit took ``seconds`` (rank 0's are reported, for the job's metrics)."""
+        step = self._position()[2]
+        self._offer(step=step, commit_seconds=(max(seconds, 0.0),), committed_step=step)
+
+    def _offer(
+        self,
+        *,
+        step: int,
+        resumed: bool = False,
+        commit_seconds: tuple[float, ...] = (),
+        checkpoints: tuple[CheckpointReport, ...] = (),
+        restored_from: CheckpointReport | None = None,
+        committed_step: int | None = None,
+    ) -> None:
+        round_number, rank, _ = self._position()
+        if self._progress is None or rank != 0:
+            return
+        epoch, samples_per_second = self._last_progress
+        self._progress.offer(
+            ProgressRequest(
+                round=round_number,
+                epoch=epoch,
+                step=step,
+                samples_per_second=samples_per_second,
+                resumed=resumed,
+                commit_seconds=commit_seconds,
+                checkpoints=checkpoints,
+                restored_from=restored_from,
+                committed_step=committed_step,
+            ),
+            urgent=resumed,
+        )
