@@ -450,22 +450,20 @@ def test_launcher_accepts_double_dash_before_the_command(tmp_path: Path) -> None
 # ---- scripts without elastic.run ------------------------------------------------------------
 
 
+def run_plain_horovod(tmp_path: Path, teardown_s: float, *flags: str) -> tuple[int, str, str]:
+    """``plain_horovod_worker.py`` (a script without ``elastic.run``) under the launcher with
+    ``flags``, its interpreter's teardown lasting ``teardown_s`` more."""
+    script = HERE / "workers" / "plain_horovod_worker.py"
+    command = [*launcher(*flags), sys.executable, str(script), "--teardown-s", str(teardown_s)]
+    return run_to_end(command, tmp_path, None, RUN_TIMEOUT_S)
+
+
 def test_a_script_without_elastic_run_succeeds_through_a_slow_teardown(tmp_path: Path) -> None:
     """A non-elastic Horovod script's process stops beating while the interpreter tears down
     (slow on a loaded machine); it told the driver it is ending, so its exit is awaited, not
     its heartbeat: no eviction, the job succeeds. Teardown 5 s, heartbeat timeout 2 s."""
-    script = HERE / "workers" / "plain_horovod_worker.py"
-    returncode, stdout, stderr = run_to_end(
-        [
-            *launcher("-np", "2", "-H", "127.0.1.1:2", "--heartbeat-timeout", "2"),
-            sys.executable,
-            str(script),
-            "--teardown-s",
-            "5",
-        ],
-        tmp_path,
-        None,
-        RUN_TIMEOUT_S,
+    returncode, stdout, stderr = run_plain_horovod(
+        tmp_path, 5, "-np", "2", "-H", "127.0.1.1:2", "--heartbeat-timeout", "2"
     )
     assert returncode == 0, stderr
     assert "job succeeded: 2 of 2 workers succeeded" in stderr, stderr
@@ -480,19 +478,7 @@ def test_a_teardown_that_hangs_after_success_is_stopped_and_the_job_succeeds(
     communicator's shutdown can): it told the driver it succeeded and stopped beating, so the
     driver stops it after the removal grace (30 s) and the job succeeds. Before, the job
     waited for that process forever."""
-    script = HERE / "workers" / "plain_horovod_worker.py"
-    returncode, stdout, stderr = run_to_end(
-        [
-            *launcher("-np", "1", "-H", "127.0.1.1:1"),
-            sys.executable,
-            str(script),
-            "--teardown-s",
-            "3600",
-        ],
-        tmp_path,
-        None,
-        RUN_TIMEOUT_S,
-    )
+    returncode, stdout, stderr = run_plain_horovod(tmp_path, 3600, "-np", "1", "-H", "127.0.1.1:1")
     assert returncode == 0, stderr
     assert "reported SUCCESS and has not exited within 30 s (its teardown hangs)" in stderr, stderr
     assert "job succeeded: 1 of 1 workers succeeded" in stderr, stderr
