@@ -57,7 +57,7 @@ def write_due(
         return False
     if _without_progress(status) != _without_progress(last):
         return True
-    return now - last_at >= PROGRESS_WRITE_INTERVAL_S
+    return not 0 <= now - last_at < PROGRESS_WRITE_INTERVAL_S  # a clock stepped back writes
 
 
 class StatusWriter:

@@ -43,6 +43,8 @@ class Reports:
         self._position = position
         self._progress = None if client is None else ProgressReporter(client.report_progress)
         self._last_progress: tuple[int, float] = (0, 0.0)
+        self.end_delivered = False
+        """Whether the driver has this process's result (a report of it arrived)."""
 
     def stop(self) -> None:
         """Stop sending progress (what was offered and not sent yet is dropped)."""
@@ -58,7 +60,8 @@ class Reports:
         retry_for_s: float | None = None,
     ) -> None:
         """Tell the driver how this worker's process ends (best effort, retried for
-        ``retry_for_s``; default: the client's retry deadline)."""
+        ``retry_for_s``; default: the client's retry deadline); :attr:`end_delivered` says
+        whether a report arrived."""
         if self._client is None:
             return
         try:
@@ -74,6 +77,8 @@ class Reports:
             )
         except RendezvousClientError as exc:
             logger.warning("could not report %s: %s", state.value, exc)
+        else:
+            self.end_delivered = True
 
     def exit_status(self) -> None:
         """At interpreter exit, the process's end as the interpreter knows it: an uncaught

@@ -429,14 +429,15 @@ class Runtime:
     # ---- leaving -----------------------------------------------------------------------
 
     def report_leaving(self) -> None:
-        """At interpreter exit: stop beating, and when the elastic loop did not say how the
-        process ends (a script without ``elastic.run``, or one that ends outside it), tell
-        the driver first, so that it awaits the process's exit rather than its heartbeat
-        (torch's teardown can outlast the heartbeat timeout on a loaded machine). The driver
-        gives the teardown its removal grace from the last beat, then stops a process whose
-        teardown hangs. An uncaught exception (``sys.last_value``) is reported as the
-        failure; the exit status decides either way."""
+        """At interpreter exit: when the elastic loop did not say how the process ends (a
+        script without ``elastic.run``, or one that ends outside it), tell the driver now, so
+        that it awaits the process's exit rather than its heartbeat (torch's teardown can
+        outlast the heartbeat timeout on a loaded machine); an uncaught exception
+        (``sys.last_value``) is reported as the failure, and the exit status decides either
+        way. Once the driver has the result, stop beating: it gives the teardown its removal
+        grace from the last beat, then stops a process whose teardown hangs. Without the
+        result it still awaits beats, so they go on."""
         if self.exit_code is None:
             self.reports.exit_status()
-        if self._heartbeat is not None:
+        if self._heartbeat is not None and self.reports.end_delivered:
             self._heartbeat.stop()

@@ -118,7 +118,9 @@ def leaving_members(
     workers: Mapping[WorkerId, WorkerRecord],
 ) -> frozenset[WorkerId]:
     """The members of the running round that leave because discovery lost their hosts.
-    Members whose process has ended already reported how, and do not leave."""
+    Members whose process has ended already reported how, and do not leave; nor do those
+    that reported how their process ends (their script ended: their host may vanish because
+    the driver itself stops a teardown that hangs, and their exit counts as they reported)."""
     if phase is not Phase.RUNNING:
         return frozenset()
     return frozenset(
@@ -128,6 +130,7 @@ def leaving_members(
         and w in workers
         and workers[w].running
         and workers[w].departure is None
+        and not workers[w].ending
     )
 
 

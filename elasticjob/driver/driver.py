@@ -321,7 +321,7 @@ class ElasticDriver(RendezvousListener):
             timeout = self.settings.heartbeat_timeout_s
             counts_from = self.reachability.silence_counts_from()
             await self._workers.evict_unanswering(timeout, self.slots, self.round, counts_from)
-            await self._stop_overdue()
+            await self._stop_overdue(timeout, counts_from)
             if self.phase is Phase.STARTING or self.phase is Phase.FORMING:
                 await self._form_round()
             elif self.phase is Phase.RUNNING:
@@ -432,14 +432,24 @@ class ElasticDriver(RendezvousListener):
             self._blacklist({worker.hostname})
             self._wake.set()  # plan again without its host
 
-    async def _stop_overdue(self) -> None:
+    async def _stop_overdue(
+        self, heartbeat_timeout_s: float | None, counts_from: float | None
+    ) -> None:
         """Stop the workers on their way out that have not exited after the grace period:
-        dismissed ones, and those whose process hangs after reporting how it ends."""
+        dismissed ones, and those whose process hangs after reporting how it ends (judged
+        as evictions are: see ``timeouts.overdue_endings``)."""
         grace, now = self.settings.removal_grace_s, self._clock()
         for worker in overdue_dismissals(self._workers, now=now, grace_s=grace):
             logger.warning("dismissed worker %s did not exit; stopping it", worker)
             await self._workers.stop(worker)
-        for worker in overdue_endings(self._workers, now=now, grace_s=grace):
+        endings = overdue_endings(
+            self._workers,
+            now=now,
+            grace_s=grace,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            counts_from=counts_from,
+        )
+        for worker in endings:
             reported = self._workers[worker].reported
             logger.warning(
                 "worker %s reported %s and has not exited within %.0f s (its teardown hangs): "

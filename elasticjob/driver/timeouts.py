@@ -5,6 +5,7 @@ not end (:func:`overdue_endings`). ``driver.py`` stops them."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from elasticjob.driver.api import Departure
@@ -44,7 +45,12 @@ def overdue_dismissals(
 
 
 def overdue_endings(
-    workers: Mapping[WorkerId, WorkerRecord], *, now: float, grace_s: float
+    workers: Mapping[WorkerId, WorkerRecord],
+    *,
+    now: float,
+    grace_s: float,
+    heartbeat_timeout_s: float | None,
+    counts_from: float | None = -math.inf,
 ) -> tuple[WorkerId, ...]:
     """Workers that reported how their process ends (their script returned or raised) and
     still run ``grace_s`` after both that report and their last heartbeat: their teardown
@@ -53,9 +59,14 @@ def overdue_endings(
     A worker beats until its interpreter exits, so work after the training loop (an
     evaluation, a save) is never cut short; at exit it stops beating. Once it reported, its
     silence no longer evicts it (teardown may outlast the heartbeat timeout), so without
-    this nothing would end it, and the round waits for every member's end. A worker that
-    never beat (heartbeats off) is not judged. A process that reported success ends as it
-    said (see ``decisions.classify_exit``)."""
+    this nothing would end it, and the round waits for every member's end. As with
+    evictions (``liveness.hung_workers``), nobody is judged without a heartbeat timeout
+    (``heartbeat_timeout_s`` None: workers beat rarely or not at all) or while the workers
+    cannot reach the driver (``counts_from`` None), and silence counts no earlier than
+    ``counts_from``. A process that reported success ends as it said (see
+    ``decisions.classify_exit``)."""
+    if heartbeat_timeout_s is None or counts_from is None:
+        return ()
     return tuple(
         w
         for w, record in workers.items()
@@ -64,5 +75,5 @@ def overdue_endings(
         and not record.stop_requested
         and record.ending_since is not None
         and record.last_heartbeat is not None
-        and now - max(record.ending_since, record.last_heartbeat) >= grace_s
+        and now - max(record.ending_since, record.last_heartbeat, counts_from) >= grace_s
     )

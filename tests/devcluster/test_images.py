@@ -132,8 +132,8 @@ def test_the_dockerfiles_install_python_on_a_base_without_it(
     try:
         assert "--rendezvous-tls-secret" in run_in(image, "elasticjob-operator", "--help")
         assert run_in(image, "id", "-u").strip() == "10001"
-    finally:
-        builder.buildah.run("rmi", image)
+    finally:  # --force: also the containers of it a killed earlier run left behind
+        builder.buildah.run("rmi", "--force", image)
 
 
 def run_locked_down(
@@ -314,7 +314,7 @@ def test_a_source_change_rebuilds_only_the_project_layers(
         before = diff_ids(builder.buildah, worker)
         after = diff_ids(builder.buildah, changed)
     finally:
-        builder.buildah.run("rmi", changed)
+        builder.buildah.run("rmi", "--force", changed)  # and leftover containers of it
     print(f"worker rebuilt after a source change in {took:.1f} s")
     # The base's layers, then one per RUN or COPY: those before the first COPY of the project's
     # sources (the venv, the user, torch, the third-party dependencies) are reused.

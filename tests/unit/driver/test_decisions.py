@@ -363,6 +363,9 @@ def worker_records(**changes: dict[str, object]) -> dict[WorkerId, WorkerRecord]
         pytest.param(FORMING, ["a"], {}, set(), id="not-while-forming"),
         pytest.param(RUNNING, ["a"], {"a0": {"running": False}}, {A1}, id="ended-member-stays"),
         pytest.param(RUNNING, ["a"], {"a1": {"departure": LEAVING}}, {A0}, id="already-leaving"),
+        pytest.param(
+            RUNNING, ["a"], {"a0": {"ending_since": 5.0}}, {A1}, id="reported-its-end-stays"
+        ),
         pytest.param(RUNNING, ["z"], {}, set(), id="not-a-member-host"),
     ],
 )

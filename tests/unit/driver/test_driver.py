@@ -568,7 +568,7 @@ def report(job: Job, worker: WorkerId, state: WorkerState) -> None:
 
 async def test_a_member_still_beating_after_its_success_is_not_stopped() -> None:
     """Work after the training loop (an evaluation, a save) beats: never cut short."""
-    job = Job({"a": 1}, settings(removal_grace_s=30.0))
+    job = Job({"a": 1}, settings(removal_grace_s=30.0, heartbeat_timeout_s=5.0))
     await job.start_round_1(A0)
     report(job, A0, WorkerState.SUCCESS)
     for _ in range(10):
@@ -586,7 +586,7 @@ async def test_a_member_hung_in_teardown_after_its_success_is_stopped_and_counts
 ):
     """Every member reported SUCCESS; b[0] never exits (a communicator's shutdown hangs).
     After the removal grace the driver stops it, and the job succeeds: its training ended."""
-    job = Job({"a": 1, "b": 1}, settings(removal_grace_s=30.0))
+    job = Job({"a": 1, "b": 1}, settings(removal_grace_s=30.0, heartbeat_timeout_s=5.0))
     await job.start_round_1(A0, B0)
     report(job, A0, WorkerState.SUCCESS)
     report(job, B0, WorkerState.SUCCESS)
@@ -599,14 +599,18 @@ async def test_a_member_hung_in_teardown_after_its_success_is_stopped_and_counts
     assert job.launcher.stopped == [B0]
     await job.step()
     assert job.launcher.stopped == [B0], "stopped once"
-    job.launcher.end(B0, -15)
+    # Under the operator the stop deletes b[0]'s pod: its host vanishes before its exit.
+    del job.discovery.hosts["b"]
+    await job.discover()
+    assert (await job.notices()) == [], "a member that reported its end is not leaving"
+    job.launcher.end(B0, 137)
     await job.step()
     assert job.driver.result is not None and job.driver.result.success
     assert not job.hosts.blacklist.active()
 
 
 async def test_a_lone_member_hung_in_teardown_after_its_success_ends_the_job_with_success() -> None:
-    job = Job({"a": 1}, settings(removal_grace_s=30.0))
+    job = Job({"a": 1}, settings(removal_grace_s=30.0, heartbeat_timeout_s=5.0))
     await job.start_round_1(A0)
     report(job, A0, WorkerState.SUCCESS)
     job.clock.now += 30.0
@@ -620,7 +624,7 @@ async def test_a_lone_member_hung_in_teardown_after_its_success_ends_the_job_wit
 async def test_a_member_hung_in_teardown_after_its_failure_is_stopped_and_fails_the_round() -> None:
     """b[0]'s script raised and its process hangs: stopped after the grace, it fails the
     round (its host blacklisted) instead of holding every survivor forever."""
-    job = Job({"a": 1, "b": 1}, settings(removal_grace_s=30.0))
+    job = Job({"a": 1, "b": 1}, settings(removal_grace_s=30.0, heartbeat_timeout_s=5.0))
     await job.start_round_1(A0, B0)
     report(job, B0, WorkerState.FAILURE)
     job.clock.now += 30.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from elasticjob.driver.api import Departure
@@ -77,4 +79,30 @@ def ending(since: float | None, **fields: object) -> WorkerRecord:
     ],
 )
 def test_overdue_endings(record: WorkerRecord, expected: bool) -> None:
-    assert overdue_endings({C0: record}, now=100.0, grace_s=30.0) == ((C0,) if expected else ())
+    found = overdue_endings({C0: record}, now=100.0, grace_s=30.0, heartbeat_timeout_s=5.0)
+    assert found == ((C0,) if expected else ())
+
+
+@pytest.mark.parametrize(
+    ("timeout_s", "counts_from", "expected"),
+    [
+        pytest.param(5.0, -math.inf, True, id="judged"),
+        pytest.param(None, -math.inf, False, id="no-heartbeat-timeout"),
+        pytest.param(5.0, None, False, id="driver-unreachable"),
+        pytest.param(5.0, 75.0, False, id="silence-counts-from-later"),
+        pytest.param(5.0, 70.0, True, id="silence-counts-from-earlier"),
+    ],
+)
+def test_overdue_endings_are_judged_as_evictions_are(
+    timeout_s: float | None, counts_from: float | None, expected: bool
+) -> None:
+    """Without a heartbeat timeout workers beat rarely (orphan checks) or never, and while
+    they cannot reach the driver their silence says nothing (``liveness.Reachability``)."""
+    found = overdue_endings(
+        {C0: ending(0.0)},
+        now=100.0,
+        grace_s=30.0,
+        heartbeat_timeout_s=timeout_s,
+        counts_from=counts_from,
+    )
+    assert found == ((C0,) if expected else ())

@@ -63,6 +63,9 @@ SOON, LATER = 1.0, PROGRESS_WRITE_INTERVAL_S
             id="step-and-size",
         ),
         pytest.param(BASE, changed(progress={"step": 101}), SOON, True, True, id="ended-step-soon"),
+        pytest.param(
+            BASE, changed(progress={"step": 101}), -SOON, False, True, id="clock-stepped-back"
+        ),
     ],
 )
 def test_write_due(

@@ -1,0 +1,48 @@
+"""A worker's reports (``worker_runtime.reports``): whether the driver has its result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from elasticjob.wire import ResultRequest, WorkerState
+from elasticjob.worker_runtime.rendezvous_client import RendezvousClientError
+from elasticjob.worker_runtime.reports import Reports
+
+
+class Client:
+    """Takes result reports; refuses them while ``down``."""
+
+    def __init__(self, down: bool) -> None:
+        self.down = down
+        self.results: list[ResultRequest] = []
+
+    def report_result(self, request: ResultRequest, *, retry_for_s: float | None = None) -> None:
+        if self.down:
+            raise RendezvousClientError("the rendezvous service cannot be reached")
+        self.results.append(request)
+
+    def report_progress(self, request: Any) -> None:
+        raise AssertionError("no progress in these tests")
+
+
+@pytest.mark.parametrize(("down", "delivered"), [(False, True), (True, False)])
+def test_the_result_counts_as_delivered_only_once_a_report_arrived(
+    down: bool, delivered: bool
+) -> None:
+    client = Client(down)
+    reports = Reports(client, "host-a", 1, lambda: (1, 0, 7))  # type: ignore[arg-type]
+    assert not reports.end_delivered
+    reports.result(WorkerState.SUCCESS, "x" * 5000)
+    assert reports.end_delivered is delivered
+    if delivered:
+        (sent,) = client.results
+        assert (sent.hostname, sent.local_rank, sent.state) == ("host-a", 1, WorkerState.SUCCESS)
+        assert len(sent.message) == 4000, "the end of a long message"
+
+
+def test_a_standalone_process_reports_nothing() -> None:
+    reports = Reports(None, "localhost", 0, lambda: (0, 0, 0))
+    reports.result(WorkerState.FAILURE, "boom")
+    assert not reports.end_delivered
