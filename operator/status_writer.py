@@ -49,9 +49,7 @@ def write_due(
     (None: nothing yet): always once the job has ended; never when nothing changed; at once
     when anything but the progress changed; a change of the progress alone once
     :data:`PROGRESS_WRITE_INTERVAL_S` has passed since the last write."""
-    if ended:
-        return True
-    if last is None:
+    if ended or last is None:
         return True
     if status == last:
         return False

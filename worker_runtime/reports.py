@@ -102,31 +102,32 @@ class Reports:
     def resumed(self, restored_from: CheckpointReport | None = None) -> None:
         """Training starts or resumes in this round now (rank 0 tells the driver at once:
         the end of a recovery or a resize), from ``restored_from`` if rank 0 loaded it."""
-        step = self._position()[2]
-        self._offer(step=step, resumed=True, restored_from=restored_from, committed_step=step)
+        self._offer(resumed=True, restored_from=restored_from, committed=True)
 
     def checkpoint(self, report: CheckpointReport) -> None:
         """Rank 0 completed a durable checkpoint (any thread)."""
-        self._offer(step=self._position()[2], checkpoints=(report,))
+        self._offer(checkpoints=(report,))
 
     def commit(self, seconds: float) -> None:
         """A commit took ``seconds`` (rank 0's are reported, for the job's metrics)."""
-        step = self._position()[2]
-        self._offer(step=step, commit_seconds=(max(seconds, 0.0),), committed_step=step)
+        self._offer(commit_seconds=(max(seconds, 0.0),), committed=True)
 
     def _offer(
         self,
         *,
-        step: int,
+        step: int | None = None,
         resumed: bool = False,
         commit_seconds: tuple[float, ...] = (),
         checkpoints: tuple[CheckpointReport, ...] = (),
         restored_from: CheckpointReport | None = None,
-        committed_step: int | None = None,
+        committed: bool = False,
     ) -> None:
-        round_number, rank, _ = self._position()
+        """Hand rank 0's report to the progress thread: at ``step`` (None: the worker's step
+        now), which is the committed step when ``committed``."""
+        round_number, rank, now_at = self._position()
         if self._progress is None or rank != 0:
             return
+        step = now_at if step is None else step
         epoch, samples_per_second = self._last_progress
         self._progress.offer(
             ProgressRequest(
@@ -138,7 +139,7 @@ class Reports:
                 commit_seconds=commit_seconds,
                 checkpoints=checkpoints,
                 restored_from=restored_from,
-                committed_step=committed_step,
+                committed_step=step if committed else None,
             ),
             urgent=resumed,
         )
