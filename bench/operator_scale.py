@@ -4,7 +4,9 @@ workers each, their pods played by one process (``pod_fleet.py``).
 1. create: the jobs created one after another; seconds from the create call to the job's 4th
    pod existing (the pod watch's ADDED), p50 and p99; the operator's CPU seconds and the watch
    events (worker pods and ElasticJobs) per second over the phase;
-2. idle:   the operator's CPU (share of one core) with every job running, over 30 s;
+2. idle:   the operator's CPU (share of one core) with every job running, over 30 s, and the
+   API server's requests a second over the same window (from its ``apiserver_request_total``),
+   the most frequent kinds by verb and resource;
 3. node failure: the node with the most jobs' pods deleted (its processes killed, its pods
    removed): seconds to every hit job's next round (survivors re-formed) and to 4 workers again
    (p50, p99);
@@ -15,12 +17,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +40,8 @@ BENCH = Path(__file__).resolve().parent
 NAMESPACE = "default"
 WORKER_SELECTOR = "elasticjob.dev/role=worker"
 IDLE_WINDOW_S = 30.0
+IDLE_TOP_REQUESTS = 6
+LABEL = re.compile(r'(\w+)="([^"]*)"')
 HEARTBEAT_TIMEOUT_S = 30
 
 
@@ -220,13 +225,34 @@ class ScaleBench:
         )
         return figures
 
+    def api_requests(self) -> Counter[str]:
+        """The API server's requests so far, by ``verb resource[/subresource]``."""
+        answer = self.core.api_client.call_api(
+            "/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False
+        )[0]
+        counts: Counter[str] = Counter()
+        for line in answer.data.decode().splitlines():
+            if line.startswith("apiserver_request_total{"):
+                labels = dict(LABEL.findall(line))
+                kind = labels.get("resource", "") + (
+                    f"/{labels['subresource']}" if labels.get("subresource") else ""
+                )
+                counts[f"{labels.get('verb', '?')} {kind}"] += int(float(line.rsplit(" ", 1)[1]))
+        return counts
+
     def idle(self) -> dict[str, float]:
-        cpu, began = self.cpu(), time.monotonic()
+        cpu, requests, began = self.cpu(), self.api_requests(), time.monotonic()
         time.sleep(IDLE_WINDOW_S)  # the measurement window itself
-        return {
-            "operator_cpu_share_of_one_core": (self.cpu() - cpu) / (time.monotonic() - began),
+        elapsed = time.monotonic() - began
+        figures = {
+            "operator_cpu_share_of_one_core": (self.cpu() - cpu) / elapsed,
             "operator_rss_mib": self.memory_mib("VmRSS"),
         }
+        rates = self.api_requests() - requests
+        figures["api_requests_per_s"] = sum(rates.values()) / elapsed
+        for kind, count in rates.most_common(IDLE_TOP_REQUESTS):
+            figures[f"api {kind} per_s"] = count / elapsed
+        return figures
 
     def node_failure(self, delete_node: Callable[[str], None]) -> dict[str, float]:
         with self.seen.lock:

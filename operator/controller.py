@@ -38,6 +38,7 @@ from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
 from elasticjob.driver.driver import ElasticDriver, JobResult
 from elasticjob.driver.goodput import LostTo
 from elasticjob.driver.hosts import HostManager
+from elasticjob.driver.loop_lag import LoopLagWatch
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.adoption import (
     Ownership,
@@ -106,6 +107,7 @@ class JobController:
         *,
         reachable: bool = True,
         observer: DriverObserver | None = None,
+        loop_lag: LoopLagWatch | None = None,
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,
     ) -> None:
@@ -117,6 +119,7 @@ class JobController:
         self._not_ready_nodes = not_ready_nodes
         self._reachable = reachable
         self._observer = observer
+        self._loop_lag = loop_lag
         self._clock, self._wall_clock = clock, wall_clock
         self._job: Mapping[str, Any] | None = None
         """The ElasticJob (its metadata: whose pods are its own)."""
@@ -134,6 +137,8 @@ class JobController:
         self._rank_order: list[str] = []
         self._announced_round = 0
         self._announced_restore = 0
+        self._spec_read: dict[str, Any] | None = None
+        """The spec as last read from the job (valid or not)."""
         self._clamp: ReplicasClamp | None = None
         self._announced_clamp: ReplicasClamp | None = None
         self.pods_created = 0
@@ -188,7 +193,8 @@ class JobController:
         try:
             if errors := name_errors(self.name):
                 raise InvalidSpecError(errors)
-            spec, self._clamp = read_spec(dict(body["spec"]), self._settings.pod_schema)
+            self._spec_read = dict(body["spec"])
+            spec, self._clamp = read_spec(self._spec_read, self._settings.pod_schema)
         except InvalidSpecError as exc:
             await self._refuse(body, str(exc))
             return
@@ -220,6 +226,7 @@ class JobController:
             ),
             driver_settings(spec),
             self._clock,
+            loop_lag=self._loop_lag,
         )
         self.driver = driver
         if self._observer is not None:
@@ -286,8 +293,15 @@ class JobController:
         return True
 
     def _current_spec(self, body: Mapping[str, Any], spec: ElasticJobSpec) -> ElasticJobSpec:
+        """The job's spec as ``body`` has it now; ``spec`` (the current one) when it is
+        unchanged since last read (validating a pod template costs more than the rest of a
+        reconcile) or when the update is invalid (said once)."""
+        raw = dict(body["spec"])
+        if raw == self._spec_read:
+            return spec
+        self._spec_read = raw
         try:
-            spec, self._clamp = read_spec(dict(body["spec"]), self._settings.pod_schema)
+            spec, self._clamp = read_spec(raw, self._settings.pod_schema)
         except InvalidSpecError as exc:
             logger.warning("job %s: ignoring an invalid spec update: %s", self.job_id, exc)
         return spec

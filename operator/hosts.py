@@ -15,6 +15,8 @@ from elasticjob.wire import WorkerId
 class PodDiscovery(HostDiscovery):
     """The hosts of the controller's latest pod plan (``PodPlan.hosts``)."""
 
+    blocks = False
+
     def __init__(self) -> None:
         self.hosts: dict[str, int] = {}
 

@@ -1,7 +1,9 @@
 """Each job's record (``elasticjob/driver/job_record.py``) kept in the cluster: a ConfigMap
-``<job>-record`` owned by the job (garbage-collected with it), rewritten at most every
-:data:`SAVE_INTERVAL_S` while something changed and when the job ends. An operator that
-restarts carries on the stored record, so the timeline spans the whole job."""
+``<job>-record`` owned by the job (garbage-collected with it), rewritten when it changed: at
+most every :data:`SAVE_INTERVAL_S` for a new event, every :data:`SAMPLES_SAVE_INTERVAL_S` for
+progress samples alone, and at once when the job ends (:func:`save_due`). An operator that
+restarts carries on the stored record, so the timeline spans the whole job (less the samples
+since the last save)."""
 
 from __future__ import annotations
 
@@ -14,14 +16,32 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from elasticjob.driver.driver import ElasticDriver
-from elasticjob.driver.job_record import EventKind, JobRecord, JobRecordData
+from elasticjob.driver.job_record import EventKind, JobRecord, JobRecordData, RecordChange
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.kube import KubeApi, load_config
 
 logger = logging.getLogger(__name__)
 
 SAVE_INTERVAL_S: Final = 10.0
+"""Least time between two saves of a record that has a new event."""
+SAMPLES_SAVE_INTERVAL_S: Final = 60.0
+"""Least time between two saves of a record that has new progress samples alone: a running
+job samples its progress every second, its record grows to a few hundred kB, and at 200 jobs
+a save every 10 s each was 20 ConfigMap writes a second for the API server and etcd."""
 RECORD_KEY: Final = "record.json"
+
+
+def save_due(changed: RecordChange, since_saved: float | None, *, now: bool) -> bool:
+    """Whether to save a record with ``changed`` (:class:`RecordChange`), last saved
+    ``since_saved`` seconds ago (None: not yet by this operator): never when nothing changed;
+    with ``now`` (the job ends) at once; else once the interval of the change's kind has
+    passed (a clock stepped back saves)."""
+    if changed is RecordChange.NONE:
+        return False
+    if now or since_saved is None:
+        return True
+    interval = SAVE_INTERVAL_S if changed is RecordChange.EVENTS else SAMPLES_SAVE_INTERVAL_S
+    return not 0 <= since_saved < interval
 
 
 def record_name(job_name: str) -> str:
@@ -101,10 +121,10 @@ class RecordKeeper:
     async def save(
         self, job: Mapping[str, Any], driver: ElasticDriver, *, now: bool = False
     ) -> None:
-        """Write the record if it changed and the last write is old enough (``now``: if it
-        changed at all). A failed write is logged and tried again later."""
-        due = self._saved_at is None or self._clock() - self._saved_at >= SAVE_INTERVAL_S
-        if not driver.journal.record.changed or not (now or due):
+        """Write the record when :func:`save_due` (``now``: the job ends). A failed write is
+        logged and tried again later."""
+        since = None if self._saved_at is None else self._clock() - self._saved_at
+        if not save_due(driver.journal.record.changed, since, now=now):
             return
         data = driver.journal.record_data()
         try:

@@ -161,8 +161,9 @@ class KubeApi:
         """The pods in ``namespace`` that ``selector`` (a label selector) selects, from the API
         server's watch cache (``resourceVersion=0``, as informers list): a list served from
         etcd reads and decodes every pod of the namespace to filter them, and each job
-        re-lists every 10 s. The list may be a little older than the newest state; the pod
-        map's merge rules take a list for what it is, by its version (``podmap.py``)."""
+        re-lists now and then (``podmap.Resync``). The list may be a little older than the
+        newest state; the pod map's merge rules take a list for what it is, by its version
+        (``podmap.py``)."""
         found = await self._call_json(
             "list pods",
             self.core.list_namespaced_pod,

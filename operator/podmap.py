@@ -76,9 +76,12 @@ UNCHANGED: Final = PodChange(False)
 class Resync:
     """When the controller re-lists its job's pods: every ``interval_s``, and sooner while the
     job waits for pods to become hosts and no change came for ``quiet_s`` (a missed watch
-    event would otherwise keep it waiting until the next periodic re-list)."""
+    event would otherwise keep it waiting until the next periodic re-list). The watch carries
+    every change; the periodic re-list only catches what a broken watch missed, and each job
+    makes its own (from the API server's watch cache): every 60 s, 3 lists a second at 200
+    jobs (every 10 s it was 20, a sixth of the operator's API calls when idle)."""
 
-    interval_s: float = 10.0
+    interval_s: float = 60.0
     quiet_s: float = 3.0
 
     def due(self, now: float, *, listed_at: float, changed_at: float, waiting: bool) -> bool:

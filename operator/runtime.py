@@ -9,6 +9,7 @@ import datetime
 import logging
 import ssl
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ import kopf
 from aiohttp import web
 from kubernetes.client.exceptions import ApiException
 
+from elasticjob.driver.loop_lag import LoopLagWatch
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.api.podschema import PodSchema
 from elasticjob.operator.certs import ManagedCertificate, TLSMaterial, managed_material
@@ -95,6 +97,8 @@ class OperatorRuntime:
     _metrics: web.AppRunner | None = None
     metrics: OperatorMetrics = field(init=False)
     _own_pod_task: asyncio.Task[None] | None = None
+    loop_lag: LoopLagWatch = field(default_factory=lambda: LoopLagWatch(time.monotonic))
+    """The one watch of the event loop that every job's driver runs on."""
 
     def __post_init__(self) -> None:
         self.jobs = JobSupervisor(self.run_job)
@@ -222,6 +226,7 @@ class OperatorRuntime:
             self.not_ready_nodes,
             reachable=self.reachable,
             observer=self.metrics.job_observer(podlib.job_id(namespace, name)),
+            loop_lag=self.loop_lag,
         )
         self.controllers[(namespace, name)] = controller
         try:

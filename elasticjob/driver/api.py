@@ -41,6 +41,11 @@ class DiscoveryError(DriverError):
 class HostDiscovery(abc.ABC):
     """Finds the hosts available to the job right now."""
 
+    blocks: bool = True
+    """Whether finding the hosts may block (a script, a file, the network): the driver then
+    runs it in a thread. False for a discovery that reads memory only, which the driver
+    runs on its loop (a thread per job and second is most of what an idle job costs)."""
+
     @abc.abstractmethod
     def find_available_hosts_and_slots(self) -> dict[str, int]:
         """Return ``{hostname: slots}`` for every host that may run workers now.

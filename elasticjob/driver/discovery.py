@@ -144,6 +144,8 @@ class FixedHosts(HostDiscovery):
             source="fixed hosts",
         )
 
+    blocks = False
+
     def find_available_hosts_and_slots(self) -> dict[str, int]:
         """Return a copy of the fixed ``{host: slots}`` mapping."""
         return dict(self._hosts)

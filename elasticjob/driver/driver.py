@@ -50,6 +50,7 @@ from elasticjob.driver.decisions import (
 from elasticjob.driver.hosts import HostManager
 from elasticjob.driver.journal import JobJournal
 from elasticjob.driver.liveness import Reachability
+from elasticjob.driver.loop_lag import LoopLagWatch
 from elasticjob.driver.registry import WorkerRegistry
 from elasticjob.driver.timeouts import overdue_dismissals, overdue_endings, slow_starters
 from elasticjob.driver.workers import NOT_JOINED_HINT, WorkerProcesses
@@ -70,11 +71,6 @@ __all__ = ["DriverSettings", "ElasticDriver", "JobResult", "Phase"]
 TICK_S: Final = 1.0
 """The loop runs a step at least this often, even when nothing wakes it (timeouts)."""
 
-LAG_PROBE_S: Final = 0.5
-"""How often the driver checks how late its event loop runs (``liveness.LOOP_LAG_S``)."""
-LAG_QUIET_S: Final = 60.0
-"""A late loop is a warning when it had kept time this long (else a debug line)."""
-
 
 class ElasticDriver(RendezvousListener):
     """Runs one elastic job (see the module docstring)."""
@@ -86,7 +82,11 @@ class ElasticDriver(RendezvousListener):
         rendezvous_factory: Callable[[RendezvousListener], JobRendezvous],
         settings: DriverSettings,
         clock: Clock,
+        *,
+        loop_lag: LoopLagWatch | None = None,
     ) -> None:
+        """``loop_lag``: the watch of the event loop shared by the drivers that run on it
+        (by default the driver watches its own)."""
         self.settings = settings
         self.hosts = hosts
         self._clock = clock
@@ -98,6 +98,7 @@ class ElasticDriver(RendezvousListener):
         self._workers = WorkerProcesses(self.launcher, self.rendezvous, clock)
         self.reachability = Reachability()
         """Whether the workers can reach this driver (its front end keeps it up to date)."""
+        self._loop_lag = loop_lag or LoopLagWatch(clock)
         self._newcomers_announced = False
         self._recovering = False
         self._from_checkpoint = False
@@ -255,33 +256,21 @@ class ElasticDriver(RendezvousListener):
     async def run(self) -> JobResult:
         """Run the job to completion and return its result."""
         discovery = asyncio.create_task(self._discover_forever(), name="discovery")
-        lag = asyncio.create_task(self._watch_loop_lag(), name="loop lag")
         try:
-            await self.discover()
-            while self._result is None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=TICK_S)
-                await self.step()
+            with self._loop_lag.subscribed(self.reachability):
+                await self.discover()
+                while self._result is None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), timeout=TICK_S)
+                    await self.step()
         finally:
             discovery.cancel()
-            lag.cancel()
-            await asyncio.gather(discovery, lag, return_exceptions=True)
+            await asyncio.gather(discovery, return_exceptions=True)
             self.phase = Phase.FINISHED
             self.rendezvous.finish(self._result.message if self._result else "driver stopped")
             await self.launcher.stop_all()
         assert self._result is not None
         return self._result
-
-    async def _watch_loop_lag(self) -> None:
-        """Tell :attr:`reachability` how late the event loop runs a timer."""
-        while True:
-            due = self._clock() + LAG_PROBE_S
-            await asyncio.sleep(LAG_PROBE_S)
-            now, before = self._clock(), self.reachability.lagged_at
-            if self.reachability.loop_ran_late(now - due, now):
-                (logger.warning if now - before > LAG_QUIET_S else logger.debug)(
-                    "the event loop ran %.1f s late: heartbeat silence counts from now", now - due
-                )
 
     async def _discover_forever(self) -> None:
         while True:
@@ -292,7 +281,10 @@ class ElasticDriver(RendezvousListener):
         """Run host discovery once and act on what changed (members on vanished hosts
         leave)."""
         try:
-            update = await asyncio.to_thread(self.hosts.update_available_hosts)
+            if self.hosts.discovery_blocks:
+                update = await asyncio.to_thread(self.hosts.update_available_hosts)
+            else:
+                update = self.hosts.update_available_hosts()
         except DiscoveryError as exc:
             logger.warning("host discovery failed: %s", exc)
             if end := decide_discovery_failure(str(exc), discovered_before=self.hosts.discovered):

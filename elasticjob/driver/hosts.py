@@ -50,6 +50,11 @@ class HostManager:
         """Why the last host discovery failed (None: it worked)."""
 
     @property
+    def discovery_blocks(self) -> bool:
+        """Whether :meth:`update_available_hosts` may block (``HostDiscovery.blocks``)."""
+        return self._discovery.blocks
+
+    @property
     def current_hosts(self) -> tuple[tuple[str, int], ...]:
         """The usable ``(host, slots)`` pairs, oldest first."""
         return tuple(self._usable.items())

@@ -47,6 +47,17 @@ class EventKind(enum.StrEnum):
     FINISHED = "finished"
 
 
+class RecordChange(enum.IntEnum):
+    """What changed in a record since it was saved, in order of weight: an event outweighs
+    samples (false: nothing)."""
+
+    NONE = 0
+    SAMPLES = 1
+    """Only progress samples were added."""
+    EVENTS = 2
+    """An event was added (perhaps samples too)."""
+
+
 class _Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -89,7 +100,7 @@ class JobRecord:
         self._wall_clock = wall_clock
         self._events: list[RecordEvent] = []
         self._samples: list[RecordSample] = []
-        self._changed = False
+        self._changed = RecordChange.NONE
 
     @classmethod
     def resumed(cls, data: JobRecordData, wall_clock: Callable[[], float]) -> JobRecord:
@@ -100,13 +111,13 @@ class JobRecord:
         return record
 
     @property
-    def changed(self) -> bool:
-        """Whether anything was added since the record was last :meth:`saved`."""
+    def changed(self) -> RecordChange:
+        """What was added since the record was last :meth:`saved` (false: nothing)."""
         return self._changed
 
     def saved(self) -> None:
         """The record as it is now has been stored."""
-        self._changed = False
+        self._changed = RecordChange.NONE
 
     def event(
         self, kind: EventKind, message: str = "", *, round: int = 0, world_size: int = 0
@@ -119,7 +130,7 @@ class JobRecord:
         )
         if len(self._events) > MAX_EVENTS:
             del self._events[1]
-        self._changed = True
+        self._changed = RecordChange.EVENTS
 
     def sample(self, world_size: int, samples_per_second: float) -> None:
         """Record the world size and throughput now."""
@@ -139,7 +150,7 @@ class JobRecord:
             self._samples.append(sample)
         if len(self._samples) > MAX_SAMPLES:
             self._samples = self._samples[::2] + ([sample] if len(self._samples) % 2 == 0 else [])
-        self._changed = True
+        self._changed = max(self._changed, RecordChange.SAMPLES)
 
     def data(self, lost_seconds: Mapping[str, float], goodput: float) -> JobRecordData:
         """The record as stored, with the goodput account at this moment."""

@@ -5,6 +5,7 @@ and a fake clock. No real time passes: the test runs discovery and loop steps it
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -62,8 +63,11 @@ class FakeDiscovery(HostDiscovery):
         self.hosts = dict(hosts)
         self.error: str | None = None
         """Set: discovery fails with this message."""
+        self.threads: list[int] = []
+        """The thread of each discovery."""
 
     def find_available_hosts_and_slots(self) -> dict[str, int]:
+        self.threads.append(threading.get_ident())
         if self.error is not None:
             raise DiscoveryError(self.error)
         return dict(self.hosts)
@@ -161,6 +165,17 @@ class Job:
         """The notices posted so far."""
         response = await bounded(self.job.notices(0, 0))
         return [(n.kind, n.hosts) for n in response.notices]
+
+
+@pytest.mark.parametrize("blocks", [True, False])
+async def test_a_discovery_that_may_block_runs_in_a_thread_and_one_that_reads_memory_does_not(
+    blocks: bool,
+) -> None:
+    job = Job({"a": 1}, settings())
+    job.discovery.blocks = blocks
+    await job.discover()
+    assert job.hosts.current_hosts == (("a", 1),)
+    assert (job.discovery.threads == [threading.get_ident()]) is not blocks
 
 
 def settings(**changes: float | int | None) -> DriverSettings:

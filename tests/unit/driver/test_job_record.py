@@ -8,6 +8,7 @@ from elasticjob.driver.job_record import (
     EventKind,
     JobRecord,
     JobRecordData,
+    RecordChange,
 )
 
 
@@ -62,9 +63,14 @@ def test_a_stored_record_is_carried_on_and_changes_are_tracked() -> None:
     record = JobRecord("ns.job", clock)
     record.event(EventKind.STARTED)
     data = record.data({"recovery": 1.23456}, 0.987654)
-    assert record.changed, "until it is saved"
+    assert record.changed is RecordChange.EVENTS, "until it is saved"
     record.saved()
-    assert not record.changed
+    assert record.changed is RecordChange.NONE and not record.changed
+    record.sample(4, 10.0)
+    assert record.changed is RecordChange.SAMPLES
+    record.event(EventKind.ROUND)
+    record.sample(4, 10.0)
+    assert record.changed is RecordChange.EVENTS, "an event outweighs samples"
     assert data.lost_seconds == {"recovery": 1.235} and data.goodput == 0.9877
     stored = JobRecordData.model_validate_json(data.model_dump_json())
     again = JobRecord.resumed(stored, clock)

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import pytest
 from kubernetes.client.exceptions import ApiException
 
 from elasticjob.driver.driver import ElasticDriver
-from elasticjob.driver.job_record import EventKind
+from elasticjob.driver.job_record import EventKind, RecordChange
 from elasticjob.driver.journal import JobJournal
 from elasticjob.operator.job_records import (
+    SAMPLES_SAVE_INTERVAL_S,
     SAVE_INTERVAL_S,
     RecordKeeper,
     parse_record,
     record_config_map,
+    save_due,
 )
 from elasticjob.operator.kube import KubeApi
 
@@ -81,6 +84,51 @@ async def test_the_record_is_written_when_changed_at_most_every_interval() -> No
         (EventKind.SCALE, "replicas 4 -> 6"),
     ]
     assert data.events[1].world_size == 2 and data.events[1].round == 3
+
+
+E, S, N = RecordChange.EVENTS, RecordChange.SAMPLES, RecordChange.NONE
+
+
+@pytest.mark.parametrize(
+    ("changed", "since_saved", "now", "due"),
+    [
+        (N, None, False, False),  # nothing to save, even the first time
+        (N, 1e6, True, False),  # nor when the job ends
+        (E, None, False, True),  # the first save of this operator
+        (S, None, False, True),
+        (E, 1.0, True, True),  # the job ends: at once
+        (S, 1.0, True, True),
+        (E, SAVE_INTERVAL_S - 0.1, False, False),  # an event: every SAVE_INTERVAL_S
+        (E, SAVE_INTERVAL_S, False, True),
+        (S, SAVE_INTERVAL_S, False, False),  # samples alone: every SAMPLES_SAVE_INTERVAL_S
+        (S, SAMPLES_SAVE_INTERVAL_S - 0.1, False, False),
+        (S, SAMPLES_SAVE_INTERVAL_S, False, True),
+        (S, -5.0, False, True),  # a clock stepped back saves
+    ],
+)
+def test_when_a_record_is_saved(
+    changed: RecordChange, since_saved: float | None, now: bool, due: bool
+) -> None:
+    assert save_due(changed, since_saved, now=now) is due
+
+
+async def test_progress_samples_alone_are_saved_less_often_than_events() -> None:
+    api, clock = FakeApi(), Clock()
+    driver = StubDriver(clock)
+    records = keeper(api, clock)
+    stub = cast(ElasticDriver, driver)
+    records.attach(stub, await records.load(JOB), clock)
+    await records.save(JOB, stub)
+    for _ in range(int(SAMPLES_SAVE_INTERVAL_S) - 1):
+        clock.now += 1.0
+        driver.journal.record.sample(2, 100.0)
+        await records.save(JOB, stub)
+    assert api.writes == 1, "samples alone wait for their interval"
+    clock.now += 1.0
+    await records.save(JOB, stub)
+    assert api.writes == 2
+    samples = parse_record(api.maps["train-record"]).samples
+    assert len(samples) == int(SAMPLES_SAVE_INTERVAL_S) - 1
 
 
 async def test_a_restarted_operator_carries_the_stored_record_on() -> None:

@@ -1,0 +1,55 @@
+"""One watch of the event loop for every driver on it: each subscribed driver hears that the
+loop ran late, and the watch runs only while some driver is subscribed."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from elasticjob.driver.liveness import LOOP_LAG_S, Reachability
+from elasticjob.driver.loop_lag import LoopLagWatch
+
+PROBE_S = 0.01
+
+
+class Clock:
+    """Real time plus the lateness the test adds (as if the loop had been blocked)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.added = 0.0
+
+    def __call__(self) -> float:
+        return self.loop.time() + self.added
+
+
+async def probes(count: int) -> None:
+    for _ in range(count):
+        await asyncio.sleep(PROBE_S)
+
+
+async def test_every_subscribed_driver_hears_that_the_loop_ran_late() -> None:
+    clock = Clock()
+    watch = LoopLagWatch(clock, probe_s=PROBE_S)
+    first, second, gone = Reachability(), Reachability(), Reachability()
+    with watch.subscribed(gone):
+        await probes(3)
+    with watch.subscribed(first), watch.subscribed(second):
+        await probes(3)
+        assert first.lagged_at == second.lagged_at == -math.inf, "on time"
+        clock.added += 2 * LOOP_LAG_S
+        await probes(3)
+        assert first.lagged_at == second.lagged_at != -math.inf
+    assert gone.lagged_at == -math.inf, "no longer subscribed"
+
+
+async def test_the_watch_runs_only_while_a_driver_is_subscribed() -> None:
+    watch = LoopLagWatch(Clock(), probe_s=PROBE_S)
+    before = {t for t in asyncio.all_tasks() if t.get_name() == "loop lag"}
+    with watch.subscribed(Reachability()):
+        with watch.subscribed(Reachability()):
+            running = {t for t in asyncio.all_tasks() if t.get_name() == "loop lag"} - before
+            assert len(running) == 1, "one watch for both"
+        assert not next(iter(running)).done(), "one driver still subscribed"
+    await asyncio.sleep(0)
+    assert next(iter(running)).cancelled()
