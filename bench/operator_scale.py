@@ -227,9 +227,12 @@ class ScaleBench:
 
     def api_requests(self) -> Counter[str]:
         """The API server's requests so far, by ``verb resource[/subresource]``."""
-        answer = self.core.api_client.call_api(
-            "/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False
-        )[0]
+        client = self.core.api_client
+        method, url, headers, _, _ = client.param_serialize(
+            "GET", "/metrics", auth_settings=["BearerToken"]
+        )
+        answer = client.call_api(method, url, header_params=headers)
+        answer.read()
         counts: Counter[str] = Counter()
         for line in answer.data.decode().splitlines():
             if line.startswith("apiserver_request_total{"):

@@ -210,11 +210,14 @@ class JobController:
                 await self.delete_pod(name)
 
     async def _run(self, body: Mapping[str, Any], spec: ElasticJobSpec, stopped: Stopped) -> None:
-        token = await ensure_token(self._api, self.namespace, body)
-        stored_record = await self._records.load(body)
-        # Pods first: the job joins the rendezvous service with the driver, and adopts its
-        # recorded round right after, with no API call in between.
-        await self._relist()
+        # Three independent calls at once: a new job waits for one round trip, not three.
+        # The driver comes after them: the job joins the rendezvous service with it, and
+        # adopts its recorded round right after, with no API call in between.
+        token, stored_record, _ = await asyncio.gather(
+            ensure_token(self._api, self.namespace, body),
+            self._records.load(body),
+            self._relist(),
+        )
         policy = spec.blacklist.policy()
         self._blacklist = Blacklist[str](policy, self._clock)
         slots = self._slots = spec.slots_per_worker
@@ -233,13 +236,15 @@ class JobController:
             driver.journal.observer = self._observer
         self._records.attach(driver, stored_record, self._wall_clock)
         driver.reachability.update(self._reachable, self._clock())
-        if not self._adopt(body, spec, driver):
-            await self._event(body, "Created", f"job {self.job_id} started")
+        announce = not self._adopt(body, spec, driver)
         driver_task = asyncio.create_task(driver.run(), name=f"driver {self.job_id}")
         try:
             while not driver_task.done() and not stopped.is_set():
                 spec = self._current_spec(body, spec)
                 await self._reconcile(body, spec)
+                if announce:  # after the first reconcile: a new job's pods come first
+                    announce = False
+                    await self._event(body, "Created", f"job {self.job_id} started")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self._settings.reconcile_interval_s)
                 self._wake.clear()
@@ -319,9 +324,7 @@ class JobController:
 
     async def _reconcile(self, body: Mapping[str, Any], spec: ElasticJobSpec) -> None:
         assert self.driver is not None
-        await self._budget.ensure(body, spec.min_replicas)
         self._records.note_replicas(self.driver, spec.replicas)
-        await self._records.save(body, self.driver)
         now = self._clock()
         if self._pods.resync_due(waiting=len(self._discovery.hosts) < spec.replicas):
             await self._relist()  # the driver waits for hosts: a missed event may hide one
@@ -342,6 +345,9 @@ class JobController:
             removal_deadline_s=self._settings.removal_deadline_s,
         )
         await self._carry_out(body, spec, plan, views, now)
+        # After the pods: a new job's first pods wait for none of these calls.
+        await self._budget.ensure(body, spec.min_replicas)
+        await self._records.save(body, self.driver)
         if self.driver.round != self._announced_round:
             self._announced_round = self.driver.round
             pods = sorted({w.hostname for w in self.driver.slots})

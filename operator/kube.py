@@ -249,12 +249,16 @@ class KubeApi:
             "patch secret", self.core.patch_namespaced_secret, name, namespace, {"data": data}
         )
 
-    async def create_secret(self, namespace: str, secret: dict[str, Any]) -> None:
+    async def create_secret(self, namespace: str, secret: dict[str, Any]) -> dict[str, Any] | None:
+        """Create ``secret``; the Secret as created, or None when one of its name exists."""
         try:
-            await self._call("create secret", self.core.create_namespaced_secret, namespace, secret)
+            return await self._call_json(
+                "create secret", self.core.create_namespaced_secret, namespace, secret
+            )
         except ApiException as exc:
             if exc.status != 409:
                 raise
+            return None
 
     async def list_jobs(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
         """The ElasticJobs in ``namespaces`` (empty: in every namespace)."""

@@ -28,11 +28,12 @@ class StaleObjectError(Exception):
 
 
 async def ensure_token(api: KubeApi, namespace: str, job: Mapping[str, Any]) -> str:
-    """The token of ``job`` from the Secret it owns (made now when there is none)."""
+    """The token of ``job`` from the Secret it owns (made now when there is none). A new
+    job's Secret is made at once, one API call on the way to its first pods; one that
+    exists (the operator restarted, or the name is taken) is read."""
     name = podlib.token_secret_name(job["metadata"]["name"])
-    secret = await api.read_secret(namespace, name)
+    secret = await api.create_secret(namespace, podlib.token_secret(job))
     if secret is None:
-        await api.create_secret(namespace, podlib.token_secret(job))
         secret = await api.read_secret(namespace, name)
     if secret is None:
         raise StaleObjectError(f"Secret {namespace}/{name} vanished while it was being made")
