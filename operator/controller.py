@@ -402,6 +402,8 @@ class JobController:
     ) -> None:
         """Create ``count`` worker pods at once (one API round trip, not ``count``); the first
         error is raised once every create has answered."""
+        if count == 0:
+            return  # most reconciles: no pod manifest to build
         pod = podlib.worker_pod(
             body,
             spec,

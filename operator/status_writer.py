@@ -5,6 +5,7 @@ once the job has ended (:func:`write_due`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 from collections.abc import Mapping
@@ -13,7 +14,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from elasticjob.driver.api import Clock
-from elasticjob.operator.api import ElasticJobStatus, Phase, worker_selector
+from elasticjob.operator.api import ElasticJobStatus, LostSeconds, Phase, worker_selector
 from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.status import Observation, status_of
 
@@ -35,6 +36,16 @@ def _without_progress(status: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(goodput, Mapping):
         rest["goodput"] = {k: v for k, v in goodput.items() if k not in ("ratio", "lostSeconds")}
     return rest
+
+
+def without_progress(obs: Observation) -> Observation:
+    """``obs`` less what changes with every progress report (its part of the status is
+    what :func:`_without_progress` leaves): two observations equal in this make statuses
+    that differ in their progress alone."""
+    goodput = obs.goodput
+    if goodput is not None:
+        goodput = goodput.model_copy(update={"ratio": 1.0, "lost_seconds": LostSeconds()})
+    return dataclasses.replace(obs, progress=None, goodput=goodput)
 
 
 def write_due(
@@ -68,6 +79,9 @@ class StatusWriter:
         self._status: ElasticJobStatus | None = None
         self._last_written: dict[str, Any] | None = None
         self._last_written_at = 0.0
+        self._steady: tuple[Observation, Any] | None = None
+        """The observation (:func:`without_progress`) and generation the status last
+        written, or found unchanged, was made of."""
         self.phase: Phase = Phase.CREATED
         """The phase last written."""
 
@@ -86,15 +100,20 @@ class StatusWriter:
     async def write(self, body: Mapping[str, Any], obs: Observation) -> None:
         """Write the status ``obs`` makes of the job (``body``: its latest version)."""
         seconds = self._wall_clock()
-        now = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
         generation = body.get("metadata", {}).get("generation")
+        steady, ended = (without_progress(obs), generation), obs.result is not None
+        since = seconds - self._last_written_at
+        if not ended and steady == self._steady and 0 <= since < PROGRESS_WRITE_INTERVAL_S:
+            return  # at most the progress changed, and its write is not due: no status to make
+        now = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
         status = status_of(obs, self.recorded(body), worker_selector(self.name), generation, now)
         self._status = status
         if status.phase is not None:
             self.phase = status.phase
         dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
-        last, ended = self._last_written, obs.result is not None
+        last = self._last_written
         if not write_due(last, dumped, last_at=self._last_written_at, now=seconds, ended=ended):
+            self._steady = steady  # what was written, but perhaps its progress
             return
-        self._last_written, self._last_written_at = dumped, seconds
+        self._last_written, self._last_written_at, self._steady = dumped, seconds, steady
         await self._api.patch_status(self.namespace, self.name, dumped)

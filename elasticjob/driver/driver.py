@@ -37,6 +37,7 @@ from elasticjob.driver.decisions import (
     FormRound,
     Publish,
     ReadyVerdict,
+    RoundPlan,
     ScaleOutAction,
     classify_exit,
     classify_ready,
@@ -47,7 +48,7 @@ from elasticjob.driver.decisions import (
     leaving_members,
     plan_round,
 )
-from elasticjob.driver.hosts import HostManager
+from elasticjob.driver.hosts import Capacity, HostManager
 from elasticjob.driver.journal import JobJournal
 from elasticjob.driver.liveness import Reachability
 from elasticjob.driver.loop_lag import LoopLagWatch
@@ -104,6 +105,8 @@ class ElasticDriver(RendezvousListener):
         self._from_checkpoint = False
         """The round being formed starts from the newest checkpoint (no survivor)."""
         self._capacity_wait_since: float | None = None
+        self._scale_out_plan: tuple[Capacity, RoundPlan] | None = None
+        """The capacity a running round's scale-out was last planned for, and the plan."""
         self._wake = asyncio.Event()
         self._result: JobResult | None = None
         self.last_reset_reason: str | None = None
@@ -454,8 +457,16 @@ class ElasticDriver(RendezvousListener):
 
     async def _scale_out(self) -> None:
         """While a round runs: launch workers for new hosts, announce them once registered."""
-        capacity, now = self.hosts.capacity(), self._clock()
-        plan = plan_round(capacity, self.settings, survivors=None, waiting_since=None, now=now)
+        capacity = self.hosts.capacity()
+        if self._scale_out_plan is None or self._scale_out_plan[0] != capacity:
+            # Without survivors or a wait, the plan depends on the capacity alone (only an
+            # AwaitCapacity, on which nothing scales out, holds the time): planned once per
+            # change of the hosts, not at every step of a running job.
+            plan = plan_round(
+                capacity, self.settings, survivors=None, waiting_since=None, now=self._clock()
+            )
+            self._scale_out_plan = capacity, plan
+        plan = self._scale_out_plan[1]
         decision = decide_scale_out(
             plan,
             self.slots,

@@ -1,12 +1,26 @@
-"""When a job's status is written (``status_writer.write_due``): a table of changes."""
+"""When a job's status is written (``status_writer.write_due``): a table of changes; which
+observations make statuses that differ in their progress alone (``without_progress``); and
+the writer, which makes no status at all while only the progress changed and is not due."""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, cast
 
 import pytest
 
-from elasticjob.operator.status_writer import PROGRESS_WRITE_INTERVAL_S, write_due
+from elasticjob.driver.driver import JobResult
+from elasticjob.driver.driver import Phase as DriverPhase
+from elasticjob.operator import status_writer
+from elasticjob.operator.api import Goodput, LostSeconds, Progress
+from elasticjob.operator.kube import KubeApi
+from elasticjob.operator.status import Observation, PodCounts
+from elasticjob.operator.status_writer import (
+    PROGRESS_WRITE_INTERVAL_S,
+    StatusWriter,
+    without_progress,
+    write_due,
+)
 
 BASE: dict[str, Any] = {
     "phase": "Running",
@@ -76,3 +90,84 @@ def test_write_due(
     expected: bool,
 ) -> None:
     assert write_due(last, status, last_at=100.0, now=100.0 + since, ended=ended) is expected
+
+
+def observation(**changes: Any) -> Observation:
+    """A job training 3 workers in round 4, at step 100."""
+    base = Observation(
+        driver_phase=DriverPhase.RUNNING,
+        result=None,
+        recovering=False,
+        desired=3,
+        min_replicas=2,
+        pods=PodCounts(live=3),
+        round=4,
+        world_size=3,
+        training_pods=3,
+        progress=Progress(epoch=1, step=100),
+        goodput=Goodput(ratio=0.9, lost_seconds=LostSeconds(startup=2.0)),
+    )
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.mark.parametrize(
+    ("other", "same"),
+    [
+        pytest.param(observation(), True, id="equal"),
+        pytest.param(observation(progress=Progress(epoch=1, step=101)), True, id="step"),
+        pytest.param(observation(progress=None), True, id="no-progress"),
+        pytest.param(
+            observation(goodput=Goodput(ratio=0.8, lost_seconds=LostSeconds(startup=3.0))),
+            True,
+            id="goodput-running-figures",
+        ),
+        pytest.param(
+            observation(goodput=Goodput(ratio=0.9, last_recovery_seconds=1.0)),
+            False,
+            id="new-recovery",
+        ),
+        pytest.param(observation(round=5), False, id="round"),
+        pytest.param(observation(result=JobResult(True, "done", 4, 0)), False, id="ended"),
+    ],
+)
+def test_which_observations_differ_in_their_progress_alone(other: Observation, same: bool) -> None:
+    assert (without_progress(other) == without_progress(observation())) is same
+
+
+class Patches:
+    def __init__(self) -> None:
+        self.written: list[dict[str, Any]] = []
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.written.append(status)
+
+
+async def test_the_writer_makes_no_status_while_only_the_progress_changed_and_is_not_due(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made = []
+
+    def counted(*args: Any) -> Any:
+        made.append(args)
+        return status_of(*args)
+
+    status_of = status_writer.status_of
+    monkeypatch.setattr(status_writer, "status_of", counted)
+    api, now = Patches(), [1000.0]
+    writer = StatusWriter(cast(KubeApi, api), "ns", "job", lambda: now[0])
+    body: dict[str, Any] = {"metadata": {"generation": 1}}
+    await writer.write(body, observation())
+    for step in range(101, 105):
+        now[0] += 1.0
+        await writer.write(body, observation(progress=Progress(epoch=1, step=step)))
+    assert (len(made), len(api.written)) == (1, 1), "the steps alone: nothing made or written"
+    now[0] += 1.0
+    await writer.write(body, observation(round=5, progress=Progress(epoch=1, step=105)))
+    assert len(api.written) == 2 and api.written[-1]["progress"]["step"] == 105, "at once"
+    now[0] += PROGRESS_WRITE_INTERVAL_S
+    await writer.write(body, observation(round=5, progress=Progress(epoch=1, step=200)))
+    assert api.written[-1]["progress"]["step"] == 200, "the progress, once due"
+    body["metadata"]["generation"] = 2
+    now[0] += 1.0
+    await writer.write(body, observation(round=5, progress=Progress(epoch=1, step=201)))
+    assert api.written[-1]["observedGeneration"] == 2, "a new generation is written at once"
