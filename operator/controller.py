@@ -344,10 +344,12 @@ class JobController:
             now=now,
             removal_deadline_s=self._settings.removal_deadline_s,
         )
-        await self._carry_out(body, spec, plan, views, now)
-        # After the pods: a new job's first pods wait for none of these calls.
-        await self._budget.ensure(body, spec.min_replicas)
-        await self._records.save(body, self.driver)
+        try:
+            await self._carry_out(body, spec, plan, views, now)
+        except ApiException:  # a create refused (a full quota): the running pods keep both
+            await self._keep_budget_and_record(body, spec)
+            raise
+        await self._keep_budget_and_record(body, spec)
         if self.driver.round != self._announced_round:
             self._announced_round = self.driver.round
             pods = sorted({w.hostname for w in self.driver.slots})
@@ -373,6 +375,13 @@ class JobController:
             await self._event(body, "ReplicasClamped", str(self._clamp), warning=True)
         self._announced_clamp = self._clamp
         await self._status.write(body, self._observe(spec, views))
+
+    async def _keep_budget_and_record(self, body: Mapping[str, Any], spec: ElasticJobSpec) -> None:
+        """The job's PodDisruptionBudget and record, after its pods: a new job's first pods
+        wait for neither."""
+        assert self.driver is not None
+        await self._budget.ensure(body, spec.min_replicas)
+        await self._records.save(body, self.driver)
 
     async def _carry_out(
         self,

@@ -29,11 +29,14 @@ class StaleObjectError(Exception):
 
 async def ensure_token(api: KubeApi, namespace: str, job: Mapping[str, Any]) -> str:
     """The token of ``job`` from the Secret it owns (made now when there is none). A new
-    job's Secret is made at once, one API call on the way to its first pods; one that
-    exists (the operator restarted, or the name is taken) is read."""
+    job (no status yet) makes its Secret at once: one API call on the way to its first
+    pods. A job that ran before (the operator restarted) reads it first: a create of an
+    existing Secret may be refused for another reason than its existence (a full quota)."""
     name = podlib.token_secret_name(job["metadata"]["name"])
-    secret = await api.create_secret(namespace, podlib.token_secret(job))
+    secret = await api.read_secret(namespace, name) if job.get("status") else None
     if secret is None:
+        secret = await api.create_secret(namespace, podlib.token_secret(job))
+    if secret is None:  # the name exists: the job's own Secret, or another's
         secret = await api.read_secret(namespace, name)
     if secret is None:
         raise StaleObjectError(f"Secret {namespace}/{name} vanished while it was being made")

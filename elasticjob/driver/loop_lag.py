@@ -41,10 +41,10 @@ class LoopLagWatch:
     @contextlib.contextmanager
     def subscribed(self, reachability: Reachability) -> Iterator[None]:
         """Tell ``reachability`` while the block runs (inside a running loop)."""
-        self._subscribers.append(reachability)
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="loop lag")
         try:
+            self._subscribers.append(reachability)
+            if self._task is None or self._task.done():
+                self._task = asyncio.get_running_loop().create_task(self._run(), name="loop lag")
             yield
         finally:
             self._subscribers.remove(reachability)
