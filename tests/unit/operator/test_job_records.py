@@ -60,12 +60,17 @@ def keeper(api: FakeApi, clock: Clock) -> RecordKeeper:
     return RecordKeeper(cast(KubeApi, api), "ns", "ns.train", clock)
 
 
+async def attached(api: FakeApi, clock: Clock) -> tuple[RecordKeeper, ElasticDriver]:
+    """A keeper, and a driver it gave the job's record (the stored one, else a new one)."""
+    records = keeper(api, clock)
+    stub = cast(ElasticDriver, StubDriver(clock))
+    records.attach(stub, await records.load(JOB), clock)
+    return records, stub
+
+
 async def test_the_record_is_written_when_changed_at_most_every_interval() -> None:
     api, clock = FakeApi(), Clock()
-    driver = StubDriver(clock)
-    records = keeper(api, clock)
-    stub = cast(ElasticDriver, driver)
-    records.attach(stub, await records.load(JOB), clock)
+    records, stub = await attached(api, clock)
     records.note_replicas(stub, 4)
     await records.save(JOB, stub)
     assert api.writes == 1
@@ -114,14 +119,11 @@ def test_when_a_record_is_saved(
 
 async def test_progress_samples_alone_are_saved_less_often_than_events() -> None:
     api, clock = FakeApi(), Clock()
-    driver = StubDriver(clock)
-    records = keeper(api, clock)
-    stub = cast(ElasticDriver, driver)
-    records.attach(stub, await records.load(JOB), clock)
+    records, stub = await attached(api, clock)
     await records.save(JOB, stub)
     for _ in range(int(SAMPLES_SAVE_INTERVAL_S) - 1):
         clock.now += 1.0
-        driver.journal.record.sample(2, 100.0)
+        stub.journal.record.sample(2, 100.0)
         await records.save(JOB, stub)
     assert api.writes == 1, "samples alone wait for their interval"
     clock.now += 1.0

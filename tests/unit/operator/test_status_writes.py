@@ -4,23 +4,22 @@ the writer, which makes no status at all while only the progress changed and is 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, cast
 
 import pytest
 
 from elasticjob.driver.driver import JobResult
-from elasticjob.driver.driver import Phase as DriverPhase
 from elasticjob.operator import status_writer
 from elasticjob.operator.api import Goodput, LostSeconds, Progress
 from elasticjob.operator.kube import KubeApi
-from elasticjob.operator.status import Observation, PodCounts
+from elasticjob.operator.status import Observation, status_of
 from elasticjob.operator.status_writer import (
     PROGRESS_WRITE_INTERVAL_S,
     StatusWriter,
     without_progress,
     write_due,
 )
+from tests.unit.operator.test_status import obs
 
 BASE: dict[str, Any] = {
     "phase": "Running",
@@ -94,20 +93,9 @@ def test_write_due(
 
 def observation(**changes: Any) -> Observation:
     """A job training 3 workers in round 4, at step 100."""
-    base = Observation(
-        driver_phase=DriverPhase.RUNNING,
-        result=None,
-        recovering=False,
-        desired=3,
-        min_replicas=2,
-        pods=PodCounts(live=3),
-        round=4,
-        world_size=3,
-        training_pods=3,
-        progress=Progress(epoch=1, step=100),
-        goodput=Goodput(ratio=0.9, lost_seconds=LostSeconds(startup=2.0)),
-    )
-    return dataclasses.replace(base, **changes)
+    progress = Progress(epoch=1, step=100)
+    goodput = Goodput(ratio=0.9, lost_seconds=LostSeconds(startup=2.0))
+    return obs(**{"progress": progress, "goodput": goodput, **changes})
 
 
 @pytest.mark.parametrize(
@@ -151,7 +139,6 @@ async def test_the_writer_makes_no_status_while_only_the_progress_changed_and_is
         made.append(args)
         return status_of(*args)
 
-    status_of = status_writer.status_of
     monkeypatch.setattr(status_writer, "status_of", counted)
     api, now = Patches(), [1000.0]
     writer = StatusWriter(cast(KubeApi, api), "ns", "job", lambda: now[0])
