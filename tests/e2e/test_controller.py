@@ -52,6 +52,25 @@ def wait_ready(kube: Kube, job: str, timeout_s: int = 180) -> None:
     )
 
 
+def wait_training(kube: Kube, log_dir: Path, status: dict[str, Any]) -> None:
+    """Until every worker of ``status``'s round has logged a step in it: the status shows a
+    round once it is published, seconds before its workers have joined, synced and trained
+    (on a loaded machine, a fault then lands in the round's start, not in its training)."""
+    members = {w["pod"] for w in status["workers"]}
+    kube.wait(
+        f"every worker training in round {status['round']}",
+        lambda: (
+            members
+            <= {
+                e["host"]
+                for e in read_events(log_dir)
+                if e["ev"] == "step" and e["round"] == status["round"]
+            }
+        ),
+        STARTUP_S,
+    )
+
+
 def moment(stamp: str) -> datetime.datetime:
     return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
@@ -239,6 +258,7 @@ def test_a_silent_worker_is_evicted_and_the_survivors_re_form(
             lambda s: s.get("phase") == "Running" and s.get("worldSize") == 4,
             STARTUP_S,
         )
+        wait_training(kube, log_dir, first)
         victim = next(w for w in first["workers"] if 0 not in w["ranks"])
         stopped_at = time.time()
         if fault == "freeze":
