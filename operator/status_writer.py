@@ -66,7 +66,13 @@ def write_due(
         return False
     if _without_progress(status) != _without_progress(last):
         return True
-    return not 0 <= now - last_at < PROGRESS_WRITE_INTERVAL_S  # a clock stepped back writes
+    return not _progress_write_waits(last_at, now)
+
+
+def _progress_write_waits(last_at: float, now: float) -> bool:
+    """Whether a change of the progress alone waits, the last write having been at
+    ``last_at`` (a clock stepped back does not wait)."""
+    return 0 <= now - last_at < PROGRESS_WRITE_INTERVAL_S
 
 
 class StatusWriter:
@@ -102,8 +108,8 @@ class StatusWriter:
         seconds = self._wall_clock()
         generation = body.get("metadata", {}).get("generation")
         steady, ended = (without_progress(obs), generation), obs.result is not None
-        since = seconds - self._last_written_at
-        if not ended and steady == self._steady and 0 <= since < PROGRESS_WRITE_INTERVAL_S:
+        waits = _progress_write_waits(self._last_written_at, seconds)
+        if not ended and steady == self._steady and waits:
             return  # at most the progress changed, and its write is not due: no status to make
         now = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
         status = status_of(obs, self.recorded(body), worker_selector(self.name), generation, now)
