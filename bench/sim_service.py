@@ -4,8 +4,8 @@ driver per job, in one process, as the operator (and ``elasticjob-run``) run the
 Run as ``python -m bench.sim_service`` by ``bench/scale.py``. It speaks JSON lines with its
 parent: commands on stdin, events on stdout (logs go to stderr). The drivers launch their
 workers through :class:`SimLauncher`, which asks the parent to start simulated workers
-(``sim_worker.py``) instead of processes, and find their hosts through :class:`SimDiscovery`,
-whose hosts the parent sets; the parent reports each simulated worker's exit back, as a
+(``sim_worker.py``) instead of processes, and are told their hosts when the parent sets them
+(as the operator pushes its pods); the parent reports each simulated worker's exit back, as a
 launcher reports a process's exit. Everything else is the production code.
 
 Commands: ``add_job`` (job, token, hosts, settings), ``set_hosts`` (job, hosts), ``exit``
@@ -25,13 +25,12 @@ import logging
 import os
 import resource
 import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from elasticjob.driver.api import DriverSettings, HostDiscovery, WorkerLauncher
-from elasticjob.driver.blacklist import BlacklistPolicy
+from elasticjob.driver.api import DriverSettings, WorkerLauncher
+from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
 from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.hosts import HostManager
 from elasticjob.rendezvous.api import JobRendezvous, RendezvousListener
@@ -69,31 +68,6 @@ class Emitter:
 
     def emit_threadsafe(self, event: Event) -> None:
         self._loop.call_soon_threadsafe(self.emit, event)
-
-
-class SimDiscovery(HostDiscovery):
-    """Hosts the parent sets; tells it when a driver's discovery first sees a change."""
-
-    def __init__(self, job: str, hosts: dict[str, int], emitter: Emitter) -> None:
-        self._job = job
-        self._hosts = dict(hosts)
-        self._seen: dict[str, int] | None = None
-        self._lock = threading.Lock()
-        self._emitter = emitter
-
-    def set_hosts(self, hosts: dict[str, int]) -> None:
-        with self._lock:
-            self._hosts = dict(hosts)
-
-    def find_available_hosts_and_slots(self) -> dict[str, int]:
-        with self._lock:
-            hosts = dict(self._hosts)
-        if self._seen is not None and hosts != self._seen:
-            self._emitter.emit_threadsafe(
-                {"ev": "discovered", "job": self._job, "t": time.monotonic()}
-            )
-        self._seen = hosts
-        return hosts
 
 
 class SimLauncher(WorkerLauncher):
@@ -150,13 +124,11 @@ class SimOperator:
         self._service = service
         self._emitter = emitter
         self._drivers: dict[str, ElasticDriver] = {}
-        self._discovery: dict[str, SimDiscovery] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._steps = 0
         self._step_cpu_s = 0.0
 
     def add_job(self, job: str, token: str, hosts: dict[str, int], settings: Event) -> None:
-        discovery = SimDiscovery(job, hosts, self._emitter)
         driver_settings = DriverSettings(**settings)
 
         def rendezvous(listener: RendezvousListener) -> JobRendezvous:
@@ -165,7 +137,7 @@ class SimOperator:
             )
 
         driver = ElasticDriver(
-            HostManager(discovery, BlacklistPolicy(60.0, 600.0)),
+            HostManager(Blacklist[str](BlacklistPolicy(60.0, 600.0))),
             lambda _: SimLauncher(job, self._emitter),
             rendezvous,
             driver_settings,
@@ -174,7 +146,7 @@ class SimOperator:
         driver.journal.observer = PublishObserver(job, driver, self._emitter)
         driver.step = self._timed(driver.step)  # type: ignore[method-assign]
         self._drivers[job] = driver
-        self._discovery[job] = discovery
+        driver.update_hosts(hosts)
         task = asyncio.create_task(self._run(job, driver), name=f"driver {job}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -203,11 +175,13 @@ class SimOperator:
             event = {"ev": "ended", "job": job, "success": False, "message": repr(exc)}
         self._service.remove_job(job)
         self._drivers.pop(job, None)
-        self._discovery.pop(job, None)
         self._emitter.emit(event)
 
     def set_hosts(self, job: str, hosts: dict[str, int]) -> None:
-        self._discovery[job].set_hosts(hosts)
+        driver = self._drivers.get(job)
+        if driver is not None:
+            driver.update_hosts(hosts)
+            self._emitter.emit({"ev": "discovered", "job": job, "t": time.monotonic()})
 
     def exit(self, job: str, host: str, local_rank: int, code: int) -> None:
         driver = self._drivers.get(job)

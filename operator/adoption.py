@@ -2,7 +2,8 @@
 force (so its workers train on undisturbed) and the blacklisted nodes (so they stay out until
 their recorded end); and which objects are the job's at all (:func:`ownership`): only those
 the job controls by ownerReference, never an object that merely carries its labels or name.
-Pure functions of the status, the objects and the clocks."""
+Pure functions of the status, the objects and the clocks, and :func:`resume_job`, which hands
+what the status recorded to a new driver."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from elasticjob.driver.blacklist import Blacklist
+from elasticjob.driver.driver import ElasticDriver
+from elasticjob.driver.goodput import LostTo
 from elasticjob.driver.slots import assign_slots
-from elasticjob.operator.api import KIND, BlacklistedNode, ElasticJobStatus
+from elasticjob.operator.api import KIND, BlacklistedNode, ElasticJobStatus, LostSeconds
 from elasticjob.wire import SlotInfo, WorkerId
 
 logger = logging.getLogger(__name__)
@@ -100,3 +103,36 @@ def blacklisted_nodes(
         )
         for node, until in sorted(blacklist.active().items())
     ]
+
+
+def resume_job(
+    driver: ElasticDriver,
+    status: ElasticJobStatus,
+    slots_per_worker: int,
+    *,
+    wall_now: float,
+    mono_now: float,
+    node_blacklist: Blacklist[str] | None,
+) -> RecordedRound | None:
+    """After an operator restart, give ``driver`` what ``status`` recorded: the count of
+    resets (so ``resetLimit`` counts those before the restart), the committed step (a durable
+    fallback counts its lost steps from it), the lost time (so goodput covers the whole job),
+    the blacklisted nodes until their recorded ends (into ``node_blacklist``, with scope
+    Node), and the round in force, so its workers train on undisturbed; return that round
+    (None: none to adopt). ``wall_now`` and ``mono_now`` are the same moment on the wall
+    clock and on the driver's."""
+    driver.resume_resets(status.reset_count, status.last_reset_reason)
+    if status.progress is not None:
+        driver.journal.committed_step = status.progress.committed_step
+    if node_blacklist is not None:
+        restore_blacklist(node_blacklist, status.blacklisted_nodes, wall_now, mono_now)
+    recorded = recorded_round(status, slots_per_worker)
+    if recorded is not None:
+        driver.adopt(recorded.round, recorded.slots, recorded.notice_seq)
+    if status.start_time is not None:
+        running_for = wall_now - status.start_time.timestamp()
+        lost = status.goodput.lost_seconds if status.goodput else LostSeconds()
+        driver.journal.resume_lost_time(
+            {cause: getattr(lost, cause.value) for cause in LostTo}, running_for
+        )
+    return recorded

@@ -1,40 +1,28 @@
-"""Worker pods as the driver's hosts: the driver (the same code ``elasticjob-run`` runs)
-discovers hosts and stops workers through these, and the controller carries both out on
-Kubernetes; the job's spec in the driver's terms (its hosts are pods of ``slotsPerWorker``
-processes)."""
+"""Worker pods as the driver's hosts: the driver (the same code ``elasticjob-run`` runs) stops
+and kills workers through :class:`PodLauncher`, and the job's pod reconciler carries it out on
+Kubernetes (it also pushes the usable pods to the driver as its hosts); the job's spec in the
+driver's terms (its hosts are pods of ``slotsPerWorker`` processes)."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from elasticjob.driver.api import DriverSettings, HostDiscovery, WorkerLauncher
+from elasticjob.driver.api import DriverSettings, WorkerLauncher
 from elasticjob.operator.api import ElasticJobSpec
 from elasticjob.wire import WorkerId
 
 
-class PodDiscovery(HostDiscovery):
-    """The hosts of the controller's latest pod plan (``PodPlan.hosts``)."""
-
-    blocks = False
-
-    def __init__(self) -> None:
-        self.hosts: dict[str, int] = {}
-
-    def find_available_hosts_and_slots(self) -> dict[str, int]:
-        return dict(self.hosts)
-
-
 class PodActions(Protocol):
-    """What the controller does to a worker's pod when the driver asks."""
+    """What the job's pod reconciler does to a worker's pod when the driver asks."""
 
     async def delete_pod(self, name: str, grace_s: int | None = None) -> None: ...
 
-    def evict(self, name: str, reason: str) -> None: ...
+    def kill_pod(self, name: str, reason: str) -> None: ...
 
 
 class PodLauncher(WorkerLauncher):
     """Pods start their worker processes themselves; stopping a worker deletes its pod, and
-    killing one (it stopped answering) fails its pod."""
+    killing one (it stopped answering) fails its pod, whose exit the driver hears at once."""
 
     def __init__(self, pods: PodActions) -> None:
         self._pods = pods
@@ -46,7 +34,7 @@ class PodLauncher(WorkerLauncher):
         await self._pods.delete_pod(worker.hostname)
 
     async def kill(self, worker: WorkerId, reason: str) -> None:
-        self._pods.evict(worker.hostname, reason)
+        self._pods.kill_pod(worker.hostname, reason)
 
     async def stop_all(self) -> None:
         return None  # the clean-pod policy decides, once the job has ended
@@ -54,8 +42,8 @@ class PodLauncher(WorkerLauncher):
 
 def driver_settings(spec: ElasticJobSpec) -> DriverSettings:
     """The driver's settings for ``spec``: its bounds in worker processes (pods times slots),
-    its reset limit and timeouts (a heartbeat timeout of 0 turns eviction off), and the
-    durable fallback when the spec has a checkpoint policy."""
+    its reset limit and timeouts (a heartbeat timeout of 0: silent workers are never
+    killed), and the durable fallback when the spec has a checkpoint policy."""
     slots = spec.slots_per_worker
     return DriverSettings(
         min_np=spec.min_replicas * slots,

@@ -1,9 +1,8 @@
 """Each job's record (``elasticjob/driver/job_record.py``) kept in the cluster: a ConfigMap
-``<job>-record`` owned by the job (garbage-collected with it), rewritten when it changed: at
-most every :data:`SAVE_INTERVAL_S` for a new event, every :data:`SAMPLES_SAVE_INTERVAL_S` for
-progress samples alone, and at once when the job ends (:func:`save_due`). An operator that
-restarts carries on the stored record, so the timeline spans the whole job (less the samples
-since the last save)."""
+``<job>-record`` owned by the job (garbage-collected with it), rewritten when the one record
+saving policy says (``elasticjob/driver/record_saving.py``: the journal pushes each change),
+and at once when the job ends. An operator that restarts carries on the stored record, so the
+timeline spans the whole job (less the samples since the last save)."""
 
 from __future__ import annotations
 
@@ -16,32 +15,14 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from elasticjob.driver.driver import ElasticDriver
-from elasticjob.driver.job_record import EventKind, JobRecord, JobRecordData, RecordChange
+from elasticjob.driver.job_record import JobRecordData
+from elasticjob.driver.record_saving import RecordSaver
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.kube import KubeApi, load_config
 
 logger = logging.getLogger(__name__)
 
-SAVE_INTERVAL_S: Final = 10.0
-"""Least time between two saves of a record that has a new event."""
-SAMPLES_SAVE_INTERVAL_S: Final = 60.0
-"""Least time between two saves of a record that has new progress samples alone: a running
-job samples its progress every second, its record grows to a few hundred kB, and at 200 jobs
-a save every 10 s each was 20 ConfigMap writes a second for the API server and etcd."""
 RECORD_KEY: Final = "record.json"
-
-
-def save_due(changed: RecordChange, since_saved: float | None, *, now: bool) -> bool:
-    """Whether to save a record with ``changed`` (:class:`RecordChange`), last saved
-    ``since_saved`` seconds ago (None: not yet by this operator): never when nothing changed;
-    with ``now`` (the job ends) at once; else once the interval of the change's kind has
-    passed (a clock stepped back saves)."""
-    if changed is RecordChange.NONE:
-        return False
-    if now or since_saved is None:
-        return True
-    interval = SAVE_INTERVAL_S if changed is RecordChange.EVENTS else SAMPLES_SAVE_INTERVAL_S
-    return not 0 <= since_saved < interval
 
 
 def record_name(job_name: str) -> str:
@@ -67,6 +48,18 @@ def parse_record(config_map: Mapping[str, Any]) -> JobRecordData:
     return JobRecordData.model_validate_json(text)
 
 
+class ConfigMapStore:
+    """A job's record in its ConfigMap (a ``record_saving.RecordStore``)."""
+
+    def __init__(self, api: KubeApi, namespace: str, job: Mapping[str, Any]) -> None:
+        self._api = api
+        self._namespace = namespace
+        self._job = job
+
+    async def save(self, data: JobRecordData) -> None:
+        await self._api.apply_config_map(self._namespace, record_config_map(self._job, data))
+
+
 class RecordKeeper:
     """Keeps one job's record in the cluster (see the module docstring)."""
 
@@ -77,8 +70,9 @@ class RecordKeeper:
         self._namespace = namespace
         self._job_id = job_id
         self._clock = clock
-        self._saved_at: float | None = None
         self._replicas: int | None = None
+        self.saver: RecordSaver | None = None
+        """Saves the record once :meth:`attach` gave it to a driver."""
 
     async def load(self, job: Mapping[str, Any]) -> JobRecordData | None:
         """The job's stored record (None: there is none, or it is unreadable)."""
@@ -96,45 +90,30 @@ class RecordKeeper:
 
     def attach(
         self,
+        job: Mapping[str, Any],
         driver: ElasticDriver,
         stored: JobRecordData | None,
         wall_clock: Callable[[], float],
-    ) -> None:
-        """Give ``driver`` the job's record: ``stored`` carried on, or a new one."""
+    ) -> RecordSaver:
+        """Give ``driver`` the job's record (``stored`` carried on, or a new one) and return
+        what saves it (its :meth:`RecordSaver.run` saves as it changes)."""
         if stored is not None:
-            driver.journal.record = JobRecord.resumed(stored, wall_clock)
-            return
-        driver.journal.record = JobRecord(self._job_id, wall_clock)
-        driver.journal.record.event(EventKind.STARTED, f"job {self._job_id} created")
+            driver.journal.resume_record(stored, wall_clock)
+        else:
+            driver.journal.start_record(self._job_id, wall_clock, f"job {self._job_id} created")
+        self.saver = RecordSaver(
+            driver.journal,
+            ConfigMapStore(self._api, self._namespace, job),
+            self._clock,
+            errors=(ApiException,),
+        )
+        return self.saver
 
     def note_replicas(self, driver: ElasticDriver, replicas: int) -> None:
         """Record a scale request when ``spec.replicas`` changed."""
         if self._replicas is not None and replicas != self._replicas:
-            driver.journal.record.event(
-                EventKind.SCALE,
-                f"replicas {self._replicas} -> {replicas}",
-                round=driver.round,
-                world_size=len(driver.slots),
-            )
+            driver.journal.scaled(self._replicas, replicas, driver.round, len(driver.slots))
         self._replicas = replicas
-
-    async def save(
-        self, job: Mapping[str, Any], driver: ElasticDriver, *, now: bool = False
-    ) -> None:
-        """Write the record when :func:`save_due` (``now``: the job ends). A failed write is
-        logged and tried again later."""
-        since = None if self._saved_at is None else self._clock() - self._saved_at
-        if not save_due(driver.journal.record.changed, since, now=now):
-            return
-        data = driver.journal.record_data()
-        try:
-            await self._api.apply_config_map(self._namespace, record_config_map(job, data))
-            driver.journal.record.saved()
-        except ApiException as exc:
-            logger.warning(
-                "job %s: could not store its record: %s %s", self._job_id, exc.status, exc.reason
-            )
-        self._saved_at = self._clock()
 
 
 def read_from_cluster(job_name: str, namespace: str | None) -> JobRecordData:

@@ -2,7 +2,8 @@
 
 Two kinds: histograms fed as things happen (each job's driver tells its
 :class:`JobObserver` the time to recover, round formation and commit durations) and values
-read at every scrape from the job controllers and the rendezvous service's request stats
+read at every scrape from each job's snapshot (its one read model, through its controller)
+and the rendezvous service's request stats
 (:class:`_StateCollector`: jobs by phase, world size, samples/s, goodput, lost seconds,
 resets, pods, rendezvous requests and their latency without long-polls).
 """
@@ -169,17 +170,16 @@ def _job_metrics(controllers: list[JobController]) -> Iterator[Metric]:
         job = [controller.job_id]
         created.add_metric(job, controller.pods_created)
         deleted.add_metric(job, controller.pods_deleted)
-        driver = controller.driver
-        if driver is None:
+        snapshot = controller.snapshot()
+        if snapshot is None:
             continue
-        now = driver.clock()
-        world.add_metric(job, len(driver.slots))
-        progress = driver.progress
+        world.add_metric(job, snapshot.world_size)
+        progress = snapshot.progress
         throughput.add_metric(job, progress.samples_per_second if progress else 0.0)
-        goodput.add_metric(job, driver.journal.lost_time.goodput(now))
-        for cause, seconds in driver.journal.lost_time.lost_seconds(now).items():
+        goodput.add_metric(job, snapshot.goodput)
+        for cause, seconds in snapshot.lost_time.lost_seconds(snapshot.now).items():
             lost.add_metric([controller.job_id, cause.value], seconds)
-        resets.add_metric(job, driver.registry.reset_count)
+        resets.add_metric(job, snapshot.reset_count)
     yield from (world, throughput, goodput, lost, resets, created, deleted)
 
 

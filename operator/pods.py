@@ -247,15 +247,9 @@ class PodView:
     """The scheduler's message while a pending pod fits no node."""
 
 
-def view(
-    pod: Mapping[str, Any],
-    *,
-    not_ready_nodes: Iterable[str] = (),
-    evicted: Mapping[str, str] | None = None,
-) -> PodView:
-    """Classify a pod (see :class:`PodState`); ``evicted``: pods the driver evicted because a
-    worker process in them stopped answering (no heartbeat, or its peers cannot reach it),
-    with why."""
+def view(pod: Mapping[str, Any], *, not_ready_nodes: Iterable[str] = ()) -> PodView:
+    """Classify a pod (see :class:`PodState`) by what its object says (what the controller
+    did to it is the job's ledger's: ``pod_ledger.PodLedger.views``)."""
     metadata, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
     node = spec.get("nodeName")
     phase = status.get("phase", "Pending")
@@ -269,11 +263,6 @@ def view(
         state = PodState.SUCCEEDED
     elif node is not None and node in set(not_ready_nodes):
         state, reason = PodState.FAILED, f"node {node} is not ready"
-    elif evicted and metadata["name"] in evicted:
-        state, reason = (
-            PodState.FAILED,
-            f"a worker process was evicted: {evicted[metadata['name']]}",
-        )
     elif metadata.get("deletionTimestamp") or _disruption_target(status):
         state, reason = PodState.LEAVING, reason or "deleted or preempted"
     elif phase == "Running":

@@ -23,7 +23,8 @@ from elasticjob.driver.loop_lag import LoopLagWatch
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.api.podschema import PodSchema
 from elasticjob.operator.certs import ManagedCertificate, TLSMaterial, managed_material
-from elasticjob.operator.controller import ControllerSettings, JobController
+from elasticjob.operator.controller import JobController
+from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.kube import KubeApi, load_config
 from elasticjob.operator.metrics import CONTENT_TYPE, OperatorMetrics
 from elasticjob.operator.ownpod import follow_own_pod
@@ -101,7 +102,7 @@ class OperatorRuntime:
     """The one watch of the event loop that every job's driver runs on."""
 
     def __post_init__(self) -> None:
-        self.jobs = JobSupervisor(self.run_job)
+        self.jobs = JobSupervisor(self.run_job, updated=self._job_updated)
         self.metrics = OperatorMetrics(self.controllers.values, lambda: self.service.stats)
         self.reachable = self.config.own_pod is None
 
@@ -212,6 +213,11 @@ class OperatorRuntime:
         if self._service is None or not self._service.serving:
             raise RuntimeError("the rendezvous service is not serving")
         return "serving"
+
+    def _job_updated(self, namespace: str, name: str) -> None:
+        controller = self.controllers.get((namespace, name))
+        if controller is not None:
+            controller.job_updated()
 
     async def run_job(
         self, namespace: str, name: str, body: Mapping[str, Any], stopped: asyncio.Event

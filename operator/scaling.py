@@ -9,19 +9,22 @@ the job's only scaling loop.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from elasticjob.operator.api import (
-    BlacklistScope,
     CleanPodPolicy,
     ElasticJobSpec,
     InvalidSpecError,
     parse_spec,
 )
 from elasticjob.operator.api.podschema import PodSchema
+from elasticjob.operator.pod_blacklist import is_blacklisted
 from elasticjob.operator.pods import PodState, PodView, newest_first
+
+logger = logging.getLogger(__name__)
 
 _MIN_REPLICAS_DEFAULT: int = ElasticJobSpec.model_fields["min_replicas"].default
 
@@ -67,6 +70,44 @@ def read_spec(
         return spec, ReplicasClamp(requested, used, low, high)
 
 
+class SpecReader:
+    """A job's spec as last read from it: validated again only when it changed (validating
+    a pod template costs more than the rest of a reconcile); an invalid update is ignored,
+    said once; a clamped ``replicas`` is told once per change (:meth:`new_clamp`)."""
+
+    def __init__(self, job_id: str, pod_schema: PodSchema | None) -> None:
+        self._job_id = job_id
+        self._pod_schema = pod_schema
+        self._raw: dict[str, Any] | None = None
+        self.clamp: ReplicasClamp | None = None
+        """How ``replicas`` is clamped now (None: it is in range)."""
+        self._told: ReplicasClamp | None = None
+
+    def first(self, raw: Mapping[str, Any]) -> ElasticJobSpec:
+        """The spec the job starts with (:func:`read_spec`; raises ``InvalidSpecError``)."""
+        self._raw = dict(raw)
+        spec, self.clamp = read_spec(self._raw, self._pod_schema)
+        return spec
+
+    def current(self, raw: Mapping[str, Any], spec: ElasticJobSpec) -> ElasticJobSpec:
+        """The spec as ``raw`` has it now; ``spec`` (the current one) when ``raw`` is
+        unchanged since last read or the update is invalid."""
+        if raw == self._raw:
+            return spec
+        self._raw = dict(raw)
+        try:
+            spec, self.clamp = read_spec(self._raw, self._pod_schema)
+        except InvalidSpecError as exc:
+            logger.warning("job %s: ignoring an invalid spec update: %s", self._job_id, exc)
+        return spec
+
+    def new_clamp(self) -> ReplicasClamp | None:
+        """The clamp, when it is new since last asked (None: none, or told already)."""
+        new = self.clamp if self.clamp != self._told else None
+        self._told = self.clamp
+        return new
+
+
 @dataclass(frozen=True)
 class PodPlan:
     """What one reconciliation does to a job's pods."""
@@ -86,19 +127,6 @@ class PodPlan:
     hosts: tuple[str, ...] = ()
     """The usable pods in rank order (a resumed round's members first, then oldest first):
     the driver's hosts."""
-
-
-def blacklist_key(view: PodView, scope: BlacklistScope) -> str | None:
-    """What a failure of ``view`` blacklists, and what keeps it out: its node (scope Node;
-    None while it has none) or itself (scope Pod)."""
-    return (view.node if scope is BlacklistScope.NODE else view.name) or None
-
-
-def is_blacklisted(view: PodView, scope: BlacklistScope, blacklisted: Collection[str]) -> bool:
-    """Whether ``view`` is kept out: its node (scope Node) or itself (scope Pod) is
-    blacklisted."""
-    key = blacklist_key(view, scope)
-    return key is not None and key in blacklisted
 
 
 def plan_pods(

@@ -1,7 +1,7 @@
 """The ElasticJob's status as a pure function of what the controller observed.
 
-:func:`observe` gathers an :class:`Observation` from the driver and the pods (counted by
-:func:`pod_counts`); :func:`status_of` turns it into the
+:func:`observe` gathers an :class:`Observation` from the driver's snapshot (its one read
+model) and the pods (counted by :func:`pod_counts`); :func:`status_of` turns it into the
 :class:`~elasticjob.operator.api.ElasticJobStatus` model: the phase with its reason, the
 conditions (the phase's, ``Ready``, ``ReplicasClamped``, ``InvalidSpec``) and the rest.
 """
@@ -12,9 +12,9 @@ import datetime
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from elasticjob.driver.driver import ElasticDriver, JobResult
-from elasticjob.driver.driver import Phase as DriverPhase
+from elasticjob.driver.api import DriverPhase, JobResult
 from elasticjob.driver.goodput import LostTime
+from elasticjob.driver.job_snapshot import JobSnapshot
 from elasticjob.operator.api import (
     BlacklistedNode,
     CheckpointStatus,
@@ -120,48 +120,47 @@ class Observation:
 
 
 def observe(
-    driver: ElasticDriver,
+    job: JobSnapshot,
     spec: ElasticJobSpec,
     views: Mapping[str, PodView],
     leaving: Collection[str],
     blacklisted: Sequence[BlacklistedNode],
     replicas_clamped: str | None,
 ) -> Observation:
-    """What ``driver`` and the pods (``views``; ``leaving``: chosen to leave) say now."""
-    ranks: dict[str, list[int]] = {}
-    for worker, slot in driver.slots.items():
-        ranks.setdefault(worker.hostname, []).append(slot.rank)
+    """What the driver (its snapshot ``job``) and the pods (``views``; ``leaving``: chosen to
+    leave) say now."""
+    ranks = job.ranks_by_host()
     running = {name for name, v in views.items() if v.state is PodState.RUNNING}
-    progress = driver.progress
+    progress = job.progress
     return Observation(
-        driver_phase=driver.phase,
-        result=driver.result,
-        recovering=driver.recovering,
+        driver_phase=job.phase,
+        result=job.result,
+        recovering=job.recovering,
         desired=spec.replicas,
         min_replicas=spec.min_replicas,
         pods=pod_counts(views, leaving),
-        round=driver.round,
-        world_size=len(driver.slots),
+        round=job.round,
+        world_size=job.world_size,
         training_pods=len(ranks.keys() & running),
         workers=[
-            WorkerStatus(pod=pod, node=views[pod].node if pod in views else None, ranks=sorted(r))
+            WorkerStatus(pod=pod, node=views[pod].node if pod in views else None, ranks=r)
             for pod, r in sorted(ranks.items())
         ],
         blacklisted_nodes=blacklisted,
-        reset_count=driver.registry.reset_count,
-        last_reset_reason=driver.last_reset_reason,
+        reset_count=job.reset_count,
+        last_reset_reason=job.last_reset_reason,
         progress=None
         if progress is None
         else Progress(
             epoch=progress.epoch,
             step=progress.step,
             samples_per_second=progress.samples_per_second,
-            committed_step=driver.journal.committed_step,
+            committed_step=job.committed_step,
         ),
-        goodput=goodput_of(driver.journal.lost_time, driver.clock()),
-        last_checkpoint=checkpoint_of(driver.journal.last_checkpoint),
-        restored=restore_of(driver),
-        notice_seq=driver.rendezvous.round_info().latest_notice_seq,
+        goodput=goodput_of(job.lost_time, job.now),
+        last_checkpoint=checkpoint_of(job.last_checkpoint),
+        restored=restore_of(job),
+        notice_seq=job.notice_seq,
         replicas_clamped=replicas_clamped,
     )
 
@@ -179,9 +178,9 @@ def checkpoint_of(report: CheckpointReport | None) -> CheckpointStatus | None:
     )
 
 
-def restore_of(driver: ElasticDriver) -> RestoreStatus | None:
-    """The latest durable fallback the driver's journal holds (None: none yet)."""
-    restore = driver.journal.restore
+def restore_of(job: JobSnapshot) -> RestoreStatus | None:
+    """The latest durable fallback of the job (None: none yet)."""
+    restore = job.restore
     checkpoint = None if restore is None else checkpoint_of(restore.checkpoint)
     if restore is None or checkpoint is None:
         return None

@@ -14,13 +14,13 @@ when it raises, never restarted once it returned (the job ended), and on deletio
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from elasticjob.event_waits import wait_event
 from elasticjob.operator.api import Phase
 
 logger = logging.getLogger(__name__)
@@ -28,6 +28,10 @@ logger = logging.getLogger(__name__)
 RunJob = Callable[[str, str, Mapping[str, Any], asyncio.Event], Awaitable[None]]
 """Runs one job: ``(namespace, name, body, stopped)``. ``body`` is kept up to date with the
 job's latest version; ``stopped`` is set when the job is deleted or the operator stops."""
+
+JobUpdated = Callable[[str, str], None]
+"""Told ``(namespace, name)`` of a running job whose body was just updated (a scale, a spec
+change), so that its controller acts on it at once."""
 
 
 class Stopped(Protocol):
@@ -50,9 +54,15 @@ class JobSupervisor:
     """Runs :data:`RunJob` once per ElasticJob the operator sees (see the module docstring)."""
 
     def __init__(
-        self, run_job: RunJob, *, backoff_s: float = 5.0, cancellation_timeout_s: float = 10.0
+        self,
+        run_job: RunJob,
+        *,
+        updated: JobUpdated | None = None,
+        backoff_s: float = 5.0,
+        cancellation_timeout_s: float = 10.0,
     ) -> None:
         self._run_job = run_job
+        self._updated = updated
         self._backoff_s = backoff_s
         self._cancellation_timeout_s = cancellation_timeout_s
         self._jobs: dict[str, _Job] = {}
@@ -70,6 +80,8 @@ class JobSupervisor:
         if job is not None:
             job.body.clear()
             job.body.update(copy.deepcopy(dict(body)))
+            if self._updated is not None:
+                self._updated(str(metadata["namespace"]), str(metadata["name"]))
             return
         job = _Job(copy.deepcopy(dict(body)))
         self._jobs[uid] = job
@@ -101,8 +113,7 @@ class JobSupervisor:
                     name,
                     self._backoff_s,
                 )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(job.stopped.wait(), self._backoff_s)
+            await wait_event(job.stopped, self._backoff_s)
             if job.stopped.is_set():
                 return
 

@@ -2,10 +2,13 @@
 
 The driver is plain Python (no torch, no kopf). Its pieces:
 
-- :class:`HostDiscovery` finds the hosts that may run workers (``discovery.py``: a
-  horovodrun-style discovery script, a fixed list; the operator discovers pods);
+- the front end tells the driver which hosts may run workers when they change
+  (:meth:`~elasticjob.driver.driver.ElasticDriver.update_hosts`): the local launcher polls a
+  horovodrun-style discovery script or a fixed list (``discovery.py``), the operator pushes
+  its worker pods as they become usable;
 - ``hosts.py`` keeps them in a stable, oldest-first order, leaving out the blacklisted ones
-  (``blacklist.py``: exponential cooldown, for hosts, nodes or pods);
+  (``blacklist.py``: exponential cooldown; one owner per front end, the driver's own list of
+  hosts or the operator's nodes and pods);
 - ``slots.py`` turns ordered hosts into per-process :class:`~elasticjob.wire.SlotInfo`;
 - ``registry.py`` records what each member of a round reported;
 - ``decisions.py`` decides, as pure functions of state, event and time returning action
@@ -36,23 +39,6 @@ class DriverError(RuntimeError):
 
 class DiscoveryError(DriverError):
     """Host discovery failed (script missing, non-zero exit, malformed line)."""
-
-
-class HostDiscovery(abc.ABC):
-    """Finds the hosts available to the job right now."""
-
-    blocks: bool = True
-    """Whether finding the hosts may block (a script, a file, the network): the driver then
-    runs it in a thread. False for a discovery that reads memory only, which the driver
-    runs on its loop (a thread per job and second is most of what an idle job costs)."""
-
-    @abc.abstractmethod
-    def find_available_hosts_and_slots(self) -> dict[str, int]:
-        """Return ``{hostname: slots}`` for every host that may run workers now.
-
-        Raises :class:`DiscoveryError` with a message naming the problem when discovery
-        itself fails (as opposed to finding no hosts, which returns ``{}``).
-        """
 
 
 @dataclass(frozen=True)
@@ -90,7 +76,7 @@ class WorkerLauncher(abc.ABC):
         """Stop every process still running and wait for them."""
 
 
-class Phase(enum.Enum):
+class DriverPhase(enum.Enum):
     """The driver's lifecycle: STARTING (launch the first workers, wait until they register)
     -> RUNNING (a round is in force) -> FORMING (the round ended at the barrier; the next one
     is being formed) -> RUNNING ... -> FINISHED."""
@@ -133,7 +119,6 @@ class DriverSettings:
     """How long to wait while fewer than ``min_np`` slots are available."""
     start_timeout_s: float = 120.0
     """How long a newly launched worker may take to register before it counts as failed."""
-    discovery_interval_s: float = 1.0
     removal_grace_s: float = 30.0
     """How long a worker on its way out may take to exit before it is stopped: a dismissed
     one, or one that reported how its process ends (its result) and hangs in its teardown."""
@@ -201,11 +186,10 @@ __all__ = [
     "DiscoveryError",
     "DriverError",
     "DriverObserver",
+    "DriverPhase",
     "DriverSettings",
-    "HostDiscovery",
     "HostUpdate",
     "JobResult",
-    "Phase",
     "Unobserved",
     "WorkerId",
     "WorkerLauncher",

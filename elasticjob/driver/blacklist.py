@@ -1,10 +1,11 @@
 """Blacklisting: keeping a failed host, node or pod out of a job for a while.
 
-The one implementation of blacklisting, generic over what is kept out: the driver blacklists
-hosts (``Blacklist[str]`` of host names), the operator blacklists nodes or pods per the job's
-``blacklist.scope``. The n-th blacklisting of the same key lasts
-``min(cooldown_max_s, cooldown_min_s * 2 ** (n - 1))`` seconds; nothing is blacklisted
-forever. Times are monotonic seconds from an injected clock.
+The one implementation of blacklisting, generic over what is kept out, with one owner per
+front end: the local launcher's driver blacklists hosts (``Blacklist[str]`` of host names);
+under the operator the job's pod reconciler owns a ``Blacklist[str]`` of nodes or pods per
+the job's ``blacklist.scope``, and the driver blacklists through it (:class:`HostBlacklist`).
+The n-th blacklisting of the same key lasts ``min(cooldown_max_s, cooldown_min_s * 2 ** (n -
+1))`` seconds; nothing is blacklisted forever. Times are monotonic seconds from an injected clock.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 import time
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar, cast
+from typing import Generic, Protocol, TypeVar, cast
 
 from elasticjob.driver.api import Clock
 
@@ -48,6 +49,14 @@ class BlacklistPolicy:
         return min(self.cooldown_max_s, math.ldexp(self.cooldown_min_s, doublings))
 
 
+@dataclass(frozen=True)
+class Exclusion:
+    """``key`` (a host, node or pod) is kept out until ``until`` (monotonic seconds)."""
+
+    key: str
+    until: float
+
+
 class Blacklist(Generic[K]):
     """Keys cooling down from a blacklisting, and how often each was blacklisted."""
 
@@ -66,6 +75,10 @@ class Blacklist(Generic[K]):
         self._until[key] = until = self._clock() + duration
         logger.warning("blacklisted %s for %g s (blacklisting number %d)", key, duration, strikes)
         return until
+
+    def exclude(self, key: K) -> Exclusion:
+        """Blacklist ``key`` now (see :meth:`add`), as :class:`HostBlacklist` says."""
+        return Exclusion(str(key), self.add(key))
 
     def restore(self, key: K, until: float, strikes: int = 1) -> None:
         """Take over a blacklisting recorded elsewhere (an operator restart reads it from the
@@ -95,3 +108,23 @@ class Blacklist(Generic[K]):
     def strikes(self, key: K) -> int:
         """How many times ``key`` was blacklisted."""
         return self._strikes.get(key, 0)
+
+
+class HostBlacklist(Protocol):
+    """What the driver needs of whoever keeps failed hosts out of its job: a
+    :class:`Blacklist` of host names (the local launcher), or the operator's blacklist of the
+    nodes or pods its hosts run on."""
+
+    def exclude(self, key: str) -> Exclusion | None:
+        """Blacklist the host ``key`` (one more strike on it, or on the node it runs on);
+        return what is kept out and until when, or None when nothing new is (the same
+        failure kept it out already, or there is nothing to keep out)."""
+
+    def __contains__(self, key: object) -> bool:
+        """Whether the host ``key`` is kept out now."""
+
+    def active(self) -> Mapping[str, float]:
+        """``{what is kept out: cooldown end}``, for messages."""
+
+    def expire(self) -> list[str]:
+        """Forget the cooldowns that have ended; return what they kept out."""

@@ -1,11 +1,10 @@
-"""Every decision of the elastic driver: pure functions of (state, event, now) returning
-action values, one per question the driver has: what a worker's exit or its request for the
-next round means (:func:`classify_exit`, :func:`classify_ready`), who leaves on a discovery
-(:func:`leaving_members`), what the next round is (:func:`plan_round`, :func:`decide_capacity`)
-and when to publish it (:func:`decide_formation`), when to start and announce newcomers
-(:func:`decide_scale_out`), what follows a round (:func:`decide_round`), whether a failed host
-discovery ends the job (:func:`decide_discovery_failure`); whom to stop for taking too long is
-in ``timeouts.py``. ``driver.py`` carries the actions out.
+"""The decisions of the elastic driver on events: pure functions of (state, event, now)
+returning action values, one per question the driver has: what a worker's exit or its request
+for the next round means (:func:`classify_exit`, :func:`classify_ready`), who leaves when hosts
+vanish (:func:`leaving_members`), what follows a round (:func:`decide_round`), whether a failed
+host discovery ends the job (:func:`decide_discovery_failure`). How the next round is planned
+is in ``planning.py``; whom to stop for taking too long in ``timeouts.py``. ``driver.py`` and
+``formation.py`` carry the actions out.
 *Leaving*, *dismissed* and *failed* mean what :class:`~elasticjob.driver.api.Departure` says.
 """
 
@@ -14,14 +13,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final
 
-from elasticjob.driver.api import Departure, DriverSettings, Phase
-from elasticjob.driver.hosts import Capacity
+from elasticjob.driver.api import Departure, DriverPhase
+from elasticjob.driver.planning import ENABLE_CHECKPOINTS, EndJob
 from elasticjob.driver.registry import RoundRecords
-from elasticjob.driver.slots import assign_slots, missing_survivor
-from elasticjob.driver.workers import WorkerRecord
-from elasticjob.wire import SlotInfo, WorkerId, WorkerState
+from elasticjob.driver.worker_record import WorkerRecord
+from elasticjob.wire import WorkerId, WorkerState
 
 _NAMES_SHOWN = 8
 
@@ -54,7 +51,7 @@ class ExitVerdict(enum.Enum):
 
 
 def classify_exit(
-    phase: Phase,
+    phase: DriverPhase,
     *,
     member: bool,
     departure: Departure | None,
@@ -71,10 +68,10 @@ def classify_exit(
         return ExitVerdict.ALREADY_FAILED
     if departure is not None:
         return ExitVerdict.DEPARTED
-    if phase is Phase.FINISHED:
+    if phase is DriverPhase.FINISHED:
         return ExitVerdict.IGNORED
     ended_well = exit_code == 0 or stopped_after_success
-    if member and phase is Phase.RUNNING:
+    if member and phase is DriverPhase.RUNNING:
         return ExitVerdict.SUCCEEDED if ended_well else ExitVerdict.FAILED
     if not ended_well:
         return ExitVerdict.FAILED_OUTSIDE_ROUND
@@ -93,7 +90,7 @@ class ReadyVerdict(enum.Enum):
 
 
 def classify_ready(
-    phase: Phase,
+    phase: DriverPhase,
     *,
     known: bool,
     member: bool,
@@ -106,13 +103,13 @@ def classify_ready(
         return ReadyVerdict.UNKNOWN
     if not member or after_round < current_round:
         return ReadyVerdict.WAITING
-    if rolled_back and phase is not Phase.FINISHED:
+    if rolled_back and phase is not DriverPhase.FINISHED:
         return ReadyVerdict.ROLLED_BACK
     return ReadyVerdict.READY
 
 
 def leaving_members(
-    phase: Phase,
+    phase: DriverPhase,
     removed_hosts: Collection[str],
     members: Iterable[WorkerId],
     workers: Mapping[WorkerId, WorkerRecord],
@@ -121,7 +118,7 @@ def leaving_members(
     Members whose process has ended already reported how, and do not leave; nor do those
     that reported how their process ends (their script ended: their host may vanish because
     the driver itself stops a teardown that hangs, and their exit counts as they reported)."""
-    if phase is not Phase.RUNNING:
+    if phase is not DriverPhase.RUNNING:
         return frozenset()
     return frozenset(
         w
@@ -134,205 +131,10 @@ def leaving_members(
     )
 
 
-# ---- planning and forming rounds ---------------------------------------------------------
-
-
-class CapacityAction(enum.Enum):
-    """Whether enough slots are there to form a round (see :func:`decide_capacity`)."""
-
-    PROCEED = "proceed"
-    WAIT = "wait"
-    TIMEOUT = "timeout"
-
-
-def decide_capacity(
-    *,
-    available_slots: int,
-    min_np: int,
-    waiting_since: float | None,
-    now: float,
-    elastic_timeout_s: float,
-) -> CapacityAction:
-    """PROCEED when at least ``min_np`` slots are available; otherwise WAIT until
-    ``elastic_timeout_s`` has passed since ``waiting_since`` (``None``: waiting starts now),
-    then TIMEOUT."""
-    if available_slots >= min_np:
-        return CapacityAction.PROCEED
-    if waiting_since is None or now - waiting_since < elastic_timeout_s:
-        return CapacityAction.WAIT
-    return CapacityAction.TIMEOUT
-
-
-@dataclass(frozen=True)
-class FormRound:
-    """Form the next round with these slots (rank order)."""
-
-    slots: Mapping[WorkerId, SlotInfo]
-    from_checkpoint: bool = False
-    """No worker of the previous round survives to be its rank 0: the round's fresh rank 0
-    loads the job's newest complete checkpoint (the durable fallback)."""
-
-
-@dataclass(frozen=True)
-class AwaitCapacity:
-    """Too few slots: wait for more, counting the elastic timeout from ``since``."""
-
-    since: float
-    message: str
-
-
-@dataclass(frozen=True)
-class EndJob:
-    """No round can be formed: the job fails with ``reason``."""
-
-    reason: str
-
-
-RoundPlan = FormRound | AwaitCapacity | EndJob
-
-
-ENABLE_CHECKPOINTS: Final = (
-    "durable checkpoints would let the job resume from the newest one instead "
-    "(elasticjob-run --checkpoint-dir, or spec.checkpoint of an ElasticJob)"
-)
-"""How to turn the durable fallback on, said where its absence ends a job."""
-
-
-def plan_round(
-    capacity: Capacity,
-    settings: DriverSettings,
-    *,
-    survivors: Collection[WorkerId] | None,
-    waiting_since: float | None,
-    now: float,
-) -> RoundPlan:
-    """The next round from the usable hosts. ``survivors``: the previous round's members
-    whose processes live on with its state (None: no round to continue, a first round);
-    the next round's rank 0 must be one of them, or, with the checkpoint fallback
-    (``settings.checkpoint_fallback``), the round starts from the newest checkpoint.
-    ``waiting_since``: when waiting for capacity started, if it has. With the fallback, a
-    job whose every host is blacklisted waits for a cooldown to end (up to the elastic
-    timeout) instead of failing: nothing is lost that the checkpoint does not hold."""
-    available = sum(slots for _, slots in capacity.hosts)
-    if available < settings.min_np:
-        shortage = (
-            f"{available} slots available on {len(capacity.hosts)} hosts, "
-            f"but the job needs at least {settings.min_np} processes (min_np)"
-        )
-        error = capacity.discovery_error
-        failing = f"; the last host discovery failed: {error}" if error else ""
-        blacklisted = f"every discovered host is blacklisted: {sorted(capacity.blacklisted)}"
-        if capacity.every_host_blacklisted:
-            if not settings.checkpoint_fallback:
-                return EndJob(blacklisted)
-            failing += f"; {blacklisted}"
-        action = decide_capacity(
-            available_slots=available,
-            min_np=settings.min_np,
-            waiting_since=waiting_since,
-            now=now,
-            elastic_timeout_s=settings.elastic_timeout_s,
-        )
-        timeout = f"{settings.elastic_timeout_s:.0f} s"
-        if action is CapacityAction.TIMEOUT:
-            return EndJob(f"elastic timeout: {shortage} for {timeout}{failing}")
-        since = now if waiting_since is None else waiting_since
-        return AwaitCapacity(since, f"{shortage}; waiting up to {timeout}{failing}")
-    slots = assign_slots(capacity.hosts, min_np=settings.min_np, max_np=settings.max_np)
-    problem = missing_survivor(survivors, list(slots))
-    if problem is None:
-        return FormRound(slots)
-    if settings.checkpoint_fallback:
-        return FormRound(slots, from_checkpoint=True)
-    return EndJob(f"{problem}; {ENABLE_CHECKPOINTS}")
-
-
 def decide_discovery_failure(error: str, *, discovered_before: bool) -> EndJob | None:
     """A host discovery failed: the job ends at once if discovery has never worked (a
     missing or broken script), else None: the next discovery retries."""
     return None if discovered_before else EndJob(f"host discovery failed: {error}")
-
-
-@dataclass(frozen=True)
-class AwaitBarrier:
-    """Some members of the planned round are not at the barrier yet."""
-
-    missing: tuple[WorkerId, ...]
-
-
-@dataclass(frozen=True)
-class Publish:
-    """Publish round ``round_number`` and dismiss ``outgoing``."""
-
-    round_number: int
-    slots: Mapping[WorkerId, SlotInfo]
-    sync: bool
-    """Whether every member must take rank 0's state: for a first round, after a failure or
-    a rollback (``recovering``), and when newcomers join."""
-    newcomers: tuple[WorkerId, ...]
-    outgoing: tuple[WorkerId, ...]
-    """Running workers without a place in the round (they leave, or were never needed)."""
-
-
-def decide_formation(
-    slots: Mapping[WorkerId, SlotInfo],
-    workers: Mapping[WorkerId, WorkerRecord],
-    *,
-    current_round: int,
-    recovering: bool,
-) -> AwaitBarrier | Publish:
-    """Publish the planned round once each of its members is at the barrier."""
-    missing = tuple(w for w in slots if w not in workers or not workers[w].at_barrier)
-    if missing:
-        return AwaitBarrier(missing)
-    newcomers = tuple(w for w in slots if workers[w].last_round == 0)
-    outgoing = tuple(
-        w
-        for w, record in workers.items()
-        if w not in slots and record.running and record.departure is not Departure.DISMISSED
-    )
-    return Publish(
-        round_number=current_round + 1,
-        slots=slots,
-        sync=current_round == 0 or recovering or bool(newcomers),
-        newcomers=newcomers,
-        outgoing=outgoing,
-    )
-
-
-class ScaleOutAction(enum.Enum):
-    NONE = "none"
-    PREPARE = "prepare"  # start the newcomers without a process; wait until all registered
-    ANNOUNCE = "announce"  # all registered: post HOSTS_ADDED, members re-form with them
-
-
-@dataclass(frozen=True)
-class ScaleOut:
-    action: ScaleOutAction
-    newcomers: tuple[WorkerId, ...] = ()
-
-
-def decide_scale_out(
-    plan: RoundPlan,
-    members: Collection[WorkerId],
-    workers: Mapping[WorkerId, WorkerRecord],
-    *,
-    leaving: bool,
-    announced: bool,
-    recovering: bool,
-) -> ScaleOut:
-    """While a round runs: whether to start workers for the planned newcomers, or to
-    announce them. Nothing while members leave or newcomers were announced already; while
-    the round is failing, newcomers are started but not announced (the next round takes
-    them in)."""
-    if leaving or announced or not isinstance(plan, FormRound):
-        return ScaleOut(ScaleOutAction.NONE)
-    newcomers = tuple(w for w in plan.slots if w not in members)
-    if not newcomers:
-        return ScaleOut(ScaleOutAction.NONE)
-    if recovering or not all(w in workers and workers[w].at_barrier for w in newcomers):
-        return ScaleOut(ScaleOutAction.PREPARE, newcomers)
-    return ScaleOut(ScaleOutAction.ANNOUNCE, newcomers)
 
 
 # ---- after a round -----------------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""Host discovery: an executable discovery script, or a fixed list of hosts.
+"""Host discovery for the local launcher: an executable discovery script, or a fixed list of
+hosts, polled (:func:`poll_hosts`) and pushed to the driver as horovodrun does. (The operator
+pushes its worker pods instead.)
 
 Both read the same host syntax: ``host`` (the host has ``default_slots`` slots) or
 ``host:slots``. A script prints one such entry per line (blank lines are ignored); a
@@ -7,6 +9,8 @@ fixed list is written ``h1:2,h2:4,h3``.
 
 from __future__ import annotations
 
+import abc
+import asyncio
 import contextlib
 import logging
 import os
@@ -16,10 +20,11 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterable, Mapping
+from typing import Final, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
-from elasticjob.driver.api import DiscoveryError, HostDiscovery
+from elasticjob.driver.api import DiscoveryError
 from elasticjob.wire import HostName
 
 logger = logging.getLogger(__name__)
@@ -34,6 +39,57 @@ _POLL_S = 0.1
 
 RUN_MARK_ENV = "ELASTICJOB_DISCOVERY_RUN"
 """Set, to a value unique to each run, in the environment of a discovery script."""
+
+POLL_INTERVAL_S: Final = 1.0
+"""How often the local launcher runs its host discovery."""
+
+
+class HostDiscovery(abc.ABC):
+    """Finds the hosts available to the job right now."""
+
+    blocks: bool = True
+    """Whether finding the hosts may block (a script, a file, the network): it then runs in a
+    thread. False for a discovery that reads memory only, which runs on the loop."""
+
+    @abc.abstractmethod
+    def find_available_hosts_and_slots(self) -> dict[str, int]:
+        """Return ``{hostname: slots}`` for every host that may run workers now.
+
+        Raises :class:`DiscoveryError` with a message naming the problem when discovery
+        itself fails (as opposed to finding no hosts, which returns ``{}``).
+        """
+
+
+class HostsListener(Protocol):
+    """Who hears what a discovery finds (the driver)."""
+
+    def update_hosts(self, hosts: Mapping[str, int]) -> None:
+        """These hosts, ``{host: slots}``, may run workers now."""
+
+    def discovery_failed(self, error: str) -> None:
+        """The host discovery failed with ``error``."""
+
+
+async def discover_once(discovery: HostDiscovery, listener: HostsListener) -> None:
+    """Run ``discovery`` once (in a thread when it may block) and tell ``listener``."""
+    try:
+        if discovery.blocks:
+            hosts = await asyncio.to_thread(discovery.find_available_hosts_and_slots)
+        else:
+            hosts = discovery.find_available_hosts_and_slots()
+    except DiscoveryError as exc:
+        listener.discovery_failed(str(exc))
+    else:
+        listener.update_hosts(hosts)
+
+
+async def poll_hosts(
+    discovery: HostDiscovery, listener: HostsListener, interval_s: float = POLL_INTERVAL_S
+) -> None:
+    """Run ``discovery`` every ``interval_s`` and tell ``listener`` (cancel to stop)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        await discover_once(discovery, listener)
 
 
 def _marked_processes(mark: bytes) -> list[int]:

@@ -1,6 +1,8 @@
 """The job's usable hosts, in a stable oldest-first order, with blacklisting.
 
-A host is *usable* when discovery finds it and it is not cooling down from a blacklisting.
+The front end tells the hosts it finds (:meth:`HostManager.update`; the local launcher polls
+a discovery, the operator pushes its pods when they change). A host is *usable* when it was
+found and is not cooling down from a blacklisting.
 Usable hosts are ordered by the time they became usable: hosts that stay usable keep their
 relative order and newly usable hosts go last, so the host holding rank 0 changes only when
 it leaves. A blacklisted host leaves at once; after its cooldown it comes back, last, at the
@@ -10,11 +12,11 @@ next discovery if it is still there.
 from __future__ import annotations
 
 import logging
-import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from elasticjob.driver.api import Clock, DiscoveryError, HostDiscovery, HostUpdate
-from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
+from elasticjob.driver.api import HostUpdate
+from elasticjob.driver.blacklist import Exclusion, HostBlacklist
 
 logger = logging.getLogger(__name__)
 
@@ -33,45 +35,32 @@ class Capacity:
 
 
 class HostManager:
-    """Keeps the usable hosts in order and blacklists failed ones with exponential cooldown."""
+    """Keeps the usable hosts in order, leaving out those its blacklist keeps out."""
 
-    def __init__(
-        self, discovery: HostDiscovery, policy: BlacklistPolicy, clock: Clock = time.monotonic
-    ) -> None:
-        self._discovery = discovery
-        self.blacklist = Blacklist[str](policy, clock)
-        """The hosts cooling down from a blacklisting."""
+    def __init__(self, blacklist: HostBlacklist) -> None:
+        """``blacklist``: the front end's own (see ``blacklist.HostBlacklist``)."""
+        self.blacklist = blacklist
+        """What keeps failed hosts out of the job."""
         self._discovered: dict[str, int] = {}
         # Usable hosts and their slots, in the order they became usable.
         self._usable: dict[str, int] = {}
         self.discovered = False
-        """Whether a host discovery has ever worked."""
+        """Whether hosts were ever found (a discovery ever worked)."""
         self.discovery_error: str | None = None
         """Why the last host discovery failed (None: it worked)."""
-
-    @property
-    def discovery_blocks(self) -> bool:
-        """Whether :meth:`update_available_hosts` may block (``HostDiscovery.blocks``)."""
-        return self._discovery.blocks
 
     @property
     def current_hosts(self) -> tuple[tuple[str, int], ...]:
         """The usable ``(host, slots)`` pairs, oldest first."""
         return tuple(self._usable.items())
 
-    def update_available_hosts(self) -> HostUpdate:
-        """Run discovery and return how the usable hosts changed since the previous view.
+    def update(self, discovered: Mapping[str, int]) -> HostUpdate:
+        """Take ``{host: slots}`` as the hosts found now; return how the usable hosts changed
+        since the previous view.
 
-        Hosts whose cooldown has ended are usable again if discovery still finds them. A
-        surviving host whose slot count changed keeps its place with its new slots and is
-        reported neither added nor removed. :class:`DiscoveryError` propagates and leaves the
-        view unchanged; its message is kept in :attr:`discovery_error`.
-        """
-        try:
-            discovered = self._discovery.find_available_hosts_and_slots()
-        except DiscoveryError as exc:
-            self.discovery_error = str(exc)
-            raise
+        Hosts whose cooldown has ended are usable again if they are still found. A surviving
+        host whose slot count changed keeps its place with its new slots and is reported
+        neither added nor removed."""
         self.discovered, self.discovery_error = True, None
         self.blacklist.expire()
         self._discovered = dict(discovered)
@@ -88,12 +77,17 @@ class HostManager:
             logger.debug("hosts added: %s; hosts removed: %s", list(added), list(removed))
         return HostUpdate(added=added, removed=removed)
 
-    def exclude(self, host: str) -> float:
-        """Blacklist ``host`` now (see :class:`Blacklist`); return the monotonic time its
-        cooldown ends. The host leaves :attr:`current_hosts` immediately."""
-        until = self.blacklist.add(host)
+    def discovery_failed(self, error: str) -> None:
+        """A host discovery failed with ``error``: the view stays as it was, and the error is
+        kept in :attr:`discovery_error` until a discovery works again."""
+        self.discovery_error = error
+
+    def exclude(self, host: str) -> Exclusion | None:
+        """Blacklist ``host`` now (see :class:`HostBlacklist`); return what is kept out and
+        until when (None: nothing new). The host leaves :attr:`current_hosts` immediately."""
+        exclusion = self.blacklist.exclude(host)
         self._usable.pop(host, None)
-        return until
+        return exclusion
 
     def all_discovered_blacklisted(self) -> bool:
         """Whether the last discovery found hosts and every one of them is blacklisted."""

@@ -95,17 +95,30 @@ class JobRecordData(_Record):
 class JobRecord:
     """The record of one job, appended to as things happen (see the module docstring)."""
 
-    def __init__(self, job: str, wall_clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        job: str,
+        wall_clock: Callable[[], float],
+        on_change: Callable[[RecordChange], None] | None = None,
+    ) -> None:
+        """``on_change`` is told what changed after every addition (the journal passes it on
+        to its subscribers: whoever saves the record)."""
         self.job = job
         self._wall_clock = wall_clock
+        self._on_change = on_change
         self._events: list[RecordEvent] = []
         self._samples: list[RecordSample] = []
         self._changed = RecordChange.NONE
 
     @classmethod
-    def resumed(cls, data: JobRecordData, wall_clock: Callable[[], float]) -> JobRecord:
+    def resumed(
+        cls,
+        data: JobRecordData,
+        wall_clock: Callable[[], float],
+        on_change: Callable[[RecordChange], None] | None = None,
+    ) -> JobRecord:
         """Carry on a stored record (an operator restarted)."""
-        record = cls(data.job, wall_clock)
+        record = cls(data.job, wall_clock, on_change)
         record._events = list(data.events)
         record._samples = list(data.samples)
         return record
@@ -130,7 +143,7 @@ class JobRecord:
         )
         if len(self._events) > MAX_EVENTS:
             del self._events[1]
-        self._changed = RecordChange.EVENTS
+        self._note(RecordChange.EVENTS)
 
     def sample(self, world_size: int, samples_per_second: float) -> None:
         """Record the world size and throughput now."""
@@ -150,7 +163,12 @@ class JobRecord:
             self._samples.append(sample)
         if len(self._samples) > MAX_SAMPLES:
             self._samples = self._samples[::2] + ([sample] if len(self._samples) % 2 == 0 else [])
-        self._changed = max(self._changed, RecordChange.SAMPLES)
+        self._note(RecordChange.SAMPLES)
+
+    def _note(self, change: RecordChange) -> None:
+        self._changed = max(self._changed, change)
+        if self._on_change is not None:
+            self._on_change(self._changed)
 
     def data(self, lost_seconds: Mapping[str, float], goodput: float) -> JobRecordData:
         """The record as stored, with the goodput account at this moment."""

@@ -4,7 +4,11 @@ durations its observer wants (the operator's histograms) and its durable checkpo
 last one written, the one a fallback loaded and the steps it lost).
 
 The driver calls one method per event; :class:`JobJournal` decides what each means for the
-three. Times are the driver's clock (monotonic seconds); the record stamps wall time itself.
+three, and pushes what its subscribers follow (:data:`JournalEvent`: a round published, a
+checkpoint restored, a host blacklisted, the record changed) to them: the operator turns the
+first three into Kubernetes events, and whoever keeps the record saves it
+(``record_saving.py``). Times are the driver's clock (monotonic seconds); the record stamps
+wall time itself.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from elasticjob.driver.goodput import (
     on_resize,
     on_restored,
 )
-from elasticjob.driver.job_record import EventKind, JobRecord, JobRecordData
+from elasticjob.driver.job_record import EventKind, JobRecord, JobRecordData, RecordChange
 from elasticjob.wire import CheckpointReport, ProgressRequest
 
 _CHECKPOINT_TIMES_KEPT: Final = 64
@@ -44,14 +48,55 @@ class Restore:
     script reports step numbers of its own that come before the checkpoint's)."""
 
 
+@dataclass(frozen=True)
+class RoundPublished:
+    """Round ``round`` was published: ``world_size`` workers on ``hosts`` (sorted)."""
+
+    round: int
+    world_size: int
+    hosts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CheckpointRestored:
+    """Training resumed from a durable checkpoint (:class:`Restore`)."""
+
+    restore: Restore
+
+
+@dataclass(frozen=True)
+class HostBlacklisted:
+    """``host`` (a host, node or pod) is kept out for ``seconds`` from round ``round`` on."""
+
+    host: str
+    seconds: float
+    round: int
+
+
+@dataclass(frozen=True)
+class RecordChanged:
+    """The record has ``change`` (the heaviest kind of addition) since it was last saved."""
+
+    change: RecordChange
+
+
+JournalEvent = RoundPublished | CheckpointRestored | HostBlacklisted | RecordChanged
+"""What the journal pushes to its subscribers."""
+
+JournalListener = Callable[[JournalEvent], None]
+"""A subscriber: called on the event loop, as the event happens; must not block."""
+
+
 class JobJournal:
     """The goodput account, the record and the observer of one job."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
+        self._listeners: list[JournalListener] = []
         self.observer: DriverObserver = Unobserved()
-        self.record = JobRecord("job", time.time)
-        """Front ends name it (and may carry a stored one on)."""
+        self.record = JobRecord("job", time.time, self._record_changed)
+        """Front ends start it with a name (:meth:`start_record`) or carry a stored one on
+        (:meth:`resume_record`)."""
         self.lost_time = LostTime.start(clock())
         self._paused_in_round = 0
         """The round in which training last stopped (0: the job has not trained yet)."""
@@ -71,6 +116,32 @@ class JobJournal:
         """A round that rolled back before any member was seen to fail: (round, world size,
         the host of the first member that reported it)."""
         """When the state each recent checkpoint holds was committed (the driver's clock)."""
+
+    def subscribe(self, listener: JournalListener) -> None:
+        """Push every later :data:`JournalEvent` to ``listener``."""
+        self._listeners.append(listener)
+
+    def _tell(self, event: JournalEvent) -> None:
+        for listener in self._listeners:
+            listener(event)
+
+    def _record_changed(self, change: RecordChange) -> None:
+        self._tell(RecordChanged(change))
+
+    def start_record(self, job: str, wall_clock: Callable[[], float], started: str) -> None:
+        """Start the record of ``job``, its first event saying how it ``started``."""
+        self.record = JobRecord(job, wall_clock, self._record_changed)
+        self.record.event(EventKind.STARTED, started)
+
+    def resume_record(self, data: JobRecordData, wall_clock: Callable[[], float]) -> None:
+        """Carry on a stored record (the operator restarted)."""
+        self.record = JobRecord.resumed(data, wall_clock, self._record_changed)
+
+    def scaled(self, old: int, new: int, round_number: int, world_size: int) -> None:
+        """Someone asked for ``new`` worker pods instead of ``old``."""
+        self.record.event(
+            EventKind.SCALE, f"replicas {old} -> {new}", round=round_number, world_size=world_size
+        )
 
     def record_data(self) -> JobRecordData:
         """The record as stored, with the goodput account now."""
@@ -136,6 +207,7 @@ class JobJournal:
         lost = None if last is None or last < checkpoint.step else last - checkpoint.step
         self.restore = Restore(checkpoint, round_number, lost)
         self.lost_time = on_restored(self.lost_time, self._checkpoint_times.get(checkpoint.name))
+        self._tell(CheckpointRestored(self.restore))
         steps = "an unknown number of" if lost is None else str(lost)
         self.record.event(
             EventKind.RESTORED,
@@ -164,7 +236,7 @@ class JobJournal:
     def failed(self, host: str, round_number: int, world_size: int) -> None:
         """A member of the round on ``host`` failed (the record tells the first per round)."""
         if self._failure_told < round_number:
-            self._tell_failure(f"a worker on {host} failed", round_number, world_size)
+            self._record_failure(f"a worker on {host} failed", round_number, world_size)
         self._stop(round_number, failed=True)
 
     def _explain_failure(self) -> None:
@@ -173,13 +245,13 @@ class JobJournal:
         if self._unexplained is None:
             return
         round_number, world_size, reporter = self._unexplained
-        self._tell_failure(
+        self._record_failure(
             f"a collective failed (first reported by a worker on {reporter})",
             round_number,
             world_size,
         )
 
-    def _tell_failure(self, message: str, round_number: int, world_size: int) -> None:
+    def _record_failure(self, message: str, round_number: int, world_size: int) -> None:
         """The record's one FAILURE event of ``round_number``."""
         self._failure_told = max(self._failure_told, round_number)
         self._unexplained = None
@@ -205,9 +277,16 @@ class JobJournal:
             self._round_ended_at = now
 
     def published(
-        self, round_number: int, world_size: int, joined: int, left: int, samples_per_second: float
+        self,
+        round_number: int,
+        world_size: int,
+        joined: int,
+        left: int,
+        samples_per_second: float,
+        *,
+        hosts: tuple[str, ...] = (),
     ) -> None:
-        """The next round was published."""
+        """The next round was published, with ``world_size`` workers on ``hosts``."""
         self._explain_failure()
         if self._round_ended_at is not None:
             self.observer.round_formed(self._clock() - self._round_ended_at)
@@ -219,10 +298,12 @@ class JobJournal:
             world_size=world_size,
         )
         self.record.sample(world_size, samples_per_second)
+        self._tell(RoundPublished(round_number, world_size, hosts))
 
     def blacklisted(self, host: str, seconds: float, round_number: int) -> None:
         """``host`` is excluded for ``seconds``."""
         self.record.event(EventKind.BLACKLISTED, f"{host} for {seconds:.0f} s", round=round_number)
+        self._tell(HostBlacklisted(host, seconds, round_number))
 
     def finished(self, success: bool, message: str, round_number: int) -> None:
         """The job ended."""

@@ -3,14 +3,14 @@
 Every worker process beats a heartbeat from a background thread (see
 ``elasticjob.worker_runtime.heartbeat``), whatever its training thread does. A process that
 sent none for ``timeout_s`` is frozen (SIGSTOP, a hung interpreter) or cut off from the job;
-a slow step or a long evaluation never stops the beat. The driver evicts such a worker: it
+a slow step or a long evaluation never stops the beat. The driver kills such a worker: it
 kills it, and the process's exit is then handled like any failure (ROUND_FAILED for the
 survivors, its host blacklisted).
 
 The timeout bounds detection; re-forming the round adds a second or two. The workers' beat
 interval (:func:`heartbeat_interval_s`, handed to them as
 :data:`~elasticjob.wire.ENV_HEARTBEAT_INTERVAL`) leaves several beats per timeout, so one
-delayed beat is no eviction.
+delayed beat kills nobody.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ LOOP_LAG_S = 1.0
 in its queues (see :meth:`Reachability.loop_ran_late`)."""
 
 BEATS_PER_TIMEOUT = 5
-"""Heartbeats a worker sends per timeout: four may be lost or late without an eviction."""
+"""Heartbeats a worker sends per timeout: four may be lost or late without a kill."""
 
 MAX_HEARTBEAT_INTERVAL_S = 2.0
 """Longest interval between heartbeats, whatever the timeout."""
@@ -46,8 +46,8 @@ MIN_HEARTBEAT_INTERVAL_S = 0.1
 
 
 def heartbeat_interval_s(timeout_s: float | None) -> float | None:
-    """The interval at which workers beat for a driver evicting after ``timeout_s`` (None:
-    the driver evicts nobody, and workers need not beat)."""
+    """The interval at which workers beat for a driver that kills those silent for
+    ``timeout_s`` (None: the driver kills nobody, and workers need not beat)."""
     if timeout_s is None:
         return None
     if timeout_s <= 0:
@@ -80,7 +80,7 @@ class Reachability:
         """The driver's event loop ran a timer ``lateness_s`` late at ``now``. From
         :data:`LOOP_LAG_S` on, it was too busy to keep up (a thousand workers' requests on
         one loop, see ``docs/scale.md``): beats may have waited unanswered in its queues, so
-        silence counts again from ``now`` (an overloaded service would otherwise evict
+        silence counts again from ``now`` (an overloaded service would otherwise kill
         healthy workers, and re-forming rounds for them would overload it more). Returns
         whether it counts as running late."""
         if lateness_s < LOOP_LAG_S:
@@ -102,12 +102,12 @@ def hung_workers(
     now: float,
     counts_from: float | None = -math.inf,
 ) -> frozenset[WorkerId]:
-    """The workers to evict: those silent for more than ``timeout_s`` before ``now``, their
+    """The workers to kill: those silent for more than ``timeout_s`` before ``now``, their
     silence counted from their last heartbeat, and no earlier than ``counts_from``.
 
     ``last_heartbeat`` holds the running worker processes the driver supervises, with the
     time of each one's last heartbeat, or None for a process that has not beaten yet (still
-    starting: the start timeout covers it). ``timeout_s`` None turns eviction off;
+    starting: the start timeout covers it). ``timeout_s`` None turns the killing off;
     ``counts_from`` None suspends it (the workers cannot reach the driver: see
     :class:`Reachability`).
     """

@@ -1,16 +1,16 @@
 """Which members of a round are cut off from their peers: the decision, as a pure function.
 
-A worker cut off from everything stops heartbeating and is evicted as hung
+A worker cut off from everything stops heartbeating and is killed as hung
 (``liveness.py``). A worker cut off only from its peers (it still reaches the rendezvous
 service) keeps beating; without more, every rank would block in its collective until the
 collective timeout, and the next round would take the cut-off worker in again. So a worker
 whose collective has blocked for a while probes a few peers (``elasticjob.rendezvous.probes``:
 rank 0 and its ring neighbours on other hosts) and reports those it cannot reach with its
-heartbeats. From those reports :func:`partitioned_members` decides whom to evict:
+heartbeats. From those reports :func:`partitioned_members` decides whom to kill:
 
 - only reports of the round in force that arrived within ``max_age_s`` count (a report of an
   older round says nothing about this one; a worker that stopped reporting got unstuck, or
-  stopped beating and is evicted as hung);
+  stopped beating and is killed as hung);
 - a member is partitioned when a strict majority of **all** the members that probe it report
   it unreachable. Not of those that reported so far: reports arrive over a heartbeat interval,
   and the cut-off worker reports every peer it probes; counting only early reporters would let
@@ -25,7 +25,7 @@ heartbeats. From those reports :func:`partitioned_members` decides whom to evict
   between them: one vote of its two probers no longer counts.
 
 A partition that isolates no host from a majority of its probers (a cut between two healthy
-halves, a single broken link) evicts nobody here: the collective timeout still ends it.
+halves, a single broken link) kills nobody here: the collective timeout still ends it.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class ReceivedReport:
 
 @dataclass(frozen=True)
 class Partitioned:
-    """A member to evict, and the members whose reports condemned it."""
+    """A member to kill, and the members whose reports condemned it."""
 
     worker: WorkerId
     reported_by: tuple[WorkerId, ...]

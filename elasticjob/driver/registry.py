@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -34,30 +34,29 @@ _FINAL_STATES = frozenset({WorkerState.SUCCESS, WorkerState.FAILURE})
 
 
 class WorkerRegistry:
-    """The members of the current round and what each has reported."""
+    """What the members of the current round reported."""
 
-    def __init__(self) -> None:
+    def __init__(self, members: Callable[[], Collection[WorkerId]]) -> None:
+        """``members``: the members of the round in force, read from their owner (the job's
+        rendezvous) whenever needed."""
+        self._members = members
         self._round_number = 0
-        self._members: frozenset[WorkerId] = frozenset()
         self._states: dict[WorkerId, WorkerState] = {}
-        self._leaving: set[WorkerId] = set()
         self._rolled_back: set[WorkerId] = set()
         self.reset_count = 0
         """How many times the job has reset (see :meth:`count_reset`)."""
 
-    def start_round(self, round_number: int, members: Iterable[WorkerId]) -> None:
-        """Start recording ``round_number`` (greater than the current one) for ``members``,
-        forgetting everything recorded for the previous round."""
+    def start_round(self, round_number: int) -> None:
+        """Start recording ``round_number`` (greater than the current one), forgetting
+        everything recorded for the previous round."""
         if round_number <= self._round_number:
             raise ValueError(
                 f"round {round_number} must come after the current round {self._round_number}"
             )
         self._round_number = round_number
-        self._members = frozenset(members)
         self._states = {}
-        self._leaving = set()
         self._rolled_back = set()
-        logger.debug("round %d has %d members", round_number, len(self._members))
+        logger.debug("round %d has %d members", round_number, len(self._members()))
 
     def record(self, worker: WorkerId, state: WorkerState) -> bool:
         """Record that ``worker`` reported ``state``; return whether it was recorded.
@@ -65,7 +64,7 @@ class WorkerRegistry:
         Reports of workers outside the round are ignored. SUCCESS and FAILURE are final: a
         later report of the same worker is ignored; a READY can be overridden.
         """
-        if worker not in self._members:
+        if worker not in self._members():
             logger.debug(
                 "ignoring %s from %s: not a member of round %d", state, worker, self._round_number
             )
@@ -78,22 +77,20 @@ class WorkerRegistry:
         self._states[worker] = state
         return True
 
-    def mark_leaving(self, workers: Iterable[WorkerId]) -> None:
-        """Mark members of the round as leaving gracefully (non-members are ignored)."""
-        self._leaving.update(w for w in workers if w in self._members)
-
     def mark_rolled_back(self, worker: WorkerId) -> None:
         """Record that a member rolled back after a collective failed on it (a non-member is
         ignored)."""
-        if worker in self._members:
+        if worker in self._members():
             self._rolled_back.add(worker)
 
-    def records(self) -> RoundRecords:
-        """A snapshot of the current round's records."""
+    def records(self, leaving: Collection[WorkerId] = ()) -> RoundRecords:
+        """A snapshot of the current round's records; ``leaving``: the workers leaving
+        gracefully (those that are members count as leaving)."""
+        members = frozenset(self._members())
         return RoundRecords(
-            members=self._members,
+            members=members,
             states=MappingProxyType(dict(self._states)),
-            leaving=frozenset(self._leaving),
+            leaving=members & frozenset(leaving),
             rolled_back=frozenset(self._rolled_back),
         )
 

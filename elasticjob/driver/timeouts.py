@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping
 
 from elasticjob.driver.api import Departure
-from elasticjob.driver.workers import WorkerRecord
+from elasticjob.driver.worker_record import WorkerRecord
 from elasticjob.wire import WorkerId
 
 
@@ -58,9 +58,9 @@ def overdue_endings(
 
     A worker beats until its interpreter exits, so work after the training loop (an
     evaluation, a save) is never cut short; at exit it stops beating. Once it reported, its
-    silence no longer evicts it (teardown may outlast the heartbeat timeout), so without
+    silence no longer kills it (teardown may outlast the heartbeat timeout), so without
     this nothing would end it, and the round waits for every member's end. As with
-    evictions (``liveness.hung_workers``), nobody is judged without a heartbeat timeout
+    kills (``liveness.hung_workers``), nobody is judged without a heartbeat timeout
     (``heartbeat_timeout_s`` None: workers beat rarely or not at all) or while the workers
     cannot reach the driver (``counts_from`` None), and silence counts no earlier than
     ``counts_from``. A process that reported success ends as it said (see

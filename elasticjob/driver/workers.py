@@ -1,100 +1,22 @@
-"""The worker processes one driver launched: what it knows about each, and the moves it
-makes on them (launch, dismiss, stop). Whether to make a move is decided in
-``decisions.py``."""
+"""The worker processes one driver launched (their records: ``worker_record.py``), and the
+moves the driver makes on them: launch, dismiss, stop, and kill or stop those that take too
+long. Whether to make a move is decided in ``decisions.py``, ``timeouts.py``,
+``liveness.py`` and ``partition.py``."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 
 from elasticjob.driver.api import Clock, Departure, WorkerLauncher
 from elasticjob.driver.liveness import hung_workers
 from elasticjob.driver.partition import ReceivedReport, partitioned_members
+from elasticjob.driver.timeouts import overdue_dismissals, overdue_endings, slow_starters
+from elasticjob.driver.worker_record import WorkerRecord
 from elasticjob.rendezvous.api import JobRendezvous, ProbeReport
-from elasticjob.wire import SlotInfo, WorkerId, WorkerState
+from elasticjob.wire import SlotInfo, WorkerId
 
 logger = logging.getLogger(__name__)
-
-_EXIT_CAUSES = {126: " (command not executable)", 127: " (command not found)"}
-"""What a shell's exit status says about the command it could not run."""
-
-NOT_JOINED_HINT = (
-    "a worker joins the job through elasticjob.worker_runtime: init(), and elastic.run when "
-    "added to a running job; a torchrun-style script needs the changes of the torchrun / DDP "
-    "recipe in docs/worker-runtime.md"
-)
-"""Said of a worker whose process ended before it ever asked for a round."""
-
-
-@dataclass
-class WorkerRecord:
-    """What the driver knows about one worker process it launched."""
-
-    started_at: float
-    running: bool = True
-    waiting_after: int | None = None
-    """The newest round after which the worker asked for the next one (None: it has not
-    registered yet)."""
-    last_round: int = 0
-    """The last round it was a member of (0: none yet, a newcomer)."""
-    departure: Departure | None = None
-    dismissed_at: float | None = None
-    stop_requested: bool = False
-    message: str = ""
-    """The last lines the worker reported with its result."""
-    last_heartbeat: float | None = None
-    """When its process last beat (None: not yet, or it is being evicted)."""
-    ending_since: float | None = None
-    """When it reported how its process ends (None: it has not): its exit is awaited from
-    then on, not its heartbeat."""
-    reported: WorkerState | None = None
-    """The state it reported with its result (SUCCESS: its training function returned)."""
-    probe_report: ReceivedReport | None = None
-    """What it found probing its peers, with its latest heartbeat (None: that beat had no
-    report: none of its collectives blocked)."""
-
-    heard_from: bool = False
-    """Its process's runtime beat or reported how it ends: it called ``init()``."""
-
-    @property
-    def ending(self) -> bool:
-        """Whether it reported how its process ends."""
-        return self.ending_since is not None
-
-    @property
-    def registered(self) -> bool:
-        """Whether the process runs the worker runtime: it asked for a round, was a member of
-        one, or its runtime was heard from (a newcomer of a script without ``elastic.run``
-        calls ``init()`` and never asks; a command that never calls ``init()`` has none of
-        these)."""
-        return self.waiting_after is not None or self.last_round > 0 or self.heard_from
-
-    def fail_outside_round(self, exit_code: int) -> None:
-        """Its process failed while it was no member of a running round (before it joined
-        one, or while the next one formed): it counts as failed, and says how it ended."""
-        self.departure = Departure.FAILED
-        cause = _EXIT_CAUSES.get(exit_code, "")
-        if self.registered:
-            where = "outside a round"
-        elif cause:
-            where = "before it joined the job"
-        else:
-            where = f"before it joined the job ({NOT_JOINED_HINT})"
-        self.message = self.message or f"exited with status {exit_code}{cause} {where}"
-
-    @property
-    def at_barrier(self) -> bool:
-        """Whether the process runs and waits for a round after the last one it was in. A
-        dismissed process never is: it was told to exit and does (when its host comes back,
-        a fresh process takes the slot)."""
-        waiting_after = self.waiting_after
-        return (
-            self.running
-            and self.departure is not Departure.DISMISSED
-            and waiting_after is not None
-            and waiting_after >= self.last_round
-        )
 
 
 class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
@@ -132,10 +54,12 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
         record = self._records.get(worker)
         return record is not None and record.departure in (Departure.DISMISSED, Departure.FAILED)
 
-    def any_leaving(self, members: Iterable[WorkerId]) -> bool:
-        """Whether any of these members is leaving."""
-        return any(
-            w in self._records and self._records[w].departure is Departure.LEAVING for w in members
+    def leaving(self, members: Iterable[WorkerId]) -> frozenset[WorkerId]:
+        """Those of these members that are leaving (see ``Departure.LEAVING``)."""
+        return frozenset(
+            w
+            for w in members
+            if w in self._records and self._records[w].departure is Departure.LEAVING
         )
 
     async def launch_missing(self, workers: Iterable[WorkerId]) -> list[WorkerId]:
@@ -165,6 +89,44 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
         """Stop the worker's process (SIGTERM, then SIGKILL)."""
         self._records[worker].stop_requested = True
         await self._launcher.stop(worker)
+
+    async def expire_slow_starters(self, start_timeout_s: float) -> tuple[WorkerId, ...]:
+        """Stop the newcomers that did not register within ``start_timeout_s``; they count as
+        failed (see ``timeouts.slow_starters``). Return them."""
+        expired = slow_starters(self, now=self._clock(), start_timeout_s=start_timeout_s)
+        for worker in expired:
+            logger.error("worker %s did not register within %.0f s", worker, start_timeout_s)
+            self._records[worker].departure = Departure.FAILED
+            await self.stop(worker)
+        return expired
+
+    async def stop_overdue(
+        self, grace_s: float, heartbeat_timeout_s: float | None, counts_from: float | None
+    ) -> None:
+        """Stop the workers on their way out that have not exited after ``grace_s``:
+        dismissed ones, and those whose process hangs after reporting how it ends (judged
+        as kills are: see ``timeouts.overdue_endings``)."""
+        now = self._clock()
+        for worker in overdue_dismissals(self, now=now, grace_s=grace_s):
+            logger.warning("dismissed worker %s did not exit; stopping it", worker)
+            await self.stop(worker)
+        endings = overdue_endings(
+            self,
+            now=now,
+            grace_s=grace_s,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            counts_from=counts_from,
+        )
+        for worker in endings:
+            reported = self._records[worker].reported
+            logger.warning(
+                "worker %s reported %s and has not exited within %.0f s (its teardown hangs): "
+                "stopping it",
+                worker,
+                reported.value if reported else "its end",
+                grace_s,
+            )
+            await self.stop(worker)
 
     def survivors(self, members: Iterable[WorkerId]) -> set[WorkerId]:
         """The members whose processes live on with the round's state: running, neither
@@ -207,23 +169,23 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
         )
         return report is not None and bool(report.unreachable)
 
-    async def evict_unanswering(
+    async def kill_unanswering(
         self,
         timeout_s: float | None,
         slots: Mapping[WorkerId, SlotInfo],
         round_number: int,
         counts_from: float | None,
     ) -> None:
-        """Evict the processes that stopped beating (their silence counted no earlier than
+        """Kill the processes that stopped beating (their silence counted no earlier than
         ``counts_from``; None: not at all, see ``liveness.Reachability``), and the members of
         the round in force that their peers cannot reach. Both need heartbeats, so both are
         off without a heartbeat timeout (``timeout_s`` None); probe reports older than it no
         longer count."""
-        await self.evict_hung(timeout_s, counts_from)
+        await self.kill_hung(timeout_s, counts_from)
         if timeout_s is not None:
-            await self.evict_partitioned(slots, round_number, timeout_s)
+            await self.kill_partitioned(slots, round_number, timeout_s)
 
-    async def evict_hung(self, timeout_s: float | None, counts_from: float | None) -> None:
+    async def kill_hung(self, timeout_s: float | None, counts_from: float | None) -> None:
         """Kill the processes that sent no heartbeat for ``timeout_s`` (see
         ``liveness.py``); each exit is then classified like any other."""
         now = self._clock()
@@ -232,10 +194,10 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
         )
         for worker in sorted(hung):
             silent = now - (self._records[worker].last_heartbeat or now)
-            logger.error("worker %s sent no heartbeat for %.1f s: evicting it", worker, silent)
+            logger.error("worker %s sent no heartbeat for %.1f s: killing it", worker, silent)
             await self.kill(worker, f"it sent no heartbeat for {silent:.1f} s")
 
-    async def evict_partitioned(
+    async def kill_partitioned(
         self, slots: Mapping[WorkerId, SlotInfo], round_number: int, max_age_s: float
     ) -> None:
         """Kill the members of round ``round_number`` that their peers report unreachable
@@ -255,7 +217,7 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
                 continue
             reporters = ", ".join(map(str, verdict.reported_by))
             logger.error(
-                "worker %s unreachable from its peers (reported by %s): evicting it",
+                "worker %s unreachable from its peers (reported by %s): killing it",
                 verdict.worker,
                 reporters,
             )

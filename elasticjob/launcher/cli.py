@@ -26,18 +26,21 @@ from pathlib import Path
 from pydantic import TypeAdapter, ValidationError
 
 from elasticjob.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
-from elasticjob.driver.api import DiscoveryError, DriverError, HostDiscovery
-from elasticjob.driver.blacklist import BlacklistPolicy
+from elasticjob.driver.api import DiscoveryError, DriverError, DriverSettings, JobResult
+from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
 from elasticjob.driver.discovery import (
     MAX_SLOTS_PER_HOST,
     FixedHosts,
+    HostDiscovery,
     ScriptDiscovery,
+    discover_once,
     parse_hosts,
+    poll_hosts,
 )
-from elasticjob.driver.driver import DriverSettings, ElasticDriver, JobResult
+from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.hosts import HostManager
-from elasticjob.driver.job_record import EventKind, JobRecord
 from elasticjob.driver.liveness import DEFAULT_HEARTBEAT_TIMEOUT_S, heartbeat_interval_s
+from elasticjob.driver.record_saving import RecordSaver
 from elasticjob.launcher.horovodrun_flags import (
     LOG_LEVELS,
     HostfileError,
@@ -48,7 +51,7 @@ from elasticjob.launcher.horovodrun_flags import (
 )
 from elasticjob.launcher.output_files import RankOutputFiles, rank_width, write_timeline
 from elasticjob.launcher.processes import LocalWorkerLauncher, WorkerEnvironment
-from elasticjob.launcher.record_file import keep_record, write_record
+from elasticjob.launcher.record_file import RecordFile
 from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire import JobName
@@ -406,7 +409,7 @@ async def run_job(args: argparse.Namespace) -> JobResult:
 
     try:
         driver = ElasticDriver(
-            HostManager(discovery, policy),
+            HostManager(Blacklist[str](policy)),
             make_launcher,
             lambda listener: service.add_job(
                 args.job_name, token, listener, max_workers=settings.max_np or DEFAULT_MAX_WORKERS
@@ -414,18 +417,22 @@ async def run_job(args: argparse.Namespace) -> JobResult:
             settings,
             time.monotonic,
         )
-        if not args.job_record:
-            return await driver.run()
-        record_path = Path(args.job_record)
-        driver.journal.record = JobRecord(args.job_name, time.time)
-        driver.journal.record.event(EventKind.STARTED, " ".join(args.command))
-        keeper = asyncio.create_task(keep_record(driver, record_path), name="job record")
+        saver = None
+        if args.job_record:
+            driver.journal.start_record(args.job_name, time.time, " ".join(args.command))
+            saver = RecordSaver(driver.journal, RecordFile(Path(args.job_record)), time.monotonic)
+        await discover_once(discovery, driver)
+        helpers = [asyncio.create_task(poll_hosts(discovery, driver), name="host discovery")]
+        if saver is not None:
+            helpers.append(asyncio.create_task(saver.run(), name="job record"))
         try:
             return await driver.run()
         finally:
-            keeper.cancel()
-            await asyncio.gather(keeper, return_exceptions=True)
-            write_record(driver, record_path)
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            if saver is not None:
+                await saver.save_now()
     finally:
         await service.stop()
         if timeline_dir is not None:

@@ -1,38 +1,28 @@
 """``--job-record FILE``: the local launcher keeps the job's record (``job_record.py``) in a
-JSON file, rewritten every :data:`WRITE_INTERVAL_S` while something changed and once at the
-end, atomically (a reader never sees half a file). ``elasticjob timeline FILE`` draws it."""
+JSON file, rewritten atomically (a reader never sees half a file) when the one record saving
+policy says (``elasticjob/driver/record_saving.py``) and once at the end. ``elasticjob
+timeline FILE`` draws it."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from pathlib import Path
-from typing import Final
 
-from elasticjob.driver.driver import ElasticDriver
-
-logger = logging.getLogger(__name__)
-
-WRITE_INTERVAL_S: Final = 5.0
+from elasticjob.driver.job_record import JobRecordData
 
 
-def write_record(driver: ElasticDriver, path: Path) -> None:
-    """Write ``driver``'s record with its goodput account now to ``path``."""
-    data = driver.journal.record_data()
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(data.model_dump_json(indent=1))
-    os.replace(partial, path)
-    driver.journal.record.saved()
+class RecordFile:
+    """A :class:`~elasticjob.driver.record_saving.RecordStore` in a file."""
 
+    def __init__(self, path: Path) -> None:
+        self._path = path
 
-async def keep_record(driver: ElasticDriver, path: Path) -> None:
-    """Rewrite the record file while the job runs (cancel to stop; the caller writes the
-    last version)."""
-    while True:
-        await asyncio.sleep(WRITE_INTERVAL_S)
-        if driver.journal.record.changed:
-            try:
-                write_record(driver, path)
-            except OSError as exc:
-                logger.warning("could not write the job record %s: %s", path, exc)
+    async def save(self, data: JobRecordData) -> None:
+        """Write ``data`` to the file (in a thread: a slow disk never blocks the driver)."""
+        await asyncio.to_thread(self._write, data.model_dump_json(indent=1))
+
+    def _write(self, text: str) -> None:
+        partial = self._path.with_name(f".{self._path.name}.partial")
+        partial.write_text(text)
+        os.replace(partial, self._path)

@@ -18,7 +18,8 @@ import pytest
 
 from devcluster import Cluster
 from elasticjob.operator.api import worker_selector
-from elasticjob.operator.controller import ControllerSettings, JobController
+from elasticjob.operator.controller import JobController
+from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.kube import KubeApi
 from elasticjob.rendezvous.server import RendezvousService
 from tests.devcluster.helpers import Kube

@@ -27,7 +27,7 @@ from elasticjob.operator.api import LABEL_ROLE, ROLE_WORKER
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.metrics import OperatorMetrics
 from elasticjob.rendezvous.stats import RequestStats
-from tests.unit.operator.test_metrics import StubController, StubDriver
+from tests.unit.operator.test_metrics import StubController, snapshot
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "deploy" / "helm" / "elasticjob-operator"
@@ -787,7 +787,7 @@ def served_metric_names() -> set[str]:
     """The names of the samples the operator serves for a running job."""
     stats = RequestStats()
     stats.record("GET /v1/jobs/{job}/round", 200, 0.01)
-    controllers = [StubController("ns.job", driver=StubDriver())]
+    controllers = [StubController("ns.job", job=snapshot())]
     metrics = OperatorMetrics(lambda: cast(list[JobController], controllers), lambda: stats)
     observer = metrics.job_observer("ns.job")
     observer.recovered(1.0)

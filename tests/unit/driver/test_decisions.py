@@ -1,4 +1,5 @@
-"""Table tests of the driver's decisions (``elasticjob.driver.decisions``)."""
+"""Table tests of the driver's decisions (``elasticjob.driver.decisions`` and
+``elasticjob.driver.planning``)."""
 
 from __future__ import annotations
 
@@ -6,33 +7,35 @@ from dataclasses import dataclass
 
 import pytest
 
-from elasticjob.driver.api import Departure, DriverSettings, Phase
+from elasticjob.driver.api import Departure, DriverPhase, DriverSettings
 from elasticjob.driver.decisions import (
     Action,
+    ExitVerdict,
+    ReadyVerdict,
+    classify_exit,
+    classify_ready,
+    decide_discovery_failure,
+    decide_round,
+    leaving_members,
+)
+from elasticjob.driver.hosts import Capacity
+from elasticjob.driver.planning import (
     AwaitBarrier,
     AwaitCapacity,
     CapacityAction,
     EndJob,
-    ExitVerdict,
     FormRound,
+    NextRound,
     Publish,
-    ReadyVerdict,
-    RoundPlan,
     ScaleOutAction,
-    classify_exit,
-    classify_ready,
     decide_capacity,
-    decide_discovery_failure,
     decide_formation,
-    decide_round,
     decide_scale_out,
-    leaving_members,
     plan_round,
 )
-from elasticjob.driver.hosts import Capacity
 from elasticjob.driver.registry import RoundRecords
 from elasticjob.driver.slots import assign_slots
-from elasticjob.driver.workers import WorkerRecord
+from elasticjob.driver.worker_record import WorkerRecord
 from elasticjob.wire import SlotInfo, WorkerId, WorkerState
 
 R, S, F = WorkerState.READY, WorkerState.SUCCESS, WorkerState.FAILURE
@@ -243,7 +246,12 @@ def test_decide_capacity(
 
 # ---- classify_exit ---------------------------------------------------------------------
 
-RUNNING, FORMING, STARTING, FINISHED = Phase.RUNNING, Phase.FORMING, Phase.STARTING, Phase.FINISHED
+RUNNING, FORMING, STARTING, FINISHED = (
+    DriverPhase.RUNNING,
+    DriverPhase.FORMING,
+    DriverPhase.STARTING,
+    DriverPhase.FINISHED,
+)
 LEAVING, DISMISSED, FAILED = Departure.LEAVING, Departure.DISMISSED, Departure.FAILED
 
 
@@ -268,7 +276,7 @@ LEAVING, DISMISSED, FAILED = Departure.LEAVING, Departure.DISMISSED, Departure.F
     ],
 )
 def test_classify_exit(
-    phase: Phase, member: bool, departure: Departure | None, code: int, verdict: ExitVerdict
+    phase: DriverPhase, member: bool, departure: Departure | None, code: int, verdict: ExitVerdict
 ) -> None:
     assert classify_exit(phase, member=member, departure=departure, exit_code=code) is verdict
 
@@ -283,7 +291,7 @@ def test_classify_exit(
     ],
 )
 def test_classify_exit_of_a_process_that_never_asked_for_a_round(
-    phase: Phase, code: int, verdict: ExitVerdict
+    phase: DriverPhase, code: int, verdict: ExitVerdict
 ) -> None:
     got = classify_exit(phase, member=False, departure=None, exit_code=code, registered=False)
     assert got is verdict
@@ -299,7 +307,7 @@ def test_classify_exit_of_a_process_that_never_asked_for_a_round(
     ],
 )
 def test_classify_exit_of_a_process_stopped_after_it_reported_success(
-    phase: Phase, member: bool, code: int, verdict: ExitVerdict
+    phase: DriverPhase, member: bool, code: int, verdict: ExitVerdict
 ) -> None:
     """Its training function returned; its teardown hung until the driver stopped it."""
     got = classify_exit(
@@ -326,7 +334,12 @@ def test_classify_exit_of_a_process_stopped_after_it_reported_success(
     ],
 )
 def test_classify_ready(
-    phase: Phase, known: bool, member: bool, after: int, rolled_back: bool, verdict: ReadyVerdict
+    phase: DriverPhase,
+    known: bool,
+    member: bool,
+    after: int,
+    rolled_back: bool,
+    verdict: ReadyVerdict,
 ) -> None:
     assert (
         classify_ready(
@@ -370,7 +383,10 @@ def worker_records(**changes: dict[str, object]) -> dict[WorkerId, WorkerRecord]
     ],
 )
 def test_leaving_members(
-    phase: Phase, removed: list[str], changes: dict[str, dict[str, object]], expected: set[WorkerId]
+    phase: DriverPhase,
+    removed: list[str],
+    changes: dict[str, dict[str, object]],
+    expected: set[WorkerId],
 ) -> None:
     workers = worker_records(**changes)
     assert leaving_members(phase, removed, [A0, A1, B0], workers) == expected
@@ -493,7 +509,7 @@ def test_plan_round(
     settings: DriverSettings,
     survivors: tuple[WorkerId, ...] | None,
     since: float | None,
-    expected: RoundPlan,
+    expected: NextRound,
 ) -> None:
     plan = plan_round(capacity, settings, survivors=survivors, waiting_since=since, now=100.0)
     assert type(plan) is type(expected)
@@ -619,7 +635,7 @@ PLAN_ABC = FormRound(assign_slots((("a", 2), ("b", 1), ("c", 1)), min_np=1, max_
     ],
 )
 def test_decide_scale_out(
-    plan: RoundPlan,
+    plan: NextRound,
     newcomer: str,
     leaving: bool,
     announced: bool,
@@ -674,7 +690,7 @@ def test_decide_discovery_failure(discovered_before: bool, expected: EndJob | No
         ),
     ],
 )
-def test_plan_round_reports_a_failing_discovery(since: float | None, expected: RoundPlan) -> None:
+def test_plan_round_reports_a_failing_discovery(since: float | None, expected: NextRound) -> None:
     capacity = Capacity((("a", 1),), discovery_error="boom")
     plan = plan_round(capacity, SETTINGS, survivors=None, waiting_since=since, now=100.0)
     if isinstance(expected, EndJob):

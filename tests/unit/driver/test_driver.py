@@ -13,17 +13,17 @@ import pytest
 
 from elasticjob.driver.api import (
     DiscoveryError,
+    DriverPhase,
     DriverSettings,
-    HostDiscovery,
-    Phase,
     WorkerLauncher,
 )
-from elasticjob.driver.blacklist import BlacklistPolicy
+from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
+from elasticjob.driver.discovery import HostDiscovery, discover_once
 from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.goodput import LostTo
 from elasticjob.driver.hosts import HostManager
 from elasticjob.driver.job_record import EventKind
-from elasticjob.driver.workers import NOT_JOINED_HINT
+from elasticjob.driver.worker_record import NOT_JOINED_HINT
 from elasticjob.rendezvous.api import RendezvousListener
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.wire import (
@@ -106,7 +106,7 @@ class Job:
     def __init__(self, hosts: dict[str, int], settings: DriverSettings) -> None:
         self.clock = FakeClock()
         self.discovery = FakeDiscovery(hosts)
-        self.hosts = HostManager(self.discovery, BlacklistPolicy(10.0, 40.0), self.clock)
+        self.hosts = HostManager(Blacklist[str](BlacklistPolicy(10.0, 40.0), self.clock))
         self.launchers: list[FakeLauncher] = []
         self.rendezvous: InMemoryJobRendezvous | None = None
         self.driver = ElasticDriver(
@@ -131,7 +131,7 @@ class Job:
         return self.rendezvous
 
     async def discover(self) -> None:
-        await bounded(self.driver.discover())
+        await bounded(discover_once(self.discovery, self.driver))
 
     async def step(self) -> None:
         await bounded(self.driver.step())
@@ -188,7 +188,7 @@ async def test_first_round_waits_for_every_worker_then_syncs() -> None:
     job = Job({"a": 1, "b": 1}, settings())
     await job.discover()
     await job.step()
-    assert job.launcher.started == [A0, B0] and job.driver.phase is Phase.STARTING
+    assert job.launcher.started == [A0, B0] and job.driver.phase is DriverPhase.STARTING
     await job.ask(A0)
     await job.step()
     assert job.driver.round == 0, "b[0] has not registered"
@@ -216,7 +216,7 @@ async def test_member_failure_is_told_at_once_and_the_next_round_syncs() -> None
     await job.start_round_1(A0, B0, C0)
     job.launcher.end(B0, 137)
     assert (await job.notices()) == [(NoticeKind.ROUND_FAILED, ("b",))]
-    assert job.driver.recovering
+    assert job.driver.snapshot().recovering
     await job.ask(A0, 1)
     await job.step()
     assert job.driver.round == 1, "c[0] has not reported yet"
@@ -225,7 +225,7 @@ async def test_member_failure_is_told_at_once_and_the_next_round_syncs() -> None
     assert job.driver.round == 2 and list(job.driver.slots) == [A0, C0]
     assert (await job.ask(C0, 1)).sync is True
     assert "b" in job.hosts.blacklist and job.driver.registry.reset_count == 1
-    assert not job.driver.recovering
+    assert not job.driver.snapshot().recovering
 
 
 class RecordingObserver:
@@ -442,7 +442,7 @@ async def test_elastic_timeout_ends_the_job() -> None:
     job.launcher.end(B0, 1)
     await job.ask(A0, 1)
     await job.step()
-    assert job.driver.phase is Phase.FORMING and job.driver.result is None
+    assert job.driver.phase is DriverPhase.FORMING and job.driver.result is None
     job.clock.now += 29.0
     await job.step()
     assert job.driver.result is None, "still within the elastic timeout"
@@ -655,8 +655,9 @@ async def test_a_member_hung_in_teardown_after_its_failure_is_stopped_and_fails_
 
 
 async def test_run_drives_the_job_to_its_end() -> None:
-    """The whole loop, woken by events (not by its 1 s tick or the discovery interval)."""
-    job = Job({"a": 1}, settings(discovery_interval_s=3600.0))
+    """The whole loop, woken by events (not by its 1 s tick; hosts are pushed, not polled)."""
+    job = Job({"a": 1}, settings())
+    await job.discover()
     run = asyncio.create_task(job.driver.run())
     await bounded(job.launcher.changed.wait())
     request = RendezvousRequest(

@@ -1,5 +1,5 @@
 """The driver, step by step, with a member its peers cannot reach: probe reports come with
-heartbeats through the real in-memory rendezvous, the driver evicts the member, the
+heartbeats through the real in-memory rendezvous, the driver kills the member, the
 survivors are told and re-form without its host (see ``test_driver.py`` for the fakes)."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def beat(job: Job, worker: WorkerId, round_number: int | None, *unreachable: Wor
     )
 
 
-async def test_a_member_its_peers_cannot_reach_is_evicted_and_the_round_re_forms(
+async def test_a_member_its_peers_cannot_reach_is_killed_and_the_round_re_forms(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     job = Job({"a": 1, "b": 1, "c": 1}, settings(heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S))
@@ -45,12 +45,12 @@ async def test_a_member_its_peers_cannot_reach_is_evicted_and_the_round_re_forms
     with caplog.at_level(logging.ERROR, logger="elasticjob.driver.workers"):
         await job.step()
     assert job.launcher.stopped == [B0], "killed (the fake launcher's kill is its stop)"
-    assert "worker b[0] unreachable from its peers (reported by a[0], c[0]): evicting it" in (
+    assert "worker b[0] unreachable from its peers (reported by a[0], c[0]): killing it" in (
         caplog.text
     )
     beat(job, A0, 1, B0)
     await job.step()
-    assert job.launcher.stopped == [B0], "evicted once"
+    assert job.launcher.stopped == [B0], "killed once"
     # Its exit fails the round: the survivors are told at once and re-form without b.
     job.launcher.end(B0, -9)
     assert (await job.notices()) == [(NoticeKind.ROUND_FAILED, ("b",))]
@@ -74,7 +74,7 @@ async def test_a_member_its_peers_cannot_reach_is_evicted_and_the_round_re_forms
 async def test_reports_that_do_not_count(
     timeout_s: float | None, reports: list[tuple[WorkerId, int | None, list[WorkerId]]]
 ) -> None:
-    """Without a heartbeat timeout nobody is evicted; a report of an older round is dropped
+    """Without a heartbeat timeout nobody is killed; a report of an older round is dropped
     by the rendezvous; a beat without a report (the collective completed) clears the last."""
     job = Job({"a": 1, "b": 1, "c": 1}, settings(heartbeat_timeout_s=timeout_s))
     await job.start_round_1(A0, B0, C0)
@@ -87,7 +87,7 @@ async def test_reports_that_do_not_count(
 
 async def test_adopted_members_have_a_grace_to_find_the_restarted_driver() -> None:
     """A restarted driver adopts the running round: its members' silence counts only after
-    the grace they have to find it; then a member that never beats is evicted, one that
+    the grace they have to find it; then a member that never beats is killed, one that
     beats is not."""
     job = Job({"a": 1, "b": 1}, settings(heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S))
     await job.discover()
@@ -99,7 +99,7 @@ async def test_adopted_members_have_a_grace_to_find_the_restarted_driver() -> No
     beat(job, A0, 3)
     job.clock.now += 2
     await job.step()
-    assert job.launcher.stopped == [B0], "b never beat: evicted; a beat: kept"
+    assert job.launcher.stopped == [B0], "b never beat: killed; a beat: kept"
 
 
 async def test_silence_does_not_count_while_the_workers_cannot_reach_the_driver() -> None:
@@ -112,7 +112,7 @@ async def test_silence_does_not_count_while_the_workers_cannot_reach_the_driver(
     assert job.driver.reachability.update(False, job.clock.now)
     job.clock.now += 600
     await job.step()
-    assert job.launcher.stopped == [], "unreachable: nobody is evicted"
+    assert job.launcher.stopped == [], "unreachable: nobody is killed"
     assert job.driver.reachability.update(True, job.clock.now)
     assert not job.driver.reachability.update(True, job.clock.now), "no change"
     job.clock.now += REACH_GRACE_S + HEARTBEAT_TIMEOUT_S - 1
@@ -134,7 +134,7 @@ async def test_silence_does_not_count_across_a_late_event_loop() -> None:
     job.clock.now += HEARTBEAT_TIMEOUT_S + 1
     assert job.driver.reachability.loop_ran_late(HEARTBEAT_TIMEOUT_S, job.clock.now)
     await job.step()
-    assert job.launcher.stopped == [], "the loop was late: nobody is evicted"
+    assert job.launcher.stopped == [], "the loop was late: nobody is killed"
     job.clock.now += HEARTBEAT_TIMEOUT_S - 1
     beat(job, A0, None)
     await job.step()

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticjob.driver.api import DiscoveryError, HostDiscovery, HostUpdate
-from elasticjob.driver.blacklist import BlacklistPolicy
+from elasticjob.driver.api import DiscoveryError, HostUpdate
+from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
+from elasticjob.driver.discovery import HostDiscovery
 from elasticjob.driver.hosts import HostManager
 
 
@@ -36,10 +37,31 @@ class FakeDiscovery(HostDiscovery):
 POLICY = BlacklistPolicy(cooldown_min_s=10.0, cooldown_max_s=60.0)
 
 
-def make(hosts: dict[str, int]) -> tuple[HostManager, FakeDiscovery, FakeClock]:
+class Manager(HostManager):
+    """A host manager told what a discovery finds, as a front end tells it."""
+
+    def __init__(self, discovery: FakeDiscovery, clock: FakeClock) -> None:
+        super().__init__(Blacklist[str](POLICY, clock))
+        self.discovery = discovery
+
+    def update_available_hosts(self) -> HostUpdate:
+        try:
+            found = self.discovery.find_available_hosts_and_slots()
+        except DiscoveryError as exc:
+            self.discovery_failed(str(exc))
+            raise
+        return self.update(found)
+
+    def exclude_until(self, host: str) -> float:
+        exclusion = self.exclude(host)
+        assert exclusion is not None and exclusion.key == host
+        return exclusion.until
+
+
+def make(hosts: dict[str, int]) -> tuple[Manager, FakeDiscovery, FakeClock]:
     discovery = FakeDiscovery(hosts)
     clock = FakeClock()
-    return HostManager(discovery, POLICY, clock), discovery, clock
+    return Manager(discovery, clock), discovery, clock
 
 
 def names(manager: HostManager) -> list[str]:
@@ -113,7 +135,7 @@ def test_cooldown_grows_exponentially_up_to_max(strikes: int, expected: float) -
 def test_blacklist_removes_host_at_once_and_returns_cooldown_end() -> None:
     manager, _, clock = make({"a": 1, "b": 2})
     manager.update_available_hosts()
-    assert manager.exclude("a") == clock.now + 10.0
+    assert manager.exclude_until("a") == clock.now + 10.0
     assert manager.current_hosts == (("b", 2),)
     assert "a" in manager.blacklist
     assert "b" not in manager.blacklist
@@ -128,7 +150,7 @@ def test_repeated_blacklisting_doubles_cooldown_up_to_max() -> None:
     for _ in range(5):
         manager.update_available_hosts()
         start = clock.now
-        durations.append(manager.exclude("a") - start)
+        durations.append(manager.exclude_until("a") - start)
         clock.advance(durations[-1])
     assert durations == [10.0, 20.0, 40.0, 60.0, 60.0]
 
@@ -153,7 +175,7 @@ def test_blacklisting_is_never_permanent() -> None:
     manager, _, clock = make({"a": 1})
     for _ in range(50):
         manager.update_available_hosts()
-        clock.advance(manager.exclude("a") - clock.now)
+        clock.advance(manager.exclude_until("a") - clock.now)
     assert manager.update_available_hosts() == HostUpdate(added=("a",))
     assert names(manager) == ["a"]
 

@@ -12,9 +12,23 @@ R, S, F = WorkerState.READY, WorkerState.SUCCESS, WorkerState.FAILURE
 A0, A1, B0, C0 = WorkerId("a", 0), WorkerId("a", 1), WorkerId("b", 0), WorkerId("c", 0)
 
 
+class Rounds:
+    """The members of the round in force, owned as the job's rendezvous owns them, and the
+    registry that reads them."""
+
+    def __init__(self) -> None:
+        self.members: frozenset[WorkerId] = frozenset()
+        self.registry = WorkerRegistry(lambda: self.members)
+
+    def start_round(self, round_number: int, members: list[WorkerId]) -> None:
+        self.members = frozenset(members)
+        self.registry.start_round(round_number)
+
+
 def test_registry_records_members_only() -> None:
-    registry = WorkerRegistry()
-    registry.start_round(1, [A0, B0])
+    rounds = Rounds()
+    registry = rounds.registry
+    rounds.start_round(1, [A0, B0])
     assert registry.record(A0, R)
     assert not registry.record(C0, F)
     assert registry.records() == RoundRecords(frozenset({A0, B0}), {A0: R}, frozenset())
@@ -32,36 +46,37 @@ def test_registry_records_members_only() -> None:
     ],
 )
 def test_registry_state_transitions(reports: list[WorkerState], final: WorkerState) -> None:
-    registry = WorkerRegistry()
-    registry.start_round(1, [A0])
+    rounds = Rounds()
+    registry = rounds.registry
+    rounds.start_round(1, [A0])
     for state in reports:
         registry.record(A0, state)
     assert registry.records().states == {A0: final}
 
 
 def test_registry_new_round_forgets_previous_round() -> None:
-    registry = WorkerRegistry()
-    registry.start_round(1, [A0, B0])
+    rounds = Rounds()
+    registry = rounds.registry
+    rounds.start_round(1, [A0, B0])
     registry.record(A0, F)
-    registry.mark_leaving([B0])
     registry.mark_rolled_back(A0)
-    registry.start_round(2, [A1, B0])
+    rounds.start_round(2, [A1, B0])
     assert registry.records() == RoundRecords(frozenset({A1, B0}), {}, frozenset(), frozenset())
     with pytest.raises(ValueError, match="round 2 must come after"):
-        registry.start_round(2, [A0])
+        rounds.start_round(2, [A0])
 
 
 def test_registry_leaving_and_rolled_back_members() -> None:
-    registry = WorkerRegistry()
-    registry.start_round(3, [A0, A1, B0, C0])
-    registry.mark_leaving([C0, WorkerId("z", 0)])
+    rounds = Rounds()
+    registry = rounds.registry
+    rounds.start_round(3, [A0, A1, B0, C0])
     registry.mark_rolled_back(B0)
     registry.mark_rolled_back(WorkerId("z", 0))
     registry.record(A1, F)
     registry.record(C0, F)
     registry.record(A0, R)
     registry.record(B0, R)
-    snapshot = registry.records()
+    snapshot = registry.records(leaving={C0, WorkerId("z", 0)})
     assert snapshot.leaving == {C0}
     assert snapshot.rolled_back == {B0}
     decision = decide_round(snapshot, resets=registry.reset_count, reset_limit=None)
@@ -70,17 +85,19 @@ def test_registry_leaving_and_rolled_back_members() -> None:
 
 
 def test_records_snapshot_is_not_affected_by_later_reports() -> None:
-    registry = WorkerRegistry()
-    registry.start_round(1, [A0, B0])
+    rounds = Rounds()
+    registry = rounds.registry
+    rounds.start_round(1, [A0, B0])
     snapshot = registry.records()
     registry.record(A0, F)
     assert snapshot.states == {}
 
 
 def test_count_reset() -> None:
-    registry = WorkerRegistry()
+    rounds = Rounds()
+    registry = rounds.registry
     assert registry.reset_count == 0
     assert registry.count_reset() == 1
-    registry.start_round(1, [A0])
+    rounds.start_round(1, [A0])
     assert registry.count_reset() == 2
     assert registry.reset_count == 2

@@ -5,20 +5,13 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-import pytest
 from kubernetes.client.exceptions import ApiException
 
 from elasticjob.driver.driver import ElasticDriver
-from elasticjob.driver.job_record import EventKind, RecordChange
+from elasticjob.driver.job_record import EventKind
 from elasticjob.driver.journal import JobJournal
-from elasticjob.operator.job_records import (
-    SAMPLES_SAVE_INTERVAL_S,
-    SAVE_INTERVAL_S,
-    RecordKeeper,
-    parse_record,
-    record_config_map,
-    save_due,
-)
+from elasticjob.driver.record_saving import SAMPLES_SAVE_INTERVAL_S, SAVE_INTERVAL_S, RecordSaver
+from elasticjob.operator.job_records import RecordKeeper, parse_record, record_config_map
 from elasticjob.operator.kube import KubeApi
 
 JOB = {"metadata": {"name": "train", "uid": "uid-1"}}
@@ -60,26 +53,27 @@ def keeper(api: FakeApi, clock: Clock) -> RecordKeeper:
     return RecordKeeper(cast(KubeApi, api), "ns", "ns.train", clock)
 
 
-async def attached(api: FakeApi, clock: Clock) -> tuple[RecordKeeper, ElasticDriver]:
-    """A keeper, and a driver it gave the job's record (the stored one, else a new one)."""
+async def attached(api: FakeApi, clock: Clock) -> tuple[RecordKeeper, ElasticDriver, RecordSaver]:
+    """A keeper, a driver it gave the job's record (the stored one, else a new one), and
+    what saves the record."""
     records = keeper(api, clock)
     stub = cast(ElasticDriver, StubDriver(clock))
-    records.attach(stub, await records.load(JOB), clock)
-    return records, stub
+    saver = records.attach(JOB, stub, await records.load(JOB), clock)
+    return records, stub, saver
 
 
 async def test_the_record_is_written_when_changed_at_most_every_interval() -> None:
     api, clock = FakeApi(), Clock()
-    records, stub = await attached(api, clock)
+    records, stub, saver = await attached(api, clock)
     records.note_replicas(stub, 4)
-    await records.save(JOB, stub)
+    await saver.save_if_due()
     assert api.writes == 1
     records.note_replicas(stub, 6)
-    await records.save(JOB, stub)
+    await saver.save_if_due()
     assert api.writes == 1, "too soon"
     clock.now += SAVE_INTERVAL_S
-    await records.save(JOB, stub)
-    await records.save(JOB, stub, now=True)
+    await saver.save_if_due()
+    await saver.save_now()
     assert api.writes == 2, "nothing changed since"
     config_map = api.maps["train-record"]
     assert config_map["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
@@ -91,43 +85,17 @@ async def test_the_record_is_written_when_changed_at_most_every_interval() -> No
     assert data.events[1].world_size == 2 and data.events[1].round == 3
 
 
-E, S, N = RecordChange.EVENTS, RecordChange.SAMPLES, RecordChange.NONE
-
-
-@pytest.mark.parametrize(
-    ("changed", "since_saved", "now", "due"),
-    [
-        (N, None, False, False),  # nothing to save, even the first time
-        (N, 1e6, True, False),  # nor when the job ends
-        (E, None, False, True),  # the first save of this operator
-        (S, None, False, True),
-        (E, 1.0, True, True),  # the job ends: at once
-        (S, 1.0, True, True),
-        (E, SAVE_INTERVAL_S - 0.1, False, False),  # an event: every SAVE_INTERVAL_S
-        (E, SAVE_INTERVAL_S, False, True),
-        (S, SAVE_INTERVAL_S, False, False),  # samples alone: every SAMPLES_SAVE_INTERVAL_S
-        (S, SAMPLES_SAVE_INTERVAL_S - 0.1, False, False),
-        (S, SAMPLES_SAVE_INTERVAL_S, False, True),
-        (S, -5.0, False, True),  # a clock stepped back saves
-    ],
-)
-def test_when_a_record_is_saved(
-    changed: RecordChange, since_saved: float | None, now: bool, due: bool
-) -> None:
-    assert save_due(changed, since_saved, now=now) is due
-
-
 async def test_progress_samples_alone_are_saved_less_often_than_events() -> None:
     api, clock = FakeApi(), Clock()
-    records, stub = await attached(api, clock)
-    await records.save(JOB, stub)
+    _, stub, saver = await attached(api, clock)
+    await saver.save_if_due()
     for _ in range(int(SAMPLES_SAVE_INTERVAL_S) - 1):
         clock.now += 1.0
         stub.journal.record.sample(2, 100.0)
-        await records.save(JOB, stub)
+        await saver.save_if_due()
     assert api.writes == 1, "samples alone wait for their interval"
     clock.now += 1.0
-    await records.save(JOB, stub)
+    await saver.save_if_due()
     assert api.writes == 2
     samples = parse_record(api.maps["train-record"]).samples
     assert len(samples) == int(SAMPLES_SAVE_INTERVAL_S) - 1
@@ -140,7 +108,7 @@ async def test_a_restarted_operator_carries_the_stored_record_on() -> None:
     api.maps["train-record"] = record_config_map(JOB, first.journal.record.data({}, 1.0))
     records = keeper(api, clock)
     second = StubDriver(clock)
-    records.attach(cast(ElasticDriver, second), await records.load(JOB), clock)
+    records.attach(JOB, cast(ElasticDriver, second), await records.load(JOB), clock)
     kinds = [e.kind for e in second.journal.record.data({}, 1.0).events]
     assert kinds == [EventKind.FAILURE], "no second start"
 
@@ -151,13 +119,13 @@ async def test_an_unreadable_record_starts_a_new_one_and_a_failed_write_is_retri
     records = keeper(api, clock)
     driver = StubDriver(clock)
     stub = cast(ElasticDriver, driver)
-    records.attach(stub, await records.load(JOB), clock)
+    saver = records.attach(JOB, stub, await records.load(JOB), clock)
     assert [e.kind for e in driver.journal.record.data({}, 1.0).events] == [EventKind.STARTED]
     driver.journal.record.event(EventKind.ROUND, round=1, world_size=2)
     api.down = True
-    await records.save(JOB, stub, now=True)
+    await saver.save_now()
     api.down = False
     clock.now += SAVE_INTERVAL_S
-    await records.save(JOB, stub)
+    await saver.save_if_due()
     assert api.writes == 1
     assert [e.kind for e in parse_record(api.maps["train-record"]).events][-1] is EventKind.ROUND

@@ -4,43 +4,49 @@ and per-job values read from the controllers at each scrape."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import cast
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from elasticjob.driver.api import DriverPhase
 from elasticjob.driver.goodput import LostTime, on_failure, on_first_step
-from elasticjob.driver.registry import WorkerRegistry
+from elasticjob.driver.job_snapshot import JobSnapshot
+from elasticjob.driver.slots import assign_slots
 from elasticjob.operator.api import Phase
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.metrics import OperatorMetrics
 from elasticjob.rendezvous.stats import RequestStats
-from elasticjob.wire import ProgressRequest, WorkerId
+from elasticjob.wire import ProgressRequest, SlotInfo, WorkerId
 
 
-@dataclass
-class StubJournal:
-    lost_time: LostTime
-
-
-@dataclass
-class StubDriver:
-    """What the metrics read of a driver."""
-
-    now: float = 100.0
-    slots: dict[WorkerId, object] = field(default_factory=dict)
-    progress: ProgressRequest | None = None
-    lost_time: LostTime = field(default_factory=lambda: LostTime.start(0.0))
-    registry: WorkerRegistry = field(default_factory=WorkerRegistry)
-
-    @property
-    def journal(self) -> StubJournal:
-        return StubJournal(self.lost_time)
-
-    def clock(self) -> float:
-        return self.now
+def snapshot(
+    *,
+    now: float = 100.0,
+    slots: dict[WorkerId, SlotInfo] | None = None,
+    progress: ProgressRequest | None = None,
+    lost_time: LostTime | None = None,
+    reset_count: int = 0,
+) -> JobSnapshot:
+    """What the metrics read of a job: its driver's snapshot."""
+    return JobSnapshot(
+        now=now,
+        phase=DriverPhase.RUNNING,
+        result=None,
+        recovering=False,
+        round=1,
+        slots=slots or {},
+        reset_count=reset_count,
+        last_reset_reason=None,
+        progress=progress,
+        committed_step=None,
+        lost_time=lost_time or LostTime.start(0.0),
+        last_checkpoint=None,
+        restore=None,
+        notice_seq=0,
+    )
 
 
 @dataclass
@@ -49,7 +55,10 @@ class StubController:
     phase: Phase = Phase.RUNNING
     pods_created: int = 0
     pods_deleted: int = 0
-    driver: StubDriver | None = None
+    job: JobSnapshot | None = None
+
+    def snapshot(self) -> JobSnapshot | None:
+        return self.job
 
 
 def scrape(metrics: OperatorMetrics) -> list[Sample]:
@@ -97,17 +106,15 @@ def test_histograms_hold_what_the_drivers_observed_and_are_dropped_with_their_jo
 def test_per_job_values_are_read_at_each_scrape() -> None:
     lost, _ = on_first_step(LostTime.start(0.0), 10.0)
     lost = on_failure(lost, 60.0)
-    registry = WorkerRegistry()
-    registry.count_reset()
-    driver = StubDriver(
+    job = snapshot(
         now=80.0,
-        slots={WorkerId("a", 0): object(), WorkerId("b", 0): object()},
+        slots=dict(assign_slots([("a", 1), ("b", 1)], min_np=1, max_np=None)),
         progress=ProgressRequest(round=1, epoch=2, step=30, samples_per_second=512.0),
         lost_time=lost,
-        registry=registry,
+        reset_count=1,
     )
     controllers = [
-        StubController("ns.a", pods_created=3, pods_deleted=1, driver=driver),
+        StubController("ns.a", pods_created=3, pods_deleted=1, job=job),
         StubController("ns.b", phase=Phase.CREATED),
     ]
     samples = scrape(make(controllers, RequestStats()))

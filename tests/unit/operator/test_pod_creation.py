@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from elasticjob.operator.api import parse_spec
-from elasticjob.operator.controller import ControllerSettings, JobController
+from elasticjob.operator.controller import JobController
+from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.kube import KubeApi
 from elasticjob.rendezvous.server import RendezvousService
 from tests.unit.operator.crd_model import with_changes
@@ -58,9 +59,9 @@ async def test_the_missing_pods_are_created_at_once(refuse: int | None, created:
     job = controller(api)
     spec = parse_spec(with_changes(replicas=4))
     if refuse is None:
-        await job._create_pods(JOB, spec, 4, ())
+        await job.pods._create_pods(JOB, spec, 4, ())
     else:
         with pytest.raises(OSError, match="connection reset"):
-            await job._create_pods(JOB, spec, 4, ())
-    assert sorted(job._pods.snapshot()) == created
+            await job.pods._create_pods(JOB, spec, 4, ())
+    assert sorted(job.pods.ledger.pods.snapshot()) == created
     assert job.pods_created == len(created)

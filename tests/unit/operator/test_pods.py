@@ -329,18 +329,6 @@ DISRUPTED = {"type": "DisruptionTarget", "status": "True"}
             None,
         ),
         ({"metadata": {"name": "p"}}, PodState.PENDING, "", None),
-        (
-            {**manifest(), "metadata": {"name": "hung"}},
-            PodState.FAILED,
-            "a worker process was evicted: its peers could not reach it",
-            None,
-        ),
-        (
-            manifest("Succeeded", exit_code=0) | {"metadata": {"name": "hung"}},
-            PodState.SUCCEEDED,
-            "",
-            None,
-        ),
     ],
     ids=[
         "failed",
@@ -354,14 +342,12 @@ DISRUPTED = {"type": "DisruptionTarget", "status": "True"}
         "unschedulable",
         "not-scheduled-otherwise",
         "bare",
-        "evicted-hung",
-        "ended-before-eviction",
     ],
 )
 def test_view_classifies_pods(
     pod: dict[str, Any], state: PodState, reason: str, unschedulable: str | None
 ) -> None:
-    got = view(pod, not_ready_nodes={"down"}, evicted={"hung": "its peers could not reach it"})
+    got = view(pod, not_ready_nodes={"down"})
     assert (got.state, got.reason, got.unschedulable) == (state, reason, unschedulable)
 
 

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from elasticjob.driver.driver import JobResult
-from elasticjob.driver.driver import Phase as DriverPhase
+from elasticjob.driver.api import DriverPhase, JobResult
 from elasticjob.driver.goodput import LostTime, on_commit, on_failure, on_first_step
 from elasticjob.operator.api import (
     ConditionStatus,

@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import pytest
 
-from elasticjob.driver.driver import JobResult
+from elasticjob.driver.api import JobResult
 from elasticjob.operator import status_writer
 from elasticjob.operator.api import Goodput, LostSeconds, Progress
 from elasticjob.operator.kube import KubeApi

@@ -1,0 +1,234 @@
+"""The one owner of a job's worker pods: merges what the API server says of them into the
+ledger (``pod_ledger``), carries each failure out (the driver hears of it first), plans the
+pods (``scaling.plan_pods``) and carries the plan out, and pushes the usable pods to the
+driver as its hosts the moment they change (``ElasticDriver.update_hosts``). The job's
+controller runs a pass (:meth:`PodReconciler.reconcile`) whenever it is woken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from elasticjob.driver.api import Clock
+from elasticjob.driver.blacklist import BlacklistPolicy
+from elasticjob.driver.driver import ElasticDriver
+from elasticjob.operator import pods as podlib
+from elasticjob.operator.adoption import Ownership, ownership
+from elasticjob.operator.api import BlacklistScope, ElasticJobSpec, worker_selector
+from elasticjob.operator.controller_settings import ControllerSettings
+from elasticjob.operator.job_events import JobEvents
+from elasticjob.operator.kube import KubeApi
+from elasticjob.operator.pod_blacklist import PodBlacklist
+from elasticjob.operator.pod_ledger import FailureCause, PodFailure, PodLedger, killed_reason
+from elasticjob.operator.podmap import PodChange
+from elasticjob.operator.scaling import PodPlan, plan_pods
+from elasticjob.wire import WorkerId
+
+logger = logging.getLogger(__name__)
+
+
+class PodReconciler:
+    """The worker pods of one job (see the module docstring)."""
+
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        api: KubeApi,
+        settings: ControllerSettings,
+        not_ready_nodes: set[str],
+        wake: asyncio.Event,
+        clock: Clock,
+    ) -> None:
+        """``wake``: set to have the controller run a pass soon."""
+        self.namespace, self.name = namespace, name
+        self.job_id = podlib.job_id(namespace, name)
+        self._api = api
+        self._settings = settings
+        self._not_ready_nodes = not_ready_nodes
+        self._wake = wake
+        self._clock = clock
+        self.job: Mapping[str, Any] | None = None
+        """The ElasticJob's metadata (whose pods are its own), once known."""
+        self.ledger = PodLedger(clock)
+        self.events = JobEvents(BlacklistScope.NODE, wake.set)
+        self.blacklist = PodBlacklist(
+            BlacklistScope.NODE, BlacklistPolicy(), clock, self.ledger.node_of
+        )
+        self.slots = 1
+        """Worker processes per pod: the spec's ``slotsPerWorker`` when the job started."""
+        self.rank_order: list[str] = []
+        """The pods of an adopted round by rank (they keep their ranks)."""
+        self._hosts: dict[str, int] = {}
+        """The usable pods as last pushed to the driver."""
+        self.driver: ElasticDriver | None = None
+        self.pods_created = 0
+        self.pods_deleted = 0
+
+    def configure(self, spec: ElasticJobSpec) -> None:
+        """The job starts with ``spec``: its blacklist and slots follow it."""
+        scope, policy = spec.blacklist.scope, spec.blacklist.policy()
+        self.blacklist = PodBlacklist(scope, policy, self._clock, self.ledger.node_of)
+        self.events.scope = scope
+        self.slots = spec.slots_per_worker
+
+    def attach(self, driver: ElasticDriver) -> None:
+        """``driver`` runs the job: it hears of the pods, and its journal of events."""
+        self.driver = driver
+        driver.journal.subscribe(self.events.on_journal)
+
+    # ---- what the API server says ------------------------------------------------------
+
+    def on_pod_event(self, event_type: str, pod: Mapping[str, Any]) -> None:
+        """A watch event of a pod with the job's labels."""
+        if not self._owns(pod):
+            return  # it has the job's labels, not its ownerReference: not a worker
+        self._merged(*self.ledger.merge_event(event_type, pod))
+
+    def _merged(self, change: PodChange, vanished: list[PodFailure]) -> None:
+        for failure in vanished:
+            self.fail(failure)
+        if change.changed:
+            self._wake.set()
+
+    async def relist(self) -> None:
+        """Merge a fresh list of the job's pods: what the watch missed is caught up."""
+        listed = await self._api.list_pods(self.namespace, worker_selector(self.name))
+        owned = [pod for pod in listed.items if self._owns(pod)]
+        self._merged(*self.ledger.merge_list(owned, listed.resource_version))
+
+    def _owns(self, obj: Mapping[str, Any]) -> bool:
+        return self.job is not None and ownership(obj, self.job) is Ownership.OWNED
+
+    # ---- failures ----------------------------------------------------------------------
+
+    def kill_pod(self, name: str, reason: str) -> None:
+        """A worker of this pod stopped answering (``reason``), and the driver killed it: the
+        pod fails at once (its exit is reported now; it is deleted on the next pass)."""
+        self.fail(self.ledger.fail(name, FailureCause.KILLED, killed_reason(reason), 1))
+
+    def fail(self, failure: PodFailure | None) -> None:
+        """Carry a pod's failure out: the driver hears of its workers' exits first, then it
+        is announced, blacklisted and deleted as its cause says."""
+        if failure is None:
+            return
+        logger.warning(
+            "job %s: worker pod %s failed: %s", self.job_id, failure.name, failure.reason
+        )
+        self._exit_workers(failure.name, failure.exit_code)
+        effects = failure.effects
+        if effects.event:
+            where = f"pod {failure.name} on {failure.node}"
+            self.events.add("WorkerFailed", f"{where}: {failure.reason}", warning=True)
+        if effects.blacklist:
+            exclusion = self.blacklist.exclude(failure.name)
+            if exclusion is not None and self.driver is not None:
+                seconds = exclusion.until - self._clock()
+                self.driver.journal.blacklisted(exclusion.key, seconds, self.driver.round)
+        if effects.delete:
+            self.ledger.delete_soon(failure.name, grace_s=0)
+        self._wake.set()
+
+    def _exit_workers(self, pod: str, exit_code: int) -> None:
+        if self.driver is not None:
+            for slot in range(self.slots):
+                self.driver.on_worker_exit(WorkerId(pod, slot), exit_code)
+
+    async def delete_pod(self, name: str, grace_s: int | None = None) -> None:
+        """Delete the pod ``name`` (``grace_s``: its grace period; None: the pod's own)."""
+        if self.ledger.mark_deleted(name):
+            self.pods_deleted += 1
+        await self._api.delete_pod(self.namespace, name, grace_s)
+
+    # ---- a pass ------------------------------------------------------------------------
+
+    async def reconcile(
+        self, body: Mapping[str, Any], spec: ElasticJobSpec
+    ) -> dict[str, podlib.PodView]:
+        """One pass over the pods: report those that ended, plan, carry the plan out; return
+        the pods as this pass saw them."""
+        now = self._clock()
+        if self.ledger.pods.resync_due(waiting=len(self._hosts) < spec.replicas):
+            await self.relist()  # the driver waits for hosts: a missed event may hide one
+        views = self.ledger.views(self._not_ready_nodes)
+        for view in views.values():
+            self._account(view)
+        plan = plan_pods(
+            spec,
+            views,
+            blacklisted=self.blacklist.active().keys(),
+            leaving=self.ledger.draining,
+            deleted=self.ledger.deleted,
+            rank_order=self.rank_order,
+            now=now,
+            removal_deadline_s=self._settings.removal_deadline_s,
+        )
+        await self._carry_out(body, spec, plan, now)
+        return views
+
+    def _account(self, view: podlib.PodView) -> None:
+        """Report pods that ended to the driver, once each."""
+        if view.state is podlib.PodState.FAILED:
+            cause, code = FailureCause.POD_FAILED, view.exit_code or 1
+            self.fail(self.ledger.fail(view.name, cause, view.reason, code))
+        elif view.state is podlib.PodState.SUCCEEDED and self.ledger.succeed(view.name):
+            self._exit_workers(view.name, 0)
+            member = self.driver is not None and WorkerId(view.name, 0) in self.driver.slots
+            if not member:  # the driver removed it (scale-in, drain): make room
+                self.ledger.delete_soon(view.name, grace_s=None)
+            # A member that succeeded finished training: it stays, as cleanPodPolicy says.
+
+    async def _carry_out(
+        self, body: Mapping[str, Any], spec: ElasticJobSpec, plan: PodPlan, now: float
+    ) -> None:
+        for name in plan.forget:
+            self.ledger.forget(name)
+        for name in plan.drain:
+            self.ledger.drain(name, now)
+            self.events.add("ScalingIn", f"pod {name} leaves the job")
+        self._push_hosts(plan.hosts)
+        avoid = self.blacklist.active() if spec.blacklist.scope is BlacklistScope.NODE else {}
+        await self._create_pods(body, spec, plan.create, avoid)
+        for name in plan.delete:
+            await self.delete_pod(name)
+        for name in plan.overdue:
+            logger.warning("job %s: pod %s did not leave in time", self.job_id, name)
+            self.fail(self.ledger.fail(name, FailureCause.OVERDUE, "did not leave in time", 1))
+        for name, grace_s in self.ledger.take_deletions():
+            await self.delete_pod(name, grace_s)
+
+    def _push_hosts(self, pods: Iterable[str]) -> None:
+        """Tell the driver its hosts, the usable pods, when they changed."""
+        hosts = dict.fromkeys(pods, self.slots)
+        if hosts != self._hosts and self.driver is not None:
+            self._hosts = hosts
+            self.driver.update_hosts(hosts)
+
+    async def _create_pods(
+        self, body: Mapping[str, Any], spec: ElasticJobSpec, count: int, avoid: Iterable[str]
+    ) -> None:
+        """Create ``count`` worker pods at once (one API round trip, not ``count``); the first
+        error is raised once every create has answered."""
+        if count == 0:
+            return  # most passes: no pod manifest to build
+        pod = podlib.worker_pod(
+            body,
+            spec,
+            rendezvous_url=self._settings.rendezvous_url,
+            rendezvous_ca=self._settings.rendezvous_ca,
+            avoid_nodes=avoid,
+        )
+        answers = await asyncio.gather(
+            *(self._api.create_pod(self.namespace, copy.deepcopy(pod)) for _ in range(count)),
+            return_exceptions=True,
+        )
+        for created in answers:
+            if not isinstance(created, BaseException):
+                self.pods_created += 1
+                self._merged(*self.ledger.merge_event("ADDED", created))
+        if errors := [a for a in answers if isinstance(a, BaseException)]:
+            raise errors[0]
