@@ -15,8 +15,8 @@ pure functions in other modules; it only gathers their input and carries them ou
   pod) is blacklisted (``elasticjob.driver.blacklist``);
 - after an operator restart (``adoption``): the recorded round is adopted and the recorded
   blacklisting restored; pods and the token Secret are the job's by ownerReference only;
-- objects the API server refuses for good (``kube.refusal``) fail the job (InvalidSpec)
-  once, with no retry; the pods it made are deleted;
+- objects the API server refuses for good (``kube_errors.permanent_error``) fail the job
+  (InvalidSpec) once, with no retry; the pods it made are deleted;
 - status (``status.status_of``) and events on the ElasticJob.
 """
 
@@ -60,7 +60,8 @@ from elasticjob.operator.api.validation import name_errors
 from elasticjob.operator.disruption import DisruptionBudget
 from elasticjob.operator.hosts import PodDiscovery, PodLauncher, driver_settings
 from elasticjob.operator.job_records import RecordKeeper
-from elasticjob.operator.kube import KubeApi, refusal
+from elasticjob.operator.kube import KubeApi
+from elasticjob.operator.kube_errors import permanent_error
 from elasticjob.operator.podmap import PodChange, PodMap
 from elasticjob.operator.scaling import (
     PodPlan,
@@ -201,7 +202,7 @@ class JobController:
         try:
             await self._run(body, spec, stopped)
         except (RefusedJobError, ApiException) as exc:
-            message = str(exc) if isinstance(exc, RefusedJobError) else refusal(exc)
+            message = str(exc) if isinstance(exc, RefusedJobError) else permanent_error(exc)
             if message is None:
                 raise
             logger.warning("job %s: %s", self.job_id, message)

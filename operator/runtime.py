@@ -24,7 +24,8 @@ from elasticjob.operator import pods as podlib
 from elasticjob.operator.api.podschema import PodSchema
 from elasticjob.operator.certs import ManagedCertificate, TLSMaterial, managed_material
 from elasticjob.operator.controller import ControllerSettings, JobController
-from elasticjob.operator.kube import KubeApi, load_config
+from elasticjob.operator.kube import KubeApi
+from elasticjob.operator.kube_transport import load_config
 from elasticjob.operator.metrics import CONTENT_TYPE, OperatorMetrics
 from elasticjob.operator.ownpod import follow_own_pod
 from elasticjob.operator.supervisor import ENDED_PHASES, JobSupervisor
