@@ -48,10 +48,10 @@ class Backoff:
             raise ValueError(f"the jitter must be between 0 and 1, got {self.jitter}")
 
     def delays(self, random: Uniform = _random.random) -> Iterator[float]:
-        """The pauses, without end (``random``: the jitter's draws)."""
+        """The pauses, without end (``random``: the jitter's draws; none without jitter)."""
         delay = self.initial_s
         while True:
-            yield delay * (1 - self.jitter * random())
+            yield delay * (1 - self.jitter * random()) if self.jitter else delay
             delay = min(delay * self.factor, self.max_s)
 
     def until(

@@ -32,6 +32,13 @@ def test_jitter_shortens_each_pause_by_up_to_its_share(draw: float, expected: li
     assert first(Backoff(2.0, 2.0, jitter=0.5), 2, draw) == expected
 
 
+def test_without_jitter_nothing_is_drawn() -> None:
+    def draw() -> float:
+        raise AssertionError("drawn")
+
+    assert list(itertools.islice(Backoff(1.0).delays(draw), 2)) == [1.0, 2.0]
+
+
 def test_jitter_draws_anew_for_every_pause() -> None:
     draws = iter([0.0, 0.99, 0.5])
     delays = Backoff(1.0, 1.0, jitter=1.0).delays(lambda: next(draws))
