@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from elasticjob.backoff import Backoff
 from elasticjob.wire import API_PREFIX, PROTOCOL_HEADER, PROTOCOL_VERSION
 
 logger = logging.getLogger("sim_worker")
@@ -31,6 +32,8 @@ logger = logging.getLogger("sim_worker")
 RENDEZVOUS_WAIT_S = 20.0
 NOTICES_WAIT_S = 20.0
 PROGRESS_INTERVAL_S = 1.0
+_BACKOFF = Backoff(initial_s=0.05, factor=2.0, max_s=2.0)
+"""The pauses between a request's tries, as the worker runtime's client makes them."""
 KILLED_EXIT_CODE = 137
 TERMINATED_EXIT_CODE = 143
 
@@ -182,9 +185,9 @@ class SimWorker:
         data = (
             b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
         )
-        delay = 0.05
+        pauses = _BACKOFF.delays()
         while True:
-            pause = delay
+            pause = next(pauses)
             try:
                 status, retry_after, payload = await connection.request(
                     method, self._base + path, self._headers, data, wait_s + 30.0
@@ -193,11 +196,10 @@ class SimWorker:
                     return json.loads(payload) if payload else None
                 if status != 429 and status < 500:
                     raise Refused(f"{method} {path} -> {status}: {payload[:300]!r}")
-                pause = retry_after if retry_after is not None else delay
+                pause = retry_after if retry_after is not None else pause
             except (OSError, TimeoutError, ValueError) as exc:
                 logger.debug("%s %s failed: %r; retrying", method, path, exc)
             await asyncio.sleep(pause)
-            delay = min(delay * 2, 2.0)
 
     async def run(self) -> int:
         """Live until dismissed, finished or cancelled (killed); return the exit code."""

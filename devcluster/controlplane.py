@@ -21,8 +21,12 @@ from typing import Any
 
 from devcluster.build import Binaries
 from devcluster.config import ClusterConfig
+from elasticjob.backoff import Backoff
 
 logger = logging.getLogger(__name__)
+
+_POLL = Backoff(initial_s=0.05, factor=1.5, max_s=0.5)
+"""The pauses between the checks of :func:`wait_for`."""
 
 
 def etcd_argv(cfg: ClusterConfig, bins: Binaries) -> list[str]:
@@ -153,19 +157,19 @@ class ApiProbe:
 def wait_for(
     what: str, check: Callable[[], bool], timeout: float, alive: Callable[[], str | None]
 ) -> None:
-    """Poll ``check`` until true; fail early if ``alive`` names a dead component."""
-    deadline = time.monotonic() + timeout
-    delay = 0.05
+    """Poll ``check`` until true; fail early if ``alive`` names a dead component, and once
+    the next check would come after ``timeout``."""
+    pauses = _POLL.until(time.monotonic() + timeout)
     while True:
         if check():
             return
         dead = alive()
         if dead:
             raise RuntimeError(f"{dead} exited while waiting for {what}")
-        if time.monotonic() > deadline:
+        pause = pauses.next_pause()
+        if pause is None:
             raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.5)
+        time.sleep(pause)
 
 
 def etcd_healthy(cfg: ClusterConfig) -> bool:

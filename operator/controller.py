@@ -19,8 +19,8 @@ pure functions in other modules; it only gathers their input and carries them ou
   and deleted, as its cause says (``pod_ledger.failure_effects``);
 - after an operator restart (``adoption``): the recorded round is adopted and the recorded
   blacklisting restored; pods and the token Secret are the job's by ownerReference only;
-- objects the API server refuses for good (``kube.refusal``) fail the job (InvalidSpec)
-  once, with no retry; the pods it made are deleted;
+- objects the API server refuses for good (``kube_errors.permanent_error``) fail the job
+  (InvalidSpec) once, with no retry; the pods it made are deleted;
 - status (``status.status_of``, from the driver's snapshot) and events on the ElasticJob
   (``job_events``: queued as they are learnt, some pushed by the driver's journal).
 """
@@ -49,7 +49,8 @@ from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.disruption import DisruptionBudget
 from elasticjob.operator.hosts import PodLauncher, driver_settings
 from elasticjob.operator.job_records import RecordKeeper
-from elasticjob.operator.kube import KubeApi, refusal
+from elasticjob.operator.kube import KubeApi
+from elasticjob.operator.kube_errors import permanent_error
 from elasticjob.operator.pod_reconciler import PodReconciler
 from elasticjob.operator.scaling import SpecReader, pods_to_clean
 from elasticjob.operator.status import Observation, observe
@@ -146,7 +147,7 @@ class JobController:
         try:
             await self._run(body, spec, stopped)
         except (RefusedJobError, ApiException) as exc:
-            message = str(exc) if isinstance(exc, RefusedJobError) else refusal(exc)
+            message = str(exc) if isinstance(exc, RefusedJobError) else permanent_error(exc)
             if message is None:
                 raise
             logger.warning("job %s: %s", self.job_id, message)

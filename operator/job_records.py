@@ -18,7 +18,9 @@ from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.job_record import JobRecordData
 from elasticjob.driver.record_saving import RecordSaver
 from elasticjob.operator import pods as podlib
-from elasticjob.operator.kube import KubeApi, load_config
+from elasticjob.operator.kube import KubeApi
+from elasticjob.operator.kube_errors import ApiOutcome, api_outcome
+from elasticjob.operator.kube_transport import load_config
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +132,7 @@ def read_from_cluster(job_name: str, namespace: str | None) -> JobRecordData:
     try:
         found = core.read_namespaced_config_map(record_name(job_name), namespace)
     except ApiException as exc:
-        if exc.status == 404:
+        if api_outcome(exc) is ApiOutcome.NOT_FOUND:
             raise LookupError(f"no record of ElasticJob {namespace}/{job_name}") from exc
         raise LookupError(f"reading the record of {namespace}/{job_name}: {exc.reason}") from exc
     return parse_record({"data": found.data})

@@ -25,7 +25,8 @@ from elasticjob.operator.api.podschema import PodSchema
 from elasticjob.operator.certs import ManagedCertificate, TLSMaterial, managed_material
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.controller_settings import ControllerSettings
-from elasticjob.operator.kube import KubeApi, load_config
+from elasticjob.operator.kube import KubeApi
+from elasticjob.operator.kube_transport import load_config
 from elasticjob.operator.metrics import CONTENT_TYPE, OperatorMetrics
 from elasticjob.operator.ownpod import follow_own_pod
 from elasticjob.operator.supervisor import ENDED_PHASES, JobSupervisor

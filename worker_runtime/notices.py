@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from elasticjob.backoff import Backoff
 from elasticjob.wire import Notice
 from elasticjob.worker_runtime.log import get_logger
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
@@ -12,6 +13,9 @@ from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, Rendez
 logger = get_logger(__name__)
 
 _POLL_WAIT_S = 20.0
+_BACKOFF = Backoff(initial_s=1.0, factor=1.0)
+"""The pauses after failed polls: the same each time, as the client has already retried each
+poll until its deadline or the service refused it."""
 
 
 class NoticeWatcher:
@@ -35,6 +39,7 @@ class NoticeWatcher:
 
     def _run(self) -> None:
         after = 0
+        pauses = _BACKOFF.delays()
         while not self._stop.is_set():
             try:
                 response = self._client.notices(after, _POLL_WAIT_S)
@@ -42,7 +47,7 @@ class NoticeWatcher:
                 if self._stop.is_set():
                     return
                 logger.warning("notice polling failed: %s; retrying", exc)
-                self._stop.wait(1.0)
+                self._stop.wait(next(pauses))
                 continue
             for notice in response.notices:
                 if notice.seq > after:

@@ -33,6 +33,7 @@ import urllib.parse
 
 from pydantic import BaseModel
 
+from elasticjob.backoff import Backoff
 from elasticjob.wire import (
     API_PREFIX,
     PROTOCOL_HEADER,
@@ -49,6 +50,10 @@ from elasticjob.wire import (
 )
 
 logger = logging.getLogger(__name__)
+
+BACKOFF = Backoff(initial_s=0.05, factor=2.0, max_s=2.0)
+"""The pauses between the tries of one request (a ``Retry-After`` the service sends is
+taken instead)."""
 
 
 class RendezvousClientError(RuntimeError):
@@ -149,10 +154,8 @@ class RendezvousClient:
     ) -> bytes:
         payload = body.model_dump_json().encode() if body is not None else None
         retry_for = self._retry_deadline_s if retry_for_s is None else retry_for_s
-        deadline = time.monotonic() + retry_for
-        delay = 0.05
+        retries = BACKOFF.until(time.monotonic() + retry_for)
         while True:
-            pause = delay
             try:
                 status, retry_after, data = self._send(method, self._base + path, payload, wait_s)
             except ssl.SSLCertVerificationError as exc:
@@ -160,7 +163,8 @@ class RendezvousClient:
                     f"the rendezvous service at {self._url} is not trusted: {exc}"
                 ) from exc
             except (OSError, http.client.HTTPException) as exc:  # incl. an answer cut short
-                if time.monotonic() + delay > deadline:
+                pause = retries.next_pause()
+                if pause is None:
                     raise RendezvousClientError(
                         f"rendezvous service at {self._host}:{self._port} unreachable for "
                         f"{retry_for:.0f} s: {exc}"
@@ -169,10 +173,11 @@ class RendezvousClient:
             else:
                 if status < 300:
                     return data
-                if status in (429, 503) and retry_after is not None:
-                    pause = retry_after  # the operator takes its jobs back, or the job is busy
+                # a Retry-After: the operator takes its jobs back, or the job is busy
+                asked = retry_after if status in (429, 503) else None
                 retryable = status >= 500 or status == 429
-                if not retryable or time.monotonic() + pause > deadline:
+                pause = retries.next_pause(instead=asked) if retryable else None
+                if pause is None:
                     raise RendezvousClientError(
                         f"rendezvous {method} {path} refused with {status}: "
                         f"{data.decode(errors='replace')}"
@@ -188,7 +193,6 @@ class RendezvousClient:
                     retry_for,
                 )
             time.sleep(pause)
-            delay = min(delay * 2, 2.0)
 
     def _send(
         self, method: str, path: str, payload: bytes | None, wait_s: float

@@ -1,11 +1,38 @@
 """The ElasticJob API: the custom resource's models, its validation rules and its CRD.
 
-``models`` holds the pydantic models of the spec and status and the API's names and labels;
-``validation`` checks a spec, naming the field of each error; ``crd`` generates the
+``models`` holds the pydantic models of the spec and the status, ``names`` the API's names and
+labels; ``validation`` checks a spec, naming the field of each error; ``crd`` generates the
 CustomResourceDefinition from the models.
 """
 
-from elasticjob.operator.api.models import (
+from elasticjob.operator.api.models.spec import (
+    Backend,
+    BlacklistScope,
+    BlacklistSpec,
+    CheckpointSpec,
+    CleanPodPolicy,
+    Container,
+    CooldownRange,
+    ElasticJobSpec,
+    PodSpec,
+    PodTemplateSpec,
+    TemplateMetadata,
+)
+from elasticjob.operator.api.models.status import (
+    BlacklistedNode,
+    CheckpointStatus,
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    ElasticJobStatus,
+    Goodput,
+    LostSeconds,
+    Phase,
+    Progress,
+    RestoreStatus,
+    WorkerStatus,
+)
+from elasticjob.operator.api.names import (
     API_VERSION,
     CRD_NAME,
     GPU_RESOURCE,
@@ -19,29 +46,6 @@ from elasticjob.operator.api.models import (
     SINGULAR,
     VERSION,
     WORKER_CONTAINER,
-    Backend,
-    BlacklistedNode,
-    BlacklistScope,
-    BlacklistSpec,
-    CheckpointSpec,
-    CheckpointStatus,
-    CleanPodPolicy,
-    Condition,
-    ConditionStatus,
-    ConditionType,
-    Container,
-    CooldownRange,
-    ElasticJobSpec,
-    ElasticJobStatus,
-    Goodput,
-    LostSeconds,
-    Phase,
-    PodSpec,
-    PodTemplateSpec,
-    Progress,
-    RestoreStatus,
-    TemplateMetadata,
-    WorkerStatus,
     worker_labels,
     worker_selector,
 )

@@ -22,7 +22,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from elasticjob.operator.api.models import (
+from elasticjob.operator.api.models.spec import ElasticJobSpec
+from elasticjob.operator.api.models.status import ElasticJobStatus
+from elasticjob.operator.api.names import (
     CRD_NAME,
     GROUP,
     KIND,
@@ -30,8 +32,6 @@ from elasticjob.operator.api.models import (
     SHORT_NAMES,
     SINGULAR,
     VERSION,
-    ElasticJobSpec,
-    ElasticJobStatus,
 )
 
 DEFAULT_OUTPUT = Path("deploy/crds/elasticjob.dev_elasticjobs.yaml")

@@ -42,13 +42,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from elasticjob import wire
-from elasticjob.operator.api.models import (
-    GPU_RESOURCE,
-    LABEL_JOB_NAME,
-    WORKER_CONTAINER,
-    Container,
-    ElasticJobSpec,
-)
+from elasticjob.operator.api.models.spec import Container, ElasticJobSpec
+from elasticjob.operator.api.names import GPU_RESOURCE, LABEL_JOB_NAME, WORKER_CONTAINER
 
 if TYPE_CHECKING:
     from elasticjob.operator.api.podschema import PodSchema

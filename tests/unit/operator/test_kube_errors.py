@@ -1,4 +1,5 @@
-"""Which API errors refuse a job's objects for good (the job fails), and which are retried."""
+"""What API errors mean: which refuse a job's objects for good (the job fails), which are
+retried, and how create-or-update (``upsert``) follows them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import json
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from elasticjob.operator.kube import KubeApi, already_exists, refusal
+from elasticjob.operator.kube_errors import ApiOutcome, api_outcome, classify, permanent_error
+from elasticjob.operator.kube_transport import KubeTransport
 
 INVALID = 'Pod "x" is invalid: metadata.labels: Invalid value: "aaa": must be no more than 63'
 
@@ -66,8 +68,8 @@ def error(
         pytest.param(error(503, "ServiceUnavailable"), None, id="unavailable"),
     ],
 )
-def test_refusal(exc: ApiException, expected: str | None) -> None:
-    assert refusal(exc) == expected
+def test_permanent_error(exc: ApiException, expected: str | None) -> None:
+    assert permanent_error(exc) == expected
 
 
 @pytest.mark.parametrize(
@@ -91,7 +93,7 @@ async def test_which_errors_are_retried(
         raise exc
 
     with pytest.raises(ApiException):
-        await KubeApi(attempts=3)._call("create", create)
+        await KubeTransport(attempts=3).call("create", create)
     assert len(calls) == attempts
 
 
@@ -105,4 +107,58 @@ async def test_which_errors_are_retried(
     ],
 )
 def test_already_exists(exc: ApiException, expected: bool) -> None:
-    assert already_exists(exc) is expected
+    assert (api_outcome(exc) is ApiOutcome.ALREADY_EXISTS) is expected
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "message", "expected"),
+    [
+        pytest.param(503, "ServiceUnavailable", "", ApiOutcome.RETRY, id="status-in-table"),
+        pytest.param(409, "Conflict", "modified", ApiOutcome.CONFLICT, id="conflict"),
+        pytest.param(409, "AlreadyExists", "", ApiOutcome.ALREADY_EXISTS, id="already-exists"),
+        pytest.param(403, "Forbidden", "exceeded quota: q", ApiOutcome.OTHER, id="quota"),
+        pytest.param(401, "Unauthorized", "", ApiOutcome.OTHER, id="status-not-in-table"),
+        pytest.param(None, None, "", ApiOutcome.OTHER, id="no-status"),
+    ],
+)
+def test_classify(
+    status: int | None, reason: str | None, message: str, expected: ApiOutcome
+) -> None:
+    assert classify(status, reason, message) is expected
+
+
+def test_the_table() -> None:
+    """Every other 4xx and 5xx status means OTHER."""
+    meanings = {status: classify(status, None, "") for status in range(400, 600)}
+    assert {s: o for s, o in meanings.items() if o is not ApiOutcome.OTHER} == {
+        400: ApiOutcome.REFUSED,
+        403: ApiOutcome.REFUSED,
+        404: ApiOutcome.NOT_FOUND,
+        408: ApiOutcome.RETRY,
+        409: ApiOutcome.CONFLICT,
+        413: ApiOutcome.REFUSED,
+        422: ApiOutcome.REFUSED,
+        429: ApiOutcome.RETRY,
+        500: ApiOutcome.RETRY,
+        502: ApiOutcome.RETRY,
+        503: ApiOutcome.RETRY,
+        504: ApiOutcome.RETRY,
+    }
+
+
+async def test_a_call_pauses_as_its_backoff_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_sleep = asyncio.sleep
+    pauses: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+
+    def fail(**kwargs: float) -> None:
+        raise OSError("connection refused")
+
+    with pytest.raises(OSError):
+        await KubeTransport(attempts=4).call("read", fail)
+    assert pauses == [0.2, 0.4, 0.8]

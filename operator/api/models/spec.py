@@ -1,0 +1,191 @@
+"""The models of an ElasticJob's spec.
+
+They accept exactly what the API server stores: camelCase keys only, unknown keys refused,
+integers never coerced from strings, floats or booleans. So a spec that validates dumps back
+(``by_alias=True, exclude_unset=True``) to the same document.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic.alias_generators import to_camel
+
+from elasticjob.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
+from elasticjob.driver.blacklist import BlacklistPolicy
+from elasticjob.operator.api.names import WORKER_CONTAINER
+
+Count = Annotated[StrictInt, Field(ge=1)]
+"""A number of pods (or seconds) that must be positive."""
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, extra="forbid", frozen=True, use_attribute_docstrings=True
+    )
+
+
+class _PassThrough(BaseModel):
+    """Part of the pod template: fields not modelled here are kept as they are."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, extra="allow", frozen=True, use_attribute_docstrings=True
+    )
+
+
+class Backend(enum.StrEnum):
+    """The torch.distributed backend of the workers."""
+
+    GLOO = "gloo"
+    NCCL = "nccl"
+    AUTO = "auto"
+
+
+class BlacklistScope(enum.StrEnum):
+    """What a worker failure blacklists."""
+
+    NODE = "Node"
+    POD = "Pod"
+
+
+class CleanPodPolicy(enum.StrEnum):
+    """Which worker pods are deleted when the job completes."""
+
+    ALL = "All"
+    RUNNING = "Running"
+    NONE = "None"
+
+
+class CooldownRange(_Spec):
+    """Blacklist cooldown in seconds: the n-th blacklisting of the same node (or pod) lasts
+    min(max, min * 2^(n-1)) seconds. min must not exceed max."""
+
+    min: Count = 10
+    max: Count = 300
+
+
+class BlacklistSpec(_Spec):
+    """How failed nodes (or pods) are kept out of the job for a while."""
+
+    cooldown_seconds: CooldownRange = CooldownRange()
+    scope: BlacklistScope = BlacklistScope.NODE
+    """Node: the failed pod's node is blacklisted, so replacement pods avoid it until its
+    cooldown ends (they are kept off it by node affinity). Pod: only the failed pod is, and
+    its replacement may land on the same node."""
+
+    def policy(self) -> BlacklistPolicy:
+        """The cooldown policy of the blacklisting this spec asks for."""
+        return BlacklistPolicy(float(self.cooldown_seconds.min), float(self.cooldown_seconds.max))
+
+
+class CheckpointSpec(_Spec):
+    """Durable checkpoints, the fallback when no worker of a round survives (every pod
+    evicted, every node blacklisted): rank 0 writes the committed state (model, optimizer,
+    sampler position, its own attributes) under path, off the training thread, and a new
+    round of fresh pods starts from the newest complete checkpoint there. Memory stays the
+    first resort: while any worker survives, nothing is read from disk. Give everyCommits or
+    intervalSeconds (exactly one)."""
+
+    volume: Annotated[StrictStr, Field(min_length=1)]
+    """Name of a volume of the pod template (template.spec.volumes), typically a
+    persistentVolumeClaim that every pod of the job mounts: the checkpoints must outlive
+    the pods, and a new rank 0 on any node must read them."""
+    path: Annotated[StrictStr, Field(min_length=1)]
+    """Absolute path of the checkpoint folder in the worker container; the operator mounts
+    the volume there unless the worker container already does."""
+    every_commits: Annotated[StrictInt, Field(ge=1)] | None = None
+    """Write a checkpoint every this many commits."""
+    interval_seconds: Annotated[StrictInt, Field(ge=1, le=86400)] | None = None
+    """Write a checkpoint at the first commit this many seconds after the previous one."""
+    keep: Annotated[StrictInt, Field(ge=1, le=1000)] = DEFAULT_KEEP
+    """How many complete checkpoints to keep (the newest ones)."""
+
+    def policy(self) -> CheckpointPolicy:
+        """The checkpoint policy the workers are told."""
+        return CheckpointPolicy(
+            folder=self.path,
+            every_commits=self.every_commits or 0,
+            interval_s=float(self.interval_seconds or 0),
+            keep=self.keep,
+        )
+
+
+class TemplateMetadata(_PassThrough):
+    """Metadata of the worker pods (an ObjectMeta). The operator adds its own labels."""
+
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+
+
+class Container(_PassThrough):
+    """A container of the worker pods (a core/v1 Container)."""
+
+    name: Annotated[StrictStr, Field(min_length=1)]
+
+
+class PodSpec(_PassThrough):
+    """Spec of the worker pods (a core/v1 PodSpec). Every field is passed to the pods."""
+
+    containers: Annotated[list[Container], Field(min_length=1)]
+    """The pod's containers: the worker runtime runs in the one named "worker", or in the
+    only container when there is one."""
+    scheduler_name: StrictStr | None = None
+    """Passed through, e.g. for a gang scheduler."""
+    priority_class_name: StrictStr | None = None
+    """Passed through, e.g. for a gang scheduler."""
+
+    def worker_container(self) -> Container | None:
+        """The container the worker runtime runs in (None when the choice is ambiguous)."""
+        if len(self.containers) == 1:
+            return self.containers[0]
+        return next((c for c in self.containers if c.name == WORKER_CONTAINER), None)
+
+
+class PodTemplateSpec(_PassThrough):
+    """Template of the worker pods (a core/v1 PodTemplateSpec)."""
+
+    metadata: TemplateMetadata | None = None
+    spec: PodSpec
+
+
+class ElasticJobSpec(_Spec):
+    """Desired state of an elastic training job. Replica counts are worker pods; each pod runs
+    slotsPerWorker worker processes."""
+
+    replicas: Count
+    """Desired number of worker pods, within [minReplicas, maxReplicas]. `kubectl scale` and
+    autoscalers change it through the scale subresource."""
+    min_replicas: Count = 1
+    """Fewest worker pods training may run with."""
+    max_replicas: Count
+    """Most worker pods the job may grow to."""
+    slots_per_worker: Annotated[StrictInt, Field(ge=1, le=64)] = 1
+    """Worker processes per pod (e.g. GPUs per pod)."""
+    template: PodTemplateSpec
+    backend: Backend = Backend.AUTO
+    """The torch.distributed backend; auto: NCCL when the worker sees a CUDA device, else
+    Gloo."""
+    reset_limit: Annotated[StrictInt, Field(ge=0)] | None = None
+    """The job fails after this many resets, counted as horovodrun's ``--reset-limit``
+    counts them: every new round after the first, whether a failure or a change of hosts
+    (``kubectl scale``, a pod added or gone) caused it; unlimited when absent."""
+    elastic_timeout_seconds: Annotated[StrictInt, Field(ge=1, le=86400)] = 600
+    """Seconds to wait for minReplicas pods to be available before the job fails."""
+    heartbeat_timeout_seconds: Annotated[StrictInt, Field(ge=0, le=3600)] = 5
+    """A worker process that sends no heartbeat for this long (frozen, or cut off from the
+    operator) is evicted: its pod is deleted and counted as failed, and its node (or pod) is
+    blacklisted. A slow step never stops the heartbeat. 0 turns eviction off."""
+    collective_timeout_seconds: Annotated[StrictInt, Field(ge=1, le=86400)] | None = None
+    """Bound on any collective of a worker, in seconds: a collective that takes longer fails
+    the round (the worker runtime's default, 60, when absent)."""
+    round_wait_seconds: Annotated[StrictInt, Field(ge=1, le=86400)] | None = None
+    """How long a worker waits for its next round before it gives up, in seconds (the worker
+    runtime's default, 900, when absent)."""
+    blacklist: BlacklistSpec = BlacklistSpec()
+    checkpoint: CheckpointSpec | None = None
+    """Durable checkpoints (none when absent: a job that loses every worker fails)."""
+    clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
+    """All: every worker pod is deleted when the job ends. Running: only those still running
+    (finished pods stay for their logs). None: no pod is deleted."""
