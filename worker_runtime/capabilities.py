@@ -43,7 +43,7 @@ def gloo_built() -> bool:
 
 def gloo_enabled() -> bool:
     """Whether this process's collectives run on Gloo (False before ``init()``)."""
-    return is_initialized() and current().backend == "gloo"
+    return is_initialized() and current().group.backend == "gloo"
 
 
 def nccl_built() -> int:

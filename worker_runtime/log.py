@@ -7,12 +7,15 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+STANDALONE_JOB = "standalone"
+"""The job of a process run without a launcher, as its log lines name it."""
+
 
 @dataclass
 class LogContext:
     """Where the worker is now; updated by the runtime as rounds and steps advance."""
 
-    job: str = "standalone"
+    job: str = STANDALONE_JOB
     round: int = 0
     rank: int = 0
     step: int = 0

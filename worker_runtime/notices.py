@@ -1,9 +1,12 @@
-"""A background thread that long-polls the job's notices and hands each one to a callback."""
+"""A background thread that long-polls the job's notices and hands each one to a callback
+(:class:`NoticeWatcher`); a script run without a launcher has no notices (:class:`NoNotices`).
+"""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from elasticjob.backoff import Backoff
 from elasticjob.wire import Notice
@@ -18,7 +21,27 @@ _BACKOFF = Backoff(initial_s=1.0, factor=1.0)
 poll until its deadline or the service refused it."""
 
 
-class NoticeWatcher:
+class Notices(Protocol):
+    """The job's notices, followed between :meth:`start` and :meth:`stop`."""
+
+    def start(self) -> None:
+        """Start following the notices."""
+
+    def stop(self) -> None:
+        """Stop following the notices."""
+
+
+class NoNotices(Notices):
+    """A process that no job sends notices to."""
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+class NoticeWatcher(Notices):
     """Delivers every notice of the job, in sequence order, to ``on_notice``.
 
     The watcher runs on a daemon thread; ``on_notice`` is called on that thread and must be

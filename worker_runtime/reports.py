@@ -3,13 +3,14 @@ result) and, on rank 0, the training's progress, commits, checkpoints and resump
 by ``progress.py``'s thread, so the training loop never waits on the rendezvous service).
 
 Every report is best effort: a service that cannot be reached loses it, never the training.
+A script run without a launcher reports nothing (:class:`NoReports`).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol
 
 from elasticjob.wire import CheckpointReport, ProgressRequest, ResultRequest, WorkerState
 from elasticjob.worker_runtime.log import get_logger
@@ -29,48 +30,97 @@ Position = Callable[[], tuple[int, int, int]]
 """The worker's round, rank and step now."""
 
 
-class Reports:
-    """The reports of worker ``hostname[local_rank]`` through ``client`` (None: a standalone
-    process, which reports nothing); ``position`` tells where the worker is when a report is
-    made."""
+class Reports(Protocol):
+    """What a worker tells the driver (see the module docstring)."""
+
+    end_delivered: bool
+    """Whether the driver has this process's result (a report of it arrived)."""
+
+    def stop(self) -> None:
+        """Stop sending progress (what was offered and not sent yet is dropped)."""
+
+    def result(
+        self, state: WorkerState, message: str = "", *, retry_for_s: float | None = None
+    ) -> None:
+        """Tell the driver how this worker's process ends (best effort, retried for
+        ``retry_for_s``; default: the client's retry deadline); :attr:`end_delivered` says
+        whether a report arrived."""
+
+    def exit_status(self) -> None:
+        """At interpreter exit, the process's end as the interpreter knows it: an uncaught
+        exception (``sys.last_value``) is a failure, anything else a success (the exit status
+        decides either way)."""
+
+    def progress(self, epoch: int, step: int, samples_per_second: float) -> None:
+        """Rank 0 reports training progress for the job's status (others do nothing)."""
+
+    def resumed(self, restored_from: CheckpointReport | None = None) -> None:
+        """Training starts or resumes in this round now (rank 0 tells the driver at once:
+        the end of a recovery or a resize), from ``restored_from`` if rank 0 loaded it."""
+
+    def checkpoint(self, report: CheckpointReport) -> None:
+        """Rank 0 completed a durable checkpoint (any thread)."""
+
+    def commit(self, seconds: float) -> None:
+        """A commit took ``seconds`` (rank 0's are reported, for the job's metrics)."""
+
+
+class NoReports(Reports):
+    """The reports of a process that no driver hears: nothing is sent."""
+
+    end_delivered = False
+
+    def stop(self) -> None:
+        pass
+
+    def result(
+        self, state: WorkerState, message: str = "", *, retry_for_s: float | None = None
+    ) -> None:
+        pass
+
+    def exit_status(self) -> None:
+        pass
+
+    def progress(self, epoch: int, step: int, samples_per_second: float) -> None:
+        pass
+
+    def resumed(self, restored_from: CheckpointReport | None = None) -> None:
+        pass
+
+    def checkpoint(self, report: CheckpointReport) -> None:
+        pass
+
+    def commit(self, seconds: float) -> None:
+        pass
+
+
+class DriverReports(Reports):
+    """The reports of worker ``hostname[local_rank]`` through ``client``; ``position`` tells
+    where the worker is when a report is made."""
 
     def __init__(
-        self, client: RendezvousClient | None, hostname: str, local_rank: int, position: Position
+        self, client: RendezvousClient, hostname: str, local_rank: int, position: Position
     ) -> None:
         self._client = client
         self._hostname = hostname
         self._local_rank = local_rank
         self._position = position
-        self._progress = None if client is None else ProgressReporter(client.report_progress)
+        self._progress = ProgressReporter(client.report_progress)
         self._last_progress: tuple[int, float] = (0, 0.0)
         self.end_delivered = False
-        """Whether the driver has this process's result (a report of it arrived)."""
 
     def stop(self) -> None:
-        """Stop sending progress (what was offered and not sent yet is dropped)."""
-        if self._progress is not None:
-            self._progress.stop()
+        self._progress.stop()
 
     def result(
-        self,
-        state: WorkerState,
-        message: str = "",
-        exit_code: int | None = None,
-        *,
-        retry_for_s: float | None = None,
+        self, state: WorkerState, message: str = "", *, retry_for_s: float | None = None
     ) -> None:
-        """Tell the driver how this worker's process ends (best effort, retried for
-        ``retry_for_s``; default: the client's retry deadline); :attr:`end_delivered` says
-        whether a report arrived."""
-        if self._client is None:
-            return
         try:
             self._client.report_result(
                 ResultRequest(
                     hostname=self._hostname,
                     local_rank=self._local_rank,
                     state=state,
-                    exit_code=exit_code,
                     message=message[-RESULT_MESSAGE_CHARS:],
                 ),
                 retry_for_s=retry_for_s,
@@ -81,9 +131,6 @@ class Reports:
             self.end_delivered = True
 
     def exit_status(self) -> None:
-        """At interpreter exit, the process's end as the interpreter knows it: an uncaught
-        exception (``sys.last_value``) is a failure, anything else a success (the exit status
-        decides either way)."""
         error = getattr(sys, "last_value", None)
         if error is None:
             self.result(WorkerState.SUCCESS, retry_for_s=LEAVING_REPORT_S)
@@ -95,21 +142,16 @@ class Reports:
             )
 
     def progress(self, epoch: int, step: int, samples_per_second: float) -> None:
-        """Rank 0 reports training progress for the job's status (others do nothing)."""
         self._last_progress = (epoch, max(samples_per_second, 0.0))
         self._offer(step=step)
 
     def resumed(self, restored_from: CheckpointReport | None = None) -> None:
-        """Training starts or resumes in this round now (rank 0 tells the driver at once:
-        the end of a recovery or a resize), from ``restored_from`` if rank 0 loaded it."""
         self._offer(resumed=True, restored_from=restored_from, committed=True)
 
     def checkpoint(self, report: CheckpointReport) -> None:
-        """Rank 0 completed a durable checkpoint (any thread)."""
         self._offer(checkpoints=(report,))
 
     def commit(self, seconds: float) -> None:
-        """A commit took ``seconds`` (rank 0's are reported, for the job's metrics)."""
         self._offer(commit_seconds=(max(seconds, 0.0),), committed=True)
 
     def _offer(
@@ -125,7 +167,7 @@ class Reports:
         """Hand rank 0's report to the progress thread: at ``step`` (None: the worker's step
         now), which is the committed step when ``committed``."""
         round_number, rank, now_at = self._position()
-        if self._progress is None or rank != 0:
+        if rank != 0:
             return
         step = now_at if step is None else step
         epoch, samples_per_second = self._last_progress

@@ -8,7 +8,7 @@ import pytest
 
 from elasticjob.wire import ResultRequest, WorkerState
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClientError
-from elasticjob.worker_runtime.reports import Reports
+from elasticjob.worker_runtime.reports import DriverReports, NoReports
 
 
 class Client:
@@ -32,7 +32,7 @@ def test_the_result_counts_as_delivered_only_once_a_report_arrived(
     down: bool, delivered: bool
 ) -> None:
     client = Client(down)
-    reports = Reports(client, "host-a", 1, lambda: (1, 0, 7))  # type: ignore[arg-type]
+    reports = DriverReports(client, "host-a", 1, lambda: (1, 0, 7))  # type: ignore[arg-type]
     assert not reports.end_delivered
     reports.result(WorkerState.SUCCESS, "x" * 5000)
     assert reports.end_delivered is delivered
@@ -43,6 +43,6 @@ def test_the_result_counts_as_delivered_only_once_a_report_arrived(
 
 
 def test_a_standalone_process_reports_nothing() -> None:
-    reports = Reports(None, "localhost", 0, lambda: (0, 0, 0))
+    reports = NoReports()
     reports.result(WorkerState.FAILURE, "boom")
     assert not reports.end_delivered
