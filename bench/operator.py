@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.operator_scale import ScaleBench, load  # noqa: E402
-from devcluster import Cluster, ClusterConfig  # noqa: E402
+from devcluster.cluster import Cluster  # noqa: E402
+from devcluster.config import ClusterConfig  # noqa: E402
 from tests.integration.harness import read_events  # noqa: E402
 
 WORKER = REPO / "tests" / "integration" / "workers" / "elastic_worker.py"

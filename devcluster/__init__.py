@@ -1,9 +1,7 @@
 """devcluster: a real Kubernetes control plane on one machine, with a node agent
 that runs pods as local processes. See docs/devcluster.md.
+
+Importing the package imports none of its modules: the API is
+:class:`devcluster.cluster.Cluster`, :class:`devcluster.config.ClusterConfig` and
+:class:`devcluster.faults.Faults`.
 """
-
-from devcluster.cluster import Cluster
-from devcluster.config import ClusterConfig
-from devcluster.faults import Faults
-
-__all__ = ["Cluster", "ClusterConfig", "Faults"]

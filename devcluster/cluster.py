@@ -6,7 +6,9 @@
 >>> cluster.kubectl("get", "nodes")
 >>> cluster.down()         # stops everything, leaves no process behind
 
-``ClusterConfig(runtime="containerd")`` gives real nodes instead of the node agent (kubelet,
+The cluster runs the control plane; its nodes come from the node runtime that
+``ClusterConfig.runtime`` names (:mod:`devcluster.noderuntime`): the node agent
+(:mod:`devcluster.processnodes`), or with ``runtime="containerd"`` real nodes (kubelet,
 containerd, CNI, kube-proxy: :mod:`devcluster.realcluster`).
 """
 
@@ -17,23 +19,28 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from devcluster import controlplane as cp
-from devcluster import pki, procs, provisioner, realcluster
+from devcluster import pki, procs
 from devcluster.build import Binaries, find_binaries
 from devcluster.config import ClusterConfig, read_token
 from devcluster.faults import Faults
-from devcluster.realfaults import RealFaults
+from devcluster.noderuntime import NodeRuntime
+from devcluster.processnodes import ProcessNodes
+from devcluster.realcluster import RealNodes
 
 logger = logging.getLogger(__name__)
 
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
-COMPONENTS = (*CONTROL_PLANE, provisioner.COMPONENT, "agent")
+#: The node runtime of each ``ClusterConfig.runtime``.
+NODE_RUNTIMES: dict[str, Callable[[ClusterConfig], NodeRuntime]] = {
+    "process": ProcessNodes,
+    "containerd": RealNodes,
+}
 
 
 class ToolFailed(subprocess.CalledProcessError):
@@ -50,7 +57,8 @@ class Cluster:
 
     def __init__(self, config: ClusterConfig | None = None) -> None:
         self.config = config or ClusterConfig()
-        self.faults: Faults = RealFaults(self) if self.config.real else Faults(self.config)
+        self.node_runtime = NODE_RUNTIMES[self.config.runtime](self.config)
+        self.faults: Faults = self.node_runtime.faults(self)
         self._pids: dict[str, int] = {}
         #: Components stopped on purpose (faults): not reported as dead while waiting.
         self._stopped: set[str] = set()
@@ -94,9 +102,7 @@ class Cluster:
 
     def components(self) -> list[str]:
         """Names of the processes this cluster runs, in start order."""
-        if not self.config.real:
-            return list(COMPONENTS)
-        return [*CONTROL_PLANE, *realcluster.components(self.config)]
+        return [*CONTROL_PLANE, *self.node_runtime.components()]
 
     def running(self) -> dict[str, bool]:
         """Which components are alive."""
@@ -108,9 +114,6 @@ class Cluster:
 
     def dead_component(self) -> str | None:
         """The first started component that exited (with its log tail), if any."""
-        return self._dead_component()
-
-    def _dead_component(self) -> str | None:
         for name, pid in self._pids.items():
             if name in self._stopped:
                 continue
@@ -135,8 +138,7 @@ class Cluster:
                 f"a cluster is already running in {cfg.run_dir}; run `python -m devcluster down`"
             )
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        if cfg.real:
-            realcluster.clean_stale(cfg)
+        self.node_runtime.clean_stale()
         for stale in ("etcd", "pods", "logs", "volumes", "dns"):
             shutil.rmtree(cfg.run_dir / stale, ignore_errors=True)
         cfg.logs_dir.mkdir()
@@ -158,14 +160,11 @@ class Cluster:
                 link.unlink(missing_ok=True)
                 link.symlink_to(tool)
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def spawn(self, name: str, argv: list[str]) -> None:
+        """Start a component of this cluster (detached, marked, pid recorded)."""
         self._pids[name] = procs.spawn(name, argv, self.config.run_dir, self.config.logs_dir)
         self._stopped.discard(name)
         self._write_pids()
-
-    def spawn(self, name: str, argv: list[str]) -> None:
-        """Start a component of this cluster (detached, marked, pid recorded)."""
-        self._spawn(name, argv)
 
     def stop_component(self, name: str, grace: float = 10.0) -> None:
         """Stop one component (SIGTERM, then SIGKILL) and forget its pid."""
@@ -184,15 +183,10 @@ class Cluster:
         cfg = self.config
         bins = find_binaries(cfg.cache_dir)
         started = time.monotonic()
-        if cfg.real:
-            real = realcluster.RealNodes(self, bins)
-            real.prepare_images()
+        start_nodes = self.node_runtime.prepare(self, bins)
         self._prepare(bins)
         try:
-            if cfg.real:
-                real.start(timeout)
-            else:
-                self._start(bins, timeout)
+            start_nodes(timeout)
         except BaseException:
             logger.error("devcluster up failed; stopping what was started")
             self.down()
@@ -212,21 +206,21 @@ class Cluster:
         :meth:`start_controller_manager`) and scheduler (started)."""
         cfg = self.config
         t0 = time.monotonic()
-        self._spawn("etcd", cp.etcd_argv(cfg, bins))
-        cp.wait_for("etcd", lambda: cp.etcd_healthy(cfg), left(), self._dead_component)
+        self.spawn("etcd", cp.etcd_argv(cfg, bins))
+        cp.wait_for("etcd", lambda: cp.etcd_healthy(cfg), left(), self.dead_component)
         logger.debug("etcd healthy after %.1f s", time.monotonic() - t0)
-        self._spawn("kube-apiserver", cp.apiserver_argv(cfg, bins))
+        self.spawn("kube-apiserver", cp.apiserver_argv(cfg, bins))
         probe = cp.ApiProbe(cfg, read_token(cfg, "admin"))
         cp.wait_for(
             "kube-apiserver /readyz",
             lambda: probe.get("/readyz")[0] == 200,
             left(),
-            self._dead_component,
+            self.dead_component,
         )
         logger.debug("kube-apiserver ready after %.1f s", time.monotonic() - t0)
         if controller_manager:
             self.start_controller_manager(bins)
-        self._spawn("kube-scheduler", cp.scheduler_argv(cfg, bins))
+        self.spawn("kube-scheduler", cp.scheduler_argv(cfg, bins))
         return probe
 
     def start_controller_manager(self, bins: Binaries) -> None:
@@ -235,7 +229,7 @@ class Cluster:
         mode", and once out of it (Kubernetes 1.20) never taints a node that stops answering
         with ``NoExecute``, so its pods are never evicted. Real nodes start it once they are
         Ready."""
-        self._spawn("kube-controller-manager", cp.controller_manager_argv(self.config, bins))
+        self.spawn("kube-controller-manager", cp.controller_manager_argv(self.config, bins))
 
     def wait_usable(self, probe: cp.ApiProbe, left: Callable[[], float]) -> None:
         """Wait for the default ServiceAccount and every node Ready."""
@@ -253,7 +247,7 @@ class Cluster:
                 )
             ),
             left(),
-            self._dead_component,
+            self.dead_component,
         )
         logger.debug("default ServiceAccount after %.1f s", time.monotonic() - t0)
 
@@ -264,33 +258,20 @@ class Cluster:
             f"{cfg.nodes} Ready nodes",
             lambda: cp.nodes_ready(probe, cfg.node_names()),
             left(),
-            self._dead_component,
+            self.dead_component,
         )
-
-    def _start(self, bins: Binaries, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-
-        def left() -> float:
-            return max(1.0, deadline - time.monotonic())
-
-        probe = self.start_control_plane(bins, left)
-        self._spawn(provisioner.COMPONENT, provisioner.argv(self.config, sys.executable))
-        self._spawn("agent", cp.agent_argv(self.config))
-        self.wait_usable(probe, left)
 
     def down(self) -> None:
         """Stop every process of this cluster (pods first, etcd last); for real nodes also
         remove their containers, mounts, cgroups and network."""
         pids = self._pids or self._read_pids()
-        if self.config.real:
-            realcluster.stop_nodes(self.config, pids)
+        self.node_runtime.stop_nodes(pids)
         order = [pids[name] for name in reversed(self.components()) if name in pids]
         procs.stop_all(self.config.run_dir, order)
         self._pids = {}
         self._pid_file().unlink(missing_ok=True)
         self.config.agent_socket.unlink(missing_ok=True)
-        if self.config.real:
-            realcluster.remove_leftovers(self.config)
+        self.node_runtime.remove_leftovers()
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Wait for /readyz and Ready nodes of an already running cluster."""

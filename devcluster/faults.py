@@ -1,8 +1,9 @@
 """Fault injection, from Python (tests) and from the CLI.
 
-``Cluster.faults`` is the implementation of the cluster's runtime: this module's
-:class:`Faults` for process nodes, :class:`devcluster.realfaults.RealFaults` (same methods,
-plus ``partition``/``heal``) for real nodes.
+``Cluster.faults`` comes from the cluster's node runtime
+(:meth:`devcluster.noderuntime.NodeRuntime.faults`): this module's :class:`Faults` for process
+nodes, :class:`devcluster.realfaults.RealFaults` (same methods, plus ``partition``/``heal``)
+for real nodes.
 
 The node agent owns the pod processes and the node heartbeats, so faults are
 requests to its control endpoint, a Unix socket in the run directory:

@@ -41,6 +41,7 @@ from pathlib import Path
 from devcluster import pki
 from devcluster.build import NodeBinaries
 from devcluster.config import ClusterConfig, read_token
+from devcluster.noderuntime import ProcessHost
 from devcluster.realnet import in_netns
 
 logger = logging.getLogger(__name__)
@@ -353,3 +354,20 @@ def import_images(nodes: list[RealNode], archives: list[Path]) -> float:
         for future in [pool.submit(one, node) for node in nodes]:
             future.result()
     return time.monotonic() - started
+
+
+def advertise_extended_resources(host: ProcessHost, nodes: list[str] | None = None) -> None:
+    """Add ``extended_resources`` (e.g. nvidia.com/gpu) to the capacity of ``nodes`` (all by
+    default), the way a cluster operator advertises them (a patch of the Node status; the
+    kubelet then reports them as allocatable). A node that registers again has them no more
+    until they are advertised again (``node_add`` does)."""
+    for name in nodes if nodes is not None else host.config.node_names():
+        patch = [
+            {"op": "add", "path": f"/status/capacity/{key.replace('/', '~1')}", "value": value}
+            for key, value in host.config.extended_resources.items()
+        ]
+        if patch:
+            host.kubectl(
+                "patch", "node", name, "--subresource=status", "--type=json",
+                "-p", json.dumps(patch),
+            )  # fmt: skip

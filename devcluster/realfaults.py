@@ -24,17 +24,14 @@ import logging
 import subprocess
 import threading
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from devcluster import controlplane as cp
 from devcluster import nodeclean, procs
 from devcluster.build import find_node_binaries
 from devcluster.faults import FaultError, Faults
-from devcluster.nodes import RealNode, node_by_name
-from devcluster.realcluster import advertise_extended_resources
-
-if TYPE_CHECKING:
-    from devcluster.cluster import Cluster
+from devcluster.noderuntime import ProcessHost
+from devcluster.nodes import RealNode, advertise_extended_resources, node_by_name
 
 logger = logging.getLogger(__name__)
 
@@ -46,15 +43,13 @@ PARTITION_MODES = ("all", "peers")
 class RealFaults(Faults):
     """Faults of a real-node cluster (same methods as the node agent's)."""
 
-    def __init__(self, cluster: Cluster) -> None:
-        super().__init__(cluster.config)
-        self._cluster = cluster
+    def __init__(self, host: ProcessHost) -> None:
+        super().__init__(host.config)
+        self._host = host
 
     # ----- helpers -------------------------------------------------------
     def _pod(self, pod: str, namespace: str) -> dict[str, Any]:
-        result = self._cluster.kubectl(
-            "-n", namespace, "get", "pod", pod, "-o", "json", check=False
-        )
+        result = self._host.kubectl("-n", namespace, "get", "pod", pod, "-o", "json", check=False)
         if result.returncode != 0:
             raise FaultError(f"pod {namespace}/{pod}: {result.stderr.strip()}")
         obj: dict[str, Any] = json.loads(result.stdout)
@@ -98,7 +93,7 @@ class RealFaults(Faults):
     def node_notready(self, node: str, seconds: float | None = None) -> None:
         """Stop the node's kubelet (for ``seconds``, or until :meth:`node_ready`)."""
         target = node_by_name(self._config, node)
-        self._cluster.stop_component(target.component("kubelet"))
+        self._host.stop_component(target.component("kubelet"))
         if seconds is not None:
             # Not a daemon: a CLI process waits for it before exiting.
             threading.Timer(seconds, self.node_ready, args=(node,)).start()
@@ -106,31 +101,31 @@ class RealFaults(Faults):
     def node_ready(self, node: str) -> None:
         """Start the node's kubelet (and kube-proxy, containerd) again if stopped."""
         target = node_by_name(self._config, node)
-        running = self._cluster.running()
+        running = self._host.running()
         if not running.get("kube-apiserver"):
             # The cluster went down before a timed node_notready ran out: start nothing.
             logger.info("%s stays down: the cluster is not running", node)
             return
         if not running.get(target.component("containerd")):
-            self._cluster.spawn(target.component("containerd"), target.containerd_argv())
+            self._host.spawn(target.component("containerd"), target.containerd_argv())
             cp.wait_for(f"containerd of {node}", target.containerd_ready, 30.0, lambda: None)
         bins = find_node_binaries(self._config.cache_dir, build=False)
         if not running.get(target.component("kubelet")):
-            containerd = self._cluster.pid(target.component("containerd"))
+            containerd = self._host.pid(target.component("containerd"))
             if containerd is None:
                 raise FaultError(f"containerd of {node} is not running")
             argv = target.kubelet_argv(bins, containerd)
-            self._cluster.spawn(target.component("kubelet"), argv)
+            self._host.spawn(target.component("kubelet"), argv)
         if not running.get(target.component("kube-proxy")):
-            self._cluster.spawn(target.component("kube-proxy"), target.kube_proxy_argv(bins))
+            self._host.spawn(target.component("kube-proxy"), target.kube_proxy_argv(bins))
 
     def node_delete(self, node: str) -> None:
         """The node disappears: its processes and containers end, its pods and Node go."""
         target = node_by_name(self._config, node)
         for what in ("kubelet", "kube-proxy"):
-            self._cluster.stop_component(target.component(what))
+            self._host.stop_component(target.component(what))
         nodeclean.kill_containers(self._config, [target])
-        self._cluster.stop_component(target.component("containerd"))
+        self._host.stop_component(target.component("containerd"))
         shims = [
             pid
             for pid in procs.marked_pids(self._config.run_dir)
@@ -138,11 +133,11 @@ class RealFaults(Faults):
         ]
         procs.terminate(shims, 5.0)
         nodeclean.unmount_all(target.dir)
-        self._cluster.kubectl(
+        self._host.kubectl(
             "delete", "pods", "--all-namespaces", "--field-selector", f"spec.nodeName={node}",
             "--grace-period=0", "--force", "--wait=false", check=False,
         )  # fmt: skip
-        self._cluster.kubectl("delete", "node", node, "--wait=false")
+        self._host.kubectl("delete", "node", node, "--wait=false")
 
     def node_add(self, node: str) -> None:
         """Start a deleted node again; its kubelet registers the Node, which then gets the
@@ -150,11 +145,11 @@ class RealFaults(Faults):
         self.node_ready(node)
         cp.wait_for(
             f"{node} registered",
-            lambda: self._cluster.kubectl("get", "node", node, check=False).returncode == 0,
+            lambda: self._host.kubectl("get", "node", node, check=False).returncode == 0,
             60.0,
             lambda: None,
         )
-        advertise_extended_resources(self._cluster, [node])
+        advertise_extended_resources(self._host, [node])
 
     # ----- pods ----------------------------------------------------------
     def evict(
@@ -178,11 +173,11 @@ class RealFaults(Faults):
             }
         )
         patch = json.dumps({"status": {"conditions": conditions}})
-        self._cluster.kubectl(
+        self._host.kubectl(
             "-n", namespace, "patch", "pod", pod, "--subresource=status", "--type=merge",
             "-p", patch,
         )  # fmt: skip
-        self._cluster.kubectl("-n", namespace, "delete", "pod", pod, "--wait=false")
+        self._host.kubectl("-n", namespace, "delete", "pod", pod, "--wait=false")
 
     def partition(
         self,

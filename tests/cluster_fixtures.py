@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from devcluster import Cluster, ClusterConfig, procs
+from devcluster import procs
 from devcluster.build import BuildError, cached_helm, cached_kubernetes, find_node_binaries
-from devcluster.config import default_cache_dir
+from devcluster.cluster import Cluster
+from devcluster.config import ClusterConfig, default_cache_dir
 from tests.devcluster.helpers import Kube
 
 #: Second octet of this session's node and pod addresses (127.<net>.<node>.<pod>);

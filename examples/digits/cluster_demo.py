@@ -26,7 +26,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))  # devcluster is a tool of the repository, not of the package
 
-from devcluster import Cluster, ClusterConfig  # noqa: E402
+from devcluster.cluster import Cluster  # noqa: E402
+from devcluster.config import ClusterConfig  # noqa: E402
 from elasticjob.driver.job_record import EventKind, JobRecordData  # noqa: E402
 from elasticjob.job_timeline import render  # noqa: E402
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from devcluster import Cluster
+from devcluster.cluster import Cluster
 
 Obj = dict[str, Any]
 

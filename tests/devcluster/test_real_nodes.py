@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from devcluster import Cluster
+from devcluster.cluster import Cluster
 from tests.devcluster.helpers import Kube, is_ready
 from tests.devcluster.real import (
     SLEEPER,

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from devcluster import Cluster, ClusterConfig, procs
+from devcluster import procs
+from devcluster.cluster import Cluster
+from devcluster.config import ClusterConfig
 from devcluster.nodeclean import KERNEL_TUNABLES, TUNABLES_DIR
 from tests.cluster_fixtures import REAL_TEST_NET, _missing_real_prereqs
 from tests.devcluster.helpers import Kube, read_proc_state

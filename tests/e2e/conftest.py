@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from devcluster import Cluster
+from devcluster.cluster import Cluster
 
 CLUSTER_FIXTURES = "tests.cluster_fixtures"
 E2E_RUNTIME_ENV = "ELASTICJOB_E2E_RUNTIME"

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from devcluster import Cluster
+from devcluster.cluster import Cluster
 from tests.devcluster.helpers import Kube
 from tests.e2e.test_operator import RELEASE, SYSTEM_NS, operator, wait_status
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from devcluster import Cluster
 from devcluster.agent.volumes import claim_dir
+from devcluster.cluster import Cluster
 from tests.devcluster.helpers import Kube
 from tests.e2e.test_operator import (
     RELEASE,

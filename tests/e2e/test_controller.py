@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from devcluster import Cluster
+from devcluster.cluster import Cluster
 from tests.devcluster.helpers import Kube
 from tests.e2e.test_operator import (  # the module's helm-installed operator and helpers
     RELEASE,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devcluster import Cluster
+from devcluster.cluster import Cluster
 from elasticjob import wire
 from elasticjob.operator.api import worker_labels
 from tests.devcluster.helpers import Kube, pod_manifest

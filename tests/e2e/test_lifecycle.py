@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from devcluster import Cluster
+from devcluster.cluster import Cluster
 from tests.devcluster.helpers import Kube, node_ready_untainted, pod_log_files
 from tests.e2e.test_admission import sleeper
 from tests.e2e.test_operator import (

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from devcluster import Cluster
+from devcluster.cluster import Cluster
 from elasticjob import wire
 from elasticjob.driver.job_record import EventKind, JobRecordData
 from tests.devcluster.helpers import Kube

@@ -16,7 +16,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from devcluster import Cluster
+from devcluster.cluster import Cluster
 from elasticjob.operator.api import worker_selector
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.controller_settings import ControllerSettings

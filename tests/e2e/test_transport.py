@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from devcluster import Cluster
+from devcluster.cluster import Cluster
 from elasticjob import wire
 from elasticjob.operator.certs import TLSMaterial, service_dns_names
 from tests.devcluster.helpers import Kube
