@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from elasticjob.wire import API_PREFIX, PROTOCOL_HEADER, PROTOCOL_VERSION
+from elasticjob.wire.protocol import API_PREFIX, PROTOCOL_HEADER, PROTOCOL_VERSION
 
 logger = logging.getLogger("sim_worker")
 

@@ -17,7 +17,7 @@ from typing import Any
 from elasticjob.driver.blacklist import Blacklist
 from elasticjob.driver.slots import assign_slots
 from elasticjob.operator.api import KIND, BlacklistedNode, ElasticJobStatus
-from elasticjob.wire import SlotInfo, WorkerId
+from elasticjob.wire.messages import SlotInfo, WorkerId
 
 logger = logging.getLogger(__name__)
 

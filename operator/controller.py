@@ -75,7 +75,7 @@ from elasticjob.operator.status_writer import StatusWriter
 from elasticjob.operator.supervisor import Stopped
 from elasticjob.operator.token import RefusedJobError, ensure_token
 from elasticjob.rendezvous.server import RendezvousService
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
 
 logger = logging.getLogger(__name__)
 

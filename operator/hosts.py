@@ -9,7 +9,7 @@ from typing import Protocol
 
 from elasticjob.driver.api import DriverSettings, HostDiscovery, WorkerLauncher
 from elasticjob.operator.api import ElasticJobSpec
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
 
 
 class PodDiscovery(HostDiscovery):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from elasticjob.wire import Notice
+from elasticjob.wire.messages import Notice
 from elasticjob.worker_runtime.log import get_logger
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
 

@@ -33,10 +33,7 @@ import urllib.parse
 
 from pydantic import BaseModel
 
-from elasticjob.wire import (
-    API_PREFIX,
-    PROTOCOL_HEADER,
-    PROTOCOL_VERSION,
+from elasticjob.wire.messages import (
     HeartbeatRequest,
     NoticesResponse,
     PlannedRound,
@@ -45,8 +42,9 @@ from elasticjob.wire import (
     RendezvousResponse,
     ResultRequest,
     RoundInfo,
-    parse_json,
 )
+from elasticjob.wire.protocol import API_PREFIX, PROTOCOL_HEADER, PROTOCOL_VERSION
+from elasticjob.wire.strict_json import parse_json
 
 logger = logging.getLogger(__name__)
 

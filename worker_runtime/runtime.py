@@ -35,17 +35,16 @@ import time
 import torch
 from torch.distributed import HashStore, Store, TCPStore
 
-from elasticjob import wire
-from elasticjob.wire import (
+from elasticjob.wire.messages import (
     Notice,
     NoticeKind,
     RendezvousRequest,
     RendezvousStatus,
     SlotInfo,
 )
+from elasticjob.worker_contract import ENV_CUDA_VISIBLE_DEVICES, WorkerConfig
 from elasticjob.worker_runtime import timeline
-from elasticjob.worker_runtime.config import WorkerConfig, resolve_backend
-from elasticjob.worker_runtime.devices import device_for_slot
+from elasticjob.worker_runtime.devices import device_for_slot, resolve_backend
 from elasticjob.worker_runtime.exceptions import HorovodInternalError, WorkerRemoved
 from elasticjob.worker_runtime.formation import await_members, connect_store
 from elasticjob.worker_runtime.heartbeat import Heartbeat
@@ -153,7 +152,7 @@ class Runtime:
             local_rank,
             self.backend,
             torch.cuda.device_count() if self.backend == "nccl" else 0,
-            os.environ.get(wire.ENV_CUDA_VISIBLE_DEVICES),
+            os.environ.get(ENV_CUDA_VISIBLE_DEVICES),
         )
         if plan.cuda_index is not None:
             torch.cuda.set_device(plan.cuda_index)
@@ -161,7 +160,7 @@ class Runtime:
                 "slot %d uses %s%s",
                 local_rank,
                 plan.device,
-                f" ({wire.ENV_CUDA_VISIBLE_DEVICES} entry {plan.physical})"
+                f" ({ENV_CUDA_VISIBLE_DEVICES} entry {plan.physical})"
                 if plan.physical is not None
                 else "",
             )

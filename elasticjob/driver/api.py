@@ -6,7 +6,7 @@ The driver is plain Python (no torch, no kopf). Its pieces:
   horovodrun-style discovery script, a fixed list; the operator discovers pods);
 - ``hosts.py`` keeps them in a stable, oldest-first order, leaving out the blacklisted ones
   (``blacklist.py``: exponential cooldown, for hosts, nodes or pods);
-- ``slots.py`` turns ordered hosts into per-process :class:`~elasticjob.wire.SlotInfo`;
+- ``slots.py`` turns ordered hosts into per-process :class:`~elasticjob.wire.messages.SlotInfo`;
 - ``registry.py`` records what each member of a round reported;
 - ``decisions.py`` decides, as pure functions of state, event and time returning action
   values, everything the driver does: what a worker's exit means, how the next round is
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
 
 Clock = Callable[[], float]
 """Monotonic seconds; injected so tests control time."""

@@ -21,7 +21,7 @@ from elasticjob.driver.hosts import Capacity
 from elasticjob.driver.registry import RoundRecords
 from elasticjob.driver.slots import assign_slots, missing_survivor
 from elasticjob.driver.workers import WorkerRecord
-from elasticjob.wire import SlotInfo, WorkerId, WorkerState
+from elasticjob.wire.messages import SlotInfo, WorkerId, WorkerState
 
 _NAMES_SHOWN = 8
 

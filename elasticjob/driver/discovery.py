@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from pydantic import TypeAdapter, ValidationError
 
 from elasticjob.driver.api import DiscoveryError, HostDiscovery
-from elasticjob.wire import HostName
+from elasticjob.wire.messages import HostName
 
 logger = logging.getLogger(__name__)
 

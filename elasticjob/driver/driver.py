@@ -56,7 +56,7 @@ from elasticjob.driver.registry import WorkerRegistry
 from elasticjob.driver.timeouts import overdue_dismissals, overdue_endings, slow_starters
 from elasticjob.driver.workers import NOT_JOINED_HINT, WorkerProcesses
 from elasticjob.rendezvous.api import JobRendezvous, ProbeReport, RendezvousListener
-from elasticjob.wire import (
+from elasticjob.wire.messages import (
     NoticeKind,
     ProgressRequest,
     ResultRequest,

@@ -9,8 +9,8 @@ survivors, its host blacklisted).
 
 The timeout bounds detection; re-forming the round adds a second or two. The workers' beat
 interval (:func:`heartbeat_interval_s`, handed to them as
-:data:`~elasticjob.wire.ENV_HEARTBEAT_INTERVAL`) leaves several beats per timeout, so one
-delayed beat is no eviction.
+:data:`~elasticjob.worker_contract.ENV_HEARTBEAT_INTERVAL`) leaves several beats per
+timeout, so one delayed beat is no eviction.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
 
 DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
 """Default bound on the silence of a worker process: detection plus re-forming the round

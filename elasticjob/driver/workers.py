@@ -12,7 +12,7 @@ from elasticjob.driver.api import Clock, Departure, WorkerLauncher
 from elasticjob.driver.liveness import hung_workers
 from elasticjob.driver.partition import ReceivedReport, partitioned_members
 from elasticjob.rendezvous.api import JobRendezvous, ProbeReport
-from elasticjob.wire import SlotInfo, WorkerId, WorkerState
+from elasticjob.wire.messages import SlotInfo, WorkerId, WorkerState
 
 logger = logging.getLogger(__name__)
 

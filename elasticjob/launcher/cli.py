@@ -47,11 +47,12 @@ from elasticjob.launcher.horovodrun_flags import (
     python_log_level,
 )
 from elasticjob.launcher.output_files import RankOutputFiles, rank_width, write_timeline
-from elasticjob.launcher.processes import LocalWorkerLauncher, WorkerEnvironment
+from elasticjob.launcher.processes import ORPHAN_TIMEOUT_S, LocalWorkerLauncher, WorkerEnvironment
 from elasticjob.launcher.record_file import keep_record, write_record
 from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS
 from elasticjob.rendezvous.server import RendezvousService
-from elasticjob.wire import JobName
+from elasticjob.wire.messages import JobName
+from elasticjob.worker_contract import WorkerSettings
 
 logger = logging.getLogger("elasticjob.launcher")
 
@@ -385,14 +386,19 @@ async def run_job(args: argparse.Namespace) -> JobResult:
     await service.start("127.0.0.1", 0)
     token = secrets.token_urlsafe(24)
     environment = WorkerEnvironment(
-        rendezvous_url=service.url,
-        job=args.job_name,
+        WorkerSettings.model_validate(
+            {
+                "rendezvous_url": service.url,
+                "job": args.job_name,
+                "backend": args.backend,
+                "heartbeat_interval_s": heartbeat_interval_s(settings.heartbeat_timeout_s),
+                "orphan_timeout_s": ORPHAN_TIMEOUT_S,
+                "timeline_dir": timeline_dir,
+                "checkpoint": checkpoint,
+            }
+        ),
         token=token,
-        backend=args.backend,
         network_interface=",".join(args.nics) if args.nics else None,
-        heartbeat_interval_s=heartbeat_interval_s(settings.heartbeat_timeout_s),
-        timeline_dir=timeline_dir,
-        checkpoint=checkpoint,
     )
 
     def make_launcher(driver: ElasticDriver) -> LocalWorkerLauncher:

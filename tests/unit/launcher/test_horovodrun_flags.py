@@ -20,7 +20,7 @@ from elasticjob.launcher.horovodrun_flags import (
     python_log_level,
 )
 from elasticjob.launcher.output_files import RankOutputFiles, rank_width
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
 
 
 def parse(*argv: str) -> argparse.Namespace:

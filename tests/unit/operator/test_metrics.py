@@ -17,7 +17,7 @@ from elasticjob.operator.api import Phase
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.metrics import OperatorMetrics
 from elasticjob.rendezvous.stats import RequestStats
-from elasticjob.wire import ProgressRequest, WorkerId
+from elasticjob.wire.messages import ProgressRequest, WorkerId
 
 
 @dataclass
