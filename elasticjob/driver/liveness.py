@@ -18,12 +18,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from elasticjob.wire.messages import WorkerId
 
-DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
-"""Default bound on the silence of a worker process: detection plus re-forming the round
-stays within about 10 s."""
+DEFAULT_HEARTBEAT_TIMEOUT_S: Final = 5
+"""Default bound on the silence of a worker process, in seconds: detection plus re-forming
+the round stays within about 10 s. Whole seconds: it is also the default of an ElasticJob's
+``heartbeatTimeoutSeconds``."""
 
 REACH_GRACE_S = 30.0
 """How long workers have to beat to a driver they could not reach (it restarted, or its
