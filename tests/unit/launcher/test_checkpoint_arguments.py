@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from elasticjob.launcher.cli import _settings, build_parser, checkpoint_policy, parse_arguments
+from elasticjob.launcher.arguments import (
+    build_parser,
+    checkpoint_policy,
+    driver_settings,
+    parse_arguments,
+)
 from elasticjob.launcher.processes import WorkerEnvironment
 from elasticjob.wire.messages import WorkerId
 from elasticjob.worker_contract import (
@@ -32,7 +37,7 @@ def test_checkpoint_flags_reach_every_worker_and_turn_the_fallback_on(tmp_path: 
     args = parse("--checkpoint-dir", str(folder), "--checkpoint-every-commits", "10")
     policy = checkpoint_policy(args)
     assert policy is not None and policy.folder == str(folder.resolve())
-    _, settings, _ = _settings(args)
+    _, settings, _ = driver_settings(args)
     assert settings.checkpoint_fallback
     settings = WorkerSettings(rendezvous_url="http://127.0.0.1:1", job="job", checkpoint=policy)
     env = WorkerEnvironment(settings, "token").for_worker(WorkerId("localhost", 1), "127.0.0.1")
@@ -56,7 +61,7 @@ def test_an_interval_and_keep(tmp_path: Path) -> None:
 def test_without_checkpoints_nothing_is_told_and_the_fallback_is_off() -> None:
     args = parse()
     assert checkpoint_policy(args) is None
-    assert not _settings(args)[1].checkpoint_fallback
+    assert not driver_settings(args)[1].checkpoint_fallback
     settings = WorkerSettings(rendezvous_url="http://127.0.0.1:1", job="job")
     env = WorkerEnvironment(settings, "token").for_worker(WorkerId("localhost", 0), "127.0.0.1")
     assert not {k for k in env if k.startswith("ELASTICJOB_CHECKPOINT")}

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from elasticjob.launcher.cli import build_parser, main, max_np, parse_arguments
+from elasticjob.launcher.arguments import build_parser, max_np, parse_arguments
+from elasticjob.launcher.cli import main
 from elasticjob.launcher.horovodrun_flags import (
     IGNORED,
     REFUSED,
