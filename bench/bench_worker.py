@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 import elasticjob.worker_runtime as hvd
-from elasticjob import wire
+from elasticjob.worker_contract import ENV_HOSTNAME, ENV_LOCAL_RANK
 
 
 def parse_args() -> argparse.Namespace:
@@ -98,7 +98,7 @@ def main() -> None:
                     break
             dies = hvd.rank() == args.kill_rank and hvd.current_round() == 1
             if state.step == args.kill_at and dies:
-                worker = f"{os.environ[wire.ENV_HOSTNAME]}[{os.environ[wire.ENV_LOCAL_RANK]}]"
+                worker = f"{os.environ[ENV_HOSTNAME]}[{os.environ[ENV_LOCAL_RANK]}]"
                 log("kill", step=state.step, worker=worker)
                 out.flush()
                 os.kill(os.getpid(), signal.SIGKILL)

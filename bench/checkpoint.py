@@ -31,8 +31,12 @@ from commit import (  # beside this script (run by path)
 )
 
 import elasticjob.worker_runtime as hvd
-from elasticjob import wire
-from elasticjob.wire import CheckpointReport
+from elasticjob.wire.messages import CheckpointReport
+from elasticjob.worker_contract import (
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_EVERY_COMMITS,
+    ENV_CHECKPOINT_KEEP,
+)
 from elasticjob.worker_runtime import basics
 from elasticjob.worker_runtime.elastic import TorchState
 
@@ -69,9 +73,9 @@ def run(folder: Path, batch: int, blocks: int, steps: int, reports: list[Checkpo
     step = stepper(model, optimizer, batch)
     step()
     without = TorchState(model, optimizer, epoch=0)
-    os.environ[wire.ENV_CHECKPOINT_DIR] = str(folder)
-    os.environ[wire.ENV_CHECKPOINT_EVERY_COMMITS] = str(EVERY)
-    os.environ[wire.ENV_CHECKPOINT_KEEP] = "2"
+    os.environ[ENV_CHECKPOINT_DIR] = str(folder)
+    os.environ[ENV_CHECKPOINT_EVERY_COMMITS] = str(EVERY)
+    os.environ[ENV_CHECKPOINT_KEEP] = "2"
     with_checkpoints = TorchState(model, optimizer, epoch=0)
     size_mb = state_bytes(model, optimizer) / 1e6
     times: dict[str, list[float]] = {"commit every step": [], "+ checkpoint every 10": []}

@@ -44,11 +44,18 @@ from typing import Any
 
 import aiohttp
 
-from elasticjob import wire
 from elasticjob.rendezvous.api import ProbeReport
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.server import RendezvousService
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import (
+    NoticeKind,
+    ProgressRequest,
+    RendezvousRequest,
+    ResultRequest,
+    SlotInfo,
+    WorkerId,
+)
+from elasticjob.wire.protocol import API_PREFIX, PROTOCOL_HEADER, PROTOCOL_VERSION
 
 TOKENS = {"job-a": "token-a-5f1e", "job-b": "token-b-77c2", "job-live": "token-live-0d9a",
           "job-flood": "token-flood-31b8"}  # fmt: skip
@@ -69,10 +76,10 @@ class Listener:
     def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
         self.calls["ready"] += 1
 
-    def on_worker_result(self, request: wire.ResultRequest) -> None:
+    def on_worker_result(self, request: ResultRequest) -> None:
         self.calls["result"] += 1
 
-    def on_progress(self, progress: wire.ProgressRequest) -> None:
+    def on_progress(self, progress: ProgressRequest) -> None:
         self.calls["progress"] += 1
 
     def on_worker_heartbeat(self, worker: WorkerId, report: ProbeReport | None) -> None:
@@ -89,7 +96,7 @@ class Probe:
     route: str
     token: str | None
     data: bytes | None = None
-    protocol: str | None = str(wire.PROTOCOL_VERSION)
+    protocol: str | None = str(PROTOCOL_VERSION)
     cross: bool = False
     """Sent with a token that is not the path job's own (or to a job that does not exist)."""
     hostile: bool = True
@@ -215,7 +222,7 @@ def probes(rng: random.Random) -> dict[str, Callable[[], Probe]]:
         return Probe("unknown job", "GET", job, "round", TOKENS["job-a"], cross=True)
 
     def protocol() -> Probe:
-        newer = str(wire.PROTOCOL_VERSION + 1)
+        newer = str(PROTOCOL_VERSION + 1)
         version = rng.choice([None, "1", newer, "99", "abc", "-1", "9" * 40])
         probe = Probe("protocol version", "GET", "job-a", "round", token)
         probe.protocol = version
@@ -248,7 +255,7 @@ class Campaign:
         self.stop_live = asyncio.Event()
 
     def url(self, job: str, route: str) -> str:
-        return f"{self.service.url}{wire.API_PREFIX}/jobs/{job}/{route}"
+        return f"{self.service.url}{API_PREFIX}/jobs/{job}/{route}"
 
     @staticmethod
     def headers(token: str | None, protocol: str | None) -> dict[str, str]:
@@ -256,7 +263,7 @@ class Campaign:
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         if protocol is not None:
-            headers[wire.PROTOCOL_HEADER] = protocol
+            headers[PROTOCOL_HEADER] = protocol
         return headers
 
     async def send(self, session: aiohttp.ClientSession, probe: Probe) -> None:
@@ -330,7 +337,7 @@ class Campaign:
 
         async def poll(job: str) -> None:
             url = self.url(job, "notices") + "?after=0&wait=20"
-            headers = self.headers(TOKENS[job], str(wire.PROTOCOL_VERSION))
+            headers = self.headers(TOKENS[job], str(PROTOCOL_VERSION))
             async with session.get(url, headers=headers) as response:
                 outcomes[response.status] += 1
                 await response.read()
@@ -346,7 +353,7 @@ class Campaign:
                 break
         self.report.long_polls_refused = outcomes[429]
         for job in ("job-live", "job-flood"):
-            self.jobs[job].post_notice(wire.NoticeKind.HOSTS_ADDED, ())  # answers every poll
+            self.jobs[job].post_notice(NoticeKind.HOSTS_ADDED, ())  # answers every poll
         await asyncio.wait_for(asyncio.gather(*tasks), 30)
 
     async def live_traffic(self, session: aiohttp.ClientSession) -> None:
@@ -358,7 +365,7 @@ class Campaign:
             started = time.perf_counter()
             async with session.request(
                 method, self.url("job-live", route), data=data,
-                headers=self.headers(TOKENS["job-live"], str(wire.PROTOCOL_VERSION)),
+                headers=self.headers(TOKENS["job-live"], str(PROTOCOL_VERSION)),
             ) as response:  # fmt: skip
                 await response.read()
             self.latencies.append(time.perf_counter() - started)
@@ -399,8 +406,8 @@ class Campaign:
         """job-a runs a round of its own (host-a[0]), as a job under attack would."""
         job, worker = self.jobs["job-a"], WorkerId("host-a", 0)
         fields = rendezvous_fields() | {"address": "10.0.0.1"}
-        await job.rendezvous(wire.RendezvousRequest.model_validate(fields))
-        slot = wire.SlotInfo(hostname=worker.hostname, rank=0, local_rank=0, cross_rank=0,
+        await job.rendezvous(RendezvousRequest.model_validate(fields))
+        slot = SlotInfo(hostname=worker.hostname, rank=0, local_rank=0, cross_rank=0,
                              size=1, local_size=1, cross_size=1)  # fmt: skip
         job.publish_round(1, {worker: slot}, sync=True)
 

@@ -27,13 +27,19 @@ from urllib.parse import urlsplit
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.sim_worker import Fleet
-from elasticjob import wire
+from elasticjob.worker_contract import (
+    ENV_HEARTBEAT_INTERVAL,
+    ENV_HOSTNAME,
+    ENV_JOB,
+    ENV_RENDEZVOUS_URL,
+    ENV_TOKEN,
+)
 
 SPOOL_ENV = "BENCH_POD_SPOOL"
 """The variable that names the spool directory in the pod (set by the benchmark's template)."""
 
 SHIM = (
-    f'f="${SPOOL_ENV}/${wire.ENV_HOSTNAME}"; '
+    f'f="${SPOOL_ENV}/${ENV_HOSTNAME}"; '
     '{ echo "PID=$$$$"; env; } > "$f.tmp" && mv "$f.tmp" "$f.env" && exec sleep 2147483647'
 )
 """The worker container's shell command (``sh -c``; Kubernetes turns ``$$`` into ``$``)."""
@@ -74,15 +80,15 @@ async def serve(spool: Path, address: str) -> None:
             seen.add(path.name)
             env = read_spooled(path)
             if fleet is None:
-                port = urlsplit(env[wire.ENV_RENDEZVOUS_URL]).port
-                interval = env.get(wire.ENV_HEARTBEAT_INTERVAL)
+                port = urlsplit(env[ENV_RENDEZVOUS_URL]).port
+                interval = env.get(ENV_HEARTBEAT_INTERVAL)
                 fleet = Fleet(
                     f"http://{address}:{port}",
                     lambda _key, _code: None,
                     float(interval) if interval else None,
                 )
-            key = (env[wire.ENV_JOB], env[wire.ENV_HOSTNAME], 0)
-            fleet.tokens[key[0]] = env[wire.ENV_TOKEN]
+            key = (env[ENV_JOB], env[ENV_HOSTNAME], 0)
+            fleet.tokens[key[0]] = env[ENV_TOKEN]
             pids[key] = int(env["PID"])
             fleet.start(key)
         for key, pid in list(pids.items()):

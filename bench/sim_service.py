@@ -36,7 +36,7 @@ from elasticjob.driver.hosts import HostManager
 from elasticjob.rendezvous.api import JobRendezvous, RendezvousListener
 from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS
 from elasticjob.rendezvous.server import RendezvousService
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
 
 logger = logging.getLogger("sim_service")
 

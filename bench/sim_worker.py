@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from elasticjob.backoff import Backoff
-from elasticjob.wire import API_PREFIX, PROTOCOL_HEADER, PROTOCOL_VERSION
+from elasticjob.wire.protocol import API_PREFIX, PROTOCOL_HEADER, PROTOCOL_VERSION
 
 logger = logging.getLogger("sim_worker")
 

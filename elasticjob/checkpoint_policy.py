@@ -3,22 +3,17 @@ how many checkpoints it keeps; and the decision, at each commit, whether one is 
 
 Both sides of the worker contract share it. The front ends build it (``elasticjob-run
 --checkpoint-dir ...``, an ElasticJob's ``spec.checkpoint``), each checking its own input and
-naming its own flag or field, and hand it to each worker as the ``ELASTICJOB_CHECKPOINT_*``
-variables (:meth:`CheckpointPolicy.worker_env`); a configured policy also turns the driver's
-durable fallback on. The worker runtime reads it back (:meth:`CheckpointPolicy.from_env`) and
-asks :func:`checkpoint_due` at every commit.
+naming its own flag or field, and hand it to each worker as a field of the worker contract
+(``elasticjob.worker_contract``: the ``ELASTICJOB_CHECKPOINT_*`` variables); a configured
+policy also turns the driver's durable fallback on. The worker runtime reads it back and asks
+:func:`checkpoint_due` at every commit.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
-
-from elasticjob import wire
-from elasticjob.env_values import env_seconds, env_whole
 
 DEFAULT_KEEP: Final = 3
 """How many complete checkpoints are kept when the policy does not say."""
@@ -45,29 +40,6 @@ class CheckpointPolicy:
             )
         if self.keep < 1:
             raise ValueError(f"at least 1 checkpoint must be kept, got {self.keep}")
-
-    def worker_env(self) -> dict[str, str]:
-        """The worker contract's checkpoint variables (``elasticjob.wire``)."""
-        return {
-            wire.ENV_CHECKPOINT_DIR: self.folder,
-            wire.ENV_CHECKPOINT_EVERY_COMMITS: str(self.every_commits),
-            wire.ENV_CHECKPOINT_INTERVAL: f"{self.interval_s:g}",
-            wire.ENV_CHECKPOINT_KEEP: str(self.keep),
-        }
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> CheckpointPolicy | None:
-        """The policy a worker was given; None without a checkpoint folder. Raises
-        :class:`ValueError` naming a malformed variable."""
-        folder = environ.get(wire.ENV_CHECKPOINT_DIR)
-        if not folder:
-            return None
-        return cls(
-            folder=folder,
-            every_commits=env_whole(environ, wire.ENV_CHECKPOINT_EVERY_COMMITS, 0, least=0),
-            interval_s=env_seconds(environ, wire.ENV_CHECKPOINT_INTERVAL, 0.0),
-            keep=env_whole(environ, wire.ENV_CHECKPOINT_KEEP, DEFAULT_KEEP, least=1),
-        )
 
 
 def checkpoint_due(

@@ -2,9 +2,9 @@
 
 Two pure functions compute it; nothing here touches ``os.environ``:
 
-- :func:`launch_env`: what is known when a worker process starts, its host and slot
-  (``HOROVOD_HOSTNAME``, ``HOROVOD_LOCAL_RANK``, ``LOCAL_RANK``). The launcher, the operator
-  and the slots runner put it in the process's environment.
+- :func:`~elasticjob.worker_contract.launch_env`: what is known when a worker process starts,
+  its host and slot (``HOROVOD_HOSTNAME``, ``HOROVOD_LOCAL_RANK``, ``LOCAL_RANK``). It is part
+  of the worker contract, which the launcher, the operator and the slots runner write.
 - :func:`round_env`: the worker's place in one round (Horovod's rank, size, local and cross
   values; torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, the round's
   rendezvous store as ``MASTER_ADDR``/``MASTER_PORT`` and the job as ``TORCHELASTIC_RUN_ID``).
@@ -16,17 +16,40 @@ of its host in the round whenever the round's hosts run the same number of proce
 
 from __future__ import annotations
 
-from elasticjob import wire
-from elasticjob.wire import RoundInfo, SlotInfo
+from typing import Final
 
+from elasticjob.wire.messages import RoundInfo, SlotInfo
+from elasticjob.worker_contract import launch_env
 
-def launch_env(hostname: str, local_rank: int) -> dict[str, str]:
-    """The script variables of a worker process known at its start."""
-    return {
-        wire.ENV_HOROVOD_HOSTNAME: hostname,
-        wire.ENV_HOROVOD_LOCAL_RANK: str(local_rank),
-        wire.ENV_TORCH_LOCAL_RANK: str(local_rank),
+ENV_HOROVOD_RANK: Final = "HOROVOD_RANK"
+ENV_HOROVOD_SIZE: Final = "HOROVOD_SIZE"
+ENV_HOROVOD_LOCAL_SIZE: Final = "HOROVOD_LOCAL_SIZE"
+ENV_HOROVOD_CROSS_RANK: Final = "HOROVOD_CROSS_RANK"
+ENV_HOROVOD_CROSS_SIZE: Final = "HOROVOD_CROSS_SIZE"
+ENV_TORCH_RANK: Final = "RANK"
+ENV_TORCH_WORLD_SIZE: Final = "WORLD_SIZE"
+ENV_TORCH_LOCAL_WORLD_SIZE: Final = "LOCAL_WORLD_SIZE"
+ENV_TORCH_GROUP_RANK: Final = "GROUP_RANK"
+ENV_TORCH_MASTER_ADDR: Final = "MASTER_ADDR"
+ENV_TORCH_MASTER_PORT: Final = "MASTER_PORT"
+ENV_TORCH_RUN_ID: Final = "TORCHELASTIC_RUN_ID"
+SCRIPT_ROUND_ENV: Final = frozenset(
+    {
+        ENV_HOROVOD_RANK,
+        ENV_HOROVOD_SIZE,
+        ENV_HOROVOD_LOCAL_SIZE,
+        ENV_HOROVOD_CROSS_RANK,
+        ENV_HOROVOD_CROSS_SIZE,
+        ENV_TORCH_RANK,
+        ENV_TORCH_WORLD_SIZE,
+        ENV_TORCH_LOCAL_WORLD_SIZE,
+        ENV_TORCH_GROUP_RANK,
+        ENV_TORCH_MASTER_ADDR,
+        ENV_TORCH_MASTER_PORT,
+        ENV_TORCH_RUN_ID,
     }
+)
+"""Script variables of the round the worker is in: rewritten in ``os.environ`` each round."""
 
 
 def round_env(slot: SlotInfo, *, job: str, master: tuple[str, int] | None) -> dict[str, str]:
@@ -36,20 +59,20 @@ def round_env(slot: SlotInfo, *, job: str, master: tuple[str, int] | None) -> di
     ``MASTER_ADDR`` and ``MASTER_PORT`` out."""
     env = {
         **launch_env(slot.hostname, slot.local_rank),
-        wire.ENV_HOROVOD_RANK: str(slot.rank),
-        wire.ENV_HOROVOD_SIZE: str(slot.size),
-        wire.ENV_HOROVOD_LOCAL_SIZE: str(slot.local_size),
-        wire.ENV_HOROVOD_CROSS_RANK: str(slot.cross_rank),
-        wire.ENV_HOROVOD_CROSS_SIZE: str(slot.cross_size),
-        wire.ENV_TORCH_RANK: str(slot.rank),
-        wire.ENV_TORCH_WORLD_SIZE: str(slot.size),
-        wire.ENV_TORCH_LOCAL_WORLD_SIZE: str(slot.local_size),
-        wire.ENV_TORCH_GROUP_RANK: str(slot.cross_rank),
-        wire.ENV_TORCH_RUN_ID: job,
+        ENV_HOROVOD_RANK: str(slot.rank),
+        ENV_HOROVOD_SIZE: str(slot.size),
+        ENV_HOROVOD_LOCAL_SIZE: str(slot.local_size),
+        ENV_HOROVOD_CROSS_RANK: str(slot.cross_rank),
+        ENV_HOROVOD_CROSS_SIZE: str(slot.cross_size),
+        ENV_TORCH_RANK: str(slot.rank),
+        ENV_TORCH_WORLD_SIZE: str(slot.size),
+        ENV_TORCH_LOCAL_WORLD_SIZE: str(slot.local_size),
+        ENV_TORCH_GROUP_RANK: str(slot.cross_rank),
+        ENV_TORCH_RUN_ID: job,
     }
     if master is not None:
-        env[wire.ENV_TORCH_MASTER_ADDR] = master[0]
-        env[wire.ENV_TORCH_MASTER_PORT] = str(master[1])
+        env[ENV_TORCH_MASTER_ADDR] = master[0]
+        env[ENV_TORCH_MASTER_PORT] = str(master[1])
     return env
 
 

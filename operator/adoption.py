@@ -20,7 +20,7 @@ from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.goodput import LostTo
 from elasticjob.driver.slots import assign_slots
 from elasticjob.operator.api import KIND, BlacklistedNode, ElasticJobStatus, LostSeconds
-from elasticjob.wire import SlotInfo, WorkerId
+from elasticjob.wire.messages import SlotInfo, WorkerId
 
 logger = logging.getLogger(__name__)
 

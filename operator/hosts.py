@@ -9,7 +9,7 @@ from typing import Protocol
 
 from elasticjob.driver.api import DriverSettings, WorkerLauncher
 from elasticjob.operator.api import ElasticJobSpec
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
 
 
 class PodActions(Protocol):

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import kopf
 
-from elasticjob import wire
 from elasticjob.operator import handlers
 from elasticjob.operator.certs import ManagedCertificate, TLSMaterial, service_dns_names
 from elasticjob.operator.runtime import OperatorConfig, OperatorRuntime, WebhookConfig
+from elasticjob.worker_contract import ENV_RENDEZVOUS_URL
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--rendezvous-url",
-        default=os.environ.get(wire.ENV_RENDEZVOUS_URL),
+        default=os.environ.get(ENV_RENDEZVOUS_URL),
         help="how worker pods reach this operator's rendezvous service",
     )
     parser.add_argument(

@@ -26,7 +26,7 @@ from elasticjob.operator.pod_blacklist import PodBlacklist
 from elasticjob.operator.pod_ledger import FailureCause, PodFailure, PodLedger, killed_reason
 from elasticjob.operator.podmap import PodChange
 from elasticjob.operator.scaling import PodPlan, plan_pods
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from elasticjob import wire
 from elasticjob.driver.liveness import heartbeat_interval_s
 from elasticjob.operator.api import (
     API_VERSION,
@@ -21,6 +20,7 @@ from elasticjob.operator.api import (
     worker_labels,
 )
 from elasticjob.operator.hosts import driver_settings
+from elasticjob.worker_contract import SecretKey, WorkerSettings, pod_env
 
 TOKEN_KEY = "token"
 """Key of the job's rendezvous token in its Secret."""
@@ -129,14 +129,11 @@ def worker_pod(
 
 def _mount_checkpoints(container: dict[str, Any], checkpoint: CheckpointSpec) -> None:
     """Mount the checkpoint volume at its path in the worker container (unless it is
-    already) and tell the worker the checkpoint policy."""
+    already)."""
     mounts = container.setdefault("volumeMounts", [])
     path = checkpoint.path.rstrip("/")
     if not any(m.get("mountPath", "").rstrip("/") == path for m in mounts):
         mounts.append({"name": checkpoint.volume, "mountPath": checkpoint.path})
-    container["env"].extend(
-        {"name": key, "value": value} for key, value in checkpoint.policy().worker_env().items()
-    )
 
 
 def _runtime_env(
@@ -146,38 +143,21 @@ def _runtime_env(
     rendezvous_url: str,
     rendezvous_ca: str | None,
 ) -> list[dict[str, Any]]:
-    def field(path: str) -> dict[str, Any]:
-        return {"fieldRef": {"fieldPath": path}}
-
-    return [
-        {"name": wire.ENV_RENDEZVOUS_URL, "value": rendezvous_url},
-        *([{"name": wire.ENV_RENDEZVOUS_CA, "value": rendezvous_ca}] if rendezvous_ca else []),
-        {"name": wire.ENV_JOB, "value": job_id(namespace, name)},
+    """The worker contract's variables of the job's pods (None: the worker's default)."""
+    settings = WorkerSettings.model_validate(
         {
-            "name": wire.ENV_TOKEN,
-            "valueFrom": {"secretKeyRef": {"name": token_secret_name(name), "key": TOKEN_KEY}},
-        },
-        {"name": wire.ENV_HOSTNAME, "valueFrom": field("metadata.name")},
-        {"name": wire.ENV_BIND_ADDRESS, "valueFrom": field("status.podIP")},
-        {"name": wire.ENV_LOCAL_RANK, "value": "0"},
-        # The script's launch-time variables (the slots runner sets each slot's local rank).
-        {"name": wire.ENV_HOROVOD_HOSTNAME, "valueFrom": field("metadata.name")},
-        {"name": wire.ENV_HOROVOD_LOCAL_RANK, "value": "0"},
-        {"name": wire.ENV_TORCH_LOCAL_RANK, "value": "0"},
-        {"name": wire.ENV_BACKEND, "value": spec.backend.value},
-        {"name": wire.ENV_DEFER_SIGTERM, "value": "1"},
-        *_seconds_env(wire.ENV_COLLECTIVE_TIMEOUT, spec.collective_timeout_seconds),
-        *_seconds_env(wire.ENV_ROUND_WAIT, spec.round_wait_seconds),
-        *_seconds_env(
-            wire.ENV_HEARTBEAT_INTERVAL,
-            heartbeat_interval_s(driver_settings(spec).heartbeat_timeout_s),
-        ),
-    ]
-
-
-def _seconds_env(name: str, seconds: float | None) -> list[dict[str, Any]]:
-    """The variable when there is a value to set (None: the worker's default applies)."""
-    return [] if seconds is None else [{"name": name, "value": f"{seconds:g}"}]
+            "rendezvous_url": rendezvous_url,
+            "rendezvous_ca": rendezvous_ca or None,
+            "job": job_id(namespace, name),
+            "backend": spec.backend.value,
+            "defer_sigterm": True,
+            "collective_timeout_s": spec.collective_timeout_seconds,
+            "round_wait_s": spec.round_wait_seconds,
+            "heartbeat_interval_s": heartbeat_interval_s(driver_settings(spec).heartbeat_timeout_s),
+            "checkpoint": spec.checkpoint.policy() if spec.checkpoint is not None else None,
+        }
+    )
+    return pod_env(settings, token=SecretKey(token_secret_name(name), TOKEN_KEY))
 
 
 def _prefer_spreading(pod_spec: dict[str, Any], job_name: str) -> None:

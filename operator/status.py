@@ -31,7 +31,7 @@ from elasticjob.operator.api import (
     WorkerStatus,
 )
 from elasticjob.operator.pods import PodState, PodView
-from elasticjob.wire import CheckpointReport
+from elasticjob.wire.messages import CheckpointReport
 
 _PHASE_CONDITIONS = (
     ConditionType.CREATED,

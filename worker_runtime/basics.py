@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from elasticjob.worker_runtime.config import WorkerConfig
+from elasticjob.worker_contract import WorkerConfig
 from elasticjob.worker_runtime.runtime import Runtime
 
 _runtime: Runtime | None = None

@@ -1,4 +1,4 @@
-"""Which device a worker process uses: under NCCL, one GPU per slot.
+"""Which backend and device a worker process uses: under NCCL, one GPU per slot.
 
 A GPU pod asks for as many GPUs as it runs worker processes (``resources.limits``
 ``nvidia.com/gpu`` equal to ``slotsPerWorker``); the device plugin makes those GPUs visible to
@@ -10,7 +10,8 @@ devices are left alone, so that every process sees the same numbering.
 A launcher that instead gives each process one device of its own (``CUDA_VISIBLE_DEVICES``
 naming a single device per process) is honoured: that device is ``cuda:0``.
 
-:func:`device_for_slot` decides, from plain values; the runtime applies its plan.
+:func:`resolve_backend` picks the backend; :func:`device_for_slot` decides the device, from
+plain values; the runtime applies its plan.
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ class DevicePlan:
     physical: str | None = None
     """The ``CUDA_VISIBLE_DEVICES`` entry (an index or a ``GPU-`` UUID) that names the device
     on its machine, when the variable is set: for the log, to check against ``nvidia-smi``."""
+
+
+def resolve_backend(requested: str) -> str:
+    """``auto`` means NCCL when CUDA is available, else Gloo."""
+    if requested == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if requested not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be gloo, nccl or auto, got {requested!r}")
+    return requested
 
 
 def visible_devices(value: str | None) -> tuple[str, ...] | None:

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from elasticjob.wire import HeartbeatRequest, ProbedPeer
+from elasticjob.wire.messages import HeartbeatRequest, ProbedPeer
 from elasticjob.worker_runtime.log import get_logger
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from elasticjob import wire
+from elasticjob.worker_contract import ENV_GLOO_SOCKET_IFNAME, ENV_NCCL_SOCKET_IFNAME
 
 _SIOCGIFADDR = 0x8915
 _SIOCGIFNETMASK = 0x891B
@@ -66,7 +66,7 @@ def socket_ifname_env(environ: Mapping[str, str], interface: str | None) -> dict
     nothing without an interface."""
     if interface is None:
         return {}
-    names = (wire.ENV_GLOO_SOCKET_IFNAME, wire.ENV_NCCL_SOCKET_IFNAME)
+    names = (ENV_GLOO_SOCKET_IFNAME, ENV_NCCL_SOCKET_IFNAME)
     return {name: interface for name in names if not environ.get(name)}
 
 

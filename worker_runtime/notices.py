@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from elasticjob.backoff import Backoff
-from elasticjob.wire import Notice
+from elasticjob.wire.messages import Notice
 from elasticjob.worker_runtime.log import get_logger
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
 

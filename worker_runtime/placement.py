@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import os
 
-from elasticjob import wire
-from elasticjob.script_env import round_env, tentative_slot
-from elasticjob.wire import RoundInfo, SlotInfo
-from elasticjob.worker_runtime.config import WorkerConfig
+from elasticjob.script_env import SCRIPT_ROUND_ENV, round_env, tentative_slot
+from elasticjob.wire.messages import RoundInfo, SlotInfo
+from elasticjob.worker_contract import WorkerConfig
 from elasticjob.worker_runtime.log import get_logger
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
 
@@ -42,6 +41,6 @@ def export_script_env(slot: SlotInfo, job: str, master: tuple[str, int] | None) 
     ``os.environ``, for the script and the libraries that read them; ``master``: the round's
     store (None while tentative: ``MASTER_ADDR`` and ``MASTER_PORT`` are removed)."""
     env = round_env(slot, job=job, master=master)
-    for name in wire.SCRIPT_ROUND_ENV - env.keys():
+    for name in SCRIPT_ROUND_ENV - env.keys():
         os.environ.pop(name, None)
     os.environ.update(env)

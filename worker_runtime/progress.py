@@ -16,7 +16,8 @@ import threading
 from collections.abc import Callable
 from typing import Final
 
-from elasticjob.wire import MAX_REPORTED_CHECKPOINTS, MAX_REPORTED_COMMITS, ProgressRequest
+from elasticjob.wire.messages import ProgressRequest
+from elasticjob.wire.protocol import MAX_REPORTED_CHECKPOINTS, MAX_REPORTED_COMMITS
 from elasticjob.worker_runtime.log import get_logger
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClientError
 

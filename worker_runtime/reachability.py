@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from elasticjob.wire import PeerEndpoint, ProbedPeer
+from elasticjob.wire.messages import PeerEndpoint, ProbedPeer
 from elasticjob.worker_runtime.log import get_logger
 
 logger = get_logger(__name__)

@@ -1,7 +1,7 @@
 """A small synchronous client of the rendezvous service, for worker processes.
 
 It uses only the standard library (the worker image carries no aiohttp), sends the job's
-bearer token and its protocol version (:data:`~elasticjob.wire.PROTOCOL_HEADER`) on every
+bearer token and its protocol version (:data:`~elasticjob.wire.protocol.PROTOCOL_HEADER`) on every
 request, verifies an ``https://`` service against the CA it is given (else the system's), and
 retries connection errors, 5xx and 429 answers with bounded exponential backoff (a
 ``Retry-After`` is honoured: the service answers it for a job it is still taking back after a
@@ -34,10 +34,7 @@ import urllib.parse
 from pydantic import BaseModel
 
 from elasticjob.backoff import Backoff
-from elasticjob.wire import (
-    API_PREFIX,
-    PROTOCOL_HEADER,
-    PROTOCOL_VERSION,
+from elasticjob.wire.messages import (
     HeartbeatRequest,
     NoticesResponse,
     PlannedRound,
@@ -46,8 +43,9 @@ from elasticjob.wire import (
     RendezvousResponse,
     ResultRequest,
     RoundInfo,
-    parse_json,
 )
+from elasticjob.wire.protocol import API_PREFIX, PROTOCOL_HEADER, PROTOCOL_VERSION
+from elasticjob.wire.strict_json import parse_json
 
 logger = logging.getLogger(__name__)
 

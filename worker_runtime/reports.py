@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from elasticjob.wire import CheckpointReport, ProgressRequest, ResultRequest, WorkerState
+from elasticjob.wire.messages import CheckpointReport, ProgressRequest, ResultRequest, WorkerState
 from elasticjob.worker_runtime.log import get_logger
 from elasticjob.worker_runtime.progress import ProgressReporter
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError

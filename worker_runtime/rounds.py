@@ -23,9 +23,9 @@ from typing import Protocol
 
 from torch.distributed import HashStore, Store, TCPStore
 
-from elasticjob.wire import RendezvousRequest, RendezvousStatus, SlotInfo
+from elasticjob.wire.messages import RendezvousRequest, RendezvousStatus, SlotInfo
+from elasticjob.worker_contract import WorkerConfig
 from elasticjob.worker_runtime import timeline
-from elasticjob.worker_runtime.config import WorkerConfig
 from elasticjob.worker_runtime.exceptions import HorovodInternalError, WorkerRemoved
 from elasticjob.worker_runtime.formation import await_members, connect_store
 from elasticjob.worker_runtime.host_updates import HostUpdateAgreement

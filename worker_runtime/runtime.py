@@ -27,9 +27,10 @@ from typing import TypeVar
 import torch
 from torch.distributed import Store
 
-from elasticjob.wire import Notice, NoticeKind, SlotInfo
+from elasticjob.wire.messages import Notice, NoticeKind, SlotInfo
+from elasticjob.worker_contract import WorkerConfig
 from elasticjob.worker_runtime import timeline
-from elasticjob.worker_runtime.config import WorkerConfig, resolve_backend
+from elasticjob.worker_runtime.devices import resolve_backend
 from elasticjob.worker_runtime.exceptions import WorkerRemoved
 from elasticjob.worker_runtime.host_updates import HostUpdateAgreement
 from elasticjob.worker_runtime.log import CONTEXT, STANDALONE_JOB, get_logger

@@ -14,17 +14,16 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from elasticjob import wire
-from elasticjob.script_env import launch_env
+from elasticjob.worker_contract import ENV_HOSTNAME, ENV_LOCAL_RANK, launch_env
 
 
 def run_slots(slots: int, command: Sequence[str]) -> int:
     """Run ``command`` once per slot and return the pod's exit status."""
-    hostname = os.environ.get(wire.ENV_HOSTNAME, "localhost")
+    hostname = os.environ.get(ENV_HOSTNAME, "localhost")
     alive = {
         subprocess.Popen(
             command,
-            env={**os.environ, wire.ENV_LOCAL_RANK: str(slot), **launch_env(hostname, slot)},
+            env={**os.environ, ENV_LOCAL_RANK: str(slot), **launch_env(hostname, slot)},
         ).pid
         for slot in range(slots)
     }

@@ -3,11 +3,11 @@
 Horovod writes a ``chrome://tracing`` (Perfetto) JSON of its background thread's activity.
 Here each worker process records its own events in memory: rounds joined, resets, commits
 and the collectives it waited on, with wall-clock timestamps in microseconds. When the
-launcher asks for a timeline (:data:`~elasticjob.wire.ENV_TIMELINE_DIR`), the process appends
-them as JSON lines to its own file in that folder whenever it joins a round, when many have
-gathered, and when it shuts down; the launcher merges every file into one trace at the end
-(:func:`elasticjob.launcher.output_files.write_timeline`). Without the variable nothing is
-recorded: each hook is one test.
+launcher asks for a timeline (:data:`~elasticjob.worker_contract.ENV_TIMELINE_DIR`), the
+process appends them as JSON lines to its own file in that folder whenever it joins a round,
+when many have gathered, and when it shuts down; the launcher merges every file into one
+trace at the end (:func:`elasticjob.launcher.output_files.write_timeline`). Without the
+variable nothing is recorded: each hook is one test.
 
 A script may also record its own process's events into a Chrome-trace JSON file of its
 choice, between :func:`start_file` and :func:`stop_file` (``hvd.start_timeline``).
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from elasticjob import wire
+from elasticjob.worker_contract import ENV_HOSTNAME, ENV_LOCAL_RANK, ENV_TIMELINE_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -85,11 +85,11 @@ class _Recorder:
 
 
 def _recorder() -> _Recorder | None:
-    directory = os.environ.get(wire.ENV_TIMELINE_DIR)
+    directory = os.environ.get(ENV_TIMELINE_DIR)
     if not directory:
         return None
-    host = os.environ.get(wire.ENV_HOSTNAME, socket.gethostname())
-    slot = os.environ.get(wire.ENV_LOCAL_RANK, "0")
+    host = os.environ.get(ENV_HOSTNAME, socket.gethostname())
+    slot = os.environ.get(ENV_LOCAL_RANK, "0")
     return _Recorder(Path(directory) / f"{host}.{slot}.{os.getpid()}.jsonl")
 
 

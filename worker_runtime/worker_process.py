@@ -25,9 +25,8 @@ from typing import NoReturn, Protocol
 
 import torch
 
-from elasticjob import wire
-from elasticjob.wire import PeerEndpoint
-from elasticjob.worker_runtime.config import WorkerConfig
+from elasticjob.wire.messages import PeerEndpoint
+from elasticjob.worker_contract import ENV_CUDA_VISIBLE_DEVICES, WorkerConfig
 from elasticjob.worker_runtime.devices import device_for_slot
 from elasticjob.worker_runtime.heartbeat import Heartbeat
 from elasticjob.worker_runtime.interfaces import pin_socket_interfaces
@@ -48,7 +47,7 @@ def use_device(local_rank: int, backend: str) -> torch.device:
         local_rank,
         backend,
         torch.cuda.device_count() if backend == "nccl" else 0,
-        os.environ.get(wire.ENV_CUDA_VISIBLE_DEVICES),
+        os.environ.get(ENV_CUDA_VISIBLE_DEVICES),
     )
     if plan.cuda_index is not None:
         torch.cuda.set_device(plan.cuda_index)
@@ -56,7 +55,7 @@ def use_device(local_rank: int, backend: str) -> torch.device:
             "slot %d uses %s%s",
             local_rank,
             plan.device,
-            f" ({wire.ENV_CUDA_VISIBLE_DEVICES} entry {plan.physical})"
+            f" ({ENV_CUDA_VISIBLE_DEVICES} entry {plan.physical})"
             if plan.physical is not None
             else "",
         )

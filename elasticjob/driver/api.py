@@ -9,7 +9,7 @@ The driver is plain Python (no torch, no kopf). Its pieces:
 - ``hosts.py`` keeps them in a stable, oldest-first order, leaving out the blacklisted ones
   (``blacklist.py``: exponential cooldown; one owner per front end, the driver's own list of
   hosts or the operator's nodes and pods);
-- ``slots.py`` turns ordered hosts into per-process :class:`~elasticjob.wire.SlotInfo`;
+- ``slots.py`` turns ordered hosts into per-process :class:`~elasticjob.wire.messages.SlotInfo`;
 - ``registry.py`` records what each member of a round reported;
 - ``decisions.py`` decides, as pure functions of state, event and time returning action
   values, everything the driver does: what a worker's exit means, how the next round is
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
 
 Clock = Callable[[], float]
 """Monotonic seconds; injected so tests control time."""

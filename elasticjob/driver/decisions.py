@@ -18,7 +18,7 @@ from elasticjob.driver.api import Departure, DriverPhase
 from elasticjob.driver.planning import ENABLE_CHECKPOINTS, EndJob
 from elasticjob.driver.registry import RoundRecords
 from elasticjob.driver.worker_record import WorkerRecord
-from elasticjob.wire import WorkerId, WorkerState
+from elasticjob.wire.messages import WorkerId, WorkerState
 
 _NAMES_SHOWN = 8
 

@@ -25,7 +25,7 @@ from typing import Final, Protocol
 from pydantic import TypeAdapter, ValidationError
 
 from elasticjob.driver.api import DiscoveryError
-from elasticjob.wire import HostName
+from elasticjob.wire.messages import HostName
 
 logger = logging.getLogger(__name__)
 

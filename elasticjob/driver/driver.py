@@ -51,7 +51,7 @@ from elasticjob.driver.worker_record import ended_without_joining
 from elasticjob.driver.workers import WorkerProcesses
 from elasticjob.event_waits import wait_event
 from elasticjob.rendezvous.api import JobRendezvous, ProbeReport, RendezvousListener
-from elasticjob.wire import (
+from elasticjob.wire.messages import (
     NoticeKind,
     ProgressRequest,
     ResultRequest,

@@ -26,7 +26,7 @@ from elasticjob.driver.planning import (
 )
 from elasticjob.driver.workers import WorkerProcesses
 from elasticjob.rendezvous.api import JobRendezvous
-from elasticjob.wire import NoticeKind, SlotInfo, WorkerId
+from elasticjob.wire.messages import NoticeKind, SlotInfo, WorkerId
 
 logger = logging.getLogger(__name__)
 

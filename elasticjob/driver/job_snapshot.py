@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from elasticjob.driver.api import DriverPhase, JobResult
 from elasticjob.driver.goodput import LostTime
 from elasticjob.driver.journal import Restore
-from elasticjob.wire import CheckpointReport, ProgressRequest, SlotInfo, WorkerId
+from elasticjob.wire.messages import CheckpointReport, ProgressRequest, SlotInfo, WorkerId
 
 
 @dataclass(frozen=True)

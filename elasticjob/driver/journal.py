@@ -29,7 +29,7 @@ from elasticjob.driver.goodput import (
     on_restored,
 )
 from elasticjob.driver.job_record import EventKind, JobRecord, JobRecordData, RecordChange
-from elasticjob.wire import CheckpointReport, ProgressRequest
+from elasticjob.wire.messages import CheckpointReport, ProgressRequest
 
 _CHECKPOINT_TIMES_KEPT: Final = 64
 """How many checkpoints' commit times the journal remembers (for the goodput of a restore)."""

@@ -9,7 +9,7 @@ survivors, its host blacklisted).
 
 The timeout bounds detection; re-forming the round adds a second or two. The workers' beat
 interval (:func:`heartbeat_interval_s`, handed to them as
-:data:`~elasticjob.wire.ENV_HEARTBEAT_INTERVAL`) leaves several beats per timeout, so one
+:data:`~elasticjob.worker_contract.ENV_HEARTBEAT_INTERVAL`) leaves several beats per timeout, so one
 delayed beat kills nobody.
 """
 
@@ -18,12 +18,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
 
-DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
-"""Default bound on the silence of a worker process: detection plus re-forming the round
-stays within about 10 s."""
+DEFAULT_HEARTBEAT_TIMEOUT_S: Final = 5
+"""Default bound on the silence of a worker process, in seconds: detection plus re-forming
+the round stays within about 10 s. Whole seconds: it is also the default of an ElasticJob's
+``heartbeatTimeoutSeconds``."""
 
 REACH_GRACE_S = 30.0
 """How long workers have to beat to a driver they could not reach (it restarted, or its

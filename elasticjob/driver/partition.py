@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from elasticjob.rendezvous.probes import probe_targets, probers_of
-from elasticjob.wire import SlotInfo, WorkerId
+from elasticjob.wire.messages import SlotInfo, WorkerId
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from elasticjob.driver.api import Departure, DriverSettings
 from elasticjob.driver.hosts import Capacity
 from elasticjob.driver.slots import assign_slots, missing_survivor
 from elasticjob.driver.worker_record import WorkerRecord
-from elasticjob.wire import SlotInfo, WorkerId
+from elasticjob.wire.messages import SlotInfo, WorkerId
 
 
 class CapacityAction(enum.Enum):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from elasticjob.wire import WorkerId, WorkerState
+from elasticjob.wire.messages import WorkerId, WorkerState
 
 logger = logging.getLogger(__name__)
 

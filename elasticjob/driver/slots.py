@@ -8,7 +8,7 @@ from collections.abc import Collection, Mapping, Sequence
 from types import MappingProxyType
 
 from elasticjob.driver.api import DriverError
-from elasticjob.wire import SlotInfo, WorkerId
+from elasticjob.wire.messages import SlotInfo, WorkerId
 
 logger = logging.getLogger(__name__)
 

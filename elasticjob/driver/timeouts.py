@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from elasticjob.driver.api import Departure
 from elasticjob.driver.worker_record import WorkerRecord
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
 
 
 def slow_starters(

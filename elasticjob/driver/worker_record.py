@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from elasticjob.driver.api import Departure
 from elasticjob.driver.partition import ReceivedReport
-from elasticjob.wire import WorkerId, WorkerState
+from elasticjob.wire.messages import WorkerId, WorkerState
 
 _EXIT_CAUSES = {126: " (command not executable)", 127: " (command not found)"}
 """What a shell's exit status says about the command it could not run."""

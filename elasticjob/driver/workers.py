@@ -14,7 +14,7 @@ from elasticjob.driver.partition import ReceivedReport, partitioned_members
 from elasticjob.driver.timeouts import overdue_dismissals, overdue_endings, slow_starters
 from elasticjob.driver.worker_record import WorkerRecord
 from elasticjob.rendezvous.api import JobRendezvous, ProbeReport
-from elasticjob.wire import SlotInfo, WorkerId
+from elasticjob.wire.messages import SlotInfo, WorkerId
 
 logger = logging.getLogger(__name__)
 

@@ -12,360 +12,41 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import math
-import os
 import secrets
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from importlib import metadata
+from collections.abc import Sequence
 from pathlib import Path
 
-from pydantic import TypeAdapter, ValidationError
-
-from elasticjob.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
-from elasticjob.driver.api import DiscoveryError, DriverError, DriverSettings, JobResult
-from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
-from elasticjob.driver.discovery import (
-    MAX_SLOTS_PER_HOST,
-    FixedHosts,
-    HostDiscovery,
-    ScriptDiscovery,
-    discover_once,
-    parse_hosts,
-    poll_hosts,
-)
+from elasticjob.driver.api import DriverError, JobResult
+from elasticjob.driver.blacklist import Blacklist
+from elasticjob.driver.discovery import discover_once, poll_hosts
 from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.hosts import HostManager
-from elasticjob.driver.liveness import DEFAULT_HEARTBEAT_TIMEOUT_S, heartbeat_interval_s
+from elasticjob.driver.liveness import heartbeat_interval_s
 from elasticjob.driver.record_saving import RecordSaver
-from elasticjob.launcher.horovodrun_flags import (
-    LOG_LEVELS,
-    HostfileError,
-    NetworkInterfaces,
-    add_refused_flags,
-    parse_hostfile,
-    python_log_level,
+from elasticjob.launcher.arguments import (
+    build_parser,
+    checkpoint_policy,
+    driver_settings,
+    parse_arguments,
 )
+from elasticjob.launcher.horovodrun_flags import python_log_level
 from elasticjob.launcher.output_files import RankOutputFiles, rank_width, write_timeline
-from elasticjob.launcher.processes import LocalWorkerLauncher, WorkerEnvironment
+from elasticjob.launcher.processes import ORPHAN_TIMEOUT_S, LocalWorkerLauncher, WorkerEnvironment
 from elasticjob.launcher.record_file import RecordFile
 from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS
 from elasticjob.rendezvous.server import RendezvousService
-from elasticjob.wire import JobName
+from elasticjob.worker_contract import WorkerSettings
 
 logger = logging.getLogger("elasticjob.launcher")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """horovodrun's flags that apply here, in its spellings; those that cannot apply are
-    refused by name (:mod:`elasticjob.launcher.horovodrun_flags`)."""
-    parser = argparse.ArgumentParser(
-        prog="elasticjob-run",
-        description="Run an elastic PyTorch job on this machine (horovodrun's flags).",
-    )
-    parser.add_argument("-v", "--version", action="version", version=f"%(prog)s {_version()}")
-    parser.add_argument(
-        "-np",
-        "--num-proc",
-        type=int,
-        dest="np",
-        help="number of processes; in elastic mode, the number needed before training starts",
-    )
-    parser.add_argument(
-        "--min-np",
-        "--min-num-proc",
-        type=int,
-        dest="min_np",
-        help="fewest processes to train with (default: -np)",
-    )
-    parser.add_argument(
-        "--max-np",
-        "--max-num-proc",
-        type=int,
-        dest="max_np",
-        help="most processes; unbounded by default in elastic mode (--min-np or a discovery "
-        "script given), else -np",
-    )
-    hosts = parser.add_mutually_exclusive_group()
-    hosts.add_argument("-H", "--hosts", help="fixed hosts: host1:slots,host2:slots,...")
-    hosts.add_argument(
-        "-hostfile", "--hostfile", help="file of fixed hosts, one '<host> slots=<N>' per line"
-    )
-    hosts.add_argument("--host-discovery-script", help="executable printing host[:slots] lines")
-    parser.add_argument(
-        "--slots",
-        "--slots-per-host",
-        type=int,
-        default=1,
-        dest="slots",
-        help="slots of a host given without slots (default 1)",
-    )
-    parser.add_argument("--reset-limit", type=int, help="fail after this many resets")
-    parser.add_argument(
-        "--elastic-timeout",
-        type=float,
-        default=os.environ.get("HOROVOD_ELASTIC_TIMEOUT", "600"),
-        help="seconds to wait while fewer than --min-np slots are available "
-        "(default: $HOROVOD_ELASTIC_TIMEOUT, else 600)",
-    )
-    parser.add_argument(
-        "--start-timeout",
-        type=float,
-        default=os.environ.get("HOROVOD_START_TIMEOUT", "120"),
-        help="seconds a new worker may take to register "
-        "(default: $HOROVOD_START_TIMEOUT, else 120)",
-    )
-    parser.add_argument(
-        "--heartbeat-timeout",
-        type=float,
-        default=DEFAULT_HEARTBEAT_TIMEOUT_S,
-        metavar="SECONDS",
-        help="evict a worker process (kill it, blacklist its host) that sent no heartbeat "
-        f"for this long; 0 turns it off (default {DEFAULT_HEARTBEAT_TIMEOUT_S:g})",
-    )
-    parser.add_argument(
-        "--blacklist-cooldown-range",
-        type=float,
-        nargs=2,
-        metavar=("MIN", "MAX"),
-        default=(10.0, 300.0),
-        help="cooldown of a failed host, in seconds",
-    )
-    for flag in ("--network-interfaces", "--network-interface"):
-        parser.add_argument(
-            flag,
-            action=NetworkInterfaces,
-            dest="nics",
-            help="interfaces for Gloo/NCCL traffic, comma-separated (e.g. lo); repeatable",
-        )
-    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
-    parser.add_argument(
-        "--gloo",
-        action="store_true",
-        help="horovodrun's Gloo controller: accepted, it is the only one (Gloo runs the "
-        "collectives on CPU; --backend picks NCCL for GPUs)",
-    )
-    parser.add_argument(
-        "--output-filename",
-        metavar="DIR",
-        help="also write each rank's output to DIR/rank.<rank>/stdout and .../stderr",
-    )
-    parser.add_argument(
-        "--timeline-filename",
-        metavar="FILE",
-        help="write a Chrome-trace JSON (chrome://tracing, Perfetto) of every worker's "
-        "rounds, resets, commits and collectives to FILE at the end of the job",
-    )
-    parser.add_argument(
-        "--job-record",
-        metavar="FILE",
-        help="keep the job's record (world size, throughput, rounds, failures, blacklisting, "
-        "goodput over time) in FILE, for `elasticjob timeline FILE`",
-    )
-    checkpoints = parser.add_argument_group(
-        "durable checkpoints",
-        "rank 0 writes the committed state to DIR, off the training thread; when no worker "
-        "of a round survives, fresh workers start and rank 0 loads the newest complete one",
-    )
-    checkpoints.add_argument("--checkpoint-dir", metavar="DIR", help="folder of the checkpoints")
-    checkpoints.add_argument(
-        "--checkpoint-every-commits",
-        type=int,
-        metavar="N",
-        help="write a checkpoint every N commits",
-    )
-    checkpoints.add_argument(
-        "--checkpoint-interval",
-        type=float,
-        metavar="SECONDS",
-        help="or: write one at the first commit SECONDS after the previous one",
-    )
-    checkpoints.add_argument(
-        "--checkpoint-keep",
-        type=int,
-        metavar="K",
-        default=DEFAULT_KEEP,
-        help=f"keep the newest K complete checkpoints (default {DEFAULT_KEEP})",
-    )
-    parser.add_argument("--job-name", default="local", help="name of the job (default: local)")
-    parser.add_argument("--verbose", action="store_true", help="debug logging of the driver")
-    parser.add_argument(
-        "--log-level",
-        choices=LOG_LEVELS,
-        help="least level the launcher logs to stderr (default: INFO, DEBUG with --verbose)",
-    )
-    add_refused_flags(parser)
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="the worker command")
-    return parser
-
-
-def _version() -> str:
-    try:
-        return metadata.version("elasticjob")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-_JOB_NAME: TypeAdapter[str] = TypeAdapter(JobName)
-
-
-def _finite(value: float, *, positive: bool = False) -> bool:
-    return math.isfinite(value) and (value > 0 if positive else value >= 0)
-
-
-def _argument_errors(args: argparse.Namespace) -> Iterator[str]:
-    """What is wrong with the arguments, one message per problem."""
-    for flag, value in (("-np", args.np), ("--min-np", args.min_np), ("--max-np", args.max_np)):
-        if value is not None and value < 1:
-            yield f"{flag} must be >= 1, got {value}"
-    if args.max_np is not None and _min_np(args) > args.max_np:
-        flag = "--min-np" if args.min_np is not None else "-np (the default --min-np)"
-        yield f"{flag} ({_min_np(args)}) must not exceed --max-np ({args.max_np})"
-    if not 1 <= args.slots <= MAX_SLOTS_PER_HOST:
-        yield f"--slots must be from 1 to {MAX_SLOTS_PER_HOST}, got {args.slots}"
-    if args.reset_limit is not None and args.reset_limit < 0:
-        yield f"--reset-limit must be >= 0, got {args.reset_limit}"
-    if not _finite(args.elastic_timeout):
-        yield f"--elastic-timeout must be >= 0 seconds, got {args.elastic_timeout}"
-    if not _finite(args.start_timeout, positive=True):
-        yield f"--start-timeout must be > 0 seconds, got {args.start_timeout}"
-    if not _finite(args.heartbeat_timeout):
-        yield f"--heartbeat-timeout must be >= 0 seconds, got {args.heartbeat_timeout}"
-    low, high = args.blacklist_cooldown_range
-    if not (_finite(low, positive=True) and _finite(high) and low <= high):
-        yield f"--blacklist-cooldown-range must be 0 < MIN <= MAX seconds, got {low:g} {high:g}"
-    try:
-        _JOB_NAME.validate_python(args.job_name)
-    except ValidationError:
-        yield (
-            f"--job-name {args.job_name!r} is not a valid job name (lower-case letters, digits, "
-            "'-' and '.', starting and ending with a letter or digit, at most 253 characters)"
-        )
-    if args.timeline_filename and not Path(args.timeline_filename).resolve().parent.is_dir():
-        yield f"--timeline-filename {args.timeline_filename!r}: its folder does not exist"
-    if args.job_record and not Path(args.job_record).resolve().parent.is_dir():
-        yield f"--job-record {args.job_record!r}: its folder does not exist"
-    yield from _checkpoint_errors(args)
-    if not args.command:
-        yield "no worker command given (e.g. elasticjob-run -np 2 python train.py)"
-
-
-def _checkpoint_errors(args: argparse.Namespace) -> Iterator[str]:
-    every, interval = args.checkpoint_every_commits, args.checkpoint_interval
-    if not args.checkpoint_dir:
-        if every is not None or interval is not None:
-            yield "--checkpoint-every-commits and --checkpoint-interval need --checkpoint-dir"
-        return
-    if Path(args.checkpoint_dir).exists() and not Path(args.checkpoint_dir).is_dir():
-        yield f"--checkpoint-dir {args.checkpoint_dir!r} is not a folder"
-    if (every is None) == (interval is None):
-        yield (
-            "--checkpoint-dir needs exactly one of --checkpoint-every-commits N and "
-            "--checkpoint-interval SECONDS"
-        )
-    if every is not None and every < 1:
-        yield f"--checkpoint-every-commits must be >= 1, got {every}"
-    if interval is not None and not _finite(interval, positive=True):
-        yield f"--checkpoint-interval must be > 0 seconds, got {interval}"
-    if args.checkpoint_keep < 1:
-        yield f"--checkpoint-keep must be >= 1, got {args.checkpoint_keep}"
-
-
-def checkpoint_policy(args: argparse.Namespace) -> CheckpointPolicy | None:
-    """The job's checkpoint policy from checked arguments (None: no ``--checkpoint-dir``)."""
-    if not args.checkpoint_dir:
-        return None
-    return CheckpointPolicy(
-        folder=str(Path(args.checkpoint_dir).resolve()),
-        every_commits=args.checkpoint_every_commits or 0,
-        interval_s=args.checkpoint_interval or 0.0,
-        keep=args.checkpoint_keep,
-    )
-
-
-def parse_arguments(
-    parser: argparse.ArgumentParser, argv: Sequence[str] | None
-) -> argparse.Namespace:
-    """Parse and check the arguments; a bad one is a usage error (``parser.error``: the
-    usage, the problem, exit status 2), never a traceback."""
-    args = parser.parse_args(argv)
-    if args.command[:1] == ["--"]:
-        args.command = args.command[1:]
-    for problem in _argument_errors(args):
-        parser.error(problem)
-    if args.hostfile:
-        try:
-            args.hosts = parse_hostfile(args.hostfile, args.slots)
-        except HostfileError as exc:
-            parser.error(f"--hostfile: {exc}")
-    if args.host_discovery_script:
-        return args
-    flag = "--hostfile" if args.hostfile else "-H"
-    try:
-        fixed = parse_hosts(_fixed_hosts(args), args.slots)
-    except DiscoveryError as exc:
-        parser.error(f"{flag}: {exc}")
-    min_np = _min_np(args)
-    if sum(fixed.values()) < min_np:
-        parser.error(
-            f"the fixed hosts offer {sum(fixed.values())} slots ({_fixed_hosts(args)}), "
-            f"fewer than the {min_np} processes the job needs at least (--min-np, or -np): "
-            "they can never be enough"
-        )
-    return args
-
-
-def _fixed_hosts(args: argparse.Namespace) -> str:
-    """The ``-H`` (or ``--hostfile``) host list, or this machine with ``-np`` slots."""
-    return str(args.hosts or f"localhost:{args.np or 1}")
-
-
-def is_elastic(args: argparse.Namespace) -> bool:
-    """horovodrun's elastic mode: a discovery script or ``--min-np`` given."""
-    return bool(args.host_discovery_script) or args.min_np is not None
-
-
-def max_np(args: argparse.Namespace) -> int | None:
-    """``--max-np``, or horovodrun's default: unbounded (None) in elastic mode, else ``-np``
-    (horovodrun's static mode runs exactly ``-np`` processes)."""
-    if args.max_np is not None or is_elastic(args):
-        return int(args.max_np) if args.max_np is not None else None
-    return int(args.np) if args.np is not None else None
-
-
-def _min_np(args: argparse.Namespace) -> int:
-    return int(args.min_np if args.min_np is not None else (args.np or 1))
-
-
-def _settings(args: argparse.Namespace) -> tuple[HostDiscovery, DriverSettings, BlacklistPolicy]:
-    discovery: HostDiscovery
-    if args.host_discovery_script:
-        discovery = ScriptDiscovery(args.host_discovery_script, default_slots=args.slots)
-    else:
-        discovery = FixedHosts(parse_hosts(_fixed_hosts(args), args.slots))
-    min_np = _min_np(args)
-    try:
-        settings = DriverSettings(
-            min_np=min_np,
-            max_np=max_np(args),
-            reset_limit=args.reset_limit,
-            elastic_timeout_s=args.elastic_timeout,
-            start_timeout_s=args.start_timeout,
-            heartbeat_timeout_s=args.heartbeat_timeout or None,
-            checkpoint_fallback=bool(args.checkpoint_dir),
-        )
-        policy = BlacklistPolicy(*args.blacklist_cooldown_range)
-    except ValueError as exc:
-        raise DriverError(str(exc)) from exc
-    return discovery, settings, policy
-
-
 async def run_job(args: argparse.Namespace) -> JobResult:
     """Run the job ``args`` describe and return its result."""
-    discovery, settings, policy = _settings(args)
+    discovery, settings, policy = driver_settings(args)
     output_files = None
     if args.output_filename:
         try:
@@ -388,14 +69,19 @@ async def run_job(args: argparse.Namespace) -> JobResult:
     await service.start("127.0.0.1", 0)
     token = secrets.token_urlsafe(24)
     environment = WorkerEnvironment(
-        rendezvous_url=service.url,
-        job=args.job_name,
+        WorkerSettings.model_validate(
+            {
+                "rendezvous_url": service.url,
+                "job": args.job_name,
+                "backend": args.backend,
+                "heartbeat_interval_s": heartbeat_interval_s(settings.heartbeat_timeout_s),
+                "orphan_timeout_s": ORPHAN_TIMEOUT_S,
+                "timeline_dir": timeline_dir,
+                "checkpoint": checkpoint,
+            }
+        ),
         token=token,
-        backend=args.backend,
         network_interface=",".join(args.nics) if args.nics else None,
-        heartbeat_interval_s=heartbeat_interval_s(settings.heartbeat_timeout_s),
-        timeline_dir=timeline_dir,
-        checkpoint=checkpoint,
     )
 
     def make_launcher(driver: ElasticDriver) -> LocalWorkerLauncher:

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
 
 logger = logging.getLogger(__name__)
 

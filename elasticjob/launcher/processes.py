@@ -6,7 +6,7 @@ Every output line of a worker is prefixed with its current rank and its stream
 (``[1]<stdout>:``, ``[1]<stderr>:``), as horovodrun does.
 
 Workers never outlive the launcher: each is started with ``PR_SET_PDEATHSIG`` (Linux), so the
-kernel kills it when the launcher dies, even by SIGKILL; and each is told
+kernel kills it when the launcher dies, even by SIGKILL; and ``elasticjob-run`` tells each
 :data:`ORPHAN_TIMEOUT_S` (``ELASTICJOB_ORPHAN_TIMEOUT``), so a process the kernel does not
 cover (a worker command's own child) exits once the launcher's rendezvous stays unreachable.
 """
@@ -24,15 +24,19 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from elasticjob import wire
-from elasticjob.checkpoint_policy import CheckpointPolicy
 from elasticjob.driver.api import DriverError, WorkerLauncher
 from elasticjob.launcher.output_files import RankOutputFiles
-from elasticjob.script_env import launch_env
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
+from elasticjob.worker_contract import (
+    ENV_GLOO_SOCKET_IFNAME,
+    ENV_NCCL_SOCKET_IFNAME,
+    ENV_PYTHONUNBUFFERED,
+    WorkerConfig,
+    WorkerSettings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -104,46 +108,27 @@ def resolve_local_host(host: str) -> str:
 
 @dataclass(frozen=True)
 class WorkerEnvironment:
-    """What every worker of the job is told."""
+    """What every worker of the job is told: the worker contract's settings and the job's
+    token, and the launcher's own variables (unbuffered output; the network interface of Gloo
+    and NCCL when ``--network-interface`` names one)."""
 
-    rendezvous_url: str
-    job: str
-    token: str
-    backend: str = "auto"
+    settings: WorkerSettings
+    token: str = field(repr=False)
     network_interface: str | None = None
-    heartbeat_interval_s: float | None = None
-    """Seconds between each worker's heartbeats (None: workers do not beat)."""
-    timeline_dir: str | None = None
-    """Folder where workers append their timeline events (None: they record none)."""
-    orphan_timeout_s: float | None = ORPHAN_TIMEOUT_S
-    """How long a worker keeps running while the rendezvous is unreachable (None: the
-    worker runtime's default)."""
-    checkpoint: CheckpointPolicy | None = None
-    """The job's durable checkpoint policy (None: no checkpoints)."""
 
     def for_worker(self, worker: WorkerId, bind_address: str) -> dict[str, str]:
-        env = {
-            wire.ENV_RENDEZVOUS_URL: self.rendezvous_url,
-            wire.ENV_JOB: self.job,
-            wire.ENV_TOKEN: self.token,
-            wire.ENV_HOSTNAME: worker.hostname,
-            wire.ENV_LOCAL_RANK: str(worker.local_rank),
-            wire.ENV_BIND_ADDRESS: bind_address,
-            wire.ENV_BACKEND: self.backend,
-            wire.ENV_PYTHONUNBUFFERED: "1",
-            **launch_env(worker.hostname, worker.local_rank),
-        }
-        if self.orphan_timeout_s is not None:
-            env[wire.ENV_ORPHAN_TIMEOUT] = str(self.orphan_timeout_s)
-        if self.timeline_dir is not None:
-            env[wire.ENV_TIMELINE_DIR] = self.timeline_dir
-        if self.checkpoint is not None:
-            env.update(self.checkpoint.worker_env())
-        if self.heartbeat_interval_s is not None:
-            env[wire.ENV_HEARTBEAT_INTERVAL] = str(self.heartbeat_interval_s)
+        """The variables of ``worker``'s process, which binds to ``bind_address``."""
+        config = WorkerConfig.of(
+            self.settings,
+            token=self.token,
+            hostname=worker.hostname,
+            local_rank=worker.local_rank,
+            bind_address=bind_address,
+        )
+        env = {**config.to_env(), ENV_PYTHONUNBUFFERED: "1"}
         if self.network_interface:
-            env[wire.ENV_GLOO_SOCKET_IFNAME] = self.network_interface
-            env[wire.ENV_NCCL_SOCKET_IFNAME] = self.network_interface
+            env[ENV_GLOO_SOCKET_IFNAME] = self.network_interface
+            env[ENV_NCCL_SOCKET_IFNAME] = self.network_interface
         return env
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from elasticjob.wire import (
+from elasticjob.wire.messages import (
     HeartbeatRequest,
     Notice,
     NoticeKind,

@@ -34,7 +34,7 @@ from elasticjob.rendezvous.limits import (
 from elasticjob.rendezvous.probes import peer_endpoints, probe_report, probe_targets
 from elasticjob.rendezvous.rounds import Binding, Endpoint, PublishedRound, check_slots
 from elasticjob.rendezvous.wakeup import LongPolls, Wakeup
-from elasticjob.wire import (
+from elasticjob.wire.messages import (
     HeartbeatRequest,
     JobName,
     Notice,

@@ -15,7 +15,7 @@ A worker's targets are
 
 leaving out members on its own host: a network is cut per host (a pod's network namespace),
 so probing a host-mate tells nothing. With one slot per host the rings are the ring of ranks.
-Each worker probes at most :data:`~elasticjob.wire.MAX_PROBE_TARGETS` peers, so the work is
+Each worker probes at most :data:`~elasticjob.wire.protocol.MAX_PROBE_TARGETS` peers, so the work is
 O(1) per worker, and every member on a host of its own ring has two probers on other hosts
 (rank 0 has every member of another host); only rank 0 is probed by O(size) members, and only
 while their collectives block.
@@ -28,7 +28,7 @@ from collections.abc import Mapping
 
 from elasticjob.rendezvous.api import ProbeReport, Refusal, RequestRefused
 from elasticjob.rendezvous.rounds import Endpoint, PublishedRound
-from elasticjob.wire import HeartbeatRequest, PeerEndpoint, SlotInfo, WorkerId
+from elasticjob.wire.messages import HeartbeatRequest, PeerEndpoint, SlotInfo, WorkerId
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from elasticjob.rendezvous.api import RendezvousError
-from elasticjob.wire import PeerEndpoint, SlotInfo, WorkerId
+from elasticjob.wire.messages import PeerEndpoint, SlotInfo, WorkerId
 
 
 @dataclass(frozen=True)

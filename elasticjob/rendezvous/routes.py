@@ -1,12 +1,12 @@
 """HTTP routes of the rendezvous service: parse, validate and authorize, then call the job.
 
-Every error is answered with a JSON :class:`~elasticjob.wire.ErrorResponse`. A request is
-checked in this order, and refused at the first check it fails, before anything of the job is
-called, so a rejected request never changes any job's state:
+Every error is answered with a JSON :class:`~elasticjob.wire.messages.ErrorResponse`. A
+request is checked in this order, and refused at the first check it fails, before anything of
+the job is called, so a rejected request never changes any job's state:
 
 1. a bearer token (401 without one);
-2. its protocol version (:data:`~elasticjob.wire.PROTOCOL_HEADER`, none: version 1; 426
-   outside the accepted range, naming both versions);
+2. its protocol version (:data:`~elasticjob.wire.protocol.PROTOCOL_HEADER`, none: version 1;
+   426 outside the accepted range, naming both versions);
 3. the token (403 for an unknown job and for another job's token alike, so job names cannot
    be probed; 503 with ``Retry-After`` for a job not served yet while the service takes its
    jobs back after a restart);
@@ -39,19 +39,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from elasticjob.rendezvous.api import Refusal, RequestRefused
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.stats import RequestStats
-from elasticjob.wire import (
-    API_PREFIX,
-    MIN_PROTOCOL_VERSION,
-    PROTOCOL_HEADER,
-    PROTOCOL_VERSION,
-    DuplicateKeyError,
+from elasticjob.wire.messages import (
     ErrorResponse,
     HeartbeatRequest,
     ProgressRequest,
     RendezvousRequest,
     ResultRequest,
-    parse_json,
 )
+from elasticjob.wire.protocol import (
+    API_PREFIX,
+    MIN_PROTOCOL_VERSION,
+    PROTOCOL_HEADER,
+    PROTOCOL_VERSION,
+)
+from elasticjob.wire.strict_json import DuplicateKeyError, parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,8 @@ _Model = TypeVar("_Model", bound=BaseModel)
 
 
 class ApiError(Exception):
-    """An error answered to the client as a JSON :class:`~elasticjob.wire.ErrorResponse`."""
+    """An error answered to the client as a JSON
+    :class:`~elasticjob.wire.messages.ErrorResponse`."""
 
     def __init__(
         self,
@@ -239,7 +241,7 @@ class _Api:
         body = await _parse_body(request, RendezvousRequest)
         request[_LONG_POLL] = body.wait_seconds > 0
         answer = await job.rendezvous(body)
-        # An older worker refuses fields it does not know (see wire.PROTOCOL_VERSION).
+        # An older worker refuses fields it does not know (see PROTOCOL_VERSION).
         version = _check_protocol(request)
         exclude = _ADDED_IN_3 if version < 3 else _ADDED_IN_6 if version < 6 else None
         return _json(answer, exclude=exclude)

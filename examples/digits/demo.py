@@ -18,9 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from elasticjob import wire
 from elasticjob.driver.job_record import JobRecordData
 from elasticjob.job_timeline import render
+from elasticjob.worker_contract import ENV_HOSTNAME, ENV_JOB
 
 HERE = Path(__file__).resolve().parent
 
@@ -39,7 +39,7 @@ def workers_on(host: str) -> list[int]:
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        wanted = {f"{wire.ENV_HOSTNAME}={host}".encode(), f"{wire.ENV_JOB}=digits".encode()}
+        wanted = {f"{ENV_HOSTNAME}={host}".encode(), f"{ENV_JOB}=digits".encode()}
         if wanted <= set(environ):
             pids.append(int(proc.name))
     return pids

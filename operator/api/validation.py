@@ -14,8 +14,9 @@ express, a spec must satisfy these rules, which a Kubernetes 1.20 schema cannot 
 
 - the pod template leaves the operator's part alone: no ``metadata`` name, generateName,
   namespace, finalizers or ownerReferences (the operator names and owns the pods), and no
-  container sets a variable of the worker contract (``elasticjob.wire.WORKER_CONTRACT_ENV``,
-  any ``ELASTICJOB_*``) in ``env``, nor imports one through an ``envFrom`` prefix;
+  container sets a variable of the worker contract
+  (``elasticjob.worker_contract.WORKER_CONTRACT_ENV``, any ``ELASTICJOB_*``) in ``env``, nor
+  imports one through an ``envFrom`` prefix;
 - every container has an image (a non-empty string);
 - ``checkpoint`` (durable checkpoints): its ``volume`` is a volume of the pod template, its
   ``path`` is absolute and no other volume is mounted there in the worker container, and
@@ -41,9 +42,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from elasticjob import wire
 from elasticjob.operator.api.models.spec import Container, ElasticJobSpec
 from elasticjob.operator.api.names import GPU_RESOURCE, LABEL_JOB_NAME, WORKER_CONTAINER
+from elasticjob.worker_contract import (
+    WORKER_CONTRACT_ENV,
+    WORKER_ENV_PREFIX,
+    is_worker_contract_env,
+)
 
 if TYPE_CHECKING:
     from elasticjob.operator.api.podschema import PodSchema
@@ -312,12 +317,12 @@ def _env_errors(container: Mapping[str, Any], where: str) -> list[FieldError]:
     env = container.get("env") or []
     for index, variable in enumerate(env if isinstance(env, Sequence) else []):
         name = variable.get("name") if isinstance(variable, Mapping) else None
-        if isinstance(name, str) and wire.is_worker_contract_env(name):
+        if isinstance(name, str) and is_worker_contract_env(name):
             errors.append(
                 FieldError(
                     f"{where}.env[{index}].name",
                     f"{name} is a variable of the worker contract, which the operator sets "
-                    f"(every {wire.WORKER_ENV_PREFIX}* name is reserved)",
+                    f"(every {WORKER_ENV_PREFIX}* name is reserved)",
                 )
             )
     sources = container.get("envFrom") or []
@@ -328,7 +333,7 @@ def _env_errors(container: Mapping[str, Any], where: str) -> list[FieldError]:
                 FieldError(
                     f"{where}.envFrom[{index}].prefix",
                     f"{prefix!r} could import a variable of the worker contract, which the "
-                    f"operator sets (every {wire.WORKER_ENV_PREFIX}* name is reserved)",
+                    f"operator sets (every {WORKER_ENV_PREFIX}* name is reserved)",
                 )
             )
     return errors
@@ -336,5 +341,5 @@ def _env_errors(container: Mapping[str, Any], where: str) -> list[FieldError]:
 
 def _may_import_contract(prefix: str) -> bool:
     """Whether keys under ``prefix`` can make a name of the worker contract."""
-    names = (*wire.WORKER_CONTRACT_ENV, wire.WORKER_ENV_PREFIX)
-    return wire.is_worker_contract_env(prefix) or any(n.startswith(prefix) for n in names)
+    names = (*WORKER_CONTRACT_ENV, WORKER_ENV_PREFIX)
+    return is_worker_contract_env(prefix) or any(n.startswith(prefix) for n in names)

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from devcluster.cluster import Cluster
-from elasticjob import wire
 from elasticjob.operator.api import worker_labels
+from elasticjob.worker_contract import ENV_RENDEZVOUS_URL, ENV_TOKEN
 from tests.devcluster.helpers import Kube, pod_manifest
 from tests.e2e.test_controller import condition, delete_webhook, wait_ready
 from tests.e2e.test_operator import (  # the module's helm-installed operator and helpers
@@ -71,7 +71,7 @@ def apply_refused(kube: Kube, manifest: dict[str, Any]) -> str:
                 m,
                 env=[
                     {
-                        "name": wire.ENV_TOKEN,
+                        "name": ENV_TOKEN,
                         "valueFrom": {"secretKeyRef": {"name": "other-rendezvous", "key": "token"}},
                     }
                 ],
@@ -82,7 +82,7 @@ def apply_refused(kube: Kube, manifest: dict[str, Any]) -> str:
         pytest.param(
             lambda m: with_worker(
                 m,
-                env=[{"name": "A", "value": "1"}, {"name": wire.ENV_RENDEZVOUS_URL, "value": "x"}],
+                env=[{"name": "A", "value": "1"}, {"name": ENV_RENDEZVOUS_URL, "value": "x"}],
             ),
             "spec.template.spec.containers[0].env[1].name",
             id="rendezvous-url",

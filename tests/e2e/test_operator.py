@@ -25,8 +25,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from devcluster.cluster import Cluster
-from elasticjob import wire
 from elasticjob.driver.job_record import EventKind, JobRecordData
+from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
+from elasticjob.worker_contract import ENV_RENDEZVOUS_CA
 from tests.devcluster.helpers import Kube
 from tests.integration.harness import JobRun, kill_leftovers, read_events
 
@@ -439,7 +440,7 @@ def test_a_worker_token_opens_only_its_own_job(
     for name in ("alpha", "beta"):
         wait_status(kube, name, "running", lambda s: s.get("phase") == "Running")
     token = secret_token(kube, "alpha")
-    ca = worker_env(kube, "alpha")[wire.ENV_RENDEZVOUS_CA]
+    ca = worker_env(kube, "alpha")[ENV_RENDEZVOUS_CA]
     base = "/v1/jobs"
     assert rendezvous_status(kube, f"{base}/{kube.ns}.alpha/round", token, ca) == 200
     assert rendezvous_status(kube, f"{base}/{kube.ns}.beta/round", token, ca) == 403
@@ -545,7 +546,7 @@ def rendezvous_status(
     context = ssl.create_default_context(cadata=ca)
     conn = _PinnedHTTPSConnection(host, operator_ip(kube), RENDEZVOUS_PORT, context)
     try:
-        headers = {wire.PROTOCOL_HEADER: str(wire.PROTOCOL_VERSION)}
+        headers = {PROTOCOL_HEADER: str(PROTOCOL_VERSION)}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         conn.request("GET", path, headers=headers)

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from devcluster.cluster import Cluster
-from elasticjob import wire
 from elasticjob.operator.certs import TLSMaterial, service_dns_names
+from elasticjob.worker_contract import ENV_RENDEZVOUS_CA, ENV_RENDEZVOUS_URL
 from tests.devcluster.helpers import Kube
 from tests.e2e.test_controller import restart_operator
 from tests.e2e.test_operator import (  # the module's helm-installed operator and helpers
@@ -76,8 +76,8 @@ def test_a_job_trains_over_verified_tls_and_plain_http_gets_nothing(
             timeout=180,  # the module's first job: cold imports on a loaded machine
         )
         env = worker_env(kube, "tls")
-        assert env[wire.ENV_RENDEZVOUS_URL] == f"https://{RENDEZVOUS_HOST}:{RENDEZVOUS_PORT}"
-        ca = env[wire.ENV_RENDEZVOUS_CA]
+        assert env[ENV_RENDEZVOUS_URL] == f"https://{RENDEZVOUS_HOST}:{RENDEZVOUS_PORT}"
+        ca = env[ENV_RENDEZVOUS_CA]
         assert ca.startswith("-----BEGIN CERTIFICATE-----")
         assert ca == kept_ca(kube), "workers get the CA the operator keeps"
 
@@ -160,7 +160,7 @@ def test_a_provided_certificate_is_served_and_its_ca_handed_to_workers(
             "2 workers training",
             lambda s: s.get("phase") == "Running" and s.get("worldSize") == 2,
         )
-        ca = worker_env(kube, "provided")[wire.ENV_RENDEZVOUS_CA]
+        ca = worker_env(kube, "provided")[ENV_RENDEZVOUS_CA]
         assert ca == material.ca_pem.decode()
         path = f"/v1/jobs/{kube.ns}.provided/round"
         assert rendezvous_status(kube, path, secret_token(kube, "provided"), ca) == 200

@@ -16,7 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from elasticjob import wire
+from elasticjob.worker_contract import (
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_EVERY_COMMITS,
+    ENV_CHECKPOINT_KEEP,
+)
 from tests.integration.harness import JobRun, run_job
 from tests.integration.test_elastic_scenarios import assert_trained_exactly_once, worker_args
 
@@ -42,9 +46,9 @@ def launch_with_flags(tmp_path: Path, folder: Path) -> JobRun:
 
 def launch(tmp_path: Path, folder: Path) -> JobRun:
     env = [
-        f"{wire.ENV_CHECKPOINT_DIR}={folder}",
-        f"{wire.ENV_CHECKPOINT_EVERY_COMMITS}=2",
-        f"{wire.ENV_CHECKPOINT_KEEP}=2",
+        f"{ENV_CHECKPOINT_DIR}={folder}",
+        f"{ENV_CHECKPOINT_EVERY_COMMITS}=2",
+        f"{ENV_CHECKPOINT_KEEP}=2",
     ]
     epoch, batch = KILL_AT
     return run_job(

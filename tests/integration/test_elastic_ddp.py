@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import torch
 
-from elasticjob import wire
+from elasticjob.worker_contract import ENV_COLLECTIVE_TIMEOUT
 from tests.integration.harness import read_events, run_to_end, write_discovery
 from tests.integration.test_worker_api import HOSTS, launcher, worker_env
 from tests.integration.workers.ddp_model import SAMPLES, build_model, build_optimizer, data
@@ -88,7 +88,7 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Job:
     tmp_path = tmp_path_factory.mktemp("faulty")
     script, epoch_file = write_discovery(tmp_path, {0: HOSTS, 1: f"{HOSTS},127.0.1.3:1"})
     env = worker_env()
-    env[wire.ENV_COLLECTIVE_TIMEOUT] = str(KILL_COLLECTIVE_TIMEOUT_S)
+    env[ENV_COLLECTIVE_TIMEOUT] = str(KILL_COLLECTIVE_TIMEOUT_S)
     return run_ddp_job(
         tmp_path,
         [

@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from elasticjob import wire
+from elasticjob.worker_contract import (
+    ENV_GLOO_SOCKET_IFNAME,
+    ENV_NCCL_SOCKET_IFNAME,
+    ENV_TORCH_LOCAL_RANK,
+)
 from tests.integration.test_worker_api import launcher, run
 
 pytestmark = [
@@ -32,6 +36,6 @@ def test_each_worker_trains_on_its_slots_gpu_under_nccl(tmp_path: Path) -> None:
         assert (seen["device"], seen["current_device"]) == (device, rank)
         assert (seen["allreduce_device"], seen["allreduce"]) == (device, [float(gpus)] * 3)
         assert (seen["size"], seen["steps"]) == (gpus, 3) and seen["nccl_built"] > 0
-        assert seen["env"][wire.ENV_TORCH_LOCAL_RANK] == str(rank)
-        assert seen["env"][wire.ENV_GLOO_SOCKET_IFNAME] == "lo"  # carries 127.0.1.1
-        assert seen["env"][wire.ENV_NCCL_SOCKET_IFNAME] == "lo"
+        assert seen["env"][ENV_TORCH_LOCAL_RANK] == str(rank)
+        assert seen["env"][ENV_GLOO_SOCKET_IFNAME] == "lo"  # carries 127.0.1.1
+        assert seen["env"][ENV_NCCL_SOCKET_IFNAME] == "lo"

@@ -10,9 +10,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from elasticjob import wire
 from elasticjob.rendezvous.api import ProbeReport
 from elasticjob.rendezvous.server import RendezvousService
+from elasticjob.wire.messages import PeerEndpoint, RendezvousResponse
+from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
 from tests.integration.test_rendezvous_http import (
     W0,
     W1,
@@ -46,7 +47,7 @@ async def ask(cluster: Cluster, version: int) -> dict[str, Any]:
         "POST",
         "/v1/jobs/job-a/rendezvous",
         json=rendezvous_body(W1),
-        headers={wire.PROTOCOL_HEADER: str(version)},
+        headers={PROTOCOL_HEADER: str(version)},
     )
     assert status == 200, body
     assert isinstance(body, dict)
@@ -59,17 +60,17 @@ async def test_each_worker_gets_the_peer_fields_of_its_protocol_version(
     """Version 6 gets the peers' probe ports, versions 3 to 5 the peers without them, version
     2 no peers."""
     peer = {"hostname": "host-a", "local_rank": 0, "address": "addr-host-a", "store_port": 29506}
-    current = await ask(cluster, wire.PROTOCOL_VERSION)
+    current = await ask(cluster, PROTOCOL_VERSION)
     assert current["peers"] == [{**peer, "probe_port": 30506}]
     for version in (3, 5):
         before_6 = await ask(cluster, version)
         assert before_6["peers"] == [peer]
         # What a version-5 worker parses it with: the same strict model, without the field.
-        assert set(before_6["peers"][0]) <= set(wire.PeerEndpoint.model_fields) - {"probe_port"}
+        assert set(before_6["peers"][0]) <= set(PeerEndpoint.model_fields) - {"probe_port"}
     old = await ask(cluster, 2)
     assert "peers" not in old and old["status"] == "ASSIGNED"
     # What a version-2 worker parses it with: the same strict model, without the field.
-    assert set(old) <= set(wire.RendezvousResponse.model_fields) - {"peers"}
+    assert set(old) <= set(RendezvousResponse.model_fields) - {"peers"}
 
 
 async def test_a_probe_report_reaches_the_driver(cluster: Cluster) -> None:

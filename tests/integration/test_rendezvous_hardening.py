@@ -24,11 +24,25 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from elasticjob import wire
 from elasticjob.rendezvous.server import GC_THRESHOLDS, RendezvousService
-from elasticjob.wire import HeartbeatRequest, RendezvousRequest, RoundInfo
+from elasticjob.wire.messages import (
+    HeartbeatRequest,
+    ProgressRequest,
+    RendezvousRequest,
+    RoundInfo,
+    WorkerId,
+)
+from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
+from elasticjob.worker_contract import (
+    ENV_HOSTNAME,
+    ENV_JOB,
+    ENV_LOCAL_RANK,
+    ENV_RENDEZVOUS_CA,
+    ENV_RENDEZVOUS_URL,
+    ENV_TOKEN,
+    WorkerConfig,
+)
 from elasticjob.worker_runtime import rendezvous_client
-from elasticjob.worker_runtime.config import WorkerConfig
 from elasticjob.worker_runtime.progress import ProgressReporter
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
 from tests.integration.test_rendezvous_http import (
@@ -68,7 +82,7 @@ async def cluster() -> AsyncIterator[Cluster]:
 @pytest.mark.parametrize(
     ("route", "body", "status", "words"),
     [
-        ("rendezvous", rendezvous_body(wire.WorkerId("planted", 0)), 503, "(yet): retry"),
+        ("rendezvous", rendezvous_body(WorkerId("planted", 0)), 503, "(yet): retry"),
         ("results", {"hostname": "planted", "local_rank": 0, "state": "SUCCESS"}, 403, "planted"),
         ("heartbeat", {"hostname": "planted", "local_rank": 0}, 403, "planted"),
         ("rendezvous", rendezvous_body(W0, after_round=99), 409, "round 99"),
@@ -92,13 +106,13 @@ async def test_an_unknown_worker_before_the_first_round_is_told_to_retry(
     cluster: Cluster,
 ) -> None:
     before = snapshot(cluster.job_a, cluster.listener_a)
-    body = rendezvous_body(wire.WorkerId("planted", 0))
+    body = rendezvous_body(WorkerId("planted", 0))
     async with cluster.session.post(
         cluster.service.url + "/v1/jobs/job-a/rendezvous",
         json=body,
         headers={
             "Authorization": f"Bearer {TOKEN_A}",
-            wire.PROTOCOL_HEADER: str(wire.PROTOCOL_VERSION),
+            PROTOCOL_HEADER: str(PROTOCOL_VERSION),
         },
     ) as response:
         assert response.status == 503 and response.headers["Retry-After"] == "1"
@@ -145,7 +159,7 @@ async def test_a_job_over_its_rate_gets_429_and_other_jobs_do_not() -> None:
                 service.url + "/v1/jobs/job-a/round",
                 headers={
                     "Authorization": f"Bearer {TOKEN_A}",
-                    wire.PROTOCOL_HEADER: str(wire.PROTOCOL_VERSION),
+                    PROTOCOL_HEADER: str(PROTOCOL_VERSION),
                 },
             ) as response:
                 assert response.status == 429 and response.headers["Retry-After"] == "1"
@@ -170,7 +184,7 @@ async def test_progress_leaves_at_most_once_a_second_the_newest_last(cluster: Cl
     reporter = ProgressReporter(client.report_progress)
     try:
         for step in range(20):
-            reporter.offer(wire.ProgressRequest(round=0, epoch=0, step=step))
+            reporter.offer(ProgressRequest(round=0, epoch=0, step=step))
         deadline = time.monotonic() + DEADLINE
         while not cluster.listener_a.progress or cluster.listener_a.progress[-1].step != 19:
             assert time.monotonic() < deadline, cluster.listener_a.progress
@@ -205,7 +219,7 @@ async def test_an_older_worker_is_refused_with_both_versions(cluster: Cluster) -
         old_worker_request, cluster.service.url, body.model_dump_json().encode()
     )
     assert status == 426
-    assert "protocol 1" in str(answer["error"]) and f"speaks {wire.PROTOCOL_VERSION}" in str(
+    assert "protocol 1" in str(answer["error"]) and f"speaks {PROTOCOL_VERSION}" in str(
         answer["error"]
     )
     assert snapshot(cluster.job_a, cluster.listener_a) == before
@@ -214,18 +228,18 @@ async def test_an_older_worker_is_refused_with_both_versions(cluster: Cluster) -
 async def test_a_worker_of_another_version_exits_with_the_services_message(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(rendezvous_client, "PROTOCOL_VERSION", wire.PROTOCOL_VERSION + 1)
+    monkeypatch.setattr(rendezvous_client, "PROTOCOL_VERSION", PROTOCOL_VERSION + 1)
     client = RendezvousClient(cluster.service.url, "job-a", TOKEN_A, retry_deadline_s=DEADLINE)
     started = time.monotonic()
     with pytest.raises(RendezvousClientError, match="426") as caught:
         await asyncio.to_thread(client.round_info)
-    assert f"protocol {wire.PROTOCOL_VERSION + 1}" in str(caught.value)
+    assert f"protocol {PROTOCOL_VERSION + 1}" in str(caught.value)
     assert time.monotonic() - started < 2, "not retried"
 
 
 async def test_responses_carry_the_service_version(cluster: Cluster) -> None:
     async with cluster.session.get(cluster.service.url + "/healthz") as response:
-        assert response.headers[wire.PROTOCOL_HEADER] == str(wire.PROTOCOL_VERSION)
+        assert response.headers[PROTOCOL_HEADER] == str(PROTOCOL_VERSION)
 
 
 # ---- TLS ---------------------------------------------------------------------------------
@@ -373,15 +387,15 @@ async def test_tls_service_and_verifying_client(tmp_path: Path) -> None:
 
 def test_ca_from_the_worker_environment() -> None:
     environ = {
-        wire.ENV_RENDEZVOUS_URL: "https://rendezvous.example:8470",
-        wire.ENV_JOB: "ns.job",
-        wire.ENV_TOKEN: "t0ken-value",
-        wire.ENV_HOSTNAME: "pod-0",
-        wire.ENV_LOCAL_RANK: "0",
-        wire.ENV_RENDEZVOUS_CA: "-----BEGIN CERTIFICATE-----\nnot really\n",
+        ENV_RENDEZVOUS_URL: "https://rendezvous.example:8470",
+        ENV_JOB: "ns.job",
+        ENV_TOKEN: "t0ken-value",
+        ENV_HOSTNAME: "pod-0",
+        ENV_LOCAL_RANK: "0",
+        ENV_RENDEZVOUS_CA: "-----BEGIN CERTIFICATE-----\nnot really\n",
     }
     config = WorkerConfig.from_env(environ)
-    assert config is not None and config.rendezvous_ca == environ[wire.ENV_RENDEZVOUS_CA]
+    assert config is not None and config.rendezvous_ca == environ[ENV_RENDEZVOUS_CA]
     with pytest.raises(ValueError, match="CA certificate does not load"):
         RendezvousClient(config.rendezvous_url, config.job, config.token, ca_pem="garbage")
 
@@ -435,7 +449,7 @@ def read_answer(sock: socket.socket) -> tuple[bytes, bytes]:
 ROUND_REQUEST = (
     b"GET /v1/jobs/job-a/round HTTP/1.1\r\nHost: x\r\n"
     + f"Authorization: Bearer {TOKEN_A}\r\n".encode()
-    + f"{wire.PROTOCOL_HEADER}: {wire.PROTOCOL_VERSION}\r\n".encode()
+    + f"{PROTOCOL_HEADER}: {PROTOCOL_VERSION}\r\n".encode()
 )
 
 

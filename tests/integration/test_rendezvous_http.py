@@ -12,20 +12,29 @@ import pytest
 import yaml  # type: ignore[import-untyped]
 from pydantic import BaseModel
 
-from elasticjob import wire
 from elasticjob.rendezvous.api import ProbeReport
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.routes import MAX_BODY_BYTES
 from elasticjob.rendezvous.server import RendezvousService
-from elasticjob.wire import (
+from elasticjob.wire.messages import (
+    CheckpointReport,
+    ErrorResponse,
+    HeartbeatRequest,
+    Notice,
     NoticeKind,
     NoticesResponse,
+    PlannedRound,
+    ProgressRequest,
+    RendezvousRequest,
     RendezvousResponse,
     RendezvousStatus,
+    ResultRequest,
     RoundInfo,
     SlotInfo,
     WorkerId,
+    WorkerState,
 )
+from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
 
 DEADLINE = 5.0
 """Upper bound on any await that must complete (a hang fails the test instead)."""
@@ -42,8 +51,8 @@ class RecordingListener:
 
     def __init__(self) -> None:
         self.ready: list[tuple[WorkerId, int]] = []
-        self.results: list[wire.ResultRequest] = []
-        self.progress: list[wire.ProgressRequest] = []
+        self.results: list[ResultRequest] = []
+        self.progress: list[ProgressRequest] = []
         self.heartbeats: list[WorkerId] = []
         self.reports: list[tuple[WorkerId, ProbeReport | None]] = []
         self.ready_event = asyncio.Event()
@@ -52,10 +61,10 @@ class RecordingListener:
         self.ready.append((worker, after_round))
         self.ready_event.set()
 
-    def on_worker_result(self, request: wire.ResultRequest) -> None:
+    def on_worker_result(self, request: ResultRequest) -> None:
         self.results.append(request)
 
-    def on_progress(self, progress: wire.ProgressRequest) -> None:
+    def on_progress(self, progress: ProgressRequest) -> None:
         self.progress.append(progress)
 
     def on_worker_heartbeat(self, worker: WorkerId, report: ProbeReport | None) -> None:
@@ -88,7 +97,7 @@ class Cluster:
     ) -> tuple[int, Any]:
         """Send a request as a worker of this release does (with its protocol version);
         returns the status and the decoded JSON body (None if empty)."""
-        all_headers = {wire.PROTOCOL_HEADER: str(wire.PROTOCOL_VERSION)} | dict(headers or {})
+        all_headers = {PROTOCOL_HEADER: str(PROTOCOL_VERSION)} | dict(headers or {})
         if token is not None:
             all_headers["Authorization"] = f"Bearer {token}"
         async with self.session.request(
@@ -203,7 +212,7 @@ async def test_the_planned_round_is_served_to_workers_being_added(cluster: Clust
     cluster.job_a.plan_next(1, slots_for([W0, W1]))
     status, body = await cluster.call("GET", "/v1/jobs/job-a/plan")
     assert status == 200
-    planned = wire.PlannedRound.model_validate(body)
+    planned = PlannedRound.model_validate(body)
     assert [(s.hostname, s.rank, s.size) for s in planned.slots] == [
         ("host-a", 0, 2),
         ("host-b", 1, 2),
@@ -265,7 +274,7 @@ async def test_results_and_progress(cluster: Cluster) -> None:
     for method, route, body in ROUTES[2:4]:
         status, answer = await cluster.call(method, f"/v1/jobs/job-a/{route}", json=body)
         assert (status, answer) == (204, None)
-    assert cluster.listener_a.results[0].state is wire.WorkerState.SUCCESS
+    assert cluster.listener_a.results[0].state is WorkerState.SUCCESS
     assert cluster.listener_a.progress[0].step == 1
     status, info = await cluster.call("GET", "/v1/jobs/job-a/round")
     assert status == 200 and info["progress"]["step"] == 1
@@ -534,7 +543,7 @@ def registered_routes(service: RendezvousService) -> set[tuple[str, str]]:
 def test_openapi_document_lists_every_route_and_wire_model() -> None:
     document = yaml.safe_load(OPENAPI.read_text())
     assert document["openapi"].startswith("3.0")
-    assert document["info"]["version"] == str(wire.PROTOCOL_VERSION)
+    assert document["info"]["version"] == str(PROTOCOL_VERSION)
     documented = {
         (method, path)
         for path, item in document["paths"].items()
@@ -546,25 +555,25 @@ def test_openapi_document_lists_every_route_and_wire_model() -> None:
 
     schemas = document["components"]["schemas"]
     models: list[type[BaseModel]] = [
-        wire.RendezvousRequest,
-        wire.RendezvousResponse,
-        wire.SlotInfo,
-        wire.Notice,
-        wire.NoticesResponse,
-        wire.ResultRequest,
-        wire.ProgressRequest,
-        wire.CheckpointReport,
-        wire.HeartbeatRequest,
-        wire.RoundInfo,
-        wire.PlannedRound,
-        wire.ErrorResponse,
+        RendezvousRequest,
+        RendezvousResponse,
+        SlotInfo,
+        Notice,
+        NoticesResponse,
+        ResultRequest,
+        ProgressRequest,
+        CheckpointReport,
+        HeartbeatRequest,
+        RoundInfo,
+        PlannedRound,
+        ErrorResponse,
     ]
     for model in models:
         schema = schemas[model.__name__]
         assert set(schema["properties"]) == set(model.model_fields), model.__name__
         required = {name for name, info in model.model_fields.items() if info.is_required()}
         assert set(schema.get("required", [])) == required, model.__name__
-    for enum in (wire.WorkerState, wire.NoticeKind, wire.RendezvousStatus):
+    for enum in (WorkerState, NoticeKind, RendezvousStatus):
         assert schemas[enum.__name__]["enum"] == [member.value for member in enum]
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from elasticjob.rendezvous.server import RendezvousService
-from elasticjob.wire import HeartbeatRequest
+from elasticjob.wire.messages import HeartbeatRequest
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
 from tests.integration.test_rendezvous_hardening import server_context
 from tests.integration.test_rendezvous_http import TOKEN_A, W0, W1, RecordingListener

@@ -12,11 +12,18 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from elasticjob import wire
 from elasticjob.rendezvous.api import ProbeReport
 from elasticjob.rendezvous.routes import RETRY_AFTER_S
 from elasticjob.rendezvous.server import RendezvousService
-from elasticjob.wire import RoundInfo
+from elasticjob.wire.messages import (
+    ProgressRequest,
+    RendezvousRequest,
+    RendezvousStatus,
+    ResultRequest,
+    RoundInfo,
+    WorkerId,
+)
+from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
 
 DEADLINE = 10.0
@@ -24,18 +31,16 @@ TOKEN = "token-of-the-job"
 
 
 class Listener:
-    def on_worker_ready(
-        self, worker: wire.WorkerId, after_round: int, *, rolled_back: bool
-    ) -> None:
+    def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
         return None
 
-    def on_worker_heartbeat(self, worker: wire.WorkerId, report: ProbeReport | None) -> None:
+    def on_worker_heartbeat(self, worker: WorkerId, report: ProbeReport | None) -> None:
         return None
 
-    def on_worker_result(self, request: wire.ResultRequest) -> None:
+    def on_worker_result(self, request: ResultRequest) -> None:
         return None
 
-    def on_progress(self, progress: wire.ProgressRequest) -> None:
+    def on_progress(self, progress: ProgressRequest) -> None:
         return None
 
 
@@ -64,7 +69,7 @@ async def get_round(service: RendezvousService, job: str) -> tuple[int, str | No
             f"{service.url}/v1/jobs/{job}/round",
             headers={
                 "Authorization": f"Bearer {TOKEN}",
-                wire.PROTOCOL_HEADER: str(wire.PROTOCOL_VERSION),
+                PROTOCOL_HEADER: str(PROTOCOL_VERSION),
             },
         ) as response,
     ):
@@ -133,9 +138,9 @@ async def test_a_worker_asking_before_it_is_admitted_waits_as_long_as_it_waits_f
     service refuses retryably, keeping nothing, and the worker keeps asking for as long as it
     is willing to wait for a round, well past the client's ordinary retry deadline."""
     job = service.add_job("ns.job", TOKEN, Listener())
-    early = wire.WorkerId("pod-b", 0)
+    early = WorkerId("pod-b", 0)
     client = RendezvousClient(service.url, "ns.job", TOKEN, retry_deadline_s=1.0)
-    request = wire.RendezvousRequest(
+    request = RendezvousRequest(
         hostname=early.hostname, local_rank=0, address="127.0.0.1", store_port=1, wait_seconds=0
     )
     with pytest.raises(RendezvousClientError, match="503"):
@@ -146,4 +151,4 @@ async def test_a_worker_asking_before_it_is_admitted_waits_as_long_as_it_waits_f
     await asyncio.sleep(2.5 * RETRY_AFTER_S)  # longer than the client's ordinary deadline
     job.readmit([early])  # the driver plans it
     answer = await asyncio.wait_for(asking, DEADLINE)
-    assert answer.status is wire.RendezvousStatus.PENDING
+    assert answer.status is RendezvousStatus.PENDING

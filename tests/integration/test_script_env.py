@@ -14,7 +14,25 @@ from typing import Any
 
 import pytest
 
-from elasticjob import wire
+from elasticjob.script_env import (
+    ENV_HOROVOD_CROSS_RANK,
+    ENV_HOROVOD_CROSS_SIZE,
+    ENV_HOROVOD_LOCAL_SIZE,
+    ENV_HOROVOD_RANK,
+    ENV_HOROVOD_SIZE,
+    ENV_TORCH_GROUP_RANK,
+    ENV_TORCH_LOCAL_WORLD_SIZE,
+    ENV_TORCH_MASTER_ADDR,
+    ENV_TORCH_MASTER_PORT,
+    ENV_TORCH_RANK,
+    ENV_TORCH_RUN_ID,
+    ENV_TORCH_WORLD_SIZE,
+)
+from elasticjob.worker_contract import (
+    ENV_HOROVOD_HOSTNAME,
+    ENV_HOROVOD_LOCAL_RANK,
+    ENV_TORCH_LOCAL_RANK,
+)
 from tests.integration.harness import JobRun, run_job
 
 pytestmark = pytest.mark.integration
@@ -33,19 +51,19 @@ def expected_env(round_ranks: dict[tuple[str, int], int], host: str, slot: int) 
     size, local_size = len(round_ranks), sum(1 for h, _ in round_ranks if h == host)
     cross = [h for h in hosts if (h, slot) in round_ranks]
     values = {
-        wire.ENV_HOROVOD_HOSTNAME: host,
-        wire.ENV_HOROVOD_LOCAL_RANK: slot,
-        wire.ENV_TORCH_LOCAL_RANK: slot,
-        wire.ENV_HOROVOD_RANK: round_ranks[host, slot],
-        wire.ENV_TORCH_RANK: round_ranks[host, slot],
-        wire.ENV_HOROVOD_SIZE: size,
-        wire.ENV_TORCH_WORLD_SIZE: size,
-        wire.ENV_HOROVOD_LOCAL_SIZE: local_size,
-        wire.ENV_TORCH_LOCAL_WORLD_SIZE: local_size,
-        wire.ENV_HOROVOD_CROSS_RANK: cross.index(host),
-        wire.ENV_TORCH_GROUP_RANK: cross.index(host),
-        wire.ENV_HOROVOD_CROSS_SIZE: len(cross),
-        wire.ENV_TORCH_MASTER_ADDR: OLD,  # rank 0's host
+        ENV_HOROVOD_HOSTNAME: host,
+        ENV_HOROVOD_LOCAL_RANK: slot,
+        ENV_TORCH_LOCAL_RANK: slot,
+        ENV_HOROVOD_RANK: round_ranks[host, slot],
+        ENV_TORCH_RANK: round_ranks[host, slot],
+        ENV_HOROVOD_SIZE: size,
+        ENV_TORCH_WORLD_SIZE: size,
+        ENV_HOROVOD_LOCAL_SIZE: local_size,
+        ENV_TORCH_LOCAL_WORLD_SIZE: local_size,
+        ENV_HOROVOD_CROSS_RANK: cross.index(host),
+        ENV_TORCH_GROUP_RANK: cross.index(host),
+        ENV_HOROVOD_CROSS_SIZE: len(cross),
+        ENV_TORCH_MASTER_ADDR: OLD,  # rank 0's host
     }
     return {name: str(value) for name, value in values.items()}
 
@@ -59,9 +77,9 @@ def check_rounds(run: JobRun, rounds: dict[int, dict[tuple[str, int], int]]) -> 
     # Launch: the host and slot are in the environment before init().
     for record in records(run, "launch"):
         env = record["env"]
-        assert env[wire.ENV_HOROVOD_HOSTNAME] == record["host"], record
-        assert env[wire.ENV_HOROVOD_LOCAL_RANK] == env[wire.ENV_TORCH_LOCAL_RANK]
-        assert env[wire.ENV_TORCH_LOCAL_RANK] == str(record["slot"]), record
+        assert env[ENV_HOROVOD_HOSTNAME] == record["host"], record
+        assert env[ENV_HOROVOD_LOCAL_RANK] == env[ENV_TORCH_LOCAL_RANK]
+        assert env[ENV_TORCH_LOCAL_RANK] == str(record["slot"]), record
     # Every round: each member's variables and torch.distributed's view match the round.
     joined = [*(e for e in records(run, "init") if e["round"] == 1), *records(run, "reset")]
     seen: dict[int, set[tuple[str, int]]] = {}
@@ -72,22 +90,22 @@ def check_rounds(run: JobRun, rounds: dict[int, dict[tuple[str, int], int]]) -> 
         env = record["env"]
         expected = expected_env(round_ranks, *where)
         assert {name: env[name] for name in expected} == expected, record
-        assert env[wire.ENV_TORCH_RUN_ID] == record["job"], record
+        assert env[ENV_TORCH_RUN_ID] == record["job"], record
         rank, size = round_ranks[where], len(round_ranks)
         assert (record["rank"], record["size"]) == (rank, size), record
         assert record["dist_initialized"], record
         dist_view = (record["dist_rank"], record["dist_size"], record["dist_sum"])
         assert dist_view == (rank, size, size), record
         assert (record["local_size"], record["cross_rank"], record["cross_size"]) == (
-            int(expected[wire.ENV_HOROVOD_LOCAL_SIZE]),
-            int(expected[wire.ENV_HOROVOD_CROSS_RANK]),
-            int(expected[wire.ENV_HOROVOD_CROSS_SIZE]),
+            int(expected[ENV_HOROVOD_LOCAL_SIZE]),
+            int(expected[ENV_HOROVOD_CROSS_RANK]),
+            int(expected[ENV_HOROVOD_CROSS_SIZE]),
         ), record
     assert {r: sorted(s) for r, s in seen.items()} == {r: sorted(m) for r, m in rounds.items()}
     # Every member of a round names the same store as MASTER_ADDR:MASTER_PORT.
     for number in rounds:
         masters = {
-            (e["env"][wire.ENV_TORCH_MASTER_ADDR], e["env"][wire.ENV_TORCH_MASTER_PORT])
+            (e["env"][ENV_TORCH_MASTER_ADDR], e["env"][ENV_TORCH_MASTER_PORT])
             for e in joined
             if e["round"] == number
         }
@@ -103,15 +121,15 @@ def check_newcomers(run: JobRun, host: str, round_ranks: dict[tuple[str, int], i
     for record in newcomers:
         where = (record["host"], record["slot"])
         expected = expected_env(round_ranks, *where)
-        del expected[wire.ENV_TORCH_MASTER_ADDR]  # unknown until the join
+        del expected[ENV_TORCH_MASTER_ADDR]  # unknown until the join
         assert {name: record["env"][name] for name in expected} == expected, record
-        assert record["env"][wire.ENV_TORCH_MASTER_ADDR] is None, record
+        assert record["env"][ENV_TORCH_MASTER_ADDR] is None, record
         place = (record["round"], record["rank"], record["size"])
         assert place == (number, round_ranks[where], len(round_ranks)), record
         assert (record["local_size"], record["cross_rank"], record["cross_size"]) == (
-            int(expected[wire.ENV_HOROVOD_LOCAL_SIZE]),
-            int(expected[wire.ENV_HOROVOD_CROSS_RANK]),
-            int(expected[wire.ENV_HOROVOD_CROSS_SIZE]),
+            int(expected[ENV_HOROVOD_LOCAL_SIZE]),
+            int(expected[ENV_HOROVOD_CROSS_RANK]),
+            int(expected[ENV_HOROVOD_CROSS_SIZE]),
         ), record
         # Until its join, torch.distributed is a provisional world of one.
         assert (record["dist_rank"], record["dist_size"], record["dist_sum"]) == (0, 1, 1)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from elasticjob import wire
+from elasticjob.worker_contract import ENV_COLLECTIVE_TIMEOUT
 from tests.integration.harness import read_events, run_to_end
 
 pytestmark = pytest.mark.integration
@@ -60,7 +60,7 @@ def worker_env() -> dict[str, str]:
     """This environment without any launcher variables (a worker started from it runs
     standalone), with a bounded collective timeout."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTICJOB_")}
-    env[wire.ENV_COLLECTIVE_TIMEOUT] = COLLECTIVE_TIMEOUT_S
+    env[ENV_COLLECTIVE_TIMEOUT] = COLLECTIVE_TIMEOUT_S
     return env
 
 
@@ -120,7 +120,7 @@ def run_abort_scenario(
     rank's events (``<out>/events-<pid>.jsonl``) in time order and an explanation for asserts."""
     out = tmp_path / "results"
     env = worker_env()
-    env[wire.ENV_COLLECTIVE_TIMEOUT] = str(collective_timeout_s)
+    env[ENV_COLLECTIVE_TIMEOUT] = str(collective_timeout_s)
     command = launcher(
         *("-np", "3", "--min-np", "2", "-H", HOSTS),
         *(sys.executable, str(worker), "--out", str(out), "--abort"),

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from elasticjob.checkpoint_policy import CheckpointPolicy, checkpoint_due
-from elasticjob.wire import CheckpointReport
+from elasticjob.wire.messages import CheckpointReport
 from elasticjob.worker_runtime.elastic.checkpoint_files import (
     CheckpointError,
     Manifest,

@@ -10,7 +10,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 
 import torch
 
-from elasticjob.wire import WorkerState
+from elasticjob.wire.messages import WorkerState
 from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.collectives import Max, allreduce, broadcast_object
 from elasticjob.worker_runtime.elastic.state import State

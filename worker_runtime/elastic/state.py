@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from elasticjob.checkpoint_policy import CheckpointPolicy
-from elasticjob.wire import CheckpointReport
+from elasticjob.wire.messages import CheckpointReport
+from elasticjob.worker_contract import checkpoint_from_env
 from elasticjob.worker_runtime import timeline
 from elasticjob.worker_runtime.basics import current, is_initialized
 from elasticjob.worker_runtime.collectives import broadcast_object
@@ -122,7 +122,7 @@ class SnapshotState(State):
     def __init__(self, *, background_commit: bool = False) -> None:
         super().__init__()
         self._keeper = SnapshotKeeper(background=background_commit)
-        policy = CheckpointPolicy.from_env()
+        policy = checkpoint_from_env()
         self._checkpointer = (
             # current() when a checkpoint completes: init() after shutdown() makes a new one
             Checkpointer(policy, self._keeper, lambda r: current().reports.checkpoint(r))  # noqa: PLW0108

@@ -15,6 +15,7 @@ from pydantic.alias_generators import to_camel
 
 from elasticjob.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
 from elasticjob.driver.blacklist import BlacklistPolicy
+from elasticjob.driver.liveness import DEFAULT_HEARTBEAT_TIMEOUT_S
 from elasticjob.operator.api.names import WORKER_CONTAINER
 
 Count = Annotated[StrictInt, Field(ge=1)]
@@ -173,10 +174,12 @@ class ElasticJobSpec(_Spec):
     (``kubectl scale``, a pod added or gone) caused it; unlimited when absent."""
     elastic_timeout_seconds: Annotated[StrictInt, Field(ge=1, le=86400)] = 600
     """Seconds to wait for minReplicas pods to be available before the job fails."""
-    heartbeat_timeout_seconds: Annotated[StrictInt, Field(ge=0, le=3600)] = 5
+    heartbeat_timeout_seconds: Annotated[StrictInt, Field(ge=0, le=3600)] = (
+        DEFAULT_HEARTBEAT_TIMEOUT_S
+    )
     """A worker process that sends no heartbeat for this long (frozen, or cut off from the
-    operator) is evicted: its pod is deleted and counted as failed, and its node (or pod) is
-    blacklisted. A slow step never stops the heartbeat. 0 turns eviction off."""
+    operator) is killed: its pod is deleted and counted as failed, and its node (or pod) is
+    blacklisted. A slow step never stops the heartbeat. 0 turns this off."""
     collective_timeout_seconds: Annotated[StrictInt, Field(ge=1, le=86400)] | None = None
     """Bound on any collective of a worker, in seconds: a collective that takes longer fails
     the round (the worker runtime's default, 60, when absent)."""

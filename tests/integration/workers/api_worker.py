@@ -26,7 +26,7 @@ from place import place  # beside this script (run by path)
 from torch.nn.parallel import DistributedDataParallel
 
 import elasticjob.worker_runtime as hvd
-from elasticjob import wire
+from elasticjob.worker_contract import ENV_LOCAL_RANK
 from elasticjob.worker_runtime import basics
 from elasticjob.worker_runtime.elastic import StateHandler, TorchState
 
@@ -172,7 +172,7 @@ def before_init() -> Json:
 def topology() -> Json:
     return {
         "hostname": basics.current().slot.hostname,
-        "env_local_rank": os.environ.get(wire.ENV_LOCAL_RANK),
+        "env_local_rank": os.environ.get(ENV_LOCAL_RANK),
         **place(),
         "device": str(hvd.device()),
     }

@@ -30,7 +30,14 @@ from place import place  # beside this script (run by path)
 from torch.utils.data import DataLoader, TensorDataset
 
 import elasticjob.worker_runtime as hvd
-from elasticjob import wire
+from elasticjob.script_env import SCRIPT_ROUND_ENV
+from elasticjob.worker_contract import (
+    ENV_HOSTNAME,
+    ENV_JOB,
+    ENV_LOCAL_RANK,
+    ENV_RENDEZVOUS_URL,
+    SCRIPT_LAUNCH_ENV,
+)
 
 
 class Model(torch.nn.Module):
@@ -90,15 +97,15 @@ def parse_args() -> argparse.Namespace:
 class EventLog:
     def __init__(self, log_dir: Path) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        host = os.environ.get(wire.ENV_HOSTNAME, "standalone")
-        slot = os.environ.get(wire.ENV_LOCAL_RANK, "0")
+        host = os.environ.get(ENV_HOSTNAME, "standalone")
+        slot = os.environ.get(ENV_LOCAL_RANK, "0")
         self._path = log_dir / f"{host}-{slot}-{os.getpid()}.jsonl"
 
     def write(self, event: str, **fields: Any) -> None:
         record = {
             "ev": event,
-            "host": os.environ.get(wire.ENV_HOSTNAME, "standalone"),
-            "slot": int(os.environ.get(wire.ENV_LOCAL_RANK, "0")),
+            "host": os.environ.get(ENV_HOSTNAME, "standalone"),
+            "slot": int(os.environ.get(ENV_LOCAL_RANK, "0")),
             "pid": os.getpid(),
             "time": time.time(),
             **fields,
@@ -142,7 +149,7 @@ def ask_for_the_cut(fifo: Path, deadline_s: float = 30.0) -> None:
     """Ask the test to cut this process's network but to the rendezvous; return once it did."""
     done = os.open(f"{fifo}.done", os.O_RDWR | os.O_NONBLOCK)  # never waits for a writer
     try:
-        rendezvous_port = urllib.parse.urlsplit(os.environ[wire.ENV_RENDEZVOUS_URL]).port
+        rendezvous_port = urllib.parse.urlsplit(os.environ[ENV_RENDEZVOUS_URL]).port
         with fifo.open("w") as request:
             request.write(f"{os.getpid()} {rendezvous_port}\n")
         readable, _, _ = select.select([done], [], [], deadline_s)
@@ -167,14 +174,14 @@ def maybe_slow(args: argparse.Namespace, log: EventLog, epoch: int, batch: int) 
         time.sleep(float(seconds))  # the other ranks wait in this step's gradient allreduce
 
 
-SCRIPT_ENV = sorted(wire.SCRIPT_LAUNCH_ENV | wire.SCRIPT_ROUND_ENV)
+SCRIPT_ENV = sorted(SCRIPT_LAUNCH_ENV | SCRIPT_ROUND_ENV)
 
 
 def record_env(log: EventLog, phase: str, *, collective: bool) -> None:
     """Log the script variables in ``os.environ`` and, with ``collective``, what the default
     ``torch.distributed`` group says (an all_reduce of ones on it, with no group argument)."""
     env = {name: os.environ.get(name) for name in SCRIPT_ENV}
-    fields: dict[str, Any] = {"phase": phase, "env": env, "job": os.environ.get(wire.ENV_JOB)}
+    fields: dict[str, Any] = {"phase": phase, "env": env, "job": os.environ.get(ENV_JOB)}
     if collective:
         ones = torch.ones(1)
         torch.distributed.all_reduce(ones)

@@ -12,7 +12,12 @@ from pathlib import Path
 import torch
 
 import elasticjob.worker_runtime as hvd
-from elasticjob import wire
+from elasticjob.worker_contract import (
+    ENV_CUDA_VISIBLE_DEVICES,
+    ENV_GLOO_SOCKET_IFNAME,
+    ENV_NCCL_SOCKET_IFNAME,
+    ENV_TORCH_LOCAL_RANK,
+)
 
 STEPS = 3
 
@@ -49,10 +54,10 @@ def main() -> None:
         "env": {
             name: os.environ.get(name)
             for name in (
-                wire.ENV_TORCH_LOCAL_RANK,
-                wire.ENV_GLOO_SOCKET_IFNAME,
-                wire.ENV_NCCL_SOCKET_IFNAME,
-                wire.ENV_CUDA_VISIBLE_DEVICES,
+                ENV_TORCH_LOCAL_RANK,
+                ENV_GLOO_SOCKET_IFNAME,
+                ENV_NCCL_SOCKET_IFNAME,
+                ENV_CUDA_VISIBLE_DEVICES,
             )
         },
     }

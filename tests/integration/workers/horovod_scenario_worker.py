@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 
 import elasticjob.worker_runtime as hvd
-from elasticjob import wire
+from elasticjob.script_env import ENV_HOROVOD_RANK
+from elasticjob.worker_contract import ENV_HOROVOD_HOSTNAME, ENV_LOCAL_RANK
 
 
 def parse_args() -> argparse.Namespace:
@@ -59,8 +60,8 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
     hvd.init()
-    hostname = os.environ[wire.ENV_HOROVOD_HOSTNAME]
-    start_rank = int(os.environ[wire.ENV_HOROVOD_RANK])
+    hostname = os.environ[ENV_HOROVOD_HOSTNAME]
+    start_rank = int(os.environ[ENV_HOROVOD_RANK])
     exits = {
         tuple(int(n) for n in key.split(",")): ranks
         for key, ranks in json.loads(args.exit_schedule).items()
@@ -71,7 +72,7 @@ def main() -> None:
         else {}
     )
     args.log_dir.mkdir(parents=True, exist_ok=True)
-    log_file = args.log_dir / f"{hostname}-{os.environ[wire.ENV_LOCAL_RANK]}-{os.getpid()}.jsonl"
+    log_file = args.log_dir / f"{hostname}-{os.environ[ENV_LOCAL_RANK]}-{os.getpid()}.jsonl"
 
     generator = torch.Generator().manual_seed(0)
     data, target = torch.randn(16, 2, generator=generator), torch.arange(16) % 2

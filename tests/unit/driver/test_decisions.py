@@ -36,7 +36,7 @@ from elasticjob.driver.planning import (
 from elasticjob.driver.registry import RoundRecords
 from elasticjob.driver.slots import assign_slots
 from elasticjob.driver.worker_record import WorkerRecord
-from elasticjob.wire import SlotInfo, WorkerId, WorkerState
+from elasticjob.wire.messages import SlotInfo, WorkerId, WorkerState
 
 R, S, F = WorkerState.READY, WorkerState.SUCCESS, WorkerState.FAILURE
 A0, A1, B0, C0 = WorkerId("a", 0), WorkerId("a", 1), WorkerId("b", 0), WorkerId("c", 0)

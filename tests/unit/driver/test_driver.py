@@ -26,7 +26,7 @@ from elasticjob.driver.job_record import EventKind
 from elasticjob.driver.worker_record import NOT_JOINED_HINT
 from elasticjob.rendezvous.api import RendezvousListener
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
-from elasticjob.wire import (
+from elasticjob.wire.messages import (
     HeartbeatRequest,
     NoticeKind,
     ProgressRequest,

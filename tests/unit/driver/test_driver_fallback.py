@@ -9,7 +9,7 @@ import pytest
 
 from elasticjob.driver.goodput import LostTo
 from elasticjob.driver.job_record import EventKind
-from elasticjob.wire import (
+from elasticjob.wire.messages import (
     CheckpointReport,
     NoticeKind,
     ProgressRequest,

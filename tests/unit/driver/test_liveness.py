@@ -13,7 +13,7 @@ from elasticjob.driver.liveness import (
     heartbeat_interval_s,
     hung_workers,
 )
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
 
 A = WorkerId("host-a", 0)
 B = WorkerId("host-b", 0)

@@ -6,7 +6,7 @@ import pytest
 
 from elasticjob.driver.partition import Partitioned, ReceivedReport, partitioned_members
 from elasticjob.driver.slots import assign_slots
-from elasticjob.wire import SlotInfo, WorkerId
+from elasticjob.wire.messages import SlotInfo, WorkerId
 
 NOW = 1000.0
 MAX_AGE_S = 5.0

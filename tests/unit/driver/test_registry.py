@@ -6,7 +6,7 @@ import pytest
 
 from elasticjob.driver.decisions import Action, decide_round
 from elasticjob.driver.registry import RoundRecords, WorkerRegistry
-from elasticjob.wire import WorkerId, WorkerState
+from elasticjob.wire.messages import WorkerId, WorkerState
 
 R, S, F = WorkerState.READY, WorkerState.SUCCESS, WorkerState.FAILURE
 A0, A1, B0, C0 = WorkerId("a", 0), WorkerId("a", 1), WorkerId("b", 0), WorkerId("c", 0)

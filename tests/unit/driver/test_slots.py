@@ -12,7 +12,7 @@ from elasticjob.driver.slots import (
     assign_slots,
     missing_survivor,
 )
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
 
 # (hostname, rank, local_rank, cross_rank, size, local_size, cross_size)
 Row = tuple[str, int, int, int, int, int, int]

@@ -9,7 +9,7 @@ import pytest
 from elasticjob.driver.api import Departure
 from elasticjob.driver.timeouts import overdue_dismissals, overdue_endings, slow_starters
 from elasticjob.driver.worker_record import WorkerRecord
-from elasticjob.wire import WorkerId, WorkerState
+from elasticjob.wire.messages import WorkerId, WorkerState
 
 C0 = WorkerId("c", 0)
 LEAVING, DISMISSED, FAILED = Departure.LEAVING, Departure.DISMISSED, Departure.FAILED

@@ -8,10 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from elasticjob import wire
-from elasticjob.launcher.cli import _settings, build_parser, checkpoint_policy, parse_arguments
+from elasticjob.launcher.arguments import (
+    build_parser,
+    checkpoint_policy,
+    driver_settings,
+    parse_arguments,
+)
 from elasticjob.launcher.processes import WorkerEnvironment
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
+from elasticjob.worker_contract import (
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_EVERY_COMMITS,
+    ENV_CHECKPOINT_INTERVAL,
+    ENV_CHECKPOINT_KEEP,
+    WorkerSettings,
+    checkpoint_env,
+)
 
 DIR = ("--checkpoint-dir", "{tmp}")
 
@@ -25,15 +37,14 @@ def test_checkpoint_flags_reach_every_worker_and_turn_the_fallback_on(tmp_path: 
     args = parse("--checkpoint-dir", str(folder), "--checkpoint-every-commits", "10")
     policy = checkpoint_policy(args)
     assert policy is not None and policy.folder == str(folder.resolve())
-    _, settings, _ = _settings(args)
+    _, settings, _ = driver_settings(args)
     assert settings.checkpoint_fallback
-    env = WorkerEnvironment("http://127.0.0.1:1", "job", "token", checkpoint=policy).for_worker(
-        WorkerId("localhost", 1), "127.0.0.1"
-    )
-    assert env[wire.ENV_CHECKPOINT_DIR] == str(folder.resolve())
-    assert env[wire.ENV_CHECKPOINT_EVERY_COMMITS] == "10"
-    assert env[wire.ENV_CHECKPOINT_INTERVAL] == "0"
-    assert env[wire.ENV_CHECKPOINT_KEEP] == "3"
+    settings = WorkerSettings(rendezvous_url="http://127.0.0.1:1", job="job", checkpoint=policy)
+    env = WorkerEnvironment(settings, "token").for_worker(WorkerId("localhost", 1), "127.0.0.1")
+    assert env[ENV_CHECKPOINT_DIR] == str(folder.resolve())
+    assert env[ENV_CHECKPOINT_EVERY_COMMITS] == "10"
+    assert env[ENV_CHECKPOINT_INTERVAL] == "0"
+    assert env[ENV_CHECKPOINT_KEEP] == "3"
 
 
 def test_an_interval_and_keep(tmp_path: Path) -> None:
@@ -42,18 +53,17 @@ def test_an_interval_and_keep(tmp_path: Path) -> None:
     )
     policy = checkpoint_policy(args)
     assert policy is not None
-    assert policy.worker_env()[wire.ENV_CHECKPOINT_INTERVAL] == "30"
-    assert policy.worker_env()[wire.ENV_CHECKPOINT_EVERY_COMMITS] == "0"
-    assert policy.worker_env()[wire.ENV_CHECKPOINT_KEEP] == "5"
+    assert checkpoint_env(policy)[ENV_CHECKPOINT_INTERVAL] == "30"
+    assert checkpoint_env(policy)[ENV_CHECKPOINT_EVERY_COMMITS] == "0"
+    assert checkpoint_env(policy)[ENV_CHECKPOINT_KEEP] == "5"
 
 
 def test_without_checkpoints_nothing_is_told_and_the_fallback_is_off() -> None:
     args = parse()
     assert checkpoint_policy(args) is None
-    assert not _settings(args)[1].checkpoint_fallback
-    env = WorkerEnvironment("http://127.0.0.1:1", "job", "token").for_worker(
-        WorkerId("localhost", 0), "127.0.0.1"
-    )
+    assert not driver_settings(args)[1].checkpoint_fallback
+    settings = WorkerSettings(rendezvous_url="http://127.0.0.1:1", job="job")
+    env = WorkerEnvironment(settings, "token").for_worker(WorkerId("localhost", 0), "127.0.0.1")
     assert not {k for k in env if k.startswith("ELASTICJOB_CHECKPOINT")}
 
 

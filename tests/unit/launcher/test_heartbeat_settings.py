@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from elasticjob import wire
 from elasticjob.launcher.cli import main
 from elasticjob.launcher.processes import WorkerEnvironment
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
+from elasticjob.worker_contract import ENV_HEARTBEAT_INTERVAL, WorkerSettings
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "inf"])
@@ -18,13 +18,14 @@ def test_a_bad_heartbeat_timeout_is_refused(value: str, capsys: pytest.CaptureFi
 
 @pytest.mark.parametrize(
     ("interval", "expected"),
-    [(1.0, "1.0"), (None, None)],
+    [(1.0, "1"), (None, None)],
 )
 def test_workers_are_told_their_heartbeat_interval(
     interval: float | None, expected: str | None
 ) -> None:
-    environment = WorkerEnvironment(
-        "http://127.0.0.1:1", "job", "token", heartbeat_interval_s=interval
+    settings = WorkerSettings.model_validate(
+        {"rendezvous_url": "http://127.0.0.1:1", "job": "job", "heartbeat_interval_s": interval}
     )
+    environment = WorkerEnvironment(settings, "token")
     env = environment.for_worker(WorkerId("127.0.0.1", 0), "127.0.0.1")
-    assert env.get(wire.ENV_HEARTBEAT_INTERVAL) == expected
+    assert env.get(ENV_HEARTBEAT_INTERVAL) == expected

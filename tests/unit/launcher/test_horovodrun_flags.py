@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from elasticjob.launcher.cli import build_parser, main, max_np, parse_arguments
+from elasticjob.launcher.arguments import build_parser, max_np, parse_arguments
+from elasticjob.launcher.cli import main
 from elasticjob.launcher.horovodrun_flags import (
     IGNORED,
     REFUSED,
@@ -20,7 +21,7 @@ from elasticjob.launcher.horovodrun_flags import (
     python_log_level,
 )
 from elasticjob.launcher.output_files import RankOutputFiles, rank_width
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from elasticjob.launcher.processes import LocalWorkerLauncher, WorkerEnvironment
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
+from elasticjob.worker_contract import WorkerSettings
 
 WORKER = WorkerId("127.0.0.1", 0)
 DEADLINE_S = 20.0
@@ -37,7 +38,7 @@ async def test_exit_is_reported_while_a_grandchild_holds_the_pipes() -> None:
     output = io.StringIO()
     launcher = LocalWorkerLauncher(
         COMMAND,
-        WorkerEnvironment("http://127.0.0.1:1", "job", "token"),
+        WorkerEnvironment(WorkerSettings(rendezvous_url="http://127.0.0.1:1", job="job"), "token"),
         lambda worker, code: exits.put_nowait((worker, code)),
         lambda _worker: 0,
         output=output,

@@ -11,7 +11,7 @@ import pytest
 from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
 from elasticjob.operator.adoption import blacklisted_nodes, recorded_round, restore_blacklist
 from elasticjob.operator.api import BlacklistedNode, ElasticJobStatus
-from elasticjob.wire import WorkerId
+from elasticjob.wire.messages import WorkerId
 
 WALL_NOW = 1_800_000_000.0
 """The wall clock when the new operator starts (2027-01-15T08:00:00Z)."""

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 import yaml  # type: ignore[import-untyped]
 
-from elasticjob import wire
 from elasticjob.operator.api import (
     CheckpointStatus,
     ElasticJobStatus,
@@ -21,6 +20,12 @@ from elasticjob.operator.api import (
 from elasticjob.operator.hosts import driver_settings
 from elasticjob.operator.pods import worker_pod
 from elasticjob.operator.status import status_of
+from elasticjob.worker_contract import (
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_EVERY_COMMITS,
+    ENV_CHECKPOINT_INTERVAL,
+    ENV_CHECKPOINT_KEEP,
+)
 from tests.unit.operator.crd_model import SPEC_SCHEMA, good_spec, schema_errors
 from tests.unit.operator.test_status import T0, T1, obs
 
@@ -160,10 +165,10 @@ def test_worker_pods_mount_the_volume_at_the_path_and_are_told_the_policy() -> N
     assert worker["volumeMounts"] == [{"name": "ckpt", "mountPath": "/ckpt"}]
     assert pod["spec"]["volumes"] == [CLAIM]
     assert policy_env(worker) == {
-        wire.ENV_CHECKPOINT_DIR: "/ckpt",
-        wire.ENV_CHECKPOINT_EVERY_COMMITS: "0",
-        wire.ENV_CHECKPOINT_INTERVAL: "30",
-        wire.ENV_CHECKPOINT_KEEP: "2",
+        ENV_CHECKPOINT_DIR: "/ckpt",
+        ENV_CHECKPOINT_EVERY_COMMITS: "0",
+        ENV_CHECKPOINT_INTERVAL: "30",
+        ENV_CHECKPOINT_KEEP: "2",
     }
     assert driver_settings(spec).checkpoint_fallback
 
@@ -173,7 +178,7 @@ def test_a_mount_the_template_has_is_kept_as_it_is() -> None:
     spec = parse_spec(with_checkpoint(mounts=[mount]))
     (worker,) = worker_pod(JOB, spec, rendezvous_url="http://rdzv:8470")["spec"]["containers"]
     assert worker["volumeMounts"] == [mount]
-    assert policy_env(worker)[wire.ENV_CHECKPOINT_EVERY_COMMITS] == "10"
+    assert policy_env(worker)[ENV_CHECKPOINT_EVERY_COMMITS] == "10"
 
 
 def test_without_a_policy_nothing_is_mounted_and_the_fallback_is_off() -> None:

@@ -20,7 +20,7 @@ from elasticjob.operator.controller import JobController
 from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.kube import KubeApi
 from elasticjob.rendezvous.server import RendezvousService
-from elasticjob.wire import NoticeKind, RendezvousRequest, WorkerId
+from elasticjob.wire.messages import NoticeKind, RendezvousRequest, WorkerId
 from tests.support.fake_kube import Deletion, FakeKube
 from tests.unit.operator.crd_model import with_changes
 

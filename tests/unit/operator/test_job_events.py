@@ -15,7 +15,7 @@ from elasticjob.driver.journal import (
 )
 from elasticjob.operator.api import BlacklistScope
 from elasticjob.operator.job_events import JobEvent, JobEvents, event_of
-from elasticjob.wire import CheckpointReport
+from elasticjob.wire.messages import CheckpointReport
 
 CHECKPOINT = CheckpointReport(name="step-40", epoch=1, step=40, seconds=0.5, size_bytes=10)
 NODE, POD = BlacklistScope.NODE, BlacklistScope.POD

@@ -19,7 +19,7 @@ from elasticjob.operator.api import Phase
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.metrics import OperatorMetrics
 from elasticjob.rendezvous.stats import RequestStats
-from elasticjob.wire import ProgressRequest, SlotInfo, WorkerId
+from elasticjob.wire.messages import ProgressRequest, SlotInfo, WorkerId
 
 
 def snapshot(

@@ -6,9 +6,27 @@ from typing import Any
 
 import pytest
 
-from elasticjob import wire
 from elasticjob.operator.api import ElasticJobSpec, parse_spec
 from elasticjob.operator.pods import PodState, PodView, newest_first, view, worker_pod
+from elasticjob.worker_contract import (
+    ENV_BACKEND,
+    ENV_BIND_ADDRESS,
+    ENV_COLLECTIVE_TIMEOUT,
+    ENV_DEFER_SIGTERM,
+    ENV_HEARTBEAT_INTERVAL,
+    ENV_HOROVOD_HOSTNAME,
+    ENV_HOROVOD_LOCAL_RANK,
+    ENV_HOSTNAME,
+    ENV_JOB,
+    ENV_LOCAL_RANK,
+    ENV_RENDEZVOUS_CA,
+    ENV_RENDEZVOUS_URL,
+    ENV_ROUND_WAIT,
+    ENV_TOKEN,
+    ENV_TORCH_LOCAL_RANK,
+    WORKER_CONTRACT_ENV,
+    is_worker_contract_env,
+)
 from tests.unit.operator.crd_model import with_changes
 
 JOB = {"metadata": {"name": "train", "namespace": "ml", "uid": "uid-1"}}
@@ -68,34 +86,34 @@ def test_worker_pod_carries_the_template_and_the_runtime_contract() -> None:
     assert "env" not in sidecar
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in worker["env"]}
     assert env == {
-        wire.ENV_RENDEZVOUS_URL: "http://rdzv:8470",
-        wire.ENV_JOB: "ml.train",
-        wire.ENV_TOKEN: {"secretKeyRef": {"name": "train-rendezvous", "key": "token"}},
-        wire.ENV_HOSTNAME: {"fieldRef": {"fieldPath": "metadata.name"}},
-        wire.ENV_BIND_ADDRESS: {"fieldRef": {"fieldPath": "status.podIP"}},
-        wire.ENV_LOCAL_RANK: "0",
-        wire.ENV_HOROVOD_HOSTNAME: {"fieldRef": {"fieldPath": "metadata.name"}},
-        wire.ENV_HOROVOD_LOCAL_RANK: "0",
-        wire.ENV_TORCH_LOCAL_RANK: "0",
-        wire.ENV_BACKEND: "gloo",
-        wire.ENV_DEFER_SIGTERM: "1",
-        wire.ENV_HEARTBEAT_INTERVAL: "1",
+        ENV_RENDEZVOUS_URL: "http://rdzv:8470",
+        ENV_JOB: "ml.train",
+        ENV_TOKEN: {"secretKeyRef": {"name": "train-rendezvous", "key": "token"}},
+        ENV_HOSTNAME: {"fieldRef": {"fieldPath": "metadata.name"}},
+        ENV_BIND_ADDRESS: {"fieldRef": {"fieldPath": "status.podIP"}},
+        ENV_LOCAL_RANK: "0",
+        ENV_HOROVOD_HOSTNAME: {"fieldRef": {"fieldPath": "metadata.name"}},
+        ENV_HOROVOD_LOCAL_RANK: "0",
+        ENV_TORCH_LOCAL_RANK: "0",
+        ENV_BACKEND: "gloo",
+        ENV_DEFER_SIGTERM: "1",
+        ENV_HEARTBEAT_INTERVAL: "1",
         "X": "1",
     }
     # The operator's variables come last: in Kubernetes the later of two entries wins.
     assert worker["env"][0] == {"name": "X", "value": "1"}
-    assert all(wire.is_worker_contract_env(e["name"]) for e in worker["env"][1:])
+    assert all(is_worker_contract_env(e["name"]) for e in worker["env"][1:])
 
 
 def test_the_operators_env_wins_over_a_template_that_sets_it() -> None:
     """Admission refuses such a template; should one get through, the operator's values are
     still the ones the worker sees (Kubernetes uses the last of two entries)."""
-    planted = {"name": wire.ENV_TOKEN, "valueFrom": {"secretKeyRef": {"name": "other", "key": "t"}}}
+    planted = {"name": ENV_TOKEN, "valueFrom": {"secretKeyRef": {"name": "other", "key": "t"}}}
     template = {"spec": {"containers": [{**WORKER, "env": [planted]}]}}
     spec = ElasticJobSpec.model_validate(with_changes(template=template))
     (worker,) = worker_pod(JOB, spec, rendezvous_url="u")["spec"]["containers"]
     last = {e["name"]: e for e in worker["env"]}
-    assert last[wire.ENV_TOKEN]["valueFrom"]["secretKeyRef"]["name"] == "train-rendezvous"
+    assert last[ENV_TOKEN]["valueFrom"]["secretKeyRef"]["name"] == "train-rendezvous"
 
 
 def test_every_variable_the_operator_sets_is_in_the_worker_contract() -> None:
@@ -109,8 +127,8 @@ def test_every_variable_the_operator_sets_is_in_the_worker_contract() -> None:
     )
     (worker,) = worker_pod(JOB, spec, rendezvous_url="u")["spec"]["containers"]
     names = {e["name"] for e in worker["env"]} - {"X"}
-    assert names <= wire.WORKER_CONTRACT_ENV
-    assert all(wire.is_worker_contract_env(name) for name in names)
+    assert names <= WORKER_CONTRACT_ENV
+    assert all(is_worker_contract_env(name) for name in names)
 
 
 @pytest.mark.parametrize(
@@ -119,9 +137,9 @@ def test_every_variable_the_operator_sets_is_in_the_worker_contract() -> None:
         ({}, {}),
         (
             {"collectiveTimeoutSeconds": 30, "roundWaitSeconds": 120},
-            {wire.ENV_COLLECTIVE_TIMEOUT: "30", wire.ENV_ROUND_WAIT: "120"},
+            {ENV_COLLECTIVE_TIMEOUT: "30", ENV_ROUND_WAIT: "120"},
         ),
-        ({"roundWaitSeconds": 5}, {wire.ENV_ROUND_WAIT: "5"}),
+        ({"roundWaitSeconds": 5}, {ENV_ROUND_WAIT: "5"}),
     ],
 )
 def test_worker_timeouts_are_spec_fields_passed_to_the_workers(
@@ -130,7 +148,7 @@ def test_worker_timeouts_are_spec_fields_passed_to_the_workers(
     spec = spec_with({"containers": [WORKER]}, **changes)
     (worker,) = worker_pod(JOB, spec, rendezvous_url="u")["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in worker["env"]}
-    knobs = (wire.ENV_COLLECTIVE_TIMEOUT, wire.ENV_ROUND_WAIT)
+    knobs = (ENV_COLLECTIVE_TIMEOUT, ENV_ROUND_WAIT)
     assert {k: v for k, v in env.items() if k in knobs} == expected
 
 
@@ -142,8 +160,8 @@ def test_worker_pod_gets_the_rendezvous_ca_only_with_tls(ca: str | None) -> None
     url = "https://rdzv:8470" if ca else "http://rdzv:8470"
     (worker,) = worker_pod(JOB, spec, rendezvous_url=url, rendezvous_ca=ca)["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in worker["env"]}
-    assert env[wire.ENV_RENDEZVOUS_URL] == url
-    assert env.get(wire.ENV_RENDEZVOUS_CA) == ca
+    assert env[ENV_RENDEZVOUS_URL] == url
+    assert env.get(ENV_RENDEZVOUS_CA) == ca
 
 
 @pytest.mark.parametrize(("timeout", "interval"), [(5, "1"), (20, "2"), (1, "0.2"), (0, None)])
@@ -153,7 +171,7 @@ def test_worker_pod_beats_at_the_interval_of_the_heartbeat_timeout(
     spec = spec_with({"containers": [WORKER]}, heartbeatTimeoutSeconds=timeout)
     (worker,) = worker_pod(JOB, spec, rendezvous_url="http://rdzv:8470")["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in worker["env"]}
-    assert env.get(wire.ENV_HEARTBEAT_INTERVAL) == interval, "0: eviction off, no heartbeat"
+    assert env.get(ENV_HEARTBEAT_INTERVAL) == interval, "0: eviction off, no heartbeat"
 
 
 def test_worker_pod_runs_a_process_per_slot() -> None:

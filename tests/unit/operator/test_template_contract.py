@@ -10,9 +10,15 @@ from typing import Any
 import pytest
 import yaml
 
-from elasticjob import wire
 from elasticjob.operator.api import FieldError, parse_spec, validate
 from elasticjob.operator.api.validation import name_errors
+from elasticjob.worker_contract import (
+    ENV_GLOO_SOCKET_IFNAME,
+    ENV_JOB,
+    ENV_NCCL_SOCKET_IFNAME,
+    ENV_TOKEN,
+    WORKER_CONTRACT_ENV,
+)
 from tests.unit.operator.crd_model import with_changes
 
 REPO = Path(__file__).resolve().parents[3]
@@ -27,7 +33,7 @@ def template_with(**container: Any) -> dict[str, Any]:
     return with_changes(template={"spec": {"containers": [worker]}})
 
 
-@pytest.mark.parametrize("name", sorted(wire.WORKER_CONTRACT_ENV))
+@pytest.mark.parametrize("name", sorted(WORKER_CONTRACT_ENV))
 def test_every_variable_of_the_worker_contract_is_refused_in_env(name: str) -> None:
     env = [{"name": "LR", "value": "0.1"}, {"name": "EPOCHS", "value": "3"}]
     env.append({"name": name, "value": "x"})
@@ -38,7 +44,7 @@ def test_every_variable_of_the_worker_contract_is_refused_in_env(name: str) -> N
 
 def test_another_jobs_token_secret_is_refused() -> None:
     planted = {
-        "name": wire.ENV_TOKEN,
+        "name": ENV_TOKEN,
         "valueFrom": {"secretKeyRef": {"name": "other-rendezvous", "key": "token"}},
     }
     (error,) = validate(template_with(env=[planted]))
@@ -56,11 +62,9 @@ def test_init_containers_and_sidecars_may_not_set_the_contract_either() -> None:
             "spec": {
                 "containers": [
                     {"name": "worker", "image": "img"},
-                    {"name": "side", "image": "img", "env": [{"name": wire.ENV_JOB, "value": "x"}]},
+                    {"name": "side", "image": "img", "env": [{"name": ENV_JOB, "value": "x"}]},
                 ],
-                "initContainers": [
-                    {"name": "init", "image": "img", "env": [{"name": wire.ENV_TOKEN}]}
-                ],
+                "initContainers": [{"name": "init", "image": "img", "env": [{"name": ENV_TOKEN}]}],
             }
         }
     )
@@ -173,6 +177,6 @@ def test_the_gpu_example_is_admitted_with_one_gpu_per_slot() -> None:
     assert spec.slots_per_worker == int(limits["nvidia.com/gpu"])
     assert spec.backend.value == "nccl"
     assert not {e["name"] for e in (worker.model_extra or {})["env"]} & {
-        wire.ENV_GLOO_SOCKET_IFNAME,
-        wire.ENV_NCCL_SOCKET_IFNAME,
+        ENV_GLOO_SOCKET_IFNAME,
+        ENV_NCCL_SOCKET_IFNAME,
     }, "the runtime picks the interface"

@@ -8,8 +8,7 @@ from elasticjob.driver.slots import assign_slots
 from elasticjob.rendezvous.api import ProbeReport, Refusal, RequestRefused
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.probes import probe_targets, probers_of
-from elasticjob.wire import (
-    MAX_PROBE_TARGETS,
+from elasticjob.wire.messages import (
     HeartbeatRequest,
     PeerEndpoint,
     ProbedPeer,
@@ -18,6 +17,7 @@ from elasticjob.wire import (
     SlotInfo,
     WorkerId,
 )
+from elasticjob.wire.protocol import MAX_PROBE_TARGETS
 from tests.unit.rendezvous.test_rendezvous_jobs import RecordingListener
 
 

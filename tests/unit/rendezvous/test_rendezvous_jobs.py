@@ -9,7 +9,7 @@ import pytest
 
 from elasticjob.rendezvous.api import ProbeReport, RendezvousError
 from elasticjob.rendezvous.jobs import MAX_NOTICES, InMemoryJobRendezvous
-from elasticjob.wire import (
+from elasticjob.wire.messages import (
     HeartbeatRequest,
     NoticeKind,
     ProgressRequest,

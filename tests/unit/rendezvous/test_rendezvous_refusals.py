@@ -11,7 +11,7 @@ import pytest
 from elasticjob.rendezvous.api import Refusal, RequestRefused
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.limits import ANNOUNCED_ROUNDS_PER_WORKER, JobLimits
-from elasticjob.wire import (
+from elasticjob.wire.messages import (
     HeartbeatRequest,
     ProgressRequest,
     RendezvousStatus,

@@ -7,7 +7,16 @@ import json
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from elasticjob import wire
+from elasticjob.wire.messages import (
+    HeartbeatRequest,
+    ProbedPeer,
+    ProgressRequest,
+    RendezvousRequest,
+    RendezvousResponse,
+    RendezvousStatus,
+    ResultRequest,
+)
+from elasticjob.wire.strict_json import DuplicateKeyError, parse_json
 
 RENDEZVOUS = {
     "hostname": "host-a",
@@ -23,31 +32,31 @@ RENDEZVOUS = {
 @pytest.mark.parametrize(
     ("model", "body", "field", "value"),
     [
-        (wire.RendezvousRequest, RENDEZVOUS, "local_rank", True),
-        (wire.RendezvousRequest, RENDEZVOUS, "local_rank", "1"),
-        (wire.RendezvousRequest, RENDEZVOUS, "local_rank", 1.0),
-        (wire.RendezvousRequest, RENDEZVOUS, "store_port", "29500"),
-        (wire.RendezvousRequest, RENDEZVOUS, "after_round", 2.0),
-        (wire.RendezvousRequest, RENDEZVOUS, "after_round", False),
-        (wire.RendezvousRequest, RENDEZVOUS, "wait_seconds", "1.5"),
-        (wire.RendezvousRequest, RENDEZVOUS, "wait_seconds", True),
-        (wire.RendezvousRequest, RENDEZVOUS, "rolled_back", 1),
-        (wire.RendezvousRequest, RENDEZVOUS, "rolled_back", "true"),
-        (wire.HeartbeatRequest, {"hostname": "h", "local_rank": 0}, "local_rank", True),
-        (wire.HeartbeatRequest, {"hostname": "h", "local_rank": 0}, "round", "1"),
-        (wire.HeartbeatRequest, {"hostname": "h", "local_rank": 0}, "round", True),
-        (wire.HeartbeatRequest, {"hostname": "h", "local_rank": 0}, "round", -1),
-        (wire.HeartbeatRequest, {"hostname": "h", "local_rank": 0, "round": 1}, "unreachable", 3),
+        (RendezvousRequest, RENDEZVOUS, "local_rank", True),
+        (RendezvousRequest, RENDEZVOUS, "local_rank", "1"),
+        (RendezvousRequest, RENDEZVOUS, "local_rank", 1.0),
+        (RendezvousRequest, RENDEZVOUS, "store_port", "29500"),
+        (RendezvousRequest, RENDEZVOUS, "after_round", 2.0),
+        (RendezvousRequest, RENDEZVOUS, "after_round", False),
+        (RendezvousRequest, RENDEZVOUS, "wait_seconds", "1.5"),
+        (RendezvousRequest, RENDEZVOUS, "wait_seconds", True),
+        (RendezvousRequest, RENDEZVOUS, "rolled_back", 1),
+        (RendezvousRequest, RENDEZVOUS, "rolled_back", "true"),
+        (HeartbeatRequest, {"hostname": "h", "local_rank": 0}, "local_rank", True),
+        (HeartbeatRequest, {"hostname": "h", "local_rank": 0}, "round", "1"),
+        (HeartbeatRequest, {"hostname": "h", "local_rank": 0}, "round", True),
+        (HeartbeatRequest, {"hostname": "h", "local_rank": 0}, "round", -1),
+        (HeartbeatRequest, {"hostname": "h", "local_rank": 0, "round": 1}, "unreachable", 3),
         (
-            wire.HeartbeatRequest,
+            HeartbeatRequest,
             {"hostname": "h", "local_rank": 0, "round": 1},
             "unreachable",
             [{"hostname": "p", "local_rank": 0}] * 4,
         ),
-        (wire.ProgressRequest, {"round": 1, "epoch": 0, "step": 0}, "step", 3.0),
-        (wire.ProgressRequest, {"round": 1, "epoch": 0, "step": 0}, "round", "1"),
+        (ProgressRequest, {"round": 1, "epoch": 0, "step": 0}, "step", 3.0),
+        (ProgressRequest, {"round": 1, "epoch": 0, "step": 0}, "round", "1"),
         (
-            wire.ResultRequest,
+            ResultRequest,
             {"hostname": "h", "local_rank": 0, "state": "SUCCESS"},
             "exit_code",
             True,
@@ -57,20 +66,20 @@ RENDEZVOUS = {
 def test_lax_values_are_refused(
     model: type[BaseModel], body: dict[str, object], field: str, value: object
 ) -> None:
-    wire.parse_json(model, json.dumps(body))  # the valid body passes
+    parse_json(model, json.dumps(body))  # the valid body passes
     with pytest.raises(ValidationError) as caught:
-        wire.parse_json(model, json.dumps(body | {field: value}))
+        parse_json(model, json.dumps(body | {field: value}))
     assert caught.value.errors()[0]["loc"] == (field,)
 
 
 def test_floats_take_json_integers() -> None:
-    request = wire.parse_json(wire.RendezvousRequest, json.dumps(RENDEZVOUS | {"wait_seconds": 2}))
+    request = parse_json(RendezvousRequest, json.dumps(RENDEZVOUS | {"wait_seconds": 2}))
     assert request.wait_seconds == 2.0
 
 
 def test_python_callers_cannot_pass_lax_values_either() -> None:
     with pytest.raises(ValidationError):
-        wire.HeartbeatRequest(hostname="h", local_rank=True)  # type: ignore[arg-type]
+        HeartbeatRequest(hostname="h", local_rank=True)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -81,16 +90,16 @@ def test_python_callers_cannot_pass_lax_values_either() -> None:
     ],
 )
 def test_repeated_keys_are_refused(data: bytes) -> None:
-    model = wire.HeartbeatRequest if b"hostname" in data else wire.ProgressRequest
-    with pytest.raises(wire.DuplicateKeyError, match="more than once"):
-        wire.parse_json(model, data)
+    model = HeartbeatRequest if b"hostname" in data else ProgressRequest
+    with pytest.raises(DuplicateKeyError, match="more than once"):
+        parse_json(model, data)
 
 
 def test_responses_are_parsed_strictly_too() -> None:
-    answer = wire.parse_json(wire.RendezvousResponse, b'{"status": "PENDING", "sync": false}')
-    assert answer.status is wire.RendezvousStatus.PENDING
+    answer = parse_json(RendezvousResponse, b'{"status": "PENDING", "sync": false}')
+    assert answer.status is RendezvousStatus.PENDING
     with pytest.raises(ValidationError):
-        wire.parse_json(wire.RendezvousResponse, b'{"status": "PENDING", "round": "3"}')
+        parse_json(RendezvousResponse, b'{"status": "PENDING", "round": "3"}')
 
 
 PEER = {"hostname": "peer", "local_rank": 1}
@@ -109,25 +118,19 @@ PEER = {"hostname": "peer", "local_rank": 1}
 )
 def test_malformed_probe_reports_are_refused(body: dict[str, object], problem: str) -> None:
     with pytest.raises(ValidationError, match=problem):
-        wire.parse_json(
-            wire.HeartbeatRequest, json.dumps({"hostname": "h", "local_rank": 0} | body)
-        )
+        parse_json(HeartbeatRequest, json.dumps({"hostname": "h", "local_rank": 0} | body))
 
 
 def test_a_probe_report_and_a_plain_beat_are_valid() -> None:
-    plain = wire.parse_json(wire.HeartbeatRequest, b'{"hostname": "h", "local_rank": 0}')
+    plain = parse_json(HeartbeatRequest, b'{"hostname": "h", "local_rank": 0}')
     assert (plain.round, plain.unreachable) == (None, ())
     body = {"hostname": "h", "local_rank": 0, "round": 4, "unreachable": [PEER]}
-    report = wire.parse_json(wire.HeartbeatRequest, json.dumps(body))
-    assert report.round == 4 and report.unreachable == (wire.ProbedPeer(**PEER),)  # type: ignore[arg-type]
+    report = parse_json(HeartbeatRequest, json.dumps(body))
+    assert report.round == 4 and report.unreachable == (ProbedPeer(**PEER),)  # type: ignore[arg-type]
 
 
 def test_a_response_carries_at_most_three_peers() -> None:
     peer = {"hostname": "p", "local_rank": 0, "address": "10.0.0.2", "store_port": 29500}
-    wire.parse_json(
-        wire.RendezvousResponse, json.dumps({"status": "ASSIGNED", "peers": [peer] * 3})
-    )
+    parse_json(RendezvousResponse, json.dumps({"status": "ASSIGNED", "peers": [peer] * 3}))
     with pytest.raises(ValidationError, match="at most 3"):
-        wire.parse_json(
-            wire.RendezvousResponse, json.dumps({"status": "ASSIGNED", "peers": [peer] * 4})
-        )
+        parse_json(RendezvousResponse, json.dumps({"status": "ASSIGNED", "peers": [peer] * 4}))

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-from elasticjob import wire
 from elasticjob.checkpoint_policy import (
     DEFAULT_KEEP,
     CheckpointPolicy,
     checkpoint_due,
+)
+from elasticjob.worker_contract import (
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_EVERY_COMMITS,
+    ENV_CHECKPOINT_INTERVAL,
+    ENV_CHECKPOINT_KEEP,
+    checkpoint_env,
+    checkpoint_from_env,
 )
 
 FOLDER = "ckpts"
@@ -41,34 +48,34 @@ def test_checkpoint_due(
 
 
 def test_policy_from_env() -> None:
-    policy = CheckpointPolicy.from_env(
+    policy = checkpoint_from_env(
         {
-            wire.ENV_CHECKPOINT_DIR: "/data/ckpt",
-            wire.ENV_CHECKPOINT_EVERY_COMMITS: "10",
-            wire.ENV_CHECKPOINT_INTERVAL: "2.5",
-            wire.ENV_CHECKPOINT_KEEP: "2",
+            ENV_CHECKPOINT_DIR: "/data/ckpt",
+            ENV_CHECKPOINT_EVERY_COMMITS: "10",
+            ENV_CHECKPOINT_INTERVAL: "2.5",
+            ENV_CHECKPOINT_KEEP: "2",
         }
     )
     assert policy == CheckpointPolicy("/data/ckpt", 10, 2.5, 2)
-    assert CheckpointPolicy.from_env({wire.ENV_CHECKPOINT_DIR: "/c"}) == CheckpointPolicy(
+    assert checkpoint_from_env({ENV_CHECKPOINT_DIR: "/c"}) == CheckpointPolicy(
         "/c", 0, 0.0, DEFAULT_KEEP
     )
-    assert CheckpointPolicy.from_env({}) is None
-    assert CheckpointPolicy.from_env({wire.ENV_CHECKPOINT_DIR: ""}) is None
+    assert checkpoint_from_env({}) is None
+    assert checkpoint_from_env({ENV_CHECKPOINT_DIR: ""}) is None
 
 
 @pytest.mark.parametrize(
     ("name", "raw", "message"),
     [
-        (wire.ENV_CHECKPOINT_EVERY_COMMITS, "ten", "whole number"),
-        (wire.ENV_CHECKPOINT_EVERY_COMMITS, "-1", ">= 0"),
-        (wire.ENV_CHECKPOINT_KEEP, "0", ">= 1"),
-        (wire.ENV_CHECKPOINT_INTERVAL, "-3", "seconds"),
+        (ENV_CHECKPOINT_EVERY_COMMITS, "ten", "whole number"),
+        (ENV_CHECKPOINT_EVERY_COMMITS, "-1", ">= 0"),
+        (ENV_CHECKPOINT_KEEP, "0", ">= 1"),
+        (ENV_CHECKPOINT_INTERVAL, "-3", "seconds"),
     ],
 )
 def test_malformed_policy_names_the_variable(name: str, raw: str, message: str) -> None:
     with pytest.raises(ValueError, match=f"{name}.*{message}"):
-        CheckpointPolicy.from_env({wire.ENV_CHECKPOINT_DIR: "/c", name: raw})
+        checkpoint_from_env({ENV_CHECKPOINT_DIR: "/c", name: raw})
 
 
 @pytest.mark.parametrize(
@@ -88,11 +95,11 @@ def test_a_bad_policy_is_refused(changes: dict[str, object], message: str) -> No
 
 def test_worker_env_round_trips() -> None:
     policy = CheckpointPolicy("/ckpt", interval_s=2.5, keep=4)
-    env = policy.worker_env()
+    env = checkpoint_env(policy)
     assert env == {
-        wire.ENV_CHECKPOINT_DIR: "/ckpt",
-        wire.ENV_CHECKPOINT_EVERY_COMMITS: "0",
-        wire.ENV_CHECKPOINT_INTERVAL: "2.5",
-        wire.ENV_CHECKPOINT_KEEP: "4",
+        ENV_CHECKPOINT_DIR: "/ckpt",
+        ENV_CHECKPOINT_EVERY_COMMITS: "0",
+        ENV_CHECKPOINT_INTERVAL: "2.5",
+        ENV_CHECKPOINT_KEEP: "4",
     }
-    assert CheckpointPolicy.from_env(env) == policy
+    assert checkpoint_from_env(env) == policy

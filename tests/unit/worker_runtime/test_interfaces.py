@@ -7,7 +7,7 @@ import ipaddress
 
 import pytest
 
-from elasticjob import wire
+from elasticjob.worker_contract import ENV_GLOO_SOCKET_IFNAME, ENV_NCCL_SOCKET_IFNAME
 from elasticjob.worker_runtime.interfaces import (
     InterfaceAddress,
     interface_for_address,
@@ -56,19 +56,19 @@ def test_interface_for_address(address: str, expected: str | None) -> None:
         pytest.param(
             {},
             "eth0",
-            {wire.ENV_GLOO_SOCKET_IFNAME: "eth0", wire.ENV_NCCL_SOCKET_IFNAME: "eth0"},
+            {ENV_GLOO_SOCKET_IFNAME: "eth0", ENV_NCCL_SOCKET_IFNAME: "eth0"},
             id="both-unset",
         ),
         pytest.param(
-            {wire.ENV_NCCL_SOCKET_IFNAME: "ib0"},
+            {ENV_NCCL_SOCKET_IFNAME: "ib0"},
             "eth0",
-            {wire.ENV_GLOO_SOCKET_IFNAME: "eth0"},
+            {ENV_GLOO_SOCKET_IFNAME: "eth0"},
             id="user-choice-wins",
         ),
         pytest.param(
-            {wire.ENV_GLOO_SOCKET_IFNAME: "", wire.ENV_NCCL_SOCKET_IFNAME: "=eth1"},
+            {ENV_GLOO_SOCKET_IFNAME: "", ENV_NCCL_SOCKET_IFNAME: "=eth1"},
             "eth0",
-            {wire.ENV_GLOO_SOCKET_IFNAME: "eth0"},
+            {ENV_GLOO_SOCKET_IFNAME: "eth0"},
             id="empty-counts-as-unset",
         ),
         pytest.param({}, None, {}, id="no-interface"),
@@ -82,11 +82,11 @@ def test_socket_ifname_env(
 
 def test_this_machines_loopback_carries_every_loopback_address() -> None:
     assert iface("lo", "127.0.0.1/8") in local_interfaces()
-    environ = {wire.ENV_NCCL_SOCKET_IFNAME: "eth7"}
-    assert pin_socket_interfaces("127.0.1.7", environ) == {wire.ENV_GLOO_SOCKET_IFNAME: "lo"}
-    assert environ == {wire.ENV_GLOO_SOCKET_IFNAME: "lo", wire.ENV_NCCL_SOCKET_IFNAME: "eth7"}
+    environ = {ENV_NCCL_SOCKET_IFNAME: "eth7"}
+    assert pin_socket_interfaces("127.0.1.7", environ) == {ENV_GLOO_SOCKET_IFNAME: "lo"}
+    assert environ == {ENV_GLOO_SOCKET_IFNAME: "lo", ENV_NCCL_SOCKET_IFNAME: "eth7"}
     assert pin_socket_interfaces("localhost", {}) == {
-        wire.ENV_GLOO_SOCKET_IFNAME: "lo",
-        wire.ENV_NCCL_SOCKET_IFNAME: "lo",
+        ENV_GLOO_SOCKET_IFNAME: "lo",
+        ENV_NCCL_SOCKET_IFNAME: "lo",
     }
     assert pin_socket_interfaces("no-such-host.invalid", {}) == {}, "unresolved: nothing set"

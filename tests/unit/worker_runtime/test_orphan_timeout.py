@@ -8,23 +8,30 @@ import socket
 import threading
 import time
 
-from elasticjob import wire
-from elasticjob.worker_runtime.config import WorkerConfig
+from elasticjob.worker_contract import (
+    ENV_HOSTNAME,
+    ENV_JOB,
+    ENV_LOCAL_RANK,
+    ENV_ORPHAN_TIMEOUT,
+    ENV_RENDEZVOUS_URL,
+    ENV_TOKEN,
+    WorkerConfig,
+)
 from elasticjob.worker_runtime.heartbeat import Heartbeat
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient
 
 FULL_ENV = {
-    wire.ENV_RENDEZVOUS_URL: "http://127.0.0.1:7000",
-    wire.ENV_JOB: "demo",
-    wire.ENV_TOKEN: "secret",
-    wire.ENV_HOSTNAME: "127.0.1.7",
-    wire.ENV_LOCAL_RANK: "1",
+    ENV_RENDEZVOUS_URL: "http://127.0.0.1:7000",
+    ENV_JOB: "demo",
+    ENV_TOKEN: "secret",
+    ENV_HOSTNAME: "127.0.1.7",
+    ENV_LOCAL_RANK: "1",
 }
 DEADLINE_S = 20.0
 
 
 def test_the_orphan_timeout_comes_from_the_environment() -> None:
-    config = WorkerConfig.from_env(FULL_ENV | {wire.ENV_ORPHAN_TIMEOUT: "7.5"})
+    config = WorkerConfig.from_env(FULL_ENV | {ENV_ORPHAN_TIMEOUT: "7.5"})
     assert config is not None and config.orphan_timeout_s == 7.5
     default = WorkerConfig.from_env(FULL_ENV)
     assert default is not None and default.orphan_timeout_s == 900.0, "outlasts a restart"

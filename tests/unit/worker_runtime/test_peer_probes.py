@@ -17,9 +17,8 @@ from typing import ClassVar
 import pytest
 import torch
 
-from elasticjob import wire
-from elasticjob.wire import PeerEndpoint, ProbedPeer
-from elasticjob.worker_runtime.config import WorkerConfig
+from elasticjob.wire.messages import PeerEndpoint, ProbedPeer
+from elasticjob.worker_contract import ENV_PROBE_AFTER, WorkerConfig
 from elasticjob.worker_runtime.heartbeat import Heartbeat
 from elasticjob.worker_runtime.process_group import RoundGroup
 from elasticjob.worker_runtime.reachability import PeerProber, ProbeListener, unreachable_peers
@@ -288,7 +287,7 @@ def test_a_beat_asked_for_is_sent_at_once() -> None:
 
 
 def test_the_probe_threshold_comes_from_the_environment() -> None:
-    config = WorkerConfig.from_env(FULL_ENV | {wire.ENV_PROBE_AFTER: "0.5"})
+    config = WorkerConfig.from_env(FULL_ENV | {ENV_PROBE_AFTER: "0.5"})
     assert config is not None and config.probe_after_s == 0.5
     default = WorkerConfig.from_env(FULL_ENV)
     assert default is not None and default.probe_after_s == 2.0

@@ -7,9 +7,14 @@ import os
 
 import pytest
 
-from elasticjob import wire
-from elasticjob.wire import PlannedRound, RoundInfo, SlotInfo
-from elasticjob.worker_runtime.config import WorkerConfig
+from elasticjob.script_env import (
+    ENV_HOROVOD_RANK,
+    ENV_TORCH_MASTER_ADDR,
+    ENV_TORCH_MASTER_PORT,
+    ENV_TORCH_RANK,
+)
+from elasticjob.wire.messages import PlannedRound, RoundInfo, SlotInfo
+from elasticjob.worker_contract import WorkerConfig
 from elasticjob.worker_runtime.placement import export_script_env, tentative_place
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
 
@@ -72,14 +77,14 @@ def test_without_a_plan_naming_the_worker_it_estimates(answer: PlannedRound | No
 
 
 def test_export_sets_the_round_and_removes_a_stale_master(monkeypatch: pytest.MonkeyPatch) -> None:
-    environ = {wire.ENV_TORCH_MASTER_ADDR: "stale", wire.ENV_TORCH_MASTER_PORT: "1"}
+    environ = {ENV_TORCH_MASTER_ADDR: "stale", ENV_TORCH_MASTER_PORT: "1"}
     monkeypatch.setattr(os, "environ", environ)  # the test process's own stays untouched
     export_script_env(PLAN.slots[2], "job", None)
-    assert environ[wire.ENV_HOROVOD_RANK] == environ[wire.ENV_TORCH_RANK] == "2"
-    assert wire.ENV_TORCH_MASTER_ADDR not in environ
-    assert wire.ENV_TORCH_MASTER_PORT not in environ
+    assert environ[ENV_HOROVOD_RANK] == environ[ENV_TORCH_RANK] == "2"
+    assert ENV_TORCH_MASTER_ADDR not in environ
+    assert ENV_TORCH_MASTER_PORT not in environ
     export_script_env(PLAN.slots[2], "job", ("10.0.0.1", 29400))
-    assert (environ[wire.ENV_TORCH_MASTER_ADDR], environ[wire.ENV_TORCH_MASTER_PORT]) == (
+    assert (environ[ENV_TORCH_MASTER_ADDR], environ[ENV_TORCH_MASTER_PORT]) == (
         "10.0.0.1",
         "29400",
     )

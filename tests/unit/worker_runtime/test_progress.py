@@ -9,12 +9,8 @@ import threading
 import time
 from collections.abc import Iterator
 
-from elasticjob.wire import (
-    MAX_REPORTED_CHECKPOINTS,
-    MAX_REPORTED_COMMITS,
-    CheckpointReport,
-    ProgressRequest,
-)
+from elasticjob.wire.messages import CheckpointReport, ProgressRequest
+from elasticjob.wire.protocol import MAX_REPORTED_CHECKPOINTS, MAX_REPORTED_COMMITS
 from elasticjob.worker_runtime.progress import ProgressReporter
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClientError
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from elasticjob.wire import ResultRequest, WorkerState
+from elasticjob.wire.messages import ResultRequest, WorkerState
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClientError
 from elasticjob.worker_runtime.reports import DriverReports, NoReports
 

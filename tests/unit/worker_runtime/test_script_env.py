@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from elasticjob import wire
-from elasticjob.script_env import launch_env, round_env, tentative_slot
-from elasticjob.wire import RoundInfo, SlotInfo
+from elasticjob.script_env import (
+    ENV_TORCH_MASTER_ADDR,
+    ENV_TORCH_MASTER_PORT,
+    SCRIPT_ROUND_ENV,
+    launch_env,
+    round_env,
+    tentative_slot,
+)
+from elasticjob.wire.messages import RoundInfo, SlotInfo
+from elasticjob.worker_contract import SCRIPT_LAUNCH_ENV
 
 
 def slot(rank: int, size: int, local: tuple[int, int], cross: tuple[int, int]) -> SlotInfo:
@@ -68,12 +75,12 @@ def test_round_env_gives_horovods_and_torchruns_view_of_the_slot(
         "MASTER_PORT": "29500",
         "TORCHELASTIC_RUN_ID": "ns.job",
     }
-    assert env.keys() == wire.SCRIPT_LAUNCH_ENV | wire.SCRIPT_ROUND_ENV
+    assert env.keys() == SCRIPT_LAUNCH_ENV | SCRIPT_ROUND_ENV
 
 
 def test_round_env_without_a_master_leaves_master_addr_and_port_out() -> None:
     env = round_env(slot(0, 1, (0, 1), (0, 1)), job="j", master=None)
-    assert wire.ENV_TORCH_MASTER_ADDR not in env and wire.ENV_TORCH_MASTER_PORT not in env
+    assert ENV_TORCH_MASTER_ADDR not in env and ENV_TORCH_MASTER_PORT not in env
 
 
 def info(size: int, hosts: tuple[str, ...]) -> RoundInfo:

@@ -12,13 +12,27 @@ from pathlib import Path
 import pytest
 import torch
 
-from elasticjob import wire
+from elasticjob.worker_contract import (
+    ENV_BACKEND,
+    ENV_BIND_ADDRESS,
+    ENV_CUDA_VISIBLE_DEVICES,
+    ENV_GLOO_SOCKET_IFNAME,
+    ENV_HOROVOD_HOSTNAME,
+    ENV_HOROVOD_LOCAL_RANK,
+    ENV_HOSTNAME,
+    ENV_JOB,
+    ENV_LOCAL_RANK,
+    ENV_NCCL_SOCKET_IFNAME,
+    ENV_RENDEZVOUS_URL,
+    ENV_TOKEN,
+    ENV_TORCH_LOCAL_RANK,
+)
 
 SLOTS = [sys.executable, "-m", "elasticjob.worker_runtime.slots"]
 
 
 def test_every_slot_runs_with_its_local_rank(tmp_path: Path) -> None:
-    script = f"import os; open(r'{tmp_path}/' + os.environ['{wire.ENV_LOCAL_RANK}'], 'w').close()"
+    script = f"import os; open(r'{tmp_path}/' + os.environ['{ENV_LOCAL_RANK}'], 'w').close()"
     done = subprocess.run(
         [*SLOTS, "3", "--", sys.executable, "-c", script], timeout=120, check=False
     )
@@ -27,14 +41,14 @@ def test_every_slot_runs_with_its_local_rank(tmp_path: Path) -> None:
 
 
 def test_every_slot_gets_horovods_and_torchruns_launch_variables(tmp_path: Path) -> None:
-    names = [wire.ENV_HOROVOD_HOSTNAME, wire.ENV_HOROVOD_LOCAL_RANK, wire.ENV_TORCH_LOCAL_RANK]
+    names = [ENV_HOROVOD_HOSTNAME, ENV_HOROVOD_LOCAL_RANK, ENV_TORCH_LOCAL_RANK]
     script = (
         "import os\n"
-        f"slot = os.environ['{wire.ENV_LOCAL_RANK}']\n"
+        f"slot = os.environ['{ENV_LOCAL_RANK}']\n"
         f"values = [os.environ[n] for n in {names!r}]\n"
         f"open(r'{tmp_path}/' + slot, 'w').write(' '.join(values))\n"
     )
-    env = {**os.environ, wire.ENV_HOSTNAME: "pod-a"}
+    env = {**os.environ, ENV_HOSTNAME: "pod-a"}
     done = subprocess.run(
         [*SLOTS, "2", "--", sys.executable, "-c", script], env=env, timeout=120, check=False
     )
@@ -48,7 +62,7 @@ def test_every_slot_gets_horovods_and_torchruns_launch_variables(tmp_path: Path)
 def test_the_first_failing_slot_takes_the_others_down() -> None:
     script = (
         "import os, time\n"
-        f"if os.environ['{wire.ENV_LOCAL_RANK}'] == '1': raise SystemExit(3)\n"
+        f"if os.environ['{ENV_LOCAL_RANK}'] == '1': raise SystemExit(3)\n"
         "time.sleep(600)\n"
     )
     started = time.monotonic()
@@ -69,7 +83,7 @@ def test_usage_errors_are_refused() -> None:
 RUNTIME_OF_A_SLOT = """
 import json, os, sys
 import torch
-from elasticjob.worker_runtime.config import WorkerConfig
+from elasticjob.worker_contract import WorkerConfig
 from elasticjob.worker_runtime.runtime import Runtime
 runtime = Runtime(WorkerConfig.from_env())  # joins nothing: the rendezvous is never asked
 seen = {name: os.environ.get(name) for name in sys.argv[2:]}
@@ -79,11 +93,11 @@ with open(os.path.join(sys.argv[1], os.environ["LOCAL_RANK"]), "w") as out:
     json.dump(seen, out)
 """
 SEEN = [
-    wire.ENV_LOCAL_RANK,
-    wire.ENV_HOROVOD_LOCAL_RANK,
-    wire.ENV_TORCH_LOCAL_RANK,
-    wire.ENV_GLOO_SOCKET_IFNAME,
-    wire.ENV_NCCL_SOCKET_IFNAME,
+    ENV_LOCAL_RANK,
+    ENV_HOROVOD_LOCAL_RANK,
+    ENV_TORCH_LOCAL_RANK,
+    ENV_GLOO_SOCKET_IFNAME,
+    ENV_NCCL_SOCKET_IFNAME,
 ]
 
 
@@ -92,13 +106,13 @@ def pod_env(backend: str, **extra: str) -> dict[str, str]:
     never reached: the slots only construct their runtime)."""
     env = {k: v for k, v in os.environ.items() if not k.endswith("SOCKET_IFNAME")}
     return env | {
-        wire.ENV_RENDEZVOUS_URL: "http://127.0.0.1:9",
-        wire.ENV_JOB: "ns.gpu",
-        wire.ENV_TOKEN: "token",
-        wire.ENV_HOSTNAME: "gpu-worker-a",
-        wire.ENV_BIND_ADDRESS: "127.0.1.9",
-        wire.ENV_LOCAL_RANK: "0",
-        wire.ENV_BACKEND: backend,
+        ENV_RENDEZVOUS_URL: "http://127.0.0.1:9",
+        ENV_JOB: "ns.gpu",
+        ENV_TOKEN: "token",
+        ENV_HOSTNAME: "gpu-worker-a",
+        ENV_BIND_ADDRESS: "127.0.1.9",
+        ENV_LOCAL_RANK: "0",
+        ENV_BACKEND: backend,
         **extra,
     }
 
@@ -118,16 +132,16 @@ def run_pod(tmp_path: Path, slots: int, env: dict[str, str]) -> subprocess.Compl
 def test_each_slot_has_its_local_rank_device_and_the_interface_of_the_pod_ip(
     tmp_path: Path,
 ) -> None:
-    done = run_pod(tmp_path, 3, pod_env("gloo", **{wire.ENV_NCCL_SOCKET_IFNAME: "ib0"}))
+    done = run_pod(tmp_path, 3, pod_env("gloo", **{ENV_NCCL_SOCKET_IFNAME: "ib0"}))
     assert done.returncode == 0, done.stderr
     seen = {p.name: json.loads(p.read_text()) for p in tmp_path.iterdir()}
     assert seen == {
         str(slot): {
-            wire.ENV_LOCAL_RANK: str(slot),
-            wire.ENV_HOROVOD_LOCAL_RANK: str(slot),
-            wire.ENV_TORCH_LOCAL_RANK: str(slot),
-            wire.ENV_GLOO_SOCKET_IFNAME: "lo",  # the interface of the bind address
-            wire.ENV_NCCL_SOCKET_IFNAME: "ib0",  # the user's choice stays
+            ENV_LOCAL_RANK: str(slot),
+            ENV_HOROVOD_LOCAL_RANK: str(slot),
+            ENV_TORCH_LOCAL_RANK: str(slot),
+            ENV_GLOO_SOCKET_IFNAME: "lo",  # the interface of the bind address
+            ENV_NCCL_SOCKET_IFNAME: "ib0",  # the user's choice stays
             "device": "cpu",
             "current": None,
         }
@@ -136,7 +150,7 @@ def test_each_slot_has_its_local_rank_device_and_the_interface_of_the_pod_ip(
 
 
 def test_nccl_slots_without_gpus_fail_at_init_naming_the_resource(tmp_path: Path) -> None:
-    done = run_pod(tmp_path, 2, pod_env("nccl", **{wire.ENV_CUDA_VISIBLE_DEVICES: ""}))
+    done = run_pod(tmp_path, 2, pod_env("nccl", **{ENV_CUDA_VISIBLE_DEVICES: ""}))
     assert done.returncode != 0
     assert "no CUDA device is visible" in done.stderr and "nvidia.com/gpu" in done.stderr
     assert list(tmp_path.iterdir()) == []

@@ -15,7 +15,11 @@ import torch
 from torch.utils.data import TensorDataset
 
 import elasticjob.worker_runtime as hvd
-from elasticjob import wire
+from elasticjob.worker_contract import (
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_EVERY_COMMITS,
+    ENV_CHECKPOINT_KEEP,
+)
 from elasticjob.worker_runtime import basics
 from elasticjob.worker_runtime.elastic import CheckpointError, ElasticSampler, TorchState
 
@@ -28,9 +32,9 @@ def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A standalone runtime whose job checkpoints into the returned folder every 3 commits."""
     for name in [n for n in os.environ if n.startswith("ELASTICJOB_")]:
         monkeypatch.delenv(name)
-    monkeypatch.setenv(wire.ENV_CHECKPOINT_DIR, str(tmp_path / "ckpt"))
-    monkeypatch.setenv(wire.ENV_CHECKPOINT_EVERY_COMMITS, "3")
-    monkeypatch.setenv(wire.ENV_CHECKPOINT_KEEP, "2")
+    monkeypatch.setenv(ENV_CHECKPOINT_DIR, str(tmp_path / "ckpt"))
+    monkeypatch.setenv(ENV_CHECKPOINT_EVERY_COMMITS, "3")
+    monkeypatch.setenv(ENV_CHECKPOINT_KEEP, "2")
     hvd.init()
     yield tmp_path / "ckpt"
     hvd.shutdown()

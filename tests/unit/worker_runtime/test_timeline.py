@@ -12,24 +12,24 @@ from types import ModuleType
 
 import pytest
 
-from elasticjob import wire
 from elasticjob.launcher.output_files import write_timeline
+from elasticjob.worker_contract import ENV_HOSTNAME, ENV_LOCAL_RANK, ENV_TIMELINE_DIR
 from elasticjob.worker_runtime import timeline
 
 
 @pytest.fixture
 def recording(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    monkeypatch.setenv(wire.ENV_TIMELINE_DIR, str(tmp_path / "parts"))
-    monkeypatch.setenv(wire.ENV_HOSTNAME, "127.0.1.1")
-    monkeypatch.setenv(wire.ENV_LOCAL_RANK, "1")
+    monkeypatch.setenv(ENV_TIMELINE_DIR, str(tmp_path / "parts"))
+    monkeypatch.setenv(ENV_HOSTNAME, "127.0.1.1")
+    monkeypatch.setenv(ENV_LOCAL_RANK, "1")
     (tmp_path / "parts").mkdir()
     yield importlib.reload(timeline)
-    monkeypatch.delenv(wire.ENV_TIMELINE_DIR)
+    monkeypatch.delenv(ENV_TIMELINE_DIR)
     importlib.reload(timeline)
 
 
 def test_without_the_variable_nothing_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(wire.ENV_TIMELINE_DIR, raising=False)
+    monkeypatch.delenv(ENV_TIMELINE_DIR, raising=False)
     module = importlib.reload(timeline)
     assert not module.enabled()
     assert module.now() is None

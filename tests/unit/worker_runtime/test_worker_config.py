@@ -6,18 +6,29 @@ import logging
 
 import pytest
 
-from elasticjob import wire
-from elasticjob.worker_runtime.config import WorkerConfig, resolve_backend
+from elasticjob.worker_contract import (
+    ENV_COLLECTIVE_TIMEOUT,
+    ENV_DEFER_SIGTERM,
+    ENV_HEARTBEAT_INTERVAL,
+    ENV_HOSTNAME,
+    ENV_JOB,
+    ENV_LOCAL_RANK,
+    ENV_RENDEZVOUS_URL,
+    ENV_ROUND_WAIT,
+    ENV_TOKEN,
+    WorkerConfig,
+)
+from elasticjob.worker_runtime.devices import resolve_backend
 from elasticjob.worker_runtime.exceptions import HostsUpdatedInterrupt
 from elasticjob.worker_runtime.log import CONTEXT, get_logger
 from elasticjob.worker_runtime.runtime import Runtime
 
 FULL_ENV = {
-    wire.ENV_RENDEZVOUS_URL: "http://127.0.0.1:7000",
-    wire.ENV_JOB: "demo",
-    wire.ENV_TOKEN: "secret",
-    wire.ENV_HOSTNAME: "127.0.1.7",
-    wire.ENV_LOCAL_RANK: "1",
+    ENV_RENDEZVOUS_URL: "http://127.0.0.1:7000",
+    ENV_JOB: "demo",
+    ENV_TOKEN: "secret",
+    ENV_HOSTNAME: "127.0.1.7",
+    ENV_LOCAL_RANK: "1",
 }
 
 
@@ -33,7 +44,7 @@ def test_config_from_environment() -> None:
     assert config.backend == "auto"
 
 
-@pytest.mark.parametrize("missing", [wire.ENV_JOB, wire.ENV_TOKEN, wire.ENV_HOSTNAME])
+@pytest.mark.parametrize("missing", [ENV_JOB, ENV_TOKEN, ENV_HOSTNAME])
 def test_partial_environment_is_a_clear_error(missing: str) -> None:
     env = {k: v for k, v in FULL_ENV.items() if k != missing}
     with pytest.raises(RuntimeError, match=missing):
@@ -44,10 +55,10 @@ def test_optional_settings_from_environment() -> None:
     config = WorkerConfig.from_env(
         FULL_ENV
         | {
-            wire.ENV_COLLECTIVE_TIMEOUT: "12.5",
-            wire.ENV_ROUND_WAIT: "30",
-            wire.ENV_HEARTBEAT_INTERVAL: "0.5",
-            wire.ENV_DEFER_SIGTERM: "1",
+            ENV_COLLECTIVE_TIMEOUT: "12.5",
+            ENV_ROUND_WAIT: "30",
+            ENV_HEARTBEAT_INTERVAL: "0.5",
+            ENV_DEFER_SIGTERM: "1",
         }
     )
     assert config is not None
@@ -62,10 +73,10 @@ def test_optional_settings_from_environment() -> None:
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        (wire.ENV_COLLECTIVE_TIMEOUT, "soon"),
-        (wire.ENV_ROUND_WAIT, "-1"),
-        (wire.ENV_HEARTBEAT_INTERVAL, "nan"),
-        (wire.ENV_HEARTBEAT_INTERVAL, "inf"),
+        (ENV_COLLECTIVE_TIMEOUT, "soon"),
+        (ENV_ROUND_WAIT, "-1"),
+        (ENV_HEARTBEAT_INTERVAL, "nan"),
+        (ENV_HEARTBEAT_INTERVAL, "inf"),
     ],
 )
 def test_malformed_seconds_are_a_clear_error(name: str, value: str) -> None:
