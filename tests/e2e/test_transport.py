@@ -5,7 +5,7 @@ port gets nothing, and after an operator restart the same CA still verifies the 
 A certificate the cluster admin provides (``rendezvous.tls.secretName``) is served instead.
 
 No CNI here enforces NetworkPolicy: the chart's policy is tested as rendered, in
-tests/unit/deploy/test_helm_chart.py.
+tests/e2e/test_helm_chart.py.
 """
 
 from __future__ import annotations

@@ -41,16 +41,9 @@ from tests.integration.test_rendezvous_http import (
     slots_for,
     snapshot,
 )
+from tests.support.clock import FakeClock
 
 DEADLINE = 10.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -127,7 +120,7 @@ async def test_a_changed_store_endpoint_is_409(cluster: Cluster) -> None:
 
 
 async def test_a_job_over_its_rate_gets_429_and_other_jobs_do_not() -> None:
-    clock = Clock()
+    clock = FakeClock()
     service = RendezvousService(clock=clock)
     small = service.add_job("job-a", TOKEN_A, RecordingListener(), max_workers=1)
     service.add_job("job-b", TOKEN_B, RecordingListener(), max_workers=1)

@@ -37,6 +37,7 @@ from elasticjob.wire import (
     WorkerId,
     WorkerState,
 )
+from tests.support.clock import FakeClock
 
 DEADLINE = 5.0
 """Upper bound on any await of these tests (a hang fails the test instead)."""
@@ -48,14 +49,6 @@ T = TypeVar("T")
 
 async def bounded(awaitable: Awaitable[T]) -> T:
     return await asyncio.wait_for(awaitable, DEADLINE)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FakeDiscovery(HostDiscovery):

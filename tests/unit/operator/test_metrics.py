@@ -4,7 +4,6 @@ and per-job values read from the controllers at each scrape."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import cast
 
 import pytest
@@ -18,38 +17,8 @@ from elasticjob.operator.controller import JobController
 from elasticjob.operator.metrics import OperatorMetrics
 from elasticjob.rendezvous.stats import RequestStats
 from elasticjob.wire import ProgressRequest, WorkerId
-
-
-@dataclass
-class StubJournal:
-    lost_time: LostTime
-
-
-@dataclass
-class StubDriver:
-    """What the metrics read of a driver."""
-
-    now: float = 100.0
-    slots: dict[WorkerId, object] = field(default_factory=dict)
-    progress: ProgressRequest | None = None
-    lost_time: LostTime = field(default_factory=lambda: LostTime.start(0.0))
-    registry: WorkerRegistry = field(default_factory=WorkerRegistry)
-
-    @property
-    def journal(self) -> StubJournal:
-        return StubJournal(self.lost_time)
-
-    def clock(self) -> float:
-        return self.now
-
-
-@dataclass
-class StubController:
-    job_id: str
-    phase: Phase = Phase.RUNNING
-    pods_created: int = 0
-    pods_deleted: int = 0
-    driver: StubDriver | None = None
+from tests.support.clock import FakeClock
+from tests.support.metrics_stubs import StubController, StubDriver
 
 
 def scrape(metrics: OperatorMetrics) -> list[Sample]:
@@ -100,7 +69,7 @@ def test_per_job_values_are_read_at_each_scrape() -> None:
     registry = WorkerRegistry()
     registry.count_reset()
     driver = StubDriver(
-        now=80.0,
+        clock=FakeClock(80.0),
         slots={WorkerId("a", 0): object(), WorkerId("b", 0): object()},
         progress=ProgressRequest(round=1, epoch=2, step=30, samples_per_second=512.0),
         lost_time=lost,

@@ -27,9 +27,9 @@ from elasticjob.operator.api import LABEL_ROLE, ROLE_WORKER
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.metrics import OperatorMetrics
 from elasticjob.rendezvous.stats import RequestStats
-from tests.unit.operator.test_metrics import StubController, StubDriver
+from tests.support.metrics_stubs import StubController, StubDriver
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "elasticjob-operator"
 CRD = REPO / "deploy" / "crds" / "elasticjob.dev_elasticjobs.yaml"
 CHART_CRD = CHART / "crds" / CRD.name
