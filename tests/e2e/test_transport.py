@@ -23,26 +23,25 @@ import pytest
 from devcluster import Cluster
 from elasticjob import wire
 from elasticjob.operator.certs import TLSMaterial, service_dns_names
-from tests.devcluster.helpers import Kube
-from tests.e2e.test_controller import restart_operator
-from tests.e2e.test_operator import (  # the module's helm-installed operator and helpers
-    CHART,
-    RELEASE,
-    RENDEZVOUS_HOST,
-    RENDEZVOUS_PORT,
-    SYSTEM_NS,
+from tests.support.elastic_jobs import (
     job_manifest,
-    operator,
-    operator_ip,
-    rendezvous_status,
     secret_token,
     stop_workers,
     wait_status,
     worker_env,
 )
-from tests.integration.harness import read_events
-
-__all__ = ["operator"]
+from tests.support.job_runs import read_events
+from tests.support.kube import Kube
+from tests.support.operator_release import (
+    CHART,
+    RELEASE,
+    RENDEZVOUS_HOST,
+    RENDEZVOUS_PORT,
+    SYSTEM_NS,
+    operator_ip,
+    rendezvous_status,
+    restart_operator,
+)
 
 TLS_SECRET = f"{RELEASE}-rendezvous-tls"
 OPERATOR_PODS = "app.kubernetes.io/name=elasticjob-operator"

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from elasticjob import wire
-from tests.integration.harness import JobRun, run_job
-from tests.integration.test_elastic_scenarios import assert_trained_exactly_once, worker_args
+from tests.support.job_runs import JobRun, assert_trained_exactly_once, run_job, worker_args
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from elasticjob import wire
-from tests.integration.test_worker_api import launcher, run
+from tests.support.worker_scripts import launcher, run
 
 pytestmark = [
     pytest.mark.integration,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from elasticjob import wire
-from tests.integration.harness import JobRun, run_job
+from tests.support.job_runs import JobRun, run_job
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,8 @@ from elasticjob.operator.api import (
 from elasticjob.operator.hosts import driver_settings
 from elasticjob.operator.pods import worker_pod
 from elasticjob.operator.status import status_of
-from tests.unit.operator.crd_model import SPEC_SCHEMA, good_spec, schema_errors
-from tests.unit.operator.test_status import T0, T1, obs
+from tests.support.crd_model import SPEC_SCHEMA, good_spec, schema_errors
+from tests.support.observations import T0, T1, obs
 
 REPO = Path(__file__).resolve().parents[3]
 JOB = {"metadata": {"name": "train", "namespace": "ml", "uid": "uid-1"}}

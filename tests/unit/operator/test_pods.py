@@ -9,7 +9,7 @@ import pytest
 from elasticjob import wire
 from elasticjob.operator.api import ElasticJobSpec, parse_spec
 from elasticjob.operator.pods import PodState, PodView, newest_first, view, worker_pod
-from tests.unit.operator.crd_model import with_changes
+from tests.support.crd_model import with_changes
 
 JOB = {"metadata": {"name": "train", "namespace": "ml", "uid": "uid-1"}}
 HOST_NOT_IN = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n1", "n2"]}

@@ -20,7 +20,7 @@ from elasticjob.operator.status_writer import (
     write_due,
 )
 from tests.support.clock import FakeClock
-from tests.unit.operator.test_status import obs
+from tests.support.observations import obs
 
 BASE: dict[str, Any] = {
     "phase": "Running",

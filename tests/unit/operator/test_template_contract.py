@@ -13,7 +13,7 @@ import yaml
 from elasticjob import wire
 from elasticjob.operator.api import FieldError, parse_spec, validate
 from elasticjob.operator.api.validation import name_errors
-from tests.unit.operator.crd_model import with_changes
+from tests.support.crd_model import with_changes
 
 REPO = Path(__file__).resolve().parents[3]
 RESERVED = (

@@ -18,7 +18,7 @@ from elasticjob.wire import (
     SlotInfo,
     WorkerId,
 )
-from tests.unit.rendezvous.test_rendezvous_jobs import RecordingListener
+from tests.support.rendezvous_jobs import RecordingListener
 
 
 def W(host: str, slot: int = 0) -> WorkerId:

@@ -4,7 +4,6 @@ operator is gone) is told so by its heartbeat thread; until then it keeps runnin
 from __future__ import annotations
 
 import http.server
-import socket
 import threading
 import time
 
@@ -12,14 +11,9 @@ from elasticjob import wire
 from elasticjob.worker_runtime.config import WorkerConfig
 from elasticjob.worker_runtime.heartbeat import Heartbeat
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient
+from tests.support.loopback import closed_port
+from tests.support.worker_env import FULL_ENV
 
-FULL_ENV = {
-    wire.ENV_RENDEZVOUS_URL: "http://127.0.0.1:7000",
-    wire.ENV_JOB: "demo",
-    wire.ENV_TOKEN: "secret",
-    wire.ENV_HOSTNAME: "127.0.1.7",
-    wire.ENV_LOCAL_RANK: "1",
-}
 DEADLINE_S = 20.0
 
 
@@ -28,12 +22,6 @@ def test_the_orphan_timeout_comes_from_the_environment() -> None:
     assert config is not None and config.orphan_timeout_s == 7.5
     default = WorkerConfig.from_env(FULL_ENV)
     assert default is not None and default.orphan_timeout_s == 900.0, "outlasts a restart"
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class _Accepting(http.server.BaseHTTPRequestHandler):

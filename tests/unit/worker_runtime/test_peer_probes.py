@@ -24,7 +24,8 @@ from elasticjob.worker_runtime.heartbeat import Heartbeat
 from elasticjob.worker_runtime.process_group import RoundGroup
 from elasticjob.worker_runtime.reachability import PeerProber, ProbeListener, unreachable_peers
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient
-from tests.unit.worker_runtime.test_orphan_timeout import FULL_ENV, closed_port
+from tests.support.loopback import closed_port
+from tests.support.worker_env import FULL_ENV
 
 DEADLINE_S = 10.0
 

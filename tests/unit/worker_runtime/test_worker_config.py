@@ -11,14 +11,7 @@ from elasticjob.worker_runtime.config import WorkerConfig, resolve_backend
 from elasticjob.worker_runtime.exceptions import HostsUpdatedInterrupt
 from elasticjob.worker_runtime.log import CONTEXT, get_logger
 from elasticjob.worker_runtime.runtime import Runtime
-
-FULL_ENV = {
-    wire.ENV_RENDEZVOUS_URL: "http://127.0.0.1:7000",
-    wire.ENV_JOB: "demo",
-    wire.ENV_TOKEN: "secret",
-    wire.ENV_HOSTNAME: "127.0.1.7",
-    wire.ENV_LOCAL_RANK: "1",
-}
+from tests.support.worker_env import FULL_ENV
 
 
 def test_no_launcher_environment_means_standalone() -> None:
