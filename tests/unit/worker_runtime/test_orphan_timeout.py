@@ -86,4 +86,7 @@ def test_beats_that_arrive_keep_the_worker_until_the_service_goes() -> None:
 def test_no_orphan_timeout_means_never_orphaned() -> None:
     heartbeat, orphaned, _ = watch(f"http://127.0.0.1:{closed_port()}", 0.0, interval_s=0.2)
     heartbeat.start()
-    assert not orphaned.wait(1.0)
+    try:
+        assert not orphaned.wait(1.0)
+    finally:
+        heartbeat.stop()  # it would beat on for the rest of the test run

@@ -81,7 +81,8 @@ def test_log_lines_carry_job_round_rank_and_step(
         monkeypatch.setattr(CONTEXT, field, value)
     with caplog.at_level(logging.INFO):
         get_logger("elasticjob.test").info("hello %s", "world")
-    assert caplog.messages == ["[demo round=3 rank=2 step=41] hello world"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "elasticjob.test"]
+    assert logged == ["[demo round=3 rank=2 step=41] hello world"]
 
 
 def test_a_vote_settled_by_the_optimizer_step_decides_the_next_check() -> None:
