@@ -2,7 +2,8 @@
 between the chart and the operator process (no cluster needed).
 
 The tests use the helm binary that ``scripts/devcluster-prereqs.sh`` caches; without it they
-fail (they are never skipped).
+fail (they are never skipped). That prerequisite puts them with the end-to-end tests, which
+install the chart, rather than with the unit tests.
 """
 
 from __future__ import annotations
