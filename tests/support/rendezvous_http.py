@@ -1,5 +1,5 @@
 """The rendezvous service over real HTTP as the tests reach it: a started service with two
-jobs and a client session that sends what a worker sends."""
+jobs and an HTTP client that sends what a worker sends."""
 
 from __future__ import annotations
 
