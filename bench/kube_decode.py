@@ -36,7 +36,7 @@ from kubernetes.client import ApiClient  # noqa: E402
 
 from elasticjob.operator.api import parse_spec  # noqa: E402
 from elasticjob.operator.pods import worker_pod  # noqa: E402
-from tests.unit.operator.crd_model import with_changes  # noqa: E402
+from tests.support.crd_model import with_changes  # noqa: E402
 
 JOB = {"metadata": {"name": "train", "namespace": "ml", "uid": "6d1c7d3e-uid"}}
 WORKER = {"name": "worker", "image": "registry.example/train:1", "command": ["python", "train.py"]}

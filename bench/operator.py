@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 from bench.operator_scale import ScaleBench, load  # noqa: E402
 from devcluster.cluster import Cluster  # noqa: E402
 from devcluster.config import ClusterConfig  # noqa: E402
-from tests.integration.harness import read_events  # noqa: E402
+from tests.support.job_runs import read_events  # noqa: E402
 
 WORKER = REPO / "tests" / "integration" / "workers" / "elastic_worker.py"
 

@@ -1,5 +1,5 @@
 """devcluster's own tests, marked ``devcluster``; the cluster fixtures are in
-tests/cluster_fixtures.py."""
+tests/support/cluster_fixtures.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-CLUSTER_FIXTURES = "tests.cluster_fixtures"
+CLUSTER_FIXTURES = "tests.support.cluster_fixtures"
 
 
 def pytest_configure(config: pytest.Config) -> None:

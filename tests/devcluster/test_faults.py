@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.devcluster.helpers import (
+from tests.support.kube import (
     Kube,
     container_state,
     node_ready_untainted,

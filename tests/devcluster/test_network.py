@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.devcluster.helpers import Kube, pod_manifest
+from tests.support.kube import Kube, pod_manifest
 
 pytestmark = pytest.mark.devcluster
 

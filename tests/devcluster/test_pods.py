@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from tests.devcluster.helpers import Kube, container_state, is_ready, pod_manifest
+from tests.support.kube import Kube, container_state, is_ready, pod_manifest
 
 pytestmark = pytest.mark.devcluster
 

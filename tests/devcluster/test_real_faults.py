@@ -7,9 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.devcluster.helpers import Kube, container_state, node_ready_untainted, read_proc_state
-from tests.devcluster.real import SLEEPER, condition, fetch, real_pod, server, service
-from tests.devcluster.test_cli import _cli
+from tests.support.kube import (
+    Kube,
+    container_state,
+    devcluster_cli,
+    node_ready_untainted,
+    read_proc_state,
+)
+from tests.support.real_pods import SLEEPER, condition, fetch, real_pod, server, service
 
 pytestmark = pytest.mark.devcluster
 
@@ -158,9 +163,9 @@ def test_partition_and_heal_from_the_cli(real_kube: Kube) -> None:
     real_kube.apply(real_pod("clivictim", SLEEPER, node="node-1"))
     real_kube.wait_ready("clivictim", timeout=120)
     url = f"http://{peer['status']['podIP']}:8080/"
-    cut = _cli(real_kube, "fault", "partition", "clivictim", "-n", real_kube.ns)
+    cut = devcluster_cli(real_kube, "fault", "partition", "clivictim", "-n", real_kube.ns)
     assert cut.returncode == 0, cut.stderr
     assert fetch(real_kube, "clivictim", url)[url].startswith("FAIL")
-    healed = _cli(real_kube, "fault", "heal", "clivictim", "-n", real_kube.ns)
+    healed = devcluster_cli(real_kube, "fault", "heal", "clivictim", "-n", real_kube.ns)
     assert healed.returncode == 0, healed.stderr
     assert fetch(real_kube, "clivictim", url)[url].startswith("OK")

@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 import pytest
 
 from devcluster.cluster import Cluster
-from tests.devcluster.helpers import Kube, is_ready
-from tests.devcluster.real import (
+from tests.support.kube import Kube, devcluster_cli, is_ready
+from tests.support.real_pods import (
     SLEEPER,
     condition,
     fetch,
@@ -23,7 +23,6 @@ from tests.devcluster.real import (
     server,
     service,
 )
-from tests.devcluster.test_cli import _cli
 
 pytestmark = pytest.mark.devcluster
 
@@ -229,9 +228,9 @@ def test_probes_and_conditions_come_from_the_kubelet(real_kube: Kube) -> None:
 def test_real_cluster_status_and_logs_cli(real_cluster: Cluster, real_kube: Kube) -> None:
     real_kube.apply(real_pod("said", "print('from a real container')"))
     real_kube.wait_phase("said", "Succeeded", timeout=120)
-    status = _cli(real_kube, "status")
+    status = devcluster_cli(real_kube, "status")
     assert status.returncode == 0, status.stdout + status.stderr
     for name in real_cluster.config.node_names():
         assert f"{name}-kubelet" in status.stdout
-    logs = _cli(real_kube, "logs", "said", "-n", real_kube.ns)
+    logs = devcluster_cli(real_kube, "logs", "said", "-n", real_kube.ns)
     assert logs.stdout == "from a real container\n", logs.stderr

@@ -25,9 +25,9 @@ from devcluster import procs
 from devcluster.cluster import Cluster
 from devcluster.config import ClusterConfig
 from devcluster.nodeclean import KERNEL_TUNABLES, TUNABLES_DIR
-from tests.cluster_fixtures import REAL_TEST_NET, _missing_real_prereqs
-from tests.devcluster.helpers import Kube, read_proc_state
-from tests.devcluster.real import SLEEPER, real_pod
+from tests.support.cluster_fixtures import REAL_TEST_NET, missing_real_prereqs
+from tests.support.kube import Kube, read_proc_state
+from tests.support.real_pods import SLEEPER, real_pod
 
 pytestmark = pytest.mark.devcluster
 
@@ -99,7 +99,7 @@ def _tunables() -> dict[str, str]:
 @pytest.fixture
 def one_node_cluster() -> Iterator[Cluster]:
     """A private one-node real cluster (its own net), always brought down."""
-    problem = _missing_real_prereqs()
+    problem = missing_real_prereqs()
     if problem:
         if os.environ.get("CI"):
             pytest.fail(problem)

@@ -10,7 +10,7 @@ import pytest
 
 from devcluster.agent.volumes import claim_dir
 from devcluster.provisioner import PROVISIONED_LABEL, released, volume_for
-from tests.devcluster.helpers import Kube, pod_manifest
+from tests.support.kube import Kube, pod_manifest
 
 pytestmark = pytest.mark.devcluster
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.devcluster.helpers import Kube, pod_manifest
+from tests.support.kube import Kube, pod_manifest
 
 pytestmark = pytest.mark.devcluster
 

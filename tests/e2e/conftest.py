@@ -1,5 +1,5 @@
 """End-to-end tests of the operator on devcluster (marked ``devcluster``; the cluster
-fixtures are in tests/cluster_fixtures.py).
+fixtures are in tests/support/cluster_fixtures.py).
 
 The suite runs on real nodes (kubelets on containerd, the project's images, pod networks in
 their own namespaces, kube-proxy, cluster DNS). ``ELASTICJOB_E2E_RUNTIME=process`` runs it on
@@ -8,13 +8,15 @@ process nodes instead: quicker to start, but no container, image or network of i
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from devcluster.cluster import Cluster
+from tests.support.operator_release import CHART, RELEASE, SYSTEM_NS
 
-CLUSTER_FIXTURES = "tests.cluster_fixtures"
+CLUSTER_FIXTURES = "tests.support.cluster_fixtures"
 E2E_RUNTIME_ENV = "ELASTICJOB_E2E_RUNTIME"
 CLUSTER_OF_RUNTIME = {"containerd": "real_cluster", "process": "process_cluster"}
 
@@ -41,3 +43,29 @@ def cluster(request: pytest.FixtureRequest) -> Cluster:
         raise pytest.UsageError(f"{E2E_RUNTIME_ENV} must be one of {sorted(CLUSTER_OF_RUNTIME)}")
     found: Cluster = request.getfixturevalue(CLUSTER_OF_RUNTIME[runtime])
     return found
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster) -> Iterator[Cluster]:
+    """The operator, installed with helm into its own namespace (once for each test module
+    that uses it, uninstalled after the module)."""
+    result = cluster.helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "-n",
+        SYSTEM_NS,
+        "--create-namespace",
+        "--set",
+        "logLevel=debug",
+        "--wait",
+        "--timeout",
+        "120s",
+        check=False,
+        timeout=180,
+    )
+    assert result.returncode == 0, f"helm install failed:\n{result.stdout}\n{result.stderr}"
+    try:
+        yield cluster
+    finally:
+        cluster.helm("uninstall", RELEASE, "-n", SYSTEM_NS, check=False, timeout=60)

@@ -12,30 +12,11 @@ from typing import Any
 import yaml
 
 from devcluster.cluster import Cluster
-from tests.devcluster.helpers import Kube
-from tests.e2e.test_operator import RELEASE, SYSTEM_NS, operator, wait_status
-
-__all__ = ["operator"]
+from tests.support.elastic_jobs import sleeper, wait_status
+from tests.support.kube import Kube
+from tests.support.operator_release import RELEASE, SYSTEM_NS
 
 TYPO = "spec.template.spec.containers[0].resource"
-
-
-def sleeper(name: str, **spec: Any) -> dict[str, Any]:
-    """An ElasticJob whose workers only sleep: admission needs no training."""
-    container: dict[str, Any] = {"name": "worker", "image": "busybox", "command": ["sleep", "600"]}
-    container.update(spec.pop("container", {}))
-    return {
-        "apiVersion": "elasticjob.dev/v1alpha1",
-        "kind": "ElasticJob",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": 2,
-            "minReplicas": 2,
-            "maxReplicas": 3,
-            "template": {"spec": {"containers": [container]}},
-            **spec,
-        },
-    }
 
 
 def apply(kube: Kube, manifest: dict[str, Any]) -> tuple[int, str]:

@@ -14,20 +14,10 @@ import pytest
 
 from devcluster.agent.volumes import claim_dir
 from devcluster.cluster import Cluster
-from tests.devcluster.helpers import Kube
-from tests.e2e.test_operator import (
-    RELEASE,
-    SYSTEM_NS,
-    job_manifest,
-    operator,
-    operator_pods,
-    stop_workers,
-    wait_operator_serving,
-    wait_status,
-)
-from tests.integration.harness import read_events
-
-__all__ = ["operator"]
+from tests.support.elastic_jobs import job_manifest, stop_workers, wait_status
+from tests.support.job_runs import read_events
+from tests.support.kube import Kube
+from tests.support.operator_release import RELEASE, SYSTEM_NS, operator_pods, wait_operator_serving
 
 WORKERS = "elasticjob.dev/job-name"
 

@@ -14,42 +14,21 @@ from typing import Any
 import pytest
 
 from devcluster.cluster import Cluster
-from tests.devcluster.helpers import Kube
-from tests.e2e.test_operator import (  # the module's helm-installed operator and helpers
-    RELEASE,
+from tests.support.elastic_jobs import (
     STARTUP_S,
-    SYSTEM_NS,
+    condition,
     job_manifest,
-    operator,
-    operator_logs,
-    restart_operator,
     stop_workers,
+    wait_ready,
     wait_status,
 )
-from tests.integration.harness import read_events
-
-__all__ = ["operator"]  # a fixture of this module too
-
-
-def delete_webhook(cluster: Cluster) -> None:
-    name = f"{RELEASE}.{SYSTEM_NS}.svc"
-    cluster.kubectl("delete", "validatingwebhookconfiguration", name, check=False)
-
-
-def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
-    return next((c for c in status.get("conditions", []) if c["type"] == kind), {})
+from tests.support.job_runs import read_events
+from tests.support.kube import Kube
+from tests.support.operator_release import delete_webhook, operator_logs, restart_operator
 
 
 def event_reasons(kube: Kube) -> set[str]:
     return {ev["reason"] for ev in json.loads(kube.kubectl("get", "events", "-o", "json"))["items"]}
-
-
-def wait_ready(kube: Kube, job: str, timeout_s: int = 180) -> None:
-    """``kubectl wait --for=condition=Ready`` on the job."""
-    kube.cluster.kubectl(
-        *("-n", kube.ns, "wait", "--for=condition=Ready", f"ej/{job}", f"--timeout={timeout_s}s"),
-        timeout=timeout_s + 30,
-    )
 
 
 def wait_training(kube: Kube, log_dir: Path, status: dict[str, Any]) -> None:

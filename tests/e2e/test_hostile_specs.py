@@ -18,17 +18,15 @@ import yaml
 from devcluster.cluster import Cluster
 from elasticjob.operator.api import worker_labels
 from elasticjob.worker_contract import ENV_RENDEZVOUS_URL, ENV_TOKEN
-from tests.devcluster.helpers import Kube, pod_manifest
-from tests.e2e.test_controller import condition, delete_webhook, wait_ready
-from tests.e2e.test_operator import (  # the module's helm-installed operator and helpers
+from tests.support.elastic_jobs import (
+    condition,
     job_manifest,
-    operator,
-    operator_logs,
     stop_workers,
+    wait_ready,
     wait_status,
 )
-
-__all__ = ["operator"]  # a fixture of this module too
+from tests.support.kube import Kube, pod_manifest
+from tests.support.operator_release import delete_webhook, operator_logs
 
 REPO = Path(__file__).resolve().parents[2]
 LONG_NAME = "a" * 64

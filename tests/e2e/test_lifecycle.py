@@ -10,25 +10,24 @@ from pathlib import Path
 import yaml
 
 from devcluster.cluster import Cluster
-from tests.devcluster.helpers import Kube, node_ready_untainted, pod_log_files
-from tests.e2e.test_admission import sleeper
-from tests.e2e.test_operator import (
-    OPERATOR_PODS,
-    RELEASE,
+from tests.support.elastic_jobs import (
     STARTUP_S,
-    SYSTEM_NS,
     job_manifest,
-    operator,
-    operator_pods,
-    serving_operator_pods,
+    sleeper,
     stop_workers,
-    wait_operator_serving,
     wait_status,
     worker_logs,
 )
-from tests.integration.harness import read_events
-
-__all__ = ["operator"]
+from tests.support.job_runs import read_events
+from tests.support.kube import Kube, node_ready_untainted, pod_log_files
+from tests.support.operator_release import (
+    OPERATOR_PODS,
+    RELEASE,
+    SYSTEM_NS,
+    operator_pods,
+    serving_operator_pods,
+    wait_operator_serving,
+)
 
 
 def test_a_worker_lost_while_the_operator_restarts_is_recovered_from(

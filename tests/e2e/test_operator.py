@@ -8,15 +8,8 @@ in the committed trajectory and whether all ranks ended with the same weights.
 
 from __future__ import annotations
 
-import base64
-import http.client
 import json
-import os
-import socket
-import ssl
-import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,219 +19,26 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devcluster.cluster import Cluster
 from elasticjob.driver.job_record import EventKind, JobRecordData
-from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
 from elasticjob.worker_contract import ENV_RENDEZVOUS_CA
-from tests.devcluster.helpers import Kube
-from tests.integration.harness import JobRun, kill_leftovers, read_events
-
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "deploy" / "helm" / "elasticjob-operator"
-WORKER = REPO / "tests" / "integration" / "workers" / "elastic_worker.py"
-SYSTEM_NS = "elasticjob-system"
-RELEASE = "elasticjob-operator"
-RENDEZVOUS_HOST = f"{RELEASE}.{SYSTEM_NS}.svc"
-RENDEZVOUS_PORT = 8470
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster) -> Iterator[Cluster]:
-    """The operator, installed with helm into its own namespace."""
-    result = cluster.helm(
-        "install",
-        RELEASE,
-        str(CHART),
-        "-n",
-        SYSTEM_NS,
-        "--create-namespace",
-        "--set",
-        "logLevel=debug",
-        "--wait",
-        "--timeout",
-        "120s",
-        check=False,
-        timeout=180,
-    )
-    assert result.returncode == 0, f"helm install failed:\n{result.stdout}\n{result.stderr}"
-    try:
-        yield cluster
-    finally:
-        cluster.helm("uninstall", RELEASE, "-n", SYSTEM_NS, check=False, timeout=60)
-
-
-def job_manifest(name: str, log_dir: Path, stop_file: Path, **spec: Any) -> dict[str, Any]:
-    """An ElasticJob running the integration tests' worker script (the operator spreads its
-    pods over nodes where there are enough). The script and the directory of its event log
-    and stop file are hostPath volumes at the same paths, so the test reads what workers
-    write on real nodes (containers) and process nodes alike."""
-    scratch = Path(os.path.commonpath([log_dir, stop_file.parent]))
-    scratch.mkdir(parents=True, exist_ok=True)
-    scratch.chmod(0o777)  # the worker image runs as a non-root user
-    command = [
-        "python",
-        str(WORKER),
-        "--log-dir",
-        str(log_dir),
-        "--stop-file",
-        str(stop_file),
-        "--epochs",
-        "1000",
-        "--samples",
-        "96",
-        "--step-time",
-        "0.05",
-    ]
-    mounts = {"tests": WORKER.parent, "scratch": scratch}
-    return {
-        "apiVersion": "elasticjob.dev/v1alpha1",
-        "kind": "ElasticJob",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": 3,
-            "minReplicas": 2,
-            "maxReplicas": 5,
-            "backend": "gloo",
-            "blacklist": {"cooldownSeconds": {"min": 300, "max": 600}},
-            "template": {
-                "spec": {
-                    "terminationGracePeriodSeconds": 30,
-                    "containers": [
-                        {
-                            "name": "worker",
-                            "image": "elasticjob/worker:0.1.0",
-                            "command": command,
-                            "volumeMounts": [
-                                {"name": n, "mountPath": str(path)} for n, path in mounts.items()
-                            ],
-                        }
-                    ],
-                    "volumes": [
-                        {"name": n, "hostPath": {"path": str(path), "type": "Directory"}}
-                        for n, path in mounts.items()
-                    ],
-                }
-            },
-            **spec,
-        },
-    }
-
-
-def status(kube: Kube, name: str) -> dict[str, Any]:
-    job = kube.get("ej", name) or {}
-    result: dict[str, Any] = job.get("status") or {}
-    return result
-
-
-STARTUP_S = 300.0
-"""How long a test waits for a job's first round: container creation on real nodes of a
-loaded 2-core machine has taken over 100 s (the figure is no goal of the project's)."""
-
-
-def wait_status(
-    kube: Kube, name: str, what: str, check: Any, timeout: float = 120
-) -> dict[str, Any]:
-    def probe() -> dict[str, Any] | None:
-        current = status(kube, name)
-        return current if check(current) else None
-
-    found: dict[str, Any] = kube.wait(f"ElasticJob {name}: {what}", probe, timeout)
-    return found
-
-
-OPERATOR_PODS = "app.kubernetes.io/name=elasticjob-operator"
-
-
-def operator_pods(cluster: Cluster) -> list[dict[str, Any]]:
-    found = cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-l", OPERATOR_PODS, "-o", "json")
-    pods: list[dict[str, Any]] = json.loads(found.stdout)["items"]
-    return pods
-
-
-def serving_operator_pods(cluster: Cluster) -> set[str]:
-    """The operator pods behind its Service: ready, so webhooks and workers reach them."""
-    found = cluster.kubectl("-n", SYSTEM_NS, "get", "endpoints", RELEASE, "-o", "json")
-    subsets = json.loads(found.stdout).get("subsets") or []
-    return {
-        address["targetRef"]["name"]
-        for subset in subsets
-        for address in subset.get("addresses") or []
-        if address.get("targetRef")
-    }
-
-
-def wait_operator_serving(kube: Kube, replaced: set[str]) -> None:
-    """Wait until a new operator pod (none of ``replaced``) serves behind the Service: Running
-    is not enough, since a starting operator registers its webhooks before it is ready."""
-    kube.wait(
-        "a new operator pod serving",
-        lambda: serving_operator_pods(kube.cluster) - replaced,
-        timeout=180,
-    )
-
-
-def restart_operator(kube: Kube) -> None:
-    """Delete the operator's pod, wait until it is gone (a real kubelet may take most of its
-    grace period on a loaded machine) and until its replacement serves."""
-    old = {p["metadata"]["name"] for p in operator_pods(kube.cluster)}
-    kube.cluster.kubectl("-n", SYSTEM_NS, "delete", "pod", "-l", OPERATOR_PODS, "--wait=false")
-    kube.wait(
-        "the old operator pod gone",
-        lambda: not old & {p["metadata"]["name"] for p in operator_pods(kube.cluster)},
-        timeout=180,
-    )
-    wait_operator_serving(kube, old)
-
-
-def operator_logs(cluster: Cluster, timeout: float = 60.0) -> str:
-    """The logs of the operator's pods. The kubelet refuses a read while a container it
-    restarted has no log yet: the read is tried again until ``timeout``, and the last
-    refusal (kubectl's stderr) is what a timeout says."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = cluster.kubectl(
-            "-n",
-            SYSTEM_NS,
-            "logs",
-            "-l",
-            OPERATOR_PODS,
-            "--tail=-1",
-            "--all-containers",
-            check=False,
-        )
-        if found.returncode == 0:
-            return found.stdout
-        if time.monotonic() > deadline:
-            pods = [
-                (p["metadata"]["name"], p.get("status", {}).get("containerStatuses"))
-                for p in operator_pods(cluster)
-            ]
-            raise AssertionError(f"the operator's logs cannot be read: {found.stderr}\n{pods}")
-        time.sleep(0.5)
-
-
-_SEEN_LOGS: dict[tuple[str, str], str] = {}
-"""The longest log read so far of every worker pod, by (namespace, pod): a deleted pod's log
-goes with it on a real node, so what was read before still counts."""
-
-
-def worker_logs(kube: Kube) -> str:
-    """The logs of every worker pod of the test's namespace read so far, from the kubelet
-    through the API (each current pod's log is read now)."""
-    for pod in kube.pods("elasticjob.dev/job-name"):
-        name = pod["metadata"]["name"]
-        text = kube.kubectl("logs", name, "--all-containers", check=False)
-        if len(text) >= len(_SEEN_LOGS.get((kube.ns, name), "")):
-            _SEEN_LOGS[(kube.ns, name)] = text
-    return "\n".join(text for (ns, _), text in _SEEN_LOGS.items() if ns == kube.ns)
-
-
-def stop_workers(kube: Kube, log_dir: Path) -> None:
-    """End whatever workers a test left behind, at once: their pods on real nodes, their
-    processes on process nodes (the events name their pids there)."""
-    if kube.cluster.config.runtime == "process":
-        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
-        return
-    kube.kubectl("delete", "ej", "--all", "--wait=false", check=False)
-    kube.kubectl("delete", "pods", "--all", "--grace-period=0", "--force", check=False)
+from tests.support.elastic_jobs import (
+    STARTUP_S,
+    job_manifest,
+    secret_token,
+    stop_workers,
+    wait_status,
+    worker_env,
+    worker_logs,
+)
+from tests.support.job_runs import read_events
+from tests.support.kube import Kube
+from tests.support.operator_release import (
+    RELEASE,
+    SYSTEM_NS,
+    operator_ip,
+    operator_pods,
+    rendezvous_status,
+    restart_operator,
+)
 
 
 @pytest.mark.timeout(900)
@@ -498,61 +298,6 @@ def test_voluntary_evictions_keep_the_job_at_its_minimum(
         )
     finally:
         (tmp_path / "stop").touch()
-
-
-def secret_token(kube: Kube, job: str) -> str:
-    secret = kube.get("secret", f"{job}-rendezvous")
-    assert secret is not None
-    return base64.b64decode(secret["data"]["token"]).decode()
-
-
-def operator_ip(kube: Kube) -> str:
-    """The IP of the (running) operator pod."""
-    pods = json.loads(kube.cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-o", "json").stdout)
-    ip: str = next(
-        p["status"]["podIP"]
-        for p in pods["items"]
-        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-    )
-    return ip
-
-
-def worker_env(kube: Kube, job: str) -> dict[str, Any]:
-    """The environment the operator gave a worker pod of ``job`` (plain values only)."""
-    pod = kube.pods(f"elasticjob.dev/job-name={job}")[0]
-    (worker,) = pod["spec"]["containers"]
-    return {e["name"]: e["value"] for e in worker["env"] if "value" in e}
-
-
-class _PinnedHTTPSConnection(http.client.HTTPSConnection):
-    """HTTPS to ``ip``, verifying the server as ``host`` (this machine does not resolve Service
-    names; pods do: through the cluster's DNS on real nodes, hosts files on process nodes)."""
-
-    def __init__(self, host: str, ip: str, port: int, context: ssl.SSLContext) -> None:
-        super().__init__(host, port, timeout=10, context=context)
-        self._ip = ip
-        self._tls = context
-
-    def connect(self) -> None:
-        sock = socket.create_connection((self._ip, self.port), self.timeout)
-        self.sock = self._tls.wrap_socket(sock, server_hostname=self.host)
-
-
-def rendezvous_status(
-    kube: Kube, path: str, token: str, ca: str, *, host: str = RENDEZVOUS_HOST
-) -> int:
-    """The status of ``GET path`` on the operator's rendezvous port over HTTPS, the server
-    verified against ``ca`` as ``host``."""
-    context = ssl.create_default_context(cadata=ca)
-    conn = _PinnedHTTPSConnection(host, operator_ip(kube), RENDEZVOUS_PORT, context)
-    try:
-        headers = {PROTOCOL_HEADER: str(PROTOCOL_VERSION)}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        conn.request("GET", path, headers=headers)
-        return conn.getresponse().status
-    finally:
-        conn.close()
 
 
 def test_slots_per_worker_runs_a_process_per_slot(

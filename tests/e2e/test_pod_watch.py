@@ -22,10 +22,10 @@ from elasticjob.operator.controller import JobController
 from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.kube import KubeApi
 from elasticjob.rendezvous.server import RendezvousService
-from tests.devcluster.helpers import Kube
-from tests.e2e.test_controller import delete_webhook
-from tests.e2e.test_operator import CHART, job_manifest, operator_pods
-from tests.integration.harness import JobRun, kill_leftovers, read_events
+from tests.support.elastic_jobs import job_manifest
+from tests.support.job_runs import JobRun, kill_leftovers, read_events
+from tests.support.kube import Kube
+from tests.support.operator_release import CHART, delete_webhook, operator_pods
 
 CRD = CHART / "crds" / "elasticjob.dev_elasticjobs.yaml"
 ROUND_TIMEOUT_S = 180.0  # cold imports of torch in the worker pods on a loaded machine

@@ -5,7 +5,7 @@ port gets nothing, and after an operator restart the same CA still verifies the 
 A certificate the cluster admin provides (``rendezvous.tls.secretName``) is served instead.
 
 No CNI here enforces NetworkPolicy: the chart's policy is tested as rendered, in
-tests/unit/deploy/test_helm_chart.py.
+tests/e2e/test_helm_chart.py.
 """
 
 from __future__ import annotations
@@ -23,26 +23,25 @@ import pytest
 from devcluster.cluster import Cluster
 from elasticjob.operator.certs import TLSMaterial, service_dns_names
 from elasticjob.worker_contract import ENV_RENDEZVOUS_CA, ENV_RENDEZVOUS_URL
-from tests.devcluster.helpers import Kube
-from tests.e2e.test_controller import restart_operator
-from tests.e2e.test_operator import (  # the module's helm-installed operator and helpers
-    CHART,
-    RELEASE,
-    RENDEZVOUS_HOST,
-    RENDEZVOUS_PORT,
-    SYSTEM_NS,
+from tests.support.elastic_jobs import (
     job_manifest,
-    operator,
-    operator_ip,
-    rendezvous_status,
     secret_token,
     stop_workers,
     wait_status,
     worker_env,
 )
-from tests.integration.harness import read_events
-
-__all__ = ["operator"]
+from tests.support.job_runs import read_events
+from tests.support.kube import Kube
+from tests.support.operator_release import (
+    CHART,
+    RELEASE,
+    RENDEZVOUS_HOST,
+    RENDEZVOUS_PORT,
+    SYSTEM_NS,
+    operator_ip,
+    rendezvous_status,
+    restart_operator,
+)
 
 TLS_SECRET = f"{RELEASE}-rendezvous-tls"
 OPERATOR_PODS = "app.kubernetes.io/name=elasticjob-operator"

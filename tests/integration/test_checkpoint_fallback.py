@@ -21,8 +21,7 @@ from elasticjob.worker_contract import (
     ENV_CHECKPOINT_EVERY_COMMITS,
     ENV_CHECKPOINT_KEEP,
 )
-from tests.integration.harness import JobRun, run_job
-from tests.integration.test_elastic_scenarios import assert_trained_exactly_once, worker_args
+from tests.support.job_runs import JobRun, assert_trained_exactly_once, run_job, worker_args
 
 pytestmark = pytest.mark.integration
 

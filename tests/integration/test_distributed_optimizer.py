@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_worker_api import (
+from tests.support.worker_scripts import (
     Result,
     run_abort_scenario,
     run_worker_script,

@@ -30,9 +30,9 @@ import pytest
 import torch
 
 from elasticjob.worker_contract import ENV_COLLECTIVE_TIMEOUT
-from tests.integration.harness import read_events, run_to_end, write_discovery
-from tests.integration.test_worker_api import HOSTS, launcher, worker_env
 from tests.integration.workers.ddp_model import SAMPLES, build_model, build_optimizer, data
+from tests.support.job_runs import read_events, run_to_end, write_discovery
+from tests.support.worker_scripts import HOSTS, launcher, worker_env
 
 pytestmark = pytest.mark.integration
 

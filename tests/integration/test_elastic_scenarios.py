@@ -10,37 +10,19 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.integration.harness import JobRun, run_job
+from tests.support.job_runs import (
+    EPOCHS,
+    HEARTBEAT_TIMEOUT_S,
+    assert_trained_exactly_once,
+    ranks_by_host,
+    run_job,
+    worker_args,
+)
 
 pytestmark = pytest.mark.integration
-
-EPOCHS = 3
-SAMPLES = 96
-
-
-def worker_args(*extra: str, epochs: int = EPOCHS) -> list[str]:
-    return ["--epochs", str(epochs), "--samples", str(SAMPLES), *extra]
-
-
-def assert_trained_exactly_once(run: JobRun, epochs: int = EPOCHS) -> list[dict[str, Any]]:
-    """Every survivor ends with the same weights and every sample trained once per epoch."""
-    done = run.of("done")
-    assert done, run.explain()
-    assert len({d["digest"] for d in done}) == 1, f"ranks disagree: {done}"
-    for d in done:
-        assert (d["seen_min"], d["seen_max"]) == (epochs, epochs), d
-    final = max(d["round"] for d in done)
-    assert {d["round"] for d in done} == {final}
-    assert sorted(d["rank"] for d in done) == list(range(done[0]["size"]))
-    return done
-
-
-def ranks_by_host(events: list[dict[str, Any]]) -> dict[tuple[str, int], int]:
-    return {(e["host"], e["slot"]): e["rank"] for e in events}
 
 
 def test_steady_job_on_two_hosts(tmp_path: Path) -> None:
@@ -132,10 +114,6 @@ def test_failed_worker_blacklists_its_host_and_survivors_roll_back(
     failed_at = run.of("fail")[0]["time"]
     resumed_at = min(e["time"] for e in run.of("reset") if e["round"] == 2)
     assert resumed_at - failed_at < 15, f"survivors took {resumed_at - failed_at:.1f} s to resume"
-
-
-HEARTBEAT_TIMEOUT_S = 5.0
-"""The launcher's default bound on a worker's silence."""
 
 
 def test_frozen_worker_is_evicted_and_survivors_re_form_within_10_s(tmp_path: Path) -> None:

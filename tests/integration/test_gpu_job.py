@@ -15,7 +15,7 @@ from elasticjob.worker_contract import (
     ENV_NCCL_SOCKET_IFNAME,
     ENV_TORCH_LOCAL_RANK,
 )
-from tests.integration.test_worker_api import launcher, run
+from tests.support.worker_scripts import launcher, run
 
 pytestmark = [
     pytest.mark.integration,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import run_job
+from tests.support.job_runs import run_job
 
 pytestmark = pytest.mark.integration
 

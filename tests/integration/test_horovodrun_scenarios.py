@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import HERE, JobRun, run_job
+from tests.support.job_runs import WORKERS, JobRun, run_job
 
 pytestmark = pytest.mark.integration
 
-WORKER = HERE / "workers" / "horovod_scenario_worker.py"
+WORKER = WORKERS / "horovod_scenario_worker.py"
 A, B = "127.0.1.1", "127.0.1.2"
 EPOCHS = 3
 JOB_TIMEOUT_S = 120.0

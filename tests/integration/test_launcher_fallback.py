@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from elasticjob.driver.job_record import EventKind, JobRecordData
-from tests.integration.harness import run_job
-from tests.integration.test_elastic_scenarios import assert_trained_exactly_once, worker_args
+from tests.support.job_runs import assert_trained_exactly_once, run_job, worker_args
 
 pytestmark = pytest.mark.integration
 

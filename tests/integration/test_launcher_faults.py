@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import HERE, run_to_end
+from tests.support.job_runs import WORKERS, run_to_end
 
 pytestmark = pytest.mark.integration
 
-IDLE_WORKER = HERE / "workers" / "idle_worker.py"
+IDLE_WORKER = WORKERS / "idle_worker.py"
 LAUNCHER = [sys.executable, "-m", "elasticjob.launcher.cli"]
 FAST_S = 60.0
 """Every failure here is immediate; a launcher still running after this is a failure."""
@@ -122,7 +122,7 @@ def test_later_discovery_failures_are_retried_and_the_last_is_in_the_final_messa
             id="exits-0",
         ),
         pytest.param(
-            [sys.executable, str(HERE / "workers" / "torchrun_worker.py")],
+            [sys.executable, str(WORKERS / "torchrun_worker.py")],
             "exited with status 1 before it joined the job",
             id="torchrun-script",
         ),

@@ -28,11 +28,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import JobRun, run_job
-from tests.integration.test_elastic_scenarios import (
+from tests.support.job_runs import (
     HEARTBEAT_TIMEOUT_S,
+    JobRun,
     assert_trained_exactly_once,
     ranks_by_host,
+    run_job,
     worker_args,
 )
 

@@ -14,14 +14,8 @@ from elasticjob.rendezvous.api import ProbeReport
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire.messages import PeerEndpoint, RendezvousResponse
 from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
-from tests.integration.test_rendezvous_http import (
-    W0,
-    W1,
-    Cluster,
-    rendezvous_body,
-    slots_for,
-    snapshot,
-)
+from tests.support.rendezvous_http import Cluster, rendezvous_body, snapshot
+from tests.support.rendezvous_jobs import W0, W1, slots_for
 
 pytestmark = pytest.mark.integration
 

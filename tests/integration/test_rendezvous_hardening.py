@@ -5,24 +5,18 @@ token kept out of every log line and repr."""
 from __future__ import annotations
 
 import asyncio
-import datetime
 import gc
 import http.client
-import ipaddress
 import json
 import logging
 import socket
-import ssl
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives import serialization
 
 from elasticjob.rendezvous.server import GC_THRESHOLDS, RendezvousService
 from elasticjob.wire.messages import (
@@ -45,26 +39,12 @@ from elasticjob.worker_contract import (
 from elasticjob.worker_runtime import rendezvous_client
 from elasticjob.worker_runtime.progress import ProgressReporter
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
-from tests.integration.test_rendezvous_http import (
-    TOKEN_A,
-    TOKEN_B,
-    W0,
-    Cluster,
-    RecordingListener,
-    rendezvous_body,
-    slots_for,
-    snapshot,
-)
+from tests.support.clock import FakeClock
+from tests.support.rendezvous_http import TOKEN_A, TOKEN_B, Cluster, rendezvous_body, snapshot
+from tests.support.rendezvous_jobs import W0, RecordingListener, slots_for
+from tests.support.tls import make_ca, server_context
 
 DEADLINE = 10.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -141,7 +121,7 @@ async def test_a_changed_store_endpoint_is_409(cluster: Cluster) -> None:
 
 
 async def test_a_job_over_its_rate_gets_429_and_other_jobs_do_not() -> None:
-    clock = Clock()
+    clock = FakeClock()
     service = RendezvousService(clock=clock)
     small = service.add_job("job-a", TOKEN_A, RecordingListener(), max_workers=1)
     service.add_job("job-b", TOKEN_B, RecordingListener(), max_workers=1)
@@ -294,65 +274,6 @@ async def test_a_serving_process_collects_garbage_less_often() -> None:
     finally:
         await service.stop()
         gc.set_threshold(*before)
-
-
-def make_ca(name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(True, False, False, False, False, True, True, False, False),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
-        .sign(key, hashes.SHA256())
-    )
-    return key, cert
-
-
-def server_context(tmp_path: Path) -> tuple[ssl.SSLContext, str]:
-    """A server context with a certificate for 127.0.0.1 signed by a fresh CA; the CA's PEM."""
-    ca_key, ca = make_ca("test rendezvous CA")
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rendezvous")]))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    cert_file, key_file = tmp_path / "tls.crt", tmp_path / "tls.key"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert_file, key_file)
-    return context, ca.public_bytes(serialization.Encoding.PEM).decode()
 
 
 async def test_tls_service_and_verifying_client(tmp_path: Path) -> None:

@@ -12,8 +12,6 @@ import pytest
 import yaml  # type: ignore[import-untyped]
 from pydantic import BaseModel
 
-from elasticjob.rendezvous.api import ProbeReport
-from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.routes import MAX_BODY_BYTES
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire.messages import (
@@ -31,132 +29,16 @@ from elasticjob.wire.messages import (
     ResultRequest,
     RoundInfo,
     SlotInfo,
-    WorkerId,
     WorkerState,
 )
-from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
+from elasticjob.wire.protocol import PROTOCOL_VERSION
+from tests.support.rendezvous_http import TOKEN_A, TOKEN_B, Cluster, rendezvous_body, snapshot
+from tests.support.rendezvous_jobs import W0, W1, RecordingListener, slots_for
 
 DEADLINE = 5.0
 """Upper bound on any await that must complete (a hang fails the test instead)."""
 
 OPENAPI = Path(__file__).resolve().parents[2] / "docs" / "rendezvous-api.yaml"
-TOKEN_A = "token-of-job-a"
-TOKEN_B = "token-of-job-b"
-W0 = WorkerId("host-a", 0)
-W1 = WorkerId("host-b", 0)
-
-
-class RecordingListener:
-    """Records what a job tells its driver; ``ready_event`` is set on every READY."""
-
-    def __init__(self) -> None:
-        self.ready: list[tuple[WorkerId, int]] = []
-        self.results: list[ResultRequest] = []
-        self.progress: list[ProgressRequest] = []
-        self.heartbeats: list[WorkerId] = []
-        self.reports: list[tuple[WorkerId, ProbeReport | None]] = []
-        self.ready_event = asyncio.Event()
-
-    def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
-        self.ready.append((worker, after_round))
-        self.ready_event.set()
-
-    def on_worker_result(self, request: ResultRequest) -> None:
-        self.results.append(request)
-
-    def on_progress(self, progress: ProgressRequest) -> None:
-        self.progress.append(progress)
-
-    def on_worker_heartbeat(self, worker: WorkerId, report: ProbeReport | None) -> None:
-        self.heartbeats.append(worker)
-        self.reports.append((worker, report))
-
-
-class Cluster:
-    """A started service with jobs ``job-a`` and ``job-b``, and a client session."""
-
-    def __init__(self, service: RendezvousService, session: aiohttp.ClientSession) -> None:
-        self.service = service
-        self.session = session
-        self.listener_a = RecordingListener()
-        self.listener_b = RecordingListener()
-        self.job_a = service.add_job("job-a", TOKEN_A, self.listener_a)
-        self.job_b = service.add_job("job-b", TOKEN_B, self.listener_b)
-        for job in (self.job_a, self.job_b):
-            job.readmit([W0, W1])  # as their drivers do before launching them
-
-    async def call(
-        self,
-        method: str,
-        path: str,
-        *,
-        token: str | None = TOKEN_A,
-        json: object = None,
-        data: bytes | AsyncIterator[bytes] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> tuple[int, Any]:
-        """Send a request as a worker of this release does (with its protocol version);
-        returns the status and the decoded JSON body (None if empty)."""
-        all_headers = {PROTOCOL_HEADER: str(PROTOCOL_VERSION)} | dict(headers or {})
-        if token is not None:
-            all_headers["Authorization"] = f"Bearer {token}"
-        async with self.session.request(
-            method, self.service.url + path, json=json, data=data, headers=all_headers
-        ) as response:
-            body = await response.read()
-            return response.status, (await response.json() if body else None)
-
-    async def rendezvous(
-        self, worker: WorkerId, *, after_round: int = 0, wait: float = 0.0, job: str = "job-a"
-    ) -> RendezvousResponse:
-        status, body = await self.call(
-            "POST",
-            f"/v1/jobs/{job}/rendezvous",
-            token=TOKEN_A if job == "job-a" else TOKEN_B,
-            json=rendezvous_body(worker, after_round=after_round, wait=wait),
-        )
-        assert status == 200, body
-        return RendezvousResponse.model_validate(body)
-
-
-def rendezvous_body(worker: WorkerId, *, after_round: int = 0, wait: float = 0.0) -> dict[str, Any]:
-    return {
-        "hostname": worker.hostname,
-        "local_rank": worker.local_rank,
-        "address": f"addr-{worker.hostname}",
-        "store_port": 29500 + len(worker.hostname),
-        "probe_port": 30500 + len(worker.hostname),
-        "after_round": after_round,
-        "wait_seconds": wait,
-    }
-
-
-def slots_for(workers: list[WorkerId]) -> dict[WorkerId, SlotInfo]:
-    return {
-        w: SlotInfo(
-            hostname=w.hostname,
-            rank=rank,
-            local_rank=w.local_rank,
-            cross_rank=rank,
-            size=len(workers),
-            local_size=1,
-            cross_size=len(workers),
-        )
-        for rank, w in enumerate(workers)
-    }
-
-
-def snapshot(job: InMemoryJobRendezvous, listener: RecordingListener) -> object:
-    """Everything observable about a job's state."""
-    return (
-        job.round_info(),
-        job.current_slots,
-        job.finished,
-        list(listener.ready),
-        list(listener.results),
-        list(listener.progress),
-        list(listener.heartbeats),
-    )
 
 
 async def until_done(task: Awaitable[Any]) -> Any:

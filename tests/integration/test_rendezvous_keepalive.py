@@ -17,8 +17,9 @@ import pytest
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire.messages import HeartbeatRequest
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
-from tests.integration.test_rendezvous_hardening import server_context
-from tests.integration.test_rendezvous_http import TOKEN_A, W0, W1, RecordingListener
+from tests.support.rendezvous_http import TOKEN_A
+from tests.support.rendezvous_jobs import W0, W1, RecordingListener
+from tests.support.tls import server_context
 
 DEADLINE = 10.0
 """Upper bound on any wait (a hang fails the test instead)."""

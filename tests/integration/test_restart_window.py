@@ -25,6 +25,7 @@ from elasticjob.wire.messages import (
 )
 from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
+from tests.support.clock import FakeClock
 
 DEADLINE = 10.0
 TOKEN = "token-of-the-job"
@@ -44,17 +45,9 @@ class Listener:
         return None
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 async def service() -> AsyncIterator[RendezvousService]:
-    service = RendezvousService(clock=Clock())
+    service = RendezvousService(clock=FakeClock(100.0))
     await service.start("127.0.0.1", 0)
     try:
         yield service
@@ -91,7 +84,7 @@ async def test_a_job_expected_back_gets_503_with_retry_after_until_it_is_served(
 
 
 async def test_the_window_closes_after_its_bound() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     bounded = RendezvousService(clock=clock)
     await bounded.start("127.0.0.1", 0)
     try:

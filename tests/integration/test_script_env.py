@@ -33,7 +33,7 @@ from elasticjob.worker_contract import (
     ENV_HOROVOD_LOCAL_RANK,
     ENV_TORCH_LOCAL_RANK,
 )
-from tests.integration.harness import JobRun, run_job
+from tests.support.job_runs import JobRun, run_job
 
 pytestmark = pytest.mark.integration
 

@@ -16,12 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_worker_api import (
-    Result,
-    run_abort_scenario,
-    run_worker_script,
-    section,
-)
+from tests.support.worker_scripts import Result, run_abort_scenario, run_worker_script, section
 
 pytestmark = pytest.mark.integration
 

@@ -5,15 +5,7 @@ from __future__ import annotations
 import pytest
 
 from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
+from tests.support.clock import FakeClock
 
 POLICY = BlacklistPolicy(cooldown_min_s=10.0, cooldown_max_s=60.0)
 
@@ -37,7 +29,7 @@ def test_cooldown_needs_a_strike() -> None:
 
 
 def test_add_counts_strikes_and_expires() -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     nodes = Blacklist[str](POLICY, clock)
     assert nodes.add("n1") == 110.0
     assert "n1" in nodes and "n2" not in nodes
@@ -52,7 +44,7 @@ def test_add_counts_strikes_and_expires() -> None:
 
 
 def test_restore_keeps_the_later_end_and_the_strikes() -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     nodes = Blacklist[str](POLICY, clock)
     nodes.restore("n1", until=150.0, strikes=2)
     assert dict(nodes.active()) == {"n1": 150.0}
@@ -65,7 +57,7 @@ def test_restore_keeps_the_later_end_and_the_strikes() -> None:
 
 
 def test_restore_of_an_ended_cooldown_is_not_active() -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     nodes = Blacklist[str](POLICY, clock)
     nodes.restore("n1", until=50.0)
     assert "n1" not in nodes

@@ -17,7 +17,7 @@ from elasticjob.wire.messages import (
     WorkerId,
     WorkerState,
 )
-from tests.unit.driver.test_driver import A0, B0, C0, Job, RecordingObserver, settings
+from tests.support.driver_job import A0, B0, C0, Job, RecordingObserver, settings
 
 
 def checkpoint(step: int, seconds: float = 0.5) -> CheckpointReport:

@@ -11,7 +11,7 @@ import pytest
 from elasticjob.driver.liveness import REACH_GRACE_S
 from elasticjob.driver.slots import assign_slots
 from elasticjob.wire.messages import HeartbeatRequest, NoticeKind, ProbedPeer, WorkerId
-from tests.unit.driver.test_driver import A0, B0, C0, Job, settings
+from tests.support.driver_job import A0, B0, C0, Job, settings
 
 HEARTBEAT_TIMEOUT_S = 5.0
 

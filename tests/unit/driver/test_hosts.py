@@ -10,17 +10,7 @@ from elasticjob.driver.api import DiscoveryError, HostUpdate
 from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
 from elasticjob.driver.discovery import HostDiscovery
 from elasticjob.driver.hosts import HostManager
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from tests.support.clock import FakeClock
 
 
 class FakeDiscovery(HostDiscovery):

@@ -10,18 +10,11 @@ from elasticjob.driver.job_record import (
     JobRecordData,
     RecordChange,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 def test_events_are_bounded_and_the_start_is_kept() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     record = JobRecord("ns.job", clock)
     record.event(EventKind.STARTED, "created")
     for n in range(MAX_EVENTS + 50):
@@ -34,7 +27,7 @@ def test_events_are_bounded_and_the_start_is_kept() -> None:
 
 
 def test_samples_are_thinned_so_that_they_span_the_whole_job() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     record = JobRecord("ns.job", clock)
     start = clock.now
     for n in range(3 * MAX_SAMPLES):
@@ -47,7 +40,7 @@ def test_samples_are_thinned_so_that_they_span_the_whole_job() -> None:
 
 
 def test_close_samples_of_the_same_world_replace_each_other() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     record = JobRecord("ns.job", clock)
     for _ in range(3):
         clock.now += 0.2
@@ -59,7 +52,7 @@ def test_close_samples_of_the_same_world_replace_each_other() -> None:
 
 
 def test_a_stored_record_is_carried_on_and_changes_are_tracked() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     record = JobRecord("ns.job", clock)
     record.event(EventKind.STARTED)
     data = record.data({"recovery": 1.23456}, 0.987654)

@@ -8,19 +8,9 @@ import math
 
 from elasticjob.driver.liveness import LOOP_LAG_S, Reachability
 from elasticjob.driver.loop_lag import LoopLagWatch
+from tests.support.clock import LateLoopClock
 
 PROBE_S = 0.01
-
-
-class Clock:
-    """Real time plus the lateness the test adds (as if the loop had been blocked)."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.added = 0.0
-
-    def __call__(self) -> float:
-        return self.loop.time() + self.added
 
 
 async def probes(count: int) -> None:
@@ -29,7 +19,7 @@ async def probes(count: int) -> None:
 
 
 async def test_every_subscribed_driver_hears_that_the_loop_ran_late() -> None:
-    clock = Clock()
+    clock = LateLoopClock()
     watch = LoopLagWatch(clock, probe_s=PROBE_S)
     first, second, gone = Reachability(), Reachability(), Reachability()
     with watch.subscribed(gone):
@@ -44,7 +34,7 @@ async def test_every_subscribed_driver_hears_that_the_loop_ran_late() -> None:
 
 
 async def test_the_watch_runs_only_while_a_driver_is_subscribed() -> None:
-    watch = LoopLagWatch(Clock(), probe_s=PROBE_S)
+    watch = LoopLagWatch(LateLoopClock(), probe_s=PROBE_S)
     before = {t for t in asyncio.all_tasks() if t.get_name() == "loop lag"}
     with watch.subscribed(Reachability()):
         with watch.subscribed(Reachability()):

@@ -16,16 +16,9 @@ from elasticjob.driver.record_saving import (
     save_due,
     save_wait_s,
 )
+from tests.support.clock import FakeClock
 
 DEADLINE = 5.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Store:
@@ -88,7 +81,7 @@ def test_how_long_until_a_save_is_due(
 
 
 async def test_the_saver_saves_a_change_pushed_by_the_journal_without_being_asked() -> None:
-    clock, store = Clock(), Store()
+    clock, store = FakeClock(1000.0), Store()
     journal = JobJournal(clock)
     saver = RecordSaver(journal, store, clock)
     running = asyncio.create_task(saver.run())
@@ -103,7 +96,7 @@ async def test_the_saver_saves_a_change_pushed_by_the_journal_without_being_aske
 
 
 async def test_a_change_waits_for_its_interval_and_a_failed_save_is_tried_again() -> None:
-    clock, store = Clock(), Store()
+    clock, store = FakeClock(1000.0), Store()
     journal = JobJournal(clock)
     saver = RecordSaver(journal, store, clock)
     journal.start_record("job", lambda: 1.0, "started")
@@ -123,7 +116,7 @@ async def test_a_change_waits_for_its_interval_and_a_failed_save_is_tried_again(
 
 
 async def test_save_now_saves_only_what_changed() -> None:
-    clock, store = Clock(), Store()
+    clock, store = FakeClock(1000.0), Store()
     journal = JobJournal(clock)
     saver = RecordSaver(journal, store, clock)
     await saver.save_now()

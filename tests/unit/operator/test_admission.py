@@ -11,7 +11,7 @@ import pytest
 from elasticjob.operator.api import FieldError, InvalidSpecError, parse_spec, validate
 from elasticjob.operator.api.podschema import POD_TEMPLATE, PodSchema
 from elasticjob.operator.api.validation import validate_scale
-from tests.unit.operator.crd_model import good_spec, with_changes
+from tests.support.crd_model import good_spec, with_changes
 
 # --- the scale subresource -------------------------------------------------------------------
 

@@ -12,17 +12,10 @@ from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
 from elasticjob.operator.adoption import blacklisted_nodes, recorded_round, restore_blacklist
 from elasticjob.operator.api import BlacklistedNode, ElasticJobStatus
 from elasticjob.wire.messages import WorkerId
+from tests.support.clock import FakeClock
 
 WALL_NOW = 1_800_000_000.0
 """The wall clock when the new operator starts (2027-01-15T08:00:00Z)."""
-
-
-class FakeClock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def at(offset_s: float) -> str:

@@ -26,8 +26,8 @@ from elasticjob.worker_contract import (
     ENV_CHECKPOINT_INTERVAL,
     ENV_CHECKPOINT_KEEP,
 )
-from tests.unit.operator.crd_model import SPEC_SCHEMA, good_spec, schema_errors
-from tests.unit.operator.test_status import T0, T1, obs
+from tests.support.crd_model import SPEC_SCHEMA, good_spec, schema_errors
+from tests.support.observations import T0, T1, obs
 
 REPO = Path(__file__).resolve().parents[3]
 JOB = {"metadata": {"name": "train", "namespace": "ml", "uid": "uid-1"}}

@@ -21,8 +21,8 @@ from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.kube import KubeApi
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire.messages import NoticeKind, RendezvousRequest, WorkerId
+from tests.support.crd_model import with_changes
 from tests.support.fake_kube import Deletion, FakeKube
-from tests.unit.operator.crd_model import with_changes
 
 DEADLINE_S = 5.0
 

@@ -25,7 +25,7 @@ from elasticjob.operator.api.crd import (
     render_crd,
     structural_schema,
 )
-from tests.unit.operator.crd_model import (
+from tests.support.crd_model import (
     CRD_FILE,
     ROOT,
     SPEC_SCHEMA,

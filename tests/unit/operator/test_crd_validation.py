@@ -15,7 +15,7 @@ from elasticjob.operator.api import (
     parse_spec,
     validate,
 )
-from tests.unit.operator.crd_model import (
+from tests.support.crd_model import (
     SPEC_SCHEMA,
     good_spec,
     gpus,

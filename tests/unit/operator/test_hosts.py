@@ -9,7 +9,7 @@ import pytest
 from elasticjob.driver.api import DriverSettings
 from elasticjob.operator.api import parse_spec
 from elasticjob.operator.hosts import driver_settings
-from tests.unit.operator.crd_model import with_changes
+from tests.support.crd_model import with_changes
 
 
 @pytest.mark.parametrize(

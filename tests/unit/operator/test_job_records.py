@@ -13,20 +13,13 @@ from elasticjob.driver.journal import JobJournal
 from elasticjob.driver.record_saving import SAMPLES_SAVE_INTERVAL_S, SAVE_INTERVAL_S, RecordSaver
 from elasticjob.operator.job_records import RecordKeeper, parse_record, record_config_map
 from elasticjob.operator.kube import KubeApi
+from tests.support.clock import FakeClock
 
 JOB = {"metadata": {"name": "train", "uid": "uid-1"}}
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 500.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class StubDriver:
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: FakeClock) -> None:
         self.journal = JobJournal(clock)
         self.round = 3
         self.slots: dict[object, object] = {object(): None, object(): None}
@@ -49,11 +42,13 @@ class FakeApi:
         self.maps[config_map["metadata"]["name"]] = config_map
 
 
-def keeper(api: FakeApi, clock: Clock) -> RecordKeeper:
+def keeper(api: FakeApi, clock: FakeClock) -> RecordKeeper:
     return RecordKeeper(cast(KubeApi, api), "ns", "ns.train", clock)
 
 
-async def attached(api: FakeApi, clock: Clock) -> tuple[RecordKeeper, ElasticDriver, RecordSaver]:
+async def attached(
+    api: FakeApi, clock: FakeClock
+) -> tuple[RecordKeeper, ElasticDriver, RecordSaver]:
     """A keeper, a driver it gave the job's record (the stored one, else a new one), and
     what saves the record."""
     records = keeper(api, clock)
@@ -63,7 +58,7 @@ async def attached(api: FakeApi, clock: Clock) -> tuple[RecordKeeper, ElasticDri
 
 
 async def test_the_record_is_written_when_changed_at_most_every_interval() -> None:
-    api, clock = FakeApi(), Clock()
+    api, clock = FakeApi(), FakeClock(500.0)
     records, stub, saver = await attached(api, clock)
     records.note_replicas(stub, 4)
     await saver.save_if_due()
@@ -86,7 +81,7 @@ async def test_the_record_is_written_when_changed_at_most_every_interval() -> No
 
 
 async def test_progress_samples_alone_are_saved_less_often_than_events() -> None:
-    api, clock = FakeApi(), Clock()
+    api, clock = FakeApi(), FakeClock(500.0)
     _, stub, saver = await attached(api, clock)
     await saver.save_if_due()
     for _ in range(int(SAMPLES_SAVE_INTERVAL_S) - 1):
@@ -102,7 +97,7 @@ async def test_progress_samples_alone_are_saved_less_often_than_events() -> None
 
 
 async def test_a_restarted_operator_carries_the_stored_record_on() -> None:
-    api, clock = FakeApi(), Clock()
+    api, clock = FakeApi(), FakeClock(500.0)
     first = StubDriver(clock)
     first.journal.record.event(EventKind.FAILURE, "a worker on b failed")
     api.maps["train-record"] = record_config_map(JOB, first.journal.record.data({}, 1.0))
@@ -114,7 +109,7 @@ async def test_a_restarted_operator_carries_the_stored_record_on() -> None:
 
 
 async def test_an_unreadable_record_starts_a_new_one_and_a_failed_write_is_retried() -> None:
-    api, clock = FakeApi(), Clock()
+    api, clock = FakeApi(), FakeClock(500.0)
     api.maps["train-record"] = {"data": {"record.json": "{broken"}}
     records = keeper(api, clock)
     driver = StubDriver(clock)

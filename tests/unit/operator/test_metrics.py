@@ -4,61 +4,20 @@ and per-job values read from the controllers at each scrape."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import cast
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from elasticjob.driver.api import DriverPhase
 from elasticjob.driver.goodput import LostTime, on_failure, on_first_step
-from elasticjob.driver.job_snapshot import JobSnapshot
 from elasticjob.driver.slots import assign_slots
 from elasticjob.operator.api import Phase
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.metrics import OperatorMetrics
 from elasticjob.rendezvous.stats import RequestStats
-from elasticjob.wire.messages import ProgressRequest, SlotInfo, WorkerId
-
-
-def snapshot(
-    *,
-    now: float = 100.0,
-    slots: dict[WorkerId, SlotInfo] | None = None,
-    progress: ProgressRequest | None = None,
-    lost_time: LostTime | None = None,
-    reset_count: int = 0,
-) -> JobSnapshot:
-    """What the metrics read of a job: its driver's snapshot."""
-    return JobSnapshot(
-        now=now,
-        phase=DriverPhase.RUNNING,
-        result=None,
-        recovering=False,
-        round=1,
-        slots=slots or {},
-        reset_count=reset_count,
-        last_reset_reason=None,
-        progress=progress,
-        committed_step=None,
-        lost_time=lost_time or LostTime.start(0.0),
-        last_checkpoint=None,
-        restore=None,
-        notice_seq=0,
-    )
-
-
-@dataclass
-class StubController:
-    job_id: str
-    phase: Phase = Phase.RUNNING
-    pods_created: int = 0
-    pods_deleted: int = 0
-    job: JobSnapshot | None = None
-
-    def snapshot(self) -> JobSnapshot | None:
-        return self.job
+from elasticjob.wire.messages import ProgressRequest
+from tests.support.metrics_stubs import StubController, snapshot
 
 
 def scrape(metrics: OperatorMetrics) -> list[Sample]:

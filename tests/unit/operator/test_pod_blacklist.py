@@ -8,24 +8,17 @@ import pytest
 from elasticjob.driver.blacklist import BlacklistPolicy
 from elasticjob.operator.api import BlacklistScope
 from elasticjob.operator.pod_blacklist import PodBlacklist
+from tests.support.clock import FakeClock
 
 NODES = {"a": "n1", "b": "n1", "c": "n2", "pending": None}
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def blacklist(scope: BlacklistScope, clock: Clock) -> PodBlacklist:
+def blacklist(scope: BlacklistScope, clock: FakeClock) -> PodBlacklist:
     return PodBlacklist(scope, BlacklistPolicy(10.0, 40.0), clock, NODES.get)
 
 
 def test_a_failed_pod_strikes_its_node_once_whoever_reports_it() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     nodes = blacklist(BlacklistScope.NODE, clock)
     exclusion = nodes.exclude("a")
     assert exclusion is not None and (exclusion.key, exclusion.until) == ("n1", 110.0)
@@ -50,7 +43,7 @@ def test_a_failed_pod_strikes_its_node_once_whoever_reports_it() -> None:
 def test_what_a_failure_keeps_out_follows_the_scope(
     scope: BlacklistScope, pod: str, key: str | None
 ) -> None:
-    kept = blacklist(scope, Clock())
+    kept = blacklist(scope, FakeClock(100.0))
     exclusion = kept.exclude(pod)
     assert (exclusion.key if exclusion else None) == key
     assert list(kept.active()) == ([key] if key else [])

@@ -14,7 +14,7 @@ from elasticjob.operator.controller import JobController
 from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.kube import KubeApi
 from elasticjob.rendezvous.server import RendezvousService
-from tests.unit.operator.crd_model import with_changes
+from tests.support.crd_model import with_changes
 
 DEADLINE = 5.0
 JOB = {"metadata": {"name": "job", "namespace": "ns", "uid": "u1"}}

@@ -15,14 +15,7 @@ from elasticjob.operator.pod_ledger import (
     killed_reason,
 )
 from elasticjob.operator.pods import PodState
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 def pod(name: str, phase: str = "Running", node: str | None = "n1", version: int = 1) -> Any:
@@ -34,7 +27,7 @@ def pod(name: str, phase: str = "Running", node: str | None = "n1", version: int
 
 
 def ledger(*pods: Any) -> PodLedger:
-    made = PodLedger(Clock())
+    made = PodLedger(FakeClock(100.0))
     for each in pods:
         made.merge_event("ADDED", each)
     return made

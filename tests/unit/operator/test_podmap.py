@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from elasticjob.operator.podmap import PodChange, PodMap, Resync
+from tests.support.clock import FakeClock
 
 
 def pod(name: str, version: int | str | None, phase: str = "Running", uid: str = "") -> Any:
@@ -30,16 +31,8 @@ class Listed:
 Step = tuple[str, Any] | Listed
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def run(steps: list[Step]) -> tuple[PodMap, list[PodChange]]:
-    pods = PodMap(Clock())
+    pods = PodMap(FakeClock(100.0))
     changes = []
     for step in steps:
         if isinstance(step, Listed):
@@ -184,7 +177,7 @@ def test_a_merge_says_whether_it_changed_anything() -> None:
 
 
 def test_a_snapshot_does_not_follow_later_merges() -> None:
-    pods = PodMap(Clock())
+    pods = PodMap(FakeClock(100.0))
     pods.apply("ADDED", pod("a", 5, "Pending"))
     before = pods.snapshot()
     pods.apply("MODIFIED", pod("a", 6))
@@ -193,7 +186,7 @@ def test_a_snapshot_does_not_follow_later_merges() -> None:
 
 
 def test_the_gone_set_is_bounded() -> None:
-    pods = PodMap(Clock(), gone_limit=2)
+    pods = PodMap(FakeClock(100.0), gone_limit=2)
     for name in ("a", "b", "c"):
         pods.apply("DELETED", pod(name, 5))
     assert not pods.apply("ADDED", pod("c", 4)).changed
@@ -224,7 +217,7 @@ def test_resync_is_periodic_and_sooner_while_waiting(
 
 
 def test_the_map_times_its_resync_by_its_clock() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     pods = PodMap(clock, Resync(interval_s=10.0, quiet_s=3.0))
     clock.now += 2.0
     pods.apply("ADDED", pod("a", 5, "Pending"))

@@ -27,7 +27,7 @@ from elasticjob.worker_contract import (
     WORKER_CONTRACT_ENV,
     is_worker_contract_env,
 )
-from tests.unit.operator.crd_model import with_changes
+from tests.support.crd_model import with_changes
 
 JOB = {"metadata": {"name": "train", "namespace": "ml", "uid": "uid-1"}}
 HOST_NOT_IN = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n1", "n2"]}

@@ -9,14 +9,8 @@ import pytest
 
 from elasticjob.operator.api import CleanPodPolicy, ElasticJobSpec, InvalidSpecError
 from elasticjob.operator.pods import PodState, PodView
-from elasticjob.operator.scaling import (
-    PodPlan,
-    ReplicasClamp,
-    plan_pods,
-    pods_to_clean,
-    read_spec,
-)
-from tests.unit.operator.crd_model import with_changes
+from elasticjob.operator.scaling import PodPlan, ReplicasClamp, plan_pods, pods_to_clean, read_spec
+from tests.support.crd_model import with_changes
 
 # --- read_spec: out-of-range replicas are clamped, other errors refused -------------------
 

@@ -3,9 +3,7 @@ conditions and the model dumped by alias."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-from typing import Any
 
 import pytest
 
@@ -28,9 +26,7 @@ from elasticjob.operator.status import (
     ready_of,
     status_of,
 )
-
-T0 = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
-T1 = T0 + datetime.timedelta(seconds=30)
+from tests.support.observations import T0, T1, obs
 
 
 def pod(name: str, state: PodState, unschedulable: str | None = None) -> PodView:
@@ -70,23 +66,6 @@ def pod(name: str, state: PodState, unschedulable: str | None = None) -> PodView
 )
 def test_pod_counts(pods: list[PodView], leaving: set[str], expected: PodCounts) -> None:
     assert pod_counts({p.name: p for p in pods}, leaving) == expected
-
-
-def obs(**changes: Any) -> Observation:
-    """A job training 3 of 3 desired pods (minReplicas 2) in round 4."""
-    base = Observation(
-        driver_phase=DriverPhase.RUNNING,
-        result=None,
-        recovering=False,
-        desired=3,
-        min_replicas=2,
-        pods=PodCounts(live=3),
-        round=4,
-        world_size=3,
-        training_pods=3,
-        notice_seq=9,
-    )
-    return dataclasses.replace(base, **changes)
 
 
 UNSCHEDULABLE = PodCounts(live=2, pending=1, unschedulable=1, scheduler_message="0/3 nodes fit")

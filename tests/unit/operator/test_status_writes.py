@@ -19,7 +19,8 @@ from elasticjob.operator.status_writer import (
     without_progress,
     write_due,
 )
-from tests.unit.operator.test_status import obs
+from tests.support.clock import FakeClock
+from tests.support.observations import obs
 
 BASE: dict[str, Any] = {
     "phase": "Running",
@@ -140,21 +141,21 @@ async def test_the_writer_makes_no_status_while_only_the_progress_changed_and_is
         return status_of(*args)
 
     monkeypatch.setattr(status_writer, "status_of", counted)
-    api, now = Patches(), [1000.0]
-    writer = StatusWriter(cast(KubeApi, api), "ns", "job", lambda: now[0])
+    api, clock = Patches(), FakeClock()
+    writer = StatusWriter(cast(KubeApi, api), "ns", "job", clock)
     body: dict[str, Any] = {"metadata": {"generation": 1}}
     await writer.write(body, observation())
     for step in range(101, 105):
-        now[0] += 1.0
+        clock.now += 1.0
         await writer.write(body, observation(progress=Progress(epoch=1, step=step)))
     assert (len(made), len(api.written)) == (1, 1), "the steps alone: nothing made or written"
-    now[0] += 1.0
+    clock.now += 1.0
     await writer.write(body, observation(round=5, progress=Progress(epoch=1, step=105)))
     assert len(api.written) == 2 and api.written[-1]["progress"]["step"] == 105, "at once"
-    now[0] += PROGRESS_WRITE_INTERVAL_S
+    clock.now += PROGRESS_WRITE_INTERVAL_S
     await writer.write(body, observation(round=5, progress=Progress(epoch=1, step=200)))
     assert api.written[-1]["progress"]["step"] == 200, "the progress, once due"
     body["metadata"]["generation"] = 2
-    now[0] += 1.0
+    clock.now += 1.0
     await writer.write(body, observation(round=5, progress=Progress(epoch=1, step=201)))
     assert api.written[-1]["observedGeneration"] == 2, "a new generation is written at once"

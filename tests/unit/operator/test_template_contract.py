@@ -19,7 +19,7 @@ from elasticjob.worker_contract import (
     ENV_TOKEN,
     WORKER_CONTRACT_ENV,
 )
-from tests.unit.operator.crd_model import with_changes
+from tests.support.crd_model import with_changes
 
 REPO = Path(__file__).resolve().parents[3]
 RESERVED = (

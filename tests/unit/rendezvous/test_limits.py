@@ -11,14 +11,7 @@ from elasticjob.rendezvous.limits import (
     JobLimits,
     TokenBucket,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 @pytest.mark.parametrize(
@@ -57,7 +50,7 @@ def test_no_workers_is_refused() -> None:
     ],
 )
 def test_token_bucket(taken: int, advance: float, expected: float) -> None:
-    clock = Clock()
+    clock = FakeClock(50.0)
     bucket = TokenBucket(rate=2.0, burst=4.0, clock=clock)
     for _ in range(taken):
         assert bucket.take() == 0.0
@@ -66,7 +59,7 @@ def test_token_bucket(taken: int, advance: float, expected: float) -> None:
 
 
 def test_token_bucket_refills_to_its_burst_only() -> None:
-    clock = Clock()
+    clock = FakeClock(50.0)
     bucket = TokenBucket(rate=2.0, burst=4.0, clock=clock)
     clock.now += 1000
     served = 0
@@ -78,7 +71,7 @@ def test_token_bucket_refills_to_its_burst_only() -> None:
 def test_ten_times_the_normal_traffic_of_1024_workers_passes_the_rate() -> None:
     """10 s of 1,024 workers each sending 30 requests a second (10x a heartbeat, a notices
     poll and one more request a second), evenly spread: none is refused."""
-    clock = Clock()
+    clock = FakeClock(50.0)
     limits = JobLimits.for_workers(1024)
     bucket = TokenBucket(limits.requests_per_s, limits.burst, clock)
     per_second = HEADROOM * NORMAL_REQUESTS_PER_WORKER_S * 1024
@@ -91,7 +84,7 @@ def test_ten_times_the_normal_traffic_of_1024_workers_passes_the_rate() -> None:
 
 
 def test_a_flood_of_one_small_job_is_cut_to_its_rate() -> None:
-    clock = Clock()
+    clock = FakeClock(50.0)
     limits = JobLimits.for_workers(2)
     bucket = TokenBucket(limits.requests_per_s, limits.burst, clock)
     served = 0

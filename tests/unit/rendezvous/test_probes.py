@@ -18,7 +18,7 @@ from elasticjob.wire.messages import (
     WorkerId,
 )
 from elasticjob.wire.protocol import MAX_PROBE_TARGETS
-from tests.unit.rendezvous.test_rendezvous_jobs import RecordingListener
+from tests.support.rendezvous_jobs import RecordingListener
 
 
 def W(host: str, slot: int = 0) -> WorkerId:

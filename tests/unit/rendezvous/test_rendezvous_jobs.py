@@ -3,102 +3,35 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 
 import pytest
 
-from elasticjob.rendezvous.api import ProbeReport, RendezvousError
+from elasticjob.rendezvous.api import RendezvousError
 from elasticjob.rendezvous.jobs import MAX_NOTICES, InMemoryJobRendezvous
 from elasticjob.wire.messages import (
     HeartbeatRequest,
     NoticeKind,
     ProgressRequest,
-    RendezvousRequest,
     RendezvousStatus,
     ResultRequest,
-    SlotInfo,
     WorkerId,
     WorkerState,
 )
-
-DEADLINE = 5.0
-"""Upper bound on any await that must complete (a hang fails the test instead)."""
-
-
-class RecordingListener:
-    """Records what the job tells its driver; ``ready_event`` is set on every READY."""
-
-    def __init__(self) -> None:
-        self.ready: list[tuple[WorkerId, int]] = []
-        self.rolled_back: list[tuple[WorkerId, int]] = []
-        self.results: list[ResultRequest] = []
-        self.progress: list[ProgressRequest] = []
-        self.heartbeats: list[WorkerId] = []
-        self.reports: list[tuple[WorkerId, ProbeReport | None]] = []
-        self.ready_event = asyncio.Event()
-
-    def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
-        self.ready.append((worker, after_round))
-        if rolled_back:
-            self.rolled_back.append((worker, after_round))
-        self.ready_event.set()
-
-    def on_worker_result(self, request: ResultRequest) -> None:
-        self.results.append(request)
-
-    def on_progress(self, progress: ProgressRequest) -> None:
-        self.progress.append(progress)
-
-    def on_worker_heartbeat(self, worker: WorkerId, report: ProbeReport | None) -> None:
-        self.heartbeats.append(worker)
-        self.reports.append((worker, report))
+from tests.support.rendezvous_jobs import (
+    DEADLINE,
+    W0,
+    W1,
+    W2,
+    RecordingListener,
+    request,
+    slots_for,
+)
 
 
 class FailingListener(RecordingListener):
     def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
         super().on_worker_ready(worker, after_round, rolled_back=rolled_back)
         raise RuntimeError("listener bug")
-
-
-W0 = WorkerId("host-a", 0)
-W1 = WorkerId("host-b", 0)
-W2 = WorkerId("host-a", 1)
-
-
-def request(
-    worker: WorkerId,
-    *,
-    after_round: int = 0,
-    wait: float = 0.0,
-    port: int = 29500,
-    rolled_back: bool = False,
-) -> RendezvousRequest:
-    return RendezvousRequest(
-        hostname=worker.hostname,
-        local_rank=worker.local_rank,
-        address=f"addr-{worker.hostname}",
-        store_port=port,
-        after_round=after_round,
-        wait_seconds=wait,
-        rolled_back=rolled_back,
-    )
-
-
-def slots_for(workers: Sequence[WorkerId]) -> dict[WorkerId, SlotInfo]:
-    """Slots giving ``workers`` ranks in list order."""
-    hosts = list(dict.fromkeys(w.hostname for w in workers))
-    return {
-        w: SlotInfo(
-            hostname=w.hostname,
-            rank=rank,
-            local_rank=w.local_rank,
-            cross_rank=hosts.index(w.hostname),
-            size=len(workers),
-            local_size=sum(1 for other in workers if other.hostname == w.hostname),
-            cross_size=len(hosts),
-        )
-        for rank, w in enumerate(workers)
-    }
 
 
 @pytest.fixture

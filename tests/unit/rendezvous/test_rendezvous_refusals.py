@@ -19,14 +19,7 @@ from elasticjob.wire.messages import (
     WorkerId,
     WorkerState,
 )
-from tests.unit.rendezvous.test_rendezvous_jobs import (
-    DEADLINE,
-    W0,
-    W1,
-    RecordingListener,
-    request,
-    slots_for,
-)
+from tests.support.rendezvous_jobs import DEADLINE, W0, W1, RecordingListener, request, slots_for
 
 STRANGER = WorkerId("planted", 0)
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import elasticjob.worker_runtime as hvd
 from elasticjob.worker_runtime import basics, step_weight
 from elasticjob.worker_runtime.process_group import RoundGroup
-from tests.unit.worker_runtime.standalone import (
+from tests.support.gradient_reduction import (
     RAISED_WITHIN_S,
     Weights,
     backward,

@@ -12,7 +12,7 @@ from torch.distributed import TCPStore
 
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 from elasticjob.worker_runtime.formation import await_members, connect_store
-from tests.unit.worker_runtime.test_orphan_timeout import closed_port
+from tests.support.loopback import closed_port
 
 MINUTE = datetime.timedelta(seconds=60)
 

@@ -15,12 +15,7 @@ import elasticjob.worker_runtime as hvd
 from elasticjob.worker_runtime import basics, step_weight
 from elasticjob.worker_runtime.gradient_reducer import Reduction, result_scale
 from elasticjob.worker_runtime.process_group import RoundGroup
-from tests.unit.worker_runtime.standalone import (
-    Weights,
-    backward,
-    mlp,
-    raises_when_aborted,
-)
+from tests.support.gradient_reduction import Weights, backward, mlp, raises_when_aborted
 
 
 @pytest.fixture

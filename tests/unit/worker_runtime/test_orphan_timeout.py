@@ -4,29 +4,15 @@ operator is gone) is told so by its heartbeat thread; until then it keeps runnin
 from __future__ import annotations
 
 import http.server
-import socket
 import threading
 import time
 
-from elasticjob.worker_contract import (
-    ENV_HOSTNAME,
-    ENV_JOB,
-    ENV_LOCAL_RANK,
-    ENV_ORPHAN_TIMEOUT,
-    ENV_RENDEZVOUS_URL,
-    ENV_TOKEN,
-    WorkerConfig,
-)
+from elasticjob.worker_contract import ENV_ORPHAN_TIMEOUT, WorkerConfig
 from elasticjob.worker_runtime.heartbeat import Heartbeat
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient
+from tests.support.loopback import closed_port
+from tests.support.worker_env import FULL_ENV
 
-FULL_ENV = {
-    ENV_RENDEZVOUS_URL: "http://127.0.0.1:7000",
-    ENV_JOB: "demo",
-    ENV_TOKEN: "secret",
-    ENV_HOSTNAME: "127.0.1.7",
-    ENV_LOCAL_RANK: "1",
-}
 DEADLINE_S = 20.0
 
 
@@ -35,12 +21,6 @@ def test_the_orphan_timeout_comes_from_the_environment() -> None:
     assert config is not None and config.orphan_timeout_s == 7.5
     default = WorkerConfig.from_env(FULL_ENV)
     assert default is not None and default.orphan_timeout_s == 900.0, "outlasts a restart"
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class _Accepting(http.server.BaseHTTPRequestHandler):
@@ -105,4 +85,7 @@ def test_beats_that_arrive_keep_the_worker_until_the_service_goes() -> None:
 def test_no_orphan_timeout_means_never_orphaned() -> None:
     heartbeat, orphaned, _ = watch(f"http://127.0.0.1:{closed_port()}", 0.0, interval_s=0.2)
     heartbeat.start()
-    assert not orphaned.wait(1.0)
+    try:
+        assert not orphaned.wait(1.0)
+    finally:
+        heartbeat.stop()  # it would beat on for the rest of the test run

@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -23,7 +24,8 @@ from elasticjob.worker_runtime.heartbeat import Heartbeat
 from elasticjob.worker_runtime.process_group import RoundGroup
 from elasticjob.worker_runtime.reachability import PeerProber, ProbeListener, unreachable_peers
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient
-from tests.unit.worker_runtime.test_orphan_timeout import FULL_ENV, closed_port
+from tests.support.loopback import closed_port
+from tests.support.worker_env import FULL_ENV
 
 DEADLINE_S = 10.0
 
@@ -124,8 +126,22 @@ def test_a_peer_without_a_probe_listener_is_not_probed() -> None:
         assert accepted(store) == 0
 
 
-def open_files() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def sockets_at(port: int) -> int:
+    """How many of this process's descriptors are TCP sockets with ``port`` at either end: the
+    listener's own socket on it, the connections it accepted and has not closed, and probes to
+    it not closed yet. Whatever other tests' threads open or close is left out."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                fields = row.split()  # sl, local address, remote address, ..., inode
+                if port in {int(end.rsplit(":", 1)[1], 16) for end in fields[1:3]}:
+                    inodes.add(f"socket:[{fields[9]}]")
+    held = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # closed since the listing
+            held += os.readlink(f"/proc/self/fd/{fd}") in inodes
+    return held
 
 
 def test_the_probe_listener_answers_every_probe_and_holds_no_connection() -> None:
@@ -133,13 +149,14 @@ def test_the_probe_listener_answers_every_probe_and_holds_no_connection() -> Non
     try:
         target = peer("me", listener.port)
         assert unreachable_peers([target], timeout_s=5.0) == []
-        before = open_files()
+        before = sockets_at(listener.port)
+        assert before >= 1, "the listening socket itself"
         for _ in range(200):
             assert unreachable_peers([target], timeout_s=5.0) == []
         deadline = time.monotonic() + DEADLINE_S
-        while open_files() > before and time.monotonic() < deadline:
+        while sockets_at(listener.port) > before and time.monotonic() < deadline:
             time.sleep(0.01)  # the accepting thread closes the last one
-        assert open_files() <= before
+        assert sockets_at(listener.port) <= before
     finally:
         listener.close()
     assert unreachable_peers([target], timeout_s=0.5) == [target], "closed: probes refused"
@@ -243,14 +260,16 @@ def test_heartbeats_carry_the_probe_report() -> None:
     _Recording.bodies.clear()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recording)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    reports = iter([None, (3, (ProbedPeer(hostname="b", local_rank=1),))])
+    client = RendezvousClient(f"http://127.0.0.1:{server.server_port}", "demo", "secret")
+    heartbeat = Heartbeat(client, "a", 0, 0.05, probe=lambda: next(reports, None))
     try:
-        reports = iter([None, (3, (ProbedPeer(hostname="b", local_rank=1),))])
-        client = RendezvousClient(f"http://127.0.0.1:{server.server_port}", "demo", "secret")
-        Heartbeat(client, "a", 0, 0.05, probe=lambda: next(reports, None)).start()
+        heartbeat.start()
         deadline = time.monotonic() + DEADLINE_S
         while len(_Recording.bodies) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)  # beats arrive on the heartbeat thread's schedule; bounded
     finally:
+        heartbeat.stop()
         server.shutdown()
         server.server_close()
     assert _Recording.bodies[:3] == [
@@ -269,9 +288,9 @@ def test_a_beat_asked_for_is_sent_at_once() -> None:
     _Recording.bodies.clear()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recording)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = RendezvousClient(f"http://127.0.0.1:{server.server_port}", "demo", "secret")
+    heartbeat = Heartbeat(client, "a", 0, 60.0)
     try:
-        client = RendezvousClient(f"http://127.0.0.1:{server.server_port}", "demo", "secret")
-        heartbeat = Heartbeat(client, "a", 0, 60.0)
         heartbeat.start()
         deadline = time.monotonic() + DEADLINE_S
         while not _Recording.bodies and time.monotonic() < deadline:
@@ -281,6 +300,7 @@ def test_a_beat_asked_for_is_sent_at_once() -> None:
         while len(_Recording.bodies) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)  # bounded; the next scheduled beat is a minute away
     finally:
+        heartbeat.stop()
         server.shutdown()
         server.server_close()
     assert len(_Recording.bodies) == 2, "beat_now() did not send a beat before the schedule"

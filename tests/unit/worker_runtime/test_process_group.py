@@ -46,13 +46,16 @@ def blocked_collective(group: RoundGroup) -> tuple[threading.Thread, list[BaseEx
     return thread, errors
 
 
-def teardown_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == TEARDOWN_THREAD]
+def teardown_threads() -> set[threading.Thread]:
+    """The threads releasing abandoned groups, alive now: a test counts those it did not find
+    at its start (an earlier test's abandoned group may still be released)."""
+    return {t for t in threading.enumerate() if t.name == TEARDOWN_THREAD}
 
 
 def test_an_aborted_group_is_torn_down_without_waiting_for_its_abandoned_collective(
     group: RoundGroup, silent_peer: subprocess.Popen[str]
 ) -> None:
+    earlier = teardown_threads()
     thread, errors = blocked_collective(group)
     group.abort("a member of round 1 failed")
     thread.join(5)
@@ -68,21 +71,24 @@ def test_an_aborted_group_is_torn_down_without_waiting_for_its_abandoned_collect
     total = torch.ones(3)
     group.wait(dist.all_reduce(total, async_op=True))
     assert total.tolist() == [1.0, 1.0, 1.0]
-    assert teardown_threads(), "the abandoned group was released before its collective ended"
+    assert teardown_threads() - earlier, (
+        "the abandoned group was released before its collective ended"
+    )
 
     # Once the peer is gone its connections reset: the old group is released, nothing leaks.
     silent_peer.kill()
     deadline = time.monotonic() + 30
-    while teardown_threads() or group.abandoned:
+    while teardown_threads() - earlier or group.abandoned:
         assert time.monotonic() < deadline, "the abandoned group was never released"
         time.sleep(0.05)
 
 
 def test_a_healthy_group_is_destroyed_in_place(group: RoundGroup) -> None:
+    earlier = teardown_threads()
     group.configure(HashStore(), "round-1/", 0, 1, TIMEOUT)
     group.destroy()
     assert not dist.is_initialized()
-    assert not teardown_threads()
+    assert not teardown_threads() - earlier
 
 
 # ---- futures for collectives torch waits on (DDP comm hooks) -------------------------------

@@ -12,8 +12,6 @@ from elasticjob.worker_contract import (
     ENV_HEARTBEAT_INTERVAL,
     ENV_HOSTNAME,
     ENV_JOB,
-    ENV_LOCAL_RANK,
-    ENV_RENDEZVOUS_URL,
     ENV_ROUND_WAIT,
     ENV_TOKEN,
     WorkerConfig,
@@ -22,14 +20,7 @@ from elasticjob.worker_runtime.devices import resolve_backend
 from elasticjob.worker_runtime.exceptions import HostsUpdatedInterrupt
 from elasticjob.worker_runtime.log import CONTEXT, get_logger
 from elasticjob.worker_runtime.runtime import Runtime
-
-FULL_ENV = {
-    ENV_RENDEZVOUS_URL: "http://127.0.0.1:7000",
-    ENV_JOB: "demo",
-    ENV_TOKEN: "secret",
-    ENV_HOSTNAME: "127.0.1.7",
-    ENV_LOCAL_RANK: "1",
-}
+from tests.support.worker_env import FULL_ENV
 
 
 def test_no_launcher_environment_means_standalone() -> None:
@@ -99,7 +90,8 @@ def test_log_lines_carry_job_round_rank_and_step(
         monkeypatch.setattr(CONTEXT, field, value)
     with caplog.at_level(logging.INFO):
         get_logger("elasticjob.test").info("hello %s", "world")
-    assert caplog.messages == ["[demo round=3 rank=2 step=41] hello world"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "elasticjob.test"]
+    assert logged == ["[demo round=3 rank=2 step=41] hello world"]
 
 
 def test_a_vote_settled_by_the_optimizer_step_decides_the_next_check() -> None:

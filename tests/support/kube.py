@@ -1,9 +1,11 @@
-"""Helpers for tests against a devcluster: manifests, waits with deadlines, dumps."""
+"""A test's namespace on a devcluster, reached with kubectl: manifests, waits with deadlines,
+dumps; and devcluster's own CLI against the cluster."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 import yaml
 
 from devcluster.cluster import Cluster
+from devcluster.config import REPO_ROOT
 
 Obj = dict[str, Any]
 
@@ -45,7 +48,7 @@ def pod_manifest(
 
 
 class Kube:
-    """kubectl-driven helper bound to one test namespace."""
+    """kubectl bound to one test namespace."""
 
     def __init__(self, cluster: Cluster, namespace: str) -> None:
         self.cluster = cluster
@@ -206,3 +209,15 @@ def read_proc_state(pid: int) -> str:
     """The one-letter state of a process (R, S, T, ...)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat[stat.rfind(")") + 2]
+
+
+def devcluster_cli(kube: Kube, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m devcluster ARGS`` against the cluster of ``kube``."""
+    return subprocess.run(
+        [sys.executable, "-m", "devcluster", "--run-dir", str(kube.cluster.config.run_dir), *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )

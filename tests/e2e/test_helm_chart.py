@@ -2,7 +2,8 @@
 between the chart and the operator process (no cluster needed).
 
 The tests use the helm binary that ``scripts/devcluster-prereqs.sh`` caches; without it they
-fail (they are never skipped).
+fail (they are never skipped). That prerequisite puts them with the end-to-end tests, which
+install the chart, rather than with the unit tests.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from elasticjob.operator.api import LABEL_ROLE, ROLE_WORKER
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.metrics import OperatorMetrics
 from elasticjob.rendezvous.stats import RequestStats
-from tests.unit.operator.test_metrics import StubController, snapshot
+from tests.support.metrics_stubs import StubController, snapshot
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "elasticjob-operator"
 CRD = REPO / "deploy" / "crds" / "elasticjob.dev_elasticjobs.yaml"
 CHART_CRD = CHART / "crds" / CRD.name

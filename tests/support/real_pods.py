@@ -1,4 +1,4 @@
-"""Helpers of the real-node tests: pods of the Debian base image, a small HTTP server."""
+"""What the real-node tests run: pods of the Debian base image, a small HTTP server."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from devcluster.imagebuild import BASE_IMAGE
-from tests.devcluster.helpers import Kube, Obj, pod_manifest
+from tests.support.kube import Kube, Obj, pod_manifest
 
 SERVER = (
     "import http.server, os\n"

@@ -1,4 +1,5 @@
-"""Runs ``elasticjob-run`` with the test training script and reads back what happened."""
+"""Runs ``elasticjob-run`` with the test training script (``elastic_worker.py``) and reads back
+what happened: the workers' events, and whether every sample was trained exactly once."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).parent
-WORKER = HERE / "workers" / "elastic_worker.py"
-DISCOVERY = HERE / "workers" / "schedule_discovery.py"
+WORKERS = Path(__file__).resolve().parents[1] / "integration" / "workers"
+"""The integration tests' worker scripts."""
+WORKER = WORKERS / "elastic_worker.py"
+DISCOVERY = WORKERS / "schedule_discovery.py"
 
 
 @dataclass
@@ -129,3 +131,33 @@ def kill_leftovers(run: JobRun) -> list[int]:
             os.kill(pid, signal.SIGKILL)
             alive.append(pid)
     return alive
+
+
+EPOCHS = 3
+"""Epochs of a job of the training script, unless a test gives its own."""
+SAMPLES = 96
+
+
+def worker_args(*extra: str, epochs: int = EPOCHS) -> list[str]:
+    return ["--epochs", str(epochs), "--samples", str(SAMPLES), *extra]
+
+
+def assert_trained_exactly_once(run: JobRun, epochs: int = EPOCHS) -> list[dict[str, Any]]:
+    """Every survivor ends with the same weights and every sample trained once per epoch."""
+    done = run.of("done")
+    assert done, run.explain()
+    assert len({d["digest"] for d in done}) == 1, f"ranks disagree: {done}"
+    for d in done:
+        assert (d["seen_min"], d["seen_max"]) == (epochs, epochs), d
+    final = max(d["round"] for d in done)
+    assert {d["round"] for d in done} == {final}
+    assert sorted(d["rank"] for d in done) == list(range(done[0]["size"]))
+    return done
+
+
+def ranks_by_host(events: list[dict[str, Any]]) -> dict[tuple[str, int], int]:
+    return {(e["host"], e["slot"]): e["rank"] for e in events}
+
+
+HEARTBEAT_TIMEOUT_S = 5.0
+"""The launcher's default bound on a worker's silence."""

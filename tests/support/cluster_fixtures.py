@@ -24,7 +24,7 @@ from devcluster import procs
 from devcluster.build import BuildError, cached_helm, cached_kubernetes, find_node_binaries
 from devcluster.cluster import Cluster
 from devcluster.config import ClusterConfig, default_cache_dir
-from tests.devcluster.helpers import Kube
+from tests.support.kube import Kube
 
 #: Second octet of this session's node and pod addresses (127.<net>.<node>.<pod>);
 #: varies per session so that concurrent sessions on one machine do not collide.
@@ -82,7 +82,7 @@ def process_cluster() -> Iterator[Cluster]:
     yield from _running(cfg, up_timeout=120)
 
 
-def _missing_real_prereqs() -> str | None:
+def missing_real_prereqs() -> str | None:
     problem = _missing_prereqs()
     if problem:
         return problem
@@ -105,7 +105,7 @@ def cluster(process_cluster: Cluster) -> Cluster:
 def real_cluster() -> Iterator[Cluster]:
     """A running devcluster on real nodes (3 kubelets on containerd, each advertising 2
     nvidia.com/gpu), torn down at the end."""
-    problem = _missing_real_prereqs()
+    problem = missing_real_prereqs()
     if problem:
         if os.environ.get("CI"):
             pytest.fail(problem)
@@ -130,14 +130,14 @@ def _namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Kub
     """A fresh namespace for one test, deleted afterwards (without waiting)."""
     base = "".join(ch if ch.isalnum() else "-" for ch in request.node.name.lower())
     ns = f"{base[:40].strip('-')}-{uuid.uuid4().hex[:5]}"
-    helper = Kube(cluster, ns)
+    kube = Kube(cluster, ns)
     cluster.kubectl("create", "namespace", ns)
-    helper.wait(
+    kube.wait(
         f"the default ServiceAccount of {ns} with its token",
-        lambda: (helper.get("serviceaccount", "default") or {}).get("secrets"),
+        lambda: (kube.get("serviceaccount", "default") or {}).get("secrets"),
         timeout=30,
     )
-    yield helper
+    yield kube
     cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 

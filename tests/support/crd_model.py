@@ -1,4 +1,4 @@
-"""Helpers of the ElasticJob API tests: the CRD and its schema, and a small model of what the
+"""What the ElasticJob API tests share: the CRD and its schema, and a small model of what the
 API server does with a structural schema (defaulting, pruning, validation)."""
 
 from __future__ import annotations
@@ -8,18 +8,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from elasticjob.operator.api.crd import (
-    DEFAULT_OUTPUT,
-    build_crd,
-)
+from elasticjob.operator.api.crd import DEFAULT_OUTPUT, build_crd
 
-CRD_FILE = Path(__file__).resolve().parents[3] / DEFAULT_OUTPUT
+CRD_FILE = Path(__file__).resolve().parents[2] / DEFAULT_OUTPUT
 VERSION = build_crd()["spec"]["versions"][0]
 ROOT = VERSION["schema"]["openAPIV3Schema"]
 SPEC_SCHEMA = ROOT["properties"]["spec"]
 STATUS_SCHEMA = ROOT["properties"]["status"]
 
-# --- helpers: a small model of what the API server does with a structural schema ----------
+# --- a small model of what the API server does with a structural schema -------------------
 
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "object": dict,

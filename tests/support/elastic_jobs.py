@@ -1,0 +1,161 @@
+"""ElasticJobs as the end-to-end tests make them (the integration tests' training script in
+worker pods) and watch them: status, conditions, worker logs and environment, the end of
+what a test leaves running."""
+
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+from typing import Any
+
+from tests.support.job_runs import WORKER, JobRun, kill_leftovers, read_events
+from tests.support.kube import Kube
+
+
+def job_manifest(name: str, log_dir: Path, stop_file: Path, **spec: Any) -> dict[str, Any]:
+    """An ElasticJob running the integration tests' worker script (the operator spreads its
+    pods over nodes where there are enough). The script and the directory of its event log
+    and stop file are hostPath volumes at the same paths, so the test reads what workers
+    write on real nodes (containers) and process nodes alike."""
+    scratch = Path(os.path.commonpath([log_dir, stop_file.parent]))
+    scratch.mkdir(parents=True, exist_ok=True)
+    scratch.chmod(0o777)  # the worker image runs as a non-root user
+    command = [
+        "python",
+        str(WORKER),
+        "--log-dir",
+        str(log_dir),
+        "--stop-file",
+        str(stop_file),
+        "--epochs",
+        "1000",
+        "--samples",
+        "96",
+        "--step-time",
+        "0.05",
+    ]
+    mounts = {"tests": WORKER.parent, "scratch": scratch}
+    return {
+        "apiVersion": "elasticjob.dev/v1alpha1",
+        "kind": "ElasticJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 3,
+            "minReplicas": 2,
+            "maxReplicas": 5,
+            "backend": "gloo",
+            "blacklist": {"cooldownSeconds": {"min": 300, "max": 600}},
+            "template": {
+                "spec": {
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [
+                        {
+                            "name": "worker",
+                            "image": "elasticjob/worker:0.1.0",
+                            "command": command,
+                            "volumeMounts": [
+                                {"name": n, "mountPath": str(path)} for n, path in mounts.items()
+                            ],
+                        }
+                    ],
+                    "volumes": [
+                        {"name": n, "hostPath": {"path": str(path), "type": "Directory"}}
+                        for n, path in mounts.items()
+                    ],
+                }
+            },
+            **spec,
+        },
+    }
+
+
+def status(kube: Kube, name: str) -> dict[str, Any]:
+    job = kube.get("ej", name) or {}
+    result: dict[str, Any] = job.get("status") or {}
+    return result
+
+
+STARTUP_S = 300.0
+"""How long a test waits for a job's first round: container creation on real nodes of a
+loaded 2-core machine has taken over 100 s (the figure is no goal of the project's)."""
+
+
+def wait_status(
+    kube: Kube, name: str, what: str, check: Any, timeout: float = 120
+) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        current = status(kube, name)
+        return current if check(current) else None
+
+    found: dict[str, Any] = kube.wait(f"ElasticJob {name}: {what}", probe, timeout)
+    return found
+
+
+_SEEN_LOGS: dict[tuple[str, str], str] = {}
+"""The longest log read so far of every worker pod, by (namespace, pod): a deleted pod's log
+goes with it on a real node, so what was read before still counts."""
+
+
+def worker_logs(kube: Kube) -> str:
+    """The logs of every worker pod of the test's namespace read so far, from the kubelet
+    through the API (each current pod's log is read now)."""
+    for pod in kube.pods("elasticjob.dev/job-name"):
+        name = pod["metadata"]["name"]
+        text = kube.kubectl("logs", name, "--all-containers", check=False)
+        if len(text) >= len(_SEEN_LOGS.get((kube.ns, name), "")):
+            _SEEN_LOGS[(kube.ns, name)] = text
+    return "\n".join(text for (ns, _), text in _SEEN_LOGS.items() if ns == kube.ns)
+
+
+def stop_workers(kube: Kube, log_dir: Path) -> None:
+    """End whatever workers a test left behind, at once: their pods on real nodes, their
+    processes on process nodes (the events name their pids there)."""
+    if kube.cluster.config.runtime == "process":
+        kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
+        return
+    kube.kubectl("delete", "ej", "--all", "--wait=false", check=False)
+    kube.kubectl("delete", "pods", "--all", "--grace-period=0", "--force", check=False)
+
+
+def secret_token(kube: Kube, job: str) -> str:
+    secret = kube.get("secret", f"{job}-rendezvous")
+    assert secret is not None
+    return base64.b64decode(secret["data"]["token"]).decode()
+
+
+def worker_env(kube: Kube, job: str) -> dict[str, Any]:
+    """The environment the operator gave a worker pod of ``job`` (plain values only)."""
+    pod = kube.pods(f"elasticjob.dev/job-name={job}")[0]
+    (worker,) = pod["spec"]["containers"]
+    return {e["name"]: e["value"] for e in worker["env"] if "value" in e}
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions", []) if c["type"] == kind), {})
+
+
+def wait_ready(kube: Kube, job: str, timeout_s: int = 180) -> None:
+    """``kubectl wait --for=condition=Ready`` on the job."""
+    kube.cluster.kubectl(
+        *("-n", kube.ns, "wait", "--for=condition=Ready", f"ej/{job}", f"--timeout={timeout_s}s"),
+        timeout=timeout_s + 30,
+    )
+
+
+def sleeper(name: str, **spec: Any) -> dict[str, Any]:
+    """An ElasticJob whose workers only sleep: admission needs no training."""
+    container: dict[str, Any] = {"name": "worker", "image": "busybox", "command": ["sleep", "600"]}
+    container.update(spec.pop("container", {}))
+    return {
+        "apiVersion": "elasticjob.dev/v1alpha1",
+        "kind": "ElasticJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 2,
+            "minReplicas": 2,
+            "maxReplicas": 3,
+            "template": {"spec": {"containers": [container]}},
+            **spec,
+        },
+    }

@@ -1,0 +1,138 @@
+"""The operator as the end-to-end tests install it with helm (its release, namespace and pods),
+and how a test reaches it: its logs, its rendezvous port, a restart."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import ssl
+import time
+from pathlib import Path
+from typing import Any
+
+from devcluster.cluster import Cluster
+from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
+from tests.support.kube import Kube
+
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "elasticjob-operator"
+SYSTEM_NS = "elasticjob-system"
+RELEASE = "elasticjob-operator"
+RENDEZVOUS_HOST = f"{RELEASE}.{SYSTEM_NS}.svc"
+RENDEZVOUS_PORT = 8470
+OPERATOR_PODS = "app.kubernetes.io/name=elasticjob-operator"
+
+
+def operator_pods(cluster: Cluster) -> list[dict[str, Any]]:
+    found = cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-l", OPERATOR_PODS, "-o", "json")
+    pods: list[dict[str, Any]] = json.loads(found.stdout)["items"]
+    return pods
+
+
+def serving_operator_pods(cluster: Cluster) -> set[str]:
+    """The operator pods behind its Service: ready, so webhooks and workers reach them."""
+    found = cluster.kubectl("-n", SYSTEM_NS, "get", "endpoints", RELEASE, "-o", "json")
+    subsets = json.loads(found.stdout).get("subsets") or []
+    return {
+        address["targetRef"]["name"]
+        for subset in subsets
+        for address in subset.get("addresses") or []
+        if address.get("targetRef")
+    }
+
+
+def wait_operator_serving(kube: Kube, replaced: set[str]) -> None:
+    """Wait until a new operator pod (none of ``replaced``) serves behind the Service: Running
+    is not enough, since a starting operator registers its webhooks before it is ready."""
+    kube.wait(
+        "a new operator pod serving",
+        lambda: serving_operator_pods(kube.cluster) - replaced,
+        timeout=180,
+    )
+
+
+def restart_operator(kube: Kube) -> None:
+    """Delete the operator's pod, wait until it is gone (a real kubelet may take most of its
+    grace period on a loaded machine) and until its replacement serves."""
+    old = {p["metadata"]["name"] for p in operator_pods(kube.cluster)}
+    kube.cluster.kubectl("-n", SYSTEM_NS, "delete", "pod", "-l", OPERATOR_PODS, "--wait=false")
+    kube.wait(
+        "the old operator pod gone",
+        lambda: not old & {p["metadata"]["name"] for p in operator_pods(kube.cluster)},
+        timeout=180,
+    )
+    wait_operator_serving(kube, old)
+
+
+def operator_logs(cluster: Cluster, timeout: float = 60.0) -> str:
+    """The logs of the operator's pods. The kubelet refuses a read while a container it
+    restarted has no log yet: the read is tried again until ``timeout``, and the last
+    refusal (kubectl's stderr) is what a timeout says."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = cluster.kubectl(
+            "-n",
+            SYSTEM_NS,
+            "logs",
+            "-l",
+            OPERATOR_PODS,
+            "--tail=-1",
+            "--all-containers",
+            check=False,
+        )
+        if found.returncode == 0:
+            return found.stdout
+        if time.monotonic() > deadline:
+            pods = [
+                (p["metadata"]["name"], p.get("status", {}).get("containerStatuses"))
+                for p in operator_pods(cluster)
+            ]
+            raise AssertionError(f"the operator's logs cannot be read: {found.stderr}\n{pods}")
+        time.sleep(0.5)
+
+
+def operator_ip(kube: Kube) -> str:
+    """The IP of the (running) operator pod."""
+    pods = json.loads(kube.cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-o", "json").stdout)
+    ip: str = next(
+        p["status"]["podIP"]
+        for p in pods["items"]
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    )
+    return ip
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS to ``ip``, verifying the server as ``host`` (this machine does not resolve Service
+    names; pods do: through the cluster's DNS on real nodes, hosts files on process nodes)."""
+
+    def __init__(self, host: str, ip: str, port: int, context: ssl.SSLContext) -> None:
+        super().__init__(host, port, timeout=10, context=context)
+        self._ip = ip
+        self._tls = context
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self._ip, self.port), self.timeout)
+        self.sock = self._tls.wrap_socket(sock, server_hostname=self.host)
+
+
+def rendezvous_status(
+    kube: Kube, path: str, token: str, ca: str, *, host: str = RENDEZVOUS_HOST
+) -> int:
+    """The status of ``GET path`` on the operator's rendezvous port over HTTPS, the server
+    verified against ``ca`` as ``host``."""
+    context = ssl.create_default_context(cadata=ca)
+    conn = _PinnedHTTPSConnection(host, operator_ip(kube), RENDEZVOUS_PORT, context)
+    try:
+        headers = {PROTOCOL_HEADER: str(PROTOCOL_VERSION)}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        conn.request("GET", path, headers=headers)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def delete_webhook(cluster: Cluster) -> None:
+    name = f"{RELEASE}.{SYSTEM_NS}.svc"
+    cluster.kubectl("delete", "validatingwebhookconfiguration", name, check=False)
