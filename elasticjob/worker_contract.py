@@ -171,8 +171,8 @@ class WorkerSettings(BaseModel):
     round_wait_s: Annotated[float, Seconds(ENV_ROUND_WAIT)] = 900.0
     """How long a worker waits for its next round before giving up."""
     heartbeat_interval_s: Annotated[float, Seconds(ENV_HEARTBEAT_INTERVAL)] = 0.0
-    """Seconds between heartbeats to the rendezvous service (0: none). The driver evicts a
-    worker that sent none for its heartbeat timeout, so a driver that evicts sets it to a
+    """Seconds between heartbeats to the rendezvous service (0: none). The driver kills a
+    worker that sent none for its heartbeat timeout, so a driver that kills sets it to a
     fraction of that timeout."""
     orphan_timeout_s: Annotated[float, Seconds(ENV_ORPHAN_TIMEOUT)] = 900.0
     """How long the worker keeps running while the rendezvous service is unreachable (its

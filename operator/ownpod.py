@@ -8,7 +8,7 @@ The operator reads its pod (``POD_NAME`` in ``POD_NAMESPACE``, from the downward
   only. When the operator's node stops answering (NotReady: its kubelet is gone, its
   containers may run on), the node controller marks the pod not ready at once: the workers'
   heartbeats stop arriving, and their silence says nothing about them. So while the pod is
-  not ready the drivers evict nobody for silence (``driver.liveness.Reachability``).
+  not ready the drivers kill nobody for silence (``driver.liveness.Reachability``).
 - **Superseded.** Next the node controller evicts the pod and the Deployment starts a
   successor; no kubelet is there to stop the old process. It would go on writing the jobs'
   status and creating pods beside its successor. So once its pod is marked for deletion (or

@@ -9,7 +9,7 @@ knows how the process ends, it stops: the driver then gives the teardown a grace
 stops a process whose teardown hangs (``elasticjob.driver.timeouts.overdue_endings``).
 
 While the training thread is blocked in a collective, each beat also carries what probing
-the round's peers found (``probe``, see ``reachability.py``), so the driver can evict a
+the round's peers found (``probe``, see ``reachability.py``), so the driver can kill a
 member its peers cannot reach instead of waiting for the collective timeout.
 
 It is also how a worker notices that it was orphaned: when no beat has arrived for the orphan

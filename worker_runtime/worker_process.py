@@ -9,8 +9,8 @@ process is alive, so that it can tell a frozen process from a slow step, and end
 once the rendezvous service has been unreachable for the orphan timeout (its launcher or
 operator is gone); while the training thread is blocked on the round's group for
 ``probe_after_s``, or at once after a collective failed, each beat carries the round's peers
-that a probe did not reach (``reachability.py``), so the driver evicts a member cut off from
-its peers. A worker without a heartbeat (standalone, or a driver that neither evicts silent
+that a probe did not reach (``reachability.py``), so the driver kills a member cut off from
+its peers. A worker without a heartbeat (standalone, or a driver that neither kills silent
 workers nor sets an orphan timeout) has :class:`NoHeartbeat`.
 """
 
@@ -165,7 +165,7 @@ def liveness_for(
     """The liveness of a worker started by a launcher: beats at the driver's heartbeat
     interval, or without one only to notice being orphaned (at a quarter of the orphan
     timeout); peers probed once the round's group has been ``blocked_for`` the probe delay,
-    only for a driver that asked for beats (the one that evicts)."""
+    only for a driver that asked for beats (the one that kills silent workers)."""
     if config.heartbeat_interval_s <= 0 and config.orphan_timeout_s <= 0:
         return NoHeartbeat()
     interval = config.heartbeat_interval_s or config.orphan_timeout_s / 4

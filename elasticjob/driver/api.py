@@ -98,7 +98,7 @@ class Departure(enum.Enum):
     LEAVING = "leaving"
     """Its host is going away (scale-in, preemption): announced with a ``HOSTS_REMOVED``
     notice, it reaches the barrier with the other members, keeps its live state, and is then
-    dismissed. Never a failure (``WorkerRegistry.mark_leaving``)."""
+    dismissed. Never a failure (see ``decisions.leaving_members``)."""
     DISMISSED = "dismissed"
     """Told to exit: the rendezvous answers its requests ``REMOVED`` and it exits 0
     (``JobRendezvous.dismiss``): a leaving worker once the next round is published, or a

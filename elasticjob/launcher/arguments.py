@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=DEFAULT_HEARTBEAT_TIMEOUT_S,
         metavar="SECONDS",
-        help="evict a worker process (kill it, blacklist its host) that sent no heartbeat "
+        help="kill a worker process (and blacklist its host) that sent no heartbeat "
         f"for this long; 0 turns it off (default {DEFAULT_HEARTBEAT_TIMEOUT_S:g})",
     )
     parser.add_argument(

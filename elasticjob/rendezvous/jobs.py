@@ -7,16 +7,11 @@ JobLimits`."""
 
 from __future__ import annotations
 
-import collections
-import hmac
-import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Final
-
-from pydantic import TypeAdapter, ValidationError
 
 from elasticjob.rendezvous.api import (
     JobRendezvous,
@@ -25,18 +20,19 @@ from elasticjob.rendezvous.api import (
     RendezvousListener,
     RequestRefused,
 )
+from elasticjob.rendezvous.job_token import JobToken, check_job_name
 from elasticjob.rendezvous.limits import (
     ANNOUNCED_ROUNDS_PER_WORKER,
     DEFAULT_MAX_WORKERS,
     JobLimits,
     TokenBucket,
 )
+from elasticjob.rendezvous.notice_log import NoticeLog
 from elasticjob.rendezvous.probes import peer_endpoints, probe_report, probe_targets
 from elasticjob.rendezvous.rounds import Binding, Endpoint, PublishedRound, check_slots
 from elasticjob.rendezvous.wakeup import LongPolls, Wakeup
 from elasticjob.wire.messages import (
     HeartbeatRequest,
-    JobName,
     Notice,
     NoticeKind,
     NoticesResponse,
@@ -53,25 +49,7 @@ from elasticjob.wire.messages import (
 
 logger = logging.getLogger(__name__)
 
-MAX_NOTICES: Final = 1000
-"""How many of its most recent notices a job keeps."""
-
-_JOB_NAME: Final = TypeAdapter(JobName)
-
 _NO_SLOTS: Final[Mapping[WorkerId, SlotInfo]] = MappingProxyType({})
-
-
-def _validate_job_name(job: str) -> None:
-    """Raise :class:`ValueError` unless ``job`` is a valid job name."""
-    try:
-        _JOB_NAME.validate_python(job)
-    except ValidationError as exc:
-        raise ValueError(f"invalid job name {job!r}: must be a Kubernetes object name") from exc
-
-
-def _validate_token(token: str) -> None:
-    if not token or not token.isascii() or not token.isprintable() or " " in token:
-        raise ValueError("a job token must be non-empty printable ASCII without spaces")
 
 
 class InMemoryJobRendezvous(JobRendezvous):
@@ -91,11 +69,10 @@ class InMemoryJobRendezvous(JobRendezvous):
         limits: JobLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        _validate_job_name(job)
-        _validate_token(token)
+        check_job_name(job)
+        self._token = JobToken(token)
         self.job = job
         self.limits = limits or JobLimits.for_workers(DEFAULT_MAX_WORKERS)
-        self._token = token.encode("ascii")
         self._listener = listener
         self._bucket = TokenBucket(self.limits.requests_per_s, self.limits.burst, clock)
         self._polls = LongPolls(self.limits.long_polls, lambda: self._closing)
@@ -108,11 +85,9 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._plan = PlannedRound()
         self._finished: str | None = None
         self._closing = False
-        self._notices: collections.deque[Notice] = collections.deque(maxlen=MAX_NOTICES)
-        self._latest_seq = 0
+        self._notices = NoticeLog(job)
         self._progress: ProgressRequest | None = None
         self._round_changed = Wakeup()
-        self._notice_posted = Wakeup()
 
     def __repr__(self) -> str:
         return f"InMemoryJobRendezvous(job={self.job!r}, round={self.current_round})"
@@ -129,7 +104,7 @@ class InMemoryJobRendezvous(JobRendezvous):
 
     def check_token(self, token: str) -> bool:
         """Whether ``token`` is this job's token (compared in constant time)."""
-        return hmac.compare_digest(self._token, token.encode("utf-8", "surrogatepass"))
+        return self._token.matches(token)
 
     @property
     def finished(self) -> bool:
@@ -141,7 +116,7 @@ class InMemoryJobRendezvous(JobRendezvous):
         requests answer without waiting (the service is shutting down)."""
         self._closing = True
         self._round_changed.fire()
-        self._notice_posted.fire()
+        self._notices.posted.fire()
 
     # ---- driver side -------------------------------------------------------------------
 
@@ -163,7 +138,13 @@ class InMemoryJobRendezvous(JobRendezvous):
         targets = probe_targets(slots)
         peers = peer_endpoints(targets, {w: b.endpoint for w, b in self._endpoints.items()})
         self._round = PublishedRound(
-            round_number, dict(slots), binding.endpoint, self._latest_seq, sync, targets, peers
+            round_number,
+            dict(slots),
+            binding.endpoint,
+            self._notices.latest_seq,
+            sync,
+            targets,
+            peers,
         )
         self._plan = PlannedRound()
         self._dismissed.difference_update(slots)
@@ -200,9 +181,9 @@ class InMemoryJobRendezvous(JobRendezvous):
                 f"job {self.job}: cannot adopt a round after round {self.current_round}"
             )
         check_slots(slots)
-        self._latest_seq = max(self._latest_seq, notice_seq)
+        self._notices.continue_after(notice_seq)
         self._round = PublishedRound(
-            round_number, dict(slots), None, self._latest_seq, False, probe_targets(slots)
+            round_number, dict(slots), None, self._notices.latest_seq, False, probe_targets(slots)
         )
         self._admitted.update(slots)
         logger.info("job %s: adopted round %d with %d members", self.job, round_number, len(slots))
@@ -218,17 +199,9 @@ class InMemoryJobRendezvous(JobRendezvous):
 
     def post_notice(self, kind: NoticeKind, hosts: Iterable[str] = ()) -> Notice:
         """See :meth:`JobRendezvous.post_notice`. Raises :class:`RendezvousError` if a host is
-        not a valid host name. Only the last :data:`MAX_NOTICES` notices are kept."""
-        try:
-            notice = Notice(
-                seq=self._latest_seq + 1, kind=kind, round=self.current_round, hosts=tuple(hosts)
-            )
-        except ValidationError as exc:
-            raise RendezvousError(f"job {self.job}: invalid notice: {exc}") from exc
-        self._latest_seq = notice.seq
-        self._notices.append(notice)
+        not a valid host name (see ``notice_log.py``)."""
+        notice = self._notices.post(kind, self.current_round, tuple(hosts))
         logger.info("job %s: notice %d %s %s", self.job, notice.seq, kind, notice.hosts)
-        self._notice_posted.fire()
         return notice
 
     def finish(self, message: str) -> None:
@@ -238,7 +211,7 @@ class InMemoryJobRendezvous(JobRendezvous):
             self._finished = message
             logger.info("job %s: finished: %s", self.job, message)
         self._round_changed.fire()
-        self._notice_posted.fire()
+        self._notices.posted.fire()
 
     @property
     def current_round(self) -> int:
@@ -354,24 +327,17 @@ class InMemoryJobRendezvous(JobRendezvous):
         newer than it (``latest_seq`` tells it how far the log has gone)."""
 
         def answer() -> NoticesResponse | None:
-            found = self._notices_after(after_seq)
+            found = self._notices.after(after_seq)
             if found or self._finished is not None:
-                return NoticesResponse(notices=found, latest_seq=self._latest_seq)
+                return NoticesResponse(notices=found, latest_seq=self._notices.latest_seq)
             return None
 
         return await self._polls.wait(
             answer,
             wait_seconds,
-            self._notice_posted,
-            lambda: NoticesResponse(notices=(), latest_seq=self._latest_seq),
+            self._notices.posted,
+            lambda: NoticesResponse(notices=(), latest_seq=self._notices.latest_seq),
         )
-
-    def _notices_after(self, seq: int) -> tuple[Notice, ...]:
-        """The kept notices newer than ``seq``, oldest first: read from the newest end, so a
-        poll costs the notices it gets, not the up to :data:`MAX_NOTICES` the job keeps
-        (every notice wakes every worker's poll)."""
-        newer = itertools.takewhile(lambda notice: notice.seq > seq, reversed(self._notices))
-        return tuple(reversed(tuple(newer)))
 
     def report_result(self, request: ResultRequest) -> None:
         """See :meth:`JobRendezvous.report_result`."""
@@ -408,7 +374,7 @@ class InMemoryJobRendezvous(JobRendezvous):
             round=self.current_round,
             size=0 if current is None else len(current.slots),
             hosts=() if current is None else current.hosts,
-            latest_notice_seq=self._latest_seq,
+            latest_notice_seq=self._notices.latest_seq,
             progress=self._progress,
         )
 

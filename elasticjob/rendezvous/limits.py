@@ -17,7 +17,7 @@ rendezvous rounds kept per worker :data:`ANNOUNCED_ROUNDS_PER_WORKER`      16
 ================================  =======================================  =============
 
 Everything else a job keeps is bounded by the workers its driver launched (registrations and
-results of other workers are refused), by :data:`~elasticjob.rendezvous.jobs.MAX_NOTICES`
+results of other workers are refused), by :data:`~elasticjob.rendezvous.notice_log.MAX_NOTICES`
 notices, and by the largest request body (``routes.MAX_BODY_BYTES``).
 """
 

@@ -1,7 +1,7 @@
 """Which members of a round probe which: a small, deterministic set per worker.
 
 When a collective blocks, a worker probes a few peers (a TCP connect to the probe listener
-each one hosts) and reports those it cannot reach with its heartbeat; the driver then evicts
+each one hosts) and reports those it cannot reach with its heartbeat; the driver then kills
 a member that a majority of its probers cannot reach (``elasticjob.driver.partition``). The
 service hands each member the endpoints of its targets with its round, and the driver asks
 who probes whom; both use :func:`probe_targets`, so they agree.

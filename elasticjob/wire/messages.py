@@ -187,7 +187,7 @@ class HeartbeatRequest(StrictModel):
     :data:`~elasticjob.worker_contract.ENV_PROBE_AFTER`), the worker probes the peers the
     round gave it (:attr:`RendezvousResponse.peers`) before each beat and sends the result:
     ``round`` and the peers it could not reach in ``unreachable`` (empty: it reached them
-    all). Both are absent otherwise. The driver evicts a member a majority of its probers
+    all). Both are absent otherwise. The driver kills a member a majority of its probers
     cannot reach (``elasticjob.driver.partition``)."""
 
     hostname: HostName

@@ -34,7 +34,7 @@ class Manager(HostManager):
         super().__init__(Blacklist[str](POLICY, clock))
         self.discovery = discovery
 
-    def update_available_hosts(self) -> HostUpdate:
+    def discover(self) -> HostUpdate:
         try:
             found = self.discovery.find_available_hosts_and_slots()
         except DiscoveryError as exc:
@@ -61,50 +61,50 @@ def names(manager: HostManager) -> list[str]:
 def test_first_update_adds_hosts_in_discovery_order() -> None:
     manager, _, _ = make({"b": 2, "a": 1, "c": 4})
     assert not manager.current_hosts
-    assert manager.update_available_hosts() == HostUpdate(added=("b", "a", "c"))
+    assert manager.discover() == HostUpdate(added=("b", "a", "c"))
     assert manager.current_hosts == (("b", 2), ("a", 1), ("c", 4))
 
 
 def test_unchanged_discovery_is_an_empty_update() -> None:
     manager, _, _ = make({"a": 1})
-    manager.update_available_hosts()
-    update = manager.update_available_hosts()
+    manager.discover()
+    update = manager.discover()
     assert update == HostUpdate()
     assert not update
 
 
 def test_survivors_keep_order_and_new_hosts_go_last() -> None:
     manager, discovery, _ = make({"a": 1, "b": 1, "c": 1})
-    manager.update_available_hosts()
+    manager.discover()
     discovery.hosts = {"d": 1, "c": 1, "a": 1}
-    assert manager.update_available_hosts() == HostUpdate(added=("d",), removed=("b",))
+    assert manager.discover() == HostUpdate(added=("d",), removed=("b",))
     assert names(manager) == ["a", "c", "d"]
 
 
 def test_returning_host_goes_last() -> None:
     manager, discovery, _ = make({"a": 1, "b": 1})
-    manager.update_available_hosts()
+    manager.discover()
     discovery.hosts = {"b": 1}
-    manager.update_available_hosts()
+    manager.discover()
     discovery.hosts = {"a": 1, "b": 1}
-    assert manager.update_available_hosts() == HostUpdate(added=("a",))
+    assert manager.discover() == HostUpdate(added=("a",))
     assert names(manager) == ["b", "a"]
 
 
 def test_slot_change_keeps_place_and_is_not_an_update() -> None:
     manager, discovery, _ = make({"a": 1, "b": 2})
-    manager.update_available_hosts()
+    manager.discover()
     discovery.hosts = {"b": 4, "a": 1}
-    assert manager.update_available_hosts() == HostUpdate()
+    assert manager.discover() == HostUpdate()
     assert manager.current_hosts == (("a", 1), ("b", 4))
 
 
 def test_discovery_error_propagates_and_keeps_view() -> None:
     manager, discovery, _ = make({"a": 1})
-    manager.update_available_hosts()
+    manager.discover()
     discovery.error = DiscoveryError("script failed")
     with pytest.raises(DiscoveryError, match="script failed"):
-        manager.update_available_hosts()
+        manager.discover()
     assert names(manager) == ["a"]
 
 
@@ -124,21 +124,21 @@ def test_cooldown_grows_exponentially_up_to_max(strikes: int, expected: float) -
 
 def test_blacklist_removes_host_at_once_and_returns_cooldown_end() -> None:
     manager, _, clock = make({"a": 1, "b": 2})
-    manager.update_available_hosts()
+    manager.discover()
     assert manager.exclude_until("a") == clock.now + 10.0
     assert manager.current_hosts == (("b", 2),)
     assert "a" in manager.blacklist
     assert "b" not in manager.blacklist
     assert dict(manager.blacklist.active()) == {"a": clock.now + 10.0}
     # The blacklisted host is not reported as removed: it was already out of the view.
-    assert manager.update_available_hosts() == HostUpdate()
+    assert manager.discover() == HostUpdate()
 
 
 def test_repeated_blacklisting_doubles_cooldown_up_to_max() -> None:
     manager, _, clock = make({"a": 1})
     durations = []
     for _ in range(5):
-        manager.update_available_hosts()
+        manager.discover()
         start = clock.now
         durations.append(manager.exclude_until("a") - start)
         clock.advance(durations[-1])
@@ -147,45 +147,45 @@ def test_repeated_blacklisting_doubles_cooldown_up_to_max() -> None:
 
 def test_host_is_usable_again_after_cooldown_and_goes_last() -> None:
     manager, _, clock = make({"a": 1, "b": 1, "c": 1})
-    manager.update_available_hosts()
+    manager.discover()
     manager.exclude("a")
     clock.advance(9.9)
-    assert manager.update_available_hosts() == HostUpdate()
+    assert manager.discover() == HostUpdate()
     assert "a" in manager.blacklist
     clock.advance(0.1)
     assert "a" not in manager.blacklist
     assert dict(manager.blacklist.active()) == {}
     # Not usable until the next discovery, then placed last.
     assert names(manager) == ["b", "c"]
-    assert manager.update_available_hosts() == HostUpdate(added=("a",))
+    assert manager.discover() == HostUpdate(added=("a",))
     assert names(manager) == ["b", "c", "a"]
 
 
 def test_blacklisting_is_never_permanent() -> None:
     manager, _, clock = make({"a": 1})
     for _ in range(50):
-        manager.update_available_hosts()
+        manager.discover()
         clock.advance(manager.exclude_until("a") - clock.now)
-    assert manager.update_available_hosts() == HostUpdate(added=("a",))
+    assert manager.discover() == HostUpdate(added=("a",))
     assert names(manager) == ["a"]
 
 
 def test_expired_host_no_longer_discovered_stays_out() -> None:
     manager, discovery, clock = make({"a": 1, "b": 1})
-    manager.update_available_hosts()
+    manager.discover()
     manager.exclude("a")
     discovery.hosts = {"b": 1}
     clock.advance(10.0)
-    assert manager.update_available_hosts() == HostUpdate()
+    assert manager.discover() == HostUpdate()
     assert names(manager) == ["b"]
 
 
 def test_all_discovered_blacklisted() -> None:
     manager, discovery, clock = make({})
-    manager.update_available_hosts()
+    manager.discover()
     assert not manager.all_discovered_blacklisted(), "no host discovered"
     discovery.hosts = {"a": 1, "b": 1}
-    manager.update_available_hosts()
+    manager.discover()
     manager.exclude("a")
     assert not manager.all_discovered_blacklisted()
     manager.exclude("b")
@@ -197,12 +197,12 @@ def test_all_discovered_blacklisted() -> None:
 
 def test_blacklisting_an_undiscovered_host_keeps_it_out_when_it_appears() -> None:
     manager, discovery, clock = make({"a": 1})
-    manager.update_available_hosts()
+    manager.discover()
     manager.exclude("z")
     discovery.hosts = {"a": 1, "z": 1}
-    assert manager.update_available_hosts() == HostUpdate()
+    assert manager.discover() == HostUpdate()
     clock.advance(10.0)
-    assert manager.update_available_hosts() == HostUpdate(added=("z",))
+    assert manager.discover() == HostUpdate(added=("z",))
 
 
 HOSTS = [f"h{i}" for i in range(6)]
@@ -226,7 +226,7 @@ def test_order_keeps_survivors_and_puts_new_hosts_last(
     for discovered, to_blacklist, elapsed in steps:
         clock.advance(elapsed)
         discovery.hosts = dict.fromkeys(discovered, 1)
-        update = manager.update_available_hosts()
+        update = manager.discover()
         current = names(manager)
         survivors = [h for h in previous if h in current]
         new = [h for h in current if h not in previous]

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from elasticjob.rendezvous.api import RendezvousError
-from elasticjob.rendezvous.jobs import MAX_NOTICES, InMemoryJobRendezvous
+from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
+from elasticjob.rendezvous.notice_log import MAX_NOTICES
 from elasticjob.wire.messages import (
     HeartbeatRequest,
     NoticeKind,
