@@ -194,16 +194,16 @@ class PodLedger:
         self._draining.pop(name, None)
 
     def adopted_round_gone(self, pods: Iterable[str]) -> list[PodFailure]:
-        """The members of a recorded round (by pod) that are gone: each failed (they vanished
-        while the operator was away)."""
+        """The members of a recorded round (by pod) that are gone: each failed, they vanished
+        while the operator was away. Told to the new driver even when the pod's deletion was
+        seen before the driver started (its failure was then told to nobody)."""
         present = self.pods.snapshot()
         failures = []
         for name in pods:
             if name not in present:
                 reason = "the pod disappeared while the operator was away"
-                failure = self.fail(name, FailureCause.VANISHED, reason, 137)
-                if failure is not None:
-                    failures.append(failure)
+                self._failed.setdefault(name, reason)
+                failures.append(PodFailure(name, FailureCause.VANISHED, reason, 137))
         return failures
 
 

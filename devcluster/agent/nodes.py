@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from devcluster.agent.kubeapi import Api, ApiError, Obj
 from devcluster.agent.status import micro_now, now
 from devcluster.config import ClusterConfig
+from elasticjob.event_waits import wait_event
 
 logger = logging.getLogger(__name__)
 
@@ -185,9 +186,7 @@ class Nodes:
         loop = asyncio.get_running_loop()
         last_status = loop.time()
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._cfg.heartbeat_seconds)
-            woken = self._wake.is_set()
+            woken = await wait_event(self._wake, self._cfg.heartbeat_seconds)
             self._wake.clear()
             full = woken or loop.time() - last_status > STATUS_EVERY
             for node in self.by_name.values():

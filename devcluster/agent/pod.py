@@ -16,6 +16,7 @@ from devcluster.agent.images import ImageResolver, ImageRuntime, UnknownImage
 from devcluster.agent.kubeapi import Api, ApiError, Obj
 from devcluster.agent.status import Container, now, pod_status
 from devcluster.agent.volumes import Volumes, ensure_mount_target
+from elasticjob.event_waits import wait_event
 
 logger = logging.getLogger(__name__)
 
@@ -134,8 +135,7 @@ class PodWorker:
 
     async def _wait_stop(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; True if a stop was requested."""
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._stop.wait(), seconds)
+        await wait_event(self._stop, seconds)
         return self.stopping
 
     async def _prepare(self) -> bool:

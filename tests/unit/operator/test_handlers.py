@@ -149,6 +149,18 @@ async def test_a_job_runs_once_and_sees_its_latest_version() -> None:
     await supervisor.stop_all()
 
 
+async def test_an_update_of_a_running_job_is_told_at_once() -> None:
+    runs = Runs("until-stopped")
+    told: list[tuple[str, str]] = []
+    supervisor = JobSupervisor(runs, updated=lambda namespace, name: told.append((namespace, name)))
+    await supervisor.observe(None, job())
+    await runs.next_call()
+    assert told == [], "a new job is started, not told"
+    await supervisor.observe("MODIFIED", job())
+    assert told == [("ns", "job-u1")]
+    await supervisor.stop_all()
+
+
 async def test_a_job_that_ended_is_not_restarted_until_it_is_deleted() -> None:
     runs = Runs("return")
     supervisor = JobSupervisor(runs)

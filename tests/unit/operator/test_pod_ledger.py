@@ -119,3 +119,10 @@ def test_members_of_an_adopted_round_that_are_gone_fail_as_vanished() -> None:
         ("b", FailureCause.VANISHED, "the pod disappeared while the operator was away")
     ]
     assert pods.node_of("a") == "n1" and pods.node_of("b") is None
+
+
+def test_a_member_seen_gone_before_the_driver_started_is_still_told_to_it() -> None:
+    pods = ledger(pod("a"), pod("b"))
+    _, vanished = pods.merge_event("DELETED", pod("b", version=2))
+    assert [f.name for f in vanished] == ["b"], "told to nobody: no driver yet"
+    assert [f.name for f in pods.adopted_round_gone(["a", "b"])] == ["b"]
