@@ -8,8 +8,8 @@ venv: .venv/.installed
 	bash scripts/setup-venv.sh
 	touch $@
 
-# etcd, kube-apiserver, kube-controller-manager, kube-scheduler (built once per machine and
-# cached outside the checkout: the first run takes about 7 minutes) and helm.
+# etcd, the Kubernetes binaries of the control plane and of real nodes (built once per machine
+# and cached outside the checkout: the first run takes about 10 minutes, see README.md) and helm.
 prereqs:
 	bash scripts/devcluster-prereqs.sh
 
