@@ -10,10 +10,10 @@ fresh service process serves each size, so its peak RSS is that size's. Scenario
 - ``fail``:      a worker is killed (exit 137) -> every survivor has heard ROUND_FAILED
                  (``notice``) -> every survivor has its slot in the next round (``fail``);
 - ``scale-out``: N/10 workers' hosts appear -> every worker has its slot in the next round
-                 (timed from the driver's discovery seeing the hosts: its 1 s interval is a
-                 setting, not a cost);
+                 (timed from the moment the hosts are pushed to the driver, as the operator
+                 pushes its pods);
 - ``scale-in``:  N/10 workers' hosts vanish -> every remaining worker has its slot in the next
-                 round and the leavers have exited (timed from discovery, as above);
+                 round and the leavers have exited (timed from the push, as above);
 - ``multi``:     10 jobs of N/10 workers created at once -> every worker has its slot;
 - ``idle``:      5 s of the running job (heartbeats, progress, notice long-polls).
 

@@ -1,8 +1,8 @@
-"""A job's blacklist under the operator: its one owner there is the job's controller.
+"""A job's blacklist under the operator: its one owner there is the job's pod reconciler.
 
 What a failed pod keeps out depends on the job's ``blacklist.scope``: the node it ran on
 (Node) or the pod itself (Pod). Every failure strikes once, whoever learns of it first: the
-controller (the pod failed, a worker in it was killed) or the driver (a worker that did not
+pod reconciler (the pod failed, a worker in it was killed) or the driver (a worker that did not
 register in time, a member that failed in a round): :class:`PodBlacklist` is the driver's
 :class:`~elasticjob.driver.blacklist.HostBlacklist` too, its hosts being pods.
 """

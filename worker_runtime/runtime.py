@@ -14,8 +14,8 @@ the concerns of a worker, each in its own module:
 - what the worker tells the driver (``reports.py``): how its process ends, and on rank 0 the
   training's progress, from another background thread.
 
-Its configuration comes from the environment (``config.py``). Without the launcher's
-environment it runs standalone as a world of one: the same parts, as null objects (no
+Its configuration comes from the environment (``elasticjob/worker_contract.py``). Without
+the launcher's environment it runs standalone as a world of one: the same parts, as null objects (no
 service to ask, no notices, no heartbeat, no reports).
 """
 

@@ -11,12 +11,15 @@ The driver is plain Python (no torch, no kopf). Its pieces:
   hosts or the operator's nodes and pods);
 - ``slots.py`` turns ordered hosts into per-process :class:`~elasticjob.wire.messages.SlotInfo`;
 - ``registry.py`` records what each member of a round reported;
-- ``decisions.py`` decides, as pure functions of state, event and time returning action
-  values, everything the driver does: what a worker's exit means, how the next round is
-  planned, what follows a round, when to announce newcomers;
+- ``decisions.py`` and ``planning.py`` decide, as pure functions of state, event and time
+  returning action values, everything the driver does: what a worker's exit means, what
+  follows a round (``decisions.py``); how the next round is planned, when it is published,
+  when newcomers are started and announced (``planning.py``);
 - :class:`WorkerLauncher` starts and stops worker processes (local processes, or pods);
   ``workers.py`` keeps what the driver knows about each process it launched;
-- ``driver.py`` carries the decisions out against the launcher and the rendezvous service.
+- ``driver.py`` carries the decisions out against the launcher and the rendezvous service,
+  ``formation.py`` the planning of its rounds; ``job_snapshot.py`` is what it knows as one
+  value, ``journal.py`` what happened to the job, pushed to its subscribers.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Every worker process beats a heartbeat from a background thread (see
 ``elasticjob.worker_runtime.heartbeat``), whatever its training thread does. A process that
 sent none for ``timeout_s`` is frozen (SIGSTOP, a hung interpreter) or cut off from the job;
-a slow step or a long evaluation never stops the beat. The driver kills such a worker: it
-kills it, and the process's exit is then handled like any failure (ROUND_FAILED for the
+a slow step or a long evaluation never stops the beat. The driver kills such a worker, and
+the process's exit is then handled like any failure (ROUND_FAILED for the
 survivors, its host blacklisted).
 
 The timeout bounds detection; re-forming the round adds a second or two. The workers' beat

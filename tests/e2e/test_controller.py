@@ -205,7 +205,7 @@ def test_unschedulable_worker_pods_are_named_with_the_schedulers_message(
 
 
 @pytest.mark.parametrize("fault", ["freeze", "partition", "partition-from-peers"])
-def test_a_silent_worker_is_evicted_and_the_survivors_re_form(
+def test_a_silent_worker_is_killed_and_the_survivors_re_form(
     operator: Cluster, kube: Kube, tmp_path: Path, fault: str
 ) -> None:
     """A worker that stops answering: frozen (SIGSTOP: alive, its process stopped, no
