@@ -70,6 +70,7 @@ class RoundGroup:
         self.device = device
         self._lock = threading.Lock()
         self._error: str | None = None
+        self._aborted = threading.Event()
         self._waiters: set[_Pending] = set()
         self._abandoned = 0
         self._configured = False
@@ -123,6 +124,7 @@ class RoundGroup:
         self.destroy()
         with self._lock:
             self._error = None
+            self._aborted.clear()
         kwargs: dict[str, object] = {}
         if self.backend == "nccl":
             kwargs["device_id"] = self.device
@@ -146,6 +148,7 @@ class RoundGroup:
             if self._error is None:
                 self._error = reason
             waiters = list(self._waiters)
+        self._aborted.set()
         for pending in waiters:
             pending.event.set()
             if pending.future is not None:
@@ -160,6 +163,13 @@ class RoundGroup:
         """Why the group was aborted, or None while it is healthy."""
         with self._lock:
             return self._error
+
+    def await_abort(self, timeout_s: float) -> str | None:
+        """Wait up to ``timeout_s`` for the group to be aborted (a collective of the script's
+        own failed: a peer died, and the driver's notice is on its way); why it was, or
+        None."""
+        self._aborted.wait(timeout_s)
+        return self.errored()
 
     @property
     def abandoned(self) -> int:

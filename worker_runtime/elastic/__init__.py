@@ -1,4 +1,12 @@
-"""Elastic training API (Horovod's ``hvd.elastic``)."""
+"""Elastic training API (Horovod's ``hvd.elastic``).
+
+``ShardedState`` and ``ShardsLostError`` are imported on first use: they need
+``torch.distributed.checkpoint``, whose import a script that does not shard should not pay
+for (nor its effects: a worker dismissed from a job then ends with SIGABRT).
+"""
+
+import importlib
+from typing import TYPE_CHECKING
 
 from elasticjob.worker_runtime.elastic.checkpoint_files import CheckpointError
 from elasticjob.worker_runtime.elastic.ddp import DistributedDataParallel
@@ -14,6 +22,9 @@ from elasticjob.worker_runtime.elastic.run import run
 from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
 from elasticjob.worker_runtime.elastic.state import ObjectState, SnapshotState, State, TorchState
 
+if TYPE_CHECKING:
+    from elasticjob.worker_runtime.elastic.sharded_state import ShardedState, ShardsLostError
+
 __all__ = [
     "CheckpointError",
     "DistributedDataParallel",
@@ -24,9 +35,21 @@ __all__ = [
     "ObjectStateHandler",
     "OptimizerStateHandler",
     "SamplerStateHandler",
+    "ShardedState",
+    "ShardsLostError",
     "SnapshotState",
     "State",
     "StateHandler",
     "TorchState",
     "run",
 ]
+
+
+_SHARDED = frozenset({"ShardedState", "ShardsLostError"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _SHARDED:
+        sharded_state = importlib.import_module("elasticjob.worker_runtime.elastic.sharded_state")
+        return getattr(sharded_state, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

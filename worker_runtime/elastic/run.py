@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -21,6 +22,13 @@ logger = get_logger(__name__)
 
 IN_SYNC = "state already in sync: every rank rolled back to the same commit"
 
+VERDICT_WAIT_S = 15.0
+"""How long a failure raised inside ``torch.distributed`` (a collective the script issued
+itself, FSDP2's all-gathers among them) waits for the driver to say the round broke: a peer
+that died breaks the collective at once, and the driver's notice follows within moments."""
+
+_TORCH_DISTRIBUTED = os.path.dirname(torch.distributed.__file__) + os.sep
+
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 _S = TypeVar("_S", bound=State)
@@ -34,6 +42,12 @@ def is_collective_failure(exc: Exception, broken: str | None) -> bool:
     if isinstance(exc, HorovodInternalError):
         return True
     return broken is not None and isinstance(exc, RuntimeError)
+
+
+def raised_in_torch_distributed(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised from ``torch.distributed``'s code (a collective's wait)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return any(frame.filename.startswith(_TORCH_DISTRIBUTED) for frame in frames)
 
 
 def same_on_every_rank(values: tuple[int, ...] | None) -> bool:
@@ -83,7 +97,7 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
         runtime = current()
         if runtime.join_deferred():
             state.on_reset()
-        sync = runtime.sync_required
+        sync = state.wants_sync(runtime.sync_required)
         rolled_back = False
         while True:
             try:
@@ -113,6 +127,8 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
                 logger.info("hosts updated; re-forming the group with live state")
             except Exception as exc:
                 broken = runtime.group.errored()
+                if broken is None and raised_in_torch_distributed(exc):
+                    broken = runtime.group.await_abort(VERDICT_WAIT_S)
                 if not is_collective_failure(exc, broken):
                     runtime.exit_code = 1
                     runtime.reports.result(
@@ -129,7 +145,7 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
                 runtime.exit_code = 0
                 runtime.reports.result(WorkerState.SUCCESS)
                 return result
-            sync = runtime.reset(rolled_back=rolled_back)
+            sync = state.wants_sync(runtime.reset(rolled_back=rolled_back))
             state.on_reset()
 
     functools.update_wrapper(wrapper, func)

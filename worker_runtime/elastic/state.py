@@ -97,6 +97,11 @@ class State(abc.ABC):
         to commits with equal tokens, the next round skips the sync: nothing would change."""
         return None
 
+    def wants_sync(self, required: bool) -> bool:
+        """Whether a new round syncs this state; ``required``: the driver says it must
+        (newcomers, or a rollback). A state laid out over the world reshards every round."""
+        return required
+
     def check_host_updates(self) -> None:
         """Raise ``HostsUpdatedInterrupt`` on every rank if any rank saw hosts change."""
         current().check_host_updates()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import torch.distributed
 
-from elasticjob.worker_runtime.elastic.run import is_collective_failure
+from elasticjob.worker_runtime.elastic.run import is_collective_failure, raised_in_torch_distributed
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 
 BROKEN = "a member of round 3 failed (driver notice)"
@@ -26,3 +27,12 @@ BROKEN = "a member of round 3 failed (driver notice)"
 )
 def test_is_collective_failure(exc: Exception, broken: str | None, expected: bool) -> None:
     assert is_collective_failure(exc, broken) is expected
+
+
+def test_a_failure_raised_inside_torch_distributed_is_told_apart() -> None:
+    """FSDP2's own collectives fail inside ``torch.distributed``: such a failure waits for the
+    driver's verdict; one raised by the script itself does not."""
+    with pytest.raises(ValueError) as inside:
+        torch.distributed.get_rank(group=object())  # type: ignore[arg-type]
+    assert raised_in_torch_distributed(inside.value)
+    assert not raised_in_torch_distributed(RuntimeError("the script's own error"))

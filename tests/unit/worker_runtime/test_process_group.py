@@ -146,3 +146,14 @@ def test_on_destroy_calls_live_holders_before_each_teardown(group: RoundGroup) -
     assert holder.released == 1  # configuring round 2 destroyed round 1
     group.destroy()
     assert holder.released == 2
+
+
+def test_await_abort_tells_why_once_the_group_is_aborted() -> None:
+    group = RoundGroup("gloo", torch.device("cpu"))
+    assert group.await_abort(0.01) is None, "healthy: the wait runs out"
+    timer = threading.Timer(0.05, group.abort, args=("a member of round 1 failed",))
+    timer.start()
+    try:
+        assert group.await_abort(5.0) == "a member of round 1 failed"
+    finally:
+        timer.join()

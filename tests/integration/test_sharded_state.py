@@ -1,0 +1,141 @@
+"""A model sharded with FSDP2 under ``hvd.elastic.ShardedState``, with real processes over Gloo
+on loopback hosts: after a failure the survivors rebuild every shard from what they hold and
+reshard it onto the new world; newcomers get their own rows; nobody rolls back on a graceful
+change; shards that nobody holds fail the job with a message saying so.
+
+The worker (``workers/sharded_worker.py``) logs, on rank 0 and for the tests only, a digest
+of the whole gathered state at every commit and whenever training resumes: a round must
+resume from the last commit, bit for bit, and every rank must end with the same state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.job_runs import WORKERS, JobRun, run_job
+
+pytestmark = pytest.mark.integration
+
+SHARDED_WORKER = WORKERS / "sharded_worker.py"
+FOUR_HOSTS = "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1,127.0.1.4:1"
+
+
+def run_sharded(
+    tmp_path: Path,
+    launcher_args: list[str],
+    *worker_args: str,
+    schedule: dict[int, str] | None = None,
+) -> JobRun:
+    return run_job(
+        tmp_path,
+        launcher_args=launcher_args,
+        worker_args=list(worker_args),
+        schedule=schedule,
+        script=SHARDED_WORKER,
+    )
+
+
+def resumed_from_last_commit(run: JobRun) -> list[dict[str, Any]]:
+    """Check that every round after the first resumed from the newest commit made before it
+    (bit for bit); return those resumptions."""
+    commits = run.of("commit")
+    later = [e for e in run.of("resumed") if e["round"] > 1]
+    for resumed in later:
+        before = [c for c in commits if c["round"] < resumed["round"]]
+        assert before, f"round {resumed['round']} resumed before any commit: {run.explain()}"
+        last = max(before, key=lambda c: c["time"])
+        assert (resumed["epoch"], resumed["batch"]) == (last["epoch"], last["batch"]), resumed
+        assert resumed["digest"] == last["digest"], "the resumed state is not the last commit"
+    return later
+
+
+def finished_alike(run: JobRun, size: int) -> None:
+    done = run.of("done")
+    assert len(done) == size and len({d["digest"] for d in done}) == 1, done
+
+
+def test_a_sigkilled_rank_of_four_is_rebuilt_from_its_copy(tmp_path: Path) -> None:
+    run = run_sharded(tmp_path, ["-np", "4", "--min-np", "3", "-H", FOUR_HOSTS], "--fail", "1:1:3")
+    assert run.returncode == 0, run.explain()
+    (resumed,) = resumed_from_last_commit(run)
+    assert resumed["size"] == 3
+    finished_alike(run, 3)
+
+
+def test_the_rank_holding_rank_0s_copy_can_die(tmp_path: Path) -> None:
+    """With one slot per host, rank 0's copy lives on rank 1 (the next host in the ring)."""
+    run = run_sharded(tmp_path, ["-np", "4", "--min-np", "3", "-H", FOUR_HOSTS], "--fail", "1:1:1")
+    assert run.returncode == 0, run.explain()
+    (resumed,) = resumed_from_last_commit(run)
+    assert resumed["size"] == 3
+    finished_alike(run, 3)
+
+
+def test_a_lost_host_is_rebuilt_from_the_copies_on_the_other_host(tmp_path: Path) -> None:
+    """Two ranks on each of two hosts: a failure blacklists its host, both of its ranks go,
+    and their shards come from the copies the other host keeps."""
+    run = run_sharded(
+        tmp_path, ["-np", "4", "--min-np", "2", "-H", "127.0.1.1:2,127.0.1.2:2"], "--fail", "1:1:3"
+    )
+    assert run.returncode == 0, run.explain()
+    (resumed,) = resumed_from_last_commit(run)
+    assert resumed["size"] == 2
+    finished_alike(run, 2)
+
+
+def test_two_failures_in_a_row_with_a_commit_between(tmp_path: Path) -> None:
+    hosts = FOUR_HOSTS + ",127.0.1.5:1"
+    run = run_sharded(
+        tmp_path,
+        ["-np", "5", "--min-np", "3", "-H", hosts],
+        *("--epochs", "3", "--fail", "1:1:4", "--fail", "2:1:3"),
+    )
+    assert run.returncode == 0, run.explain()
+    first, second = resumed_from_last_commit(run)
+    # The first failure's host comes back once its cooldown ends, so the second round may
+    # be of 3 or of 4 again.
+    assert first["size"] == 4 and second["size"] in (3, 4)
+    finished_alike(run, second["size"])
+
+
+def test_scale_out_gives_the_newcomer_its_rows_and_nothing_rolls_back(tmp_path: Path) -> None:
+    three = "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1"
+    run = run_sharded(
+        tmp_path,
+        ["-np", "3", "--min-np", "3", "--max-np", "4"],
+        "--expect-sizes",
+        "3,4,4",
+        schedule={0: three, 1: FOUR_HOSTS},
+    )
+    assert run.returncode == 0, run.explain()
+    (resumed,) = resumed_from_last_commit(run)
+    assert resumed["size"] == 4
+    finished_alike(run, 4)
+
+
+def test_a_graceful_scale_in_rolls_nothing_back(tmp_path: Path) -> None:
+    run = run_sharded(
+        tmp_path,
+        ["-np", "4", "--min-np", "3", "--max-np", "4"],
+        "--expect-sizes",
+        "4,3,3",
+        schedule={0: FOUR_HOSTS, 1: "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1"},
+    )
+    assert run.returncode == 0, run.explain()
+    (resumed,) = resumed_from_last_commit(run)
+    assert resumed["size"] == 3
+    finished_alike(run, 3)
+
+
+def test_shards_nobody_holds_fail_the_job_and_say_how_to_keep_more(tmp_path: Path) -> None:
+    run = run_sharded(
+        tmp_path,
+        ["-np", "4", "--min-np", "3", "-H", FOUR_HOSTS],
+        *("--redundancy", "0", "--fail", "1:1:3"),
+    )
+    assert run.returncode != 0, run.explain()
+    assert "the committed shards of ranks [3] of a world of 4 are lost" in run.stderr
+    assert "ShardedState(redundancy=...)" in run.stderr

@@ -1,0 +1,173 @@
+"""Training script of the sharded-state tests: a small MLP sharded with FSDP2 over the round's
+group, AdamW, gradient clipping across shards, an ``ElasticSampler``, and a
+``hvd.elastic.ShardedState``; scripted failures and an event log per process.
+
+For the tests only, rank 0 logs a digest of the whole state (gathered) at every commit and
+whenever training resumes after a sync: the state a new round resumes from must be the last
+commit, bit for bit. Weights are initialized from their global row index, so any world size
+starts from the same model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from torch.utils.data import DataLoader, TensorDataset
+
+import elasticjob.worker_runtime as hvd
+from elasticjob.worker_contract import ENV_HOSTNAME, ENV_LOCAL_RANK
+
+FEATURES, HIDDEN, OUTPUTS = 8, 30, 3
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--log-dir", type=Path, required=True)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--samples", type=int, default=48)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--commit-every", type=int, default=2)
+    parser.add_argument("--redundancy", type=int, default=1)
+    parser.add_argument("--epoch-file", type=Path, help="rank 0 writes the epoch it starts here")
+    parser.add_argument("--expect-sizes", default="", help="world size each epoch must end with")
+    parser.add_argument("--fail", action="append", default=[], help="EPOCH:BATCH:RANK (SIGKILL)")
+    return parser.parse_args()
+
+
+class EventLog:
+    def __init__(self, log_dir: Path) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        host, slot = os.environ.get(ENV_HOSTNAME, "standalone"), os.environ.get(ENV_LOCAL_RANK)
+        self._path = log_dir / f"{host}-{slot}-{os.getpid()}.jsonl"
+
+    def write(self, event: str, **fields: Any) -> None:
+        record = {"ev": event, "pid": os.getpid(), "time": time.time(), **fields}
+        with self._path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def build(mesh: DeviceMesh) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    with torch.device("meta"):
+        model = torch.nn.Sequential(
+            torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, OUTPUTS)
+        )
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device="cpu")
+    for param in model.parameters():
+        assert isinstance(param, DTensor)
+        local = param.to_local()
+        start = mesh.get_local_rank() * -(-param.shape[0] // mesh.size())
+        rows = torch.arange(start, start + local.shape[0], dtype=torch.float32)
+        columns = torch.arange(local[0].numel() if local.shape[0] else 0, dtype=torch.float32)
+        with torch.no_grad():
+            grid = (rows[:, None] * 0.37 + columns[None, :] * 0.11).reshape(local.shape)
+            local.copy_(torch.sin(grid) * 0.3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01)
+    return model, optimizer
+
+
+def digest(state: hvd.elastic.ShardedState) -> str:
+    """The whole state, gathered (for the tests only: a script never needs this)."""
+    options = StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True)
+    model_state, optimizer_state = get_state_dict(state.model, state.optimizer, options=options)
+    found = hashlib.sha256()
+    for name, value in sorted({**model_state, **optimizer_state}.items()):
+        found.update(name.encode())
+        if isinstance(value, torch.Tensor):
+            found.update(value.detach().contiguous().numpy().tobytes())
+        else:
+            found.update(repr(value).encode())
+    return found.hexdigest()
+
+
+def log_commit(state: hvd.elastic.ShardedState, log: EventLog) -> None:
+    """On rank 0, the digest of the state about to be committed (collective)."""
+    committed = digest(state)
+    if hvd.rank() == 0:
+        log.write("commit", epoch=state.epoch, batch=state.batch, digest=committed,
+                  round=hvd.current_round(), size=hvd.size())  # fmt: skip
+
+
+def main() -> None:
+    args = parse_args()
+    log = EventLog(args.log_dir)
+    torch.set_num_threads(1)
+    hvd.init()
+    expected = [int(s) for s in args.expect_sizes.split(",") if s]
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(args.samples, FEATURES, generator=generator)
+    targets = torch.randn(args.samples, OUTPUTS, generator=generator)
+    dataset = TensorDataset(features, targets)
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=7)
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
+    state = hvd.elastic.ShardedState(
+        build, redundancy=args.redundancy, sampler=sampler, epoch=0, batch=0
+    )
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.ShardedState) -> None:
+        resumed = digest(state)
+        if hvd.rank() == 0:
+            log.write("resumed", epoch=state.epoch, batch=state.batch, digest=resumed,
+                      round=hvd.current_round(), size=hvd.size())  # fmt: skip
+        while state.epoch < args.epochs:
+            if hvd.rank() == 0 and args.epoch_file is not None:
+                partial = args.epoch_file.with_name(f"{args.epoch_file.name}.{os.getpid()}")
+                partial.write_text(str(state.epoch))
+                partial.replace(args.epoch_file)
+            for batch_idx, (x, y) in enumerate(loader):
+                if f"{state.epoch}:{state.batch}:{hvd.rank()}" in args.fail:
+                    marker = args.log_dir / f"fired-{state.epoch}-{state.batch}-{hvd.rank()}"
+                    if not marker.exists():
+                        marker.touch()
+                        os.kill(os.getpid(), signal.SIGKILL)
+                assert state.model is not None and state.optimizer is not None
+                loss = torch.nn.functional.mse_loss(state.model(x), y)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(state.model.parameters(), 1.0)
+                state.optimizer.step()
+                state.optimizer.zero_grad()
+                state.sampler.record_batch(batch_idx, args.batch_size)
+                state.batch += 1
+                if state.batch % args.commit_every == 0:
+                    log_commit(state, log)
+                    state.commit()
+            deadline = time.monotonic() + 90
+            while state.epoch < len(expected) and hvd.size() != expected[state.epoch]:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"world size {hvd.size()} never became {expected}")
+                try:
+                    state.check_host_updates()
+                except hvd.HostsUpdatedInterrupt:
+                    log_commit(state, log)  # what the interrupt committed: the live state
+                    raise
+                time.sleep(0.02)
+            state.epoch += 1
+            state.batch = 0
+            state.sampler.set_epoch(state.epoch)
+            log_commit(state, log)
+            state.commit()
+
+    train(state)
+    final = digest(state)
+    log.write("done", rank=hvd.rank(), size=hvd.size(), round=hvd.current_round(), digest=final)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

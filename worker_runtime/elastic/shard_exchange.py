@@ -1,0 +1,125 @@
+"""Moving committed shards between the ranks of a round, point to point over its group.
+
+- :func:`exchange_copies`: at a commit, each rank sends its shards to the ranks that keep
+  copies of them (``shard_plan.copy_holders``) and receives the shards it keeps a copy of:
+  one message per (rank, holder) and dtype.
+- :func:`reshard`: after the world changed, each rank of the new world receives the rows of
+  its new shards from the ranks that hold them (``shard_plan.plan_reshard``), in one batch of
+  sends and receives for every tensor at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from elasticjob.worker_runtime.elastic.shard_plan import RowLayout, Transfer
+from elasticjob.worker_runtime.elastic.shard_snapshot import ShardedEntry
+
+Key = tuple[str, str]
+Shards = dict[Key, torch.Tensor]
+"""One rank's committed shards by entry (its rows of each sharded tensor)."""
+
+
+def shard_shape(entry: ShardedEntry, world: int, rank: int) -> tuple[int, ...]:
+    """The shape of ``rank``'s shard of ``entry``'s tensor in a world of ``world``."""
+    start, stop = RowLayout(entry.rows, world).span(rank)
+    return (stop - start, *entry.shape[1:])
+
+
+def _by_dtype(keys: Sequence[Key], entries: Mapping[Key, ShardedEntry]) -> dict[str, list[Key]]:
+    grouped: dict[str, list[Key]] = {}
+    for key in keys:
+        grouped.setdefault(str(entries[key].dtype), []).append(key)
+    return grouped
+
+
+def _flatten(shards: Mapping[Key, torch.Tensor], keys: Sequence[Key]) -> torch.Tensor:
+    return torch.cat([shards[key].reshape(-1) for key in keys])
+
+
+def exchange_copies(
+    entries: Mapping[Key, ShardedEntry],
+    world: int,
+    rank: int,
+    holders: Mapping[int, Sequence[int]],
+) -> dict[int, Shards]:
+    """Send this rank's shards (``entries``' locals) to its holders; return the shards of
+    the ranks whose copies this rank keeps, by their rank."""
+    keys = sorted(entries)
+    groups = _by_dtype(keys, entries)
+    operations: list[dist.P2POp] = []
+    received: dict[int, dict[str, torch.Tensor]] = {}
+    own = {key: entry.local for key, entry in entries.items()}
+    for holder in holders.get(rank, ()):
+        for group in groups.values():
+            flat = _flatten(own, group).contiguous()
+            if flat.numel():  # nothing is sent for shards without rows
+                operations.append(dist.P2POp(dist.isend, flat, holder))
+    for owner in sorted(r for r, kept_by in holders.items() if rank in kept_by and r != rank):
+        for dtype, group in groups.items():
+            size = sum(
+                int(torch.Size(shard_shape(entries[key], world, owner)).numel()) for key in group
+            )
+            buffer = torch.empty(size, dtype=entries[group[0]].dtype)
+            received.setdefault(owner, {})[dtype] = buffer
+            if size:
+                operations.append(dist.P2POp(dist.irecv, buffer, owner))
+    if operations:
+        for work in dist.batch_isend_irecv(operations):
+            work.wait()
+    copies: dict[int, Shards] = {}
+    for owner, flats in received.items():
+        shards: Shards = {}
+        for dtype, group in groups.items():
+            offset = 0
+            for key in group:
+                shape = shard_shape(entries[key], world, owner)
+                count = int(torch.Size(shape).numel())
+                shards[key] = flats[dtype][offset : offset + count].view(shape)
+                offset += count
+        copies[owner] = shards
+    return copies
+
+
+def reshard(
+    plans: Mapping[Key, Sequence[Transfer]],
+    shapes: Mapping[Key, tuple[int, ...]],
+    dtypes: Mapping[Key, torch.dtype],
+    held: Mapping[int, Shards],
+    new_world: int,
+    rank: int,
+) -> Shards:
+    """Carry the transfers of every entry out (``plans``: ``shard_plan.plan_reshard``'s, by
+    entry); ``held``: the old shards this rank holds, by old rank. Return this rank's new
+    shards."""
+    operations: list[dist.P2POp] = []
+    arrivals: list[tuple[torch.Tensor, torch.Tensor]] = []
+    new_shards: Shards = {}
+    for key in sorted(plans):
+        shape = shapes[key]
+        start, stop = RowLayout(shape[0], new_world).span(rank)
+        target = torch.empty((stop - start, *shape[1:]), dtype=dtypes[key])
+        new_shards[key] = target
+        for move in plans[key]:
+            if rank not in (move.target, move.source):
+                continue
+            rows = slice(*move.new_rows)
+            if move.source == rank:
+                piece = held[move.old_rank][key][slice(*move.old_rows)]
+                if move.target == rank:
+                    target[rows] = piece
+                else:
+                    operations.append(dist.P2POp(dist.isend, piece.contiguous(), move.target))
+            else:
+                buffer = torch.empty_like(target[rows])
+                operations.append(dist.P2POp(dist.irecv, buffer, move.source))
+                arrivals.append((target[rows], buffer))
+    if operations:
+        for work in dist.batch_isend_irecv(operations):
+            work.wait()
+    for place, buffer in arrivals:
+        place.copy_(buffer)
+    return new_shards

@@ -1,0 +1,232 @@
+"""Elastic state of a model sharded with FSDP2: committed in host memory with copies on
+other ranks, rebuilt and resharded onto each new world without any rank holding it whole.
+
+A user gives :class:`ShardedState` a ``build(mesh)`` function that makes the model, applies
+``fully_shard`` over ``mesh`` and makes the optimizer, as an FSDP2 script does once. The state
+calls it for every round (the round's group is new), then gives the new shards the
+committed state:
+
+- ``commit()`` copies this rank's shards (parameters and optimizer state) to host memory
+  (``shard_snapshot.py``) and sends them to the ``redundancy`` ranks that keep copies of
+  them, on other hosts first (``shard_plan.copy_holders``, ``shard_exchange.py``);
+- after a failure or a resize, ``sync()`` asks every rank of the new round which old shards
+  it holds, plans who sends which rows to whom (``shard_plan.plan_reshard``), rebuilds the
+  model over the new world and loads it; newcomers get exactly their own rows. Shards that no
+  rank holds any more fail the job with a message saying which, and how to keep more copies;
+- a host update (scale-out, graceful scale-in) commits first, so nothing rolls back.
+
+Other attributes (an ``ElasticSampler``, epoch and batch counters) are kept as
+:class:`~elasticjob.worker_runtime.elastic.state.TorchState` keeps them: committed, rolled
+back, and synced from rank 0, which is always a member of the previous round.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from elasticjob.worker_runtime.basics import current
+from elasticjob.worker_runtime.collectives import allgather_object, broadcast_object
+from elasticjob.worker_runtime.elastic.handlers import ObjectStateHandler, StateHandler
+from elasticjob.worker_runtime.elastic.shard_exchange import Key, Shards, exchange_copies, reshard
+from elasticjob.worker_runtime.elastic.shard_plan import LostShards, copy_holders, plan_reshard
+from elasticjob.worker_runtime.elastic.shard_snapshot import (
+    ShardSnapshot,
+    load_shards,
+    take_snapshot,
+)
+from elasticjob.worker_runtime.elastic.state import State, TorchState
+from elasticjob.worker_runtime.exceptions import HostsUpdatedInterrupt
+
+logger = logging.getLogger(__name__)
+
+Build = Callable[[DeviceMesh], tuple[torch.nn.Module, torch.optim.Optimizer]]
+"""Makes the model sharded with ``fully_shard`` over the mesh, and its optimizer."""
+
+
+class ShardsLostError(RuntimeError):
+    """Committed shards that no rank of the new round holds: more ranks failed at once than
+    the state's ``redundancy`` covers."""
+
+
+class ShardedState(State):
+    """Elastic state of an FSDP2 model and its optimizer (see the module docstring).
+
+    ``build(mesh)`` returns ``(model, optimizer)``, the model sharded with ``fully_shard``
+    over ``mesh`` (parameters may stay uninitialized, on the meta device then ``to_empty``,
+    when ``state.restoring`` is true: the committed state replaces them). ``redundancy``:
+    how many other ranks keep a copy of each rank's committed shards (0: none; a rank's
+    failure then loses the job's state). Other keyword arguments are attributes kept as in
+    a ``TorchState``. ``state.model`` and ``state.optimizer`` exist once ``elastic.run``
+    started (every round makes new ones: read them through the state)."""
+
+    def __init__(self, build: Build, *, redundancy: int = 1, **kwargs: Any) -> None:
+        super().__init__()
+        if redundancy < 0:
+            raise ValueError(f"redundancy must be >= 0, got {redundancy}")
+        self._build = build
+        self.redundancy = redundancy
+        self.model: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.restoring = False
+        """True while ``build`` runs for a round that loads committed state."""
+        self._extras: dict[str, StateHandler] = {
+            name: _handler_for(value) for name, value in kwargs.items()
+        }
+        self._extras_committed: dict[str, Any] = {}
+        self._snapshot: ShardSnapshot | None = None
+        self._copies: dict[int, Shards] = {}
+        self._commit_id = 0
+        """The commit's number, the same on every member of the round that made it."""
+        self._hosts: list[str] = []
+        self._checking_in_commit = False
+        self.commit_seconds = 0.0
+        """How long the last commit took (snapshot and copies)."""
+
+    def __getattr__(self, name: str) -> Any:
+        extras = self.__dict__.get("_extras", {})
+        if name in extras:
+            return extras[name].value
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        extras = self.__dict__.get("_extras")
+        if extras is not None and name in extras:
+            extras[name].value = value
+        else:
+            super().__setattr__(name, value)
+
+    # ---- commits -----------------------------------------------------------------------
+
+    def commit(self) -> None:
+        self._checking_in_commit = True
+        try:
+            super().commit()
+        finally:
+            self._checking_in_commit = False
+
+    def save(self) -> None:
+        """Snapshot this rank's shards and the other attributes; send the copies."""
+        if self.model is None or self.optimizer is None:
+            raise RuntimeError("a ShardedState is committed inside elastic.run only")
+        started = time.monotonic()
+        slot = current().slot
+        self._snapshot = take_snapshot(self.model, self.optimizer, slot.size, slot.rank)
+        holders = copy_holders(self._hosts, self.redundancy)
+        self._copies = exchange_copies(self._snapshot.sharded, slot.size, slot.rank, holders)
+        self._extras_committed = {
+            name: copy.deepcopy(handler.state_dict()) for name, handler in self._extras.items()
+        }
+        self._commit_id += 1
+        self.commit_seconds = time.monotonic() - started
+
+    def check_host_updates(self) -> None:
+        """As ``State.check_host_updates``; when hosts changed, the live state is committed
+        first (unless this is a commit's own check), so the next round loses nothing."""
+        try:
+            super().check_host_updates()
+        except HostsUpdatedInterrupt:
+            if not self._checking_in_commit:
+                self.save()
+            raise
+
+    def restore(self) -> None:
+        """Roll the other attributes back to the last commit; the shards come back from the
+        commit at the next round's sync."""
+        for name, handler in self._extras.items():
+            if name in self._extras_committed:
+                handler.load_state_dict(copy.deepcopy(self._extras_committed[name]))
+
+    def wants_sync(self, required: bool) -> bool:
+        """Every new round reshards: its group, and perhaps its world, is new."""
+        del required
+        return True
+
+    def on_reset(self) -> None:
+        for handler in self._extras.values():
+            handler.on_reset()
+        super().on_reset()
+
+    # ---- a new round -------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Rebuild the model over the new round's group and give it the newest commit any
+        member holds, resharded; then commit it in the new layout."""
+        runtime = current()
+        slot = runtime.slot
+        mine = None
+        if self._snapshot is not None:
+            held = sorted({self._snapshot.rank, *self._copies})
+            mine = (self._commit_id, self._snapshot.world, held)
+        infos = allgather_object((slot.hostname, mine))
+        self._hosts = [host for host, _ in infos]
+        members = {rank: info for rank, (_, info) in enumerate(infos) if info is not None}
+        newest = max((info[0] for info in members.values()), default=None)
+        mesh = init_device_mesh(runtime.device.type, (slot.size,))
+        self.restoring = newest is not None
+        try:
+            self.model, self.optimizer = self._build(mesh)
+        finally:
+            self.restoring = False
+        if newest is not None:
+            self._load_commit(newest, members, mesh)
+            self._commit_id = newest
+        for handler in self._extras.values():
+            handler.sync()
+        self.save()
+
+    def _load_commit(
+        self, newest: int, members: dict[int, tuple[int, int, list[int]]], mesh: DeviceMesh
+    ) -> None:
+        assert self.model is not None and self.optimizer is not None
+        slot = current().slot
+        holding = {rank: info for rank, info in members.items() if info[0] == newest}
+        source = min(holding)
+        old_world = holding[source][1]
+        holders = {
+            r: [rank for rank, info in holding.items() if r in info[2]] for r in range(old_world)
+        }
+        layout = None
+        if slot.rank == source and self._snapshot is not None:
+            sharded = self._snapshot.sharded
+            layout = (
+                {key: entry.shape for key, entry in sharded.items()},
+                {key: entry.dtype for key, entry in sharded.items()},
+                self._snapshot.replicated,
+            )
+        shapes, dtypes, replicated = broadcast_object(layout, root_rank=source)
+        plans = {}
+        lost: set[int] = set()
+        for key, shape in shapes.items():
+            plan = plan_reshard(shape[0] if shape else 0, old_world, holders, slot.size)
+            if isinstance(plan, LostShards):
+                lost.update(plan.old_ranks)
+            else:
+                plans[key] = plan
+        if lost:
+            raise ShardsLostError(
+                f"the committed shards of ranks {sorted(lost)} of a world of {old_world} are "
+                f"lost: no member of the new round holds them or a copy (redundancy "
+                f"{self.redundancy}); keep more copies with ShardedState(redundancy=...)"
+            )
+        held: dict[int, Shards] = {}
+        if slot.rank in holding and self._snapshot is not None:
+            held = dict(self._copies)
+            held[self._snapshot.rank] = {k: e.local for k, e in self._snapshot.sharded.items()}
+        new: dict[Key, torch.Tensor] = reshard(plans, shapes, dtypes, held, slot.size, slot.rank)
+        load_shards(self.model, self.optimizer, mesh, shapes, new, replicated)
+        logger.info("resharded commit %d from a world of %d onto %d", newest, old_world, slot.size)
+
+
+def _handler_for(value: Any) -> StateHandler:
+    """The handler a ``TorchState`` would use for ``value``."""
+    for kind, handler in TorchState.handler_registry:
+        if isinstance(value, kind):
+            return handler(value)
+    return ObjectStateHandler(value)
