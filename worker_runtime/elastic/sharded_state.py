@@ -26,6 +26,7 @@ import copy
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,6 +49,22 @@ logger = logging.getLogger(__name__)
 
 Build = Callable[[DeviceMesh], tuple[torch.nn.Module, torch.optim.Optimizer]]
 """Makes the model sharded with ``fully_shard`` over the mesh, and its optimizer."""
+
+
+@dataclass(frozen=True)
+class SyncTimes:
+    """Where the last round's sync spent its time, in seconds."""
+
+    exchange_s: float
+    """Every rank telling which commit and which old shards it holds."""
+    build_s: float
+    """``build(mesh)``: the model and optimizer made and sharded over the new world."""
+    reshard_s: float
+    """The plan carried out: rows sent and received (0 when nothing was loaded)."""
+    load_s: float
+    """The new rows loaded into the model and optimizer (0 when nothing was loaded)."""
+    commit_s: float
+    """The new layout committed (snapshot and copies)."""
 
 
 class ShardsLostError(RuntimeError):
@@ -88,6 +105,8 @@ class ShardedState(State):
         self._checking_in_commit = False
         self.commit_seconds = 0.0
         """How long the last commit took (snapshot and copies)."""
+        self.last_sync: SyncTimes | None = None
+        """Where the last round's sync spent its time."""
 
     def __getattr__(self, name: str) -> Any:
         extras = self.__dict__.get("_extras", {})
@@ -160,6 +179,7 @@ class ShardedState(State):
         member holds, resharded; then commit it in the new layout."""
         runtime = current()
         slot = runtime.slot
+        started = time.monotonic()
         mine = None
         if self._snapshot is not None:
             held = sorted({self._snapshot.rank, *self._copies})
@@ -169,21 +189,34 @@ class ShardedState(State):
         members = {rank: info for rank, (_, info) in enumerate(infos) if info is not None}
         newest = max((info[0] for info in members.values()), default=None)
         mesh = init_device_mesh(runtime.device.type, (slot.size,))
+        exchanged = time.monotonic()
         self.restoring = newest is not None
         try:
             self.model, self.optimizer = self._build(mesh)
         finally:
             self.restoring = False
+        built = time.monotonic()
+        reshard_s = load_s = 0.0
         if newest is not None:
-            self._load_commit(newest, members, mesh)
+            reshard_s, load_s = self._load_commit(newest, members, mesh)
             self._commit_id = newest
         for handler in self._extras.values():
             handler.sync()
+        loaded = time.monotonic()
         self.save()
+        self.last_sync = SyncTimes(
+            exchange_s=exchanged - started,
+            build_s=built - exchanged,
+            reshard_s=reshard_s,
+            load_s=load_s,
+            commit_s=time.monotonic() - loaded,
+        )
 
     def _load_commit(
         self, newest: int, members: dict[int, tuple[int, int, list[int]]], mesh: DeviceMesh
-    ) -> None:
+    ) -> tuple[float, float]:
+        """Load commit ``newest`` resharded; return the seconds of the reshard and of the
+        load."""
         assert self.model is not None and self.optimizer is not None
         slot = current().slot
         holding = {rank: info for rank, info in members.items() if info[0] == newest}
@@ -219,9 +252,12 @@ class ShardedState(State):
         if slot.rank in holding and self._snapshot is not None:
             held = dict(self._copies)
             held[self._snapshot.rank] = {k: e.local for k, e in self._snapshot.sharded.items()}
+        started = time.monotonic()
         new: dict[Key, torch.Tensor] = reshard(plans, shapes, dtypes, held, slot.size, slot.rank)
+        resharded = time.monotonic()
         load_shards(self.model, self.optimizer, mesh, shapes, new, replicated)
         logger.info("resharded commit %d from a world of %d onto %d", newest, old_world, slot.size)
+        return resharded - started, time.monotonic() - resharded
 
 
 def _handler_for(value: Any) -> StateHandler:
