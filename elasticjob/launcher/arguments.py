@@ -143,8 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     checkpoints = parser.add_argument_group(
         "durable checkpoints",
-        "rank 0 writes the committed state to DIR, off the training thread; when no worker "
-        "of a round survives, fresh workers start and rank 0 loads the newest complete one",
+        "rank 0 writes the committed state to DIR, off the training thread (a ShardedState: "
+        "every rank its shards, in torch.distributed.checkpoint format); when no worker of a "
+        "round survives, fresh workers start from the newest complete one",
     )
     checkpoints.add_argument("--checkpoint-dir", metavar="DIR", help="folder of the checkpoints")
     checkpoints.add_argument(

@@ -139,3 +139,17 @@ def test_shards_nobody_holds_fail_the_job_and_say_how_to_keep_more(tmp_path: Pat
     assert run.returncode != 0, run.explain()
     assert "the committed shards of ranks [3] of a world of 4 are lost" in run.stderr
     assert "ShardedState(redundancy=...)" in run.stderr
+
+
+def test_mixed_precision_recovers_bit_for_bit(tmp_path: Path) -> None:
+    """bf16 compute and fp32 gradient reduction (``MixedPrecisionPolicy``): the committed
+    shards are the fp32 parameters, rebuilt exactly after a SIGKILL."""
+    run = run_sharded(
+        tmp_path,
+        ["-np", "4", "--min-np", "3", "-H", FOUR_HOSTS],
+        *("--mixed-precision", "--fail", "1:1:2"),
+    )
+    assert run.returncode == 0, run.explain()
+    (resumed,) = resumed_from_last_commit(run)
+    assert resumed["size"] == 3
+    finished_alike(run, 3)

@@ -113,6 +113,7 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
                         logger.info(IN_SYNC + " (%.3f s)", elapsed)
                     else:
                         state.sync()
+                        restored = restored or state.loaded_checkpoint()
                         runtime.step = broadcast_object(runtime.step, root_rank=0)
                         elapsed = time.monotonic() - started
                         logger.info("state synced from rank 0 in %.3f s", elapsed)

@@ -32,9 +32,12 @@ from typing import Any
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from elasticjob.wire.messages import CheckpointReport
+from elasticjob.worker_contract import checkpoint_from_env
 from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.collectives import allgather_object, broadcast_object
 from elasticjob.worker_runtime.elastic.handlers import ObjectStateHandler, StateHandler
+from elasticjob.worker_runtime.elastic.shard_checkpoint import ShardCheckpointer
 from elasticjob.worker_runtime.elastic.shard_exchange import Key, Shards, exchange_copies, reshard
 from elasticjob.worker_runtime.elastic.shard_plan import LostShards, copy_holders, plan_reshard
 from elasticjob.worker_runtime.elastic.shard_snapshot import (
@@ -100,6 +103,8 @@ class ShardedState(State):
         self._snapshot: ShardSnapshot | None = None
         self._copies: dict[int, Shards] = {}
         self._commit_id = 0
+        self._committed_step = 0
+        """The runtime's step count at the last commit."""
         """The commit's number, the same on every member of the round that made it."""
         self._hosts: list[str] = []
         self._checking_in_commit = False
@@ -107,6 +112,9 @@ class ShardedState(State):
         """How long the last commit took (snapshot and copies)."""
         self.last_sync: SyncTimes | None = None
         """Where the last round's sync spent its time."""
+        policy = checkpoint_from_env()
+        self._checkpointer = ShardCheckpointer(policy) if policy is not None else None
+        self._loaded: CheckpointReport | None = None
 
     def __getattr__(self, name: str) -> Any:
         extras = self.__dict__.get("_extras", {})
@@ -143,7 +151,46 @@ class ShardedState(State):
             name: copy.deepcopy(handler.state_dict()) for name, handler in self._extras.items()
         }
         self._commit_id += 1
+        self._committed_step = current().step
         self.commit_seconds = time.monotonic() - started
+
+    def after_commit(self) -> None:
+        """Write a durable checkpoint when the job's policy makes this commit due."""
+        if self._checkpointer is not None:
+            runtime = current()
+            self._checkpointer.after_commit(runtime.slot.rank, runtime.step, self._write_checkpoint)
+
+    def checkpoint(self) -> None:
+        """Write the last commit as a durable checkpoint now: every rank its own shards (a
+        collective: call it on every rank). Raises :class:`RuntimeError` when the job has no
+        checkpoint folder."""
+        if self._checkpointer is None:
+            raise RuntimeError("no checkpoint folder configured (ELASTICJOB_CHECKPOINT_DIR)")
+        runtime = current()
+        self._write_checkpoint(self._checkpointer.next_name(runtime.slot.rank, runtime.step))
+
+    def _write_checkpoint(self, name: str) -> None:
+        assert self._checkpointer is not None
+        if self.model is None or self.optimizer is None:
+            raise RuntimeError("a ShardedState is checkpointed inside elastic.run only")
+        runtime = current()
+        epoch = self._extras_committed.get("epoch", 0)
+        meta = {
+            "epoch": epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0,
+            "step": runtime.step,
+            "round": runtime.round,
+            "commit": self._commit_id,
+        }
+        report = self._checkpointer.write(
+            name, runtime.slot.rank, self.model, self.optimizer, self._extras_committed, meta
+        )
+        if report is not None:
+            runtime.reports.checkpoint(report)
+
+    def loaded_checkpoint(self) -> CheckpointReport | None:
+        """The durable checkpoint the last sync loaded, on rank 0, once."""
+        loaded, self._loaded = self._loaded, None
+        return loaded
 
     def check_host_updates(self) -> None:
         """As ``State.check_host_updates``; when hosts changed, the live state is committed
@@ -157,7 +204,8 @@ class ShardedState(State):
 
     def restore(self) -> None:
         """Roll the other attributes back to the last commit; the shards come back from the
-        commit at the next round's sync."""
+        commit at the next round's sync. The step count goes back to the commit's."""
+        current().step = self._committed_step
         for name, handler in self._extras.items():
             if name in self._extras_committed:
                 handler.load_state_dict(copy.deepcopy(self._extras_committed[name]))
@@ -189,17 +237,33 @@ class ShardedState(State):
         members = {rank: info for rank, (_, info) in enumerate(infos) if info is not None}
         newest = max((info[0] for info in members.values()), default=None)
         mesh = init_device_mesh(runtime.device.type, (slot.size,))
+        checkpoints = (
+            self._checkpointer.complete_checkpoints(slot.rank)
+            if self._checkpointer is not None
+            else []
+        )
         exchanged = time.monotonic()
-        self.restoring = newest is not None
+        self.restoring = newest is not None or bool(checkpoints)
         try:
             self.model, self.optimizer = self._build(mesh)
         finally:
             self.restoring = False
+        self.optimizer.register_step_post_hook(_count_step)
         built = time.monotonic()
         reshard_s = load_s = 0.0
-        if newest is not None:
-            reshard_s, load_s = self._load_commit(newest, members, mesh)
-            self._commit_id = newest
+        if newest is None:  # the job's first round, or no member of the last one is left
+            self._load_checkpoint(checkpoints)
+        else:
+            try:
+                reshard_s, load_s = self._load_commit(newest, members, mesh)
+                self._commit_id = newest
+            except ShardsLostError as lost:
+                if not self._load_checkpoint(checkpoints):
+                    raise ShardsLostError(
+                        f"{lost}, or write durable checkpoints (a checkpoint folder): "
+                        + ("the job has none" if self._checkpointer is None else "it holds none")
+                    ) from None
+                logger.warning("%s: training goes on from the newest durable checkpoint", lost)
         for handler in self._extras.values():
             handler.sync()
         loaded = time.monotonic()
@@ -211,6 +275,25 @@ class ShardedState(State):
             load_s=load_s,
             commit_s=time.monotonic() - loaded,
         )
+
+    def _load_checkpoint(self, checkpoints: list[str]) -> bool:
+        """Load the newest of the durable ``checkpoints`` into the model, the optimizer and
+        the other attributes; return whether one was loaded."""
+        assert self.model is not None and self.optimizer is not None
+        if self._checkpointer is None or not checkpoints:
+            return False
+        runtime = current()
+        templates = {name: handler.state_dict() for name, handler in self._extras.items()}
+        loaded = self._checkpointer.load_newest(checkpoints, self.model, self.optimizer, templates)
+        if loaded is None:
+            return False
+        for name, handler in self._extras.items():
+            if name in loaded.extras:
+                handler.load_state_dict(loaded.extras[name])
+        runtime.step = loaded.meta["step"]
+        self._commit_id = loaded.meta["commit"]
+        self._loaded = loaded.report if runtime.slot.rank == 0 else None
+        return True
 
     def _load_commit(
         self, newest: int, members: dict[int, tuple[int, int, list[int]]], mesh: DeviceMesh
@@ -258,6 +341,12 @@ class ShardedState(State):
         load_shards(self.model, self.optimizer, mesh, shapes, new, replicated)
         logger.info("resharded commit %d from a world of %d onto %d", newest, old_world, slot.size)
         return resharded - started, time.monotonic() - resharded
+
+
+def _count_step(*_: Any) -> None:
+    """An optimizer step post-hook: the runtime counts the script's steps (its progress
+    reports, checkpoint names and log lines carry the count)."""
+    current().step += 1
 
 
 def _handler_for(value: Any) -> StateHandler:

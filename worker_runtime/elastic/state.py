@@ -91,6 +91,12 @@ class State(abc.ABC):
     def finish_checkpoints(self) -> None:  # noqa: B027 (optional hook)
         """Called when the training function returns: wait for a checkpoint being written."""
 
+    def loaded_checkpoint(self) -> CheckpointReport | None:
+        """The durable checkpoint the last sync loaded, once, on the rank that reports it (a
+        state whose ranks load a checkpoint together, in the sync, rather than rank 0 alone
+        before it)."""
+        return None
+
     def commit_token(self) -> tuple[int, int] | None:
         """An identity of the last commit, equal on two ranks only if their commits hold the
         same state (None: unknown; ``elastic.run`` then syncs). After every rank rolled back

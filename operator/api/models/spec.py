@@ -84,8 +84,10 @@ class BlacklistSpec(_Spec):
 class CheckpointSpec(_Spec):
     """Durable checkpoints, the fallback when no worker of a round survives (every pod
     evicted, every node blacklisted): rank 0 writes the committed state (model, optimizer,
-    sampler position, its own attributes) under path, off the training thread, and a new
-    round of fresh pods starts from the newest complete checkpoint there. Memory stays the
+    sampler position, its own attributes) under path, off the training thread (a
+    ShardedState's ranks each write their shards, in torch.distributed.checkpoint format,
+    also the fallback for shards its copies lost), and a new round of fresh pods starts from
+    the newest complete checkpoint there. Memory stays the
     first resort: while any worker survives, nothing is read from disk. Give everyCommits or
     intervalSeconds (exactly one)."""
 

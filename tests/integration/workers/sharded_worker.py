@@ -11,6 +11,7 @@ starts from the same model.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -40,6 +41,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--commit-every", type=int, default=2)
     parser.add_argument("--redundancy", type=int, default=1)
+    parser.add_argument("--mixed-precision", action="store_true", help="bf16 compute, fp32 reduce")
     parser.add_argument("--epoch-file", type=Path, help="rank 0 writes the epoch it starts here")
     parser.add_argument("--expect-sizes", default="", help="world size each epoch must end with")
     parser.add_argument("--fail", action="append", default=[], help="EPOCH:BATCH:RANK (SIGKILL)")
@@ -58,15 +60,17 @@ class EventLog:
             f.write(json.dumps(record) + "\n")
 
 
-def build(mesh: DeviceMesh) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def build(
+    mesh: DeviceMesh, policy: MixedPrecisionPolicy
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     with torch.device("meta"):
         model = torch.nn.Sequential(
             torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, OUTPUTS)
         )
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     model.to_empty(device="cpu")
     for param in model.parameters():
         assert isinstance(param, DTensor)
@@ -115,8 +119,17 @@ def main() -> None:
     dataset = TensorDataset(features, targets)
     sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=7)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if args.mixed_precision
+        else MixedPrecisionPolicy()
+    )
     state = hvd.elastic.ShardedState(
-        build, redundancy=args.redundancy, sampler=sampler, epoch=0, batch=0
+        functools.partial(build, policy=policy),
+        redundancy=args.redundancy,
+        sampler=sampler,
+        epoch=0,
+        batch=0,
     )
 
     @hvd.elastic.run
