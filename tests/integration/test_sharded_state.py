@@ -153,3 +153,26 @@ def test_mixed_precision_recovers_bit_for_bit(tmp_path: Path) -> None:
     (resumed,) = resumed_from_last_commit(run)
     assert resumed["size"] == 3
     finished_alike(run, 3)
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_rank_lost_inside_a_commit_rolls_back_to_the_commit_before(
+    tmp_path: Path, when: str
+) -> None:
+    """Rank 3 dies at the third commit of training, before its copies are exchanged (some
+    other transfers complete) or after (every copy is complete, but nobody confirmed the
+    commit): the survivors resume from the commit before, which every rank holds whole."""
+    run = run_sharded(
+        tmp_path,
+        ["-np", "4", "--min-np", "3", "-H", FOUR_HOSTS],
+        *("--fail-in-commit", f"4:3:{when}"),
+    )
+    assert run.returncode == 0, run.explain()
+    (resumed,) = [e for e in run.of("resumed") if e["round"] > 1]
+    first_round = sorted((c for c in run.of("commit") if c["round"] == 1), key=lambda c: c["time"])
+    assert len(first_round) == 3, first_round  # the third never completed
+    before = first_round[1]
+    assert (resumed["epoch"], resumed["batch"]) == (before["epoch"], before["batch"]), resumed
+    assert resumed["digest"] == before["digest"], "the resumed state is not the commit before"
+    assert resumed["size"] == 3
+    finished_alike(run, 3)

@@ -15,12 +15,26 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.distributed as dist
 
+from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.elastic.shard_plan import RowLayout, Transfer
 from elasticjob.worker_runtime.elastic.shard_snapshot import ShardedEntry
+from elasticjob.worker_runtime.exceptions import HorovodInternalError
 
 Key = tuple[str, str]
 Shards = dict[Key, torch.Tensor]
 """One rank's committed shards by entry (its rows of each sharded tensor)."""
+
+
+def _wait_all(works: Sequence[dist.Work]) -> None:
+    """Wait for point-to-point transfers. Their failure (a peer died) breaks the round's
+    group: it is aborted and :class:`HorovodInternalError` raised, as the runtime's own
+    collectives do (Gloo's transfers cannot be awaited through futures)."""
+    try:
+        for work in works:
+            work.wait()
+    except (RuntimeError, dist.DistError) as exc:
+        current().group.abort(f"a transfer of shards failed: {exc}")
+        raise HorovodInternalError(f"a transfer of shards failed: {exc}") from exc
 
 
 def shard_shape(entry: ShardedEntry, world: int, rank: int) -> tuple[int, ...]:
@@ -68,8 +82,7 @@ def exchange_copies(
             if size:
                 operations.append(dist.P2POp(dist.irecv, buffer, owner))
     if operations:
-        for work in dist.batch_isend_irecv(operations):
-            work.wait()
+        _wait_all(dist.batch_isend_irecv(operations))
     copies: dict[int, Shards] = {}
     for owner, flats in received.items():
         shards: Shards = {}
@@ -118,8 +131,7 @@ def reshard(
                 operations.append(dist.P2POp(dist.irecv, buffer, move.source))
                 arrivals.append((target[rows], buffer))
     if operations:
-        for work in dist.batch_isend_irecv(operations):
-            work.wait()
+        _wait_all(dist.batch_isend_irecv(operations))
     for place, buffer in arrivals:
         place.copy_(buffer)
     return new_shards

@@ -8,11 +8,13 @@ committed state:
 
 - ``commit()`` copies this rank's shards (parameters and optimizer state) to host memory
   (``shard_snapshot.py``) and sends them to the ``redundancy`` ranks that keep copies of
-  them, on other hosts first (``shard_plan.copy_holders``, ``shard_exchange.py``);
+  them, on other hosts first (``shard_plan.copy_holders``, ``shard_exchange.py``); a barrier
+  confirms it, and the previous commit is kept until then (``shard_commits.py``);
 - after a failure or a resize, ``sync()`` asks every rank of the new round which old shards
   it holds, plans who sends which rows to whom (``shard_plan.plan_reshard``), rebuilds the
   model over the new world and loads it; newcomers get exactly their own rows. Shards that no
-  rank holds any more fail the job with a message saying which, and how to keep more copies;
+  rank holds any more come from the newest durable checkpoint (``shard_checkpoint.py``), or
+  fail the job with a message saying which, and how to keep more copies;
 - a host update (scale-out, graceful scale-in) commits first, so nothing rolls back.
 
 Other attributes (an ``ElasticSampler``, epoch and batch counters) are kept as
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from elasticjob.wire.messages import CheckpointReport
@@ -38,10 +41,15 @@ from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.collectives import allgather_object, broadcast_object
 from elasticjob.worker_runtime.elastic.handlers import ObjectStateHandler, StateHandler
 from elasticjob.worker_runtime.elastic.shard_checkpoint import ShardCheckpointer
+from elasticjob.worker_runtime.elastic.shard_commits import (
+    Commit,
+    CommitInfo,
+    RankCommits,
+    choose_commit,
+)
 from elasticjob.worker_runtime.elastic.shard_exchange import Key, Shards, exchange_copies, reshard
 from elasticjob.worker_runtime.elastic.shard_plan import LostShards, copy_holders, plan_reshard
 from elasticjob.worker_runtime.elastic.shard_snapshot import (
-    ShardSnapshot,
     load_shards,
     take_snapshot,
 )
@@ -99,13 +107,12 @@ class ShardedState(State):
         self._extras: dict[str, StateHandler] = {
             name: _handler_for(value) for name, value in kwargs.items()
         }
-        self._extras_committed: dict[str, Any] = {}
-        self._snapshot: ShardSnapshot | None = None
-        self._copies: dict[int, Shards] = {}
-        self._commit_id = 0
-        self._committed_step = 0
-        """The runtime's step count at the last commit."""
-        """The commit's number, the same on every member of the round that made it."""
+        self._commit: Commit | None = None
+        """The last confirmed commit (``shard_commits.py``)."""
+        self._pending: Commit | None = None
+        """A commit complete on this rank, not yet confirmed by the round."""
+        self._number = 0
+        """The last commit's number, the same on every member of the round."""
         self._hosts: list[str] = []
         self._checking_in_commit = False
         self.commit_seconds = 0.0
@@ -143,15 +150,19 @@ class ShardedState(State):
         if self.model is None or self.optimizer is None:
             raise RuntimeError("a ShardedState is committed inside elastic.run only")
         started = time.monotonic()
-        slot = current().slot
-        self._snapshot = take_snapshot(self.model, self.optimizer, slot.size, slot.rank)
+        runtime = current()
+        slot = runtime.slot
+        snapshot = take_snapshot(self.model, self.optimizer, slot.size, slot.rank)
         holders = copy_holders(self._hosts, self.redundancy)
-        self._copies = exchange_copies(self._snapshot.sharded, slot.size, slot.rank, holders)
-        self._extras_committed = {
+        copies = exchange_copies(snapshot.sharded, slot.size, slot.rank, holders)
+        extras = {
             name: copy.deepcopy(handler.state_dict()) for name, handler in self._extras.items()
         }
-        self._commit_id += 1
-        self._committed_step = current().step
+        self._pending = Commit(self._number + 1, snapshot, copies, extras, runtime.step)
+        # Every member holds the commit once the barrier is passed: it is confirmed.
+        runtime.group.wait(dist.barrier(async_op=True))
+        self._commit, self._pending = self._pending, None
+        self._number = self._commit.number
         self.commit_seconds = time.monotonic() - started
 
     def after_commit(self) -> None:
@@ -173,16 +184,17 @@ class ShardedState(State):
         assert self._checkpointer is not None
         if self.model is None or self.optimizer is None:
             raise RuntimeError("a ShardedState is checkpointed inside elastic.run only")
+        assert self._commit is not None
         runtime = current()
-        epoch = self._extras_committed.get("epoch", 0)
+        epoch = self._commit.extras.get("epoch", 0)
         meta = {
             "epoch": epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0,
-            "step": runtime.step,
+            "step": self._commit.step,
             "round": runtime.round,
-            "commit": self._commit_id,
+            "commit": self._commit.number,
         }
         report = self._checkpointer.write(
-            name, runtime.slot.rank, self.model, self.optimizer, self._extras_committed, meta
+            name, runtime.slot.rank, self.model, self.optimizer, self._commit.extras, meta
         )
         if report is not None:
             runtime.reports.checkpoint(report)
@@ -203,12 +215,15 @@ class ShardedState(State):
             raise
 
     def restore(self) -> None:
-        """Roll the other attributes back to the last commit; the shards come back from the
-        commit at the next round's sync. The step count goes back to the commit's."""
-        current().step = self._committed_step
+        """Roll the other attributes and the step count back to the last confirmed commit;
+        the shards come back from a commit at the next round's sync (which may find that a
+        pending one was confirmed elsewhere: then it rolls forward to it)."""
+        if self._commit is None:
+            return
+        current().step = self._commit.step
         for name, handler in self._extras.items():
-            if name in self._extras_committed:
-                handler.load_state_dict(copy.deepcopy(self._extras_committed[name]))
+            if name in self._commit.extras:
+                handler.load_state_dict(copy.deepcopy(self._commit.extras[name]))
 
     def wants_sync(self, required: bool) -> bool:
         """Every new round reshards: its group, and perhaps its world, is new."""
@@ -228,14 +243,18 @@ class ShardedState(State):
         runtime = current()
         slot = runtime.slot
         started = time.monotonic()
-        mine = None
-        if self._snapshot is not None:
-            held = sorted({self._snapshot.rank, *self._copies})
-            mine = (self._commit_id, self._snapshot.world, held)
+        mine = RankCommits(
+            self._commit.info() if self._commit is not None else None,
+            self._pending.info() if self._pending is not None else None,
+        )
         infos = allgather_object((slot.hostname, mine))
         self._hosts = [host for host, _ in infos]
-        members = {rank: info for rank, (_, info) in enumerate(infos) if info is not None}
-        newest = max((info[0] for info in members.values()), default=None)
+        chosen = choose_commit({rank: commits for rank, (_, commits) in enumerate(infos)})
+        newest, members = chosen if chosen is not None else (None, {})
+        if self._pending is not None and self._pending.number == newest:
+            self._commit = self._pending  # confirmed elsewhere: roll forward to it
+            self.restore()
+        self._pending = None
         mesh = init_device_mesh(runtime.device.type, (slot.size,))
         checkpoints = (
             self._checkpointer.complete_checkpoints(slot.rank)
@@ -255,8 +274,8 @@ class ShardedState(State):
             self._load_checkpoint(checkpoints)
         else:
             try:
-                reshard_s, load_s = self._load_commit(newest, members, mesh)
-                self._commit_id = newest
+                reshard_s, load_s = self._load_commit(members, mesh)
+                self._number = newest
             except ShardsLostError as lost:
                 if not self._load_checkpoint(checkpoints):
                     raise ShardsLostError(
@@ -291,30 +310,27 @@ class ShardedState(State):
             if name in loaded.extras:
                 handler.load_state_dict(loaded.extras[name])
         runtime.step = loaded.meta["step"]
-        self._commit_id = loaded.meta["commit"]
+        self._number = loaded.meta["commit"]
         self._loaded = loaded.report if runtime.slot.rank == 0 else None
         return True
 
-    def _load_commit(
-        self, newest: int, members: dict[int, tuple[int, int, list[int]]], mesh: DeviceMesh
-    ) -> tuple[float, float]:
-        """Load commit ``newest`` resharded; return the seconds of the reshard and of the
-        load."""
+    def _load_commit(self, holding: dict[int, CommitInfo], mesh: DeviceMesh) -> tuple[float, float]:
+        """Load the commit the members ``holding`` hold (this rank's confirmed one, if it is
+        one of them), resharded; return the seconds of the reshard and of the load."""
         assert self.model is not None and self.optimizer is not None
         slot = current().slot
-        holding = {rank: info for rank, info in members.items() if info[0] == newest}
         source = min(holding)
-        old_world = holding[source][1]
+        number, old_world = holding[source].number, holding[source].world
         holders = {
-            r: [rank for rank, info in holding.items() if r in info[2]] for r in range(old_world)
+            r: [rank for rank, info in holding.items() if r in info.held] for r in range(old_world)
         }
         layout = None
-        if slot.rank == source and self._snapshot is not None:
-            sharded = self._snapshot.sharded
+        if slot.rank == source and self._commit is not None:
+            sharded = self._commit.snapshot.sharded
             layout = (
                 {key: entry.shape for key, entry in sharded.items()},
                 {key: entry.dtype for key, entry in sharded.items()},
-                self._snapshot.replicated,
+                self._commit.snapshot.replicated,
             )
         shapes, dtypes, replicated = broadcast_object(layout, root_rank=source)
         plans = {}
@@ -332,14 +348,15 @@ class ShardedState(State):
                 f"{self.redundancy}); keep more copies with ShardedState(redundancy=...)"
             )
         held: dict[int, Shards] = {}
-        if slot.rank in holding and self._snapshot is not None:
-            held = dict(self._copies)
-            held[self._snapshot.rank] = {k: e.local for k, e in self._snapshot.sharded.items()}
+        if slot.rank in holding and self._commit is not None:
+            snapshot = self._commit.snapshot
+            held = dict(self._commit.copies)
+            held[snapshot.rank] = {k: e.local for k, e in snapshot.sharded.items()}
         started = time.monotonic()
         new: dict[Key, torch.Tensor] = reshard(plans, shapes, dtypes, held, slot.size, slot.rank)
         resharded = time.monotonic()
         load_shards(self.model, self.optimizer, mesh, shapes, new, replicated)
-        logger.info("resharded commit %d from a world of %d onto %d", newest, old_world, slot.size)
+        logger.info("resharded commit %d from a world of %d onto %d", number, old_world, slot.size)
         return resharded - started, time.monotonic() - resharded
 
 

@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import elasticjob.worker_runtime as hvd
 from elasticjob.worker_contract import ENV_HOSTNAME, ENV_LOCAL_RANK
+from elasticjob.worker_runtime.elastic import sharded_state
 
 FEATURES, HIDDEN, OUTPUTS = 8, 30, 3
 
@@ -45,6 +46,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--epoch-file", type=Path, help="rank 0 writes the epoch it starts here")
     parser.add_argument("--expect-sizes", default="", help="world size each epoch must end with")
     parser.add_argument("--fail", action="append", default=[], help="EPOCH:BATCH:RANK (SIGKILL)")
+    parser.add_argument(
+        "--fail-in-commit",
+        default="",
+        help="CALL:RANK:before|after: SIGKILL rank RANK at its CALL-th exchange of copies "
+        "(the first is the first round's sync), before it starts or after it ended",
+    )
     return parser.parse_args()
 
 
@@ -107,11 +114,36 @@ def log_commit(state: hvd.elastic.ShardedState, log: EventLog) -> None:
                   round=hvd.current_round(), size=hvd.size())  # fmt: skip
 
 
+def fail_in_commit(spec: str, log_dir: Path) -> None:
+    """Make this rank SIGKILL itself inside a commit, around its exchange of copies."""
+    call, rank, when = spec.split(":")
+    exchange = sharded_state.exchange_copies
+    calls = 0
+
+    def exchange_and_die(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        dies = calls == int(call) and hvd.rank() == int(rank)
+        marker = log_dir / f"fired-commit-{call}-{rank}"
+        if dies and when == "before" and not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        copies = exchange(*args, **kwargs)
+        if dies and when == "after" and not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return copies
+
+    sharded_state.exchange_copies = exchange_and_die  # type: ignore[assignment]
+
+
 def main() -> None:
     args = parse_args()
     log = EventLog(args.log_dir)
     torch.set_num_threads(1)
     hvd.init()
+    if args.fail_in_commit:
+        fail_in_commit(args.fail_in_commit, args.log_dir)
     expected = [int(s) for s in args.expect_sizes.split(",") if s]
     generator = torch.Generator().manual_seed(0)
     features = torch.randn(args.samples, FEATURES, generator=generator)
