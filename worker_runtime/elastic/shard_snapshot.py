@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -115,3 +116,26 @@ def load_shards(
         optim_state_dict=states[OPTIMIZER],
         options=FLAT,
     )
+
+
+def release_group(model: torch.nn.Module, mesh: DeviceMesh | None) -> None:
+    """Cut ``model``'s and ``mesh``'s references to the process group they were sharded over
+    (the model is not used again). FSDP2's parameter groups hold it in their mesh infos, a
+    device mesh in its registry; a version of torch that keeps them elsewhere is left as it
+    is (the group then lives until its collectives time out)."""
+    for module in model.modules():
+        get_state = getattr(module, "_get_fsdp_state", None)
+        if get_state is None:
+            continue
+        for group in getattr(get_state(), "_fsdp_param_groups", ()):
+            infos = (
+                getattr(group, "mesh_info", None),
+                getattr(group, "post_forward_mesh_info", None),
+            )
+            for info in infos:
+                for name, value in list(vars(info).items()) if info is not None else ():
+                    if isinstance(value, dist.ProcessGroup):
+                        object.__setattr__(info, name, None)
+    registry = getattr(mesh, "_pg_registry", None)
+    if isinstance(registry, dict):
+        registry.clear()

@@ -51,6 +51,7 @@ from elasticjob.worker_runtime.elastic.shard_exchange import Key, Shards, exchan
 from elasticjob.worker_runtime.elastic.shard_plan import LostShards, copy_holders, plan_reshard
 from elasticjob.worker_runtime.elastic.shard_snapshot import (
     load_shards,
+    release_group,
     take_snapshot,
 )
 from elasticjob.worker_runtime.elastic.state import State, TorchState
@@ -122,6 +123,9 @@ class ShardedState(State):
         policy = checkpoint_from_env()
         self._checkpointer = ShardCheckpointer(policy) if policy is not None else None
         self._loaded: CheckpointReport | None = None
+        self._releases = False
+        """Whether the round's group drops this state's model when it is destroyed."""
+        self._mesh: DeviceMesh | None = None
 
     def __getattr__(self, name: str) -> Any:
         extras = self.__dict__.get("_extras", {})
@@ -243,6 +247,9 @@ class ShardedState(State):
         runtime = current()
         slot = runtime.slot
         started = time.monotonic()
+        if not self._releases:
+            runtime.group.on_destroy(self._release)
+            self._releases = True
         mine = RankCommits(
             self._commit.info() if self._commit is not None else None,
             self._pending.info() if self._pending is not None else None,
@@ -255,7 +262,7 @@ class ShardedState(State):
             self._commit = self._pending  # confirmed elsewhere: roll forward to it
             self.restore()
         self._pending = None
-        mesh = init_device_mesh(runtime.device.type, (slot.size,))
+        mesh = self._mesh = init_device_mesh(runtime.device.type, (slot.size,))
         checkpoints = (
             self._checkpointer.complete_checkpoints(slot.rank)
             if self._checkpointer is not None
@@ -294,6 +301,16 @@ class ShardedState(State):
             load_s=load_s,
             commit_s=time.monotonic() - loaded,
         )
+
+    def _release(self) -> None:
+        """The round's group is being destroyed: let go of it. Once nothing holds it, its
+        teardown closes its connections, and a peer still blocked in one of FSDP2's own
+        collectives on it fails at once instead of waiting out the collective timeout.
+        FSDP2's modules stay reachable after a forward pass (from outside Python's
+        collector), so their references to the group are cut first."""
+        if self.model is not None:
+            release_group(self.model, self._mesh)
+        self.model = self.optimizer = self._mesh = None
 
     def _load_checkpoint(self, checkpoints: list[str]) -> bool:
         """Load the newest of the durable ``checkpoints`` into the model, the optimizer and
