@@ -48,7 +48,7 @@ import elasticjob.worker_runtime as hvd
 logger = logging.getLogger(__name__)
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--dim", type=int, default=128)
@@ -69,7 +69,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--log-every", type=int, default=10, help="steps between log lines")
     parser.add_argument("--pace", type=float, default=0.0, help="extra seconds per step, to watch")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.dim % args.heads:
         parser.error("--dim must be a multiple of --heads")
     return args
@@ -193,10 +193,10 @@ def main() -> None:
         window = Window(args.seq_len)
         while state.epoch < args.epochs:
             real = state.sampler.num_real_samples
-            for batch_idx, (sequences, idx) in enumerate(loader):
+            for batch_idx, (batch, idx) in enumerate(loader):
                 first = batch_idx * args.batch_size
                 keep = torch.arange(first, first + len(idx)) < real  # padding is not trained
-                sequences = sequences.to(hvd.device())
+                sequences = batch.to(hvd.device())
                 logits = model(sequences[:, :-1])
                 losses = nn.functional.cross_entropy(
                     logits.flatten(0, 1).float(), sequences[:, 1:].flatten(), reduction="none"
