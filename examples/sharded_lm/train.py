@@ -94,7 +94,8 @@ class Block(nn.Module):
         q, k, v = qkv.permute(2, 0, 3, 1, 4)
         attended = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.out(attended.transpose(1, 2).reshape(batch, length, dim))
-        return x + self.down(nn.functional.gelu(self.up(self.mlp_norm(x))))
+        mlp: torch.Tensor = self.down(nn.functional.gelu(self.up(self.mlp_norm(x))))
+        return x + mlp
 
 
 class LanguageModel(nn.Module):
