@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticjob.worker_contract import ENV_HOSTNAME
+from elasticjob.worker_contract import ENV_COLLECTIVE_TIMEOUT, ENV_HOSTNAME
 from tests.support.worker_scripts import launcher, worker_env
 
 pytestmark = pytest.mark.integration
@@ -35,13 +35,19 @@ TINY = [
     *("--layers", "2", "--dim", "32", "--heads", "2", "--vocab", "32", "--seq-len", "16"),
     *("--samples", "384", "--batch-size", "8", "--epochs", str(EPOCHS)),
     *("--commit-every", "5", "--log-every", "3", "--pace", "0.02"),
+    *("--mixed-precision", "--tie-embeddings"),
 ]
+"""A tiny model, in bfloat16 with its head tied to its embedding (the e2e test runs the
+defaults)."""
 KILL_AT = "[0]<stderr>:epoch 1 step 6:"
 """Rank 0's log line after which the victim is killed: mid-epoch, one step after the commit
 of step 5 and four before the next."""
 RESUMED_AT = (1, 5)
 """The epoch and step of the commit the survivors resume from."""
 JOB_TIMEOUT_S = 180.0
+COLLECTIVE_TIMEOUT_S = "15"
+"""A survivor waiting inside one of FSDP2's own collectives for peers that are alive (not
+for the dead worker) is not woken by the group's abort: its collective ends at this timeout."""
 
 STEP_LINE = re.compile(r"\[0\]<stderr>:epoch (\d+) step (\d+): loss ([\d.]+)")
 ROUND_LINE = re.compile(r"\[0\]<stderr>:round (\d+): (\d+) workers, from epoch (\d+) step (\d+)")
@@ -70,9 +76,9 @@ def worker_of(launcher_pid: int, host: str) -> int | None:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(fields[1]) == launcher_pid and str(EXAMPLE).encode() in cmdline:
-            if f"{ENV_HOSTNAME}={host}".encode() in environ:
-                return int(entry.name)
+        ours = int(fields[1]) == launcher_pid and str(EXAMPLE).encode() in cmdline
+        if ours and f"{ENV_HOSTNAME}={host}".encode() in environ:
+            return int(entry.name)
     return None
 
 
@@ -83,10 +89,12 @@ def run_and_kill(tmp_path: Path) -> KilledRun:
         *("-np", "4", "--min-np", "3", "-H", FOUR_HOSTS),
         *(sys.executable, str(EXAMPLE), *TINY),
     )
+    env = worker_env()
+    env[ENV_COLLECTIVE_TIMEOUT] = COLLECTIVE_TIMEOUT_S
     process = subprocess.Popen(
         command,
         cwd=tmp_path,
-        env=worker_env(),
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
