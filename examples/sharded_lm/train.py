@@ -22,7 +22,7 @@ ln(branching) as the model learns the chain.
 Run it under the local launcher, e.g. four workers on two loopback hosts:
 
     elasticjob-run -np 4 --min-np 2 -H 127.0.1.1:2,127.0.1.2:2 \\
-        python examples/sharded_lm/train.py --epochs 4
+        python examples/sharded_lm/train.py --epochs 2
 
 or under the operator, in the worker image (whose working directory holds the examples):
 

@@ -21,7 +21,7 @@ from tests.support.kube import Kube
 
 JOB = "sharded-lm"
 WORKERS = f"elasticjob.dev/job-name={JOB}"
-EPOCHS = 12
+EPOCHS = 16
 TRAIN = [
     *("python", "examples/sharded_lm/train.py"),
     *("--layers", "2", "--dim", "32", "--heads", "2", "--vocab", "32", "--seq-len", "16"),
