@@ -5,12 +5,15 @@ commands that the chart, the example job and devcluster's image mapping expect."
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shlex
 from pathlib import Path
 
 import yaml
+
+from elasticjob.operator.api import validate
 
 REPO = Path(__file__).resolve().parents[3]
 KNOWN = {"FROM", "ARG", "ENV", "RUN", "WORKDIR", "COPY", "USER", "CMD", "ENTRYPOINT"}
@@ -84,3 +87,18 @@ def test_worker_image() -> None:
     assert (REPO / container["command"][1]).is_file()
     assert json.loads(values(parsed, "CMD")[-1])[1] == container["command"][1]
     assert shlex.split(values(parsed, "COPY")[-1]) == ["examples", "/opt/elasticjob/examples"]
+
+
+def test_the_sharded_example_job_is_valid_and_runs_the_script_with_flags_it_takes() -> None:
+    job = yaml.safe_load((REPO / "examples/elasticjob-sharded.yaml").read_text())
+    assert validate(job["spec"]) == []
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["image"].startswith("elasticjob/worker:")
+    python, script, *flags = container["command"]
+    assert python == "python" and (REPO / script).is_file()
+    spec = importlib.util.spec_from_file_location("sharded_lm_train", REPO / script)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    args = example.parse_args(flags)
+    assert args.redundancy >= 1 and args.epochs > 0
