@@ -143,6 +143,7 @@ def commit_cost(evs: Events) -> dict[str, float]:
         "step_s_without_commits": without,
         "step_s_commit_every_10": with_commits,
         "overhead_pct": (with_commits / without - 1) * 100,
+        "commit_over_10_steps_pct": statistics.median(commits) / (10 * without) * 100,
         "commit_s_median": statistics.median(commits),
         "commit_s_max": max(commits),
     }
@@ -225,7 +226,8 @@ def report(
     print(f"   step without commits {c['step_s_without_commits']:.3f} s, with a commit every "
           f"10 steps {c['step_s_commit_every_10']:.3f} s: {c['overhead_pct']:+.1f} % "
           f"(goal <= 5 %)")  # fmt: skip
-    print(f"   one commit: median {c['commit_s_median']:.3f} s, max {c['commit_s_max']:.3f} s")
+    print(f"   one commit: median {c['commit_s_median']:.3f} s, max {c['commit_s_max']:.3f} s; "
+          f"median commit / 10 steps without: {c['commit_over_10_steps_pct']:.1f} %")  # fmt: skip
     print("d. peak memory (VmHWM) of each survivor: steady (4 ranks, after commits, with the "
           "snapshot and the copies) -> after recovery's first step (2 ranks)")  # fmt: skip
     for rank, steady, recovered in peak_memory(elastic):

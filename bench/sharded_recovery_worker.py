@@ -3,11 +3,12 @@
 one timestamped event per completed step, block, commit, memory sample, sync and scripted kill
 in a JSON-lines file per process. Two modes:
 
-- elastic (under ``elasticjob-run``): ``hvd.elastic.ShardedState``; first alternating blocks
-  of steps with ``state.commit()`` every ``--commit-every`` steps and without commits, then
-  commits every ``--commit-every`` steps, ``--kill-rank`` SIGKILLs itself at ``--kill-at``;
-  the survivors take ``--steps-after`` steps in the new round and stop. Every rank samples
-  its memory right before the kill, the survivors again after their first step in round 2;
+- elastic (under ``elasticjob-run``): ``hvd.elastic.ShardedState``; after ``--warmup`` steps,
+  alternating blocks of steps with ``state.commit()`` every ``--commit-every`` steps and
+  without commits, then commits every ``--commit-every`` steps, ``--kill-rank`` SIGKILLs
+  itself at ``--kill-at``; the survivors take ``--steps-after`` steps in the new round and
+  stop. Every rank samples its memory right before the kill, the survivors again after
+  their first step in round 2;
 - restart (under ``torchrun --max-restarts 1``, ``--restart``): plain ``torch.distributed``;
   the first attempt saves a ``torch.distributed.checkpoint`` at ``--save-at`` and
   ``--kill-rank`` SIGKILLs itself at ``--kill-at``; torchrun restarts every process, which
@@ -53,6 +54,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--commit-every", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3, help="steps before the A/B run")
     parser.add_argument("--block", type=int, default=20, help="steps per block of the A/B run")
     parser.add_argument("--blocks", type=int, default=6, help="blocks of the A/B run")
     parser.add_argument("--kill-at", type=int, default=0, help="default: 3 steps past a commit")
@@ -147,8 +149,8 @@ def elastic_path(args: argparse.Namespace, log: Log) -> None:
 
     hvd.init()
     step = training_step(args.dim, args.batch_size)
-    ab_steps = args.block * args.blocks
-    kill_at = args.kill_at or ab_steps + args.commit_every + 3
+    ab_end = args.warmup + args.block * args.blocks
+    kill_at = args.kill_at or ab_end + args.commit_every + 3  # 3 steps past a commit
 
     def make(mesh: DeviceMesh) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         return build(mesh, args.dim, args.layers, initialize=not state.restoring)
@@ -172,9 +174,9 @@ def elastic_path(args: argparse.Namespace, log: Log) -> None:
                 if rank == args.kill_rank:
                     log("kill", step=state.step, rank=rank)
                     os.kill(os.getpid(), signal.SIGKILL)
-            in_ab = round_number == 1 and state.step < ab_steps
-            block = state.step // args.block
-            if in_ab and state.step % args.block == 0:
+            in_ab = round_number == 1 and args.warmup <= state.step < ab_end
+            block = (state.step - args.warmup) // args.block
+            if in_ab and (state.step - args.warmup) % args.block == 0:
                 hvd.allreduce(torch.zeros(1))  # align ranks before timing
                 block_started = time.perf_counter()
             assert state.model is not None and state.optimizer is not None
@@ -183,11 +185,11 @@ def elastic_path(args: argparse.Namespace, log: Log) -> None:
             log("step", step=state.step, rank=rank, size=hvd.size(), round=round_number)
             if round_number > 1 and state.step == started_at + 1:
                 log("memory", when="recovered", rank=rank, **memory())
-            due = round_number == 1 and state.step % args.commit_every == 0
+            due = round_number == 1 and (state.step - args.warmup) % args.commit_every == 0
             if due and (commits_in_block(block) or not in_ab):
                 state.commit()
                 log("commit", rank=rank, seconds=state.commit_seconds, step=state.step)
-            if in_ab and state.step % args.block == 0 and rank == 0:
+            if in_ab and (state.step - args.warmup) % args.block == 0 and rank == 0:
                 seconds = (time.perf_counter() - block_started) / args.block
                 log("block", commits=commits_in_block(block), step_s=seconds)
 
