@@ -2,7 +2,7 @@
 
 - :func:`exchange_copies`: at a commit, each rank sends its shards to the ranks that keep
   copies of them (``shard_plan.copy_holders``) and receives the shards it keeps a copy of:
-  one message per (rank, holder) and dtype.
+  one message per (rank, holder) and tensor, straight from the snapshot.
 - :func:`reshard`: after the world changed, each rank of the new world receives the rows of
   its new shards from the ranks that hold them (``shard_plan.plan_reshard``), in one batch of
   sends and receives for every tensor at once.
@@ -50,10 +50,6 @@ def _by_dtype(keys: Sequence[Key], entries: Mapping[Key, ShardedEntry]) -> dict[
     return grouped
 
 
-def _flatten(shards: Mapping[Key, torch.Tensor], keys: Sequence[Key]) -> torch.Tensor:
-    return torch.cat([shards[key].reshape(-1) for key in keys])
-
-
 def exchange_copies(
     entries: Mapping[Key, ShardedEntry],
     world: int,
@@ -61,39 +57,36 @@ def exchange_copies(
     holders: Mapping[int, Sequence[int]],
 ) -> dict[int, Shards]:
     """Send this rank's shards (``entries``' locals) to its holders; return the shards of
-    the ranks whose copies this rank keeps, by their rank."""
+    the ranks whose copies this rank keeps, by their rank.
+
+    Each shard goes as it is, one message per (holder, tensor) tagged by the tensor's place
+    in the sorted entries, and arrives in a slice of one buffer per (owner, dtype): nothing
+    is copied into a flat send buffer first (that copy cost as much as the snapshot)."""
     keys = sorted(entries)
-    groups = _by_dtype(keys, entries)
+    tags = {key: tag for tag, key in enumerate(keys)}
     operations: list[dist.P2POp] = []
-    received: dict[int, dict[str, torch.Tensor]] = {}
-    own = {key: entry.local for key, entry in entries.items()}
     for holder in holders.get(rank, ()):
-        for group in groups.values():
-            flat = _flatten(own, group).contiguous()
-            if flat.numel():  # nothing is sent for shards without rows
-                operations.append(dist.P2POp(dist.isend, flat, holder))
+        for key in keys:
+            local = entries[key].local
+            if local.numel():  # nothing is sent for shards without rows
+                operations.append(dist.P2POp(dist.isend, local.contiguous(), holder, tag=tags[key]))
+    copies: dict[int, Shards] = {}
     for owner in sorted(r for r, kept_by in holders.items() if rank in kept_by and r != rank):
-        for dtype, group in groups.items():
-            size = sum(
-                int(torch.Size(shard_shape(entries[key], world, owner)).numel()) for key in group
-            )
-            buffer = torch.empty(size, dtype=entries[group[0]].dtype)
-            received.setdefault(owner, {})[dtype] = buffer
-            if size:
-                operations.append(dist.P2POp(dist.irecv, buffer, owner))
+        shards: Shards = {}
+        for group in _by_dtype(keys, entries).values():
+            shapes = [shard_shape(entries[key], world, owner) for key in group]
+            counts = [int(torch.Size(shape).numel()) for shape in shapes]
+            buffer = torch.empty(sum(counts), dtype=entries[group[0]].dtype)
+            offset = 0
+            for key, shape, count in zip(group, shapes, counts, strict=True):
+                piece = buffer[offset : offset + count]
+                shards[key] = piece.view(shape)
+                offset += count
+                if count:
+                    operations.append(dist.P2POp(dist.irecv, piece, owner, tag=tags[key]))
+        copies[owner] = shards
     if operations:
         _wait_all(dist.batch_isend_irecv(operations))
-    copies: dict[int, Shards] = {}
-    for owner, flats in received.items():
-        shards: Shards = {}
-        for dtype, group in groups.items():
-            offset = 0
-            for key in group:
-                shape = shard_shape(entries[key], world, owner)
-                count = int(torch.Size(shape).numel())
-                shards[key] = flats[dtype][offset : offset + count].view(shape)
-                offset += count
-        copies[owner] = shards
     return copies
 
 

@@ -1,0 +1,239 @@
+"""Recovery benchmark of a model sharded with FSDP2 under ``hvd.elastic.ShardedState``, against
+the standard restart-and-reload path (prints its figures; asserts nothing).
+
+A wide MLP (``--layers`` linear layers of ``--dim`` x ``--dim``; ``--params`` picks the width)
+with AdamW, 4 ranks, Gloo on the CPU, one thread each (``sharded_recovery_worker.py``):
+
+1. elastic, under ``elasticjob-run`` on 2 loopback hosts x 2 slots, ``ShardedState`` with
+   ``redundancy=1`` (copies on the other host):
+   - commit cost: alternating blocks of steps with ``state.commit()`` every 10 steps and
+     without commits (as ``recovery.py``'s steady mode), and each commit's time;
+   - kill: rank 3 SIGKILLs itself 3 steps past a commit; its host is blacklisted, its
+     host-mate leaves, the 2 survivors rebuild the lost shards from their copies, reshard
+     onto 2 ranks and step. From the kill to their first completed step, broken down:
+     detect (the survivors abort), re-form (the new round's group), rebuild (``build``),
+     reshard (exchange, transfers and load), re-commit (the new layout's commit), first step;
+   - memory: each rank's resident high-water mark (VmHWM) right before the kill (steady state
+     after commits: it includes the snapshot and the copies it keeps) and after the
+     survivors' first step in the new round;
+2. restart, under ``torchrun --max-restarts 1`` on one host x 4 slots, plain
+   ``torch.distributed``: the job saves a ``torch.distributed.checkpoint`` (DCP) on local disk,
+   rank 3 SIGKILLs itself, torchrun stops and restarts every process, which load the checkpoint
+   into a freshly sharded model and step. From the kill to that step, broken down: processes
+   restarted, ``import torch``, group init, model build, DCP load, first step.
+
+Usage: python bench/sharded_recovery.py [--params 100e6 | --dim 512 --layers 4] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from recovery import LAUNCHER, events, finish, first_time, worker_logs
+
+from elasticjob.worker_contract import ENV_COLLECTIVE_TIMEOUT
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "sharded_recovery_worker.py"
+HOSTS = "127.0.1.1:2,127.0.1.2:2"
+GIB = 1024**3
+
+Events = list[dict[str, Any]]
+
+
+def run_elastic(
+    log_dir: Path, model: list[str], timeout_s: float, collective_timeout_s: float | None
+) -> tuple[Events, Any]:
+    command = [sys.executable, "-c", LAUNCHER, "-np", "4", "--min-np", "2", "-H", HOSTS,
+               sys.executable, str(WORKER), "--log-dir", str(log_dir), *model]  # fmt: skip
+    output = (log_dir.parent / f"{log_dir.name}.out").open("w")
+    env = dict(os.environ)
+    if collective_timeout_s is not None:
+        env[ENV_COLLECTIVE_TIMEOUT] = str(collective_timeout_s)
+    job = subprocess.Popen(command, stdout=output, stderr=subprocess.PIPE, text=True, env=env)
+    launcher = finish(job, timeout_s)
+    return events(log_dir), launcher
+
+
+def run_restart(log_dir: Path, model: list[str], timeout_s: float) -> Events:
+    checkpoint = log_dir.parent / "dcp"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "4", "--max-restarts", "1", "--monitor-interval", "0.1",
+               str(WORKER), "--restart", "--log-dir", str(log_dir), "--checkpoint",
+               str(checkpoint), "--save-at", "2", "--kill-at", "4", *model]  # fmt: skip
+    output = (log_dir.parent / f"{log_dir.name}.out").open("w")
+    job = subprocess.run(
+        command, stdout=output, stderr=subprocess.PIPE, text=True, timeout=timeout_s, check=False
+    )
+    if job.returncode != 0:
+        raise SystemExit(f"the restart job failed ({job.returncode}):\n{job.stderr[-3000:]}")
+    return events(log_dir)
+
+
+def elastic_kill(evs: Events) -> dict[str, float]:
+    """The kill -> the survivors' first completed step of round 2, in segments (seconds)."""
+    kill = next(e["t"] for e in evs if e["ev"] == "kill")
+    survivors = {e["pid"] for e in evs if e["ev"] == "step" and e["round"] == 2}
+    logs = {pid: worker_logs(evs, pid) for pid in survivors}
+    noticed = max(first_time(lines, "failed; aborting the group") for lines in logs.values())
+    aborted = max(first_time(lines, "rolling back") for lines in logs.values())
+    joined = max(first_time(lines, "joined round 2") for lines in logs.values())
+    syncs = [e for e in evs if e["ev"] == "sync" and e["round"] == 2]
+    synced = max(e["t"] for e in syncs)
+    stepped = max(
+        min(e["t"] for e in evs if e["ev"] == "step" and e["round"] == 2 and e["pid"] == pid)
+        for pid in survivors
+    )
+    parts = {
+        "notice (every survivor has it)": noticed - kill,
+        "detect (every survivor aborted)": aborted - kill,
+        "re-form (to the new group)": joined - aborted,
+        "rebuild (build_s)": max(e["build_s"] for e in syncs),
+        "reshard (exchange+reshard+load)": max(
+            e["exchange_s"] + e["reshard_s"] + e["load_s"] for e in syncs
+        ),
+        "re-commit (commit_s)": max(e["commit_s"] for e in syncs),
+    }
+    parts["sync, rest"] = synced - joined - sum(list(parts.values())[3:])
+    parts["first step"] = stepped - synced
+    parts["total"] = stepped - kill
+    parts["total, less the wait past the notice"] = stepped - kill - (aborted - noticed)
+    return parts
+
+
+def restart_kill(evs: Events) -> dict[str, float]:
+    """The kill -> the restarted job's first completed step, in segments (seconds)."""
+    kill = next(e["t"] for e in evs if e["ev"] == "kill")
+    again = [e for e in evs if e.get("attempt") == 1]
+
+    def last(event: str, field: str = "t") -> float:
+        return max(e[field] for e in again if e["ev"] == event)
+
+    moments = {
+        "processes restarted": last("started", "started"),
+        "import torch": last("started", "imported"),
+        "group init": last("group"),
+        "model build": last("built"),
+        "DCP load": last("loaded"),
+        "first step": last("step"),
+    }
+    parts, before = {}, kill
+    for name, moment in moments.items():
+        parts[name], before = moment - before, moment
+    parts["total"] = moments["first step"] - kill
+    return parts
+
+
+def commit_cost(evs: Events) -> dict[str, float]:
+    blocks = [e for e in evs if e["ev"] == "block"]
+    with_commits = statistics.mean(b["step_s"] for b in blocks if b["commits"])
+    without = statistics.mean(b["step_s"] for b in blocks if not b["commits"])
+    commits = [e["seconds"] for e in evs if e["ev"] == "commit"]
+    return {
+        "step_s_without_commits": without,
+        "step_s_commit_every_10": with_commits,
+        "overhead_pct": (with_commits / without - 1) * 100,
+        "commit_over_10_steps_pct": statistics.median(commits) / (10 * without) * 100,
+        "commit_s_median": statistics.median(commits),
+        "commit_s_max": max(commits),
+    }
+
+
+def peak_memory(evs: Events) -> list[tuple[int, float, float]]:
+    """Per survivor: its rank, VmHWM before the kill and after recovery's first step (GiB)."""
+    samples = [e for e in evs if e["ev"] == "memory"]
+    rows = []
+    for pid in sorted({e["pid"] for e in samples if e["when"] == "recovered"}):
+        mine = {e["when"]: e for e in samples if e["pid"] == pid}
+        steady, recovered = mine["steady"], mine["recovered"]
+        rows.append((steady["rank"], steady["vmhwm"] / GIB, recovered["vmhwm"] / GIB))
+    return rows
+
+
+def model_flags(args: argparse.Namespace) -> tuple[list[str], int]:
+    dim = args.dim
+    if args.params:
+        dim = 64 * math.ceil(math.sqrt(args.params / args.layers) / 64)
+    flags = ["--dim", str(dim), "--layers", str(args.layers), "--batch-size", str(args.batch)]
+    flags += ["--block", str(args.block), "--blocks", str(args.blocks)]
+    return flags, args.layers * (dim * dim + dim)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--params", type=float, help="about this many parameters (sets --dim)")
+    parser.add_argument("--dim", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--block", type=int, default=20, help="steps per A/B block")
+    parser.add_argument("--blocks", type=int, default=6, help="A/B blocks (even)")
+    parser.add_argument(
+        "--collective-timeout",
+        type=float,
+        help="ELASTICJOB_COLLECTIVE_TIMEOUT of the elastic job (default 60 s)",
+    )
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per job")
+    parser.add_argument("--keep", type=Path, help="keep the jobs' output in this directory")
+    args = parser.parse_args()
+    flags, params = model_flags(args)
+    began, load_before = time.monotonic(), os.getloadavg()
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.keep or Path(scratch)
+        tmp.mkdir(parents=True, exist_ok=True)
+        elastic, _ = run_elastic(tmp / "elastic", flags, args.timeout, args.collective_timeout)
+        restart = run_restart(tmp / "restart", flags, args.timeout)
+    report(args, flags, params, elastic, restart, load_before, time.monotonic() - began)
+
+
+def report(
+    args: argparse.Namespace,
+    flags: list[str],
+    params: int,
+    elastic: Events,
+    restart: Events,
+    load_before: tuple[float, float, float],
+    took_s: float,
+) -> None:
+    load_after = os.getloadavg()
+    print(f"model: wide MLP, {' '.join(flags[:4])}: {params / 1e6:.1f} M parameters, AdamW, "
+          f"batch {args.batch}; 4 ranks, Gloo on the CPU, 1 thread each")  # fmt: skip
+    print(f"machine: {os.cpu_count()} cores, load average {load_before[0]:.2f} before, "
+          f"{load_after[0]:.2f} after; torch {torch.__version__}; took {took_s:.0f} s")  # fmt: skip
+    a, b = elastic_kill(elastic), restart_kill(restart)
+    print("\na. elastic (ShardedState): kill 1 of 4 (its host goes: 4 -> 2 ranks) -> next step")
+    for name, seconds in a.items():
+        print(f"   {name:<34} {seconds:8.3f} s")
+    print("b. restart (torchrun, DCP on local disk): kill 1 of 4 -> restarted job's first step")
+    for name, seconds in b.items():
+        print(f"   {name:<34} {seconds:8.3f} s")
+    saves = [e["seconds"] for e in restart if e["ev"] == "saved"]
+    print(f"   (the DCP save took {max(saves):.3f} s)")
+    less = a["total, less the wait past the notice"]
+    print(f"   b / a: {b['total'] / a['total']:.2f}x (goal >= 10x); b / (a less the wait past "
+          f"the notice): {b['total'] / less:.1f}x")  # fmt: skip
+    c = commit_cost(elastic)
+    print("c. commit cost (4 ranks, alternating blocks)")
+    print(f"   step without commits {c['step_s_without_commits']:.3f} s, with a commit every "
+          f"10 steps {c['step_s_commit_every_10']:.3f} s: {c['overhead_pct']:+.1f} % "
+          f"(goal <= 5 %)")  # fmt: skip
+    print(f"   one commit: median {c['commit_s_median']:.3f} s, max {c['commit_s_max']:.3f} s; "
+          f"median commit / 10 steps without: {c['commit_over_10_steps_pct']:.1f} %")  # fmt: skip
+    print("d. peak memory (VmHWM) of each survivor: steady (4 ranks, after commits, with the "
+          "snapshot and the copies) -> after recovery's first step (2 ranks)")  # fmt: skip
+    for rank, steady, recovered in peak_memory(elastic):
+        print(f"   rank {rank}: {steady:.2f} GiB -> {recovered:.2f} GiB: "
+              f"{recovered / steady:.2f}x (goal <= 2.5x)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
