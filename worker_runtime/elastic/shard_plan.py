@@ -48,7 +48,9 @@ def copy_holders(hosts: Sequence[str], redundancy: int) -> dict[int, tuple[int, 
     """For each rank of a round whose ranks run on ``hosts`` (by rank), the ranks that keep a
     copy of its committed shards: the next ``redundancy`` ranks after it, in ring order, that
     run on another host; where too few do, the next ones on the same host (a copy in another
-    process survives that process's death, not its host's)."""
+    process survives that process's death, not its host's). The ``i``-th rank of a host starts
+    ``i`` places further along the other hosts' ranks, so that host-mates do not all give
+    their copies to the same rank: every rank keeps about as many copies as it gives."""
     if redundancy < 0:
         raise ValueError(f"redundancy must be >= 0, got {redundancy}")
     world = len(hosts)
@@ -56,6 +58,10 @@ def copy_holders(hosts: Sequence[str], redundancy: int) -> dict[int, tuple[int, 
     for rank in range(world):
         ring = [(rank + step) % world for step in range(1, world)]
         elsewhere = [r for r in ring if hosts[r] != hosts[rank]]
+        if elsewhere:
+            place = [r for r in range(world) if hosts[r] == hosts[rank]].index(rank)
+            start = place % len(elsewhere)
+            elsewhere = elsewhere[start:] + elsewhere[:start]
         nearby = [r for r in ring if hosts[r] == hosts[rank]]
         holders[rank] = tuple((elsewhere + nearby)[:redundancy])
     return holders

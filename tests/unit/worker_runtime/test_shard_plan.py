@@ -36,14 +36,27 @@ def test_rows_are_split_as_torch_chunk_splits_them(
 @pytest.mark.parametrize(
     ("hosts", "redundancy", "holders"),
     [
-        (["a", "a", "b", "b"], 1, {0: (2,), 1: (2,), 2: (0,), 3: (0,)}),
+        (["a", "a", "b", "b"], 1, {0: (2,), 1: (3,), 2: (0,), 3: (1,)}),
+        (
+            ["a", "a", "b", "b", "c", "c"],
+            1,
+            {0: (2,), 1: (3,), 2: (4,), 3: (5,), 4: (0,), 5: (1,)},
+        ),
         (["a", "b", "c"], 2, {0: (1, 2), 1: (2, 0), 2: (0, 1)}),
         (["a", "a"], 1, {0: (1,), 1: (0,)}),
         (["a", "a", "b"], 2, {0: (2, 1), 1: (2, 0), 2: (0, 1)}),
         (["a", "b"], 0, {0: (), 1: ()}),
         (["a"], 1, {0: ()}),
     ],
-    ids=["two-hosts", "three-hosts", "one-host", "fill-with-host-mates", "none", "alone"],
+    ids=[
+        "two-hosts",
+        "three-hosts-of-two",
+        "three-hosts",
+        "one-host",
+        "fill-with-host-mates",
+        "none",
+        "alone",
+    ],
 )
 def test_copies_go_to_other_hosts_first(
     hosts: list[str], redundancy: int, holders: dict[int, tuple[int, ...]]
