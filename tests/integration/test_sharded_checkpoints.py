@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-from tests.integration.test_sharded_state import (
+from tests.support.sharded_runs import (
     FOUR_HOSTS,
     finished_alike,
     resumed_from_last_commit,

@@ -1,0 +1,47 @@
+"""Jobs of the sharded-state worker (``tests/integration/workers/sharded_worker.py``) and what
+they must show: every round after the first resumed from the newest commit before it, bit for
+bit, and every rank ended with the same state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.support.job_runs import WORKERS, JobRun, run_job
+
+SHARDED_WORKER = WORKERS / "sharded_worker.py"
+FOUR_HOSTS = "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1,127.0.1.4:1"
+
+
+def run_sharded(
+    tmp_path: Path,
+    launcher_args: list[str],
+    *worker_args: str,
+    schedule: dict[int, str] | None = None,
+) -> JobRun:
+    return run_job(
+        tmp_path,
+        launcher_args=launcher_args,
+        worker_args=list(worker_args),
+        schedule=schedule,
+        script=SHARDED_WORKER,
+    )
+
+
+def resumed_from_last_commit(run: JobRun) -> list[dict[str, Any]]:
+    """Check that every round after the first resumed from the newest commit made before it
+    (bit for bit); return those resumptions."""
+    commits = run.of("commit")
+    later = [e for e in run.of("resumed") if e["round"] > 1]
+    for resumed in later:
+        before = [c for c in commits if c["round"] < resumed["round"]]
+        assert before, f"round {resumed['round']} resumed before any commit: {run.explain()}"
+        last = max(before, key=lambda c: c["time"])
+        assert (resumed["epoch"], resumed["batch"]) == (last["epoch"], last["batch"]), resumed
+        assert resumed["digest"] == last["digest"], "the resumed state is not the last commit"
+    return later
+
+
+def finished_alike(run: JobRun, size: int) -> None:
+    done = run.of("done")
+    assert len(done) == size and len({d["digest"] for d in done}) == 1, done
