@@ -47,8 +47,8 @@ def sharded_job() -> dict[str, Any]:
             "backend": "gloo",
             "blacklist": {"cooldownSeconds": {"min": 300, "max": 600}},
             "cleanPodPolicy": "None",  # the pods and their logs stay for the checks
-            # A survivor waiting inside one of FSDP2's own collectives for peers that are
-            # alive is not woken by the group's abort: its collective ends at this bound.
+            # A bound on any collective: none should reach it (the state lets go of a broken
+            # group, which fails the survivors' collectives at once).
             "collectiveTimeoutSeconds": 20,
             "template": {
                 "spec": {

@@ -45,9 +45,9 @@ of step 5 and four before the next."""
 RESUMED_AT = (1, 5)
 """The epoch and step of the commit the survivors resume from."""
 JOB_TIMEOUT_S = 180.0
-COLLECTIVE_TIMEOUT_S = "15"
-"""A survivor waiting inside one of FSDP2's own collectives for peers that are alive (not
-for the dead worker) is not woken by the group's abort: its collective ends at this timeout."""
+COLLECTIVE_TIMEOUT_S = "900"
+"""Beyond the job's deadline: no survivor may wait out the collective timeout inside one of
+FSDP2's own collectives (the state lets go of a broken group, which fails them at once)."""
 
 STEP_LINE = re.compile(r"\[0\]<stderr>:epoch (\d+) step (\d+): loss ([\d.]+)")
 ROUND_LINE = re.compile(r"\[0\]<stderr>:round (\d+): (\d+) workers, from epoch (\d+) step (\d+)")
