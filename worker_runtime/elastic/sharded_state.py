@@ -39,7 +39,7 @@ from elasticjob.wire.messages import CheckpointReport
 from elasticjob.worker_contract import checkpoint_from_env
 from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.collectives import allgather_object, broadcast_object
-from elasticjob.worker_runtime.elastic.handlers import ObjectStateHandler, StateHandler
+from elasticjob.worker_runtime.elastic.handlers import StateHandler
 from elasticjob.worker_runtime.elastic.shard_checkpoint import ShardCheckpointer
 from elasticjob.worker_runtime.elastic.shard_commits import (
     Commit,
@@ -106,7 +106,7 @@ class ShardedState(State):
         self.restoring = False
         """True while ``build`` runs for a round that loads committed state."""
         self._extras: dict[str, StateHandler] = {
-            name: _handler_for(value) for name, value in kwargs.items()
+            name: TorchState.handler_for(value) for name, value in kwargs.items()
         }
         self._commit: Commit | None = None
         """The last confirmed commit (``shard_commits.py``)."""
@@ -381,11 +381,3 @@ def _count_step(*_: Any) -> None:
     """An optimizer step post-hook: the runtime counts the script's steps (its progress
     reports, checkpoint names and log lines carry the count)."""
     current().step += 1
-
-
-def _handler_for(value: Any) -> StateHandler:
-    """The handler a ``TorchState`` would use for ``value``."""
-    for kind, handler in TorchState.handler_registry:
-        if isinstance(value, kind):
-            return handler(value)
-    return ObjectStateHandler(value)

@@ -318,15 +318,17 @@ class TorchState(SnapshotState):
         if optimizer is not None:
             values["optimizer"] = optimizer
         self._handlers: dict[str, StateHandler] = {
-            name: self._handler_for(value) for name, value in values.items()
+            name: self.handler_for(value) for name, value in values.items()
         }
         if background_commit:
             for optim in self._optimizers():
                 optim.register_step_pre_hook(self._before_step)
         self.save()
 
-    def _handler_for(self, value: Any) -> StateHandler:
-        for kind, handler in self.handler_registry:
+    @classmethod
+    def handler_for(cls, value: Any) -> StateHandler:
+        """The handler of the registry's first type ``value`` is (else an object's)."""
+        for kind, handler in cls.handler_registry:
             if isinstance(value, kind):
                 return handler(value)
         return ObjectStateHandler(value)
