@@ -45,6 +45,7 @@ ENV_RENDEZVOUS_URL: Final = "ELASTICJOB_RENDEZVOUS_URL"
 ENV_JOB: Final = "ELASTICJOB_JOB"
 ENV_TOKEN: Final = "ELASTICJOB_TOKEN"
 ENV_HOSTNAME: Final = "ELASTICJOB_HOSTNAME"
+ENV_NODE: Final = "ELASTICJOB_NODE"
 ENV_LOCAL_RANK: Final = "ELASTICJOB_LOCAL_RANK"
 ENV_BIND_ADDRESS: Final = "ELASTICJOB_BIND_ADDRESS"
 ENV_BACKEND: Final = "ELASTICJOB_BACKEND"
@@ -215,6 +216,10 @@ class WorkerSettings(BaseModel):
         return {name: value for name, value in given.items() if value is not None}
 
 
+_DEFAULT_TO_HOST: Final = ("node", "bind_address")
+"""The fields of :class:`WorkerConfig` that default to its host name."""
+
+
 class WorkerConfig(WorkerSettings):
     """A worker process's contract: the job's settings and the process's own values. A pod
     takes these from Kubernetes (see :func:`pod_env`); the script's launch-time variables
@@ -224,6 +229,9 @@ class WorkerConfig(WorkerSettings):
     """The job's bearer token on the rendezvous service."""
     hostname: Annotated[str, Variable(ENV_HOSTNAME)]
     """The host the process runs on, as the driver names it (a pod: its name)."""
+    node: Annotated[str, Variable(ENV_NODE)]
+    """The machine the process runs on, which fails as one: a pod's node (pods of one node
+    are distinct hosts to the driver but die together); the host name when not given."""
     local_rank: Annotated[int, Whole(ENV_LOCAL_RANK)]
     """The process's slot on its host."""
     bind_address: Annotated[str, Variable(ENV_BIND_ADDRESS)]
@@ -232,8 +240,9 @@ class WorkerConfig(WorkerSettings):
     @model_validator(mode="before")
     @classmethod
     def _binds_to_its_host(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("bind_address") is None and "hostname" in data:
-            return {**data, "bind_address": data["hostname"]}
+        if isinstance(data, dict) and "hostname" in data:
+            missing = [key for key in _DEFAULT_TO_HOST if data.get(key) is None]
+            return {**data, **dict.fromkeys(missing, data["hostname"])}
         return data
 
     @classmethod
@@ -245,13 +254,15 @@ class WorkerConfig(WorkerSettings):
         hostname: str,
         local_rank: int,
         bind_address: str,
+        node: str | None = None,
     ) -> WorkerConfig:
         """The contract of a process of the job ``settings`` describe (the fields they set
-        stay the set ones)."""
+        stay the set ones); ``node`` None: the host is the machine."""
         return cls(
             **{name: getattr(settings, name) for name in settings.model_fields_set},
             token=token,
             hostname=hostname,
+            node=hostname if node is None else node,
             local_rank=local_rank,
             bind_address=bind_address,
         )
@@ -273,8 +284,7 @@ class WorkerConfig(WorkerSettings):
         missing = [
             _variable(field).name
             for name, field in cls.model_fields.items()
-            # the bind address defaults to the host name
-            if field.is_required() and name not in given and name != "bind_address"
+            if field.is_required() and name not in given and name not in _DEFAULT_TO_HOST
         ]
         if missing:
             raise RuntimeError(f"{ENV_RENDEZVOUS_URL} is set but {', '.join(missing)} not")
@@ -289,6 +299,7 @@ class PodField(enum.StrEnum):
 
     NAME = "metadata.name"
     IP = "status.podIP"
+    NODE = "spec.nodeName"
 
 
 class SecretKey(NamedTuple):
@@ -301,12 +312,13 @@ class SecretKey(NamedTuple):
 def pod_env(settings: WorkerSettings, *, token: SecretKey) -> list[dict[str, Any]]:
     """The ``env`` list of a worker container: the variables of ``settings``, and those of
     :class:`WorkerConfig`'s own fields from where Kubernetes has them: the token from
-    ``token``, the pod's name as host name and its IP as bind address; slot 0 (the slots
-    runner gives each further process its own)."""
+    ``token``, the pod's name as host name, its node's name as node and its IP as bind
+    address; slot 0 (the slots runner gives each further process its own)."""
     fields = WorkerConfig.model_fields
     from_pod: dict[str, PodField | SecretKey] = {
         _variable(fields["token"]).name: token,
         _variable(fields["hostname"]).name: PodField.NAME,
+        _variable(fields["node"]).name: PodField.NODE,
         _variable(fields["bind_address"]).name: PodField.IP,
     }
     local_rank = _variable(fields["local_rank"]).write(0)

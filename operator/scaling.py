@@ -202,9 +202,10 @@ def plan_pods(
 
 def pods_to_clean(views: Sequence[PodView], policy: CleanPodPolicy) -> list[str]:
     """The pods to delete once the job has ended: all (All), those still pending or running
-    (Running), none (None)."""
+    (Running), those still pending (None: a pod that has not started has no logs to keep, and
+    would only start to find its job over; a replacement made as the job failed is one)."""
     if policy is CleanPodPolicy.ALL:
         return [v.name for v in views]
     if policy is CleanPodPolicy.RUNNING:
         return [v.name for v in views if v.state in (PodState.PENDING, PodState.RUNNING)]
-    return []
+    return [v.name for v in views if v.state is PodState.PENDING]

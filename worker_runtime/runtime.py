@@ -67,6 +67,9 @@ class Runtime:
         """The current round's process group."""
         self.reports: Reports
         """What this worker tells the driver: its result and rank 0's progress."""
+        self.node: str
+        """The machine this worker runs on, which fails as one (a pod: its node): where a
+        copy must not be kept to survive this worker's failure."""
         self._rounds: Rounds
         self._notices: Notices
         self._liveness: Liveness
@@ -81,6 +84,7 @@ class Runtime:
         self.device = use_device(0, backend)
         self.group = RoundGroup(backend, self.device)
         self._rounds = StandaloneRounds(self.group)
+        self.node = self._rounds.slot.hostname
         self._notices = NoNotices()
         self._liveness = NoHeartbeat()
         self.reports = NoReports()
@@ -90,6 +94,7 @@ class Runtime:
         backend = resolve_backend(config.backend)
         self.device = use_device(config.local_rank, backend)
         pin_interfaces(config.bind_address)
+        self.node = config.node
         self.group = RoundGroup(backend, self.device)
         client = RendezvousClient(
             config.rendezvous_url, config.job, config.token, ca_pem=config.rendezvous_ca

@@ -59,6 +59,23 @@ def test_a_lost_host_is_rebuilt_from_the_copies_on_the_other_host(tmp_path: Path
     finished_alike(run, 2)
 
 
+def test_copies_live_on_another_node_than_their_rank(tmp_path: Path) -> None:
+    """Three hosts (as pods are) on two nodes: the two ranks of one node die together, and
+    the rank on the other node holds both their copies (were the copies placed by host, the
+    first rank's copy would have died with the second)."""
+    node_of_host = 'case "$ELASTICJOB_HOSTNAME" in 127.0.1.1) n=a;; *) n=b;; esac'
+    run = run_sharded(
+        tmp_path,
+        ["-np", "3", "--min-np", "1", "-H", "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1"],
+        *("--fail", "1:1:1", "--fail", "1:1:2"),
+        worker_prefix=["sh", "-c", f'{node_of_host}; ELASTICJOB_NODE=$n exec "$@"', "node"],
+    )
+    assert run.returncode == 0, run.explain()
+    (resumed,) = resumed_from_last_commit(run)
+    assert resumed["size"] == 1
+    finished_alike(run, 1)
+
+
 def test_two_failures_in_a_row_with_a_commit_between(tmp_path: Path) -> None:
     hosts = FOUR_HOSTS + ",127.0.1.5:1"
     run = run_sharded(

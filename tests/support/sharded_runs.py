@@ -4,6 +4,7 @@ bit, and every rank ended with the same state."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,16 @@ def run_sharded(
     launcher_args: list[str],
     *worker_args: str,
     schedule: dict[int, str] | None = None,
+    worker_prefix: Sequence[str] = (),
 ) -> JobRun:
+    """Run a job of the sharded-state worker to its end (see :func:`run_job`)."""
     return run_job(
         tmp_path,
         launcher_args=launcher_args,
         worker_args=list(worker_args),
         schedule=schedule,
         script=SHARDED_WORKER,
+        worker_prefix=worker_prefix,
     )
 
 

@@ -45,13 +45,14 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "checkpoint": POLICIES,
     "token": TEXT,
     "hostname": TEXT,
+    "node": TEXT,
     "local_rank": st.integers(min_value=0, max_value=1023),
     "bind_address": TEXT,
 }
 REQUIRED = {
     name: FIELDS[name]
     for name, field in WorkerConfig.model_fields.items()
-    if field.is_required() and name != "bind_address"  # the host name when not given
+    if field.is_required() and name not in ("node", "bind_address")  # the host name if not given
 }
 OPTIONAL = {name: values for name, values in FIELDS.items() if name not in REQUIRED}
 
@@ -126,6 +127,20 @@ def test_the_pod_and_the_launcher_write_the_same_variables() -> None:
     assert {name: launched[name] for name in from_pod} == {
         "ELASTICJOB_TOKEN": "t0ken",
         "ELASTICJOB_HOSTNAME": "h",
+        "ELASTICJOB_NODE": "h",
         "ELASTICJOB_BIND_ADDRESS": "10.0.0.1",
         "HOROVOD_HOSTNAME": "h",
     }
+
+
+def test_the_node_and_the_bind_address_are_the_host_unless_given() -> None:
+    """A launcher's host is a machine; a pod is a host of its own on a node it shares."""
+    env = {"ELASTICJOB_RENDEZVOUS_URL": "http://r:1", "ELASTICJOB_JOB": "j"}
+    env |= {"ELASTICJOB_TOKEN": "t", "ELASTICJOB_HOSTNAME": "pod-a", "ELASTICJOB_LOCAL_RANK": "0"}
+    alone = WorkerConfig.from_env(env)
+    assert alone is not None and (alone.node, alone.bind_address) == ("pod-a", "pod-a")
+    on_node = WorkerConfig.from_env(env | {"ELASTICJOB_NODE": "node-1"})
+    assert on_node is not None and on_node.node == "node-1"
+    entries = pod_env(EVERY_SETTING, token=SecretKey("job-rendezvous", "token"))
+    (node,) = (e for e in entries if e["name"] == "ELASTICJOB_NODE")
+    assert node["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}

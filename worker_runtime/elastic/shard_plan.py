@@ -7,7 +7,7 @@ holds rows ``[r * c, (r + 1) * c)`` of a tensor of ``rows`` rows, ``c = ceil(row
 clipped to ``rows`` (the last ranks may hold fewer rows, or none): :class:`RowLayout`.
 
 A commit keeps each rank's shards in its own host memory and ``redundancy`` copies on other
-ranks, on other hosts where the round has them (:func:`copy_holders`). After the world
+ranks, on other machines (nodes) where the round has them (:func:`copy_holders`). After the world
 changes, :func:`plan_reshard` says who sends which rows of which old shard to whom, so that
 every rank of the new world gets exactly the rows of its new shard from a rank that holds
 them; nobody ever needs the whole tensor. When no rank holds an old shard any more,
@@ -44,25 +44,26 @@ class RowLayout:
         return start, min(start + self.chunk, self.rows)
 
 
-def copy_holders(hosts: Sequence[str], redundancy: int) -> dict[int, tuple[int, ...]]:
-    """For each rank of a round whose ranks run on ``hosts`` (by rank), the ranks that keep a
-    copy of its committed shards: the next ``redundancy`` ranks after it, in ring order, that
-    run on another host; where too few do, the next ones on the same host (a copy in another
-    process survives that process's death, not its host's). The ``i``-th rank of a host starts
-    ``i`` places further along the other hosts' ranks, so that host-mates do not all give
-    their copies to the same rank: every rank keeps about as many copies as it gives."""
+def copy_holders(nodes: Sequence[str], redundancy: int) -> dict[int, tuple[int, ...]]:
+    """For each rank of a round whose ranks run on the machines ``nodes`` (by rank; a pod's
+    node, not the pod: the pods of a node die with it), the ranks that keep a copy of its
+    committed shards: the next ``redundancy`` ranks after it, in ring order, that run on
+    another node; where too few do, the next ones on the same node (a copy in another process
+    survives that process's death, not its node's). The ``i``-th rank of a node starts ``i``
+    places further along the other nodes' ranks, so that node-mates do not all give their
+    copies to the same rank: every rank keeps about as many copies as it gives."""
     if redundancy < 0:
         raise ValueError(f"redundancy must be >= 0, got {redundancy}")
-    world = len(hosts)
+    world = len(nodes)
     holders: dict[int, tuple[int, ...]] = {}
     for rank in range(world):
         ring = [(rank + step) % world for step in range(1, world)]
-        elsewhere = [r for r in ring if hosts[r] != hosts[rank]]
+        elsewhere = [r for r in ring if nodes[r] != nodes[rank]]
         if elsewhere:
-            place = [r for r in range(world) if hosts[r] == hosts[rank]].index(rank)
+            place = [r for r in range(world) if nodes[r] == nodes[rank]].index(rank)
             start = place % len(elsewhere)
             elsewhere = elsewhere[start:] + elsewhere[:start]
-        nearby = [r for r in ring if hosts[r] == hosts[rank]]
+        nearby = [r for r in ring if nodes[r] == nodes[rank]]
         holders[rank] = tuple((elsewhere + nearby)[:redundancy])
     return holders
 

@@ -8,8 +8,9 @@ committed state:
 
 - ``commit()`` copies this rank's shards (parameters and optimizer state) to host memory
   (``shard_snapshot.py``) and sends them to the ``redundancy`` ranks that keep copies of
-  them, on other hosts first (``shard_plan.copy_holders``, ``shard_exchange.py``); a barrier
-  confirms it, and the previous commit is kept until then (``shard_commits.py``);
+  them, on other machines (a pod's node) first (``shard_plan.copy_holders``,
+  ``shard_exchange.py``); a barrier confirms it, and the previous commit is kept until
+  then (``shard_commits.py``);
 - after a failure or a resize, ``sync()`` asks every rank of the new round which old shards
   it holds, plans who sends which rows to whom (``shard_plan.plan_reshard``), rebuilds the
   model over the new world and loads it; newcomers get exactly their own rows. Shards that no
@@ -114,7 +115,7 @@ class ShardedState(State):
         """A commit complete on this rank, not yet confirmed by the round."""
         self._number = 0
         """The last commit's number, the same on every member of the round."""
-        self._hosts: list[str] = []
+        self._nodes: list[str] = []
         self._checking_in_commit = False
         self.commit_seconds = 0.0
         """How long the last commit took (snapshot and copies)."""
@@ -157,7 +158,7 @@ class ShardedState(State):
         runtime = current()
         slot = runtime.slot
         snapshot = take_snapshot(self.model, self.optimizer, slot.size, slot.rank)
-        holders = copy_holders(self._hosts, self.redundancy)
+        holders = copy_holders(self._nodes, self.redundancy)
         copies = exchange_copies(snapshot.sharded, slot.size, slot.rank, holders)
         extras = {
             name: copy.deepcopy(handler.state_dict()) for name, handler in self._extras.items()
@@ -254,8 +255,8 @@ class ShardedState(State):
             self._commit.info() if self._commit is not None else None,
             self._pending.info() if self._pending is not None else None,
         )
-        infos = allgather_object((slot.hostname, mine))
-        self._hosts = [host for host, _ in infos]
+        infos = allgather_object((runtime.node, mine))
+        self._nodes = [node for node, _ in infos]
         chosen = choose_commit({rank: commits for rank, (_, commits) in enumerate(infos)})
         newest, members = chosen if chosen is not None else (None, {})
         if self._pending is not None and self._pending.number == newest:

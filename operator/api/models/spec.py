@@ -193,4 +193,5 @@ class ElasticJobSpec(_Spec):
     """Durable checkpoints (none when absent: a job that loses every worker fails)."""
     clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
     """All: every worker pod is deleted when the job ends. Running: only those still running
-    (finished pods stay for their logs). None: no pod is deleted."""
+    (finished pods stay for their logs). None: only pods that have not started (no logs to
+    keep) are deleted."""

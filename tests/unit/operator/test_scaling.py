@@ -198,7 +198,7 @@ def test_plan_pods(
     [
         (CleanPodPolicy.ALL, ["p1", "p2", "p3", "p4"]),
         (CleanPodPolicy.RUNNING, ["p1", "p2"]),
-        (CleanPodPolicy.NONE, []),
+        (CleanPodPolicy.NONE, ["p2"]),
     ],
 )
 def test_pods_to_clean(policy: CleanPodPolicy, expected: list[str]) -> None:
