@@ -12,7 +12,8 @@ with AdamW, 4 ranks, Gloo on the CPU, one thread each (``sharded_recovery_worker
      host-mate leaves, the 2 survivors rebuild the lost shards from their copies, reshard
      onto 2 ranks and step. From the kill to their first completed step, broken down:
      detect (the survivors abort), re-form (the new round's group), rebuild (``build``),
-     reshard (exchange, transfers and load), re-commit (the new layout's commit), first step;
+     reshard (exchange, transfers and load), re-commit (the new layout's snapshot; its copies
+     move during the first step), first step;
    - memory: each rank's resident high-water mark (VmHWM) right before the kill (steady state
      after commits: it includes the snapshot and the copies it keeps) and after the
      survivors' first step in the new round;
@@ -102,7 +103,7 @@ def elastic_kill(evs: Events) -> dict[str, float]:
         "reshard (exchange+reshard+load)": max(
             e["exchange_s"] + e["reshard_s"] + e["load_s"] for e in syncs
         ),
-        "re-commit (commit_s)": max(e["commit_s"] for e in syncs),
+        "re-commit's snapshot (commit_s)": max(e["commit_s"] for e in syncs),
     }
     parts["sync, rest"] = synced - joined - sum(list(parts.values())[3:])
     parts["first step"] = stepped - synced
@@ -139,7 +140,9 @@ def commit_cost(evs: Events) -> dict[str, float]:
     with_commits = statistics.mean(b["step_s"] for b in blocks if b["commits"])
     without = statistics.mean(b["step_s"] for b in blocks if not b["commits"])
     commits = [e["seconds"] for e in evs if e["ev"] == "commit"]
+    copies = [e["copies"] for e in evs if e["ev"] == "commit" and e["copies"] > 0]
     return {
+        "copies_s_median": statistics.median(copies),
         "step_s_without_commits": without,
         "step_s_commit_every_10": with_commits,
         "overhead_pct": (with_commits / without - 1) * 100,
@@ -226,8 +229,10 @@ def report(
     print(f"   step without commits {c['step_s_without_commits']:.3f} s, with a commit every "
           f"10 steps {c['step_s_commit_every_10']:.3f} s: {c['overhead_pct']:+.1f} % "
           f"(goal <= 5 %)")  # fmt: skip
-    print(f"   one commit: median {c['commit_s_median']:.3f} s, max {c['commit_s_max']:.3f} s; "
-          f"median commit / 10 steps without: {c['commit_over_10_steps_pct']:.1f} %")  # fmt: skip
+    print(f"   one commit holds training up: median {c['commit_s_median']:.3f} s, max "
+          f"{c['commit_s_max']:.3f} s; median / 10 steps without: "
+          f"{c['commit_over_10_steps_pct']:.1f} %; its copies take median "
+          f"{c['copies_s_median']:.3f} s beside training")  # fmt: skip
     print("d. peak memory (VmHWM) of each survivor: steady (4 ranks, after commits, with the "
           "snapshot and the copies) -> after recovery's first step (2 ranks)")  # fmt: skip
     for rank, steady, recovered in peak_memory(elastic):

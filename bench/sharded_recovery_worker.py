@@ -187,8 +187,12 @@ def elastic_path(args: argparse.Namespace, log: Log) -> None:
                 log("memory", when="recovered", rank=rank, **memory())
             due = round_number == 1 and (state.step - args.warmup) % args.commit_every == 0
             if due and (commits_in_block(block) or not in_ab):
+                held_up = time.perf_counter()
                 state.commit()
-                log("commit", rank=rank, seconds=state.commit_seconds, step=state.step)
+                held_up = time.perf_counter() - held_up
+                # copy_seconds: the previous commit's copies, settled in this one
+                log("commit", rank=rank, seconds=held_up, copies=state.copy_seconds,
+                    step=state.step)  # fmt: skip
             if in_ab and (state.step - args.warmup) % args.block == 0 and rank == 0:
                 seconds = (time.perf_counter() - block_started) / args.block
                 log("block", commits=commits_in_block(block), step_s=seconds)

@@ -76,6 +76,22 @@ def test_copies_live_on_another_node_than_their_rank(tmp_path: Path) -> None:
     finished_alike(run, 1)
 
 
+def test_a_commit_returns_before_its_copies_have_moved(tmp_path: Path) -> None:
+    """The copies move on a thread of their own. With each commit's exchange held back 1.5 s,
+    the first commit returns at once; the next one waits for the first's copies (one commit
+    is in flight at most)."""
+    run = run_sharded(
+        tmp_path,
+        ["-np", "2", "-H", "127.0.1.1:1,127.0.1.2:1"],
+        *("--epochs", "1", "--slow-copies", "1.5"),
+    )
+    assert run.returncode == 0, run.explain()
+    first, second, *_ = run.of("committed")
+    assert first["returned_s"] < 0.5, first
+    assert second["returned_s"] > 0.5 and second["previous_copies_s"] >= 1.5, second
+    finished_alike(run, 2)
+
+
 def test_two_failures_in_a_row_with_a_commit_between(tmp_path: Path) -> None:
     hosts = FOUR_HOSTS + ",127.0.1.5:1"
     run = run_sharded(

@@ -2,10 +2,13 @@
 
 - :func:`exchange_copies`: at a commit, each rank sends its shards to the ranks that keep
   copies of them (``shard_plan.copy_holders``) and receives the shards it keeps a copy of:
-  one message per (rank, holder) and tensor, straight from the snapshot.
+  one message per (rank, holder) and tensor, straight from the snapshot (on the commit's
+  own thread: ``shard_copies.py``).
 - :func:`reshard`: after the world changed, each rank of the new world receives the rows of
   its new shards from the ranks that hold them (``shard_plan.plan_reshard``), in one batch of
   sends and receives for every tensor at once.
+
+Both move host memory over the round's host group (:func:`host_group`), a Gloo group.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.elastic.shard_plan import RowLayout, Transfer
 from elasticjob.worker_runtime.elastic.shard_snapshot import ShardedEntry
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
@@ -25,16 +27,24 @@ Shards = dict[Key, torch.Tensor]
 """One rank's committed shards by entry (its rows of each sharded tensor)."""
 
 
-def _wait_all(works: Sequence[dist.Work]) -> None:
-    """Wait for point-to-point transfers. Their failure (a peer died) breaks the round's
-    group: it is aborted and :class:`HorovodInternalError` raised, as the runtime's own
-    collectives do (Gloo's transfers cannot be awaited through futures)."""
+def wait_all(works: Sequence[dist.Work], what: str = "a transfer of shards") -> None:
+    """Wait for ``works`` on a round's host group; raise :class:`HorovodInternalError` when
+    they fail (a peer died). Gloo's transfers cannot be awaited through futures, so the
+    runtime's abort does not cut this wait short: a dead peer's connection fails it."""
     try:
         for work in works:
             work.wait()
     except (RuntimeError, dist.DistError) as exc:
-        current().group.abort(f"a transfer of shards failed: {exc}")
-        raise HorovodInternalError(f"a transfer of shards failed: {exc}") from exc
+        raise HorovodInternalError(f"{what} failed: {exc}") from exc
+
+
+def host_group() -> dist.ProcessGroup:
+    """A Gloo group over the whole round, for moving host memory (a collective: every member
+    calls it). Shards move over it whatever the round's backend: NCCL moves device memory
+    only, and a commit's copies move on a thread of their own, beside the training thread's
+    collectives on the round's group."""
+    group: dist.ProcessGroup = dist.new_group(backend="gloo")
+    return group
 
 
 def shard_shape(entry: ShardedEntry, world: int, rank: int) -> tuple[int, ...]:
@@ -55,6 +65,7 @@ def exchange_copies(
     world: int,
     rank: int,
     holders: Mapping[int, Sequence[int]],
+    group: dist.ProcessGroup,
 ) -> dict[int, Shards]:
     """Send this rank's shards (``entries``' locals) to its holders; return the shards of
     the ranks whose copies this rank keeps, by their rank.
@@ -69,24 +80,26 @@ def exchange_copies(
         for key in keys:
             local = entries[key].local
             if local.numel():  # nothing is sent for shards without rows
-                operations.append(dist.P2POp(dist.isend, local.contiguous(), holder, tag=tags[key]))
+                operations.append(
+                    dist.P2POp(dist.isend, local.contiguous(), holder, group, tags[key])
+                )
     copies: dict[int, Shards] = {}
     for owner in sorted(r for r, kept_by in holders.items() if rank in kept_by and r != rank):
         shards: Shards = {}
-        for group in _by_dtype(keys, entries).values():
-            shapes = [shard_shape(entries[key], world, owner) for key in group]
+        for same_dtype in _by_dtype(keys, entries).values():
+            shapes = [shard_shape(entries[key], world, owner) for key in same_dtype]
             counts = [int(torch.Size(shape).numel()) for shape in shapes]
-            buffer = torch.empty(sum(counts), dtype=entries[group[0]].dtype)
+            buffer = torch.empty(sum(counts), dtype=entries[same_dtype[0]].dtype)
             offset = 0
-            for key, shape, count in zip(group, shapes, counts, strict=True):
+            for key, shape, count in zip(same_dtype, shapes, counts, strict=True):
                 piece = buffer[offset : offset + count]
                 shards[key] = piece.view(shape)
                 offset += count
                 if count:
-                    operations.append(dist.P2POp(dist.irecv, piece, owner, tag=tags[key]))
+                    operations.append(dist.P2POp(dist.irecv, piece, owner, group, tags[key]))
         copies[owner] = shards
     if operations:
-        _wait_all(dist.batch_isend_irecv(operations))
+        wait_all(dist.batch_isend_irecv(operations))
     return copies
 
 
@@ -97,6 +110,7 @@ def reshard(
     held: Mapping[int, Shards],
     new_world: int,
     rank: int,
+    group: dist.ProcessGroup,
 ) -> Shards:
     """Carry the transfers of every entry out (``plans``: ``shard_plan.plan_reshard``'s, by
     entry); ``held``: the old shards this rank holds, by old rank. Return this rank's new
@@ -118,13 +132,15 @@ def reshard(
                 if move.target == rank:
                     target[rows] = piece
                 else:
-                    operations.append(dist.P2POp(dist.isend, piece.contiguous(), move.target))
+                    operations.append(
+                        dist.P2POp(dist.isend, piece.contiguous(), move.target, group)
+                    )
             else:
                 buffer = torch.empty_like(target[rows])
-                operations.append(dist.P2POp(dist.irecv, buffer, move.source))
+                operations.append(dist.P2POp(dist.irecv, buffer, move.source, group))
                 arrivals.append((target[rows], buffer))
     if operations:
-        _wait_all(dist.batch_isend_irecv(operations))
+        wait_all(dist.batch_isend_irecv(operations))
     for place, buffer in arrivals:
         place.copy_(buffer)
     return new_shards

@@ -26,6 +26,7 @@ back, and synced from rank 0, which is always a member of the previous round.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -48,7 +49,8 @@ from elasticjob.worker_runtime.elastic.shard_commits import (
     RankCommits,
     choose_commit,
 )
-from elasticjob.worker_runtime.elastic.shard_exchange import Key, Shards, exchange_copies, reshard
+from elasticjob.worker_runtime.elastic.shard_copies import CopiesInFlight, Outcome
+from elasticjob.worker_runtime.elastic.shard_exchange import Key, Shards, host_group, reshard
 from elasticjob.worker_runtime.elastic.shard_plan import LostShards, copy_holders, plan_reshard
 from elasticjob.worker_runtime.elastic.shard_snapshot import (
     load_shards,
@@ -56,12 +58,17 @@ from elasticjob.worker_runtime.elastic.shard_snapshot import (
     take_snapshot,
 )
 from elasticjob.worker_runtime.elastic.state import State, TorchState
-from elasticjob.worker_runtime.exceptions import HostsUpdatedInterrupt
+from elasticjob.worker_runtime.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 logger = logging.getLogger(__name__)
 
 Build = Callable[[DeviceMesh], tuple[torch.nn.Module, torch.optim.Optimizer]]
 """Makes the model sharded with ``fully_shard`` over the mesh, and its optimizer."""
+
+SETTLE_TIMEOUT_S = 10.0
+"""How long a broken round waits for its last commit's copies to finish or fail (a dead
+peer's transfers fail at once; a peer cut off by the network would hold them until the
+collective timeout)."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,7 @@ class SyncTimes:
     load_s: float
     """The new rows loaded into the model and optimizer (0 when nothing was loaded)."""
     commit_s: float
-    """The new layout committed (snapshot and copies)."""
+    """The new layout's snapshot (its copies move while training goes on)."""
 
 
 class ShardsLostError(RuntimeError):
@@ -112,13 +119,19 @@ class ShardedState(State):
         self._commit: Commit | None = None
         """The last confirmed commit (``shard_commits.py``)."""
         self._pending: Commit | None = None
-        """A commit complete on this rank, not yet confirmed by the round."""
+        """The newest commit, not confirmed (yet) by the round: its copies may be in flight."""
+        self._in_flight: CopiesInFlight | None = None
+        """The pending commit's copies and barrier, while they run (``shard_copies.py``)."""
+        self._host_group: dist.ProcessGroup | None = None
+        """The round's Gloo group for host memory (``shard_exchange.host_group``)."""
         self._number = 0
         """The last commit's number, the same on every member of the round."""
         self._nodes: list[str] = []
         self._checking_in_commit = False
         self.commit_seconds = 0.0
-        """How long the last commit took (snapshot and copies)."""
+        """How long the last commit held training up (its snapshot)."""
+        self.copy_seconds = 0.0
+        """How long the last settled commit's copies and barrier took, beside training."""
         self.last_sync: SyncTimes | None = None
         """Where the last round's sync spent its time."""
         policy = checkpoint_from_env()
@@ -151,24 +164,62 @@ class ShardedState(State):
             self._checking_in_commit = False
 
     def save(self) -> None:
-        """Snapshot this rank's shards and the other attributes; send the copies."""
-        if self.model is None or self.optimizer is None:
+        """Snapshot this rank's shards and the other attributes; the copies go to the ranks
+        that keep them on a thread of their own, and a barrier confirms the commit there
+        (``shard_copies.py``). The previous commit's are awaited first: one is in flight at
+        most. Until it is confirmed a failure rolls back to the commit before."""
+        if self.model is None or self.optimizer is None or self._host_group is None:
             raise RuntimeError("a ShardedState is committed inside elastic.run only")
+        self._confirm()
         started = time.monotonic()
         runtime = current()
         slot = runtime.slot
         snapshot = take_snapshot(self.model, self.optimizer, slot.size, slot.rank)
-        holders = copy_holders(self._nodes, self.redundancy)
-        copies = exchange_copies(snapshot.sharded, slot.size, slot.rank, holders)
         extras = {
             name: copy.deepcopy(handler.state_dict()) for name, handler in self._extras.items()
         }
-        self._pending = Commit(self._number + 1, snapshot, copies, extras, runtime.step)
-        # Every member holds the commit once the barrier is passed: it is confirmed.
-        runtime.group.wait(dist.barrier(async_op=True))
-        self._commit, self._pending = self._pending, None
-        self._number = self._commit.number
+        self._pending = Commit(self._number + 1, snapshot, {}, extras, runtime.step)
+        holders = copy_holders(self._nodes, self.redundancy)
+        self._in_flight = CopiesInFlight(snapshot, holders, self._host_group, self._copies_failed)
         self.commit_seconds = time.monotonic() - started
+
+    def _settle(self, timeout_s: float | None) -> None:
+        """Take the outcome of the commit in flight, if any, waiting up to ``timeout_s``
+        (None: as long as it takes): confirmed, it becomes the last commit; otherwise it stays
+        pending, with the copies that arrived."""
+        flight, self._in_flight = self._in_flight, None
+        if flight is None:
+            return
+        outcome, copies = flight.settle(timeout_s)
+        self.copy_seconds = flight.seconds
+        assert self._pending is not None
+        pending = dataclasses.replace(self._pending, copies=copies)
+        if outcome is Outcome.CONFIRMED:
+            self._commit, self._pending = pending, None
+            self._number = pending.number
+        else:
+            self._pending = pending
+
+    def _copies_failed(self, group: dist.ProcessGroup, reason: str) -> None:
+        """A commit's copies failed (on their thread): a peer died. The round's group is
+        aborted, unless that round is over (a later round's group is not this failure's)."""
+        if group is self._host_group:
+            current().group.abort(reason)
+
+    def wait_for_commit(self) -> None:
+        """Block until the last commit is confirmed: its copies reached the ranks that keep
+        them and every rank holds it. ``commit()`` returns before (the copies move beside
+        training), and until then a failure rolls back to the commit before. Raises
+        :class:`HorovodInternalError` when a peer failed meanwhile (no collective: one rank
+        may call it alone)."""
+        self._confirm()
+
+    def _confirm(self) -> None:
+        """Wait for the commit in flight to be confirmed. Raises :class:`HorovodInternalError`
+        when it cannot be (a peer failed: the round's group was aborted)."""
+        self._settle(None)
+        if self._pending is not None:
+            raise HorovodInternalError("a commit's copies did not complete: a peer failed")
 
     def after_commit(self) -> None:
         """Write a durable checkpoint when the job's policy makes this commit due."""
@@ -189,6 +240,7 @@ class ShardedState(State):
         assert self._checkpointer is not None
         if self.model is None or self.optimizer is None:
             raise RuntimeError("a ShardedState is checkpointed inside elastic.run only")
+        self._confirm()
         assert self._commit is not None
         runtime = current()
         epoch = self._commit.extras.get("epoch", 0)
@@ -211,18 +263,21 @@ class ShardedState(State):
 
     def check_host_updates(self) -> None:
         """As ``State.check_host_updates``; when hosts changed, the live state is committed
-        first (unless this is a commit's own check), so the next round loses nothing."""
+        first (unless this is a commit's own check) and confirmed, so the next round loses
+        nothing."""
         try:
             super().check_host_updates()
         except HostsUpdatedInterrupt:
             if not self._checking_in_commit:
                 self.save()
+            self._confirm()
             raise
 
     def restore(self) -> None:
         """Roll the other attributes and the step count back to the last confirmed commit;
         the shards come back from a commit at the next round's sync (which may find that a
         pending one was confirmed elsewhere: then it rolls forward to it)."""
+        self._settle(SETTLE_TIMEOUT_S)
         if self._commit is None:
             return
         current().step = self._commit.step
@@ -248,6 +303,7 @@ class ShardedState(State):
         runtime = current()
         slot = runtime.slot
         started = time.monotonic()
+        self._settle(SETTLE_TIMEOUT_S)
         if not self._releases:
             runtime.group.on_destroy(self._release)
             self._releases = True
@@ -264,6 +320,7 @@ class ShardedState(State):
             self.restore()
         self._pending = None
         mesh = self._mesh = init_device_mesh(runtime.device.type, (slot.size,))
+        self._host_group = host_group()
         checkpoints = (
             self._checkpointer.complete_checkpoints(slot.rank)
             if self._checkpointer is not None
@@ -308,10 +365,12 @@ class ShardedState(State):
         teardown closes its connections, and a peer still blocked in one of FSDP2's own
         collectives on it fails at once instead of waiting out the collective timeout.
         FSDP2's modules stay reachable after a forward pass (from outside Python's
-        collector), so their references to the group are cut first."""
+        collector), so their references to the group are cut first. The last commit's copies
+        are settled first: they move over the round's host group."""
+        self._settle(SETTLE_TIMEOUT_S)
         if self.model is not None:
             release_group(self.model, self._mesh)
-        self.model = self.optimizer = self._mesh = None
+        self.model = self.optimizer = self._mesh = self._host_group = None
 
     def _load_checkpoint(self, checkpoints: list[str]) -> bool:
         """Load the newest of the durable ``checkpoints`` into the model, the optimizer and
@@ -371,7 +430,14 @@ class ShardedState(State):
             held = dict(self._commit.copies)
             held[snapshot.rank] = {k: e.local for k, e in snapshot.sharded.items()}
         started = time.monotonic()
-        new: dict[Key, torch.Tensor] = reshard(plans, shapes, dtypes, held, slot.size, slot.rank)
+        assert self._host_group is not None
+        try:
+            new: dict[Key, torch.Tensor] = reshard(
+                plans, shapes, dtypes, held, slot.size, slot.rank, self._host_group
+            )
+        except HorovodInternalError as failed:
+            current().group.abort(str(failed))
+            raise
         resharded = time.monotonic()
         load_shards(self.model, self.optimizer, mesh, shapes, new, replicated)
         logger.info("resharded commit %d from a world of %d onto %d", number, old_world, slot.size)

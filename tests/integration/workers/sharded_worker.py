@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import elasticjob.worker_runtime as hvd
 from elasticjob.worker_contract import ENV_HOSTNAME, ENV_LOCAL_RANK
-from elasticjob.worker_runtime.elastic import sharded_state
+from elasticjob.worker_runtime.elastic import shard_copies
 
 FEATURES, HIDDEN, OUTPUTS = 8, 30, 3
 
@@ -51,6 +51,9 @@ def parse_args() -> argparse.Namespace:
         default="",
         help="CALL:RANK:before|after: SIGKILL rank RANK at its CALL-th exchange of copies "
         "(the first is the first round's sync), before it starts or after it ended",
+    )
+    parser.add_argument(
+        "--slow-copies", type=float, default=0.0, help="seconds each commit's copies wait"
     )
     return parser.parse_args()
 
@@ -117,7 +120,7 @@ def log_commit(state: hvd.elastic.ShardedState, log: EventLog) -> None:
 def fail_in_commit(spec: str, log_dir: Path) -> None:
     """Make this rank SIGKILL itself inside a commit, around its exchange of copies."""
     call, rank, when = spec.split(":")
-    exchange = sharded_state.exchange_copies
+    exchange = shard_copies.exchange_copies
     calls = 0
 
     def exchange_and_die(*args: Any, **kwargs: Any) -> Any:
@@ -134,7 +137,23 @@ def fail_in_commit(spec: str, log_dir: Path) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return copies
 
-    sharded_state.exchange_copies = exchange_and_die  # type: ignore[assignment]
+    shard_copies.exchange_copies = exchange_and_die  # type: ignore[assignment]
+
+
+def slow_copies(seconds: float) -> None:
+    """Make every exchange of copies (on the commit's own thread) but the first round's sync's
+    start ``seconds`` late."""
+    exchange = shard_copies.exchange_copies
+    calls = 0
+
+    def slow_exchange(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            time.sleep(seconds)
+        return exchange(*args, **kwargs)
+
+    shard_copies.exchange_copies = slow_exchange  # type: ignore[assignment]
 
 
 def main() -> None:
@@ -144,6 +163,8 @@ def main() -> None:
     hvd.init()
     if args.fail_in_commit:
         fail_in_commit(args.fail_in_commit, args.log_dir)
+    if args.slow_copies:
+        slow_copies(args.slow_copies)
     expected = [int(s) for s in args.expect_sizes.split(",") if s]
     generator = torch.Generator().manual_seed(0)
     features = torch.randn(args.samples, FEATURES, generator=generator)
@@ -180,6 +201,7 @@ def main() -> None:
                     marker = args.log_dir / f"fired-{state.epoch}-{state.batch}-{hvd.rank()}"
                     if not marker.exists():
                         marker.touch()
+                        state.wait_for_commit()  # the survivors resume from the last one
                         os.kill(os.getpid(), signal.SIGKILL)
                 assert state.model is not None and state.optimizer is not None
                 loss = torch.nn.functional.mse_loss(state.model(x), y)
@@ -191,7 +213,11 @@ def main() -> None:
                 state.batch += 1
                 if state.batch % args.commit_every == 0:
                     log_commit(state, log)
+                    started = time.monotonic()
                     state.commit()
+                    if hvd.rank() == 0:  # the previous commit's copies were settled in it
+                        log.write("committed", returned_s=time.monotonic() - started,
+                                  previous_copies_s=state.copy_seconds)  # fmt: skip
             deadline = time.monotonic() + 90
             while state.epoch < len(expected) and hvd.size() != expected[state.epoch]:
                 if time.monotonic() > deadline:
