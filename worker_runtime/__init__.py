@@ -20,10 +20,19 @@ from elasticjob.worker_runtime.async_collectives import (
     allreduce_async_,
     broadcast_async,
     broadcast_async_,
-    grouped_allreduce,
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
+)
+from elasticjob.worker_runtime.autograd_collectives import (
+    allgather,
+    allreduce,
+    alltoall,
+    broadcast,
+    grouped_allgather,
+    grouped_allreduce,
+    grouped_reducescatter,
+    reducescatter,
 )
 from elasticjob.worker_runtime.basics import (
     cross_rank,
@@ -61,11 +70,8 @@ from elasticjob.worker_runtime.collectives import (
     Product,
     ReduceOp,
     Sum,
-    allgather,
     allgather_object,
-    allreduce,
     allreduce_,
-    broadcast,
     broadcast_,
     broadcast_object,
     broadcast_optimizer_state,
@@ -80,9 +86,7 @@ from elasticjob.worker_runtime.exceptions import (
     WorkerRemoved,
 )
 from elasticjob.worker_runtime.grouped_collectives import (
-    grouped_allgather,
     grouped_allgather_async,
-    grouped_reducescatter,
     grouped_reducescatter_async,
     sparse_allreduce_async,
 )
@@ -94,12 +98,7 @@ from elasticjob.worker_runtime.process_sets import (
     global_process_set,
     remove_process_set,
 )
-from elasticjob.worker_runtime.scatter_collectives import (
-    alltoall,
-    alltoall_async,
-    reducescatter,
-    reducescatter_async,
-)
+from elasticjob.worker_runtime.scatter_collectives import alltoall_async, reducescatter_async
 from elasticjob.worker_runtime.sync_batch_norm import SyncBatchNorm
 
 __all__ = [

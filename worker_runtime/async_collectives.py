@@ -1,5 +1,6 @@
 """Horovod's asynchronous and grouped collectives: ``allreduce_async(_)``,
-``grouped_allreduce(_)`` and their async variants, ``broadcast_async(_)``, ``allgather_async``.
+``grouped_allreduce_`` and the async variants of grouped reductions, ``broadcast_async(_)``,
+``allgather_async`` (the blocking ``grouped_allreduce`` is in ``autograd_collectives.py``).
 
 Each returns a handle (:mod:`~elasticjob.worker_runtime.handles`) to pass to ``synchronize``
 or ``poll``. The collective is issued on the round's group before the function returns, so
@@ -15,12 +16,9 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.collectives import (
-    Compressor,
     Pending,
     ReduceOp,
-    compressed_copy,
     resolve_op,
     start_allgather,
     start_allreduce_,
@@ -29,6 +27,7 @@ from elasticjob.worker_runtime.collectives import (
 )
 from elasticjob.worker_runtime.handles import issue, synchronize
 from elasticjob.worker_runtime.process_sets import ProcessSet, check_process_set, global_process_set
+from elasticjob.worker_runtime.wire_dtypes import on_wire, scale_
 
 
 def allreduce_async_(
@@ -70,15 +69,13 @@ def _start_grouped_(
 ) -> tuple[list[Pending], list[tuple[torch.Tensor, list[torch.Tensor]]]]:
     """One in-place allreduce per dtype on a flat buffer of that dtype's tensors."""
     reduction = torch_op(op)
-    device = current().device
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for tensor in tensors:
         by_dtype.setdefault(tensor.dtype, []).append(tensor)
     pendings, layouts = [], []
     for members in by_dtype.values():
-        flat = torch.cat([t.detach().reshape(-1).to(device) for t in members])
-        if prescale_factor != 1.0:
-            flat.mul_(prescale_factor)
+        flat = on_wire(torch.cat([t.detach().reshape(-1) for t in members]))
+        scale_(flat, prescale_factor)
         work = dist.all_reduce(flat, op=reduction, async_op=True)
         pendings.append(Pending(work, flat, flat, op, postscale_factor))
         layouts.append((flat, members))
@@ -148,26 +145,6 @@ def grouped_allreduce_(
     )
     result: list[torch.Tensor] = synchronize(handle)
     return result
-
-
-def grouped_allreduce(
-    tensors: Sequence[torch.Tensor],
-    average: bool | None = None,
-    name: str | None = None,
-    compression: type[Compressor] | None = None,
-    op: ReduceOp | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> list[torch.Tensor]:
-    """Return new tensors holding ``tensors`` reduced across all ranks (default: average),
-    compressed on the way if ``compression`` says so."""
-    copies = [compressed_copy(t, compression) for t in tensors]
-    handle = grouped_allreduce_async_(
-        [c for c, _ in copies], average, name, op, prescale_factor, postscale_factor, process_set
-    )
-    reduced: list[torch.Tensor] = synchronize(handle)
-    return [decompress(r) for r, (_, decompress) in zip(reduced, copies, strict=True)]
 
 
 def broadcast_async_(

@@ -13,6 +13,8 @@ from elasticjob.worker_contract import WorkerConfig
 from elasticjob.worker_runtime.runtime import Runtime
 
 _runtime: Runtime | None = None
+_shut_down: Runtime | None = None
+"""The runtime ``shutdown()`` left: still a worker of the job, without a group."""
 
 
 def init() -> None:
@@ -22,11 +24,21 @@ def init() -> None:
     environment; without it the process runs standalone as a world of one. A worker added to
     a running job returns at once with its tentative place (it joins in ``elastic.run``, see
     ``docs/worker-runtime.md``). When it returns, horovodrun's and torchrun's variables are in
-    ``os.environ``. Calling ``init`` again is a no-op."""
-    global _runtime
+    ``os.environ``. Calling ``init`` again is a no-op; after ``shutdown()`` a worker of a job
+    forms the round's group again, with the same ranks (every rank must call it, as with
+    Horovod), and a standalone process starts afresh."""
+    global _runtime, _shut_down
     if _runtime is not None:
         return
-    runtime = Runtime(WorkerConfig.from_env())
+    config = WorkerConfig.from_env()
+    if _shut_down is not None:
+        runtime, _shut_down = _shut_down, None
+        if config is not None and config == runtime.config:  # the same worker of the job
+            _runtime = runtime
+            runtime.resume()
+            return
+        runtime.shutdown()  # standalone, or another worker now: start afresh
+    runtime = Runtime(config)
     _runtime = runtime
     atexit.register(_leave, runtime)
     runtime.start()
@@ -40,8 +52,10 @@ def _leave(runtime: Runtime) -> None:
     interpreter exit can abort the process. When the exit status is known (the elastic loop
     ended, or the worker was removed), leave with it right away instead. Otherwise the
     driver is told the process is ending (see :meth:`Runtime.report_leaving`)."""
+    global _runtime, _shut_down
     runtime.report_leaving()
-    shutdown()
+    runtime.shutdown()
+    _runtime = _shut_down = None
     if runtime.group.abandoned and runtime.exit_code is not None:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -50,11 +64,13 @@ def _leave(runtime: Runtime) -> None:
 
 
 def shutdown() -> None:
-    """Leave the job: destroy the process group and stop following notices."""
-    global _runtime
+    """Destroy the process group, as Horovod's ``shutdown()`` does: the queries and
+    collectives raise until ``init()`` is called again. The process stays a worker of the
+    job (it leaves when it exits)."""
+    global _runtime, _shut_down
     if _runtime is not None:
-        _runtime.shutdown()
-        _runtime = None
+        _runtime.suspend()
+        _runtime, _shut_down = None, _runtime
 
 
 def current() -> Runtime:

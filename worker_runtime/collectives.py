@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.process_sets import ProcessSet, check_process_set, global_process_set
+from elasticjob.worker_runtime.wire_dtypes import on_wire, scale_
 
 
 class ReduceOp(enum.Enum):
@@ -85,28 +86,15 @@ class Pending:
     postscale_factor: float = 1.0
 
     def finish(self) -> torch.Tensor:
-        """Scale an average or postscaled reduction, copy back and return ``target``."""
+        """Scale an average or postscaled reduction (Horovod's rule: ``wire_dtypes.scale_``),
+        copy back (in ``target``'s dtype) and return ``target``."""
         buffer = self.buffer
         if self.op is not None:
             size = current().slot.size
-            scale = self.postscale_factor / (size if self.op is ReduceOp.AVERAGE else 1)
-            if scale != 1.0:
-                if buffer.is_floating_point() or buffer.is_complex():
-                    buffer.mul_(scale)
-                else:
-                    buffer.copy_(torch.div(buffer, 1 / scale, rounding_mode="floor"))
+            scale_(buffer, self.postscale_factor / (size if self.op is ReduceOp.AVERAGE else 1))
         if buffer.device != self.target.device or buffer.data_ptr() != self.target.data_ptr():
             self.target.data.copy_(buffer)
         return self.target
-
-
-def _round_buffer(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor``'s storage when it is contiguous on the round's device, else a contiguous
-    copy there (NCCL refuses a strided tensor)."""
-    runtime = current()
-    if tensor.device == runtime.device and tensor.is_contiguous():
-        return tensor.data
-    return tensor.data.to(runtime.device, memory_format=torch.contiguous_format)
 
 
 def start_allreduce_(
@@ -119,9 +107,8 @@ def start_allreduce_(
     """Issue an in-place allreduce of ``tensor`` without waiting for it."""
     op = resolve_op(average, op)
     reduction = torch_op(op)
-    buffer = _round_buffer(tensor)
-    if prescale_factor != 1.0:
-        buffer.mul_(prescale_factor)
+    buffer = on_wire(tensor)
+    scale_(buffer, prescale_factor)
     work = dist.all_reduce(buffer, op=reduction, async_op=True)
     return Pending(work, buffer, tensor, op, postscale_factor)
 
@@ -164,30 +151,12 @@ def compressed_copy(
     return compressed.clone(), lambda result: compression.decompress(result, ctx)
 
 
-def allreduce(
-    tensor: torch.Tensor,
-    average: bool | None = None,
-    name: str | None = None,
-    compression: type[Compressor] | None = None,
-    op: ReduceOp | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> torch.Tensor:
-    """Return a new tensor holding ``tensor`` reduced across all ranks (default: average),
-    compressed on the way if ``compression`` says so (``hvd.Compression.fp16``)."""
-    copy, decompress = compressed_copy(tensor, compression)
-    return decompress(
-        allreduce_(copy, average, name, op, prescale_factor, postscale_factor, process_set)
-    )
-
-
 def start_allgather(tensor: torch.Tensor) -> tuple[Any, Callable[[], list[torch.Tensor]]]:
     """Exchange the first dimensions (waited on), then issue the gather of every rank's
     ``tensor`` without waiting: returns the work and a function giving the parts (on the
     round's device) once it is done."""
     runtime = current()
-    local = tensor.detach().to(runtime.device)
+    local = on_wire(tensor.detach())
     if local.dim() == 0:
         local = local.reshape(1)
     sizes = torch.zeros(runtime.slot.size, dtype=torch.int64, device=runtime.device)
@@ -198,28 +167,21 @@ def start_allgather(tensor: torch.Tensor) -> tuple[Any, Callable[[], list[torch.
     padded[: local.shape[0]] = local
     gathered = [torch.empty_like(padded) for _ in range(runtime.slot.size)]
     work = dist.all_gather(gathered, padded, async_op=True)
-    return work, lambda: [part[: int(n)] for part, n in zip(gathered, sizes.tolist(), strict=True)]
+    return work, lambda: [
+        part[: int(n)].to(tensor.dtype) for part, n in zip(gathered, sizes.tolist(), strict=True)
+    ]
 
 
-def _allgather_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
+def allgather_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
     """Every rank's ``tensor`` (first dimensions may differ), on the round's device."""
     work, parts = start_allgather(tensor)
     _wait(work)
     return parts()
 
 
-def allgather(
-    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
-) -> torch.Tensor:
-    """Concatenate every rank's ``tensor`` along dimension 0 (first dimensions may differ)."""
-    del name
-    check_process_set(process_set)
-    return torch.cat(_allgather_parts(tensor)).to(tensor.device)
-
-
 def start_broadcast_(tensor: torch.Tensor, root_rank: int) -> Pending:
     """Issue an in-place broadcast of root's ``tensor`` without waiting for it."""
-    buffer = _round_buffer(tensor)
+    buffer = on_wire(tensor)
     return Pending(dist.broadcast(buffer, src=root_rank, async_op=True), buffer, tensor)
 
 
@@ -235,16 +197,6 @@ def broadcast_(
     pending = start_broadcast_(tensor, root_rank)
     _wait(pending.work)
     return pending.finish()
-
-
-def broadcast(
-    tensor: torch.Tensor,
-    root_rank: int,
-    name: str | None = None,
-    process_set: ProcessSet = global_process_set,
-) -> torch.Tensor:
-    """Return a new tensor holding root's ``tensor``."""
-    return broadcast_(tensor.detach().clone(), root_rank, name, process_set)
 
 
 def _bytes_tensor(payload: bytes) -> torch.Tensor:
@@ -272,7 +224,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> A
 def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
     """Return the list of every rank's ``obj``, in rank order."""
     del name
-    parts = _allgather_parts(_bytes_tensor(pickle.dumps(obj)))
+    parts = allgather_parts(_bytes_tensor(pickle.dumps(obj)))
     return [pickle.loads(part.cpu().numpy().tobytes()) for part in parts]
 
 
@@ -281,12 +233,11 @@ def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
 
 def _broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int) -> None:
     """Broadcast tensors in place, one coalesced buffer per dtype."""
-    runtime = current()
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for tensor in tensors:
         by_dtype.setdefault(tensor.dtype, []).append(tensor)
     for group in by_dtype.values():
-        flat = torch.cat([t.detach().reshape(-1).to(runtime.device) for t in group])
+        flat = on_wire(torch.cat([t.detach().reshape(-1) for t in group]))
         _wait(dist.broadcast(flat, src=root_rank, async_op=True))
         offset = 0
         for tensor in group:

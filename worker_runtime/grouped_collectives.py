@@ -1,5 +1,6 @@
-"""Horovod's ``grouped_allgather``, ``grouped_reducescatter`` (and their async variants) and
-``sparse_allreduce_async``, on the round's group.
+"""Horovod's ``grouped_allgather_async``, ``grouped_reducescatter_async`` and
+``sparse_allreduce_async``, on the round's group (the blocking forms are in
+``autograd_collectives.py``).
 
 A grouped operation issues one collective per tensor, in the list's order, and completes as
 one: its handle's ``synchronize`` returns the list of results. Horovod fuses a group into one
@@ -20,9 +21,7 @@ import torch
 from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.collectives import (
     Average,
-    Compressor,
     ReduceOp,
-    compressed_copy,
     start_allgather,
 )
 from elasticjob.worker_runtime.handles import issue, synchronize
@@ -52,17 +51,6 @@ def grouped_allgather_async(
     return issue([work for work, _ in started], finish)
 
 
-def grouped_allgather(
-    tensors: Sequence[torch.Tensor],
-    name: str | None = None,
-    process_set: ProcessSet = global_process_set,
-) -> list[torch.Tensor]:
-    """Gather every tensor of ``tensors`` from every rank (see
-    :func:`grouped_allgather_async`) and return the list of results."""
-    result: list[torch.Tensor] = synchronize(grouped_allgather_async(tensors, name, process_set))
-    return result
-
-
 def grouped_reducescatter_async(
     tensors: Sequence[torch.Tensor],
     name: str | None = None,
@@ -80,25 +68,6 @@ def grouped_reducescatter_async(
         raise ValueError("grouped_reducescatter needs tensors with at least one dimension")
     started = [start_reducescatter(t, op, prescale_factor, postscale_factor) for t in tensors]
     return issue([work for work, _ in started], lambda: [rows() for _, rows in started])
-
-
-def grouped_reducescatter(
-    tensors: Sequence[torch.Tensor],
-    name: str | None = None,
-    compression: type[Compressor] | None = None,
-    op: ReduceOp = Average,
-    process_set: ProcessSet = global_process_set,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> list[torch.Tensor]:
-    """Reduce every tensor of ``tensors`` across ranks and return this rank's rows of each
-    result, compressed on the way if ``compression`` says so."""
-    copies = [compressed_copy(t, compression) for t in tensors]
-    handle = grouped_reducescatter_async(
-        [c for c, _ in copies], name, op, process_set, prescale_factor, postscale_factor
-    )
-    reduced: list[torch.Tensor] = synchronize(handle)
-    return [decompress(r) for r, (_, decompress) in zip(reduced, copies, strict=True)]
 
 
 def sparse_allreduce_async(

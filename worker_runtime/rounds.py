@@ -69,6 +69,12 @@ class Rounds(Protocol):
         state back after a collective failed). Raises :class:`WorkerRemoved` when this
         worker is no longer part of the job."""
 
+    def reform(self) -> None:
+        """Form the current round's group again after it was destroyed (``init()`` after
+        ``shutdown()``, on every member, as Horovod re-initializes): the same ranks, on a
+        fresh store prefix; the next round instead if the driver announced that the current
+        one failed meanwhile."""
+
     def close(self) -> None:
         """Stop serving what the rounds' peers reach this worker on."""
 
@@ -116,6 +122,9 @@ class StandaloneRounds(Rounds):
         self.round += 1
         _form_world_of_one(self._group, f"standalone-{self.round}/")
 
+    def reform(self) -> None:
+        self.next(rolled_back=False)
+
     def close(self) -> None:
         pass
 
@@ -151,6 +160,10 @@ class RendezvousRounds(Rounds):
         self._tentative: tuple[int, SlotInfo] | None = None
         """The round and slot a worker added to a running job is planned into, while its join
         is deferred (None: not deferred)."""
+        self._master: tuple[str, int] | None = None
+        """Where the current round's store is served (rank 0's address and port)."""
+        self._reforms = 0
+        """How many times the current round's group was formed again (``reform``)."""
 
     @property
     def visible(self) -> tuple[int, SlotInfo]:
@@ -185,6 +198,21 @@ class RendezvousRounds(Rounds):
         self._group.destroy()
         self.sync_required = self._join(rolled_back=rolled_back)
         timeline.span("reset", started, left=left, joined=self.round, rolled_back=rolled_back)
+
+    def reform(self) -> None:
+        if self._tentative is not None:
+            _form_world_of_one(self._group, "provisional/")
+            return
+        if self._master is None or self._failed():
+            self.next(rolled_back=False)
+            return
+        self._reforms += 1
+        logger.info("forming round %d's group again (re-initialized)", self.round)
+        try:
+            self._form_group(*self._master)
+        except HorovodInternalError as exc:
+            logger.warning("round %d: %s; waiting for the next round", self.round, exc)
+            self.next(rolled_back=False)
 
     def close(self) -> None:
         self._probe_listener.close()
@@ -245,16 +273,17 @@ class RendezvousRounds(Rounds):
                     )
                     continue
                 self.round = response.round
+            self._reforms = 0
             self._liveness.joined_round(response.round, response.peers)
             self._host_updates.joined_round(response.notice_seq)
             self.slot = response.slot
             CONTEXT.round, CONTEXT.rank = self.round, self.slot.rank
+            master = self._master = (response.store_address, response.store_port)
             try:
-                self._form_group(response.store_address, response.store_port)
+                self._form_group(*master)
             except HorovodInternalError as exc:
                 logger.warning("round %d: %s; waiting for the next round", self.round, exc)
                 continue
-            master = (response.store_address, response.store_port)
             export_script_env(self.slot, config.job, master)
             logger.info(
                 "%s joined round %d in %.3f s as rank %d of %d (local %d/%d, cross %d/%d, sync=%s)",
@@ -276,6 +305,8 @@ class RendezvousRounds(Rounds):
 
     def _form_group(self, store_address: str, store_port: int) -> None:
         prefix = f"{self._config.job}/round-{self.round}/"
+        if self._reforms:
+            prefix += f"reformed-{self._reforms}/"
         # Interruptible, unlike init_process_group: a member that cannot come (cut off, dead)
         # fails the round, and the others give up at once (``formation.py``).
         with self._group.blocking():

@@ -57,6 +57,8 @@ class Runtime:
     """The worker's view of the job (see the module docstring); ``config`` None: standalone."""
 
     def __init__(self, config: WorkerConfig | None) -> None:
+        self.config = config
+        """The worker's contract (None: standalone)."""
         self._step = 0
         self.exit_code: int | None = None
         """The status the process will exit with, once the elastic loop knows it."""
@@ -139,6 +141,17 @@ class Runtime:
             self.shutdown()
             self.exit_code = 0
             raise
+
+    def suspend(self) -> None:
+        """Destroy the round's group, staying a worker of the job (``shutdown()`` in a
+        script: :meth:`resume` forms the group again)."""
+        timeline.instant("shutdown", round=self.round)
+        self.group.destroy()
+
+    def resume(self) -> None:
+        """Form the round's group again after :meth:`suspend` (``init()`` again: every member
+        of the round must call it, as with Horovod)."""
+        self._leaving_if_removed(self._rounds.reform)
 
     def shutdown(self) -> None:
         """Destroy the group and stop following notices."""

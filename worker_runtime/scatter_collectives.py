@@ -1,16 +1,17 @@
-"""Horovod's ``alltoall`` and ``reducescatter`` (and their async variants) on the round's group.
+"""Horovod's ``alltoall_async`` and ``reducescatter_async`` on the round's group (the blocking
+forms are in ``autograd_collectives.py``).
 
 ``alltoall`` first exchanges how many rows each rank sends to each other (a short wait,
 abortable like every other), then moves the rows with one ``all_to_all_single``.
 ``reducescatter`` splits dimension 0 as Horovod does (the first ``rows % size`` ranks get one
 row more); Gloo has no reduce-scatter, so the whole tensor is reduced and each rank keeps its
-rows. Neither is differentiable here (Horovod's are autograd functions).
+rows. The differentiable forms a script calls are in ``autograd_collectives.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, overload
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,13 +19,12 @@ import torch.distributed as dist
 from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.collectives import (
     Average,
-    Compressor,
     ReduceOp,
-    compressed_copy,
     start_allreduce_,
 )
-from elasticjob.worker_runtime.handles import issue, synchronize
+from elasticjob.worker_runtime.handles import issue
 from elasticjob.worker_runtime.process_sets import ProcessSet, check_process_set, global_process_set
+from elasticjob.worker_runtime.wire_dtypes import on_wire
 
 Splits = Sequence[int] | torch.Tensor
 
@@ -61,7 +61,7 @@ def alltoall_async(
     runtime = current()
     size = runtime.slot.size
     send = _send_splits(tensor, splits, size)
-    local = tensor.detach().to(runtime.device).contiguous()
+    local = on_wire(tensor.detach())
     if local.dim() == 0:
         local = local.reshape(1)
     sent = torch.tensor(send, dtype=torch.int64, device=runtime.device)
@@ -74,37 +74,7 @@ def alltoall_async(
     )
     split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
     received_splits = torch.tensor(counts, dtype=split_dtype)
-    return issue([work], lambda: (output.to(tensor.device), received_splits))
-
-
-@overload
-def alltoall(
-    tensor: torch.Tensor,
-    splits: None = None,
-    name: str | None = None,
-    process_set: ProcessSet = global_process_set,
-) -> torch.Tensor: ...
-
-
-@overload
-def alltoall(
-    tensor: torch.Tensor,
-    splits: Splits,
-    name: str | None = None,
-    process_set: ProcessSet = global_process_set,
-) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-
-def alltoall(
-    tensor: torch.Tensor,
-    splits: Splits | None = None,
-    name: str | None = None,
-    process_set: ProcessSet = global_process_set,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Scatter rows of ``tensor`` to every rank and gather theirs (see :func:`alltoall_async`);
-    returns the gathered rows, and with ``splits`` also how many came from each rank."""
-    output, received_splits = synchronize(alltoall_async(tensor, splits, name, process_set))
-    return output if splits is None else (output, received_splits)
+    return issue([work], lambda: (output.to(tensor.device, tensor.dtype), received_splits))
 
 
 def rows_of(rank: int, rows: int, size: int) -> tuple[int, int]:
@@ -145,20 +115,3 @@ def reducescatter_async(
     check_process_set(process_set)
     work, rows = start_reducescatter(tensor, op, prescale_factor, postscale_factor)
     return issue([work], rows)
-
-
-def reducescatter(
-    tensor: torch.Tensor,
-    name: str | None = None,
-    compression: type[Compressor] | None = None,
-    op: ReduceOp = Average,
-    process_set: ProcessSet = global_process_set,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> torch.Tensor:
-    """Reduce ``tensor`` across ranks and return this rank's rows of the result, compressed
-    on the way if ``compression`` says so."""
-    copy, decompress = compressed_copy(tensor, compression)
-    handle = reducescatter_async(copy, name, op, process_set, prescale_factor, postscale_factor)
-    result: torch.Tensor = decompress(synchronize(handle))
-    return result

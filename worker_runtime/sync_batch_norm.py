@@ -16,8 +16,9 @@ from typing import Any
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from elasticjob.worker_runtime.autograd_collectives import allreduce
 from elasticjob.worker_runtime.basics import current
-from elasticjob.worker_runtime.collectives import Sum, allreduce
+from elasticjob.worker_runtime.collectives import Sum
 
 
 class _SumAcrossRanks(torch.autograd.Function):

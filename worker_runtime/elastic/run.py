@@ -12,8 +12,9 @@ from typing import Concatenate, ParamSpec, TypeVar
 import torch
 
 from elasticjob.wire.messages import WorkerState
+from elasticjob.worker_runtime.autograd_collectives import allreduce
 from elasticjob.worker_runtime.basics import current
-from elasticjob.worker_runtime.collectives import Max, allreduce, broadcast_object
+from elasticjob.worker_runtime.collectives import Max, broadcast_object
 from elasticjob.worker_runtime.elastic.state import State
 from elasticjob.worker_runtime.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from elasticjob.worker_runtime.log import get_logger

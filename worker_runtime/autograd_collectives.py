@@ -1,0 +1,447 @@
+"""Horovod's collectives as autograd functions: a loss computed from their outputs
+back-propagates through them, with Horovod's gradients.
+
+- ``allreduce``: the gradient is the allreduce of the output's gradient, with the same
+  operation and scaling;
+- ``allgather``: the average over the ranks of the output's gradient, this rank's rows of it;
+- ``broadcast``: the average over the ranks of the output's gradient on the root, zero
+  elsewhere;
+- ``alltoall``: the output's gradient sent back where its rows came from;
+- ``reducescatter``: the output's gradient gathered from every rank (times the number of
+  ranks for a sum, and the scale factors);
+- their grouped forms, tensor by tensor.
+
+When no input requires a gradient (or gradients are disabled) the plain collective runs, with
+no autograd bookkeeping. Compression (``hvd.Compression.fp16``) is a cast on either side of
+the collective, so gradients flow through it as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from elasticjob.worker_runtime.async_collectives import grouped_allreduce_async_
+from elasticjob.worker_runtime.collectives import (
+    Average,
+    Compressor,
+    ReduceOp,
+    Sum,
+    allgather_parts,
+    allreduce_,
+    broadcast_,
+    compressed_copy,
+    resolve_op,
+)
+from elasticjob.worker_runtime.grouped_collectives import (
+    grouped_allgather_async,
+    grouped_reducescatter_async,
+)
+from elasticjob.worker_runtime.handles import synchronize
+from elasticjob.worker_runtime.process_sets import ProcessSet, check_process_set, global_process_set
+from elasticjob.worker_runtime.scatter_collectives import (
+    Splits,
+    alltoall_async,
+    reducescatter_async,
+)
+
+
+def _tracked(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether autograd follows a collective of ``tensors``."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+# ---- the collectives themselves, untracked ------------------------------------------------
+
+
+def _reduced(
+    tensor: torch.Tensor,
+    op: ReduceOp,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+    compression: type[Compressor] | None = None,
+) -> torch.Tensor:
+    copy, decompress = compressed_copy(tensor, compression)
+    return decompress(
+        allreduce_(copy, None, None, op, prescale_factor, postscale_factor, process_set)
+    )
+
+
+def _grouped_reduced(
+    tensors: Sequence[torch.Tensor],
+    op: ReduceOp,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+    compression: type[Compressor] | None = None,
+) -> list[torch.Tensor]:
+    copies = [compressed_copy(t, compression) for t in tensors]
+    handle = grouped_allreduce_async_(
+        [c for c, _ in copies], None, None, op, prescale_factor, postscale_factor, process_set
+    )
+    reduced: list[torch.Tensor] = synchronize(handle)
+    return [decompress(r) for r, (_, decompress) in zip(reduced, copies, strict=True)]
+
+
+def _gathered(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.cat(allgather_parts(tensor)).to(tensor.device)
+
+
+def _grouped_gathered(
+    tensors: Sequence[torch.Tensor], process_set: ProcessSet
+) -> list[torch.Tensor]:
+    gathered: list[torch.Tensor] = synchronize(grouped_allgather_async(tensors, None, process_set))
+    return gathered
+
+
+def _exchanged(
+    tensor: torch.Tensor, splits: Splits | None, process_set: ProcessSet
+) -> tuple[torch.Tensor, torch.Tensor]:
+    exchanged: tuple[torch.Tensor, torch.Tensor] = synchronize(
+        alltoall_async(tensor, splits, None, process_set)
+    )
+    return exchanged
+
+
+def _scattered(
+    tensor: torch.Tensor,
+    op: ReduceOp,
+    process_set: ProcessSet,
+    prescale_factor: float,
+    postscale_factor: float,
+    compression: type[Compressor] | None = None,
+) -> torch.Tensor:
+    copy, decompress = compressed_copy(tensor, compression)
+    handle = reducescatter_async(copy, None, op, process_set, prescale_factor, postscale_factor)
+    result: torch.Tensor = decompress(synchronize(handle))
+    return result
+
+
+def _grouped_scattered(
+    tensors: Sequence[torch.Tensor],
+    op: ReduceOp,
+    process_set: ProcessSet,
+    prescale_factor: float,
+    postscale_factor: float,
+    compression: type[Compressor] | None = None,
+) -> list[torch.Tensor]:
+    copies = [compressed_copy(t, compression) for t in tensors]
+    handle = grouped_reducescatter_async(
+        [c for c, _ in copies], None, op, process_set, prescale_factor, postscale_factor
+    )
+    reduced: list[torch.Tensor] = synchronize(handle)
+    return [decompress(r) for r, (_, decompress) in zip(reduced, copies, strict=True)]
+
+
+# ---- autograd ------------------------------------------------------------------------
+
+
+def _compressed(
+    tensor: torch.Tensor, compression: type[Compressor] | None
+) -> tuple[torch.Tensor, Any]:
+    return (tensor, None) if compression is None else compression.compress(tensor)
+
+
+def _decompressed(
+    tensor: torch.Tensor, compression: type[Compressor] | None, ctx: Any
+) -> torch.Tensor:
+    return tensor if compression is None else compression.decompress(tensor, ctx)
+
+
+def _own_rows(gradient: torch.Tensor, rows: int, process_set: ProcessSet) -> torch.Tensor:
+    """This rank's ``rows`` of a gradient of an allgather's output, averaged over the ranks."""
+    averaged = _reduced(gradient, Average, 1.0, 1.0, process_set)
+    counts = _gathered(torch.tensor([rows], dtype=torch.int64))
+    start = int(counts[: process_set.rank()].sum().item())
+    return averaged.narrow(0, start, rows)
+
+
+def _scatter_scale(
+    op: ReduceOp, process_set: ProcessSet, prescale_factor: float, postscale_factor: float
+) -> float:
+    """What a reduce-scatter's output gradient is scaled by before it is gathered."""
+    return (process_set.size() if op is Sum else 1) * prescale_factor * postscale_factor
+
+
+class _Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        tensor: torch.Tensor,
+        op: ReduceOp,
+        prescale_factor: float,
+        postscale_factor: float,
+        process_set: ProcessSet,
+    ) -> torch.Tensor:
+        ctx.args = (op, prescale_factor, postscale_factor, process_set)
+        return _reduced(tensor, op, prescale_factor, postscale_factor, process_set)
+
+    @staticmethod
+    def backward(ctx: Any, gradient: torch.Tensor) -> tuple[Any, ...]:
+        return _reduced(gradient, *ctx.args), None, None, None, None
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        op: ReduceOp,
+        prescale_factor: float,
+        postscale_factor: float,
+        process_set: ProcessSet,
+        *tensors: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        ctx.args = (op, prescale_factor, postscale_factor, process_set)
+        return tuple(_grouped_reduced(tensors, *ctx.args))
+
+    @staticmethod
+    def backward(ctx: Any, *gradients: torch.Tensor) -> tuple[Any, ...]:
+        return (None, None, None, None, *_grouped_reduced(gradients, *ctx.args))
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, process_set: ProcessSet) -> torch.Tensor:
+        ctx.rows, ctx.process_set = tensor.shape[0], process_set
+        return _gathered(tensor)
+
+    @staticmethod
+    def backward(ctx: Any, gradient: torch.Tensor) -> tuple[Any, ...]:
+        return _own_rows(gradient, ctx.rows, ctx.process_set), None
+
+
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, process_set: ProcessSet, *tensors: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
+        return tuple(_grouped_gathered(tensors, process_set))
+
+    @staticmethod
+    def backward(ctx: Any, *gradients: torch.Tensor) -> tuple[Any, ...]:
+        rows = zip(gradients, ctx.rows, strict=True)
+        return (None, *(_own_rows(g, n, ctx.process_set) for g, n in rows))
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, tensor: torch.Tensor, root_rank: int, process_set: ProcessSet
+    ) -> torch.Tensor:
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return broadcast_(tensor.detach().clone(), root_rank, None, process_set)
+
+    @staticmethod
+    def backward(ctx: Any, gradient: torch.Tensor) -> tuple[Any, ...]:
+        averaged = _reduced(gradient, Average, 1.0, 1.0, ctx.process_set)
+        if ctx.process_set.rank() != ctx.root_rank:
+            averaged = torch.zeros_like(averaged)
+        return averaged, None, None
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, tensor: torch.Tensor, splits: Splits | None, process_set: ProcessSet
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        output, received = _exchanged(tensor, splits, process_set)
+        ctx.received, ctx.process_set = received, process_set
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx: Any, gradient: torch.Tensor, _received: Any) -> tuple[Any, ...]:
+        sent_back, _ = _exchanged(gradient, ctx.received, ctx.process_set)
+        return sent_back, None, None
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        tensor: torch.Tensor,
+        op: ReduceOp,
+        process_set: ProcessSet,
+        prescale_factor: float,
+        postscale_factor: float,
+    ) -> torch.Tensor:
+        ctx.args = (op, process_set, prescale_factor, postscale_factor)
+        return _scattered(tensor, *ctx.args)
+
+    @staticmethod
+    def backward(ctx: Any, gradient: torch.Tensor) -> tuple[Any, ...]:
+        return _gathered(gradient * _scatter_scale(*ctx.args)), None, None, None, None
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        op: ReduceOp,
+        process_set: ProcessSet,
+        prescale_factor: float,
+        postscale_factor: float,
+        *tensors: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        ctx.args = (op, process_set, prescale_factor, postscale_factor)
+        return tuple(_grouped_scattered(tensors, *ctx.args))
+
+    @staticmethod
+    def backward(ctx: Any, *gradients: torch.Tensor) -> tuple[Any, ...]:
+        scale = _scatter_scale(*ctx.args)
+        gathered = _grouped_gathered([g * scale for g in gradients], ctx.args[1])
+        return (None, None, None, None, *gathered)
+
+
+# ---- Horovod's API ---------------------------------------------------------------------
+
+
+def allreduce(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    compression: type[Compressor] | None = None,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """Return a new tensor holding ``tensor`` reduced across all ranks (default: average),
+    compressed on the way if ``compression`` says so (``hvd.Compression.fp16``)."""
+    del name  # accepted for compatibility; collectives are matched by order
+    check_process_set(process_set)
+    args = (resolve_op(average, op), prescale_factor, postscale_factor, process_set)
+    if not _tracked([tensor]):
+        return _reduced(tensor, *args, compression)
+    compressed, ctx = _compressed(tensor, compression)
+    reduced = _Allreduce.apply(compressed, *args)  # type: ignore[no-untyped-call]
+    return _decompressed(reduced, compression, ctx)
+
+
+def grouped_allreduce(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    compression: type[Compressor] | None = None,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
+    """Return new tensors holding ``tensors`` reduced across all ranks (default: average),
+    as one operation, compressed on the way if ``compression`` says so."""
+    del name
+    check_process_set(process_set)
+    args = (resolve_op(average, op), prescale_factor, postscale_factor, process_set)
+    if not _tracked(tensors):
+        return _grouped_reduced(tensors, *args, compression)
+    compressed = [_compressed(t, compression) for t in tensors]
+    reduced = _GroupedAllreduce.apply(*args, *(c for c, _ in compressed))  # type: ignore[no-untyped-call]
+    pairs = zip(reduced, compressed, strict=True)
+    return [_decompressed(r, compression, ctx) for r, (_, ctx) in pairs]
+
+
+def allgather(
+    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> torch.Tensor:
+    """Concatenate every rank's ``tensor`` along dimension 0 (first dimensions may differ)."""
+    del name
+    check_process_set(process_set)
+    if not _tracked([tensor]) or tensor.dim() == 0:
+        return _gathered(tensor)
+    result: torch.Tensor = _Allgather.apply(tensor, process_set)  # type: ignore[no-untyped-call]
+    return result
+
+
+def grouped_allgather(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
+    """Gather every tensor of ``tensors`` from every rank along dimension 0 (first dimensions
+    may differ); each result on its input's device."""
+    del name
+    check_process_set(process_set)
+    if not _tracked(tensors) or any(t.dim() == 0 for t in tensors):
+        return _grouped_gathered(tensors, process_set)
+    return list(_GroupedAllgather.apply(process_set, *tensors))  # type: ignore[no-untyped-call]
+
+
+def broadcast(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """Return a new tensor holding root's ``tensor``."""
+    del name
+    check_process_set(process_set)
+    if not _tracked([tensor]):
+        return broadcast_(tensor.detach().clone(), root_rank, None, process_set)
+    result: torch.Tensor = _Broadcast.apply(tensor, root_rank, process_set)  # type: ignore[no-untyped-call]
+    return result
+
+
+def alltoall(
+    tensor: torch.Tensor,
+    splits: Splits | None = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Scatter rows of ``tensor`` to every rank and gather theirs (see
+    ``scatter_collectives.alltoall_async``); returns the gathered rows, and with ``splits``
+    also how many came from each rank."""
+    del name
+    check_process_set(process_set)
+    if not _tracked([tensor]) or tensor.dim() == 0:
+        output, received = _exchanged(tensor, splits, process_set)
+    else:
+        output, received = _Alltoall.apply(tensor, splits, process_set)  # type: ignore[no-untyped-call]
+    return output if splits is None else (output, received)
+
+
+def reducescatter(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    compression: type[Compressor] | None = None,
+    op: ReduceOp = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> torch.Tensor:
+    """Reduce ``tensor`` across ranks and return this rank's rows of the result (see
+    ``scatter_collectives.rows_of``), compressed on the way if ``compression`` says so."""
+    del name
+    check_process_set(process_set)
+    args = (op, process_set, prescale_factor, postscale_factor)
+    if not _tracked([tensor]):
+        return _scattered(tensor, *args, compression)
+    compressed, ctx = _compressed(tensor, compression)
+    reduced = _Reducescatter.apply(compressed, *args)  # type: ignore[no-untyped-call]
+    return _decompressed(reduced, compression, ctx)
+
+
+def grouped_reducescatter(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    compression: type[Compressor] | None = None,
+    op: ReduceOp = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[torch.Tensor]:
+    """Reduce every tensor of ``tensors`` across ranks and return this rank's rows of each
+    result, compressed on the way if ``compression`` says so."""
+    del name
+    check_process_set(process_set)
+    args = (op, process_set, prescale_factor, postscale_factor)
+    if not _tracked(tensors):
+        return _grouped_scattered(tensors, *args, compression)
+    compressed = [_compressed(t, compression) for t in tensors]
+    reduced = _GroupedReducescatter.apply(*args, *(c for c, _ in compressed))  # type: ignore[no-untyped-call]
+    pairs = zip(reduced, compressed, strict=True)
+    return [_decompressed(r, compression, ctx) for r, (_, ctx) in pairs]
