@@ -36,7 +36,7 @@ from elasticjob.driver.hosts import HostManager
 from elasticjob.rendezvous.api import JobRendezvous, RendezvousListener
 from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS
 from elasticjob.rendezvous.server import RendezvousService
-from elasticjob.wire.messages import WorkerId
+from elasticjob.wire.messages import SlotInfo, WorkerId
 
 logger = logging.getLogger("sim_service")
 
@@ -81,7 +81,7 @@ class SimLauncher(WorkerLauncher):
     def _emit(self, ev: str, worker: WorkerId) -> None:
         self._emitter.emit({"ev": ev, "job": self._job, "host": worker[0], "lr": worker[1]})
 
-    async def start(self, worker: WorkerId) -> None:
+    async def start(self, worker: WorkerId, planned: SlotInfo) -> None:
         self._emit("start", worker)
 
     async def stop(self, worker: WorkerId) -> None:

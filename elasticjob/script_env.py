@@ -76,6 +76,28 @@ def round_env(slot: SlotInfo, *, job: str, master: tuple[str, int] | None) -> di
     return env
 
 
+HOROVOD_PLACE_ENV: Final = frozenset(
+    {
+        ENV_HOROVOD_RANK,
+        ENV_HOROVOD_SIZE,
+        ENV_HOROVOD_LOCAL_SIZE,
+        ENV_HOROVOD_CROSS_RANK,
+        ENV_HOROVOD_CROSS_SIZE,
+    }
+)
+"""Horovod's variables of a worker's place in a round, beyond its host and slot."""
+
+
+def planned_env(slot: SlotInfo) -> dict[str, str]:
+    """What horovodrun tells a process it starts: Horovod's variables of the place it is
+    planned into (``elasticjob-run`` writes them at start; the runtime rewrites them when the
+    worker joins a round, which may place it otherwise). torchrun's are left to the runtime:
+    a torchrun script reading ``RANK`` at start also needs ``MASTER_ADDR``, known only once
+    the round forms."""
+    env = round_env(slot, job="", master=None)
+    return {name: env[name] for name in HOROVOD_PLACE_ENV}
+
+
 def tentative_slot(current: RoundInfo, hostname: str, local_rank: int) -> SlotInfo:
     """The place a worker added to a running job tentatively has until it joins its first
     round: the place it would get if its host were the only one added and ran no process

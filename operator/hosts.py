@@ -9,7 +9,7 @@ from typing import Protocol
 
 from elasticjob.driver.api import DriverSettings, WorkerLauncher
 from elasticjob.operator.api import ElasticJobSpec
-from elasticjob.wire.messages import WorkerId
+from elasticjob.wire.messages import SlotInfo, WorkerId
 
 
 class PodActions(Protocol):
@@ -27,7 +27,7 @@ class PodLauncher(WorkerLauncher):
     def __init__(self, pods: PodActions) -> None:
         self._pods = pods
 
-    async def start(self, worker: WorkerId) -> None:
+    async def start(self, worker: WorkerId, planned: SlotInfo) -> None:
         return None  # the pod plan created its pod; its process registers by itself
 
     async def stop(self, worker: WorkerId) -> None:

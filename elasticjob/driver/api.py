@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from elasticjob.wire.messages import WorkerId
+from elasticjob.wire.messages import SlotInfo, WorkerId
 
 Clock = Callable[[], float]
 """Monotonic seconds; injected so tests control time."""
@@ -59,10 +59,11 @@ class WorkerLauncher(abc.ABC):
     """Starts and stops the processes of a job's workers (one per slot)."""
 
     @abc.abstractmethod
-    async def start(self, worker: WorkerId) -> None:
-        """Start the worker process for ``worker``; return once it is started (it registers
-        with the rendezvous on its own). The launcher reports its exit through the callback
-        it was given."""
+    async def start(self, worker: WorkerId, planned: SlotInfo) -> None:
+        """Start the worker process for ``worker``, planned into ``planned`` in the round it
+        starts for (what horovodrun tells a process when it starts); return once it is
+        started (it registers with the rendezvous on its own). The launcher reports its exit
+        through the callback it was given."""
 
     @abc.abstractmethod
     async def stop(self, worker: WorkerId) -> None:

@@ -145,17 +145,17 @@ class RoundFormation:
         if decision.action is ScaleOutAction.PREPARE:
             assert isinstance(plan, FormRound)
             self._rendezvous.plan_next(current_round + 1, plan.slots)  # newcomers' init() reads
-            await self._launch(decision.newcomers)
+            await self._launch({w: plan.slots[w] for w in decision.newcomers})
         elif decision.action is ScaleOutAction.ANNOUNCE:
             self._announced = True
             self._rendezvous.post_notice(
                 NoticeKind.HOSTS_ADDED, sorted({w.hostname for w in decision.newcomers})
             )
 
-    async def _launch(self, workers: Iterable[WorkerId]) -> None:
-        """Start the missing workers, then stop the newcomers that did not register in time
-        and keep their hosts out."""
-        for worker in await self._workers.launch_missing(workers):
+    async def _launch(self, slots: Mapping[WorkerId, SlotInfo]) -> None:
+        """Start the missing workers of ``slots`` (planned), then stop the newcomers that did
+        not register in time and keep their hosts out."""
+        for worker in await self._workers.launch_missing(slots):
             self._moves.exited(worker, 127)
         expired = await self._workers.expire_slow_starters(self._settings.start_timeout_s)
         if expired:

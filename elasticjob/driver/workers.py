@@ -62,15 +62,16 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
             if w in self._records and self._records[w].departure is Departure.LEAVING
         )
 
-    async def launch_missing(self, workers: Iterable[WorkerId]) -> list[WorkerId]:
-        """Start a fresh process for each worker that has none running; return those that
-        could not be started."""
+    async def launch_missing(self, slots: Mapping[WorkerId, SlotInfo]) -> list[WorkerId]:
+        """Start a fresh process for each worker of ``slots`` (the planned round's) that has
+        none running, telling it its planned slot; return those that could not be
+        started."""
         failed = []
-        for worker in [w for w in workers if w not in self._records or not self[w].running]:
+        for worker in [w for w in slots if w not in self._records or not self[w].running]:
             self._records[worker] = WorkerRecord(started_at=self._clock())
             self._rendezvous.readmit([worker])
             try:
-                await self._launcher.start(worker)
+                await self._launcher.start(worker, slots[worker])
             except OSError as exc:
                 logger.error("could not start worker %s: %s", worker, exc)
                 failed.append(worker)

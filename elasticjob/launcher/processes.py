@@ -29,7 +29,8 @@ from typing import Any, TextIO
 
 from elasticjob.driver.api import DriverError, WorkerLauncher
 from elasticjob.launcher.output_files import RankOutputFiles
-from elasticjob.wire.messages import WorkerId
+from elasticjob.script_env import planned_env
+from elasticjob.wire.messages import SlotInfo, WorkerId
 from elasticjob.worker_contract import (
     ENV_GLOO_SOCKET_IFNAME,
     ENV_NCCL_SOCKET_IFNAME,
@@ -116,8 +117,10 @@ class WorkerEnvironment:
     token: str = field(repr=False)
     network_interface: str | None = None
 
-    def for_worker(self, worker: WorkerId, bind_address: str) -> dict[str, str]:
-        """The variables of ``worker``'s process, which binds to ``bind_address``."""
+    def for_worker(self, worker: WorkerId, bind_address: str, planned: SlotInfo) -> dict[str, str]:
+        """The variables of ``worker``'s process, which binds to ``bind_address`` and is
+        planned into ``planned`` (Horovod's rank and size variables are set from the start,
+        as horovodrun sets them)."""
         config = WorkerConfig.of(
             self.settings,
             token=self.token,
@@ -125,7 +128,7 @@ class WorkerEnvironment:
             local_rank=worker.local_rank,
             bind_address=bind_address,
         )
-        env = {**config.to_env(), ENV_PYTHONUNBUFFERED: "1"}
+        env = {**config.to_env(), **planned_env(planned), ENV_PYTHONUNBUFFERED: "1"}
         if self.network_interface:
             env[ENV_GLOO_SOCKET_IFNAME] = self.network_interface
             env[ENV_NCCL_SOCKET_IFNAME] = self.network_interface
@@ -195,9 +198,9 @@ class LocalWorkerLauncher(WorkerLauncher):
         self._exits: dict[WorkerId, asyncio.Future[int]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def start(self, worker: WorkerId) -> None:
+    async def start(self, worker: WorkerId, planned: SlotInfo) -> None:
         bind_address = resolve_local_host(worker.hostname)
-        env = self._base_env | self._environment.for_worker(worker, bind_address)
+        env = self._base_env | self._environment.for_worker(worker, bind_address, planned)
         try:
             process, protocol = await _spawn(
                 self._command,

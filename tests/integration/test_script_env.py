@@ -2,9 +2,10 @@
 ``torch.distributed`` group, round after round, under ``elasticjob-run``: a scale-out (a host
 added by discovery) and a failure (SIGKILL of a worker).
 
-Every process logs its script variables at launch, right after ``init()`` and after every
-reset, with ``torch.distributed``'s view and an ``all_reduce`` on the default group; each
-round's records must match the round's rank, size, local and cross values.
+Every process logs its script variables at launch (Horovod's variables of its planned place
+already set, as horovodrun sets them), right after ``init()`` and after every reset, with
+``torch.distributed``'s view and an ``all_reduce`` on the default group; each round's records
+must match the round's rank, size, local and cross values.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from elasticjob.script_env import (
     ENV_TORCH_RANK,
     ENV_TORCH_RUN_ID,
     ENV_TORCH_WORLD_SIZE,
+    HOROVOD_PLACE_ENV,
 )
 from elasticjob.worker_contract import (
     ENV_HOROVOD_HOSTNAME,
@@ -74,12 +76,18 @@ def records(run: JobRun, phase: str) -> list[dict[str, Any]]:
 
 def check_rounds(run: JobRun, rounds: dict[int, dict[tuple[str, int], int]]) -> None:
     """Every member's records of every round match the round (``rounds``: the ranks)."""
-    # Launch: the host and slot are in the environment before init().
+    # Launch: the host and slot are in the environment before init(), and, as horovodrun
+    # sets them, Horovod's variables of the place planned for the worker's first round.
     for record in records(run, "launch"):
         env = record["env"]
         assert env[ENV_HOROVOD_HOSTNAME] == record["host"], record
         assert env[ENV_HOROVOD_LOCAL_RANK] == env[ENV_TORCH_LOCAL_RANK]
         assert env[ENV_TORCH_LOCAL_RANK] == str(record["slot"]), record
+        where = (record["host"], record["slot"])
+        first = min(number for number, ranks in rounds.items() if where in ranks)
+        planned = expected_env(rounds[first], *where)
+        assert {n: env[n] for n in HOROVOD_PLACE_ENV} == {n: planned[n] for n in HOROVOD_PLACE_ENV}
+        assert env[ENV_TORCH_RANK] is None, record  # torchrun's: from init() on
     # Every round: each member's variables and torch.distributed's view match the round.
     joined = [*(e for e in records(run, "init") if e["round"] == 1), *records(run, "reset")]
     seen: dict[int, set[tuple[str, int]]] = {}

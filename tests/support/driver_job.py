@@ -16,7 +16,13 @@ from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.hosts import HostManager
 from elasticjob.rendezvous.api import RendezvousListener
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
-from elasticjob.wire.messages import NoticeKind, RendezvousRequest, RendezvousResponse, WorkerId
+from elasticjob.wire.messages import (
+    NoticeKind,
+    RendezvousRequest,
+    RendezvousResponse,
+    SlotInfo,
+    WorkerId,
+)
 from tests.support.clock import FakeClock
 
 DEADLINE = 5.0
@@ -52,15 +58,18 @@ class FakeLauncher(WorkerLauncher):
     def __init__(self, driver: ElasticDriver) -> None:
         self.driver = driver
         self.started: list[WorkerId] = []
+        self.planned: dict[WorkerId, SlotInfo] = {}
+        """The slot each worker was last started for."""
         self.stopped: list[WorkerId] = []
         self.stopped_all = False
         self.start_fails: set[WorkerId] = set()
         self.changed = asyncio.Event()
 
-    async def start(self, worker: WorkerId) -> None:
+    async def start(self, worker: WorkerId, planned: SlotInfo) -> None:
         if worker in self.start_fails:
             raise OSError(f"cannot start {worker}")
         self.started.append(worker)
+        self.planned[worker] = planned
         self.changed.set()
 
     async def stop(self, worker: WorkerId) -> None:

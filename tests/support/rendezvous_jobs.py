@@ -87,3 +87,8 @@ def slots_for(workers: Sequence[WorkerId]) -> dict[WorkerId, SlotInfo]:
         )
         for rank, w in enumerate(workers)
     }
+
+
+def slot_of(worker: WorkerId) -> SlotInfo:
+    """The slot of ``worker`` alone in a round."""
+    return slots_for([worker])[worker]

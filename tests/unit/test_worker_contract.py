@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from elasticjob.checkpoint_policy import CheckpointPolicy
 from elasticjob.launcher.processes import WorkerEnvironment
+from elasticjob.script_env import HOROVOD_PLACE_ENV
 from elasticjob.wire.messages import WorkerId
 from elasticjob.worker_contract import (
     ENV_PYTHONUNBUFFERED,
@@ -19,6 +20,7 @@ from elasticjob.worker_contract import (
     WorkerSettings,
     pod_env,
 )
+from tests.support.rendezvous_jobs import slot_of
 
 TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1)
 """A value an environment variable can hold (an empty one means unset)."""
@@ -115,8 +117,12 @@ def test_the_pod_and_the_launcher_write_the_same_variables() -> None:
     """The operator's pods and ``elasticjob-run`` write the same variables for the same
     settings, every variable of the contract; what a pod states by value is what the
     launcher writes."""
-    launched = WorkerEnvironment(EVERY_SETTING, "t0ken").for_worker(WorkerId("h", 0), "10.0.0.1")
+    worker = WorkerId("h", 0)
+    environment = WorkerEnvironment(EVERY_SETTING, "t0ken")
+    launched = environment.for_worker(worker, "10.0.0.1", slot_of(worker))
     launched.pop(ENV_PYTHONUNBUFFERED)
+    for name in HOROVOD_PLACE_ENV:  # the place planned at start: a launcher's only
+        launched.pop(name)
     entries = pod_env(EVERY_SETTING, token=SecretKey("job-rendezvous", "token"))
     in_pod = {entry["name"]: entry for entry in entries}
     assert len(in_pod) == len(entries), "no variable is given twice"

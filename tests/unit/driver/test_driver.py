@@ -52,6 +52,11 @@ async def test_first_round_waits_for_every_worker_then_syncs() -> None:
     await job.discover()
     await job.step()
     assert job.launcher.started == [A0, B0] and job.driver.phase is DriverPhase.STARTING
+    # Each process starts knowing its planned place, as horovodrun's do.
+    assert {w: (s.rank, s.size) for w, s in job.launcher.planned.items()} == {
+        A0: (0, 2),
+        B0: (1, 2),
+    }
     await job.ask(A0)
     await job.step()
     assert job.driver.round == 0, "b[0] has not registered"
@@ -187,9 +192,15 @@ async def test_scale_out_announces_newcomers_once_registered() -> None:
     await job.discover()
     await job.step()
     assert job.launcher.started == [A0, B0, WorkerId("b", 1)]
-    # The newcomers can read the round planned with them (their tentative place at init()).
+    # The newcomers can read the round planned with them (their tentative place at init()),
+    # and were started knowing it.
     plan = job.driver.rendezvous.planned_round()
     assert plan.round == 2
+    newcomers = {w: job.launcher.planned[w] for w in (B0, WorkerId("b", 1))}
+    assert [(s.rank, s.size, s.local_rank, s.cross_rank) for s in newcomers.values()] == [
+        (1, 3, 0, 1),
+        (2, 3, 1, 0),
+    ]
     assert [(s.hostname, s.local_rank, s.rank, s.size) for s in plan.slots] == [
         ("a", 0, 0, 3),
         ("b", 0, 1, 3),

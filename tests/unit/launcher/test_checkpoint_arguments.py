@@ -24,6 +24,7 @@ from elasticjob.worker_contract import (
     WorkerSettings,
     checkpoint_env,
 )
+from tests.support.rendezvous_jobs import slot_of
 
 DIR = ("--checkpoint-dir", "{tmp}")
 
@@ -40,7 +41,9 @@ def test_checkpoint_flags_reach_every_worker_and_turn_the_fallback_on(tmp_path: 
     _, settings, _ = driver_settings(args)
     assert settings.checkpoint_fallback
     settings = WorkerSettings(rendezvous_url="http://127.0.0.1:1", job="job", checkpoint=policy)
-    env = WorkerEnvironment(settings, "token").for_worker(WorkerId("localhost", 1), "127.0.0.1")
+    env = WorkerEnvironment(settings, "token").for_worker(
+        WorkerId("localhost", 1), "127.0.0.1", slot_of(WorkerId("localhost", 1))
+    )
     assert env[ENV_CHECKPOINT_DIR] == str(folder.resolve())
     assert env[ENV_CHECKPOINT_EVERY_COMMITS] == "10"
     assert env[ENV_CHECKPOINT_INTERVAL] == "0"
@@ -63,7 +66,9 @@ def test_without_checkpoints_nothing_is_told_and_the_fallback_is_off() -> None:
     assert checkpoint_policy(args) is None
     assert not driver_settings(args)[1].checkpoint_fallback
     settings = WorkerSettings(rendezvous_url="http://127.0.0.1:1", job="job")
-    env = WorkerEnvironment(settings, "token").for_worker(WorkerId("localhost", 0), "127.0.0.1")
+    env = WorkerEnvironment(settings, "token").for_worker(
+        WorkerId("localhost", 0), "127.0.0.1", slot_of(WorkerId("localhost", 0))
+    )
     assert not {k for k in env if k.startswith("ELASTICJOB_CHECKPOINT")}
 
 

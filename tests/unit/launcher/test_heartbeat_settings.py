@@ -8,6 +8,7 @@ from elasticjob.launcher.cli import main
 from elasticjob.launcher.processes import WorkerEnvironment
 from elasticjob.wire.messages import WorkerId
 from elasticjob.worker_contract import ENV_HEARTBEAT_INTERVAL, WorkerSettings
+from tests.support.rendezvous_jobs import slot_of
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "inf"])
@@ -27,5 +28,7 @@ def test_workers_are_told_their_heartbeat_interval(
         {"rendezvous_url": "http://127.0.0.1:1", "job": "job", "heartbeat_interval_s": interval}
     )
     environment = WorkerEnvironment(settings, "token")
-    env = environment.for_worker(WorkerId("127.0.0.1", 0), "127.0.0.1")
+    env = environment.for_worker(
+        WorkerId("127.0.0.1", 0), "127.0.0.1", slot_of(WorkerId("127.0.0.1", 0))
+    )
     assert env.get(ENV_HEARTBEAT_INTERVAL) == expected

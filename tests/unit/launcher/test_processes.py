@@ -15,6 +15,7 @@ import pytest
 from elasticjob.launcher.processes import LocalWorkerLauncher, WorkerEnvironment
 from elasticjob.wire.messages import WorkerId
 from elasticjob.worker_contract import WorkerSettings
+from tests.support.rendezvous_jobs import slot_of
 
 WORKER = WorkerId("127.0.0.1", 0)
 DEADLINE_S = 20.0
@@ -44,7 +45,7 @@ async def test_exit_is_reported_while_a_grandchild_holds_the_pipes() -> None:
         output=output,
         stop_grace_s=1.0,
     )
-    await launcher.start(WORKER)
+    await launcher.start(WORKER, slot_of(WORKER))
     try:
         assert await asyncio.wait_for(exits.get(), DEADLINE_S) == (WORKER, 3)
         # The worker's line came first, and its grandchild still holds the pipes.
