@@ -11,9 +11,10 @@ back-propagates through them, with Horovod's gradients.
   ranks for a sum, and the scale factors);
 - their grouped forms, tensor by tensor.
 
-When no input requires a gradient (or gradients are disabled) the plain collective runs, with
-no autograd bookkeeping. Compression (``hvd.Compression.fp16``) is a cast on either side of
-the collective, so gradients flow through it as well.
+When no input requires a gradient (or gradients are disabled) the plain collective of
+``blocking_collectives.py`` runs, with no autograd bookkeeping. Compression
+(``hvd.Compression.fp16``) is a cast on either side of the collective, so gradients flow
+through it as well.
 """
 
 from __future__ import annotations
@@ -23,117 +24,22 @@ from typing import Any
 
 import torch
 
-from elasticjob.worker_runtime.async_collectives import grouped_allreduce_async_
+from elasticjob.worker_runtime import blocking_collectives as blocking
 from elasticjob.worker_runtime.collectives import (
     Average,
     Compressor,
     ReduceOp,
     Sum,
-    allgather_parts,
-    allreduce_,
     broadcast_,
-    compressed_copy,
     resolve_op,
 )
-from elasticjob.worker_runtime.grouped_collectives import (
-    grouped_allgather_async,
-    grouped_reducescatter_async,
-)
-from elasticjob.worker_runtime.handles import synchronize
 from elasticjob.worker_runtime.process_sets import ProcessSet, check_process_set, global_process_set
-from elasticjob.worker_runtime.scatter_collectives import (
-    Splits,
-    alltoall_async,
-    reducescatter_async,
-)
+from elasticjob.worker_runtime.scatter_collectives import Splits
 
 
 def _tracked(tensors: Sequence[torch.Tensor]) -> bool:
     """Whether autograd follows a collective of ``tensors``."""
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-
-
-# ---- the collectives themselves, untracked ------------------------------------------------
-
-
-def _reduced(
-    tensor: torch.Tensor,
-    op: ReduceOp,
-    prescale_factor: float,
-    postscale_factor: float,
-    process_set: ProcessSet,
-    compression: type[Compressor] | None = None,
-) -> torch.Tensor:
-    copy, decompress = compressed_copy(tensor, compression)
-    return decompress(
-        allreduce_(copy, None, None, op, prescale_factor, postscale_factor, process_set)
-    )
-
-
-def _grouped_reduced(
-    tensors: Sequence[torch.Tensor],
-    op: ReduceOp,
-    prescale_factor: float,
-    postscale_factor: float,
-    process_set: ProcessSet,
-    compression: type[Compressor] | None = None,
-) -> list[torch.Tensor]:
-    copies = [compressed_copy(t, compression) for t in tensors]
-    handle = grouped_allreduce_async_(
-        [c for c, _ in copies], None, None, op, prescale_factor, postscale_factor, process_set
-    )
-    reduced: list[torch.Tensor] = synchronize(handle)
-    return [decompress(r) for r, (_, decompress) in zip(reduced, copies, strict=True)]
-
-
-def _gathered(tensor: torch.Tensor) -> torch.Tensor:
-    return torch.cat(allgather_parts(tensor)).to(tensor.device)
-
-
-def _grouped_gathered(
-    tensors: Sequence[torch.Tensor], process_set: ProcessSet
-) -> list[torch.Tensor]:
-    gathered: list[torch.Tensor] = synchronize(grouped_allgather_async(tensors, None, process_set))
-    return gathered
-
-
-def _exchanged(
-    tensor: torch.Tensor, splits: Splits | None, process_set: ProcessSet
-) -> tuple[torch.Tensor, torch.Tensor]:
-    exchanged: tuple[torch.Tensor, torch.Tensor] = synchronize(
-        alltoall_async(tensor, splits, None, process_set)
-    )
-    return exchanged
-
-
-def _scattered(
-    tensor: torch.Tensor,
-    op: ReduceOp,
-    process_set: ProcessSet,
-    prescale_factor: float,
-    postscale_factor: float,
-    compression: type[Compressor] | None = None,
-) -> torch.Tensor:
-    copy, decompress = compressed_copy(tensor, compression)
-    handle = reducescatter_async(copy, None, op, process_set, prescale_factor, postscale_factor)
-    result: torch.Tensor = decompress(synchronize(handle))
-    return result
-
-
-def _grouped_scattered(
-    tensors: Sequence[torch.Tensor],
-    op: ReduceOp,
-    process_set: ProcessSet,
-    prescale_factor: float,
-    postscale_factor: float,
-    compression: type[Compressor] | None = None,
-) -> list[torch.Tensor]:
-    copies = [compressed_copy(t, compression) for t in tensors]
-    handle = grouped_reducescatter_async(
-        [c for c, _ in copies], None, op, process_set, prescale_factor, postscale_factor
-    )
-    reduced: list[torch.Tensor] = synchronize(handle)
-    return [decompress(r) for r, (_, decompress) in zip(reduced, copies, strict=True)]
 
 
 # ---- autograd ------------------------------------------------------------------------
@@ -153,8 +59,8 @@ def _decompressed(
 
 def _own_rows(gradient: torch.Tensor, rows: int, process_set: ProcessSet) -> torch.Tensor:
     """This rank's ``rows`` of a gradient of an allgather's output, averaged over the ranks."""
-    averaged = _reduced(gradient, Average, 1.0, 1.0, process_set)
-    counts = _gathered(torch.tensor([rows], dtype=torch.int64))
+    averaged = blocking.reduced(gradient, Average, 1.0, 1.0, process_set)
+    counts = blocking.gathered(torch.tensor([rows], dtype=torch.int64))
     start = int(counts[: process_set.rank()].sum().item())
     return averaged.narrow(0, start, rows)
 
@@ -177,11 +83,11 @@ class _Allreduce(torch.autograd.Function):
         process_set: ProcessSet,
     ) -> torch.Tensor:
         ctx.args = (op, prescale_factor, postscale_factor, process_set)
-        return _reduced(tensor, op, prescale_factor, postscale_factor, process_set)
+        return blocking.reduced(tensor, op, prescale_factor, postscale_factor, process_set)
 
     @staticmethod
     def backward(ctx: Any, gradient: torch.Tensor) -> tuple[Any, ...]:
-        return _reduced(gradient, *ctx.args), None, None, None, None
+        return blocking.reduced(gradient, *ctx.args), None, None, None, None
 
 
 class _GroupedAllreduce(torch.autograd.Function):
@@ -195,18 +101,18 @@ class _GroupedAllreduce(torch.autograd.Function):
         *tensors: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         ctx.args = (op, prescale_factor, postscale_factor, process_set)
-        return tuple(_grouped_reduced(tensors, *ctx.args))
+        return tuple(blocking.grouped_reduced(tensors, *ctx.args))
 
     @staticmethod
     def backward(ctx: Any, *gradients: torch.Tensor) -> tuple[Any, ...]:
-        return (None, None, None, None, *_grouped_reduced(gradients, *ctx.args))
+        return (None, None, None, None, *blocking.grouped_reduced(gradients, *ctx.args))
 
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, process_set: ProcessSet) -> torch.Tensor:
         ctx.rows, ctx.process_set = tensor.shape[0], process_set
-        return _gathered(tensor)
+        return blocking.gathered(tensor)
 
     @staticmethod
     def backward(ctx: Any, gradient: torch.Tensor) -> tuple[Any, ...]:
@@ -219,7 +125,7 @@ class _GroupedAllgather(torch.autograd.Function):
         ctx: Any, process_set: ProcessSet, *tensors: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
-        return tuple(_grouped_gathered(tensors, process_set))
+        return tuple(blocking.grouped_gathered(tensors, process_set))
 
     @staticmethod
     def backward(ctx: Any, *gradients: torch.Tensor) -> tuple[Any, ...]:
@@ -237,7 +143,7 @@ class _Broadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, gradient: torch.Tensor) -> tuple[Any, ...]:
-        averaged = _reduced(gradient, Average, 1.0, 1.0, ctx.process_set)
+        averaged = blocking.reduced(gradient, Average, 1.0, 1.0, ctx.process_set)
         if ctx.process_set.rank() != ctx.root_rank:
             averaged = torch.zeros_like(averaged)
         return averaged, None, None
@@ -248,14 +154,14 @@ class _Alltoall(torch.autograd.Function):
     def forward(
         ctx: Any, tensor: torch.Tensor, splits: Splits | None, process_set: ProcessSet
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        output, received = _exchanged(tensor, splits, process_set)
+        output, received = blocking.exchanged(tensor, splits, process_set)
         ctx.received, ctx.process_set = received, process_set
         ctx.mark_non_differentiable(received)
         return output, received
 
     @staticmethod
     def backward(ctx: Any, gradient: torch.Tensor, _received: Any) -> tuple[Any, ...]:
-        sent_back, _ = _exchanged(gradient, ctx.received, ctx.process_set)
+        sent_back, _ = blocking.exchanged(gradient, ctx.received, ctx.process_set)
         return sent_back, None, None
 
 
@@ -270,11 +176,11 @@ class _Reducescatter(torch.autograd.Function):
         postscale_factor: float,
     ) -> torch.Tensor:
         ctx.args = (op, process_set, prescale_factor, postscale_factor)
-        return _scattered(tensor, *ctx.args)
+        return blocking.scattered(tensor, *ctx.args)
 
     @staticmethod
     def backward(ctx: Any, gradient: torch.Tensor) -> tuple[Any, ...]:
-        return _gathered(gradient * _scatter_scale(*ctx.args)), None, None, None, None
+        return blocking.gathered(gradient * _scatter_scale(*ctx.args)), None, None, None, None
 
 
 class _GroupedReducescatter(torch.autograd.Function):
@@ -288,12 +194,12 @@ class _GroupedReducescatter(torch.autograd.Function):
         *tensors: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         ctx.args = (op, process_set, prescale_factor, postscale_factor)
-        return tuple(_grouped_scattered(tensors, *ctx.args))
+        return tuple(blocking.grouped_scattered(tensors, *ctx.args))
 
     @staticmethod
     def backward(ctx: Any, *gradients: torch.Tensor) -> tuple[Any, ...]:
         scale = _scatter_scale(*ctx.args)
-        gathered = _grouped_gathered([g * scale for g in gradients], ctx.args[1])
+        gathered = blocking.grouped_gathered([g * scale for g in gradients], ctx.args[1])
         return (None, None, None, None, *gathered)
 
 
@@ -316,7 +222,7 @@ def allreduce(
     check_process_set(process_set)
     args = (resolve_op(average, op), prescale_factor, postscale_factor, process_set)
     if not _tracked([tensor]):
-        return _reduced(tensor, *args, compression)
+        return blocking.reduced(tensor, *args, compression)
     compressed, ctx = _compressed(tensor, compression)
     reduced = _Allreduce.apply(compressed, *args)  # type: ignore[no-untyped-call]
     return _decompressed(reduced, compression, ctx)
@@ -338,7 +244,7 @@ def grouped_allreduce(
     check_process_set(process_set)
     args = (resolve_op(average, op), prescale_factor, postscale_factor, process_set)
     if not _tracked(tensors):
-        return _grouped_reduced(tensors, *args, compression)
+        return blocking.grouped_reduced(tensors, *args, compression)
     compressed = [_compressed(t, compression) for t in tensors]
     reduced = _GroupedAllreduce.apply(*args, *(c for c, _ in compressed))  # type: ignore[no-untyped-call]
     pairs = zip(reduced, compressed, strict=True)
@@ -352,7 +258,7 @@ def allgather(
     del name
     check_process_set(process_set)
     if not _tracked([tensor]) or tensor.dim() == 0:
-        return _gathered(tensor)
+        return blocking.gathered(tensor)
     result: torch.Tensor = _Allgather.apply(tensor, process_set)  # type: ignore[no-untyped-call]
     return result
 
@@ -367,7 +273,7 @@ def grouped_allgather(
     del name
     check_process_set(process_set)
     if not _tracked(tensors) or any(t.dim() == 0 for t in tensors):
-        return _grouped_gathered(tensors, process_set)
+        return blocking.grouped_gathered(tensors, process_set)
     return list(_GroupedAllgather.apply(process_set, *tensors))  # type: ignore[no-untyped-call]
 
 
@@ -398,7 +304,7 @@ def alltoall(
     del name
     check_process_set(process_set)
     if not _tracked([tensor]) or tensor.dim() == 0:
-        output, received = _exchanged(tensor, splits, process_set)
+        output, received = blocking.exchanged(tensor, splits, process_set)
     else:
         output, received = _Alltoall.apply(tensor, splits, process_set)  # type: ignore[no-untyped-call]
     return output if splits is None else (output, received)
@@ -419,7 +325,7 @@ def reducescatter(
     check_process_set(process_set)
     args = (op, process_set, prescale_factor, postscale_factor)
     if not _tracked([tensor]):
-        return _scattered(tensor, *args, compression)
+        return blocking.scattered(tensor, *args, compression)
     compressed, ctx = _compressed(tensor, compression)
     reduced = _Reducescatter.apply(compressed, *args)  # type: ignore[no-untyped-call]
     return _decompressed(reduced, compression, ctx)
@@ -440,7 +346,7 @@ def grouped_reducescatter(
     check_process_set(process_set)
     args = (op, process_set, prescale_factor, postscale_factor)
     if not _tracked(tensors):
-        return _grouped_scattered(tensors, *args, compression)
+        return blocking.grouped_scattered(tensors, *args, compression)
     compressed = [_compressed(t, compression) for t in tensors]
     reduced = _GroupedReducescatter.apply(*args, *(c for c, _ in compressed))  # type: ignore[no-untyped-call]
     pairs = zip(reduced, compressed, strict=True)

@@ -170,7 +170,7 @@ class ShardedState(State):
         most. Until it is confirmed a failure rolls back to the commit before."""
         if self.model is None or self.optimizer is None or self._host_group is None:
             raise RuntimeError("a ShardedState is committed inside elastic.run only")
-        self._confirm()
+        self.wait_for_commit()
         started = time.monotonic()
         runtime = current()
         slot = runtime.slot
@@ -212,11 +212,6 @@ class ShardedState(State):
         training), and until then a failure rolls back to the commit before. Raises
         :class:`HorovodInternalError` when a peer failed meanwhile (no collective: one rank
         may call it alone)."""
-        self._confirm()
-
-    def _confirm(self) -> None:
-        """Wait for the commit in flight to be confirmed. Raises :class:`HorovodInternalError`
-        when it cannot be (a peer failed: the round's group was aborted)."""
         self._settle(None)
         if self._pending is not None:
             raise HorovodInternalError("a commit's copies did not complete: a peer failed")
@@ -240,7 +235,7 @@ class ShardedState(State):
         assert self._checkpointer is not None
         if self.model is None or self.optimizer is None:
             raise RuntimeError("a ShardedState is checkpointed inside elastic.run only")
-        self._confirm()
+        self.wait_for_commit()
         assert self._commit is not None
         runtime = current()
         epoch = self._commit.extras.get("epoch", 0)
@@ -270,7 +265,7 @@ class ShardedState(State):
         except HostsUpdatedInterrupt:
             if not self._checking_in_commit:
                 self.save()
-            self._confirm()
+            self.wait_for_commit()
             raise
 
     def restore(self) -> None:
