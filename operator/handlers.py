@@ -37,8 +37,9 @@ async def stop(memo: Any, **_: Any) -> None:
 
 @kopf.on.probe(id="rendezvous")
 async def probe_rendezvous(memo: Any, **_: Any) -> str:
-    """Part of the liveness endpoint's answer; fails the probe when workers cannot be served."""
-    return _runtime(memo).check_health()
+    """Part of the health endpoint's answer (liveness and readiness): fails the probe when
+    workers cannot be served, or admission is not registered yet."""
+    return await _runtime(memo).check_health()
 
 
 @kopf.on.validate(GROUP, VERSION, PLURAL, id="validate-spec", operations=["CREATE", "UPDATE"])

@@ -229,6 +229,14 @@ class KubeApi:
         assert role.metadata is not None
         return str(role.metadata.uid)
 
+    async def read_validating_webhook_configuration(self, name: str) -> dict[str, Any] | None:
+        """The ValidatingWebhookConfiguration ``name``, or None when there is none."""
+        return await self._read(
+            "read validating webhook configuration",
+            self.admission.read_validating_webhook_configuration,
+            name,
+        )
+
     async def own_webhook_configurations(self, name: str, owner: dict[str, Any]) -> None:
         """Make ``owner`` the owner of the validating and mutating webhook configurations
         ``name`` (creating them, empty, when missing), so that they are garbage-collected with

@@ -30,7 +30,7 @@ from elasticjob.operator.kube_transport import load_config
 from elasticjob.operator.metrics import CONTENT_TYPE, OperatorMetrics
 from elasticjob.operator.ownpod import follow_own_pod
 from elasticjob.operator.supervisor import ENDED_PHASES, JobSupervisor
-from elasticjob.operator.webhook import ServiceWebhookServer
+from elasticjob.operator.webhook import ServiceWebhookServer, serves_this_server
 from elasticjob.rendezvous.server import RendezvousService
 
 logger = logging.getLogger(__name__)
@@ -99,6 +99,9 @@ class OperatorRuntime:
     _metrics: web.AppRunner | None = None
     metrics: OperatorMetrics = field(init=False)
     _own_pod_task: asyncio.Task[None] | None = None
+    _webhook_server: ServiceWebhookServer | None = None
+    _admission_registered: bool = False
+    """Whether the API server has been seen sending reviews to this operator's webhook."""
     loop_lag: LoopLagWatch = field(default_factory=lambda: LoopLagWatch(time.monotonic))
     """The one watch of the event loop that every job's driver runs on."""
 
@@ -133,13 +136,14 @@ class OperatorRuntime:
         settings.execution.max_workers = 8
         hook = self.config.webhook
         if hook is not None:
-            settings.admission.server = ServiceWebhookServer(
+            self._webhook_server = ServiceWebhookServer(
                 service=hook.service,
                 namespace=hook.namespace,
                 bind_address=self.config.bind_address,
                 port=hook.port,
                 cert_dir=hook.cert_dir,
             )
+            settings.admission.server = self._webhook_server
             settings.admission.managed = hook.configuration_name
         load_config()
         self._api = KubeApi()
@@ -209,10 +213,25 @@ class OperatorRuntime:
         for controller in self.controllers.values():
             controller.set_reachable(ready)
 
-    def check_health(self) -> str:
-        """What the liveness probe reports; raises when the operator cannot serve workers."""
+    async def check_health(self) -> str:
+        """What the health probe reports; raises when the operator cannot serve workers, or,
+        with the webhook, until the API server sends it reviews (kopf registers the webhook
+        after the operator has started: ready before that, a hostile ElasticJob applied just
+        after ``helm install --wait`` would be admitted unchecked). Once seen, registration is
+        not checked again: a configuration deleted later is the cluster admin's choice."""
         if self._service is None or not self._service.serving:
             raise RuntimeError("the rendezvous service is not serving")
+        hook, server = self.config.webhook, self._webhook_server
+        if hook is not None and server is not None and not self._admission_registered:
+            name = hook.configuration_name
+            found = await self.api.read_validating_webhook_configuration(name)
+            if not serves_this_server(found, server.ca_bundle):
+                raise RuntimeError(
+                    f"the admission webhook is not registered yet: ValidatingWebhookConfiguration"
+                    f" {name} does not send reviews to this operator"
+                )
+            self._admission_registered = True
+            logger.info("the API server sends admission reviews to this operator (%s)", name)
         return "serving"
 
     def _job_updated(self, namespace: str, name: str) -> None:

@@ -3,8 +3,9 @@ announced to the API server as a Service (``<service>.<namespace>.svc``) rather 
 
 from __future__ import annotations
 
+import base64
 import datetime
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,17 @@ class ServiceWebhookServer(kopf.WebhookServer):
             cadata=material.ca_pem,
         )
         self._service = {"name": service, "namespace": namespace, "port": SERVICE_PORT}
+        self.ca_bundle = base64.b64encode(material.ca_pem).decode("ascii")
+        """The CA bundle this server announces (base64 PEM), as the API server stores it."""
 
     async def __call__(self, fn: Any) -> AsyncIterator[Any]:
         async for config in super().__call__(fn):
             yield {"service": dict(self._service, path=""), "caBundle": config["caBundle"]}
+
+
+def serves_this_server(configuration: Mapping[str, Any] | None, ca_bundle: str) -> bool:
+    """Whether a ValidatingWebhookConfiguration (None: there is none) sends reviews to the
+    server whose CA bundle is ``ca_bundle``: until kopf has written its webhooks there, the
+    API server admits every ElasticJob unchecked."""
+    webhooks = (configuration or {}).get("webhooks") or []
+    return any((hook.get("clientConfig") or {}).get("caBundle") == ca_bundle for hook in webhooks)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from devcluster.cluster import Cluster
-from tests.support.operator_release import CHART, RELEASE, SYSTEM_NS
+from tests.support.operator_release import CHART, OPERATOR_PODS, RELEASE, SYSTEM_NS
 
 CLUSTER_FIXTURES = "tests.support.cluster_fixtures"
 E2E_RUNTIME_ENV = "ELASTICJOB_E2E_RUNTIME"
@@ -48,7 +48,8 @@ def cluster(request: pytest.FixtureRequest) -> Cluster:
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster) -> Iterator[Cluster]:
     """The operator, installed with helm into its own namespace (once for each test module
-    that uses it, uninstalled after the module)."""
+    that uses it, uninstalled after the module). ``helm install --wait`` returns once the
+    operator is ready, which includes its admission webhook being registered."""
     result = cluster.helm(
         "install",
         RELEASE,
@@ -69,3 +70,9 @@ def operator(cluster: Cluster) -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.helm("uninstall", RELEASE, "-n", SYSTEM_NS, check=False, timeout=60)
+        # The next module's operator must be the only one: a terminating pod would still
+        # answer the webhook and the workers.
+        cluster.kubectl(
+            "-n", SYSTEM_NS, "wait", "--for=delete", "pod", "-l", OPERATOR_PODS, "--timeout=120s",
+            check=False, timeout=150,
+        )  # fmt: skip
