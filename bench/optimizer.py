@@ -32,9 +32,13 @@ HERE = Path(__file__).resolve().parent
 WORKER = HERE / "optimizer_worker.py"
 
 
-def run_job(out: Path, workers: int, worker_args: list[str]) -> list[dict[str, float | int | str]]:
+def run_job(
+    out: Path, workers: int, worker_args: list[str], script: Path = WORKER
+) -> list[dict[str, float | int | str]]:
+    """Run ``script`` as a CPU job of ``workers`` processes on one loopback host; the lines
+    of the ``blocks.jsonl`` its rank 0 writes under ``out``."""
     launcher = ["-np", str(workers), "-H", f"127.0.1.1:{workers}", "--gloo"]
-    worker = [sys.executable, str(WORKER), "--out", str(out), *worker_args]
+    worker = [sys.executable, str(script), "--out", str(out), *worker_args]
     command = [sys.executable, "-m", "elasticjob.launcher.cli", *launcher, *worker]
     # A CPU benchmark: keep the workers off any GPU of the machine.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}

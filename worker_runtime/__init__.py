@@ -16,8 +16,10 @@ PyTorch script runs after changing only its import line::
 from elasticjob.worker_runtime import elastic
 from elasticjob.worker_runtime.async_collectives import (
     allgather_async,
+    allreduce_,
     allreduce_async,
     allreduce_async_,
+    broadcast_,
     broadcast_async,
     broadcast_async_,
     grouped_allreduce_,
@@ -39,7 +41,6 @@ from elasticjob.worker_runtime.basics import (
     cross_size,
     current_round,
     device,
-    init,
     is_initialized,
     local_rank,
     local_size,
@@ -70,10 +71,6 @@ from elasticjob.worker_runtime.collectives import (
     Product,
     ReduceOp,
     Sum,
-    allgather_object,
-    allreduce_,
-    broadcast_,
-    broadcast_object,
     broadcast_optimizer_state,
     broadcast_parameters,
     broadcast_state,
@@ -81,6 +78,7 @@ from elasticjob.worker_runtime.collectives import (
 from elasticjob.worker_runtime.coordination import barrier, join
 from elasticjob.worker_runtime.exceptions import (
     CollectiveError,
+    CollectiveMismatchError,
     HorovodInternalError,
     HostsUpdatedInterrupt,
     WorkerRemoved,
@@ -91,11 +89,13 @@ from elasticjob.worker_runtime.grouped_collectives import (
     sparse_allreduce_async,
 )
 from elasticjob.worker_runtime.handles import poll, synchronize
+from elasticjob.worker_runtime.object_collectives import allgather_object, broadcast_object
 from elasticjob.worker_runtime.optimizer import Compression, DistributedOptimizer
 from elasticjob.worker_runtime.process_sets import (
     ProcessSet,
     add_process_set,
     global_process_set,
+    init,
     remove_process_set,
 )
 from elasticjob.worker_runtime.scatter_collectives import alltoall_async, reducescatter_async
@@ -105,6 +105,7 @@ __all__ = [
     "Adasum",
     "Average",
     "CollectiveError",
+    "CollectiveMismatchError",
     "Compression",
     "DistributedOptimizer",
     "HorovodInternalError",

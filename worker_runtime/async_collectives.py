@@ -1,12 +1,12 @@
-"""Horovod's asynchronous and grouped collectives: ``allreduce_async(_)``,
-``grouped_allreduce_`` and the async variants of grouped reductions, ``broadcast_async(_)``,
-``allgather_async`` (the blocking ``grouped_allreduce`` is in ``autograd_collectives.py``).
+"""Horovod's asynchronous collectives and the in-place blocking ones: ``allreduce_async(_)``,
+``allreduce_``, ``grouped_allreduce(_)`` and the async variants of grouped reductions,
+``broadcast_async(_)``, ``broadcast_``, ``allgather_async`` (the blocking forms with autograd
+are in ``autograd_collectives.py``).
 
 Each returns a handle (:mod:`~elasticjob.worker_runtime.handles`) to pass to ``synchronize``
-or ``poll``. The collective is issued on the round's group before the function returns, so
-every rank must issue its asynchronous operations in the same order. ``allgather_async``
-first exchanges the ranks' first dimensions (a short wait, abortable like every other), then
-returns while the gather runs. Grouped reductions travel as one buffer per dtype.
+or ``poll``. The collective is submitted to the round's negotiation (``negotiation.py``),
+which matches it by name with the other ranks' calls and issues it once they agree; the
+function never waits for that. Grouped reductions travel as one buffer per dtype.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from elasticjob.worker_runtime.call_descriptions import Call
 from elasticjob.worker_runtime.collectives import (
     Pending,
     ReduceOp,
@@ -24,9 +25,11 @@ from elasticjob.worker_runtime.collectives import (
     start_allreduce_,
     start_broadcast_,
     torch_op,
+    unflatten_into,
 )
-from elasticjob.worker_runtime.handles import issue, synchronize
-from elasticjob.worker_runtime.process_sets import ProcessSet, check_process_set, global_process_set
+from elasticjob.worker_runtime.handles import negotiated, synchronize
+from elasticjob.worker_runtime.negotiation import Issued, describe
+from elasticjob.worker_runtime.process_sets import ProcessSet, global_process_set, negotiation_of
 from elasticjob.worker_runtime.wire_dtypes import on_wire, scale_
 
 
@@ -40,10 +43,41 @@ def allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start reducing ``tensor`` in place (default: average); ``synchronize`` returns it."""
-    del name
-    check_process_set(process_set)
-    pending = start_allreduce_(tensor, average, op, prescale_factor, postscale_factor)
-    return issue([pending.work], pending.finish)
+    negotiation = negotiation_of(process_set)
+    operation = resolve_op(average, op)
+    torch_op(operation)  # refuses what cannot run, before any rank waits for this call
+    call = describe(
+        "allreduce",
+        [tensor],
+        op=operation.value,
+        prescale=prescale_factor,
+        postscale=postscale_factor,
+    )
+
+    def start(_calls: Sequence[Call], group: dist.ProcessGroup) -> Issued:
+        pending = start_allreduce_(
+            tensor, None, operation, prescale_factor, postscale_factor, group
+        )
+        return [pending.work], pending.finish
+
+    return negotiated(negotiation, name, call, start)
+
+
+def allreduce_(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """Reduce ``tensor`` across all ranks in place and return it (default: average)."""
+    handle = allreduce_async_(
+        tensor, average, name, op, prescale_factor, postscale_factor, process_set
+    )
+    result: torch.Tensor = synchronize(handle)
+    return result
 
 
 def allreduce_async(
@@ -66,6 +100,7 @@ def _start_grouped_(
     op: ReduceOp,
     prescale_factor: float,
     postscale_factor: float,
+    group: dist.ProcessGroup,
 ) -> tuple[list[Pending], list[tuple[torch.Tensor, list[torch.Tensor]]]]:
     """One in-place allreduce per dtype on a flat buffer of that dtype's tensors."""
     reduction = torch_op(op)
@@ -76,8 +111,9 @@ def _start_grouped_(
     for members in by_dtype.values():
         flat = on_wire(torch.cat([t.detach().reshape(-1) for t in members]))
         scale_(flat, prescale_factor)
-        work = dist.all_reduce(flat, op=reduction, async_op=True)
-        pendings.append(Pending(work, flat, flat, op, postscale_factor))
+        work = dist.all_reduce(flat, op=reduction, group=group, async_op=True)
+        size = dist.get_world_size(group)
+        pendings.append(Pending(work, flat, flat, op, postscale_factor, size))
         layouts.append((flat, members))
     return pendings, layouts
 
@@ -93,25 +129,32 @@ def grouped_allreduce_async_(
 ) -> int:
     """Start reducing every tensor of ``tensors`` in place, as one operation;
     ``synchronize`` returns the list."""
-    del name
-    check_process_set(process_set)
+    negotiation = negotiation_of(process_set)
     members = list(tensors)
-    pendings, layouts = _start_grouped_(
-        members, resolve_op(average, op), prescale_factor, postscale_factor
+    operation = resolve_op(average, op)
+    torch_op(operation)
+    call = describe(
+        "grouped_allreduce",
+        members,
+        op=operation.value,
+        prescale=prescale_factor,
+        postscale=postscale_factor,
     )
 
-    def finish() -> list[torch.Tensor]:
-        for pending, (flat, group) in zip(pendings, layouts, strict=True):
-            pending.finish()
-            offset = 0
-            for tensor in group:
-                n = tensor.numel()
-                with torch.no_grad():
-                    tensor.copy_(flat[offset : offset + n].view_as(tensor))
-                offset += n
-        return members
+    def start(_calls: Sequence[Call], group: dist.ProcessGroup) -> Issued:
+        pendings, layouts = _start_grouped_(
+            members, operation, prescale_factor, postscale_factor, group
+        )
 
-    return issue([p.work for p in pendings], finish)
+        def finish() -> list[torch.Tensor]:
+            for pending, (flat, same_dtype) in zip(pendings, layouts, strict=True):
+                pending.finish()
+                unflatten_into(flat, same_dtype)
+            return members
+
+        return [p.work for p in pendings], finish
+
+    return negotiated(negotiation, name, call, start)
 
 
 def grouped_allreduce_async(
@@ -154,10 +197,25 @@ def broadcast_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start overwriting ``tensor`` with root's value in place; ``synchronize`` returns it."""
-    del name
-    check_process_set(process_set)
-    pending = start_broadcast_(tensor, root_rank)
-    return issue([pending.work], pending.finish)
+    negotiation = negotiation_of(process_set)
+    call = describe("broadcast", [tensor], root=root_rank)
+
+    def start(_calls: Sequence[Call], group: dist.ProcessGroup) -> Issued:
+        pending = start_broadcast_(tensor, root_rank, group)
+        return [pending.work], pending.finish
+
+    return negotiated(negotiation, name, call, start)
+
+
+def broadcast_(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """Overwrite ``tensor`` with root's value, in place."""
+    result: torch.Tensor = synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return result
 
 
 def broadcast_async(
@@ -177,7 +235,11 @@ def allgather_async(
 ) -> int:
     """Start concatenating every rank's ``tensor`` along dimension 0 (first dimensions may
     differ); ``synchronize`` returns the result on ``tensor``'s device."""
-    del name
-    check_process_set(process_set)
-    work, parts = start_allgather(tensor)
-    return issue([work], lambda: torch.cat(parts()).to(tensor.device))
+    negotiation = negotiation_of(process_set)
+    call = describe("allgather", [tensor])
+
+    def start(calls: Sequence[Call], group: dist.ProcessGroup) -> Issued:
+        work, parts = start_allgather(tensor, [c.shapes[0][0] for c in calls], group)
+        return [work], lambda: torch.cat(parts()).to(tensor.device)
+
+    return negotiated(negotiation, name, call, start)

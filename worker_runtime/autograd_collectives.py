@@ -25,15 +25,16 @@ from typing import Any
 import torch
 
 from elasticjob.worker_runtime import blocking_collectives as blocking
+from elasticjob.worker_runtime.async_collectives import broadcast_
+from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.collectives import (
     Average,
     Compressor,
     ReduceOp,
     Sum,
-    broadcast_,
     resolve_op,
 )
-from elasticjob.worker_runtime.process_sets import ProcessSet, check_process_set, global_process_set
+from elasticjob.worker_runtime.process_sets import ProcessSet, global_process_set, negotiation_of
 from elasticjob.worker_runtime.scatter_collectives import Splits
 
 
@@ -60,7 +61,7 @@ def _decompressed(
 def _own_rows(gradient: torch.Tensor, rows: int, process_set: ProcessSet) -> torch.Tensor:
     """This rank's ``rows`` of a gradient of an allgather's output, averaged over the ranks."""
     averaged = blocking.reduced(gradient, Average, 1.0, 1.0, process_set)
-    counts = blocking.gathered(torch.tensor([rows], dtype=torch.int64))
+    counts = blocking.gathered(torch.tensor([rows], dtype=torch.int64), process_set)
     start = int(counts[: process_set.rank()].sum().item())
     return averaged.narrow(0, start, rows)
 
@@ -69,7 +70,7 @@ def _scatter_scale(
     op: ReduceOp, process_set: ProcessSet, prescale_factor: float, postscale_factor: float
 ) -> float:
     """What a reduce-scatter's output gradient is scaled by before it is gathered."""
-    return (process_set.size() if op is Sum else 1) * prescale_factor * postscale_factor
+    return (len(process_set.ranks) if op is Sum else 1) * prescale_factor * postscale_factor
 
 
 class _Allreduce(torch.autograd.Function):
@@ -81,13 +82,14 @@ class _Allreduce(torch.autograd.Function):
         prescale_factor: float,
         postscale_factor: float,
         process_set: ProcessSet,
+        name: str | None,
     ) -> torch.Tensor:
         ctx.args = (op, prescale_factor, postscale_factor, process_set)
-        return blocking.reduced(tensor, op, prescale_factor, postscale_factor, process_set)
+        return blocking.reduced(tensor, *ctx.args, name=name)
 
     @staticmethod
     def backward(ctx: Any, gradient: torch.Tensor) -> tuple[Any, ...]:
-        return blocking.reduced(gradient, *ctx.args), None, None, None, None
+        return blocking.reduced(gradient, *ctx.args), None, None, None, None, None
 
 
 class _GroupedAllreduce(torch.autograd.Function):
@@ -98,63 +100,70 @@ class _GroupedAllreduce(torch.autograd.Function):
         prescale_factor: float,
         postscale_factor: float,
         process_set: ProcessSet,
+        name: str | None,
         *tensors: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         ctx.args = (op, prescale_factor, postscale_factor, process_set)
-        return tuple(blocking.grouped_reduced(tensors, *ctx.args))
+        return tuple(blocking.grouped_reduced(tensors, *ctx.args, name=name))
 
     @staticmethod
     def backward(ctx: Any, *gradients: torch.Tensor) -> tuple[Any, ...]:
-        return (None, None, None, None, *blocking.grouped_reduced(gradients, *ctx.args))
+        return (None, None, None, None, None, *blocking.grouped_reduced(gradients, *ctx.args))
 
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, process_set: ProcessSet) -> torch.Tensor:
+    def forward(
+        ctx: Any, tensor: torch.Tensor, process_set: ProcessSet, name: str | None
+    ) -> torch.Tensor:
         ctx.rows, ctx.process_set = tensor.shape[0], process_set
-        return blocking.gathered(tensor)
+        return blocking.gathered(tensor, process_set, name=name)
 
     @staticmethod
     def backward(ctx: Any, gradient: torch.Tensor) -> tuple[Any, ...]:
-        return _own_rows(gradient, ctx.rows, ctx.process_set), None
+        return _own_rows(gradient, ctx.rows, ctx.process_set), None, None
 
 
 class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, process_set: ProcessSet, *tensors: torch.Tensor
+        ctx: Any, process_set: ProcessSet, name: str | None, *tensors: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
-        return tuple(blocking.grouped_gathered(tensors, process_set))
+        return tuple(blocking.grouped_gathered(tensors, process_set, name=name))
 
     @staticmethod
     def backward(ctx: Any, *gradients: torch.Tensor) -> tuple[Any, ...]:
         rows = zip(gradients, ctx.rows, strict=True)
-        return (None, *(_own_rows(g, n, ctx.process_set) for g, n in rows))
+        return (None, None, *(_own_rows(g, n, ctx.process_set) for g, n in rows))
 
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, tensor: torch.Tensor, root_rank: int, process_set: ProcessSet
+        ctx: Any, tensor: torch.Tensor, root_rank: int, process_set: ProcessSet, name: str | None
     ) -> torch.Tensor:
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return broadcast_(tensor.detach().clone(), root_rank, None, process_set)
+        return broadcast_(tensor.detach().clone(), root_rank, name, process_set)
 
     @staticmethod
     def backward(ctx: Any, gradient: torch.Tensor) -> tuple[Any, ...]:
         averaged = blocking.reduced(gradient, Average, 1.0, 1.0, ctx.process_set)
-        if ctx.process_set.rank() != ctx.root_rank:
+        if current().slot.rank != ctx.root_rank:  # a global rank, as in Horovod
             averaged = torch.zeros_like(averaged)
-        return averaged, None, None
+        return averaged, None, None, None
 
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, tensor: torch.Tensor, splits: Splits | None, process_set: ProcessSet
+        ctx: Any,
+        tensor: torch.Tensor,
+        splits: Splits | None,
+        process_set: ProcessSet,
+        name: str | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        output, received = blocking.exchanged(tensor, splits, process_set)
+        output, received = blocking.exchanged(tensor, splits, process_set, name=name)
         ctx.received, ctx.process_set = received, process_set
         ctx.mark_non_differentiable(received)
         return output, received
@@ -162,7 +171,7 @@ class _Alltoall(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, gradient: torch.Tensor, _received: Any) -> tuple[Any, ...]:
         sent_back, _ = blocking.exchanged(gradient, ctx.received, ctx.process_set)
-        return sent_back, None, None
+        return sent_back, None, None, None
 
 
 class _Reducescatter(torch.autograd.Function):
@@ -174,13 +183,15 @@ class _Reducescatter(torch.autograd.Function):
         process_set: ProcessSet,
         prescale_factor: float,
         postscale_factor: float,
+        name: str | None,
     ) -> torch.Tensor:
         ctx.args = (op, process_set, prescale_factor, postscale_factor)
-        return blocking.scattered(tensor, *ctx.args)
+        return blocking.scattered(tensor, *ctx.args, name=name)
 
     @staticmethod
     def backward(ctx: Any, gradient: torch.Tensor) -> tuple[Any, ...]:
-        return blocking.gathered(gradient * _scatter_scale(*ctx.args)), None, None, None, None
+        gathered = blocking.gathered(gradient * _scatter_scale(*ctx.args), ctx.args[1])
+        return gathered, None, None, None, None, None
 
 
 class _GroupedReducescatter(torch.autograd.Function):
@@ -191,16 +202,17 @@ class _GroupedReducescatter(torch.autograd.Function):
         process_set: ProcessSet,
         prescale_factor: float,
         postscale_factor: float,
+        name: str | None,
         *tensors: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         ctx.args = (op, process_set, prescale_factor, postscale_factor)
-        return tuple(blocking.grouped_scattered(tensors, *ctx.args))
+        return tuple(blocking.grouped_scattered(tensors, *ctx.args, name=name))
 
     @staticmethod
     def backward(ctx: Any, *gradients: torch.Tensor) -> tuple[Any, ...]:
         scale = _scatter_scale(*ctx.args)
         gathered = blocking.grouped_gathered([g * scale for g in gradients], ctx.args[1])
-        return (None, None, None, None, *gathered)
+        return (None, None, None, None, None, *gathered)
 
 
 # ---- Horovod's API ---------------------------------------------------------------------
@@ -218,13 +230,12 @@ def allreduce(
 ) -> torch.Tensor:
     """Return a new tensor holding ``tensor`` reduced across all ranks (default: average),
     compressed on the way if ``compression`` says so (``hvd.Compression.fp16``)."""
-    del name  # accepted for compatibility; collectives are matched by order
-    check_process_set(process_set)
+    negotiation_of(process_set)  # refuses a set this rank cannot use, before autograd
     args = (resolve_op(average, op), prescale_factor, postscale_factor, process_set)
     if not _tracked([tensor]):
-        return blocking.reduced(tensor, *args, compression)
+        return blocking.reduced(tensor, *args, compression, name=name)
     compressed, ctx = _compressed(tensor, compression)
-    reduced = _Allreduce.apply(compressed, *args)  # type: ignore[no-untyped-call]
+    reduced = _Allreduce.apply(compressed, *args, name)  # type: ignore[no-untyped-call]
     return _decompressed(reduced, compression, ctx)
 
 
@@ -240,13 +251,12 @@ def grouped_allreduce(
 ) -> list[torch.Tensor]:
     """Return new tensors holding ``tensors`` reduced across all ranks (default: average),
     as one operation, compressed on the way if ``compression`` says so."""
-    del name
-    check_process_set(process_set)
+    negotiation_of(process_set)  # refuses a set this rank cannot use, before autograd
     args = (resolve_op(average, op), prescale_factor, postscale_factor, process_set)
     if not _tracked(tensors):
-        return blocking.grouped_reduced(tensors, *args, compression)
+        return blocking.grouped_reduced(tensors, *args, compression, name=name)
     compressed = [_compressed(t, compression) for t in tensors]
-    reduced = _GroupedAllreduce.apply(*args, *(c for c, _ in compressed))  # type: ignore[no-untyped-call]
+    reduced = _GroupedAllreduce.apply(*args, name, *(c for c, _ in compressed))  # type: ignore[no-untyped-call]
     pairs = zip(reduced, compressed, strict=True)
     return [_decompressed(r, compression, ctx) for r, (_, ctx) in pairs]
 
@@ -255,11 +265,10 @@ def allgather(
     tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> torch.Tensor:
     """Concatenate every rank's ``tensor`` along dimension 0 (first dimensions may differ)."""
-    del name
-    check_process_set(process_set)
+    negotiation_of(process_set)  # refuses a set this rank cannot use, before autograd
     if not _tracked([tensor]) or tensor.dim() == 0:
-        return blocking.gathered(tensor)
-    result: torch.Tensor = _Allgather.apply(tensor, process_set)  # type: ignore[no-untyped-call]
+        return blocking.gathered(tensor, process_set, name=name)
+    result: torch.Tensor = _Allgather.apply(tensor, process_set, name)  # type: ignore[no-untyped-call]
     return result
 
 
@@ -270,11 +279,10 @@ def grouped_allgather(
 ) -> list[torch.Tensor]:
     """Gather every tensor of ``tensors`` from every rank along dimension 0 (first dimensions
     may differ); each result on its input's device."""
-    del name
-    check_process_set(process_set)
+    negotiation_of(process_set)  # refuses a set this rank cannot use, before autograd
     if not _tracked(tensors) or any(t.dim() == 0 for t in tensors):
-        return blocking.grouped_gathered(tensors, process_set)
-    return list(_GroupedAllgather.apply(process_set, *tensors))  # type: ignore[no-untyped-call]
+        return blocking.grouped_gathered(tensors, process_set, name=name)
+    return list(_GroupedAllgather.apply(process_set, name, *tensors))  # type: ignore[no-untyped-call]
 
 
 def broadcast(
@@ -284,11 +292,10 @@ def broadcast(
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """Return a new tensor holding root's ``tensor``."""
-    del name
-    check_process_set(process_set)
+    negotiation_of(process_set)  # refuses a set this rank cannot use, before autograd
     if not _tracked([tensor]):
-        return broadcast_(tensor.detach().clone(), root_rank, None, process_set)
-    result: torch.Tensor = _Broadcast.apply(tensor, root_rank, process_set)  # type: ignore[no-untyped-call]
+        return broadcast_(tensor.detach().clone(), root_rank, name, process_set)
+    result: torch.Tensor = _Broadcast.apply(tensor, root_rank, process_set, name)  # type: ignore[no-untyped-call]
     return result
 
 
@@ -301,12 +308,11 @@ def alltoall(
     """Scatter rows of ``tensor`` to every rank and gather theirs (see
     ``scatter_collectives.alltoall_async``); returns the gathered rows, and with ``splits``
     also how many came from each rank."""
-    del name
-    check_process_set(process_set)
+    negotiation_of(process_set)  # refuses a set this rank cannot use, before autograd
     if not _tracked([tensor]) or tensor.dim() == 0:
-        output, received = blocking.exchanged(tensor, splits, process_set)
+        output, received = blocking.exchanged(tensor, splits, process_set, name=name)
     else:
-        output, received = _Alltoall.apply(tensor, splits, process_set)  # type: ignore[no-untyped-call]
+        output, received = _Alltoall.apply(tensor, splits, process_set, name)  # type: ignore[no-untyped-call]
     return output if splits is None else (output, received)
 
 
@@ -321,13 +327,12 @@ def reducescatter(
 ) -> torch.Tensor:
     """Reduce ``tensor`` across ranks and return this rank's rows of the result (see
     ``scatter_collectives.rows_of``), compressed on the way if ``compression`` says so."""
-    del name
-    check_process_set(process_set)
+    negotiation_of(process_set)  # refuses a set this rank cannot use, before autograd
     args = (op, process_set, prescale_factor, postscale_factor)
     if not _tracked([tensor]):
-        return blocking.scattered(tensor, *args, compression)
+        return blocking.scattered(tensor, *args, compression, name=name)
     compressed, ctx = _compressed(tensor, compression)
-    reduced = _Reducescatter.apply(compressed, *args)  # type: ignore[no-untyped-call]
+    reduced = _Reducescatter.apply(compressed, *args, name)  # type: ignore[no-untyped-call]
     return _decompressed(reduced, compression, ctx)
 
 
@@ -342,12 +347,11 @@ def grouped_reducescatter(
 ) -> list[torch.Tensor]:
     """Reduce every tensor of ``tensors`` across ranks and return this rank's rows of each
     result, compressed on the way if ``compression`` says so."""
-    del name
-    check_process_set(process_set)
+    negotiation_of(process_set)  # refuses a set this rank cannot use, before autograd
     args = (op, process_set, prescale_factor, postscale_factor)
     if not _tracked(tensors):
-        return blocking.grouped_scattered(tensors, *args, compression)
+        return blocking.grouped_scattered(tensors, *args, compression, name=name)
     compressed = [_compressed(t, compression) for t in tensors]
-    reduced = _GroupedReducescatter.apply(*args, *(c for c, _ in compressed))  # type: ignore[no-untyped-call]
+    reduced = _GroupedReducescatter.apply(*args, name, *(c for c, _ in compressed))  # type: ignore[no-untyped-call]
     pairs = zip(reduced, compressed, strict=True)
     return [_decompressed(r, compression, ctx) for r, (_, ctx) in pairs]

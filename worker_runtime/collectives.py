@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import enum
 import pickle
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 
 from elasticjob.worker_runtime.basics import current
-from elasticjob.worker_runtime.process_sets import ProcessSet, check_process_set, global_process_set
 from elasticjob.worker_runtime.wire_dtypes import on_wire, scale_
 
 
@@ -84,14 +83,16 @@ class Pending:
     target: torch.Tensor
     op: ReduceOp | None = None
     postscale_factor: float = 1.0
+    size: int = 1
+    """How many ranks a reduction's group has (what an average divides by)."""
 
     def finish(self) -> torch.Tensor:
         """Scale an average or postscaled reduction (Horovod's rule: ``wire_dtypes.scale_``),
         copy back (in ``target``'s dtype) and return ``target``."""
         buffer = self.buffer
         if self.op is not None:
-            size = current().slot.size
-            scale_(buffer, self.postscale_factor / (size if self.op is ReduceOp.AVERAGE else 1))
+            divisor = self.size if self.op is ReduceOp.AVERAGE else 1
+            scale_(buffer, self.postscale_factor / divisor)
         if buffer.device != self.target.device or buffer.data_ptr() != self.target.data_ptr():
             self.target.data.copy_(buffer)
         return self.target
@@ -103,31 +104,16 @@ def start_allreduce_(
     op: ReduceOp | None = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    group: dist.ProcessGroup | None = None,
 ) -> Pending:
-    """Issue an in-place allreduce of ``tensor`` without waiting for it."""
+    """Issue an in-place allreduce of ``tensor`` on ``group`` (None: the round's) without
+    waiting for it."""
     op = resolve_op(average, op)
     reduction = torch_op(op)
     buffer = on_wire(tensor)
     scale_(buffer, prescale_factor)
-    work = dist.all_reduce(buffer, op=reduction, async_op=True)
-    return Pending(work, buffer, tensor, op, postscale_factor)
-
-
-def allreduce_(
-    tensor: torch.Tensor,
-    average: bool | None = None,
-    name: str | None = None,
-    op: ReduceOp | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> torch.Tensor:
-    """Reduce ``tensor`` across all ranks in place and return it (default: average)."""
-    del name  # accepted for compatibility; collectives are matched by order
-    check_process_set(process_set)
-    pending = start_allreduce_(tensor, average, op, prescale_factor, postscale_factor)
-    _wait(pending.work)
-    return pending.finish()
+    work = dist.all_reduce(buffer, op=reduction, group=group, async_op=True)
+    return Pending(work, buffer, tensor, op, postscale_factor, dist.get_world_size(group))
 
 
 class Compressor(Protocol):
@@ -151,25 +137,35 @@ def compressed_copy(
     return compressed.clone(), lambda result: compression.decompress(result, ctx)
 
 
-def start_allgather(tensor: torch.Tensor) -> tuple[Any, Callable[[], list[torch.Tensor]]]:
-    """Exchange the first dimensions (waited on), then issue the gather of every rank's
-    ``tensor`` without waiting: returns the work and a function giving the parts (on the
-    round's device) once it is done."""
-    runtime = current()
+def gather_rows(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as an allgather sends it: on the round's device and wire dtype, a scalar
+    as one row."""
     local = on_wire(tensor.detach())
-    if local.dim() == 0:
-        local = local.reshape(1)
-    sizes = torch.zeros(runtime.slot.size, dtype=torch.int64, device=runtime.device)
-    sizes[runtime.slot.rank] = local.shape[0]
-    _wait(dist.all_reduce(sizes, op=dist.ReduceOp.SUM, async_op=True))
-    longest = int(sizes.max().item())
+    return local.reshape(1) if local.dim() == 0 else local
+
+
+def start_allgather(
+    tensor: torch.Tensor,
+    rows: Sequence[int] | None = None,
+    group: dist.ProcessGroup | None = None,
+) -> tuple[Any, Callable[[], list[torch.Tensor]]]:
+    """Issue the gather of every rank's ``tensor`` on ``group`` (None: the round's) without
+    waiting: returns the work and a function giving the parts (on the round's device) once
+    it is done. ``rows``: every rank's first dimension, when known (else exchanged first,
+    waited on)."""
+    runtime = current()
+    local = gather_rows(tensor)
+    if rows is None:
+        sizes = torch.zeros(runtime.slot.size, dtype=torch.int64, device=runtime.device)
+        sizes[runtime.slot.rank] = local.shape[0]
+        _wait(dist.all_reduce(sizes, op=dist.ReduceOp.SUM, async_op=True))
+        rows = [int(n) for n in sizes.tolist()]
+    longest = max(rows)
     padded = torch.zeros((longest, *local.shape[1:]), dtype=local.dtype, device=runtime.device)
     padded[: local.shape[0]] = local
-    gathered = [torch.empty_like(padded) for _ in range(runtime.slot.size)]
-    work = dist.all_gather(gathered, padded, async_op=True)
-    return work, lambda: [
-        part[: int(n)].to(tensor.dtype) for part, n in zip(gathered, sizes.tolist(), strict=True)
-    ]
+    gathered = [torch.empty_like(padded) for _ in rows]
+    work = dist.all_gather(gathered, padded, group=group, async_op=True)
+    return work, lambda: [part[:n].to(tensor.dtype) for part, n in zip(gathered, rows, strict=True)]
 
 
 def allgather_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
@@ -179,24 +175,14 @@ def allgather_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
     return parts()
 
 
-def start_broadcast_(tensor: torch.Tensor, root_rank: int) -> Pending:
-    """Issue an in-place broadcast of root's ``tensor`` without waiting for it."""
+def start_broadcast_(
+    tensor: torch.Tensor, root_rank: int, group: dist.ProcessGroup | None = None
+) -> Pending:
+    """Issue an in-place broadcast of root's ``tensor`` on ``group`` (None: the round's)
+    without waiting for it."""
     buffer = on_wire(tensor)
-    return Pending(dist.broadcast(buffer, src=root_rank, async_op=True), buffer, tensor)
-
-
-def broadcast_(
-    tensor: torch.Tensor,
-    root_rank: int,
-    name: str | None = None,
-    process_set: ProcessSet = global_process_set,
-) -> torch.Tensor:
-    """Overwrite ``tensor`` with root's value, in place."""
-    del name
-    check_process_set(process_set)
-    pending = start_broadcast_(tensor, root_rank)
-    _wait(pending.work)
-    return pending.finish()
+    work = dist.broadcast(buffer, src=root_rank, group=group, async_op=True)
+    return Pending(work, buffer, tensor)
 
 
 def _bytes_tensor(payload: bytes) -> torch.Tensor:
@@ -239,12 +225,17 @@ def _broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int) -> None:
     for group in by_dtype.values():
         flat = on_wire(torch.cat([t.detach().reshape(-1) for t in group]))
         _wait(dist.broadcast(flat, src=root_rank, async_op=True))
-        offset = 0
-        for tensor in group:
-            n = tensor.numel()
-            with torch.no_grad():
-                tensor.copy_(flat[offset : offset + n].view_as(tensor))
-            offset += n
+        unflatten_into(flat, group)
+
+
+def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    """Copy the consecutive pieces of the flat buffer ``flat`` back into ``tensors``."""
+    offset = 0
+    for tensor in tensors:
+        n = tensor.numel()
+        with torch.no_grad():
+            tensor.copy_(flat[offset : offset + n].view_as(tensor))
+        offset += n
 
 
 def broadcast_parameters(
@@ -322,9 +313,31 @@ def broadcast_state(state: Any, root_rank: int = 0) -> Any:
     )
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
+def sync_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
     """Give every rank root's optimizer state (momentum buffers, step counts, hyper-parameters
-    of each param group)."""
+    of each param group), as it is: the elastic state's sync, which must not change any
+    weight."""
     state = broadcast_state(optimizer.state_dict(), root_rank)
     if current().slot.rank != root_rank:
         optimizer.load_state_dict(state)
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
+    """Horovod's ``broadcast_optimizer_state``: :func:`sync_optimizer_state`, after giving an
+    optimizer without state yet its state as Horovod does (zero gradients and one step of
+    the wrapped optimizer, no reduction; a weight decay moves the weights alike on every
+    rank). ``torch.optim.LBFGS`` is refused, as in Horovod."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    if not optimizer.state_dict()["state"]:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if param.requires_grad:
+                    param.grad = torch.zeros_like(param)
+        wrapped = next(c for c in type(optimizer).__mro__ if not c.__module__.startswith(_OURS))
+        wrapped.step(optimizer)  # type: ignore[attr-defined]
+    sync_optimizer_state(optimizer, root_rank)
+
+
+_OURS = __name__.rsplit(".", 1)[0]
+"""This package: ``DistributedOptimizer`` puts its class above the wrapped optimizer's."""

@@ -14,21 +14,35 @@ it is cut off.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.distributed as dist
 
 from elasticjob.worker_runtime.basics import current
+from elasticjob.worker_runtime.call_descriptions import Call
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
-from elasticjob.worker_runtime.process_sets import ProcessSet, check_process_set, global_process_set
+from elasticjob.worker_runtime.handles import negotiated, synchronize
+from elasticjob.worker_runtime.negotiation import Issued, describe
+from elasticjob.worker_runtime.process_sets import ProcessSet, global_process_set, negotiation_of
 
 _joins: dict[int, int] = {}
 """How many times this process has joined in each round (the store key of the next join)."""
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    """Wait until every rank of the round has reached the barrier."""
-    check_process_set(process_set)
-    current().group.wait(dist.barrier(async_op=True))
+    """Wait until every rank of the round (of ``process_set``) has reached the barrier. A
+    set's barrier is negotiated as its other collectives are (``negotiation.py``)."""
+    negotiation = negotiation_of(process_set)
+    if process_set is global_process_set:
+        current().group.wait(dist.barrier(async_op=True))
+        return
+    mark = torch.zeros(1, dtype=torch.int32, device=current().device)
+
+    def start(_calls: Sequence[Call], group: dist.ProcessGroup) -> Issued:
+        return [dist.all_reduce(mark, group=group, async_op=True)], lambda: None
+
+    synchronize(negotiated(negotiation, None, describe("barrier", [mark]), start))
 
 
 def _arrival(round_number: int) -> int:

@@ -36,3 +36,10 @@ class WorkerRemoved(SystemExit):
 
     def __str__(self) -> str:
         return self.reason
+
+
+class CollectiveMismatchError(RuntimeError):
+    """The ranks called a collective of one name with calls that cannot go together
+    (different operations, data types, shapes, reduction operations, roots or scale factors).
+    Raised on every rank before any data moves: the group stays usable, and ``elastic.run``
+    does not roll back for it (it is the script's error, not a peer's failure)."""

@@ -1,11 +1,11 @@
 """Horovod's ``grouped_allgather_async``, ``grouped_reducescatter_async`` and
-``sparse_allreduce_async``, on the round's group (the blocking forms are in
-``autograd_collectives.py``).
+``sparse_allreduce_async``, negotiated as every collective (``negotiation.py``; the blocking
+forms are in ``autograd_collectives.py``).
 
-A grouped operation issues one collective per tensor, in the list's order, and completes as
-one: its handle's ``synchronize`` returns the list of results. Horovod fuses a group into one
-operation; here each member is its own collective, which gives the same results (every rank
-issues the same list in the same order, as Horovod requires too).
+A grouped operation is one negotiated call; once the ranks agree it issues one collective per
+tensor, in the list's order, and completes as one: its handle's ``synchronize`` returns the
+list of results. Horovod fuses a group into one operation; here each member is its own
+collective, which gives the same results.
 
 ``sparse_allreduce_async`` returns a function, as Horovod's does, that waits and gives the
 reduced sparse tensor: every rank's indices and values gathered, averaged when ``op`` is
@@ -17,16 +17,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.distributed as dist
 
-from elasticjob.worker_runtime.basics import current
+from elasticjob.worker_runtime.call_descriptions import Call
 from elasticjob.worker_runtime.collectives import (
     Average,
     ReduceOp,
     start_allgather,
 )
-from elasticjob.worker_runtime.handles import issue, synchronize
-from elasticjob.worker_runtime.process_sets import ProcessSet, check_process_set, global_process_set
-from elasticjob.worker_runtime.scatter_collectives import start_reducescatter
+from elasticjob.worker_runtime.handles import negotiated, synchronize
+from elasticjob.worker_runtime.negotiation import Issued, describe
+from elasticjob.worker_runtime.process_sets import ProcessSet, global_process_set, negotiation_of
+from elasticjob.worker_runtime.scatter_collectives import reducescatter_call, start_reducescatter
 
 
 def grouped_allgather_async(
@@ -37,18 +39,25 @@ def grouped_allgather_async(
     """Start gathering every tensor of ``tensors`` along dimension 0 from every rank (first
     dimensions may differ); ``synchronize`` returns the list of results, each on its input's
     device."""
-    del name
-    check_process_set(process_set)
+    negotiation = negotiation_of(process_set)
     members = list(tensors)
-    started = [start_allgather(tensor) for tensor in members]
+    call = describe("grouped_allgather", members)
 
-    def finish() -> list[torch.Tensor]:
-        return [
-            torch.cat(parts()).to(tensor.device)
-            for (_, parts), tensor in zip(started, members, strict=True)
+    def start(calls: Sequence[Call], group: dist.ProcessGroup) -> Issued:
+        started = [
+            start_allgather(tensor, [c.shapes[index][0] for c in calls], group)
+            for index, tensor in enumerate(members)
         ]
 
-    return issue([work for work, _ in started], finish)
+        def finish() -> list[torch.Tensor]:
+            return [
+                torch.cat(parts()).to(tensor.device)
+                for (_, parts), tensor in zip(started, members, strict=True)
+            ]
+
+        return [work for work, _ in started], finish
+
+    return negotiated(negotiation, name, call, start)
 
 
 def grouped_reducescatter_async(
@@ -62,12 +71,19 @@ def grouped_reducescatter_async(
     """Start reducing every tensor of ``tensors`` across ranks (default: average);
     ``synchronize`` returns, for each, this rank's rows of the result (see
     :func:`~elasticjob.worker_runtime.scatter_collectives.rows_of`)."""
-    del name
-    check_process_set(process_set)
-    if any(tensor.dim() == 0 for tensor in tensors):  # before any rank issues a collective
-        raise ValueError("grouped_reducescatter needs tensors with at least one dimension")
-    started = [start_reducescatter(t, op, prescale_factor, postscale_factor) for t in tensors]
-    return issue([work for work, _ in started], lambda: [rows() for _, rows in started])
+    negotiation = negotiation_of(process_set)
+    members = list(tensors)
+    call = reducescatter_call(
+        "grouped_reducescatter", members, op, prescale_factor, postscale_factor
+    )
+
+    def start(_calls: Sequence[Call], group: dist.ProcessGroup) -> Issued:
+        started = [
+            start_reducescatter(t, op, prescale_factor, postscale_factor, group) for t in members
+        ]
+        return [work for work, _ in started], lambda: [rows() for _, rows in started]
+
+    return negotiated(negotiation, name, call, start)
 
 
 def sparse_allreduce_async(
@@ -80,8 +96,6 @@ def sparse_allreduce_async(
     values are gathered (duplicates are summed when the result is coalesced), and averaged
     when ``op`` is ``Average`` (``None`` sums, as in Horovod). Returns a function that waits
     and gives the reduced sparse tensor, as Horovod's does."""
-    del name
-    check_process_set(process_set)
     if not tensor.is_sparse:
         raise ValueError("sparse_allreduce_async needs a sparse COO tensor")
     operation = ReduceOp.SUM if op is None else op  # Horovod averages only for Average
@@ -89,9 +103,9 @@ def sparse_allreduce_async(
         raise ValueError(f"sparse_allreduce_async supports Average and Sum, not {operation.name}")
     coalesced = tensor.coalesce()
     handle = grouped_allgather_async(
-        [coalesced.indices().transpose(0, 1).contiguous(), coalesced.values()]
+        [coalesced.indices().transpose(0, 1).contiguous(), coalesced.values()], name, process_set
     )
-    size = current().slot.size
+    size = len(process_set.ranks)
 
     def result() -> torch.Tensor:
         indices, values = synchronize(handle)

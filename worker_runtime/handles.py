@@ -7,9 +7,8 @@ wakes it at once) and returns the operation's output; a handle whose round broke
 replaced by a newer round before it was synchronized, raises :class:`HorovodInternalError`.
 :func:`poll` never blocks.
 
-As everywhere in this runtime, collectives are matched by the order in which every rank
-issues them, not by name: every rank must issue the same asynchronous operations in the same
-order (their ``synchronize`` calls may come in any order).
+Horovod's collectives are matched by name, as in Horovod (``negotiation.py``): ranks may
+issue them in different orders, and synchronize them in any order.
 """
 
 from __future__ import annotations
@@ -21,7 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from elasticjob.worker_runtime.basics import current
+from elasticjob.worker_runtime.call_descriptions import Call
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
+from elasticjob.worker_runtime.negotiation import Negotiation, Start
 
 
 @dataclass
@@ -49,6 +50,14 @@ def issue(works: Sequence[Any], finish: Callable[[], Any]) -> int:
         number = next(_numbers)
         _handles[number] = handle
     return number
+
+
+def negotiated(negotiation: Negotiation, name: str | None, call: Call, start: Start) -> int:
+    """Submit this rank's ``call`` of the collective ``name`` to ``negotiation`` (the round's,
+    or a process set's); ``start`` issues it once every member's call agrees. Returns the
+    handle."""
+    submitted = negotiation.submit(name, call, start)
+    return issue([submitted], submitted.result)
 
 
 def _stale(issued_in: int) -> str | None:

@@ -28,7 +28,7 @@ from elasticjob.worker_runtime.gradient_buckets import (
     split_groups,
 )
 from elasticjob.worker_runtime.gradient_reducer import GradientReducer, Reduction
-from elasticjob.worker_runtime.process_sets import ProcessSet, check_process_set, global_process_set
+from elasticjob.worker_runtime.process_sets import ProcessSet, global_process_set
 
 _Optimizer = TypeVar("_Optimizer", bound=torch.optim.Optimizer)
 
@@ -97,8 +97,8 @@ class DistributedMixin:
         if self._ej_should_synchronize:
             if self._ej_synchronized_at == reducer.reductions:
                 warnings.warn(
-                    "optimizer.step() after optimizer.synchronize() outside "
-                    "optimizer.skip_synchronize(): the gradients are not reduced again; "
+                    "optimizer.step() called without optimizer.skip_synchronize() context "
+                    "after optimizer.synchronize(): the gradients are not reduced again; "
                     "take the step inside skip_synchronize()",
                     stacklevel=2,
                 )
@@ -143,6 +143,40 @@ def _parameters(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
     return params
 
 
+def _named(
+    optimizer: torch.optim.Optimizer, named_parameters: Iterable[Any] | None
+) -> list[tuple[str, torch.Tensor]]:
+    """Every parameter of ``optimizer`` with its name: from ``named_parameters``, checked
+    as Horovod checks them, or Horovod's ``allreduce.noname.<group>.<index>``."""
+    if named_parameters is None:
+        return [
+            (f"allreduce.noname.{i}.{j}", param)
+            for i, group in enumerate(optimizer.param_groups)
+            for j, param in enumerate(group["params"])
+        ]
+    named = list(named_parameters)
+    if any(not isinstance(pair, tuple) for pair in named):
+        raise ValueError(
+            "named_parameters should be a sequence of tuples (name, parameter), usually "
+            "produced by model.named_parameters()"
+        )
+    names = [name for name, _ in named]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(
+            "Parameter names in named_parameters must be unique. Found duplicates: "
+            + ", ".join(duplicates)
+        )
+    named_ids = {id(param) for _, param in named}
+    unnamed = [id(p) for g in optimizer.param_groups for p in g["params"] if id(p) not in named_ids]
+    if unnamed:
+        raise ValueError(
+            "named_parameters was specified, but one or more model parameters were not "
+            f"named. Python object ids: {', '.join(map(str, unnamed))}"
+        )
+    return named
+
+
 def _group_indices(
     params: Sequence[torch.Tensor], num_groups: int, groups: int | Sequence[Sequence[Any]] | None
 ) -> list[list[int]] | None:
@@ -182,16 +216,23 @@ def DistributedOptimizer(
     ``backward_passes_per_step`` passes they accumulate locally (summed, as in Horovod) and
     are reduced once, at the end of the last pass. A parameter whose gradient is None on a
     rank is reduced as zeros there; sparse gradients are reduced as dense ones.
-    ``named_parameters`` is accepted for compatibility (collectives are matched by order,
-    not by name).
+    ``named_parameters`` is checked as Horovod checks it (pairs, unique names, naming every
+    parameter of the optimizer); the buckets are matched by order, not by these names.
 
     Raises:
-        ValueError: ``gradient_predivide_factor`` with an ``op`` other than Average, or
-            ``backward_passes_per_step`` < 1.
+        ValueError: ``gradient_predivide_factor`` with an ``op`` other than Average,
+            ``backward_passes_per_step`` < 1, or ``named_parameters`` that are not unique
+            ``(name, parameter)`` pairs naming every parameter.
         NotImplementedError: ``op=Adasum``, or a process set other than the global one.
     """
-    del named_parameters
-    check_process_set(process_set)
+    named = _named(optimizer, named_parameters)
+    if process_set is not global_process_set:
+        raise NotImplementedError(
+            f"DistributedOptimizer(process_set={process_set}): elasticjob's optimizer reduces "
+            "gradients over the whole round (its reduction overlaps backward on the round's "
+            "group); reduce a subset's gradients with hvd.grouped_allreduce(..., "
+            "process_set=...) instead"
+        )
     torch_op(op)  # refuses Adasum by name now, not in the middle of a backward pass
     if gradient_predivide_factor != 1.0 and op is not ReduceOp.AVERAGE:
         raise ValueError("gradient_predivide_factor needs op=Average")
@@ -216,4 +257,6 @@ def DistributedOptimizer(
     wrapped._ej_reducer = reducer
     wrapped._ej_synchronized_at = None
     wrapped._ej_should_synchronize = True
+    # Horovod's name of each parameter, which scripts read (for logging, say).
+    wrapped._parameter_names = {param: name for name, param in named}
     return optimizer

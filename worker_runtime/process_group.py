@@ -29,7 +29,7 @@ import datetime
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,6 +40,7 @@ from torch.distributed import PrefixStore, Store
 from elasticjob.worker_runtime import timeline
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 from elasticjob.worker_runtime.log import get_logger
+from elasticjob.worker_runtime.negotiation import Negotiation
 
 logger = get_logger(__name__)
 
@@ -77,6 +78,11 @@ class RoundGroup:
         self._blocked_since: float | None = None
         self._blocking_depth = 0
         self._on_destroy: list[weakref.WeakMethod[Callable[[], None]]] = []
+        self._negotiation: Negotiation | None = None
+        self._subsets: list[Negotiation] = []
+        self._formed: tuple[Store, str, int] | None = None
+        self.generation = 0
+        """Counts the groups formed: a process set registered in one is void in the next."""
 
     @contextlib.contextmanager
     def blocking(self) -> Iterator[None]:
@@ -138,9 +144,45 @@ class RoundGroup:
                     timeout=timeout,
                     **kwargs,  # type: ignore[arg-type]
                 )
+            # Beside the round's group, the group its negotiated collectives run on
+            # (negotiation.py): made now, while every member is here, in the same order.
+            with self.blocking():
+                negotiated = dist.new_group()
         except (RuntimeError, dist.DistError) as exc:
             raise HorovodInternalError(f"forming the process group failed: {exc}") from exc
+        round_store = PrefixStore(f"{prefix}negotiation/", store) if size > 1 else None
+        self._negotiation = Negotiation(round_store, rank, size, negotiated, self.device)
+        self._formed = (store, prefix, rank)
+        self.generation += 1
         self._configured = True
+
+    def subset_negotiation(self, ranks: Sequence[int], tag: str) -> Negotiation | None:
+        """A group of the round's ``ranks`` (a collective: every member of the round calls it,
+        in the same order) and the negotiation of its collectives, under the store keys
+        ``tag``; None on a rank that is not in ``ranks``."""
+        if self._formed is None:
+            raise HorovodInternalError("no process group: the round has not been formed")
+        store, prefix, rank = self._formed
+        try:
+            with self.blocking():
+                group = dist.new_group(list(ranks))
+        except (RuntimeError, dist.DistError) as exc:
+            raise HorovodInternalError(f"forming a process set's group failed: {exc}") from exc
+        if rank not in ranks:
+            return None
+        subset_store = PrefixStore(f"{prefix}negotiation/{tag}/", store) if len(ranks) > 1 else None
+        position = list(ranks).index(rank)
+        negotiation = Negotiation(subset_store, position, len(ranks), group, self.device)
+        self._subsets.append(negotiation)
+        return negotiation
+
+    @property
+    def negotiation(self) -> Negotiation:
+        """The negotiation of the current round's collectives (see ``negotiation.py``)."""
+        negotiation = self._negotiation
+        if negotiation is None:
+            raise HorovodInternalError("no process group: the round has not been formed")
+        return negotiation
 
     def abort(self, reason: str) -> None:
         """Mark the group broken and wake every collective waiting on it. Thread-safe."""
@@ -285,6 +327,10 @@ class RoundGroup:
             else:
                 method()
         self._configured = False
+        negotiations = [*self._subsets, *([self._negotiation] if self._negotiation else [])]
+        self._negotiation, self._subsets, self._formed = None, [], None
+        for negotiation in negotiations:
+            negotiation.close()
         if self.errored() is None:
             _destroy_default_group()
             return
@@ -299,9 +345,11 @@ class RoundGroup:
         ).start()
 
     def _abort_backend(self) -> None:
+        negotiations = [*self._subsets, *([self._negotiation] if self._negotiation else [])]
         try:
-            group = dist.distributed_c10d._get_default_group()
-            group.abort()
+            dist.distributed_c10d._get_default_group().abort()
+            for negotiation in negotiations:
+                negotiation.group.abort()
         except (RuntimeError, ValueError) as exc:
             logger.debug("aborting the process group: %s", exc)
 

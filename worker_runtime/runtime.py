@@ -34,6 +34,7 @@ from elasticjob.worker_runtime.devices import resolve_backend
 from elasticjob.worker_runtime.exceptions import WorkerRemoved
 from elasticjob.worker_runtime.host_updates import HostUpdateAgreement
 from elasticjob.worker_runtime.log import CONTEXT, STANDALONE_JOB, get_logger
+from elasticjob.worker_runtime.negotiation import SETTLE_S, settle
 from elasticjob.worker_runtime.notices import NoNotices, Notices, NoticeWatcher
 from elasticjob.worker_runtime.process_group import RoundGroup
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient
@@ -61,6 +62,8 @@ class Runtime:
         """The worker's contract (None: standalone)."""
         self._step = 0
         self.exit_code: int | None = None
+        self.settled = True
+        """Whether the threads of every closed negotiation had ended by the last shutdown."""
         """The status the process will exit with, once the elastic loop knows it."""
         self._host_updates = HostUpdateAgreement()
         self.device: torch.device
@@ -147,6 +150,7 @@ class Runtime:
         script: :meth:`resume` forms the group again)."""
         timeline.instant("shutdown", round=self.round)
         self.group.destroy()
+        self.settled = settle(SETTLE_S)
 
     def resume(self) -> None:
         """Form the round's group again after :meth:`suspend` (``init()`` again: every member
@@ -158,6 +162,7 @@ class Runtime:
         timeline.instant("shutdown", round=self.round)
         timeline.flush()
         self.group.destroy()
+        self.settled = settle(SETTLE_S)
         self._rounds.close()
         self._notices.stop()
         self.reports.stop()

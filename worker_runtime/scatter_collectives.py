@@ -1,8 +1,8 @@
-"""Horovod's ``alltoall_async`` and ``reducescatter_async`` on the round's group (the blocking
-forms are in ``autograd_collectives.py``).
+"""Horovod's ``alltoall_async`` and ``reducescatter_async``, negotiated as every collective
+(``negotiation.py``; the blocking forms are in ``autograd_collectives.py``).
 
-``alltoall`` first exchanges how many rows each rank sends to each other (a short wait,
-abortable like every other), then moves the rows with one ``all_to_all_single``.
+``alltoall``'s call tells the other ranks how many rows it sends each of them, so the rows
+move with one ``all_to_all_single`` once the calls agree.
 ``reducescatter`` splits dimension 0 as Horovod does (the first ``rows % size`` ranks get one
 row more); Gloo has no reduce-scatter, so the whole tensor is reduced and each rank keeps its
 rows. The differentiable forms a script calls are in ``autograd_collectives.py``.
@@ -17,13 +17,16 @@ import torch
 import torch.distributed as dist
 
 from elasticjob.worker_runtime.basics import current
+from elasticjob.worker_runtime.call_descriptions import Call
 from elasticjob.worker_runtime.collectives import (
     Average,
     ReduceOp,
     start_allreduce_,
+    torch_op,
 )
-from elasticjob.worker_runtime.handles import issue
-from elasticjob.worker_runtime.process_sets import ProcessSet, check_process_set, global_process_set
+from elasticjob.worker_runtime.handles import negotiated
+from elasticjob.worker_runtime.negotiation import Issued, describe
+from elasticjob.worker_runtime.process_sets import ProcessSet, global_process_set, negotiation_of
 from elasticjob.worker_runtime.wire_dtypes import on_wire
 
 Splits = Sequence[int] | torch.Tensor
@@ -56,25 +59,32 @@ def alltoall_async(
     """Start sending ``splits[j]`` rows of ``tensor`` (in order, along dimension 0) to rank
     ``j`` (default: equal parts); ``synchronize`` returns ``(received, received_splits)``:
     the rows from every rank in rank order, and how many came from each."""
-    del name
-    check_process_set(process_set)
+    negotiation = negotiation_of(process_set)
     runtime = current()
-    size = runtime.slot.size
-    send = _send_splits(tensor, splits, size)
-    local = on_wire(tensor.detach())
-    if local.dim() == 0:
-        local = local.reshape(1)
-    sent = torch.tensor(send, dtype=torch.int64, device=runtime.device)
-    received = torch.empty_like(sent)
-    runtime.group.wait(dist.all_to_all_single(received, sent, async_op=True))
-    counts = [int(n) for n in received.tolist()]
-    output = torch.empty((sum(counts), *local.shape[1:]), dtype=local.dtype, device=runtime.device)
-    work = dist.all_to_all_single(
-        output, local, output_split_sizes=counts, input_split_sizes=send, async_op=True
-    )
+    send = _send_splits(tensor, splits, len(process_set.ranks))
+    call = describe("alltoall", [tensor], splits=tuple(send))
     split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
-    received_splits = torch.tensor(counts, dtype=split_dtype)
-    return issue([work], lambda: (output.to(tensor.device, tensor.dtype), received_splits))
+
+    def start(calls: Sequence[Call], group: dist.ProcessGroup) -> Issued:
+        local = on_wire(tensor.detach())
+        if local.dim() == 0:
+            local = local.reshape(1)
+        counts = [(c.splits or ())[dist.get_rank(group)] for c in calls]
+        output = torch.empty(
+            (sum(counts), *local.shape[1:]), dtype=local.dtype, device=runtime.device
+        )
+        work = dist.all_to_all_single(
+            output,
+            local,
+            output_split_sizes=counts,
+            input_split_sizes=send,
+            group=group,
+            async_op=True,
+        )
+        received_splits = torch.tensor(counts, dtype=split_dtype)
+        return [work], lambda: (output.to(tensor.device, tensor.dtype), received_splits)
+
+    return negotiated(negotiation, name, call, start)
 
 
 def rows_of(rank: int, rows: int, size: int) -> tuple[int, int]:
@@ -85,20 +95,42 @@ def rows_of(rank: int, rows: int, size: int) -> tuple[int, int]:
 
 
 def start_reducescatter(
-    tensor: torch.Tensor, op: ReduceOp, prescale_factor: float, postscale_factor: float
+    tensor: torch.Tensor,
+    op: ReduceOp,
+    prescale_factor: float,
+    postscale_factor: float,
+    group: dist.ProcessGroup,
 ) -> tuple[Any, Callable[[], torch.Tensor]]:
-    """Issue the reduction of a copy of ``tensor`` without waiting: returns the work and a
-    function giving this rank's rows of the result (see :func:`rows_of`) once it is done."""
-    if tensor.dim() == 0:
-        raise ValueError("reducescatter needs a tensor with at least one dimension")
-    runtime = current()
-    first, count = rows_of(runtime.slot.rank, tensor.shape[0], runtime.slot.size)
-    pending = start_allreduce_(tensor.detach().clone(), None, op, prescale_factor, postscale_factor)
+    """Issue the reduction of a copy of ``tensor`` on ``group`` without waiting: returns the
+    work and a function giving this rank's rows of the result (see :func:`rows_of`) once it
+    is done."""
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    first, count = rows_of(rank, tensor.shape[0], size)
+    pending = start_allreduce_(
+        tensor.detach().clone(), None, op, prescale_factor, postscale_factor, group
+    )
 
     def rows() -> torch.Tensor:
         return pending.finish()[first : first + count].clone()
 
     return pending.work, rows
+
+
+def reducescatter_call(
+    kind: str,
+    tensors: Sequence[torch.Tensor],
+    op: ReduceOp,
+    prescale_factor: float,
+    postscale_factor: float,
+) -> Call:
+    """This rank's call of a (grouped) reduce-scatter; refuses scalars before any rank waits
+    for it."""
+    if any(tensor.dim() == 0 for tensor in tensors):
+        raise ValueError(f"{kind} needs tensors with at least one dimension")
+    torch_op(op)
+    return describe(
+        kind, tensors, op=op.value, prescale=prescale_factor, postscale=postscale_factor
+    )
 
 
 def reducescatter_async(
@@ -111,7 +143,11 @@ def reducescatter_async(
 ) -> int:
     """Start reducing ``tensor`` across ranks (default: average); ``synchronize`` returns this
     rank's rows of the result (see :func:`rows_of`)."""
-    del name
-    check_process_set(process_set)
-    work, rows = start_reducescatter(tensor, op, prescale_factor, postscale_factor)
-    return issue([work], rows)
+    negotiation = negotiation_of(process_set)
+    call = reducescatter_call("reducescatter", [tensor], op, prescale_factor, postscale_factor)
+
+    def start(_calls: Sequence[Call], group: dist.ProcessGroup) -> Issued:
+        work, rows = start_reducescatter(tensor, op, prescale_factor, postscale_factor, group)
+        return [work], rows
+
+    return negotiated(negotiation, name, call, start)

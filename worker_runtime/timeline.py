@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from elasticjob.worker_contract import ENV_HOSTNAME, ENV_LOCAL_RANK, ENV_TIMELINE_DIR
@@ -127,12 +128,20 @@ def instant(name: str, cat: str = "elastic", **args: Any) -> None:
 
 
 def collective_name() -> str:
-    """The public function that waits on a collective (the caller's caller's name); only
-    called while the timeline is on."""
+    """The public function that waits on a collective (the caller's caller's name: not a
+    private one, nor ``synchronize`` when the runtime's own blocking collective called it);
+    only called while the timeline is on."""
     frame = sys._getframe(2)
-    while frame.f_back is not None and frame.f_code.co_name.startswith("_"):
+    while frame.f_back is not None and (
+        frame.f_code.co_name.startswith("_")
+        or (frame.f_code.co_name == "synchronize" and _in_runtime(frame.f_back))
+    ):
         frame = frame.f_back
     return frame.f_code.co_name
+
+
+def _in_runtime(frame: FrameType) -> bool:
+    return str(frame.f_globals.get("__name__", "")).startswith(__package__ or __name__)
 
 
 def enabled() -> bool:

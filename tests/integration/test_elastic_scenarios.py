@@ -74,6 +74,23 @@ def test_scale_out_newcomers_get_state_from_rank_0(tmp_path: Path) -> None:
     assert len(survivors_last) == 1 and survivors_last <= last_steps
 
 
+def test_a_process_set_made_in_every_round_follows_a_scale_out(tmp_path: Path) -> None:
+    """The script makes a set of the even ranks at the top of its elastic function: every
+    member (newcomers included) registers it in every round, and its reductions count the
+    even ranks of the round they run in."""
+    run = run_job(
+        tmp_path,
+        launcher_args=["-np", "2", "--min-np", "2", "--max-np", "8"],
+        worker_args=worker_args("--expect-sizes", "2,4,4", "--step-time", "0.02", "--process-set"),
+        schedule={0: "127.0.1.1:1,127.0.1.2:1", 1: "127.0.1.1:1,127.0.1.2:1,127.0.1.3:2"},
+    )
+    assert run.returncode == 0, run.explain()
+    assert_trained_exactly_once(run)
+    sums = run.of("set_sum")
+    assert {(e["size"], e["members"]) for e in sums} == {(2, 1), (4, 2)}, sums
+    assert {e["rank"] for e in sums if e["size"] == 4} == {0, 2}
+
+
 def test_graceful_scale_in_keeps_live_state_and_loses_no_sample(tmp_path: Path) -> None:
     run = run_job(
         tmp_path,

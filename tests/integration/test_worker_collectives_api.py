@@ -179,19 +179,17 @@ def test_sync_batch_norm_matches_batch_norm_on_the_whole_batch(world: list[Resul
             assert got[key] < 1e-9, key
 
 
-def test_global_process_set_only(world: list[Result]) -> None:
+def test_the_global_process_set_and_sets_not_registered(world: list[Result]) -> None:
+    """The global set is every rank of the round; a set is usable once registered (the sets
+    themselves: test_worker_process_sets.py)."""
     n = len(world)
     for r, got in enumerate(section(world, "process_set")):
         assert got["global_ranks"] == list(range(n))
         assert (got["global_size"], got["global_rank"], got["included"]) == (n, r, True)
-        assert got["whole_equals_global"] is True
-        assert got["allreduce_on_whole"] == n
-        if n > 1:
-            assert got["subset"].startswith("NotImplementedError: ProcessSet([0])")
-            assert "global_process_set" in got["subset"]
-        else:
-            assert got["subset"] is None  # [0] is the whole world of one
-        assert got["add_subset"].startswith(f"NotImplementedError: ProcessSet([{n}])")
+        assert got["global_id"] == 0 and got["unregistered_id"] is None
+        assert "is not registered in this round" in got["unregistered"]
+        assert got["add_whole"].startswith("ValueError: Attempted to add a duplicate process")
+        assert got["add_outside"].startswith("ValueError: ProcessSet(process_set_id=None")
         assert got["remove_global"] is False
 
 

@@ -10,14 +10,13 @@ toward zero as Horovod's do, booleans reduce as logical or (sum, max) and and (m
 from __future__ import annotations
 
 import functools
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.support.worker_scripts import HOSTS, launcher, run
+from tests.support.worker_scripts import run_on_ranks
 
 pytestmark = pytest.mark.integration
 
@@ -34,13 +33,7 @@ Json = dict[str, Any]
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2 processes", "3 processes"])
 def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[Json]:
-    size: int = request.param
-    out = tmp_path_factory.mktemp(f"dtypes-{size}") / "results"
-    hosts = "127.0.1.1:2" if size == 2 else HOSTS
-    command = [sys.executable, str(WORKER), "--out", str(out)]
-    job = run(launcher("-np", str(size), "-H", hosts, *command), out)
-    assert job.returncode == 0 and len(job.results) == size, job.explain()
-    return job.results
+    return run_on_ranks(WORKER, request.param, tmp_path_factory)
 
 
 def tensor(found: Json) -> torch.Tensor:

@@ -82,6 +82,18 @@ def run_worker_script(
     return job.results
 
 
+def run_on_ranks(worker: Path, size: int, tmp_path_factory: pytest.TempPathFactory) -> list[Result]:
+    """Every rank's results, in rank order, from ``worker`` run as one launcher job of
+    ``size`` processes (2: on one host; 3: on two); fails the test if the job failed."""
+    out = tmp_path_factory.mktemp(f"{worker.stem}-{size}") / "results"
+    hosts = "127.0.1.1:2" if size == 2 else HOSTS
+    command = [sys.executable, str(worker), "--out", str(out)]
+    job = run(launcher("-np", str(size), "-H", hosts, *command), out)
+    if job.returncode != 0 or len(job.results) != size:
+        pytest.fail(f"the {size}-process job failed\n{job.explain()}")
+    return job.results
+
+
 def run_abort_scenario(
     worker: Path, tmp_path: Path, collective_timeout_s: float
 ) -> tuple[list[Result], str]:

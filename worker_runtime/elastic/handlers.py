@@ -11,8 +11,8 @@ import torch
 
 from elasticjob.worker_runtime.collectives import (
     broadcast_object,
-    broadcast_optimizer_state,
     broadcast_parameters,
+    sync_optimizer_state,
 )
 from elasticjob.worker_runtime.elastic.ddp import DistributedDataParallel
 from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
@@ -88,7 +88,7 @@ class OptimizerStateHandler(StateHandler):
         optimizer.load_state_dict(copy.deepcopy(saved))
 
     def sync(self) -> None:
-        broadcast_optimizer_state(self.value, root_rank=0)
+        sync_optimizer_state(self.value, root_rank=0)
 
 
 def loads_plainly(optimizer: torch.optim.Optimizer) -> bool:

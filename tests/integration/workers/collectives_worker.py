@@ -221,11 +221,12 @@ def process_set_checks(n: int) -> Json:
         "global_ranks": hvd.global_process_set.ranks,
         "global_size": hvd.global_process_set.size(),
         "global_rank": hvd.global_process_set.rank(),
+        "global_id": hvd.global_process_set.process_set_id,
         "included": hvd.global_process_set.included(),
-        "whole_equals_global": whole == hvd.global_process_set,
-        "allreduce_on_whole": hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=whole).item(),
-        "subset": error_of(lambda: hvd.ProcessSet([0])),
-        "add_subset": error_of(lambda: hvd.add_process_set([n])),
+        "unregistered_id": whole.process_set_id,
+        "unregistered": error_of(lambda: hvd.allreduce(torch.ones(1), process_set=whole)),
+        "add_whole": error_of(lambda: hvd.add_process_set(whole)),
+        "add_outside": error_of(lambda: hvd.add_process_set([n])),
         "remove_global": hvd.remove_process_set(hvd.global_process_set),
     }
 

@@ -86,6 +86,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--wait-deadline", type=float, default=90.0)
     parser.add_argument("--stop-file", type=Path, help="finish after the epoch in which it appears")
     parser.add_argument(
+        "--process-set",
+        action="store_true",
+        help="make a process set of the even ranks in every round (at the top of the elastic "
+        "function) and reduce over it every step",
+    )
+    parser.add_argument(
         "--record-env",
         action="store_true",
         help="log the script variables and torch.distributed's view at start, after init() "
@@ -236,6 +242,9 @@ def main() -> None:
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
+        evens = None
+        if args.process_set and hvd.size() > 1:  # every member, in every round
+            evens = hvd.add_process_set([r for r in range(hvd.size()) if r % 2 == 0])
         while state.epoch < args.epochs:
             if hvd.rank() == 0 and args.epoch_file is not None:
                 # Atomically: a discovery script reading a half-written file would see epoch
@@ -259,6 +268,10 @@ def main() -> None:
                 optimizer.step()
                 counts = torch.bincount(idx[weight.bool()], minlength=args.samples)
                 model.seen += hvd.allreduce(counts, op=hvd.Sum)
+                if evens is not None and evens.included():
+                    members = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=evens)
+                    log.write("set_sum", round=hvd.current_round(), size=hvd.size(),
+                              rank=hvd.rank(), members=int(members.item()))  # fmt: skip
                 if args.step_time:
                     time.sleep(args.step_time)
                 state.sampler.record_batch(batch_idx, args.batch_size)

@@ -26,6 +26,7 @@ store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False,
                       timeout=datetime.timedelta(seconds=30))
 dist.init_process_group("gloo", store=dist.PrefixStore("round-1/", store), rank=1,
                         world_size=2, timeout=datetime.timedelta(seconds=40))
+dist.new_group()  # the negotiated collectives' group, which every member forms too
 print("formed", flush=True)
 sys.stdin.read()  # silent, sockets open, until the test closes stdin
 """

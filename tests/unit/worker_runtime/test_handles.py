@@ -55,10 +55,40 @@ def test_a_handle_of_an_earlier_round_raises(world_of_one: None) -> None:
     assert hvd.synchronize(fresh).shape == (2, 1)
 
 
-def test_adasum_and_process_subsets_are_refused_by_name(world_of_one: None) -> None:
+def test_adasum_and_unusable_process_sets_are_refused_by_name(world_of_one: None) -> None:
     with pytest.raises(NotImplementedError, match=r"op=hvd\.Average"):
         hvd.grouped_allreduce([torch.ones(1)], op=hvd.Adasum)
-    with pytest.raises(NotImplementedError, match="global_process_set"):
-        hvd.ProcessSet([0, 1])
-    with pytest.raises(NotImplementedError, match="global_process_set"):
+    with pytest.raises(ValueError, match="not registered in this round"):
+        hvd.allreduce(torch.ones(1), process_set=hvd.ProcessSet([0]))
+    with pytest.raises(ValueError, match="distinct ranks of the round"):
+        hvd.add_process_set([0, 1])
+    with pytest.raises(ValueError, match="not a ProcessSet"):
         hvd.barrier(process_set="ranks 0 and 1")  # type: ignore[arg-type]
+
+
+def test_a_name_in_progress_is_refused_until_its_call_is_carried_out(world_of_one: None) -> None:
+    first = hvd.allreduce_async(torch.ones(1), name="loss")
+    assert hvd.synchronize(first).tolist() == [1.0]
+    again = hvd.allreduce_async(torch.ones(1), name="loss")  # carried out: the name is free
+    assert hvd.synchronize(again).tolist() == [1.0]
+
+
+def test_horovods_checks_of_named_parameters_and_optimizer_state(world_of_one: None) -> None:
+    model = torch.nn.Linear(2, 2)
+    named = list(model.named_parameters())
+    with pytest.raises(ValueError, match=r"must be unique\. Found duplicates: bias, weight"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named * 2)
+    with pytest.raises(ValueError, match="were not named"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named[:1])
+    unnamed = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    assert sorted(unnamed._parameter_names.values()) == [  # type: ignore[attr-defined]
+        "allreduce.noname.0.0",
+        "allreduce.noname.0.1",
+    ]
+    with pytest.raises(ValueError, match="LBFGS"):
+        hvd.broadcast_optimizer_state(torch.optim.LBFGS(model.parameters()), root_rank=0)
+    fresh = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    weights = [p.detach().clone() for p in model.parameters()]
+    hvd.broadcast_optimizer_state(fresh, root_rank=0)
+    assert len(fresh.state_dict()["state"]) == 2, "a fresh optimizer's state is made first"
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True))
