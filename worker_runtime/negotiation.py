@@ -112,7 +112,10 @@ class Negotiation:
         group: dist.ProcessGroup,
         device: torch.device | None = None,
     ):
-        self._rank, self._size, self._group, self._device = rank, size, group, device
+        self._rank, self._size, self._device = rank, size, device
+        self._group: dist.ProcessGroup | None = group
+        """Dropped at :meth:`close`: the last reference to a broken group must be its
+        teardown thread's (see ``process_group.py``)."""
         self._origin = store
         self._store = None if store is None else _client(store)
         """The publishing thread's client (each thread has its own: a client serves one
@@ -132,8 +135,11 @@ class Negotiation:
 
     @property
     def group(self) -> dist.ProcessGroup:
-        """The group the agreed collectives run on."""
-        return self._group
+        """The group the agreed collectives run on, until :meth:`close`."""
+        group = self._group
+        if group is None:
+            raise RuntimeError("the negotiation's round has ended")
+        return group
 
     def submit(self, name: str | None, call: Call, start: Start) -> NegotiatedCall:
         """Submit this rank's ``call`` of the collective ``name`` (None: the next unnamed one
@@ -177,6 +183,7 @@ class Negotiation:
         thread is woken through the store from a thread of its own (a store that stops
         answering blocks that one only); :func:`settle` waits for them."""
         self._closed.set()
+        self._group = None
         thread = self._thread
         if self._store is None or thread is None:
             return
@@ -290,7 +297,7 @@ class Negotiation:
             submitted.future.set_result(None)
             return
         try:
-            works, submitted.finish = submitted.start(calls, self._group)
+            works, submitted.finish = submitted.start(calls, self.group)
         except (RuntimeError, dist.DistError) as exc:
             submitted.future.set_exception(exc)
             return

@@ -39,7 +39,7 @@ from torch.distributed import PrefixStore, Store
 
 from elasticjob.worker_runtime import timeline
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
-from elasticjob.worker_runtime.log import get_logger
+from elasticjob.worker_runtime.log import get_logger, stacks_if_stuck
 from elasticjob.worker_runtime.negotiation import Negotiation
 
 logger = get_logger(__name__)
@@ -318,6 +318,10 @@ class RoundGroup:
         ``torch.distributed`` at once and shut down on a background thread: its backend may
         hold an abandoned collective until the group's timeout, and the next round must not
         wait for that."""
+        with stacks_if_stuck():
+            self._destroy()
+
+    def _destroy(self) -> None:
         if not self._configured:
             return
         for release in list(self._on_destroy):

@@ -62,9 +62,9 @@ class Runtime:
         """The worker's contract (None: standalone)."""
         self._step = 0
         self.exit_code: int | None = None
+        """The status the process will exit with, once the elastic loop knows it."""
         self.settled = True
         """Whether the threads of every closed negotiation had ended by the last shutdown."""
-        """The status the process will exit with, once the elastic loop knows it."""
         self._host_updates = HostUpdateAgreement()
         self.device: torch.device
         """The device collectives run on."""

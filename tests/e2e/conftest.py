@@ -8,17 +8,20 @@ process nodes instead: quicker to start, but no container, image or network of i
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from devcluster.cluster import Cluster
-from tests.support.operator_release import CHART, OPERATOR_PODS, RELEASE, SYSTEM_NS
+from tests.support.kube import Kube
+from tests.support.operator_release import CHART, OPERATOR_PODS, RELEASE, SYSTEM_NS, operator_logs
 
 CLUSTER_FIXTURES = "tests.support.cluster_fixtures"
 E2E_RUNTIME_ENV = "ELASTICJOB_E2E_RUNTIME"
 CLUSTER_OF_RUNTIME = {"containerd": "real_cluster", "process": "process_cluster"}
+OPERATOR_LINES_ON_FAILURE = 80
+"""How many of the operator's last log lines about a failed test's namespace its report shows."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -33,6 +36,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.devcluster)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test that ran jobs under the operator reports what the operator logged about
+    its namespace (the drivers' decisions), after the namespace's own dump."""
+    report = yield
+    funcargs = getattr(item, "funcargs", {})
+    kube, cluster = funcargs.get("kube"), funcargs.get("operator")
+    if report.when != "call" or not report.failed or not isinstance(kube, Kube) or cluster is None:
+        return report
+    lines = [line for line in operator_logs(cluster, timeout=10).splitlines() if kube.ns in line]
+    report.sections.append(
+        (f"operator log about {kube.ns}", "\n".join(lines[-OPERATOR_LINES_ON_FAILURE:]))
+    )
+    return report
 
 
 @pytest.fixture(scope="session")

@@ -257,10 +257,18 @@ def test_a_silent_worker_is_killed_and_the_survivors_re_form(
             timeout=120,
         )
         assert recovered["resetCount"] > first.get("resetCount", 0)
-        reformed_at = min(
-            e["time"]
-            for e in read_events(log_dir)
-            if e["ev"] == "reset" and e["round"] > first["round"]
+        # The status shows the round once it is published, before its members log their reset.
+        reformed_at = kube.wait(
+            "a survivor's reset into the re-formed round",
+            lambda: min(
+                (
+                    e["time"]
+                    for e in read_events(log_dir)
+                    if e["ev"] == "reset" and e["round"] > first["round"]
+                ),
+                default=None,
+            ),
+            timeout=60,
         )
         driver_lines = [
             line for line in operator_logs(operator).splitlines() if f"{kube.ns}/frozen" in line

@@ -17,7 +17,7 @@ from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.collectives import Max, broadcast_object
 from elasticjob.worker_runtime.elastic.state import State
 from elasticjob.worker_runtime.exceptions import HorovodInternalError, HostsUpdatedInterrupt
-from elasticjob.worker_runtime.log import get_logger
+from elasticjob.worker_runtime.log import get_logger, stacks_if_stuck
 
 logger = get_logger(__name__)
 
@@ -123,7 +123,8 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
                 state.finish_checkpoints()
             except HorovodInternalError as exc:
                 logger.warning("%s; rolling back to the last commit", exc)
-                state.restore()
+                with stacks_if_stuck():
+                    state.restore()
                 rolled_back = True
             except HostsUpdatedInterrupt:
                 logger.info("hosts updated; re-forming the group with live state")
@@ -141,7 +142,8 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
                 logger.warning(
                     "the round's group broke (%s); rolling back to the last commit", broken
                 )
-                state.restore()
+                with stacks_if_stuck():
+                    state.restore()
                 rolled_back = True
             else:
                 runtime.exit_code = 0

@@ -10,6 +10,7 @@ must not.
 from __future__ import annotations
 
 import datetime
+import gc
 import subprocess
 import threading
 import time
@@ -79,6 +80,47 @@ def test_an_aborted_group_is_torn_down_without_waiting_for_its_abandoned_collect
     silent_peer.kill()
     deadline = time.monotonic() + 30
     while teardown_threads() - earlier or group.abandoned:
+        assert time.monotonic() < deadline, "the abandoned group was never released"
+        time.sleep(0.05)
+
+
+def test_a_collective_abandoned_on_the_negotiated_group_never_blocks_the_teardown(
+    group: RoundGroup, silent_peer: subprocess.Popen[str]
+) -> None:
+    """An agreed collective in flight on the negotiated group when the round breaks: the
+    group's last reference is the teardown thread's. Dropped on the training thread, the
+    group's destructor waits there for the collective, for as long as the peer is silent
+    (seen in the end-to-end freeze and partition tests: a survivor stuck in its reset)."""
+    earlier = teardown_threads()
+    negotiation = group.negotiation
+    errors: list[BaseException] = []
+
+    def run(negotiated: dist.ProcessGroup) -> None:
+        try:
+            group.wait(dist.all_reduce(torch.ones(4096), group=negotiated, async_op=True))
+        except HorovodInternalError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, args=(negotiation.group,))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while (group.blocked_for() or 0.0) < 0.2:
+        assert time.monotonic() < deadline, "the collective never blocked"
+        time.sleep(0.02)
+    group.abort("a member of round 1 failed")
+    thread.join(5)
+    assert not thread.is_alive() and errors, "the abort did not wake the collective"
+
+    started = time.monotonic()
+    group.destroy()
+    with pytest.raises(RuntimeError, match="round has ended"):
+        negotiation.group  # noqa: B018 - closed: it holds the group no longer
+    del negotiation
+    gc.collect()
+    assert time.monotonic() - started < 5.0, "the teardown waited for the abandoned collective"
+    silent_peer.kill()
+    deadline = time.monotonic() + 30
+    while teardown_threads() - earlier:
         assert time.monotonic() < deadline, "the abandoned group was never released"
         time.sleep(0.05)
 
