@@ -48,9 +48,10 @@ def get_logger(name: str) -> logging.LoggerAdapter[logging.Logger]:
 
 @contextlib.contextmanager
 def stacks_if_stuck(after_s: float = STUCK_AFTER_S) -> Iterator[None]:
-    """Write every thread's stack to stderr if the block still runs after ``after_s``: from a
-    native watchdog thread, so even a call that holds the GIL is shown. One watch at a time
-    in a process (a nested one replaces it, and ends it when it ends)."""
+    """Write every thread's stack to stderr if the block (or, as a decorator, each call)
+    still runs after ``after_s``: from a native watchdog thread, so even a call that holds
+    the GIL is shown. One watch at a time in a process (a nested one replaces it, and ends it
+    when it ends)."""
     try:
         fileno = sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):  # stderr replaced by an object without a file

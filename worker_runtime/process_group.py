@@ -313,15 +313,12 @@ class RoundGroup:
             return
         pending.future.set_result(value)
 
+    @stacks_if_stuck()
     def destroy(self) -> None:
         """Tear the current group down. A broken group is aborted, detached from
         ``torch.distributed`` at once and shut down on a background thread: its backend may
         hold an abandoned collective until the group's timeout, and the next round must not
         wait for that."""
-        with stacks_if_stuck():
-            self._destroy()
-
-    def _destroy(self) -> None:
         if not self._configured:
             return
         for release in list(self._on_destroy):
