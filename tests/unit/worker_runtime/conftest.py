@@ -4,7 +4,6 @@ process), for the tests of what waits on such a group."""
 from __future__ import annotations
 
 import datetime
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from torch.distributed import TCPStore
 import elasticjob.worker_runtime as hvd
 from elasticjob.worker_runtime import basics, step_weight
 from elasticjob.worker_runtime.process_group import RoundGroup
+from tests.support.worker_env import standalone_env
 
 SILENT_PEER_TIMEOUT = datetime.timedelta(seconds=40)
 
@@ -44,8 +44,7 @@ def group() -> Iterator[RoundGroup]:
 def runtime_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[RoundGroup]:
     """The standalone runtime's round group (a world of one until a test re-forms it, e.g.
     with ``silent_peer`` when a module's ``group`` returns it)."""
-    for name in [n for n in os.environ if n.startswith("ELASTICJOB_")]:
-        monkeypatch.delenv(name)
+    standalone_env(monkeypatch)
     hvd.init()
     yield basics.current().group
     step_weight.set_source(None)

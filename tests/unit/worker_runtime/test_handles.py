@@ -4,7 +4,6 @@ round, raises ``HorovodInternalError`` at once instead of waiting; ``poll`` neve
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -12,12 +11,12 @@ import torch
 
 import elasticjob.worker_runtime as hvd
 from elasticjob.worker_runtime import basics
+from tests.support.worker_env import standalone_env
 
 
 @pytest.fixture
 def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in [n for n in os.environ if n.startswith("ELASTICJOB_")]:
-        monkeypatch.delenv(name)
+    standalone_env(monkeypatch)
     hvd.init()
     yield
     hvd.shutdown()

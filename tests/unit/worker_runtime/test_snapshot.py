@@ -5,7 +5,6 @@ optimizer step and before any restore."""
 from __future__ import annotations
 
 import collections
-import os
 import threading
 from collections.abc import Iterator
 
@@ -23,12 +22,12 @@ from elasticjob.worker_runtime.elastic.snapshot import (
     plan_slots,
     rebuild,
 )
+from tests.support.worker_env import standalone_env
 
 
 @pytest.fixture(autouse=True)
 def standalone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in [n for n in os.environ if n.startswith("ELASTICJOB_")]:
-        monkeypatch.delenv(name)
+    standalone_env(monkeypatch)
     hvd.init()
     yield
     hvd.shutdown()

@@ -5,7 +5,6 @@ checkpoint of another model is refused with a clear error."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from elasticjob.worker_contract import (
 )
 from elasticjob.worker_runtime import basics
 from elasticjob.worker_runtime.elastic import CheckpointError, ElasticSampler, TorchState
+from tests.support.worker_env import standalone_env
 
 SAMPLES = 40
 FEATURES = torch.randn(SAMPLES, 4, generator=torch.Generator().manual_seed(5))
@@ -30,8 +30,7 @@ FEATURES = torch.randn(SAMPLES, 4, generator=torch.Generator().manual_seed(5))
 @pytest.fixture
 def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A standalone runtime whose job checkpoints into the returned folder every 3 commits."""
-    for name in [n for n in os.environ if n.startswith("ELASTICJOB_")]:
-        monkeypatch.delenv(name)
+    standalone_env(monkeypatch)
     monkeypatch.setenv(ENV_CHECKPOINT_DIR, str(tmp_path / "ckpt"))
     monkeypatch.setenv(ENV_CHECKPOINT_EVERY_COMMITS, "3")
     monkeypatch.setenv(ENV_CHECKPOINT_KEEP, "2")
@@ -159,8 +158,7 @@ def test_a_checkpoint_of_another_model_is_refused(
 
 
 def test_checkpoint_without_a_folder_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [n for n in os.environ if n.startswith("ELASTICJOB_")]:
-        monkeypatch.delenv(name)
+    standalone_env(monkeypatch)
     hvd.init()
     try:
         with pytest.raises(RuntimeError, match="ELASTICJOB_CHECKPOINT_DIR"):
