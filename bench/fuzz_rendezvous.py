@@ -52,6 +52,7 @@ from elasticjob.wire.messages import (
     ProgressRequest,
     RendezvousRequest,
     ResultRequest,
+    ScriptExit,
     SlotInfo,
     WorkerId,
 )
@@ -73,7 +74,14 @@ class Listener:
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
 
-    def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
+    def on_worker_ready(
+        self,
+        worker: WorkerId,
+        after_round: int,
+        *,
+        rolled_back: bool,
+        script_exit: ScriptExit | None = None,
+    ) -> None:
         self.calls["ready"] += 1
 
     def on_worker_result(self, request: ResultRequest) -> None:

@@ -10,12 +10,18 @@ Two pure functions compute it; nothing here touches ``os.environ``:
   rendezvous store as ``MASTER_ADDR``/``MASTER_PORT`` and the job as ``TORCHELASTIC_RUN_ID``).
   The worker runtime writes it into ``os.environ`` each time the worker joins a round.
 
+- :func:`restart_env`: what a restart-mode script gets at each start
+  (``elasticjob.worker_runtime.restart_agent``): :func:`round_env` and the rest of torchrun's
+  worker contract (the role, the restart count and limit, the agent's store, the thread and
+  NCCL defaults torchrun applies).
+
 ``GROUP_RANK`` is torchrun's node rank; here it is the worker's cross rank, which is the index
 of its host in the round whenever the round's hosts run the same number of processes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 from elasticjob.wire.messages import RoundInfo, SlotInfo
@@ -33,6 +39,17 @@ ENV_TORCH_GROUP_RANK: Final = "GROUP_RANK"
 ENV_TORCH_MASTER_ADDR: Final = "MASTER_ADDR"
 ENV_TORCH_MASTER_PORT: Final = "MASTER_PORT"
 ENV_TORCH_RUN_ID: Final = "TORCHELASTIC_RUN_ID"
+ENV_TORCH_GROUP_WORLD_SIZE: Final = "GROUP_WORLD_SIZE"
+ENV_TORCH_ROLE_RANK: Final = "ROLE_RANK"
+ENV_TORCH_ROLE_WORLD_SIZE: Final = "ROLE_WORLD_SIZE"
+ENV_TORCH_ROLE_NAME: Final = "ROLE_NAME"
+ENV_TORCH_RESTART_COUNT: Final = "TORCHELASTIC_RESTART_COUNT"
+ENV_TORCH_MAX_RESTARTS: Final = "TORCHELASTIC_MAX_RESTARTS"
+ENV_TORCH_USE_AGENT_STORE: Final = "TORCHELASTIC_USE_AGENT_STORE"
+ENV_TORCH_NCCL_ASYNC_ERROR_HANDLING: Final = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+ENV_OMP_NUM_THREADS: Final = "OMP_NUM_THREADS"
+TORCHRUN_ROLE: Final = "default"
+"""torchrun's ``--role`` default: every worker has the one role."""
 SCRIPT_ROUND_ENV: Final = frozenset(
     {
         ENV_HOROVOD_RANK,
@@ -114,3 +131,39 @@ def tentative_slot(current: RoundInfo, hostname: str, local_rank: int) -> SlotIn
         local_size=local_rank + 1,
         cross_size=len(hosts) + 1,
     )
+
+
+def restart_env(
+    slot: SlotInfo,
+    *,
+    job: str,
+    master: tuple[str, int],
+    restart_count: int,
+    max_restarts: int,
+    inherited: Mapping[str, str],
+) -> dict[str, str]:
+    """torchrun's worker contract for a restart-mode script in ``slot``, whose agent serves
+    the attempt's store at ``master``: :func:`round_env`, and the role (one role, as under
+    torchrun: its rank and size are the global ones), the agent's count of restarts after a
+    failure and their limit, ``TORCHELASTIC_USE_AGENT_STORE`` (every rank is a client of the
+    agent's store), and the defaults torchrun applies when ``inherited`` (the agent's
+    environment) does not set them: ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, and
+    ``OMP_NUM_THREADS=1`` when the host runs more than one process."""
+    env = {
+        **round_env(slot, job=job, master=master),
+        ENV_TORCH_GROUP_WORLD_SIZE: str(slot.cross_size),
+        ENV_TORCH_ROLE_RANK: str(slot.rank),
+        ENV_TORCH_ROLE_WORLD_SIZE: str(slot.size),
+        ENV_TORCH_ROLE_NAME: TORCHRUN_ROLE,
+        ENV_TORCH_RESTART_COUNT: str(restart_count),
+        ENV_TORCH_MAX_RESTARTS: str(max_restarts),
+        ENV_TORCH_USE_AGENT_STORE: "True",
+        ENV_TORCH_NCCL_ASYNC_ERROR_HANDLING: inherited.get(
+            ENV_TORCH_NCCL_ASYNC_ERROR_HANDLING, "1"
+        ),
+    }
+    if ENV_OMP_NUM_THREADS in inherited:
+        env[ENV_OMP_NUM_THREADS] = inherited[ENV_OMP_NUM_THREADS]
+    elif slot.local_size > 1:
+        env[ENV_OMP_NUM_THREADS] = "1"
+    return env

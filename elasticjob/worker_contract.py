@@ -61,6 +61,7 @@ ENV_CHECKPOINT_DIR: Final = "ELASTICJOB_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY_COMMITS: Final = "ELASTICJOB_CHECKPOINT_EVERY_COMMITS"
 ENV_CHECKPOINT_INTERVAL: Final = "ELASTICJOB_CHECKPOINT_INTERVAL"
 ENV_CHECKPOINT_KEEP: Final = "ELASTICJOB_CHECKPOINT_KEEP"
+ENV_MAX_RESTARTS: Final = "ELASTICJOB_MAX_RESTARTS"
 
 # The training script's launch-time variables (horovodrun's and torchrun's): its host and
 # slot, known when the process starts (``elasticjob.script_env`` writes the others each round).
@@ -189,6 +190,9 @@ class WorkerSettings(BaseModel):
     timeline_dir: Annotated[str | None, Variable(ENV_TIMELINE_DIR)] = None
     """Folder where each worker process appends its timeline events (``--timeline-filename``
     of ``elasticjob-run``; None: no timeline is recorded)."""
+    max_restarts: Annotated[int, Whole(ENV_MAX_RESTARTS)] = 0
+    """Restart mode: the job's restart limit, which the script reads as
+    ``TORCHELASTIC_MAX_RESTARTS`` (0, torchrun's default, when the job sets none)."""
     checkpoint: Annotated[CheckpointPolicy | None, _Checkpoints(ENV_CHECKPOINT_DIR)] = None
     """The job's durable checkpoint policy (None: no checkpoints, no fallback): rank 0 writes
     the committed state under its folder, and a new rank 0 without a survivor loads the

@@ -28,7 +28,7 @@ import abc
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from elasticjob.wire.messages import SlotInfo, WorkerId
 
@@ -112,6 +112,20 @@ class Departure(enum.Enum):
     failure fails the round (``ROUND_FAILED``); the host is blacklisted."""
 
 
+class JobMode(enum.StrEnum):
+    """How a job's script survives a change of its members."""
+
+    ELASTIC = "elastic"
+    """It uses the elastic API: its processes and their state live on."""
+    RESTART = "restart"
+    """A torchrun script: stopped and started again with its new rank, in the same process
+    slot (``elasticjob.worker_runtime.restart_agent``)."""
+
+
+DEFAULT_MAX_RESTARTS: Final = 3
+"""A restart-mode job's restart limit when it sets none."""
+
+
 @dataclass(frozen=True)
 class DriverSettings:
     """The elastic settings of one job (horovodrun's flags, or the ElasticJob spec)."""
@@ -119,6 +133,11 @@ class DriverSettings:
     min_np: int = 1
     max_np: int | None = None
     reset_limit: int | None = None
+    """Fail the job once it would reset more than this many times (horovodrun's
+    ``--reset-limit``: every reset counts, those that only add or remove hosts too)."""
+    restart_limit: int | None = None
+    """Fail the job once it would reset after a failure more than this many times (torchrun's
+    ``--max-restarts``: resets that only add or remove hosts do not count)."""
     elastic_timeout_s: float = 600.0
     """How long to wait while fewer than ``min_np`` slots are available."""
     start_timeout_s: float = 120.0

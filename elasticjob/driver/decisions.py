@@ -154,6 +154,9 @@ class Decision:
     action: Action
     blacklist: frozenset[str] = frozenset()
     reason: str = ""
+    after_failure: bool = False
+    """RESUME: the reset follows a failure (a member failed, rolled back or its script
+    failed), so it counts against the restart limit too."""
 
 
 def decide_round(
@@ -163,6 +166,8 @@ def decide_round(
     reset_limit: int | None,
     checkpoint_fallback: bool = False,
     raised: Collection[WorkerId] = (),
+    restarts: int = 0,
+    restart_limit: int | None = None,
 ) -> Decision:
     """Decide what the driver does once the counted members (members not leaving) reported.
 
@@ -173,9 +178,14 @@ def decide_round(
       that reported their script's error before ending; a killed process, a deleted pod or
       a lost node reports nothing): then the round resets as below, and the next one starts
       from the newest checkpoint. A script that raises everywhere would only raise again;
+    - every counted member's script failed on its own (restart mode: an exit code, not a
+      signal): FAIL with their exit codes and the log of the first; a restart would fail
+      again;
     - no member is counted (all left gracefully): RESUME, the driver checks capacity;
-    - otherwise the round resets: FAIL when ``resets + 1`` exceeds ``reset_limit`` (``None``
-      is unlimited), else RESUME, blacklisting the hosts of the failed members.
+    - otherwise the round resets: FAIL when ``resets + 1`` exceeds ``reset_limit``, or when
+      the reset follows a failure and ``restarts + 1`` exceeds ``restart_limit`` (torchrun's
+      ``--max-restarts``; ``None`` is unlimited), else RESUME, blacklisting the hosts of the
+      failed members.
     """
     counted = records.members - records.leaving
     missing = [w for w in counted if w not in records.states]
@@ -196,6 +206,12 @@ def decide_round(
     if every_failed and not (checkpoint_fallback and lost):
         reason = f"all {len(failed)} workers failed: {_names(failed)}"
         return Decision(Action.FAIL, reason=f"{reason}; {ENABLE_CHECKPOINTS}" if lost else reason)
+    scripts_failed = [w for w in counted if w in records.script_exits]
+    raised_everywhere = all(records.script_exits[w].exit_code > 0 for w in scripts_failed)
+    if scripts_failed and len(scripts_failed) == len(counted) and raised_everywhere:
+        return Decision(
+            Action.FAIL, reason=f"the script failed on every worker: {_exits(records, counted)}"
+        )
     if not counted:
         return Decision(
             Action.RESUME,
@@ -207,15 +223,32 @@ def decide_round(
         what = f"all {len(failed)} workers were lost ({_names(failed)})"
     elif failed:
         what = f"{len(failed)} of {len(counted)} workers failed ({_names(failed)})"
+    elif scripts_failed:
+        what = f"the script failed on {_exits(records, counted)}"
     elif rolled_back:
         what = f"a collective failed on {_names(rolled_back)}, which rolled back"
     else:
         what = "no worker failed; the round is re-formed"
+    after_failure = bool(failed or rolled_back)
     if reset_limit is not None and resets + 1 > reset_limit:
         return Decision(Action.FAIL, reason=f"reset limit {reset_limit} exceeded: {what}")
+    if after_failure and restart_limit is not None and restarts + 1 > restart_limit:
+        return Decision(Action.FAIL, reason=f"restart limit {restart_limit} exceeded: {what}")
     reason = f"reset {resets + 1}: {what}"
     if failed_hosts:
         reason += f"; blacklisting hosts {_names(failed_hosts)}"
     if every_failed:
         reason += "; the next round starts from the newest checkpoint"
-    return Decision(Action.RESUME, blacklist=failed_hosts, reason=reason)
+    return Decision(
+        Action.RESUME, blacklist=failed_hosts, reason=reason, after_failure=after_failure
+    )
+
+
+def _exits(records: RoundRecords, counted: Collection[WorkerId]) -> str:
+    """The script exits of ``counted`` members, the first one's log after them."""
+    exits = [(w, e) for w, e in records.script_exits.items() if w in counted]
+    described = ", ".join(f"{w} {e.status()}" for w, e in exits)
+    first, script_exit = exits[0]
+    if not script_exit.log_tail.strip():
+        return described
+    return f"{described}\nlast lines of {first}'s log:\n{script_exit.log_tail.rstrip()}"

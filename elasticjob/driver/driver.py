@@ -55,6 +55,7 @@ from elasticjob.wire.messages import (
     NoticeKind,
     ProgressRequest,
     ResultRequest,
+    ScriptExit,
     SlotInfo,
     WorkerId,
     WorkerState,
@@ -193,7 +194,14 @@ class ElasticDriver(RendezvousListener):
         if end := decide_discovery_failure(error, discovered_before=self.hosts.discovered):
             self._finish(False, end.reason)
 
-    def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
+    def on_worker_ready(
+        self,
+        worker: WorkerId,
+        after_round: int,
+        *,
+        rolled_back: bool,
+        script_exit: ScriptExit | None = None,
+    ) -> None:
         record = self._workers.get(worker)
         verdict = classify_ready(
             self.phase,
@@ -210,10 +218,14 @@ class ElasticDriver(RendezvousListener):
         if verdict in (ReadyVerdict.READY, ReadyVerdict.ROLLED_BACK):
             self.registry.record(worker, WorkerState.READY)
         if verdict is ReadyVerdict.ROLLED_BACK:
-            # After a failure every survivor rolls back: one line per job, not per worker.
-            (logger.debug if self._recovering else logger.warning)(
-                "worker %s rolled back after a collective failed", worker
-            )
+            if script_exit is not None:
+                self.registry.record_script_exit(worker, script_exit)
+                logger.warning("the script of worker %s failed (%s)", worker, script_exit.status())
+            else:
+                # After a failure every survivor rolls back: one line per job, not per worker.
+                (logger.debug if self._recovering else logger.warning)(
+                    "worker %s rolled back after a collective failed", worker
+                )
             self.registry.mark_rolled_back(worker)
             self.journal.collective_failed(worker.hostname, self.round, len(self.slots))
             self._fail_round(worker.hostname)
@@ -319,6 +331,8 @@ class ElasticDriver(RendezvousListener):
             reset_limit=self.settings.reset_limit,
             checkpoint_fallback=self.settings.checkpoint_fallback,
             raised=self._workers.raised(self.slots),
+            restarts=self.registry.restart_count,
+            restart_limit=self.settings.restart_limit,
         )
         if decision.action is Action.WAIT:
             await self._formation.scale_out(self.round, self.slots, recovering=self._recovering)
@@ -328,7 +342,7 @@ class ElasticDriver(RendezvousListener):
             self._finish(False, self._with_worker_messages(decision.reason))
         else:
             self._blacklist(decision.blacklist)
-            self.registry.count_reset()
+            self.registry.count_reset(after_failure=decision.after_failure)
             self.last_reset_reason = decision.reason or "hosts changed"
             self.journal.round_ended(self.round, len(self.slots))
             self.phase = DriverPhase.FORMING

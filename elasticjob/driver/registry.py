@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from elasticjob.wire.messages import WorkerId, WorkerState
+from elasticjob.wire.messages import ScriptExit, WorkerId, WorkerState
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +28,8 @@ class RoundRecords:
     states and absence are ignored, and their failure is never a failure of the job."""
     rolled_back: frozenset[WorkerId] = frozenset()
     """Members that rolled back to their last commit after a collective failed on them."""
+    script_exits: Mapping[WorkerId, ScriptExit] = field(default_factory=dict)
+    """Members whose script failed on its own (restart mode), in the order they said so."""
 
 
 _FINAL_STATES = frozenset({WorkerState.SUCCESS, WorkerState.FAILURE})
@@ -43,8 +45,11 @@ class WorkerRegistry:
         self._round_number = 0
         self._states: dict[WorkerId, WorkerState] = {}
         self._rolled_back: set[WorkerId] = set()
+        self._script_exits: dict[WorkerId, ScriptExit] = {}
         self.reset_count = 0
         """How many times the job has reset (see :meth:`count_reset`)."""
+        self.restart_count = 0
+        """How many of those resets followed a failure (see :meth:`count_reset`)."""
 
     def start_round(self, round_number: int) -> None:
         """Start recording ``round_number`` (greater than the current one), forgetting
@@ -56,6 +61,7 @@ class WorkerRegistry:
         self._round_number = round_number
         self._states = {}
         self._rolled_back = set()
+        self._script_exits = {}
         logger.debug("round %d has %d members", round_number, len(self._members()))
 
     def record(self, worker: WorkerId, state: WorkerState) -> bool:
@@ -83,6 +89,12 @@ class WorkerRegistry:
         if worker in self._members():
             self._rolled_back.add(worker)
 
+    def record_script_exit(self, worker: WorkerId, script_exit: ScriptExit) -> None:
+        """Record how a member's script failed on its own (restart mode; a non-member, or a
+        second report of the same member, is ignored)."""
+        if worker in self._members():
+            self._script_exits.setdefault(worker, script_exit)
+
     def records(self, leaving: Collection[WorkerId] = ()) -> RoundRecords:
         """A snapshot of the current round's records; ``leaving``: the workers leaving
         gracefully (those that are members count as leaving)."""
@@ -92,9 +104,12 @@ class WorkerRegistry:
             states=MappingProxyType(dict(self._states)),
             leaving=members & frozenset(leaving),
             rolled_back=frozenset(self._rolled_back),
+            script_exits=MappingProxyType(dict(self._script_exits)),
         )
 
-    def count_reset(self) -> int:
-        """Count one more reset of the job; return the new :attr:`reset_count`."""
+    def count_reset(self, *, after_failure: bool) -> int:
+        """Count one more reset of the job, and one more restart if it follows a failure;
+        return the new :attr:`reset_count`."""
         self.reset_count += 1
+        self.restart_count += after_failure
         return self.reset_count

@@ -15,7 +15,13 @@ from pathlib import Path
 from pydantic import TypeAdapter, ValidationError
 
 from elasticjob.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
-from elasticjob.driver.api import DiscoveryError, DriverError, DriverSettings
+from elasticjob.driver.api import (
+    DEFAULT_MAX_RESTARTS,
+    DiscoveryError,
+    DriverError,
+    DriverSettings,
+    JobMode,
+)
 from elasticjob.driver.blacklist import BlacklistPolicy
 from elasticjob.driver.discovery import (
     MAX_SLOTS_PER_HOST,
@@ -41,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="elasticjob-run",
         description="Run an elastic PyTorch job on this machine (horovodrun's flags).",
+        # No abbreviations: the command's own flags (``train.py --checkpoint x``) would be
+        # taken for ambiguous abbreviations of ours and refused.
+        allow_abbrev=False,
     )
     parser.add_argument("-v", "--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument(
@@ -80,6 +89,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="slots of a host given without slots (default 1)",
     )
     parser.add_argument("--reset-limit", type=int, help="fail after this many resets")
+    parser.add_argument(
+        "--mode",
+        choices=[m.value for m in JobMode],
+        default=JobMode.ELASTIC.value,
+        help="elastic: the script uses the elastic API and keeps its processes and state "
+        "across changes; restart: a torchrun script, run unchanged, stopped and started again "
+        "with its new rank at every change (default elastic)",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        metavar="N",
+        help="fail after N restarts that follow a failure (torchrun's --max-restarts; "
+        f"default {DEFAULT_MAX_RESTARTS} in restart mode, else unlimited)",
+    )
     parser.add_argument(
         "--elastic-timeout",
         type=float,
@@ -203,6 +227,8 @@ def _argument_errors(args: argparse.Namespace) -> Iterator[str]:
         yield f"{flag} ({_min_np(args)}) must not exceed --max-np ({args.max_np})"
     if not 1 <= args.slots <= MAX_SLOTS_PER_HOST:
         yield f"--slots must be from 1 to {MAX_SLOTS_PER_HOST}, got {args.slots}"
+    if args.max_restarts is not None and args.max_restarts < 0:
+        yield f"--max-restarts must be >= 0, got {args.max_restarts}"
     if args.reset_limit is not None and args.reset_limit < 0:
         yield f"--reset-limit must be >= 0, got {args.reset_limit}"
     if not _finite(args.elastic_timeout):
@@ -313,6 +339,14 @@ def max_np(args: argparse.Namespace) -> int | None:
     return int(args.np) if args.np is not None else None
 
 
+def max_restarts(args: argparse.Namespace) -> int | None:
+    """``--max-restarts``, or its default: :data:`DEFAULT_MAX_RESTARTS` in restart mode,
+    else unlimited (None)."""
+    if args.max_restarts is not None:
+        return int(args.max_restarts)
+    return DEFAULT_MAX_RESTARTS if JobMode(args.mode) is JobMode.RESTART else None
+
+
 def _min_np(args: argparse.Namespace) -> int:
     return int(args.min_np if args.min_np is not None else (args.np or 1))
 
@@ -333,6 +367,7 @@ def driver_settings(
             min_np=min_np,
             max_np=max_np(args),
             reset_limit=args.reset_limit,
+            restart_limit=max_restarts(args),
             elastic_timeout_s=args.elastic_timeout,
             start_timeout_s=args.start_timeout,
             heartbeat_timeout_s=args.heartbeat_timeout or None,

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from elasticjob.driver.api import DriverError, JobResult
+from elasticjob.driver.api import DriverError, JobMode, JobResult
 from elasticjob.driver.blacklist import Blacklist
 from elasticjob.driver.discovery import discover_once, poll_hosts
 from elasticjob.driver.driver import ElasticDriver
@@ -35,7 +35,12 @@ from elasticjob.launcher.arguments import (
 )
 from elasticjob.launcher.horovodrun_flags import python_log_level
 from elasticjob.launcher.output_files import RankOutputFiles, rank_width, write_timeline
-from elasticjob.launcher.processes import ORPHAN_TIMEOUT_S, LocalWorkerLauncher, WorkerEnvironment
+from elasticjob.launcher.processes import (
+    ORPHAN_TIMEOUT_S,
+    LocalWorkerLauncher,
+    WorkerEnvironment,
+    restart_agent_command,
+)
 from elasticjob.launcher.record_file import RecordFile
 from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS
 from elasticjob.rendezvous.server import RendezvousService
@@ -65,6 +70,8 @@ async def run_job(args: argparse.Namespace) -> JobResult:
     timeline_dir = (
         tempfile.mkdtemp(prefix="elasticjob-timeline-") if args.timeline_filename else None
     )
+    restart = JobMode(args.mode) is JobMode.RESTART
+    command = restart_agent_command(args.command) if restart else list(args.command)
     service = RendezvousService()
     await service.start("127.0.0.1", 0)
     token = secrets.token_urlsafe(24)
@@ -78,6 +85,7 @@ async def run_job(args: argparse.Namespace) -> JobResult:
                 "orphan_timeout_s": ORPHAN_TIMEOUT_S,
                 "timeline_dir": timeline_dir,
                 "checkpoint": checkpoint,
+                "max_restarts": settings.restart_limit if restart else None,
             }
         ),
         token=token,
@@ -86,7 +94,7 @@ async def run_job(args: argparse.Namespace) -> JobResult:
 
     def make_launcher(driver: ElasticDriver) -> LocalWorkerLauncher:
         return LocalWorkerLauncher(
-            args.command,
+            command,
             environment,
             driver.on_worker_exit,
             driver.rank_of,

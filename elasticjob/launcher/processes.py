@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import ipaddress
 import logging
 import os
@@ -25,10 +24,11 @@ import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 from elasticjob.driver.api import DriverError, WorkerLauncher
 from elasticjob.launcher.output_files import RankOutputFiles
+from elasticjob.process_death import die_with
 from elasticjob.script_env import planned_env
 from elasticjob.wire.messages import SlotInfo, WorkerId
 from elasticjob.worker_contract import (
@@ -49,24 +49,6 @@ OUTPUT_DRAIN_S = 1.0
 """How long a worker's exit waits for the rest of its output before the driver hears of it:
 its pipes close with it, unless a process it started (a data loader's worker) holds them."""
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with(parent_pid: int) -> Callable[[], None]:
-    """A ``preexec_fn`` that makes the child receive SIGKILL when ``parent_pid`` dies.
-
-    The kernel sends it when the *thread* that forked the child exits: workers are forked
-    by the event loop's thread, which lives as long as the launcher."""
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def preexec() -> None:
-        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            os._exit(126)
-        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
-            os._exit(126)
-
-    return preexec
-
 
 def check_command(command: Sequence[str], path: str | None) -> None:
     """Raise :class:`DriverError` naming the program when ``command`` cannot be run: a
@@ -82,6 +64,16 @@ def check_command(command: Sequence[str], path: str | None) -> None:
         raise DriverError(f"worker command {program!r} not found")
     elif not os.access(program, os.X_OK):
         raise DriverError(f"worker command {program!r} is not executable")
+
+
+RESTART_AGENT_MODULE: Final = "elasticjob.worker_runtime.restart_agent"
+
+
+def restart_agent_command(command: Sequence[str]) -> list[str]:
+    """The command of a restart-mode worker: the agent, which runs ``command``. Raises
+    :class:`DriverError` as :func:`check_command` does for ``command``."""
+    check_command(command, os.environ.get("PATH", os.defpath))
+    return [sys.executable, "-m", RESTART_AGENT_MODULE, "--", *command]
 
 
 def _local_addresses() -> set[str]:
@@ -209,7 +201,7 @@ class LocalWorkerLauncher(WorkerLauncher):
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
-                preexec_fn=_die_with(os.getpid()) if sys.platform == "linux" else None,
+                preexec_fn=die_with(os.getpid()) if sys.platform == "linux" else None,
             )
         except OSError as exc:
             reason = exc.strerror or str(exc)

@@ -28,6 +28,7 @@ from elasticjob.wire.messages import (
     RendezvousResponse,
     ResultRequest,
     RoundInfo,
+    ScriptExit,
     SlotInfo,
     WorkerId,
 )
@@ -84,10 +85,18 @@ class RequestRefused(Exception):
 class RendezvousListener(Protocol):
     """What a job's driver hears from its workers. Called on the event loop; must not block."""
 
-    def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
+    def on_worker_ready(
+        self,
+        worker: WorkerId,
+        after_round: int,
+        *,
+        rolled_back: bool,
+        script_exit: ScriptExit | None = None,
+    ) -> None:
         """``worker`` waits for a round newer than ``after_round`` (called once per
         (worker, after_round): a long-poll that is retried does not call it again);
-        ``rolled_back``: it rolled its state back after a collective failed on it."""
+        ``rolled_back``: it rolled its state back after a collective failed on it;
+        ``script_exit``: a restart-mode worker's script failed on its own, and how."""
 
     def on_worker_result(self, request: ResultRequest) -> None:
         """The worker reported how its process ended."""

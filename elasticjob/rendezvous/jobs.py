@@ -294,7 +294,10 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._tell_listener(
             "on_worker_ready",
             lambda: self._listener.on_worker_ready(
-                worker, request.after_round, rolled_back=request.rolled_back
+                worker,
+                request.after_round,
+                rolled_back=request.rolled_back,
+                script_exit=request.script_exit,
             ),
         )
 

@@ -10,6 +10,7 @@ are in :mod:`elasticjob.wire.protocol`.
 from __future__ import annotations
 
 import enum
+import signal
 from typing import Annotated, NamedTuple
 
 from pydantic import Field, StrictBool, StringConstraints, model_validator
@@ -109,6 +110,24 @@ class RendezvousStatus(enum.StrEnum):
     """The job has ended; the worker must exit."""
 
 
+class ScriptExit(StrictModel):
+    """How a restart-mode worker's script ended on its own, not stopped by its agent
+    (``elasticjob.worker_runtime.restart_agent``): its process's return code (negative: the
+    signal that killed it) and the last lines of its standard error."""
+
+    exit_code: Annotated[int, Field(strict=True, ge=-255, le=255)]
+    log_tail: Annotated[str, StringConstraints(max_length=4096)] = ""
+
+    def status(self) -> str:
+        """``exit code N``, or ``killed by SIGNAME``."""
+        if self.exit_code >= 0:
+            return f"exit code {self.exit_code}"
+        try:
+            return f"killed by {signal.Signals(-self.exit_code).name}"
+        except ValueError:
+            return f"killed by signal {-self.exit_code}"
+
+
 class RendezvousRequest(StrictModel):
     """A worker is READY for a round newer than ``after_round`` (0: it has never had one)."""
 
@@ -126,6 +145,9 @@ class RendezvousRequest(StrictModel):
     rolled_back: StrictBool = False
     """The worker left round ``after_round`` after a collective failed on it and rolled its
     state back to its last commit: the driver fails that round and re-syncs the next."""
+    script_exit: ScriptExit | None = None
+    """A restart-mode worker (with ``rolled_back``): its script failed on its own in round
+    ``after_round``, and how (protocol 7)."""
 
 
 class PeerEndpoint(StrictModel):

@@ -11,7 +11,7 @@ API_PREFIX = "/v1"
 PROTOCOL_HEADER: Final = "X-Elasticjob-Protocol"
 """Header carrying the rendezvous protocol version: workers send theirs on every request and
 the service answers with its own."""
-PROTOCOL_VERSION: Final = 6
+PROTOCOL_VERSION: Final = 7
 """The rendezvous protocol this release speaks. Version 1 is that of the releases that sent no
 :data:`PROTOCOL_HEADER` (a request without it is version 1). Version 2 added the header,
 ``429 Too Many Requests`` answers (a version-1 worker takes them as fatal), refusals of
@@ -29,7 +29,9 @@ and :attr:`ProgressRequest.committed_step` (durable checkpoints written and load
 committed steps a fallback loses); older workers' reports stay valid. Version 6 added the
 optional :attr:`RendezvousRequest.probe_port` and :attr:`PeerEndpoint.probe_port`: peers are
 probed on a listener of their own, not on their TCPStore server (the service leaves
-``probe_port`` out of the peers it gives an older worker, which would refuse it).
+``probe_port`` out of the peers it gives an older worker, which would refuse it). Version 7
+added the optional :attr:`RendezvousRequest.script_exit` of restart-mode workers; older
+workers' requests stay valid.
 (The messages are those of :mod:`elasticjob.wire.messages`.)"""
 MIN_PROTOCOL_VERSION: Final = 2
 """The oldest worker protocol this service accepts; an older (or newer) worker is refused

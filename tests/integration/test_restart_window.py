@@ -21,6 +21,7 @@ from elasticjob.wire.messages import (
     RendezvousStatus,
     ResultRequest,
     RoundInfo,
+    ScriptExit,
     WorkerId,
 )
 from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
@@ -32,7 +33,14 @@ TOKEN = "token-of-the-job"
 
 
 class Listener:
-    def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
+    def on_worker_ready(
+        self,
+        worker: WorkerId,
+        after_round: int,
+        *,
+        rolled_back: bool,
+        script_exit: ScriptExit | None = None,
+    ) -> None:
         return None
 
     def on_worker_heartbeat(self, worker: WorkerId, report: ProbeReport | None) -> None:

@@ -11,6 +11,7 @@ from elasticjob.wire.messages import (
     ProgressRequest,
     RendezvousRequest,
     ResultRequest,
+    ScriptExit,
     SlotInfo,
     WorkerId,
 )
@@ -31,7 +32,14 @@ class RecordingListener:
         self.reports: list[tuple[WorkerId, ProbeReport | None]] = []
         self.ready_event = asyncio.Event()
 
-    def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
+    def on_worker_ready(
+        self,
+        worker: WorkerId,
+        after_round: int,
+        *,
+        rolled_back: bool,
+        script_exit: ScriptExit | None = None,
+    ) -> None:
         self.ready.append((worker, after_round))
         if rolled_back:
             self.rolled_back.append((worker, after_round))

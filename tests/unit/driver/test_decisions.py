@@ -36,7 +36,7 @@ from elasticjob.driver.planning import (
 from elasticjob.driver.registry import RoundRecords
 from elasticjob.driver.slots import assign_slots
 from elasticjob.driver.worker_record import WorkerRecord
-from elasticjob.wire.messages import SlotInfo, WorkerId, WorkerState
+from elasticjob.wire.messages import ScriptExit, SlotInfo, WorkerId, WorkerState
 
 R, S, F = WorkerState.READY, WorkerState.SUCCESS, WorkerState.FAILURE
 A0, A1, B0, C0 = WorkerId("a", 0), WorkerId("a", 1), WorkerId("b", 0), WorkerId("c", 0)
@@ -47,8 +47,11 @@ def records(
     members: tuple[WorkerId, ...] = (A0, A1, B0),
     leaving: tuple[WorkerId, ...] = (),
     rolled_back: tuple[WorkerId, ...] = (),
+    script_exits: dict[WorkerId, ScriptExit] | None = None,
 ) -> RoundRecords:
-    return RoundRecords(frozenset(members), states, frozenset(leaving), frozenset(rolled_back))
+    return RoundRecords(
+        frozenset(members), states, frozenset(leaving), frozenset(rolled_back), script_exits or {}
+    )
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,11 @@ class Case:
     """A checkpoint policy is configured (``checkpoint_fallback``)."""
     raised: tuple[WorkerId, ...] = ()
     """Members that reported their own failure before ending."""
+    script_exits: tuple[tuple[WorkerId, int], ...] = ()
+    """Restart mode: members whose script failed on its own, with its return code, in the
+    order they said so (each is rolled back too)."""
+    restarts: int = 0
+    restart_limit: int | None = None
 
 
 AB = frozenset({"a", "b"})
@@ -186,6 +194,62 @@ DECIDE_CASES = [
         limit=2,
     ),
     Case(
+        "script-failed-everywhere-fails-with-the-exit-codes-and-the-first-log",
+        {A0: R, A1: R, B0: R},
+        Action.FAIL,
+        ("the script failed on every worker: b[0] exit code 3, a[0] exit code 3, a[1] exit",),
+        script_exits=((B0, 3), (A0, 3), (A1, 1)),
+        restart_limit=5,
+    ),
+    Case(
+        "script-killed-on-one-peers-failed-after-restarts",
+        {A0: R, A1: R, B0: R},
+        Action.RESUME,
+        ("reset 1: the script failed on b[0] killed by SIGKILL, a[0] exit code 1",),
+        script_exits=((B0, -9), (A0, 1)),
+        restart_limit=3,
+    ),
+    Case(
+        "script-failed-on-some-stopped-on-others-restarts",
+        {A0: R, A1: R, B0: R},
+        Action.RESUME,
+        ("the script failed on a[1] exit code 2", "last lines of a[1]'s log:\nboom"),
+        script_exits=((A1, 2),),
+    ),
+    Case(
+        "restart-limit-exceeded-names-the-failure",
+        {A0: R, A1: R, B0: R},
+        Action.FAIL,
+        ("restart limit 2 exceeded: the script failed on b[0] killed by SIGKILL",),
+        script_exits=((B0, -9),),
+        restarts=2,
+        restart_limit=2,
+    ),
+    Case(
+        "hosts-changing-is-no-restart",
+        {A0: R, A1: R, B0: R},
+        Action.RESUME,
+        ("no worker failed",),
+        restarts=2,
+        restart_limit=2,
+    ),
+    Case(
+        "a-lost-worker-counts-as-a-restart",
+        {A0: F, A1: R, B0: R},
+        Action.FAIL,
+        ("restart limit 0 exceeded: 1 of 3 workers failed",),
+        restart_limit=0,
+    ),
+    Case(
+        "a-rollback-counts-as-a-restart",
+        {A0: R, A1: R, B0: R},
+        Action.RESUME,
+        ("reset 1", "rolled back"),
+        rolled_back=(A1,),
+        restarts=0,
+        restart_limit=1,
+    ),
+    Case(
         "one-lost-with-checkpoints-is-an-ordinary-reset",
         {A0: F, A1: R, B0: R},
         Action.RESUME,
@@ -198,16 +262,27 @@ DECIDE_CASES = [
 
 @pytest.mark.parametrize("case", DECIDE_CASES, ids=lambda case: case.name)
 def test_decide_round(case: Case) -> None:
-    recs = records(case.states, leaving=case.leaving, rolled_back=case.rolled_back)
+    exits = {w: ScriptExit(exit_code=code, log_tail="boom\n") for w, code in case.script_exits}
+    recs = records(
+        case.states,
+        leaving=case.leaving,
+        rolled_back=(*case.rolled_back, *exits),
+        script_exits=exits,
+    )
     decision = decide_round(
         recs,
         resets=case.resets,
         reset_limit=case.limit,
         checkpoint_fallback=case.fallback,
         raised=case.raised,
+        restarts=case.restarts,
+        restart_limit=case.restart_limit,
     )
     assert decision.action is case.action
     assert decision.blacklist == case.blacklist
+    if decision.action is Action.RESUME:
+        failed = case.blacklist or case.rolled_back or case.script_exits
+        assert decision.after_failure is bool(failed), "a failure's reset is a restart"
     for part in case.reason_parts:
         assert part in decision.reason, decision.reason
 

@@ -96,8 +96,8 @@ def test_records_snapshot_is_not_affected_by_later_reports() -> None:
 def test_count_reset() -> None:
     rounds = Rounds()
     registry = rounds.registry
-    assert registry.reset_count == 0
-    assert registry.count_reset() == 1
+    assert (registry.reset_count, registry.restart_count) == (0, 0)
+    assert registry.count_reset(after_failure=False) == 1
     rounds.start_round(1, [A0])
-    assert registry.count_reset() == 2
-    assert registry.reset_count == 2
+    assert registry.count_reset(after_failure=True) == 2
+    assert (registry.reset_count, registry.restart_count) == (2, 1)

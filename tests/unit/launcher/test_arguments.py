@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from elasticjob.driver.api import DEFAULT_MAX_RESTARTS
+from elasticjob.launcher.arguments import build_parser, driver_settings, parse_arguments
 from elasticjob.launcher.cli import main
 
 CLI_TIMEOUT_S = 60.0
@@ -43,6 +45,8 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
             "-np (the default --min-np) (5) must not exceed --max-np (3)",
         ),
         (["--reset-limit", "-1", "true"], "--reset-limit must be >= 0, got -1"),
+        (["--max-restarts", "-1", "true"], "--max-restarts must be >= 0, got -1"),
+        (["--mode", "torchrun", "true"], "argument --mode: invalid choice: 'torchrun'"),
         (["--elastic-timeout", "-5", "true"], "--elastic-timeout must be >= 0 seconds"),
         (["--elastic-timeout", "nan", "true"], "--elastic-timeout must be >= 0 seconds"),
         (["--start-timeout", "0", "true"], "--start-timeout must be > 0 seconds"),
@@ -127,3 +131,27 @@ def test_a_worker_command_that_fails_to_start_fails_the_job_at_once(tmp_path: Pa
         in result.stderr
     )
     assert "blacklisted" not in result.stderr
+
+
+def test_the_commands_own_flags_are_never_taken_for_the_launchers() -> None:
+    """``--checkpoint`` would be an ambiguous abbreviation of the checkpoint flags, and
+    ``--verbose`` is one of ours: both belong to the command after it."""
+    command = ["python", "train.py", "--checkpoint", "ckpt.pt", "--verbose", "--mode", "x"]
+    args = parse_arguments(build_parser(), ["-np", "1", *command])
+    assert args.command == command and not args.verbose
+
+
+@pytest.mark.parametrize(
+    ("flags", "restart_limit"),
+    [
+        pytest.param([], None, id="elastic-unlimited"),
+        pytest.param(["--mode", "restart"], DEFAULT_MAX_RESTARTS, id="restart-default"),
+        pytest.param(["--mode", "restart", "--max-restarts", "0"], 0, id="restart-none-allowed"),
+        pytest.param(["--max-restarts", "5"], 5, id="elastic-with-a-limit"),
+    ],
+)
+def test_max_restarts_and_its_default_in_restart_mode(
+    flags: list[str], restart_limit: int | None
+) -> None:
+    args = parse_arguments(build_parser(), ["-np", "1", *flags, "true"])
+    assert driver_settings(args)[1].restart_limit == restart_limit

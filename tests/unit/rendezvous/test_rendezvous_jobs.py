@@ -15,6 +15,7 @@ from elasticjob.wire.messages import (
     ProgressRequest,
     RendezvousStatus,
     ResultRequest,
+    ScriptExit,
     WorkerId,
     WorkerState,
 )
@@ -30,7 +31,14 @@ from tests.support.rendezvous_jobs import (
 
 
 class FailingListener(RecordingListener):
-    def on_worker_ready(self, worker: WorkerId, after_round: int, *, rolled_back: bool) -> None:
+    def on_worker_ready(
+        self,
+        worker: WorkerId,
+        after_round: int,
+        *,
+        rolled_back: bool,
+        script_exit: ScriptExit | None = None,
+    ) -> None:
         super().on_worker_ready(worker, after_round, rolled_back=rolled_back)
         raise RuntimeError("listener bug")
 

@@ -9,6 +9,7 @@ from elasticjob.script_env import (
     ENV_TORCH_MASTER_PORT,
     SCRIPT_ROUND_ENV,
     launch_env,
+    restart_env,
     round_env,
     tentative_slot,
 )
@@ -110,3 +111,86 @@ def test_tentative_slot_places_a_newcomer_after_the_current_members(
         got.cross_rank,
         got.cross_size,
     ) == expected
+
+
+TORCHRUN_CONTRACT = (
+    "RANK",
+    "LOCAL_RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+)
+"""torchrun's worker variables (torch 2.13's ``LocalElasticAgent._start_workers``), in its
+order; ``OMP_NUM_THREADS`` has rows of its own."""
+
+
+@pytest.mark.parametrize(
+    ("place", "restarts", "expected"),
+    [
+        pytest.param(
+            slot(0, 1, (0, 1), (0, 1)),
+            0,
+            ("0", "0", "0", "0", "1", "1", "1", "1", "default", "10.0.0.1", "29500", "0", "3"),
+            id="world-of-one",
+        ),
+        pytest.param(
+            slot(5, 8, (1, 4), (1, 2)),
+            2,
+            ("5", "1", "1", "5", "4", "8", "2", "8", "default", "10.0.0.1", "29500", "2", "3"),
+            id="second-host-of-two",
+        ),
+    ],
+)
+def test_restart_env_is_torchruns_worker_contract(
+    place: SlotInfo, restarts: int, expected: tuple[str, ...]
+) -> None:
+    env = restart_env(
+        place,
+        job="ns.job",
+        master=("10.0.0.1", 29500),
+        restart_count=restarts,
+        max_restarts=3,
+        inherited={},
+    )
+    assert tuple(env[name] for name in TORCHRUN_CONTRACT) == (
+        *expected,
+        "ns.job",
+        "True",  # every rank is a client of the agent's store, as under torchrun
+        "1",
+    )
+
+
+@pytest.mark.parametrize(
+    ("local_size", "inherited", "omp", "nccl"),
+    [
+        pytest.param(1, {}, None, "1", id="one-process-per-host-sets-no-threads"),
+        pytest.param(4, {}, "1", "1", id="several-processes-get-one-thread-each"),
+        pytest.param(4, {"OMP_NUM_THREADS": "8"}, "8", "1", id="the-users-threads-are-kept"),
+        pytest.param(
+            1, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, None, "3", id="the-users-nccl-mode"
+        ),
+    ],
+)
+def test_restart_env_applies_torchruns_defaults_unless_the_user_set_them(
+    local_size: int, inherited: dict[str, str], omp: str | None, nccl: str
+) -> None:
+    env = restart_env(
+        slot(0, local_size, (0, local_size), (0, 1)),
+        job="j",
+        master=("h", 1),
+        restart_count=0,
+        max_restarts=0,
+        inherited=inherited,
+    )
+    assert (env.get("OMP_NUM_THREADS"), env["TORCH_NCCL_ASYNC_ERROR_HANDLING"]) == (omp, nccl)

@@ -1,0 +1,141 @@
+"""A torchrun DDP script, as people write them for torchrun: the group from the environment
+(``env://``), ``DistributedDataParallel``, and a checkpoint of its own that rank 0 saves after
+every step and every rank resumes from when started again. It never imports elasticjob.
+
+For the tests it also appends what it saw to ``<log-dir>/<pid>.jsonl`` (its variables at each
+start, each step, its weights at the end), writes the epoch it reached for a discovery script,
+and fails on purpose where ``--fail-at`` says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+TORCHRUN_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "OMP_NUM_THREADS",
+    "ELASTICJOB_TOKEN",
+    "ELASTICJOB_RENDEZVOUS_URL",
+)
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--log-dir", type=Path, required=True)
+    parser.add_argument("--checkpoint", type=Path, required=True)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=4, help="steps per epoch")
+    parser.add_argument("--step-s", type=float, default=0.0, help="seconds each step lasts")
+    parser.add_argument("--epoch-file", type=Path)
+    parser.add_argument(
+        "--fail-at",
+        action="append",
+        default=[],
+        help="EPOCH:STEP:RANK:MODE, RANK a rank or 'all', MODE sigkill (first start only), "
+        "sigkill-always, or exit-N (exit code N, every start)",
+    )
+    return parser.parse_args()
+
+
+class Log:
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self._path = folder / f"{os.getpid()}.jsonl"
+
+    def __call__(self, event: str, **fields: object) -> None:
+        record = {"ev": event, "time": time.time(), "pid": os.getpid(), **fields}
+        with self._path.open("a") as out:
+            out.write(json.dumps(record) + "\n")
+
+
+def maybe_fail(spec: list[str], epoch: int, step: int, rank: int, restarts: int) -> None:
+    for entry in spec:
+        at_epoch, at_step, at_rank, mode = entry.split(":")
+        if (int(at_epoch), int(at_step)) != (epoch, step) or at_rank not in ("all", str(rank)):
+            continue
+        if (mode == "sigkill" and restarts == 0) or mode == "sigkill-always":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if mode.startswith("exit-"):
+            print(f"rank {rank}: failing on purpose at {epoch}:{step}", file=sys.stderr)
+            sys.exit(int(mode.removeprefix("exit-")))
+
+
+def main() -> None:
+    args = parse()
+    log = Log(args.log_dir)
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    epoch, step = 0, 0
+    if args.checkpoint.exists():
+        saved = torch.load(args.checkpoint)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        epoch, step = saved["epoch"], saved["step"]
+    ddp = DistributedDataParallel(model)
+    log(
+        "start",
+        rank=rank,
+        size=size,
+        epoch=epoch,
+        step=step,
+        env={name: os.environ.get(name) for name in TORCHRUN_VARIABLES},
+    )
+    while epoch < args.epochs:
+        if rank == 0 and args.epoch_file is not None:
+            args.epoch_file.write_text(str(epoch))
+        while step < args.steps:
+            maybe_fail(args.fail_at, epoch, step, rank, restarts)
+            inputs = torch.arange(8 * 4, dtype=torch.float32).reshape(8, 4) / (1 + epoch + step)
+            optimizer.zero_grad()
+            ddp(inputs).square().mean().backward()
+            optimizer.step()
+            step += 1
+            time.sleep(args.step_s)
+            if rank == 0:
+                saved = {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "epoch": epoch + (step == args.steps),
+                    "step": 0 if step == args.steps else step,
+                }
+                torch.save(saved, args.checkpoint.with_suffix(".tmp"))
+                args.checkpoint.with_suffix(".tmp").replace(args.checkpoint)
+            log("step", rank=rank, size=size, epoch=epoch, step=step)
+        epoch, step = epoch + 1, 0
+    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
+    log("done", rank=rank, size=size, digest=digest.hexdigest())
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,294 @@
+"""The restart mode's agent: runs an unchanged torchrun script, and starts it again with its
+new rank at every change of the job, inside the same process slot (the same pod).
+
+    python -m elasticjob.worker_runtime.restart_agent -- python train.py --epochs 3
+
+``elasticjob-run --mode restart`` and the operator (``spec.mode: restart``) start one agent
+per slot in place of the script. To the driver the agent is the worker: it asks for rounds,
+beats, and hears the job's notices as the worker runtime does. Each round it gets, it serves
+a fresh TCPStore (rank 0's agent: the store every rank's ``init_process_group`` joins, as
+torchrun's agent serves it; a fresh one per start, so a start never reads the keys of the one
+before) and starts the script with torchrun's worker contract (``script_env.restart_env``).
+Then, whichever comes first:
+
+- the script ends 0: the agent reports success and exits 0;
+- the script fails on its own (an exit code, or a signal its agent did not send): the agent
+  tells the driver how with its next request for a round (``ScriptExit``), which fails the
+  round for everyone and counts a restart; the driver fails the job when the script failed
+  everywhere, or once the restart limit is spent;
+- a notice for the round (a member failed, hosts were added or are leaving): the agent stops
+  the script (SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`) and asks for the next round.
+
+:func:`restart_cause` and :func:`after_attempt` decide; :class:`RestartAgent` carries it out.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from torch.distributed import TCPStore
+
+from elasticjob.script_env import restart_env
+from elasticjob.wire.messages import (
+    Notice,
+    NoticeKind,
+    RendezvousRequest,
+    RendezvousResponse,
+    RendezvousStatus,
+    ResultRequest,
+    ScriptExit,
+    WorkerState,
+)
+from elasticjob.worker_contract import WorkerConfig, is_worker_contract_env
+from elasticjob.worker_runtime.log import CONTEXT, get_logger
+from elasticjob.worker_runtime.notices import NoticeWatcher
+from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
+from elasticjob.worker_runtime.script_process import ScriptProcess
+from elasticjob.worker_runtime.worker_process import liveness_for
+
+logger = get_logger(__name__)
+
+STOP_GRACE_S = 10.0
+"""How long a script that is stopped may take to end after SIGTERM before SIGKILL."""
+_RENDEZVOUS_POLL_S = 20.0
+
+
+class Cause(enum.Enum):
+    """Why a running script is stopped and started again."""
+
+    FAILURE = "a member of the round failed"
+    """Counts as a restart (``TORCHELASTIC_RESTART_COUNT``)."""
+    HOSTS = "hosts were added or are leaving"
+    """Does not count, as under torchrun."""
+
+
+def restart_cause(notice: Notice, round_number: int, joined_seq: int) -> Cause | None:
+    """What ``notice`` means to a script running in ``round_number``, which was published
+    when the job's notices were at ``joined_seq``: a notice posted before is accounted for
+    by the round, and a failure of another round is not this one's."""
+    if notice.seq <= joined_seq:
+        return None
+    if notice.kind is NoticeKind.ROUND_FAILED:
+        return Cause.FAILURE if notice.round == round_number else None
+    return Cause.HOSTS
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """How one start of the script ended: its return code (None: it was stopped before it
+    ended on its own), why it was stopped, and its last lines."""
+
+    returncode: int | None
+    cause: Cause | None = None
+    log_tail: str = ""
+
+
+@dataclass(frozen=True)
+class NextStep:
+    """What the agent does after an attempt: exit with ``exit_code`` (None: ask for the
+    next round, telling the driver ``script_exit``), counting a restart or not."""
+
+    exit_code: int | None
+    script_exit: ScriptExit | None = None
+    counts_restart: bool = False
+
+
+def after_attempt(attempt: Attempt) -> NextStep:
+    """The agent's next step once an attempt ended."""
+    if attempt.returncode is None:
+        return NextStep(None, counts_restart=attempt.cause is Cause.FAILURE)
+    if attempt.returncode == 0:
+        return NextStep(0)
+    script_exit = ScriptExit(exit_code=attempt.returncode, log_tail=attempt.log_tail)
+    return NextStep(None, script_exit=script_exit, counts_restart=True)
+
+
+def script_environ(
+    environ: Mapping[str, str], round_env: Mapping[str, str]
+) -> dict[str, str]:
+    """The script's environment: the agent's, without the worker contract's variables (the
+    job's token among them: the script is no worker of the rendezvous), and the round's."""
+    kept = {k: v for k, v in environ.items() if not is_worker_contract_env(k)}
+    return {**kept, **round_env}
+
+
+class RestartAgent:
+    """Runs ``command`` for the worker ``config`` describes (see the module docstring)."""
+
+    def __init__(self, config: WorkerConfig, command: Sequence[str]) -> None:
+        self._config = config
+        self._command = list(command)
+        self._client = RendezvousClient(
+            config.rendezvous_url, config.job, config.token, ca_pem=config.rendezvous_ca
+        )
+        self._liveness = liveness_for(config, self._client, lambda: None)
+        self._notices = NoticeWatcher(self._client, self._on_notice)
+        self._timeout = datetime.timedelta(seconds=config.collective_timeout_s)
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._seen: list[Notice] = []
+        self._terminated = False
+        self.restart_count = 0
+        """Restarts after a failure this agent took part in (torchrun's per-node count)."""
+
+    def run(self) -> int:
+        """Run the script until the job ends for this worker; return the exit status."""
+        CONTEXT.job = self._config.job
+        self._notices.start()
+        self._liveness.start()
+        after_round, script_exit = 0, None
+        try:
+            while not self._terminated:
+                server = TCPStore(
+                    self._config.bind_address,
+                    0,
+                    is_master=True,
+                    wait_for_workers=False,
+                    timeout=self._timeout,
+                )
+                response = self._join(after_round, script_exit, server.port)
+                if response is None:
+                    return 0
+                after_round = response.round
+                step = after_attempt(self._attempt(response))
+                del server  # rank 0's store lives as long as the attempt
+                if step.exit_code is not None:
+                    return self._finish(step.exit_code)
+                self.restart_count += step.counts_restart
+                script_exit = step.script_exit
+            return 128 + signal.SIGTERM
+        finally:
+            self._notices.stop()
+            self._liveness.stop()
+
+    def terminate(self) -> None:
+        """Stop the script and end (SIGTERM: the pod is deleted). Signal-safe."""
+        self._terminated = True
+        self._wake.set()
+
+    def _join(
+        self, after_round: int, script_exit: ScriptExit | None, store_port: int
+    ) -> RendezvousResponse | None:
+        """The next round (None: this worker leaves the job, or the job ended)."""
+        config = self._config
+        deadline = time.monotonic() + config.round_wait_s
+        while not self._terminated:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no round assigned within {config.round_wait_s:.0f} s")
+            response = self._client.rendezvous(
+                RendezvousRequest(
+                    hostname=config.hostname,
+                    local_rank=config.local_rank,
+                    address=config.bind_address,
+                    store_port=store_port,
+                    after_round=after_round,
+                    wait_seconds=_RENDEZVOUS_POLL_S,
+                    rolled_back=script_exit is not None,
+                    script_exit=script_exit,
+                ),
+                retry_for_s=max(deadline - time.monotonic(), 1.0),
+            )
+            if response.status is RendezvousStatus.PENDING:
+                continue
+            if response.status is not RendezvousStatus.ASSIGNED:
+                logger.info("leaving the job: %s", response.message or response.status.value)
+                return None
+            return response
+        return None
+
+    def _attempt(self, response: RendezvousResponse) -> Attempt:
+        """Start the script for the round of ``response``; return how the attempt ended."""
+        assert response.slot is not None and response.store_address is not None
+        assert response.store_port is not None
+        slot = response.slot
+        CONTEXT.round, CONTEXT.rank = response.round, slot.rank
+        env = restart_env(
+            slot,
+            job=self._config.job,
+            master=(response.store_address, response.store_port),
+            restart_count=self.restart_count,
+            max_restarts=self._config.max_restarts,
+            inherited=os.environ,
+        )
+        logger.info(
+            "round %d: starting the script as rank %d of %d (restart %d)",
+            response.round,
+            slot.rank,
+            slot.size,
+            self.restart_count,
+        )
+        with self._lock:
+            self._seen = [n for n in self._seen if n.seq > response.notice_seq]
+        script = ScriptProcess(self._command, script_environ(os.environ, env), self._wake.set)
+        while True:
+            self._wake.clear()
+            if script.returncode is not None:
+                return Attempt(script.returncode, log_tail=script.log_tail())
+            cause = self._cause(response.round, response.notice_seq)
+            if cause is not None or self._terminated:
+                logger.info("stopping the script: %s", cause.value if cause else "SIGTERM")
+                script.stop(STOP_GRACE_S)
+                return Attempt(None, cause)
+            self._wake.wait()
+
+    def _cause(self, round_number: int, joined_seq: int) -> Cause | None:
+        """Why the script of ``round_number`` must stop, from the notices seen (a failure
+        first: it counts as a restart)."""
+        with self._lock:
+            causes = {restart_cause(n, round_number, joined_seq) for n in self._seen}
+        return next((c for c in Cause if c in causes), None)
+
+    def _on_notice(self, notice: Notice) -> None:
+        with self._lock:
+            self._seen.append(notice)
+        self._wake.set()
+
+    def _finish(self, exit_code: int) -> int:
+        """The script succeeded: say so before exiting, so that the driver awaits the exit
+        rather than the next beat."""
+        try:
+            self._client.report_result(
+                ResultRequest(
+                    hostname=self._config.hostname,
+                    local_rank=self._config.local_rank,
+                    state=WorkerState.SUCCESS,
+                    exit_code=exit_code,
+                ),
+                retry_for_s=5.0,
+            )
+        except RendezvousClientError as exc:
+            logger.warning("the driver did not take the result: %s; exiting all the same", exc)
+        return exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the agent for the command after ``--``; return its exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args:
+        print("usage: python -m elasticjob.worker_runtime.restart_agent -- COMMAND...", file=sys.stderr)
+        return 2
+    config = WorkerConfig.from_env()
+    if config is None:
+        print(
+            "the restart agent runs under elasticjob-run --mode restart or the operator "
+            "(no ELASTICJOB_RENDEZVOUS_URL)",
+            file=sys.stderr,
+        )
+        return 2
+    agent = RestartAgent(config, args)
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: agent.terminate())
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
