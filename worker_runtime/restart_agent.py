@@ -17,13 +17,15 @@ Then, whichever comes first:
   round for everyone and counts a restart; the driver fails the job when the script failed
   everywhere, or once the restart limit is spent;
 - a notice for the round (a member failed, hosts were added or are leaving): the agent stops
-  the script (SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`) and asks for the next round.
+  the script (SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`; after a failure, only once
+  the script had :data:`FAILURE_GRACE_S` to end on its own) and asks for the next round.
 
 :func:`restart_cause` and :func:`after_attempt` decide; :class:`RestartAgent` carries it out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import enum
 import os
@@ -58,7 +60,16 @@ logger = get_logger(__name__)
 
 STOP_GRACE_S = 10.0
 """How long a script that is stopped may take to end after SIGTERM before SIGKILL."""
+FAILURE_GRACE_S = 5.0
+"""How long a script may go on after a member of its round failed before it is stopped: its
+collectives usually fail at once and it ends on its own, which tells the driver whether the
+script failed everywhere (the job fails) or was lost somewhere (the job restarts)."""
+EXIT_BARRIER_S = 60.0
+"""How long rank 0's agent keeps its store up for the other ranks' scripts once its own
+script succeeded."""
 _RENDEZVOUS_POLL_S = 20.0
+_ENDED_KEY = "elasticjob/scripts-ended"
+_ALL_ENDED_KEY = "elasticjob/all-scripts-ended"
 
 
 class Cause(enum.Enum):
@@ -159,9 +170,10 @@ class RestartAgent:
                     return 0
                 after_round = response.round
                 step = after_attempt(self._attempt(response))
-                del server  # rank 0's store lives as long as the attempt
                 if step.exit_code is not None:
+                    self._exit_barrier(response, server)
                     return self._finish(step.exit_code)
+                del server  # rank 0's store lives as long as the attempt
                 self.restart_count += step.counts_restart
                 script_exit = step.script_exit
             return 128 + signal.SIGTERM
@@ -228,16 +240,49 @@ class RestartAgent:
         with self._lock:
             self._seen = [n for n in self._seen if n.seq > response.notice_seq]
         script = ScriptProcess(self._command, script_environ(os.environ, env), self._wake.set)
+        failed_at: float | None = None
         while True:
             self._wake.clear()
             if script.returncode is not None:
                 return Attempt(script.returncode, log_tail=script.log_tail())
             cause = self._cause(response.round, response.notice_seq)
-            if cause is not None or self._terminated:
+            if cause is Cause.FAILURE and failed_at is None:
+                failed_at = time.monotonic()  # its own failure may be on its way: let it come
+            grace = 0.0 if failed_at is None else failed_at + FAILURE_GRACE_S - time.monotonic()
+            if cause is Cause.HOSTS or grace < 0 or self._terminated:
                 logger.info("stopping the script: %s", cause.value if cause else "SIGTERM")
                 script.stop(STOP_GRACE_S)
                 return Attempt(None, cause)
-            self._wake.wait()
+            self._wake.wait(None if failed_at is None else grace)
+
+    def _exit_barrier(self, response: RendezvousResponse, server: TCPStore) -> None:
+        """The script succeeded: keep rank 0's store up until every other rank's script has
+        ended too (they may still be tearing their group down on it), as torchrun's agents
+        wait at an exit barrier; at most :data:`EXIT_BARRIER_S`, and no longer once the round
+        failed (a notice) or this worker is told to stop."""
+        assert response.slot is not None and response.store_address is not None
+        assert response.store_port is not None
+        if response.slot.size == 1:
+            return
+        if response.slot.rank != 0:
+            with contextlib.suppress(RuntimeError):  # rank 0's agent is gone: nobody waits
+                store = TCPStore(
+                    response.store_address,
+                    response.store_port,
+                    is_master=False,
+                    timeout=datetime.timedelta(seconds=EXIT_BARRIER_S),
+                )
+                if store.add(_ENDED_KEY, 1) == response.slot.size - 1:
+                    store.set(_ALL_ENDED_KEY, "1")
+            return
+        deadline = time.monotonic() + EXIT_BARRIER_S
+        while time.monotonic() < deadline and not self._terminated:
+            if self._cause(response.round, response.notice_seq) is Cause.FAILURE:
+                return
+            with contextlib.suppress(RuntimeError):  # timed out: look again
+                server.wait([_ALL_ENDED_KEY], datetime.timedelta(seconds=1))
+                return
+        logger.warning("not every rank's script ended within %.0f s of this one", EXIT_BARRIER_S)
 
     def _cause(self, round_number: int, joined_seq: int) -> Cause | None:
         """Why the script of ``round_number`` must stop, from the notices seen (a failure

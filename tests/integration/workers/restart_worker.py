@@ -54,6 +54,12 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--step-s", type=float, default=0.0, help="seconds each step lasts")
     parser.add_argument("--epoch-file", type=Path)
     parser.add_argument(
+        "--await-size",
+        metavar="EPOCH:SIZE",
+        help="at the start of EPOCH, wait (up to a minute) while the world is smaller than "
+        "SIZE: until the job restarts the script in a larger world",
+    )
+    parser.add_argument(
         "--fail-at",
         action="append",
         default=[],
@@ -86,6 +92,15 @@ def maybe_fail(spec: list[str], epoch: int, step: int, rank: int, restarts: int)
             sys.exit(int(mode.removeprefix("exit-")))
 
 
+def await_size(spec: str | None, epoch: int, size: int) -> None:
+    if spec is None:
+        return
+    at_epoch, at_least = (int(part) for part in spec.split(":"))
+    if epoch == at_epoch and size < at_least:
+        time.sleep(60)  # the agent stops the script once the larger round is formed
+        sys.exit(4)
+
+
 def main() -> None:
     args = parse()
     log = Log(args.log_dir)
@@ -113,6 +128,7 @@ def main() -> None:
     while epoch < args.epochs:
         if rank == 0 and args.epoch_file is not None:
             args.epoch_file.write_text(str(epoch))
+        await_size(args.await_size, epoch, size)
         while step < args.steps:
             maybe_fail(args.fail_at, epoch, step, rank, restarts)
             inputs = torch.arange(8 * 4, dtype=torch.float32).reshape(8, 4) / (1 + epoch + step)

@@ -1,0 +1,110 @@
+"""Restart mode under ``elasticjob-run --mode restart``: an unchanged torchrun DDP script
+(``workers/restart_worker.py``, which resumes from its own checkpoint) survives a SIGKILL and
+a scale-out and finishes; a script that fails on every rank fails the job once, with its exit
+code and its last lines; the restart budget ends a job that keeps failing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.job_runs import WORKERS, JobRun, run_job
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = WORKERS / "restart_worker.py"
+TWO_HOSTS = ["-np", "2", "-H", "127.0.1.1:1,127.0.1.2:1"]
+
+
+def run_restart_job(
+    tmp_path: Path,
+    launcher_args: list[str],
+    *script_args: str,
+    schedule: dict[int, str] | None = None,
+) -> JobRun:
+    return run_job(
+        tmp_path,
+        launcher_args=["--mode", "restart", *launcher_args],
+        worker_args=["--checkpoint", str(tmp_path / "ckpt.pt"), *script_args],
+        script=SCRIPT,
+        schedule=schedule,
+    )
+
+
+def starts_by_rank(run: JobRun) -> dict[int, list[dict[str, Any]]]:
+    starts: dict[int, list[dict[str, Any]]] = {}
+    for start in run.of("start"):
+        starts.setdefault(start["rank"], []).append(start)
+    return starts
+
+
+def assert_finished_together(run: JobRun, size: int) -> None:
+    done = run.of("done")
+    assert sorted(d["rank"] for d in done) == list(range(size)), run.explain()
+    assert {d["size"] for d in done} == {size}
+    assert len({d["digest"] for d in done}) == 1, f"ranks disagree: {done}"
+
+
+def test_a_sigkilled_script_is_started_again_with_every_other_and_resumes(
+    tmp_path: Path,
+) -> None:
+    run = run_restart_job(tmp_path, TWO_HOSTS, "--fail-at", "1:2:1:sigkill")
+    assert run.returncode == 0, run.explain()
+    assert_finished_together(run, 2)
+    starts = starts_by_rank(run)
+    assert [len(starts[r]) for r in (0, 1)] == [2, 2], "both started again, in their slots"
+    first, second = (
+        [starts[r][k] for r in (0, 1)] for k in (0, 1)
+    )  # the first start of each rank, then the second
+    assert {s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in first} == {"0"}
+    assert {s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in second} == {"1"}
+    assert {(s["epoch"], s["step"]) for s in second} == {(1, 2)}, "resumed from its checkpoint"
+    ports = {s["env"]["MASTER_PORT"] for s in first}, {s["env"]["MASTER_PORT"] for s in second}
+    assert len(ports[0]) == len(ports[1]) == 1 and ports[0] != ports[1], "a fresh store"
+    assert "the script of worker 127.0.1.2[0] failed (killed by SIGKILL)" in run.stderr
+    assert "succeeded after 2 rounds and 1 resets" in run.stderr
+
+
+def test_a_scale_out_starts_every_script_again_in_the_larger_world(tmp_path: Path) -> None:
+    run = run_restart_job(
+        tmp_path,
+        ["-np", "2", "--min-np", "2", "--max-np", "3"],
+        "--await-size",
+        "2:3",
+        schedule={0: "127.0.1.1:1,127.0.1.2:1", 1: "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1"},
+    )
+    assert run.returncode == 0, run.explain()
+    assert_finished_together(run, 3)
+    starts = starts_by_rank(run)
+    assert [len(starts[r]) for r in (0, 1, 2)] == [2, 2, 1]
+    final = [starts[r][-1] for r in (0, 1, 2)]
+    assert {(s["size"], s["epoch"], s["step"]) for s in final} == {(3, 2, 0)}
+    assert final[2]["env"]["GROUP_RANK"] == "2", "the newcomer's host goes last"
+    assert {s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in final} == {"0"}, (
+        "adding a host is no failure restart, as under torchrun"
+    )
+
+
+def test_a_script_failing_on_every_rank_fails_the_job_once_with_its_exit_code(
+    tmp_path: Path,
+) -> None:
+    run = run_restart_job(tmp_path, TWO_HOSTS, "--fail-at", "0:1:all:exit-3")
+    assert run.returncode == 1, run.explain()
+    assert [len(s) for s in starts_by_rank(run).values()] == [1, 1], "no restart loop"
+    assert "job failed: the script failed on every worker:" in run.stderr
+    assert "exit code 3" in run.stderr and "failing on purpose at 0:1" in run.stderr
+
+
+def test_a_script_that_keeps_failing_spends_the_restart_budget(tmp_path: Path) -> None:
+    run = run_restart_job(
+        tmp_path, [*TWO_HOSTS, "--max-restarts", "2"], "--fail-at", "0:1:1:sigkill-always"
+    )
+    assert run.returncode == 1, run.explain()
+    assert "restart limit 2 exceeded: the script failed on 127.0.1.2[0] killed by SIGKILL" in (
+        run.stderr
+    )
+    starts = starts_by_rank(run)
+    assert [len(starts[r]) for r in (0, 1)] == [3, 3], "the first start and 2 restarts"
+    assert [s["env"]["TORCHELASTIC_MAX_RESTARTS"] for s in starts[0]] == ["2"] * 3
