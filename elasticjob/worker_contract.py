@@ -295,6 +295,13 @@ class WorkerConfig(WorkerSettings):
         return cls(**given)
 
 
+def standalone_backend(environ: Mapping[str, str] = os.environ) -> str:
+    """The backend of a process started without a launcher (no contract): its
+    ``ELASTICJOB_BACKEND`` if set, else the contract's default (``auto``)."""
+    default: str = WorkerSettings.model_fields["backend"].default
+    return raw_value(environ, ENV_BACKEND) or default
+
+
 # --- the pod manifest's form -------------------------------------------------------------
 
 

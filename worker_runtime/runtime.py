@@ -28,7 +28,7 @@ import torch
 from torch.distributed import Store
 
 from elasticjob.wire.messages import Notice, NoticeKind, SlotInfo
-from elasticjob.worker_contract import WorkerConfig
+from elasticjob.worker_contract import WorkerConfig, standalone_backend
 from elasticjob.worker_runtime import timeline
 from elasticjob.worker_runtime.devices import resolve_backend
 from elasticjob.worker_runtime.exceptions import WorkerRemoved
@@ -85,7 +85,7 @@ class Runtime:
 
     def _standalone(self) -> None:
         CONTEXT.job = STANDALONE_JOB
-        backend = resolve_backend("auto")
+        backend = resolve_backend(standalone_backend())
         self.device = use_device(0, backend)
         self.group = RoundGroup(backend, self.device)
         self._rounds = StandaloneRounds(self.group)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,6 +20,7 @@ from elasticjob.worker_contract import (
     WorkerConfig,
     WorkerSettings,
     pod_env,
+    standalone_backend,
 )
 from tests.support.rendezvous_jobs import slot_of
 
@@ -44,6 +46,7 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "defer_sigterm": st.booleans(),
     "probe_after_s": SECONDS,
     "timeline_dir": TEXT,
+    "max_restarts": st.integers(min_value=0, max_value=10**9),
     "checkpoint": POLICIES,
     "token": TEXT,
     "hostname": TEXT,
@@ -70,6 +73,7 @@ EVERY_SETTING = WorkerSettings(
     defer_sigterm=True,
     probe_after_s=0.5,
     timeline_dir="/tmp/timeline",
+    max_restarts=3,
     checkpoint=CheckpointPolicy("/ckpt", every_commits=10, keep=2),
 )
 
@@ -150,3 +154,14 @@ def test_the_node_and_the_bind_address_are_the_host_unless_given() -> None:
     entries = pod_env(EVERY_SETTING, token=SecretKey("job-rendezvous", "token"))
     (node,) = (e for e in entries if e["name"] == "ELASTICJOB_NODE")
     assert node["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+@pytest.mark.parametrize(
+    ("environ", "backend"),
+    [({}, "auto"), ({"ELASTICJOB_BACKEND": ""}, "auto"), ({"ELASTICJOB_BACKEND": "gloo"}, "gloo")],
+)
+def test_a_process_without_a_launcher_takes_its_backend_from_the_variable(
+    environ: dict[str, str], backend: str
+) -> None:
+    """E.g. Gloo on a machine with CUDA, where ``auto`` would pick NCCL."""
+    assert standalone_backend(environ) == backend

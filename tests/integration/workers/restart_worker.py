@@ -53,6 +53,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=4, help="steps per epoch")
     parser.add_argument("--step-s", type=float, default=0.0, help="seconds each step lasts")
     parser.add_argument("--epoch-file", type=Path)
+    parser.add_argument("--cuda", action="store_true", help="NCCL, on the GPU of LOCAL_RANK")
     parser.add_argument(
         "--await-size",
         metavar="EPOCH:SIZE",
@@ -106,13 +107,19 @@ def main() -> None:
     log = Log(args.log_dir)
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    dist.init_process_group("gloo")
+    if args.cuda:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl")
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
     torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
+    model = torch.nn.Linear(4, 1).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     epoch, step = 0, 0
     if args.checkpoint.exists():
-        saved = torch.load(args.checkpoint)
+        saved = torch.load(args.checkpoint, map_location=device)
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         epoch, step = saved["epoch"], saved["step"]
@@ -123,6 +130,8 @@ def main() -> None:
         size=size,
         epoch=epoch,
         step=step,
+        device=str(device),
+        backend=dist.get_backend(),
         env={name: os.environ.get(name) for name in TORCHRUN_VARIABLES},
     )
     while epoch < args.epochs:
@@ -131,7 +140,8 @@ def main() -> None:
         await_size(args.await_size, epoch, size)
         while step < args.steps:
             maybe_fail(args.fail_at, epoch, step, rank, restarts)
-            inputs = torch.arange(8 * 4, dtype=torch.float32).reshape(8, 4) / (1 + epoch + step)
+            inputs = torch.arange(8 * 4, dtype=torch.float32, device=device).reshape(8, 4)
+            inputs /= 1 + epoch + step
             optimizer.zero_grad()
             ddp(inputs).square().mean().backward()
             optimizer.step()
@@ -148,7 +158,9 @@ def main() -> None:
                 args.checkpoint.with_suffix(".tmp").replace(args.checkpoint)
             log("step", rank=rank, size=size, epoch=epoch, step=step)
         epoch, step = epoch + 1, 0
-    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
+    digest = hashlib.sha256(
+        b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())
+    )
     log("done", rank=rank, size=size, digest=digest.hexdigest())
     dist.destroy_process_group()
 
