@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Final, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -293,6 +293,16 @@ class WorkerConfig(WorkerSettings):
         if missing:
             raise RuntimeError(f"{ENV_RENDEZVOUS_URL} is set but {', '.join(missing)} not")
         return cls(**given)
+
+
+RESTART_AGENT_MODULE: Final = "elasticjob.worker_runtime.restart_agent"
+"""The restart mode's agent, which a front end starts in place of the script."""
+
+
+def restart_agent_command(python: str, command: Sequence[str]) -> list[str]:
+    """The command of a restart-mode worker: ``python`` running the agent, which runs
+    ``command``."""
+    return [python, "-m", RESTART_AGENT_MODULE, "--", *command]
 
 
 def standalone_backend(environ: Mapping[str, str] = os.environ) -> str:

@@ -49,7 +49,11 @@ from elasticjob.wire.messages import (
     ScriptExit,
     WorkerState,
 )
-from elasticjob.worker_contract import WorkerConfig, is_worker_contract_env
+from elasticjob.worker_contract import (
+    RESTART_AGENT_MODULE,
+    WorkerConfig,
+    is_worker_contract_env,
+)
 from elasticjob.worker_runtime.log import CONTEXT, get_logger
 from elasticjob.worker_runtime.notices import NoticeWatcher
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
@@ -122,9 +126,7 @@ def after_attempt(attempt: Attempt) -> NextStep:
     return NextStep(None, script_exit=script_exit, counts_restart=True)
 
 
-def script_environ(
-    environ: Mapping[str, str], round_env: Mapping[str, str]
-) -> dict[str, str]:
+def script_environ(environ: Mapping[str, str], round_env: Mapping[str, str]) -> dict[str, str]:
     """The script's environment: the agent's, without the worker contract's variables (the
     job's token among them: the script is no worker of the rendezvous), and the round's."""
     kept = {k: v for k, v in environ.items() if not is_worker_contract_env(k)}
@@ -320,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[:1] == ["--"]:
         args = args[1:]
     if not args:
-        print("usage: python -m elasticjob.worker_runtime.restart_agent -- COMMAND...", file=sys.stderr)
+        print(f"usage: python -m {RESTART_AGENT_MODULE} -- COMMAND...", file=sys.stderr)
         return 2
     config = WorkerConfig.from_env()
     if config is None:

@@ -39,7 +39,7 @@ from elasticjob.launcher.processes import (
     ORPHAN_TIMEOUT_S,
     LocalWorkerLauncher,
     WorkerEnvironment,
-    restart_agent_command,
+    restart_mode_command,
 )
 from elasticjob.launcher.record_file import RecordFile
 from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS
@@ -71,7 +71,7 @@ async def run_job(args: argparse.Namespace) -> JobResult:
         tempfile.mkdtemp(prefix="elasticjob-timeline-") if args.timeline_filename else None
     )
     restart = JobMode(args.mode) is JobMode.RESTART
-    command = restart_agent_command(args.command) if restart else list(args.command)
+    command = restart_mode_command(args.command) if restart else list(args.command)
     service = RendezvousService()
     await service.start("127.0.0.1", 0)
     token = secrets.token_urlsafe(24)

@@ -24,7 +24,7 @@ import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TextIO
+from typing import Any, TextIO
 
 from elasticjob.driver.api import DriverError, WorkerLauncher
 from elasticjob.launcher.output_files import RankOutputFiles
@@ -37,6 +37,7 @@ from elasticjob.worker_contract import (
     ENV_PYTHONUNBUFFERED,
     WorkerConfig,
     WorkerSettings,
+    restart_agent_command,
 )
 
 logger = logging.getLogger(__name__)
@@ -66,14 +67,11 @@ def check_command(command: Sequence[str], path: str | None) -> None:
         raise DriverError(f"worker command {program!r} is not executable")
 
 
-RESTART_AGENT_MODULE: Final = "elasticjob.worker_runtime.restart_agent"
-
-
-def restart_agent_command(command: Sequence[str]) -> list[str]:
-    """The command of a restart-mode worker: the agent, which runs ``command``. Raises
-    :class:`DriverError` as :func:`check_command` does for ``command``."""
+def restart_mode_command(command: Sequence[str]) -> list[str]:
+    """The command of a restart-mode worker: this Python running the agent, which runs
+    ``command``. Raises :class:`DriverError` as :func:`check_command` does for ``command``."""
     check_command(command, os.environ.get("PATH", os.defpath))
-    return [sys.executable, "-m", RESTART_AGENT_MODULE, "--", *command]
+    return restart_agent_command(sys.executable, command)
 
 
 def _local_addresses() -> set[str]:
