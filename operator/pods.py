@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from elasticjob.driver.api import JobMode
 from elasticjob.driver.liveness import heartbeat_interval_s
 from elasticjob.operator.api import (
     API_VERSION,
@@ -20,7 +21,7 @@ from elasticjob.operator.api import (
     worker_labels,
 )
 from elasticjob.operator.hosts import driver_settings
-from elasticjob.worker_contract import SecretKey, WorkerSettings, pod_env
+from elasticjob.worker_contract import SecretKey, WorkerSettings, pod_env, restart_agent_command
 
 TOKEN_KEY = "token"
 """Key of the job's rendezvous token in its Secret."""
@@ -97,6 +98,11 @@ def worker_pod(
     worker = spec.template.spec.worker_container()
     assert worker is not None, "validated specs have a worker container"
     for container in pod_spec["containers"]:
+        if container["name"] == worker.name and spec.mode is JobMode.RESTART:
+            # The agent runs the script, and starts it again at each change of the job.
+            container["command"] = restart_agent_command(
+                "python", [*container.get("command", []), *container.pop("args", [])]
+            )
         if container["name"] == worker.name and spec.slots_per_worker > 1:
             # One worker process per slot, each with its local rank.
             container["command"] = [
@@ -155,6 +161,9 @@ def _runtime_env(
             "round_wait_s": spec.round_wait_seconds,
             "heartbeat_interval_s": heartbeat_interval_s(driver_settings(spec).heartbeat_timeout_s),
             "checkpoint": spec.checkpoint.policy() if spec.checkpoint is not None else None,
+            "max_restarts": driver_settings(spec).restart_limit
+            if spec.mode is JobMode.RESTART
+            else None,
         }
     )
     return pod_env(settings, token=SecretKey(token_secret_name(name), TOKEN_KEY))

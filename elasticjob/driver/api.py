@@ -126,6 +126,14 @@ DEFAULT_MAX_RESTARTS: Final = 3
 """A restart-mode job's restart limit when it sets none."""
 
 
+def restart_limit(mode: JobMode, max_restarts: int | None) -> int | None:
+    """The restart limit of a job in ``mode`` that set ``max_restarts`` (None: not set):
+    :data:`DEFAULT_MAX_RESTARTS` in restart mode, unlimited (None) in elastic mode."""
+    if max_restarts is not None:
+        return max_restarts
+    return DEFAULT_MAX_RESTARTS if mode is JobMode.RESTART else None
+
+
 @dataclass(frozen=True)
 class DriverSettings:
     """The elastic settings of one job (horovodrun's flags, or the ElasticJob spec)."""

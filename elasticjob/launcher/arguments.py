@@ -21,6 +21,7 @@ from elasticjob.driver.api import (
     DriverError,
     DriverSettings,
     JobMode,
+    restart_limit,
 )
 from elasticjob.driver.blacklist import BlacklistPolicy
 from elasticjob.driver.discovery import (
@@ -339,14 +340,6 @@ def max_np(args: argparse.Namespace) -> int | None:
     return int(args.np) if args.np is not None else None
 
 
-def max_restarts(args: argparse.Namespace) -> int | None:
-    """``--max-restarts``, or its default: :data:`DEFAULT_MAX_RESTARTS` in restart mode,
-    else unlimited (None)."""
-    if args.max_restarts is not None:
-        return int(args.max_restarts)
-    return DEFAULT_MAX_RESTARTS if JobMode(args.mode) is JobMode.RESTART else None
-
-
 def _min_np(args: argparse.Namespace) -> int:
     return int(args.min_np if args.min_np is not None else (args.np or 1))
 
@@ -367,7 +360,7 @@ def driver_settings(
             min_np=min_np,
             max_np=max_np(args),
             reset_limit=args.reset_limit,
-            restart_limit=max_restarts(args),
+            restart_limit=restart_limit(JobMode(args.mode), args.max_restarts),
             elastic_timeout_s=args.elastic_timeout,
             start_timeout_s=args.start_timeout,
             heartbeat_timeout_s=args.heartbeat_timeout or None,

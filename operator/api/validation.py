@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from elasticjob.driver.api import JobMode
 from elasticjob.operator.api.models.spec import Container, ElasticJobSpec
 from elasticjob.operator.api.names import GPU_RESOURCE, LABEL_JOB_NAME, WORKER_CONTAINER
 from elasticjob.worker_contract import (
@@ -240,6 +241,14 @@ def _container_errors(spec: ElasticJobSpec) -> list[FieldError]:
                 FieldError(
                     f"{where}.command",
                     "is required when slotsPerWorker > 1: the pod runs it once per slot",
+                )
+            )
+        elif spec.mode is JobMode.RESTART and not (worker.model_extra or {}).get("command"):
+            errors.append(
+                FieldError(
+                    f"{where}.command",
+                    "is required when mode is restart: the pod's agent runs it, and again at "
+                    "each change of the job",
                 )
             )
     return errors

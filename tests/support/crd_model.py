@@ -113,10 +113,11 @@ def with_changes(**changes: Any) -> dict[str, Any]:
     return spec
 
 
-def with_containers(*containers: dict[str, Any], slots: int = 1) -> dict[str, Any]:
-    """``good_spec()`` with these containers (each given an image when it has none)."""
+def with_containers(*containers: dict[str, Any], slots: int = 1, **changes: Any) -> dict[str, Any]:
+    """``good_spec()`` with these containers (each given an image when it has none), and
+    ``changes``."""
     listed = [{"image": "img", **container} for container in containers]
-    return with_changes(slotsPerWorker=slots, template={"spec": {"containers": listed}})
+    return with_changes(slotsPerWorker=slots, template={"spec": {"containers": listed}}, **changes)
 
 
 def gpus(name: str, amount: object, kind: str = "limits") -> dict[str, Any]:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from pydantic.alias_generators import to_camel
 
 from elasticjob.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
+from elasticjob.driver.api import JobMode
 from elasticjob.driver.blacklist import BlacklistPolicy
 from elasticjob.driver.liveness import DEFAULT_HEARTBEAT_TIMEOUT_S
 from elasticjob.operator.api.names import WORKER_CONTAINER
@@ -170,6 +171,14 @@ class ElasticJobSpec(_Spec):
     backend: Backend = Backend.AUTO
     """The torch.distributed backend; auto: NCCL when the worker sees a CUDA device, else
     Gloo."""
+    mode: JobMode = JobMode.ELASTIC
+    """How the script survives a change of the job's members: ``elastic``, it uses the elastic
+    API and its processes keep their state; ``restart``, an unchanged torchrun script,
+    stopped and started again in its pod with its new rank (pods that are healthy stay)."""
+    max_restarts: Annotated[StrictInt, Field(ge=0)] | None = None
+    """The job fails after this many restarts that follow a failure (torchrun's
+    ``--max-restarts``; a change of hosts does not count); when absent, 3 in restart mode,
+    unlimited in elastic mode."""
     reset_limit: Annotated[StrictInt, Field(ge=0)] | None = None
     """The job fails after this many resets, counted as horovodrun's ``--reset-limit``
     counts them: every new round after the first, whether a failure or a change of hosts

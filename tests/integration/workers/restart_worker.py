@@ -81,12 +81,13 @@ class Log:
             out.write(json.dumps(record) + "\n")
 
 
-def maybe_fail(spec: list[str], epoch: int, step: int, rank: int, restarts: int) -> None:
+def maybe_fail(spec: list[str], epoch: int, step: int, rank: int, restarts: int, log: Log) -> None:
     for entry in spec:
         at_epoch, at_step, at_rank, mode = entry.split(":")
         if (int(at_epoch), int(at_step)) != (epoch, step) or at_rank not in ("all", str(rank)):
             continue
         if (mode == "sigkill" and restarts == 0) or mode == "sigkill-always":
+            log("kill", rank=rank, epoch=epoch, step=step)
             os.kill(os.getpid(), signal.SIGKILL)
         if mode.startswith("exit-"):
             print(f"rank {rank}: failing on purpose at {epoch}:{step}", file=sys.stderr)
@@ -139,7 +140,7 @@ def main() -> None:
             args.epoch_file.write_text(str(epoch))
         await_size(args.await_size, epoch, size)
         while step < args.steps:
-            maybe_fail(args.fail_at, epoch, step, rank, restarts)
+            maybe_fail(args.fail_at, epoch, step, rank, restarts, log)
             inputs = torch.arange(8 * 4, dtype=torch.float32, device=device).reshape(8, 4)
             inputs /= 1 + epoch + step
             optimizer.zero_grad()

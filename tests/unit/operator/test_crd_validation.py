@@ -144,6 +144,21 @@ NVIDIA = "spec.template.spec.containers[0].resources"
             id="slots-need-a-command",
         ),
         pytest.param(
+            with_containers({"name": "worker"}, mode="restart"),
+            [(f"{NVIDIA.rsplit('.', 1)[0]}.command", "is required when mode is restart")],
+            id="restart-mode-needs-a-command",
+        ),
+        pytest.param(
+            with_changes(mode="torchrun"),
+            [("spec.mode", "'elastic' or 'restart'")],
+            id="mode-enum",
+        ),
+        pytest.param(
+            with_changes(maxRestarts=-1),
+            [("spec.maxRestarts", "greater than or equal to 0")],
+            id="max-restarts-negative",
+        ),
+        pytest.param(
             with_changes(replicas="3"), [("spec.replicas", "valid integer")], id="replicas-string"
         ),
         pytest.param(

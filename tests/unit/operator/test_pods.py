@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from elasticjob.operator.api import ElasticJobSpec, parse_spec
+from elasticjob.operator.hosts import driver_settings
 from elasticjob.operator.pods import PodState, PodView, newest_first, view, worker_pod
 from elasticjob.worker_contract import (
     ENV_BACKEND,
@@ -19,18 +20,23 @@ from elasticjob.worker_contract import (
     ENV_HOSTNAME,
     ENV_JOB,
     ENV_LOCAL_RANK,
+    ENV_MAX_RESTARTS,
     ENV_NODE,
     ENV_RENDEZVOUS_CA,
     ENV_RENDEZVOUS_URL,
     ENV_ROUND_WAIT,
     ENV_TOKEN,
     ENV_TORCH_LOCAL_RANK,
+    RESTART_AGENT_MODULE,
     WORKER_CONTRACT_ENV,
     is_worker_contract_env,
 )
 from tests.support.crd_model import with_changes
 
 JOB = {"metadata": {"name": "train", "namespace": "ml", "uid": "uid-1"}}
+AGENT = RESTART_AGENT_MODULE
+TRAIN = ["train", "--lr", "1"]
+SLOTS = "elasticjob.worker_runtime.slots"
 HOST_NOT_IN = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n1", "n2"]}
 
 
@@ -190,6 +196,51 @@ def test_worker_pod_runs_a_process_per_slot() -> None:
         "1",
     ]
     assert "args" not in worker
+
+
+@pytest.mark.parametrize(
+    ("slots", "max_restarts", "command", "limit"),
+    [
+        pytest.param(1, None, ["-m", AGENT, "--", *TRAIN], "3", id="default-limit"),
+        pytest.param(
+            2,
+            5,
+            [
+                "-m",
+                "elasticjob.worker_runtime.slots",
+                "2",
+                "--",
+                "python",
+                "-m",
+                AGENT,
+                "--",
+                *TRAIN,
+            ],
+            "5",
+            id="an-agent-per-slot",
+        ),
+    ],
+)
+def test_a_restart_mode_pod_runs_the_script_under_its_agent(
+    slots: int, max_restarts: int | None, command: list[str], limit: str
+) -> None:
+    spec = spec_with(
+        {"containers": [{**WORKER, "args": ["--lr", "1"]}]},
+        slotsPerWorker=slots,
+        mode="restart",
+        maxRestarts=max_restarts,
+    )
+    (worker,) = worker_pod(JOB, spec, rendezvous_url="u")["spec"]["containers"]
+    assert worker["command"] == ["python", *command] and "args" not in worker
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert env[ENV_MAX_RESTARTS] == limit, "the script reads it as TORCHELASTIC_MAX_RESTARTS"
+
+
+def test_an_elastic_pod_tells_no_restart_limit() -> None:
+    spec = spec_with({"containers": [WORKER]}, maxRestarts=2)
+    (worker,) = worker_pod(JOB, spec, rendezvous_url="u")["spec"]["containers"]
+    assert ENV_MAX_RESTARTS not in {e["name"] for e in worker["env"]}
+    assert driver_settings(spec).restart_limit == 2
 
 
 @pytest.mark.parametrize(
