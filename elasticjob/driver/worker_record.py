@@ -13,8 +13,9 @@ _EXIT_CAUSES = {126: " (command not executable)", 127: " (command not found)"}
 
 NOT_JOINED_HINT = (
     "a worker joins the job through elasticjob.worker_runtime: init(), and elastic.run when "
-    "added to a running job; a torchrun-style script needs the changes of the torchrun / DDP "
-    "recipe in docs/worker-runtime.md"
+    "added to a running job; a torchrun script runs unchanged in restart mode "
+    "(elasticjob-run --mode restart, spec.mode: restart), or joins with the changes of the "
+    "torchrun / DDP recipe in docs/worker-runtime.md"
 )
 """Said of a worker whose process ended before it ever asked for a round."""
 

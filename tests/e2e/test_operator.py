@@ -29,7 +29,7 @@ from tests.support.elastic_jobs import (
     worker_env,
     worker_logs,
 )
-from tests.support.job_runs import read_events
+from tests.support.job_runs import WORKERS, read_events
 from tests.support.kube import Kube
 from tests.support.operator_release import (
     RELEASE,
@@ -327,6 +327,47 @@ def test_slots_per_worker_runs_a_process_per_slot(
         assert len(finals) == 4 and len({e["digest"] for e in finals}) == 1
     finally:
         stop_workers(kube, tmp_path / "events")
+
+
+@pytest.mark.timeout(900)
+def test_a_restart_mode_job_starts_every_script_again_in_its_own_pod(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    """An unchanged torchrun script (``restart_worker.py``) with ``mode: restart``; one rank's
+    script SIGKILLs itself. Every script starts again with its rank, in the pod it ran in (no
+    pod is replaced), resumes from its checkpoint, and the job succeeds."""
+    log_dir = tmp_path / "events"
+    script = [
+        *("python", str(WORKERS / "restart_worker.py"), "--log-dir", str(log_dir)),
+        *("--checkpoint", str(tmp_path / "ckpt.pt"), "--epochs", "2", "--steps", "20"),
+        *("--step-s", "0.1", "--fail-at", "1:3:1:sigkill"),
+    ]
+    manifest = job_manifest("torchrun", log_dir, tmp_path / "stop", command=script)
+    manifest["spec"] |= {"mode": "restart", "replicas": 2, "minReplicas": 2, "maxReplicas": 2}
+    kube.apply(manifest)
+    try:
+        done = wait_status(
+            kube, "torchrun", "success", lambda s: s.get("phase") == "Succeeded", STARTUP_S + 180
+        )
+    finally:
+        stop_workers(kube, log_dir)
+    events = read_events(log_dir)
+    starts = [e for e in events if e["ev"] == "start"]
+    hosts = {rank: {s["host"] for s in starts if s["rank"] == rank} for rank in (0, 1)}
+    assert len(starts) == 4 and all(len(h) == 1 for h in hosts.values()), starts
+    assert len(hosts[0] | hosts[1]) == 2, "both scripts started again in their own pods"
+    again = [s for s in starts if s["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"]
+    assert {(s["rank"], s["epoch"], s["step"]) for s in again} == {(0, 1, 3), (1, 1, 3)}
+    assert done["resetCount"] == 1, done
+    finals = [e for e in events if e["ev"] == "done"]
+    assert len(finals) == 2 and len({e["digest"] for e in finals}) == 1
+    kill = next(e["time"] for e in events if e["ev"] == "kill")
+    first = max(
+        min(e["time"] for e in events if e["ev"] == "step" and e["rank"] == r and e["time"] > kill)
+        for r in (0, 1)
+    )
+    print(f"restart mode on real nodes: every script at its first step {first - kill:.1f} s "
+          "after the kill")  # fmt: skip
 
 
 def test_preemption_and_a_not_ready_node_are_survived(

@@ -139,6 +139,7 @@ def test_a_command_that_never_joins_the_job_fails_it_and_points_at_the_recipe(
     assert returncode == 1, stderr
     assert says in stderr, stderr
     assert "torchrun / DDP recipe in docs/worker-runtime.md" in stderr, stderr
+    assert "runs unchanged in restart mode (elasticjob-run --mode restart" in stderr, stderr
 
 
 def _alive(pid: int) -> bool:

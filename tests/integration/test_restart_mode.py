@@ -108,3 +108,52 @@ def test_a_script_that_keeps_failing_spends_the_restart_budget(tmp_path: Path) -
     starts = starts_by_rank(run)
     assert [len(starts[r]) for r in (0, 1)] == [3, 3], "the first start and 2 restarts"
     assert [s["env"]["TORCHELASTIC_MAX_RESTARTS"] for s in starts[0]] == ["2"] * 3
+
+
+LIGHTNING = WORKERS / "lightning_worker.py"
+
+
+def run_lightning_job(
+    tmp_path: Path, launcher_args: list[str], *script_args: str, **schedule: dict[int, str]
+) -> JobRun:
+    return run_job(
+        tmp_path,
+        launcher_args=["--mode", "restart", *launcher_args],
+        worker_args=[
+            "--checkpoint",
+            str(tmp_path / "checkpoints"),
+            "--step-s",
+            "0.05",
+            *script_args,
+        ],
+        script=LIGHTNING,
+        timeout_s=300.0,
+        **schedule,
+    )
+
+
+def test_a_lightning_script_survives_a_sigkill_and_resumes_from_its_last_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """Each epoch is 4 steps (64 samples, half on each rank, in batches of 8)."""
+    run = run_lightning_job(tmp_path, TWO_HOSTS, "--fail-at", "10:1")
+    assert run.returncode == 0, run.explain()
+    assert_finished_together(run, 2)
+    starts = starts_by_rank(run)
+    assert [len(starts[r]) for r in (0, 1)] == [2, 2], run.explain()
+    assert {s["step"] for r in (0, 1) for s in starts[r][1:]} == {10}, "from last.ckpt"
+    assert {s["env"]["TORCHELASTIC_RUN_ID"] for r in (0, 1) for s in starts[r]} == {"local"}
+
+
+def test_a_lightning_script_follows_a_scale_out(tmp_path: Path) -> None:
+    run = run_lightning_job(
+        tmp_path,
+        ["-np", "2", "--min-np", "2", "--max-np", "3"],
+        "--await-size",
+        "8:3",
+        schedule={0: "127.0.1.1:1,127.0.1.2:1", 1: "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1"},
+    )
+    assert run.returncode == 0, run.explain()
+    assert_finished_together(run, 3)
+    final = [starts[-1] for starts in starts_by_rank(run).values()]
+    assert {(s["size"], s["env"]["GROUP_WORLD_SIZE"]) for s in final} == {(3, "3")}

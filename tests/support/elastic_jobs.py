@@ -13,15 +13,18 @@ from tests.support.job_runs import WORKER, JobRun, kill_leftovers, read_events
 from tests.support.kube import Kube
 
 
-def job_manifest(name: str, log_dir: Path, stop_file: Path, **spec: Any) -> dict[str, Any]:
+def job_manifest(
+    name: str, log_dir: Path, stop_file: Path, command: list[str] | None = None, **spec: Any
+) -> dict[str, Any]:
     """An ElasticJob running the integration tests' worker script (the operator spreads its
-    pods over nodes where there are enough). The script and the directory of its event log
-    and stop file are hostPath volumes at the same paths, so the test reads what workers
-    write on real nodes (containers) and process nodes alike."""
+    pods over nodes where there are enough), or ``command`` (one of those scripts too). The
+    scripts and the directory of the event log and stop file are hostPath volumes at the
+    same paths, so the test reads what workers write on real nodes (containers) and process
+    nodes alike."""
     scratch = Path(os.path.commonpath([log_dir, stop_file.parent]))
     scratch.mkdir(parents=True, exist_ok=True)
     scratch.chmod(0o777)  # the worker image runs as a non-root user
-    command = [
+    command = command or [
         "python",
         str(WORKER),
         "--log-dir",

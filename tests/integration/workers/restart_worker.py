@@ -132,6 +132,7 @@ def main() -> None:
         epoch=epoch,
         step=step,
         device=str(device),
+        host=os.environ.get("HOROVOD_HOSTNAME"),
         backend=dist.get_backend(),
         env={name: os.environ.get(name) for name in TORCHRUN_VARIABLES},
     )

@@ -10,13 +10,16 @@ from typing import Any
 import pytest
 import yaml
 
+from elasticjob.driver.api import JobMode
 from elasticjob.operator.api import FieldError, parse_spec, validate
 from elasticjob.operator.api.validation import name_errors
+from elasticjob.operator.pods import worker_pod
 from elasticjob.worker_contract import (
     ENV_GLOO_SOCKET_IFNAME,
     ENV_JOB,
     ENV_NCCL_SOCKET_IFNAME,
     ENV_TOKEN,
+    RESTART_AGENT_MODULE,
     WORKER_CONTRACT_ENV,
 )
 from tests.support.crd_model import with_changes
@@ -180,3 +183,17 @@ def test_the_gpu_example_is_admitted_with_one_gpu_per_slot() -> None:
         ENV_GLOO_SOCKET_IFNAME,
         ENV_NCCL_SOCKET_IFNAME,
     }, "the runtime picks the interface"
+
+
+def test_the_restart_example_is_admitted_and_runs_its_script_under_the_agent() -> None:
+    documents = list(
+        yaml.safe_load_all((REPO / "examples" / "elasticjob-restart.yaml").read_text())
+    )
+    job = next(d for d in documents if d["kind"] == "ElasticJob")
+    assert validate(job["spec"]) == []
+    spec = parse_spec(job["spec"])
+    assert (spec.mode, spec.max_restarts) == (JobMode.RESTART, 3)
+    job["metadata"] |= {"namespace": "ml", "uid": "uid-1"}  # what the API server gives it
+    (worker,) = worker_pod(job, spec, rendezvous_url="http://r:1")["spec"]["containers"]
+    assert worker["command"][:4] == ["python", "-m", RESTART_AGENT_MODULE, "--"]
+    assert worker["command"][4:6] == ["python", "examples/torchrun_digits/train.py"]
