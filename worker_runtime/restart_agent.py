@@ -71,6 +71,9 @@ script failed everywhere (the job fails) or was lost somewhere (the job restarts
 EXIT_BARRIER_S = 60.0
 """How long rank 0's agent keeps its store up for the other ranks' scripts once its own
 script succeeded."""
+SIGNAL_CHECK_S = 1.0
+"""How often a wait of the agent looks whether SIGTERM came (a signal handler only sets a
+flag: setting an event there could deadlock on the event's own lock)."""
 _RENDEZVOUS_POLL_S = 20.0
 _ENDED_KEY = "elasticjob/scripts-ended"
 _ALL_ENDED_KEY = "elasticjob/all-scripts-ended"
@@ -184,9 +187,9 @@ class RestartAgent:
             self._liveness.stop()
 
     def terminate(self) -> None:
-        """Stop the script and end (SIGTERM: the pod is deleted). Signal-safe."""
+        """Stop the script and end (SIGTERM: the pod is deleted). Signal-safe: it only sets a
+        flag, which the agent's waits look at every :data:`SIGNAL_CHECK_S`."""
         self._terminated = True
-        self._wake.set()
 
     def _join(
         self, after_round: int, script_exit: ScriptExit | None, store_port: int
@@ -255,7 +258,7 @@ class RestartAgent:
                 logger.info("stopping the script: %s", cause.value if cause else "SIGTERM")
                 script.stop(STOP_GRACE_S)
                 return Attempt(None, cause)
-            self._wake.wait(None if failed_at is None else grace)
+            self._wake.wait(SIGNAL_CHECK_S if failed_at is None else min(grace, SIGNAL_CHECK_S))
 
     def _exit_barrier(self, response: RendezvousResponse, server: TCPStore) -> None:
         """The script succeeded: keep rank 0's store up until every other rank's script has

@@ -333,34 +333,54 @@ def test_slots_per_worker_runs_a_process_per_slot(
 def test_a_restart_mode_job_starts_every_script_again_in_its_own_pod(
     operator: Cluster, kube: Kube, tmp_path: Path
 ) -> None:
-    """An unchanged torchrun script (``restart_worker.py``) with ``mode: restart``; one rank's
-    script SIGKILLs itself. Every script starts again with its rank, in the pod it ran in (no
-    pod is replaced), resumes from its checkpoint, and the job succeeds."""
+    """An unchanged torchrun script (``restart_worker.py``) with ``mode: restart``: one rank's
+    script SIGKILLs itself, then the job is scaled from 2 pods to 3 (the script waits for 3 at
+    its last epoch). Every script starts again with its rank in the pod it ran in (no pod is
+    replaced), resumes from its checkpoint, and the job succeeds in a world of 3."""
     log_dir = tmp_path / "events"
     script = [
         *("python", str(WORKERS / "restart_worker.py"), "--log-dir", str(log_dir)),
-        *("--checkpoint", str(tmp_path / "ckpt.pt"), "--epochs", "2", "--steps", "20"),
-        *("--step-s", "0.1", "--fail-at", "1:3:1:sigkill"),
+        *("--checkpoint", str(tmp_path / "ckpt.pt"), "--epochs", "3", "--steps", "20"),
+        *("--step-s", "0.1", "--fail-at", "1:3:1:sigkill", "--await-size", "2:3"),
     ]
     manifest = job_manifest("torchrun", log_dir, tmp_path / "stop", command=script)
-    manifest["spec"] |= {"mode": "restart", "replicas": 2, "minReplicas": 2, "maxReplicas": 2}
+    manifest["spec"] |= {"mode": "restart", "replicas": 2, "minReplicas": 2, "maxReplicas": 3}
     kube.apply(manifest)
     try:
+        wait_status(
+            kube,
+            "torchrun",
+            "2 workers again after the kill",
+            lambda s: (
+                s.get("phase") == "Running"
+                and s.get("worldSize") == 2
+                and s.get("resetCount", 0) >= 1
+            ),
+            STARTUP_S,
+        )
+        kube.kubectl("scale", "ej/torchrun", "--replicas=3")
         done = wait_status(
-            kube, "torchrun", "success", lambda s: s.get("phase") == "Succeeded", STARTUP_S + 180
+            kube, "torchrun", "success", lambda s: s.get("phase") == "Succeeded", STARTUP_S
         )
     finally:
         stop_workers(kube, log_dir)
     events = read_events(log_dir)
     starts = [e for e in events if e["ev"] == "start"]
-    hosts = {rank: {s["host"] for s in starts if s["rank"] == rank} for rank in (0, 1)}
-    assert len(starts) == 4 and all(len(h) == 1 for h in hosts.values()), starts
-    assert len(hosts[0] | hosts[1]) == 2, "both scripts started again in their own pods"
+    hosts = {rank: {s["host"] for s in starts if s["rank"] == rank} for rank in (0, 1, 2)}
+    assert all(len(h) == 1 for h in hosts.values()), f"a rank moved: {hosts}"
+    assert len(set().union(*hosts.values())) == 3, "no pod was replaced"
+    last = {s["rank"]: s for s in starts}  # each rank's last start
+    assert {r: s["env"]["TORCHELASTIC_RESTART_COUNT"] for r, s in last.items()} == {
+        0: "1",
+        1: "1",
+        2: "0",  # a new pod starts at 0, as a new torchrun node does
+    }, "the kill counts as a restart, the scale-out does not"
+    assert {(s["size"], s["epoch"], s["step"]) for s in last.values()} == {(3, 2, 0)}
     again = [s for s in starts if s["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"]
-    assert {(s["rank"], s["epoch"], s["step"]) for s in again} == {(0, 1, 3), (1, 1, 3)}
-    assert done["resetCount"] == 1, done
+    assert {(s["rank"], s["epoch"], s["step"]) for s in again[:2]} == {(0, 1, 3), (1, 1, 3)}
+    assert done["resetCount"] == 2, done
     finals = [e for e in events if e["ev"] == "done"]
-    assert len(finals) == 2 and len({e["digest"] for e in finals}) == 1
+    assert len(finals) == 3 and len({e["digest"] for e in finals}) == 1
     kill = next(e["time"] for e in events if e["ev"] == "kill")
     first = max(
         min(e["time"] for e in events if e["ev"] == "step" and e["rank"] == r and e["time"] > kill)

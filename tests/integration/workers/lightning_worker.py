@@ -50,7 +50,7 @@ class Events(Callback):
         self._path = args.log_dir / f"{os.getpid()}.jsonl"
         self._restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
-    def log(self, event: str, trainer: L.Trainer, **fields: Any) -> None:
+    def record(self, event: str, trainer: L.Trainer, **fields: Any) -> None:
         record = {"ev": event, "time": time.time(), "pid": os.getpid()}
         record |= {"rank": trainer.global_rank, "size": trainer.world_size, **fields}
         with self._path.open("a") as out:
@@ -59,7 +59,7 @@ class Events(Callback):
     def on_train_start(self, trainer: L.Trainer, _module: L.LightningModule) -> None:
         names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
         env = {name: os.environ.get(name) for name in names}
-        self.log("start", trainer, step=trainer.global_step, env=env)
+        self.record("start", trainer, step=trainer.global_step, env=env)
 
     def on_train_epoch_start(self, trainer: L.Trainer, _module: L.LightningModule) -> None:
         if trainer.global_rank == 0 and self._args.epoch_file is not None:
@@ -70,7 +70,7 @@ class Events(Callback):
     ) -> None:
         step, rank = trainer.global_step, trainer.global_rank
         if self._args.fail_at == f"{step}:{rank}" and self._restarts == 0:
-            self.log("kill", trainer, step=step)
+            self.record("kill", trainer, step=step)
             os.kill(os.getpid(), signal.SIGKILL)
         if self._args.await_size is not None:
             at_step, size = (int(part) for part in self._args.await_size.split(":"))
@@ -82,11 +82,11 @@ class Events(Callback):
         self, trainer: L.Trainer, _module: L.LightningModule, *_args: Any
     ) -> None:
         time.sleep(self._args.step_s)
-        self.log("step", trainer, step=trainer.global_step)
+        self.record("step", trainer, step=trainer.global_step)
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         weights = b"".join(p.detach().numpy().tobytes() for p in module.parameters())
-        self.log("done", trainer, digest=hashlib.sha256(weights).hexdigest())
+        self.record("done", trainer, digest=hashlib.sha256(weights).hexdigest())
 
 
 def main() -> None:

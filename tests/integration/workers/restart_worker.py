@@ -57,14 +57,14 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--await-size",
         metavar="EPOCH:SIZE",
-        help="at the start of EPOCH, wait (up to a minute) while the world is smaller than "
+        help="at the start of EPOCH, wait (up to 10 minutes) while the world is smaller than "
         "SIZE: until the job restarts the script in a larger world",
     )
     parser.add_argument(
         "--fail-at",
         action="append",
         default=[],
-        help="EPOCH:STEP:RANK:MODE, RANK a rank or 'all', MODE sigkill (first start only), "
+        help="EPOCH:STEP:RANK:MODE, RANK a rank or 'all', MODE sigkill (once in the job), "
         "sigkill-always, or exit-N (exit code N, every start)",
     )
     return parser.parse_args()
@@ -73,6 +73,7 @@ def parse() -> argparse.Namespace:
 class Log:
     def __init__(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
         self._path = folder / f"{os.getpid()}.jsonl"
 
     def __call__(self, event: str, **fields: object) -> None:
@@ -81,12 +82,14 @@ class Log:
             out.write(json.dumps(record) + "\n")
 
 
-def maybe_fail(spec: list[str], epoch: int, step: int, rank: int, restarts: int, log: Log) -> None:
+def maybe_fail(spec: list[str], epoch: int, step: int, rank: int, log: Log) -> None:
     for entry in spec:
         at_epoch, at_step, at_rank, mode = entry.split(":")
         if (int(at_epoch), int(at_step)) != (epoch, step) or at_rank not in ("all", str(rank)):
             continue
-        if (mode == "sigkill" and restarts == 0) or mode == "sigkill-always":
+        once = log.folder / f"killed-{entry.replace(':', '-')}"
+        if (mode == "sigkill" and not once.exists()) or mode == "sigkill-always":
+            once.touch()
             log("kill", rank=rank, epoch=epoch, step=step)
             os.kill(os.getpid(), signal.SIGKILL)
         if mode.startswith("exit-"):
@@ -99,7 +102,7 @@ def await_size(spec: str | None, epoch: int, size: int) -> None:
         return
     at_epoch, at_least = (int(part) for part in spec.split(":"))
     if epoch == at_epoch and size < at_least:
-        time.sleep(60)  # the agent stops the script once the larger round is formed
+        time.sleep(600)  # the agent stops the script once the larger round is formed
         sys.exit(4)
 
 
@@ -107,7 +110,6 @@ def main() -> None:
     args = parse()
     log = Log(args.log_dir)
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if args.cuda:
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
@@ -141,7 +143,7 @@ def main() -> None:
             args.epoch_file.write_text(str(epoch))
         await_size(args.await_size, epoch, size)
         while step < args.steps:
-            maybe_fail(args.fail_at, epoch, step, rank, restarts, log)
+            maybe_fail(args.fail_at, epoch, step, rank, log)
             inputs = torch.arange(8 * 4, dtype=torch.float32, device=device).reshape(8, 4)
             inputs /= 1 + epoch + step
             optimizer.zero_grad()
