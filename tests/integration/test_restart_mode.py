@@ -63,6 +63,9 @@ def test_a_sigkilled_script_is_started_again_with_every_other_and_resumes(
     assert {(s["epoch"], s["step"]) for s in second} == {(1, 2)}, "resumed from its checkpoint"
     ports = {s["env"]["MASTER_PORT"] for s in first}, {s["env"]["MASTER_PORT"] for s in second}
     assert len(ports[0]) == len(ports[1]) == 1 and ports[0] != ports[1], "a fresh store"
+    assert not any(name.startswith("ELASTICJOB_") for s in first for name in s["env"]), (
+        "the script is no worker of the rendezvous: it gets neither its token nor its address"
+    )
     assert "the script of worker 127.0.1.2[0] failed (killed by SIGKILL)" in run.stderr
     assert "succeeded after 2 rounds and 1 resets" in run.stderr
 

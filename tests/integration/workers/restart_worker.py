@@ -2,9 +2,9 @@
 (``env://``), ``DistributedDataParallel``, and a checkpoint of its own that rank 0 saves after
 every step and every rank resumes from when started again. It never imports elasticjob.
 
-For the tests it also appends what it saw to ``<log-dir>/<pid>.jsonl`` (its variables at each
-start, each step, its weights at the end), writes the epoch it reached for a discovery script,
-and fails on purpose where ``--fail-at`` says.
+For the tests it also appends what it saw to ``<log-dir>/<pid>.jsonl`` (its environment at
+each start, each step, its weights at the end), writes the epoch it reached for a discovery
+script, and fails on purpose where ``--fail-at`` says.
 """
 
 from __future__ import annotations
@@ -21,28 +21,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-
-TORCHRUN_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "LOCAL_WORLD_SIZE",
-    "WORLD_SIZE",
-    "GROUP_WORLD_SIZE",
-    "ROLE_WORLD_SIZE",
-    "ROLE_NAME",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-    "OMP_NUM_THREADS",
-    "ELASTICJOB_TOKEN",
-    "ELASTICJOB_RENDEZVOUS_URL",
-)
 
 
 def parse() -> argparse.Namespace:
@@ -136,7 +114,7 @@ def main() -> None:
         device=str(device),
         host=os.environ.get("HOROVOD_HOSTNAME"),
         backend=dist.get_backend(),
-        env={name: os.environ.get(name) for name in TORCHRUN_VARIABLES},
+        env=dict(os.environ),
     )
     while epoch < args.epochs:
         if rank == 0 and args.epoch_file is not None:
