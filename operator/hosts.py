@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from elasticjob.driver.api import DriverSettings, WorkerLauncher, restart_limit
+from elasticjob.driver.api import DriverSettings, JobMode, WorkerLauncher, restart_limit
 from elasticjob.operator.api import ElasticJobSpec
 from elasticjob.wire.messages import SlotInfo, WorkerId
 
@@ -43,7 +43,8 @@ class PodLauncher(WorkerLauncher):
 def driver_settings(spec: ElasticJobSpec) -> DriverSettings:
     """The driver's settings for ``spec``: its bounds in worker processes (pods times slots),
     its reset and restart limits and timeouts (a heartbeat timeout of 0: silent workers are never
-    killed), and the durable fallback when the spec has a checkpoint policy."""
+    killed), and the durable fallback when the spec has a checkpoint policy or runs in
+    restart mode (its script resumes from a checkpoint of its own)."""
     slots = spec.slots_per_worker
     return DriverSettings(
         min_np=spec.min_replicas * slots,
@@ -52,5 +53,5 @@ def driver_settings(spec: ElasticJobSpec) -> DriverSettings:
         restart_limit=restart_limit(spec.mode, spec.max_restarts),
         elastic_timeout_s=float(spec.elastic_timeout_seconds),
         heartbeat_timeout_s=float(spec.heartbeat_timeout_seconds) or None,
-        checkpoint_fallback=spec.checkpoint is not None,
+        checkpoint_fallback=spec.checkpoint is not None or spec.mode is JobMode.RESTART,
     )

@@ -157,9 +157,10 @@ class DriverSettings:
     """Evict a worker process that sent no heartbeat for this long (None: never; see
     ``liveness.py``)."""
     checkpoint_fallback: bool = False
-    """The workers write durable checkpoints (a checkpoint policy is configured): when no
-    worker of the previous round survives, fresh workers start a new round whose rank 0
-    loads the newest complete checkpoint (False: the job fails, nobody holds its state)."""
+    """The workers write durable checkpoints (a checkpoint policy is configured, or restart
+    mode, whose script resumes from a checkpoint of its own): when no worker of the previous
+    round survives, fresh workers start a new round whose rank 0 loads the newest complete
+    checkpoint (False: the job fails, nobody holds its state)."""
 
     def __post_init__(self) -> None:
         if self.min_np < 1:

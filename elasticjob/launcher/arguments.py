@@ -355,16 +355,17 @@ def driver_settings(
     else:
         discovery = FixedHosts(parse_hosts(_fixed_hosts(args), args.slots))
     min_np = _min_np(args)
+    mode = JobMode(args.mode)
     try:
         settings = DriverSettings(
             min_np=min_np,
             max_np=max_np(args),
             reset_limit=args.reset_limit,
-            restart_limit=restart_limit(JobMode(args.mode), args.max_restarts),
+            restart_limit=restart_limit(mode, args.max_restarts),
             elastic_timeout_s=args.elastic_timeout,
             start_timeout_s=args.start_timeout,
             heartbeat_timeout_s=args.heartbeat_timeout or None,
-            checkpoint_fallback=bool(args.checkpoint_dir),
+            checkpoint_fallback=bool(args.checkpoint_dir) or mode is JobMode.RESTART,
         )
         policy = BlacklistPolicy(*args.blacklist_cooldown_range)
     except ValueError as exc:

@@ -150,8 +150,12 @@ def test_the_commands_own_flags_are_never_taken_for_the_launchers() -> None:
         pytest.param(["--max-restarts", "5"], 5, id="elastic-with-a-limit"),
     ],
 )
-def test_max_restarts_and_its_default_in_restart_mode(
+def test_max_restarts_its_default_and_the_fallback_in_restart_mode(
     flags: list[str], restart_limit: int | None
 ) -> None:
     args = parse_arguments(build_parser(), ["-np", "1", *flags, "true"])
-    assert driver_settings(args)[1].restart_limit == restart_limit
+    settings = driver_settings(args)[1]
+    assert settings.restart_limit == restart_limit
+    assert settings.checkpoint_fallback is (args.mode == "restart"), (
+        "a restart-mode script resumes from its own checkpoint: losing every worker is no end"
+    )

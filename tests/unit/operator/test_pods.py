@@ -234,6 +234,7 @@ def test_a_restart_mode_pod_runs_the_script_under_its_agent(
     assert worker["command"] == ["python", *command] and "args" not in worker
     env = {e["name"]: e.get("value") for e in worker["env"]}
     assert env[ENV_MAX_RESTARTS] == limit, "the script reads it as TORCHELASTIC_MAX_RESTARTS"
+    assert driver_settings(spec).checkpoint_fallback, "losing every pod is no end of the job"
 
 
 def test_an_elastic_pod_tells_no_restart_limit() -> None:
