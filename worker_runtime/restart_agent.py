@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import enum
+import logging
 import os
 import signal
 import sys
@@ -62,6 +63,9 @@ from elasticjob.worker_runtime.worker_process import liveness_for
 
 logger = get_logger(__name__)
 
+LOG_FORMAT = "restart-agent %(levelname)s %(name)s: %(message)s"
+"""The agent's own lines on its standard error, beside the script's (each names the job, the
+round, the rank: ``log.CONTEXT``)."""
 STOP_GRACE_S = 10.0
 """How long a script that is stopped may take to end after SIGTERM before SIGKILL."""
 FAILURE_GRACE_S = 5.0
@@ -335,6 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     agent = RestartAgent(config, args)
     signal.signal(signal.SIGTERM, lambda _signum, _frame: agent.terminate())
     return agent.run()

@@ -375,10 +375,13 @@ def test_a_restart_mode_job_starts_every_script_again_in_its_own_pod(
         1: "1",
         2: "0",  # a new pod starts at 0, as a new torchrun node does
     }, "the kill counts as a restart, the scale-out does not"
-    assert {(s["size"], s["epoch"], s["step"]) for s in last.values()} == {(3, 2, 0)}
+    # The scale-out may stop the scripts of the round after the kill before they train a step
+    # (then they all resume at the kill's step), or after (then at the last epoch).
+    assert {s["size"] for s in last.values()} == {3}
+    assert all((s["epoch"], s["step"]) >= (1, 3) for s in last.values()), last
     again = [s for s in starts if s["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"]
     assert {(s["rank"], s["epoch"], s["step"]) for s in again[:2]} == {(0, 1, 3), (1, 1, 3)}
-    assert done["resetCount"] == 2, done
+    assert done["resetCount"] >= 2, done  # the kill, then the scale-out
     finals = [e for e in events if e["ev"] == "done"]
     assert len(finals) == 3 and len({e["digest"] for e in finals}) == 1
     kill = next(e["time"] for e in events if e["ev"] == "kill")
