@@ -58,6 +58,8 @@ def command(front_end: str, work: Path) -> list[str]:
     return [sys.executable, *torchrun, *rendezvous, "--max-restarts", "3", *script]
 
 
+STOP_GRACE_S = 30.0
+"""How long a front end may take to stop its workers after SIGTERM."""
 FRONT_ENDS = {
     "elasticjob": {},
     "torchrun": {},
@@ -89,10 +91,21 @@ def run_until_recovered(front_end: str, work: Path, give_up_s: float) -> int | N
             seen = events(work) if (work / "events").exists() else []
             kills = [e["time"] for e in seen if e["ev"] == "kill"]
             if kills and time.time() - kills[0] > give_up_s and recovery(seen) is None:
-                os.killpg(job.pid, signal.SIGKILL)
-                job.wait()
+                stop(job)
                 return None
     return job.returncode
+
+
+def stop(job: subprocess.Popen[bytes]) -> None:
+    """Stop a front end that gave up: SIGTERM first, so that it stops its workers (torchrun
+    starts each in a session of its own, which a signal to the front end's group misses),
+    then SIGKILL to whatever is left of its group."""
+    os.killpg(job.pid, signal.SIGTERM)
+    try:
+        job.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
 
 
 def recovery(seen: list[dict[str, Any]]) -> float | None:
