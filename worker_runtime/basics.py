@@ -48,10 +48,11 @@ def _leave(runtime: Runtime) -> None:
     """At interpreter exit: shut down, and skip native teardown if it could crash.
 
     A collective abandoned when its group was aborted keeps a backend thread and the old
-    group's sockets until that group's timeout, and a negotiation's thread may still be in a
-    store call; tearing them down in native destructors at interpreter exit can abort the
-    process. When the exit status is known (the elastic loop
-    ended, or the worker was removed), leave with it right away instead. Otherwise the
+    group's sockets until that group's timeout, and a lingering thread (a negotiation's in a
+    store call, a broken group's teardown) may still be in native code; tearing them down in
+    native destructors at interpreter exit can abort the process. When the exit status is
+    known (the elastic loop ended, or the worker was removed), leave with it right away
+    instead. Otherwise the
     driver is told the process is ending (see :meth:`Runtime.report_leaving`)."""
     global _runtime, _shut_down
     runtime.report_leaving()

@@ -32,7 +32,6 @@ import datetime
 import json
 import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import Store
 
+from elasticjob.worker_runtime import lingering
 from elasticjob.worker_runtime.call_descriptions import Call, mismatch
 from elasticjob.worker_runtime.exceptions import CollectiveMismatchError
 from elasticjob.worker_runtime.log import get_logger
@@ -61,8 +61,6 @@ _FRESH = 1 << 20
 """What a rank adds to a call's count when it sends its call in full: a named collective
 called as last time is counted with 1 alone, and when every rank did so the verdict is made
 without reading any call (Horovod's response cache does the same for repeated tensors)."""
-SETTLE_S = 5.0
-"""How long a leaving process waits for the threads of closed negotiations to end."""
 _STOP = "stop"
 
 
@@ -190,8 +188,7 @@ class Negotiation:
         self._submitted.put(None)
         waker = threading.Thread(target=self._wake, name="negotiation-wake", daemon=True)
         waker.start()
-        with _ending_lock:
-            _ending.extend((thread, waker))
+        lingering.track(thread, waker)
 
     def _wake(self) -> None:
         assert self._origin is not None
@@ -303,25 +300,6 @@ class Negotiation:
             return
         done = torch.futures.collect_all([work.get_future() for work in works])
         done.add_done_callback(lambda all_done: _settle(submitted.future, all_done))
-
-
-_ending: list[threading.Thread] = []
-"""Threads of closed negotiations that may still run (see :func:`settle`)."""
-_ending_lock = threading.Lock()
-
-
-def settle(timeout_s: float) -> bool:
-    """Wait up to ``timeout_s`` for the threads of closed negotiations to end; whether all
-    did. A process that leaves waits for them: a thread still inside a store call while
-    the interpreter tears down aborts the process."""
-    deadline = time.monotonic() + timeout_s
-    with _ending_lock:
-        threads = list(_ending)
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    with _ending_lock:
-        _ending[:] = [thread for thread in _ending if thread.is_alive()]
-        return not _ending
 
 
 def _client(store: Store) -> Store:

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import PrefixStore, Store
 
-from elasticjob.worker_runtime import timeline
+from elasticjob.worker_runtime import lingering, timeline
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 from elasticjob.worker_runtime.log import get_logger, stacks_if_stuck
 from elasticjob.worker_runtime.negotiation import Negotiation
@@ -341,9 +341,11 @@ class RoundGroup:
             _destroy_default_group()
             return
         # The thread empties ``groups``: no reference to a group stays on this thread.
-        threading.Thread(
+        teardown = threading.Thread(
             target=_shut_down, args=(groups,), name="abandoned-group-teardown", daemon=True
-        ).start()
+        )
+        teardown.start()
+        lingering.track(teardown)
 
     def _abort_backend(self) -> None:
         negotiations = [*self._subsets, *([self._negotiation] if self._negotiation else [])]

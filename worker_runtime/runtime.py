@@ -29,12 +29,11 @@ from torch.distributed import Store
 
 from elasticjob.wire.messages import Notice, NoticeKind, SlotInfo
 from elasticjob.worker_contract import WorkerConfig, standalone_backend
-from elasticjob.worker_runtime import timeline
+from elasticjob.worker_runtime import lingering, timeline
 from elasticjob.worker_runtime.devices import resolve_backend
 from elasticjob.worker_runtime.exceptions import WorkerRemoved
 from elasticjob.worker_runtime.host_updates import HostUpdateAgreement
 from elasticjob.worker_runtime.log import CONTEXT, STANDALONE_JOB, get_logger
-from elasticjob.worker_runtime.negotiation import SETTLE_S, settle
 from elasticjob.worker_runtime.notices import NoNotices, Notices, NoticeWatcher
 from elasticjob.worker_runtime.process_group import RoundGroup
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient
@@ -64,7 +63,7 @@ class Runtime:
         self.exit_code: int | None = None
         """The status the process will exit with, once the elastic loop knows it."""
         self.settled = True
-        """Whether the threads of every closed negotiation had ended by the last shutdown."""
+        """Whether every lingering thread (``lingering``) had ended by the last shutdown."""
         self._host_updates = HostUpdateAgreement()
         self.device: torch.device
         """The device collectives run on."""
@@ -150,7 +149,7 @@ class Runtime:
         script: :meth:`resume` forms the group again)."""
         timeline.instant("shutdown", round=self.round)
         self.group.destroy()
-        self.settled = settle(SETTLE_S)
+        self.settled = lingering.settle(lingering.SETTLE_S)
 
     def resume(self) -> None:
         """Form the round's group again after :meth:`suspend` (``init()`` again: every member
@@ -162,7 +161,7 @@ class Runtime:
         timeline.instant("shutdown", round=self.round)
         timeline.flush()
         self.group.destroy()
-        self.settled = settle(SETTLE_S)
+        self.settled = lingering.settle(lingering.SETTLE_S)
         self._rounds.close()
         self._notices.stop()
         self.reports.stop()

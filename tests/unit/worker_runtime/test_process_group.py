@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import HashStore
 
+from elasticjob.worker_runtime import lingering
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 from elasticjob.worker_runtime.process_group import RoundGroup
 
@@ -75,9 +76,12 @@ def test_an_aborted_group_is_torn_down_without_waiting_for_its_abandoned_collect
     assert teardown_threads() - earlier, (
         "the abandoned group was released before its collective ended"
     )
+    # A process leaving now would wait for the teardown (native teardown under it aborts).
+    assert not lingering.settle(0.1), "the teardown thread is not counted as lingering"
 
     # Once the peer is gone its connections reset: the old group is released, nothing leaks.
     silent_peer.kill()
+    assert lingering.settle(30.0), "the abandoned group was never released"
     deadline = time.monotonic() + 30
     while teardown_threads() - earlier or group.abandoned:
         assert time.monotonic() < deadline, "the abandoned group was never released"
