@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from elasticjob.driver.api import DriverSettings, JobMode, WorkerLauncher, restart_limit
+from elasticjob.driver.api import DriverSettings, Recovery, WorkerLauncher, recovery
 from elasticjob.operator.api import ElasticJobSpec
 from elasticjob.wire.messages import SlotInfo, WorkerId
 
@@ -40,18 +40,24 @@ class PodLauncher(WorkerLauncher):
         return None  # the clean-pod policy decides, once the job has ended
 
 
+def job_recovery(spec: ElasticJobSpec) -> Recovery:
+    """How the job of ``spec`` recovers (see :func:`~elasticjob.driver.api.recovery`)."""
+    checkpoints = spec.checkpoint is not None
+    return recovery(spec.mode, max_restarts=spec.max_restarts, checkpoints=checkpoints)
+
+
 def driver_settings(spec: ElasticJobSpec) -> DriverSettings:
     """The driver's settings for ``spec``: its bounds in worker processes (pods times slots),
     its reset and restart limits and timeouts (a heartbeat timeout of 0: silent workers are never
-    killed), and the durable fallback when the spec has a checkpoint policy or runs in
-    restart mode (its script resumes from a checkpoint of its own)."""
+    killed), and the durable fallback (:func:`job_recovery`)."""
     slots = spec.slots_per_worker
+    job = job_recovery(spec)
     return DriverSettings(
         min_np=spec.min_replicas * slots,
         max_np=spec.max_replicas * slots,
         reset_limit=spec.reset_limit,
-        restart_limit=restart_limit(spec.mode, spec.max_restarts),
+        restart_limit=job.restart_limit,
         elastic_timeout_s=float(spec.elastic_timeout_seconds),
         heartbeat_timeout_s=float(spec.heartbeat_timeout_seconds) or None,
-        checkpoint_fallback=spec.checkpoint is not None or spec.mode is JobMode.RESTART,
+        checkpoint_fallback=job.checkpoint_fallback,
     )

@@ -20,7 +20,7 @@ from elasticjob.operator.api import (
     ElasticJobSpec,
     worker_labels,
 )
-from elasticjob.operator.hosts import driver_settings
+from elasticjob.operator.hosts import driver_settings, job_recovery
 from elasticjob.worker_contract import SecretKey, WorkerSettings, pod_env, restart_agent_command
 
 TOKEN_KEY = "token"
@@ -161,9 +161,7 @@ def _runtime_env(
             "round_wait_s": spec.round_wait_seconds,
             "heartbeat_interval_s": heartbeat_interval_s(driver_settings(spec).heartbeat_timeout_s),
             "checkpoint": spec.checkpoint.policy() if spec.checkpoint is not None else None,
-            "max_restarts": driver_settings(spec).restart_limit
-            if spec.mode is JobMode.RESTART
-            else None,
+            "max_restarts": job_recovery(spec).script_max_restarts,
         }
     )
     return pod_env(settings, token=SecretKey(token_secret_name(name), TOKEN_KEY))

@@ -126,12 +126,33 @@ DEFAULT_MAX_RESTARTS: Final = 3
 """A restart-mode job's restart limit when it sets none."""
 
 
-def restart_limit(mode: JobMode, max_restarts: int | None) -> int | None:
-    """The restart limit of a job in ``mode`` that set ``max_restarts`` (None: not set):
-    :data:`DEFAULT_MAX_RESTARTS` in restart mode, unlimited (None) in elastic mode."""
-    if max_restarts is not None:
-        return max_restarts
-    return DEFAULT_MAX_RESTARTS if mode is JobMode.RESTART else None
+@dataclass(frozen=True)
+class Recovery:
+    """How a job recovers from failures, as its mode and settings make it (one derivation
+    for the launcher and the operator)."""
+
+    restart_limit: int | None
+    """``DriverSettings.restart_limit``: the job's ``max_restarts``, else
+    :data:`DEFAULT_MAX_RESTARTS` in restart mode and unlimited (None) in elastic mode."""
+    checkpoint_fallback: bool
+    """``DriverSettings.checkpoint_fallback``: a checkpoint policy is configured, or the job
+    runs in restart mode (its script resumes from a checkpoint of its own)."""
+    script_max_restarts: int | None
+    """What the restart agent tells the script (``TORCHELASTIC_MAX_RESTARTS``); None in
+    elastic mode, which has no agent."""
+
+
+def recovery(mode: JobMode, *, max_restarts: int | None, checkpoints: bool) -> Recovery:
+    """The recovery of a job in ``mode`` that set ``max_restarts`` (None: not set) and has a
+    checkpoint policy or not (``checkpoints``)."""
+    restart = mode is JobMode.RESTART
+    if max_restarts is None and restart:
+        max_restarts = DEFAULT_MAX_RESTARTS
+    return Recovery(
+        restart_limit=max_restarts,
+        checkpoint_fallback=checkpoints or restart,
+        script_max_restarts=max_restarts if restart else None,
+    )
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from elasticjob.driver.api import (
     DriverError,
     DriverSettings,
     JobMode,
-    restart_limit,
+    Recovery,
+    recovery,
 )
 from elasticjob.driver.blacklist import BlacklistPolicy
 from elasticjob.driver.discovery import (
@@ -344,6 +345,14 @@ def _min_np(args: argparse.Namespace) -> int:
     return int(args.min_np if args.min_np is not None else (args.np or 1))
 
 
+def job_recovery(args: argparse.Namespace) -> Recovery:
+    """How the job of checked arguments recovers (see
+    :func:`~elasticjob.driver.api.recovery`)."""
+    return recovery(
+        JobMode(args.mode), max_restarts=args.max_restarts, checkpoints=bool(args.checkpoint_dir)
+    )
+
+
 def driver_settings(
     args: argparse.Namespace,
 ) -> tuple[HostDiscovery, DriverSettings, BlacklistPolicy]:
@@ -355,17 +364,17 @@ def driver_settings(
     else:
         discovery = FixedHosts(parse_hosts(_fixed_hosts(args), args.slots))
     min_np = _min_np(args)
-    mode = JobMode(args.mode)
+    job = job_recovery(args)
     try:
         settings = DriverSettings(
             min_np=min_np,
             max_np=max_np(args),
             reset_limit=args.reset_limit,
-            restart_limit=restart_limit(mode, args.max_restarts),
+            restart_limit=job.restart_limit,
             elastic_timeout_s=args.elastic_timeout,
             start_timeout_s=args.start_timeout,
             heartbeat_timeout_s=args.heartbeat_timeout or None,
-            checkpoint_fallback=bool(args.checkpoint_dir) or mode is JobMode.RESTART,
+            checkpoint_fallback=job.checkpoint_fallback,
         )
         policy = BlacklistPolicy(*args.blacklist_cooldown_range)
     except ValueError as exc:

@@ -31,6 +31,7 @@ from elasticjob.launcher.arguments import (
     build_parser,
     checkpoint_policy,
     driver_settings,
+    job_recovery,
     parse_arguments,
 )
 from elasticjob.launcher.horovodrun_flags import python_log_level
@@ -85,7 +86,7 @@ async def run_job(args: argparse.Namespace) -> JobResult:
                 "orphan_timeout_s": ORPHAN_TIMEOUT_S,
                 "timeline_dir": timeline_dir,
                 "checkpoint": checkpoint,
-                "max_restarts": settings.restart_limit if restart else None,
+                "max_restarts": job_recovery(args).script_max_restarts,
             }
         ),
         token=token,
