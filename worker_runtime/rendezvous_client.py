@@ -30,6 +30,7 @@ import ssl
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 
 from pydantic import BaseModel
 
@@ -41,6 +42,7 @@ from elasticjob.wire.messages import (
     ProgressRequest,
     RendezvousRequest,
     RendezvousResponse,
+    RendezvousStatus,
     ResultRequest,
     RoundInfo,
 )
@@ -52,6 +54,8 @@ logger = logging.getLogger(__name__)
 BACKOFF = Backoff(initial_s=0.05, factor=2.0, max_s=2.0)
 """The pauses between the tries of one request (a ``Retry-After`` the service sends is
 taken instead)."""
+LONG_POLL_S = 20.0
+"""How long one rendezvous request waits at the service for a round to form."""
 
 
 class RendezvousClientError(RuntimeError):
@@ -111,6 +115,29 @@ class RendezvousClient:
             "POST", "/rendezvous", request, wait_s=request.wait_seconds, retry_for_s=retry_for_s
         )
         return parse_json(RendezvousResponse, data)
+
+    def await_round(
+        self,
+        request: RendezvousRequest,
+        *,
+        deadline: float,
+        stopped: Callable[[], bool] = lambda: False,
+    ) -> RendezvousResponse | None:
+        """Long-poll with ``request`` (each try waiting :data:`LONG_POLL_S` at the service)
+        until the service answers other than PENDING: a round (ASSIGNED), or REMOVED or
+        FINISHED. None once ``stopped()`` (looked at between tries). Raises RuntimeError
+        when ``deadline`` (``time.monotonic()``) passes first."""
+        request = request.model_copy(update={"wait_seconds": LONG_POLL_S})
+        while not stopped():
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"no round after round {request.after_round} was assigned in time to "
+                    f"{request.hostname}[{request.local_rank}] ({self!r})"
+                )
+            response = self.rendezvous(request, retry_for_s=max(deadline - time.monotonic(), 1.0))
+            if response.status is not RendezvousStatus.PENDING:
+                return response
+        return None
 
     def notices(self, after_seq: int, wait_seconds: float) -> NoticesResponse:
         """Long-poll for notices newer than ``after_seq``."""

@@ -78,7 +78,6 @@ script succeeded."""
 SIGNAL_CHECK_S = 1.0
 """How often a wait of the agent looks whether SIGTERM came (a signal handler only sets a
 flag: setting an event there could deadlock on the event's own lock)."""
-_RENDEZVOUS_POLL_S = 20.0
 _ENDED_KEY = "elasticjob/scripts-ended"
 _ALL_ENDED_KEY = "elasticjob/all-scripts-ended"
 
@@ -200,30 +199,25 @@ class RestartAgent:
     ) -> RendezvousResponse | None:
         """The next round (None: this worker leaves the job, or the job ended)."""
         config = self._config
+        request = RendezvousRequest(
+            hostname=config.hostname,
+            local_rank=config.local_rank,
+            address=config.bind_address,
+            store_port=store_port,
+            after_round=after_round,
+            rolled_back=script_exit is not None,
+            script_exit=script_exit,
+        )
         deadline = time.monotonic() + config.round_wait_s
-        while not self._terminated:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no round assigned within {config.round_wait_s:.0f} s")
-            response = self._client.rendezvous(
-                RendezvousRequest(
-                    hostname=config.hostname,
-                    local_rank=config.local_rank,
-                    address=config.bind_address,
-                    store_port=store_port,
-                    after_round=after_round,
-                    wait_seconds=_RENDEZVOUS_POLL_S,
-                    rolled_back=script_exit is not None,
-                    script_exit=script_exit,
-                ),
-                retry_for_s=max(deadline - time.monotonic(), 1.0),
-            )
-            if response.status is RendezvousStatus.PENDING:
-                continue
-            if response.status is not RendezvousStatus.ASSIGNED:
-                logger.info("leaving the job: %s", response.message or response.status.value)
-                return None
-            return response
-        return None
+        response = self._client.await_round(
+            request, deadline=deadline, stopped=lambda: self._terminated
+        )
+        if response is None:
+            return None
+        if response.status is not RendezvousStatus.ASSIGNED:
+            logger.info("leaving the job: %s", response.message or response.status.value)
+            return None
+        return response
 
     def _attempt(self, response: RendezvousResponse) -> Attempt:
         """Start the script for the round of ``response``; return how the attempt ended."""

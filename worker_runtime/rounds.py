@@ -38,7 +38,6 @@ from elasticjob.worker_runtime.worker_process import Liveness
 
 logger = get_logger(__name__)
 
-_RENDEZVOUS_POLL_S = 20.0
 _WORLD_OF_ONE_TIMEOUT = datetime.timedelta(seconds=60)
 
 
@@ -236,28 +235,18 @@ class RendezvousRounds(Rounds):
         config = self._config
         started, started_us = time.monotonic(), timeline.now()
         deadline = started + config.round_wait_s
-        after_round = self.round
+        request = RendezvousRequest(
+            hostname=config.hostname,
+            local_rank=config.local_rank,
+            address=config.bind_address,
+            store_port=self._server.port,
+            probe_port=self._probe_listener.port,
+            after_round=self.round,
+            rolled_back=rolled_back,
+        )
         while True:
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"no round assigned within {config.round_wait_s:.0f} s "
-                    f"(job {config.job}, worker {self._worker_name})"
-                )
-            response = self._client.rendezvous(
-                RendezvousRequest(
-                    hostname=config.hostname,
-                    local_rank=config.local_rank,
-                    address=config.bind_address,
-                    store_port=self._server.port,
-                    probe_port=self._probe_listener.port,
-                    after_round=after_round,
-                    wait_seconds=_RENDEZVOUS_POLL_S,
-                    rolled_back=rolled_back,
-                ),
-                retry_for_s=max(deadline - time.monotonic(), 1.0),
-            )
-            if response.status is RendezvousStatus.PENDING:
-                continue
+            response = self._client.await_round(request, deadline=deadline)
+            assert response is not None  # never stopped
             if response.status in (RendezvousStatus.REMOVED, RendezvousStatus.FINISHED):
                 raise WorkerRemoved(
                     f"worker {self._worker_name} leaves the job: "
@@ -265,11 +254,11 @@ class RendezvousRounds(Rounds):
                 )
             assert response.slot is not None and response.store_address is not None
             assert response.store_port is not None
-            after_round = response.round
+            request = request.model_copy(update={"after_round": response.round})
             with self._lock:
                 if response.round <= self._max_failed_round:
                     logger.info(
-                        "round %d failed before it formed; waiting for the next", after_round
+                        "round %d failed before it formed; waiting for the next", response.round
                     )
                     continue
                 self.round = response.round
