@@ -393,6 +393,58 @@ def test_a_restart_mode_job_starts_every_script_again_in_its_own_pod(
           "after the kill")  # fmt: skip
 
 
+@pytest.mark.timeout(900)
+def test_a_lightning_script_in_restart_mode_survives_a_kill_and_a_scale_out(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    """An unchanged PyTorch Lightning script (``lightning_worker.py``: ``Trainer(strategy=
+    "ddp")`` on torchrun's variables, resuming from its ``last.ckpt``): rank 1 SIGKILLs itself
+    at step 5, then the job is scaled from 2 pods to 3 (the script waits for 3 at step 10).
+    Every script starts again in its own pod and the job finishes in a world of 3."""
+    log_dir = tmp_path / "events"
+    script = [
+        *("python", str(WORKERS / "lightning_worker.py"), "--log-dir", str(log_dir)),
+        *("--checkpoint", str(tmp_path / "checkpoints"), "--epochs", "4", "--step-s", "0.05"),
+        *("--fail-at", "5:1", "--await-size", "10:3"),
+    ]
+    manifest = job_manifest("lightning", log_dir, tmp_path / "stop", command=script)
+    manifest["spec"] |= {"mode": "restart", "replicas": 2, "minReplicas": 2, "maxReplicas": 3}
+    kube.apply(manifest)
+    try:
+        wait_status(
+            kube,
+            "lightning",
+            "2 workers again after the kill",
+            lambda s: (
+                s.get("phase") == "Running"
+                and s.get("worldSize") == 2
+                and s.get("resetCount", 0) >= 1
+            ),
+            STARTUP_S,
+        )
+        kube.kubectl("scale", "ej/lightning", "--replicas=3")
+        done = wait_status(
+            kube, "lightning", "success", lambda s: s.get("phase") == "Succeeded", STARTUP_S
+        )
+    finally:
+        stop_workers(kube, log_dir)
+    events = read_events(log_dir)
+    assert [(e["rank"], e["step"]) for e in events if e["ev"] == "kill"] == [(1, 5)]
+    starts = [e for e in events if e["ev"] == "start"]
+    hosts = {rank: {s["host"] for s in starts if s["rank"] == rank} for rank in (0, 1, 2)}
+    assert all(len(h) == 1 for h in hosts.values()), f"a rank moved: {hosts}"
+    assert len(set().union(*hosts.values())) == 3, "no pod was replaced"
+    after_kill = [s for s in starts if s["size"] == 2 and s["step"] > 0]
+    assert {(s["rank"], s["step"]) for s in after_kill[:2]} == {(0, 5), (1, 5)}, (
+        "both ranks resumed from the checkpoint of the step before the kill"
+    )
+    last = {s["rank"]: s for s in starts}
+    assert {(s["size"], s["env"]["GROUP_WORLD_SIZE"]) for s in last.values()} == {(3, "3")}
+    assert done["resetCount"] >= 2, done  # the kill, then the scale-out
+    finals = [e for e in events if e["ev"] == "done"]
+    assert len(finals) == 3 and len({e["digest"] for e in finals}) == 1, finals
+
+
 def test_preemption_and_a_not_ready_node_are_survived(
     operator: Cluster, kube: Kube, tmp_path: Path
 ) -> None:

@@ -53,6 +53,7 @@ class Events(Callback):
     def record(self, event: str, trainer: L.Trainer, **fields: Any) -> None:
         record = {"ev": event, "time": time.time(), "pid": os.getpid()}
         record |= {"rank": trainer.global_rank, "size": trainer.world_size, **fields}
+        record["host"] = os.environ.get("HOROVOD_HOSTNAME")  # its pod under the operator
         with self._path.open("a") as out:
             out.write(json.dumps(record) + "\n")
 
