@@ -48,6 +48,7 @@ ENV_TORCH_MAX_RESTARTS: Final = "TORCHELASTIC_MAX_RESTARTS"
 ENV_TORCH_USE_AGENT_STORE: Final = "TORCHELASTIC_USE_AGENT_STORE"
 ENV_TORCH_NCCL_ASYNC_ERROR_HANDLING: Final = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 ENV_OMP_NUM_THREADS: Final = "OMP_NUM_THREADS"
+ENV_TORCH_ERROR_FILE: Final = "TORCHELASTIC_ERROR_FILE"
 TORCHRUN_ROLE: Final = "default"
 """torchrun's ``--role`` default: every worker has the one role."""
 SCRIPT_ROUND_ENV: Final = frozenset(
@@ -133,6 +134,34 @@ def tentative_slot(current: RoundInfo, hostname: str, local_rank: int) -> SlotIn
     )
 
 
+PER_START_ENV: Final = frozenset(
+    {
+        *HOROVOD_PLACE_ENV,
+        ENV_TORCH_RANK,
+        ENV_TORCH_WORLD_SIZE,
+        ENV_TORCH_LOCAL_WORLD_SIZE,
+        ENV_TORCH_GROUP_RANK,
+        ENV_TORCH_MASTER_ADDR,
+        ENV_TORCH_MASTER_PORT,
+        ENV_TORCH_GROUP_WORLD_SIZE,
+        ENV_TORCH_ROLE_RANK,
+        ENV_TORCH_ROLE_WORLD_SIZE,
+        ENV_TORCH_RESTART_COUNT,
+    }
+)
+"""The variables of :func:`restart_env` that may differ between two starts of one slot's
+script: its place in the job, the store, the restart count. Nothing reads them when torch is
+imported (``init_process_group`` reads them), so a spare interpreter started with one start's
+environment serves the next (``worker_runtime.warm_interpreter``)."""
+
+
+def serves_start(spare_env: Mapping[str, str], start_env: Mapping[str, str]) -> bool:
+    """Whether a spare interpreter started with ``spare_env`` may run a start whose
+    environment is ``start_env``: they differ in :data:`PER_START_ENV` only."""
+    keys = spare_env.keys() | start_env.keys()
+    return all(spare_env.get(k) == start_env.get(k) for k in keys - PER_START_ENV)
+
+
 def restart_env(
     slot: SlotInfo,
     *,
@@ -140,15 +169,18 @@ def restart_env(
     master: tuple[str, int],
     restart_count: int,
     max_restarts: int,
+    error_file: str,
     inherited: Mapping[str, str],
 ) -> dict[str, str]:
     """torchrun's worker contract for a restart-mode script in ``slot``, whose agent serves
     the attempt's store at ``master``: :func:`round_env`, and the role (one role, as under
     torchrun: its rank and size are the global ones), the agent's count of restarts after a
     failure and their limit, ``TORCHELASTIC_USE_AGENT_STORE`` (every rank is a client of the
-    agent's store), and the defaults torchrun applies when ``inherited`` (the agent's
-    environment) does not set them: ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, and
-    ``OMP_NUM_THREADS=1`` when the host runs more than one process."""
+    agent's store), the file where ``@record`` writes the script's uncaught exception
+    (``TORCHELASTIC_ERROR_FILE``: ``error_file``), and the defaults torchrun applies when
+    ``inherited`` (the agent's environment) does not set them:
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, and ``OMP_NUM_THREADS=1`` when the host runs more
+    than one process."""
     env = {
         **round_env(slot, job=job, master=master),
         ENV_TORCH_GROUP_WORLD_SIZE: str(slot.cross_size),
@@ -158,6 +190,7 @@ def restart_env(
         ENV_TORCH_RESTART_COUNT: str(restart_count),
         ENV_TORCH_MAX_RESTARTS: str(max_restarts),
         ENV_TORCH_USE_AGENT_STORE: "True",
+        ENV_TORCH_ERROR_FILE: error_file,
         ENV_TORCH_NCCL_ASYNC_ERROR_HANDLING: inherited.get(
             ENV_TORCH_NCCL_ASYNC_ERROR_HANDLING, "1"
         ),

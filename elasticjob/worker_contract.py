@@ -62,6 +62,7 @@ ENV_CHECKPOINT_EVERY_COMMITS: Final = "ELASTICJOB_CHECKPOINT_EVERY_COMMITS"
 ENV_CHECKPOINT_INTERVAL: Final = "ELASTICJOB_CHECKPOINT_INTERVAL"
 ENV_CHECKPOINT_KEEP: Final = "ELASTICJOB_CHECKPOINT_KEEP"
 ENV_MAX_RESTARTS: Final = "ELASTICJOB_MAX_RESTARTS"
+ENV_WARM_START: Final = "ELASTICJOB_WARM_START"
 
 # The training script's launch-time variables (horovodrun's and torchrun's): its host and
 # slot, known when the process starts (``elasticjob.script_env`` writes the others each round).
@@ -193,6 +194,9 @@ class WorkerSettings(BaseModel):
     max_restarts: Annotated[int, Whole(ENV_MAX_RESTARTS)] = 0
     """Restart mode: the job's restart limit, which the script reads as
     ``TORCHELASTIC_MAX_RESTARTS`` (0, torchrun's default, when the job sets none)."""
+    warm_start: Annotated[bool, Flag(ENV_WARM_START)] = True
+    """Restart mode: the agent keeps a spare interpreter with torch imported for the
+    script's next start (``worker_runtime.warm_interpreter``); ``0``: every start is cold."""
     checkpoint: Annotated[CheckpointPolicy | None, _Checkpoints(ENV_CHECKPOINT_DIR)] = None
     """The job's durable checkpoint policy (None: no checkpoints, no fallback): rank 0 writes
     the committed state under its folder, and a new rank 0 without a survivor loads the

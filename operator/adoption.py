@@ -114,14 +114,15 @@ def resume_job(
     mono_now: float,
     node_blacklist: Blacklist[str] | None,
 ) -> RecordedRound | None:
-    """After an operator restart, give ``driver`` what ``status`` recorded: the count of
-    resets (so ``resetLimit`` counts those before the restart), the committed step (a durable
+    """After an operator restart, give ``driver`` what ``status`` recorded: the counts of
+    resets and restarts (so ``resetLimit`` and ``maxRestarts`` count those before the
+    restart), the committed step (a durable
     fallback counts its lost steps from it), the lost time (so goodput covers the whole job),
     the blacklisted nodes until their recorded ends (into ``node_blacklist``, with scope
     Node), and the round in force, so its workers train on undisturbed; return that round
     (None: none to adopt). ``wall_now`` and ``mono_now`` are the same moment on the wall
     clock and on the driver's."""
-    driver.resume_resets(status.reset_count, status.last_reset_reason)
+    driver.resume_resets(status.reset_count, status.restart_count, status.last_reset_reason)
     if status.progress is not None:
         driver.journal.committed_step = status.progress.committed_step
     if node_blacklist is not None:

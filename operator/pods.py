@@ -162,6 +162,7 @@ def _runtime_env(
             "heartbeat_interval_s": heartbeat_interval_s(driver_settings(spec).heartbeat_timeout_s),
             "checkpoint": spec.checkpoint.policy() if spec.checkpoint is not None else None,
             "max_restarts": job_recovery(spec).script_max_restarts,
+            "warm_start": spec.warm_start if spec.mode is JobMode.RESTART else None,
         }
     )
     return pod_env(settings, token=SecretKey(token_secret_name(name), TOKEN_KEY))

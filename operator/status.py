@@ -92,6 +92,7 @@ class Observation:
     workers: Sequence[WorkerStatus] = ()
     blacklisted_nodes: Sequence[BlacklistedNode] = ()
     reset_count: int = 0
+    restart_count: int = 0
     last_reset_reason: str | None = None
     progress: Progress | None = None
     goodput: Goodput | None = None
@@ -148,6 +149,7 @@ def observe(
         ],
         blacklisted_nodes=blacklisted,
         reset_count=job.reset_count,
+        restart_count=job.restart_count,
         last_reset_reason=job.last_reset_reason,
         progress=None
         if progress is None
@@ -359,6 +361,7 @@ def status_of(
         workers=list(obs.workers),
         blacklisted_nodes=list(obs.blacklisted_nodes),
         reset_count=obs.reset_count,
+        restart_count=obs.restart_count,
         last_reset_reason=obs.last_reset_reason,
         start_time=previous.start_time or now,
         completion_time=previous.completion_time or (now if ended else None),

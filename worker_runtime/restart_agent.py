@@ -30,16 +30,19 @@ import datetime
 import enum
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from torch.distributed import TCPStore
 
-from elasticjob.script_env import restart_env
+from elasticjob.script_env import restart_env, serves_start
 from elasticjob.wire.messages import (
     Notice,
     NoticeKind,
@@ -58,7 +61,7 @@ from elasticjob.worker_contract import (
 from elasticjob.worker_runtime.log import CONTEXT, get_logger
 from elasticjob.worker_runtime.notices import NoticeWatcher
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
-from elasticjob.worker_runtime.script_process import ScriptProcess
+from elasticjob.worker_runtime.script_process import ScriptProcess, recorded_error, warm_start
 from elasticjob.worker_runtime.worker_process import liveness_for
 
 logger = get_logger(__name__)
@@ -75,6 +78,9 @@ script failed everywhere (the job fails) or was lost somewhere (the job restarts
 EXIT_BARRIER_S = 60.0
 """How long rank 0's agent keeps its store up for the other ranks' scripts once its own
 script succeeded."""
+SPARE_AFTER_S = 3.0
+"""How long after a start the agent starts the spare interpreter for the next one (it would
+compete with the start for the CPU)."""
 SIGNAL_CHECK_S = 1.0
 """How often a wait of the agent looks whether SIGTERM came (a signal handler only sets a
 flag: setting an event there could deadlock on the event's own lock)."""
@@ -155,6 +161,11 @@ class RestartAgent:
         self._lock = threading.Lock()
         self._seen: list[Notice] = []
         self._terminated = False
+        self._warm = warm_start(command) if config.warm_start else None
+        self._error_file = Path(tempfile.mkdtemp(prefix="elasticjob-agent-")) / "error.json"
+        """Where the script's ``@record`` writes its uncaught exception."""
+        self._spare: tuple[ScriptProcess, dict[str, str]] | None = None
+        """The spare interpreter for the next start, and the environment it has."""
         self.restart_count = 0
         """Restarts after a failure this agent took part in (torchrun's per-node count)."""
 
@@ -186,6 +197,9 @@ class RestartAgent:
                 script_exit = step.script_exit
             return 128 + signal.SIGTERM
         finally:
+            if self._spare is not None:
+                self._spare[0].discard()
+            shutil.rmtree(self._error_file.parent, ignore_errors=True)
             self._notices.stop()
             self._liveness.stop()
 
@@ -231,6 +245,7 @@ class RestartAgent:
             master=(response.store_address, response.store_port),
             restart_count=self.restart_count,
             max_restarts=self._config.max_restarts,
+            error_file=str(self._error_file),
             inherited=os.environ,
         )
         logger.info(
@@ -242,12 +257,17 @@ class RestartAgent:
         )
         with self._lock:
             self._seen = [n for n in self._seen if n.seq > response.notice_seq]
-        script = ScriptProcess(self._command, script_environ(os.environ, env), self._wake.set)
+        self._error_file.unlink(missing_ok=True)  # a record is of this start only
+        environ = script_environ(os.environ, env)
+        script, started = self._start(environ), time.monotonic()
         failed_at: float | None = None
         while True:
             self._wake.clear()
             if script.returncode is not None:
-                return Attempt(script.returncode, log_tail=script.log_tail())
+                tail = recorded_error(self._error_file) or script.log_tail()
+                return Attempt(script.returncode, log_tail=tail)
+            if self._warm and not self._spare and time.monotonic() - started > SPARE_AFTER_S:
+                self._spare = ScriptProcess.spare(self._warm, environ), environ
             cause = self._cause(response.round, response.notice_seq)
             if cause is Cause.FAILURE and failed_at is None:
                 failed_at = time.monotonic()  # its own failure may be on its way: let it come
@@ -257,6 +277,22 @@ class RestartAgent:
                 script.stop(STOP_GRACE_S)
                 return Attempt(None, cause)
             self._wake.wait(SIGNAL_CHECK_S if failed_at is None else min(grace, SIGNAL_CHECK_S))
+
+    def _start(self, environ: dict[str, str]) -> ScriptProcess:
+        """Start the script with ``environ``: in the spare interpreter when it can serve this
+        start, else cold."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            process, spare_environ = spare
+            if (
+                self._warm is not None
+                and serves_start(spare_environ, environ)
+                and process.release(self._warm, environ, self._wake.set)
+            ):
+                logger.info("the script starts in the spare interpreter (torch imported)")
+                return process
+            process.discard()
+        return ScriptProcess(self._command, environ, self._wake.set)
 
     def _exit_barrier(self, response: RendezvousResponse, server: TCPStore) -> None:
         """The script succeeded: keep rank 0's store up until every other rank's script has

@@ -135,6 +135,7 @@ class ElasticDriver(RendezvousListener):
             round=self.round,
             slots=self.slots,
             reset_count=self.registry.reset_count,
+            restart_count=self.registry.restart_count,
             last_reset_reason=self.last_reset_reason,
             progress=self.progress,
             committed_step=self.journal.committed_step,
@@ -149,10 +150,14 @@ class ElasticDriver(RendezvousListener):
         slot = self.slots.get(worker)
         return slot.rank if slot is not None and not self._workers.gone(worker) else None
 
-    def resume_resets(self, reset_count: int, last_reset_reason: str | None) -> None:
-        """Carry on the job's reset history after a driver restart: ``reset_limit`` counts
-        the resets before it too, and the count never goes back."""
+    def resume_resets(
+        self, reset_count: int, restart_count: int, last_reset_reason: str | None
+    ) -> None:
+        """Carry on the job's reset history after a driver restart: ``reset_limit`` and
+        ``restart_limit`` count the resets (and restarts) before it too, and the counts never
+        go back."""
         self.registry.reset_count = max(self.registry.reset_count, reset_count)
+        self.registry.restart_count = max(self.registry.restart_count, restart_count)
         self.last_reset_reason = self.last_reset_reason or last_reset_reason
 
     def adopt(self, round_number: int, slots: Mapping[WorkerId, SlotInfo], notice_seq: int) -> None:

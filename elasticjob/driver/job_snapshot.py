@@ -31,6 +31,8 @@ class JobSnapshot:
     slots: Mapping[WorkerId, SlotInfo]
     """The members of the round in force."""
     reset_count: int
+    restart_count: int
+    """Resets that followed a failure (what ``DriverSettings.restart_limit`` counts)."""
     last_reset_reason: str | None
     progress: ProgressRequest | None
     """What rank 0 last reported."""

@@ -107,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
         f"default {DEFAULT_MAX_RESTARTS} in restart mode, else unlimited)",
     )
     parser.add_argument(
+        "--no-warm-start",
+        dest="warm_start",
+        action="store_false",
+        help="restart mode: start the script cold every time (by default each agent keeps a "
+        "spare interpreter with torch imported for the next start)",
+    )
+    parser.add_argument(
         "--elastic-timeout",
         type=float,
         default=os.environ.get("HOROVOD_ELASTIC_TIMEOUT", "600"),

@@ -87,6 +87,7 @@ async def run_job(args: argparse.Namespace) -> JobResult:
                 "timeline_dir": timeline_dir,
                 "checkpoint": checkpoint,
                 "max_restarts": job_recovery(args).script_max_restarts,
+                "warm_start": args.warm_start if restart else None,
             }
         ),
         token=token,

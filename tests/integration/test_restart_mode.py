@@ -70,6 +70,34 @@ def test_a_sigkilled_script_is_started_again_with_every_other_and_resumes(
     assert "succeeded after 2 rounds and 1 resets" in run.stderr
 
 
+@pytest.mark.parametrize("warm_start", [True, False])
+def test_a_restart_after_a_while_runs_in_the_spare_interpreter(
+    tmp_path: Path, warm_start: bool
+) -> None:
+    """The kill comes at epoch 2 (3 s an epoch), once each agent has started the spare
+    interpreter for the next start (``SPARE_AFTER_S`` after the first); with
+    ``--no-warm-start`` both starts are cold."""
+    run = run_job(
+        tmp_path,
+        launcher_args=[
+            *("--mode", "restart", *([] if warm_start else ["--no-warm-start"])),
+            *TWO_HOSTS,
+        ],
+        worker_args=[
+            *("--checkpoint", str(tmp_path / "ckpt.pt"), "--epochs", "3", "--steps", "30"),
+            *("--step-s", "0.1", "--fail-at", "2:0:1:sigkill"),
+        ],
+        script=SCRIPT,
+    )
+    assert run.returncode == 0, run.explain()
+    assert_finished_together(run, 2)
+    starts = starts_by_rank(run)
+    assert [[s["spare"] for s in starts[r]] for r in (0, 1)] == [[False, warm_start]] * 2
+    assert {(s["epoch"], s["step"]) for r in (0, 1) for s in starts[r][1:]} == {(2, 0)}
+    assert all(s["argv"][0] == str(SCRIPT) for r in (0, 1) for s in starts[r])
+    assert ("the script starts in the spare interpreter" in run.stdout) is warm_start
+
+
 def test_a_scale_out_starts_every_script_again_in_the_larger_world(tmp_path: Path) -> None:
     run = run_restart_job(
         tmp_path,
@@ -98,6 +126,21 @@ def test_a_script_failing_on_every_rank_fails_the_job_once_with_its_exit_code(
     assert [len(s) for s in starts_by_rank(run).values()] == [1, 1], "no restart loop"
     assert "job failed: the script failed on every worker:" in run.stderr
     assert "exit code 3" in run.stderr and "failing on purpose at 0:1" in run.stderr
+
+
+def test_an_exception_recorded_by_record_is_in_the_jobs_message(tmp_path: Path) -> None:
+    """The script's ``main`` is decorated with torch's ``@record``, which writes its uncaught
+    exception to ``TORCHELASTIC_ERROR_FILE``: the job's message carries that traceback."""
+    run = run_restart_job(tmp_path, TWO_HOSTS, "--fail-at", "0:1:all:raise")
+    assert run.returncode == 1, run.explain()
+    assert "job failed: the script failed on every worker:" in run.stderr
+    message = run.stderr[run.stderr.index("job failed:") :]
+    assert "Traceback (most recent call last):" in message
+    assert "ValueError: rank 1 raised on purpose at 0:1" in message or (
+        "ValueError: rank 0 raised on purpose at 0:1" in message
+    )
+    error_files = {s["env"]["TORCHELASTIC_ERROR_FILE"] for s in run.of("start")}
+    assert len(error_files) == 2, "a file of each slot's own"
 
 
 def test_a_script_that_keeps_failing_spends_the_restart_budget(tmp_path: Path) -> None:

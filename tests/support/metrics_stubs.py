@@ -29,6 +29,7 @@ def snapshot(
         round=1,
         slots=slots or {},
         reset_count=reset_count,
+        restart_count=0,
         last_reset_reason=None,
         progress=progress,
         committed_step=None,

@@ -47,6 +47,7 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "probe_after_s": SECONDS,
     "timeline_dir": TEXT,
     "max_restarts": st.integers(min_value=0, max_value=10**9),
+    "warm_start": st.booleans(),
     "checkpoint": POLICIES,
     "token": TEXT,
     "hostname": TEXT,
@@ -74,6 +75,7 @@ EVERY_SETTING = WorkerSettings(
     probe_after_s=0.5,
     timeline_dir="/tmp/timeline",
     max_restarts=3,
+    warm_start=False,
     checkpoint=CheckpointPolicy("/ckpt", every_commits=10, keep=2),
 )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 from pydantic.alias_generators import to_camel
 
 from elasticjob.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
@@ -179,6 +179,9 @@ class ElasticJobSpec(_Spec):
     """The job fails after this many restarts that follow a failure (torchrun's
     ``--max-restarts``; a change of hosts does not count); when absent, 3 in restart mode,
     unlimited in elastic mode."""
+    warm_start: StrictBool = True
+    """Restart mode: each agent keeps a spare interpreter with torch imported for the
+    script's next start (``false``: every start is cold, as under torchrun)."""
     reset_limit: Annotated[StrictInt, Field(ge=0)] | None = None
     """The job fails after this many resets, counted as horovodrun's ``--reset-limit``
     counts them: every new round after the first, whether a failure or a change of hosts

@@ -181,6 +181,9 @@ class ElasticJobStatus(_Status):
     workers: list[WorkerStatus] = []
     blacklisted_nodes: list[BlacklistedNode] = []
     reset_count: NonNegative = 0
+    restart_count: NonNegative = 0
+    """Resets that followed a failure, which ``spec.maxRestarts`` limits (a change of hosts
+    is a reset, not a restart)."""
     last_reset_reason: str | None = None
     start_time: AwareDatetime | None = None
     completion_time: AwareDatetime | None = None

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -73,6 +74,8 @@ def maybe_fail(spec: list[str], epoch: int, step: int, rank: int, log: Log) -> N
         if mode.startswith("exit-"):
             print(f"rank {rank}: failing on purpose at {epoch}:{step}", file=sys.stderr)
             sys.exit(int(mode.removeprefix("exit-")))
+        if mode == "raise":  # main's @record writes it to TORCHELASTIC_ERROR_FILE
+            raise ValueError(f"rank {rank} raised on purpose at {epoch}:{step}")
 
 
 def await_size(spec: str | None, epoch: int, size: int) -> None:
@@ -84,7 +87,11 @@ def await_size(spec: str | None, epoch: int, size: int) -> None:
         sys.exit(4)
 
 
+@record
 def main() -> None:
+    # Started in the agent's spare interpreter: what DistributedDataParallel imports is there
+    # already (a cold start imports torch._dynamo only when it builds the model below).
+    spare = "torch._dynamo" in sys.modules
     args = parse()
     log = Log(args.log_dir)
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -114,6 +121,8 @@ def main() -> None:
         device=str(device),
         host=os.environ.get("HOROVOD_HOSTNAME"),
         backend=dist.get_backend(),
+        spare=spare,
+        argv=sys.argv,
         env=dict(os.environ),
     )
     while epoch < args.epochs:

@@ -273,15 +273,31 @@ async def test_reset_limit_ends_the_job() -> None:
     assert "reset limit 1 exceeded" in job.driver.result.message
 
 
+async def test_restarts_before_a_driver_restart_count_toward_the_restart_limit() -> None:
+    """Restart mode after an operator restart: the recorded restarts (failures only) are
+    carried on; one more failure past ``restart_limit`` ends the job."""
+    job = Job({"a": 1, "b": 1}, settings(restart_limit=2))
+    job.driver.resume_resets(3, 2, "reset 3: b failed")
+    await job.start_round_1(A0, B0)
+    job.driver.resume_resets(3, 1, "older")
+    assert job.driver.registry.restart_count == 2, "a recorded count never lowers the count"
+    assert job.driver.snapshot().restart_count == 2
+    job.launcher.end(B0, 1)
+    await job.ask(A0, 1)
+    await job.step()
+    assert job.driver.result is not None and not job.driver.result.success
+    assert "restart limit 2 exceeded" in job.driver.result.message
+
+
 async def test_resets_before_a_driver_restart_count_toward_the_limit() -> None:
     """A restarted driver carries on the recorded reset count (it never goes back): one
     more failure past ``reset_limit`` ends the job."""
     job = Job({"a": 1, "b": 1}, settings(reset_limit=2))
-    job.driver.resume_resets(2, "reset 2: b failed")
+    job.driver.resume_resets(2, 0, "reset 2: b failed")
     await job.start_round_1(A0, B0)
     assert job.driver.registry.reset_count == 2
     assert job.driver.last_reset_reason == "reset 2: b failed"
-    job.driver.resume_resets(1, "older")
+    job.driver.resume_resets(1, 0, "older")
     assert job.driver.registry.reset_count == 2, "a recorded count never lowers the count"
     job.launcher.end(B0, 1)
     await job.ask(A0, 1)

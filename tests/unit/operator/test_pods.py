@@ -27,6 +27,7 @@ from elasticjob.worker_contract import (
     ENV_ROUND_WAIT,
     ENV_TOKEN,
     ENV_TORCH_LOCAL_RANK,
+    ENV_WARM_START,
     RESTART_AGENT_MODULE,
     WORKER_CONTRACT_ENV,
     is_worker_contract_env,
@@ -238,10 +239,21 @@ def test_a_restart_mode_pod_runs_the_script_under_its_agent(
 
 
 def test_an_elastic_pod_tells_no_restart_limit() -> None:
-    spec = spec_with({"containers": [WORKER]}, maxRestarts=2)
+    spec = spec_with({"containers": [WORKER]}, maxRestarts=2, warmStart=False)
     (worker,) = worker_pod(JOB, spec, rendezvous_url="u")["spec"]["containers"]
-    assert ENV_MAX_RESTARTS not in {e["name"] for e in worker["env"]}
+    names = {e["name"] for e in worker["env"]}
+    assert ENV_MAX_RESTARTS not in names and ENV_WARM_START not in names, "no agent reads them"
     assert driver_settings(spec).restart_limit == 2
+
+
+@pytest.mark.parametrize(("warm_start", "value"), [(None, "1"), (True, "1"), (False, "0")])
+def test_a_restart_mode_pod_tells_its_agent_whether_to_keep_a_spare(
+    warm_start: bool | None, value: str
+) -> None:
+    fields = {} if warm_start is None else {"warmStart": warm_start}
+    spec = spec_with({"containers": [WORKER]}, mode="restart", **fields)
+    (worker,) = worker_pod(JOB, spec, rendezvous_url="u")["spec"]["containers"]
+    assert {e["name"]: e.get("value") for e in worker["env"]}[ENV_WARM_START] == value
 
 
 @pytest.mark.parametrize(

@@ -176,6 +176,7 @@ def test_status_of_a_training_job() -> None:
         "workers": [{"pod": "a", "node": "n1", "ranks": [0]}],
         "blacklistedNodes": [],
         "resetCount": 0,
+        "restartCount": 0,
         "startTime": "2026-01-01T12:00:00Z",
     }
     ready = next(c for c in dumped["conditions"] if c["type"] == "Ready")

@@ -4,6 +4,7 @@ child: stopped with what it started, its return code, its last lines)."""
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import sys
@@ -22,7 +23,12 @@ from elasticjob.worker_runtime.restart_agent import (
     restart_cause,
     script_environ,
 )
-from elasticjob.worker_runtime.script_process import TAIL_LINES, ScriptProcess
+from elasticjob.worker_runtime.script_process import (
+    TAIL_CHARS,
+    TAIL_LINES,
+    ScriptProcess,
+    recorded_error,
+)
 
 ENDED_WITHIN_S = 30.0
 
@@ -119,3 +125,31 @@ def test_stopping_a_script_ends_what_it_started(tmp_path: Path) -> None:
         assert readable, "the script's child outlived it"
     finally:
         os.close(grandchild)
+
+
+def record_of(message: str, callstack: str | None = None) -> str:
+    """What torch's ``@record`` writes (``ErrorHandler.record_exception``)."""
+    extra = {} if callstack is None else {"extraInfo": {"py_callstack": callstack}}
+    return json.dumps({"message": {"message": message, **extra}})
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        pytest.param(None, None, id="no-file"),
+        pytest.param("not json", None, id="unreadable"),
+        pytest.param('{"other": 1}', None, id="no-message"),
+        pytest.param(
+            record_of("ValueError: x", "Tb\nValueError: x"),
+            "Tb\nValueError: x",
+            id="record-writes-its-traceback",
+        ),
+        pytest.param(record_of("ValueError: x"), "ValueError: x", id="message-only"),
+        pytest.param(record_of("E", "a" * 5000), "a" * TAIL_CHARS, id="the-end-of-a-long-one"),
+    ],
+)
+def test_recorded_error(tmp_path: Path, content: str | None, expected: str | None) -> None:
+    path = tmp_path / "error.json"
+    if content is not None:
+        path.write_text(content)
+    assert recorded_error(path) == expected

@@ -129,6 +129,7 @@ TORCHRUN_CONTRACT = (
     "TORCHELASTIC_MAX_RESTARTS",
     "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_ERROR_FILE",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING",
 )
 """torchrun's worker variables (torch 2.13's ``LocalElasticAgent._start_workers``), in its
@@ -161,12 +162,14 @@ def test_restart_env_is_torchruns_worker_contract(
         master=("10.0.0.1", 29500),
         restart_count=restarts,
         max_restarts=3,
+        error_file="/tmp/agent/error.json",
         inherited={},
     )
     assert tuple(env[name] for name in TORCHRUN_CONTRACT) == (
         *expected,
         "ns.job",
         "True",  # every rank is a client of the agent's store, as under torchrun
+        "/tmp/agent/error.json",
         "1",
     )
 
@@ -191,6 +194,7 @@ def test_restart_env_applies_torchruns_defaults_unless_the_user_set_them(
         master=("h", 1),
         restart_count=0,
         max_restarts=0,
+        error_file="e.json",
         inherited=inherited,
     )
     assert (env.get("OMP_NUM_THREADS"), env["TORCH_NCCL_ASYNC_ERROR_HANDLING"]) == (omp, nccl)
