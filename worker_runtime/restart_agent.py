@@ -267,7 +267,7 @@ class RestartAgent:
                 tail = recorded_error(self._error_file) or script.log_tail()
                 return Attempt(script.returncode, log_tail=tail)
             if self._warm and not self._spare and time.monotonic() - started > SPARE_AFTER_S:
-                self._spare = ScriptProcess.spare(self._warm, environ), environ
+                self._start_spare(environ)
             cause = self._cause(response.round, response.notice_seq)
             if cause is Cause.FAILURE and failed_at is None:
                 failed_at = time.monotonic()  # its own failure may be on its way: let it come
@@ -277,6 +277,16 @@ class RestartAgent:
                 script.stop(STOP_GRACE_S)
                 return Attempt(None, cause)
             self._wake.wait(SIGNAL_CHECK_S if failed_at is None else min(grace, SIGNAL_CHECK_S))
+
+    def _start_spare(self, environ: dict[str, str]) -> None:
+        """Start the spare interpreter for the next start; if it cannot start (the pod's
+        process or memory limit), go on with cold starts."""
+        assert self._warm is not None
+        try:
+            self._spare = ScriptProcess.spare(self._warm, environ), environ
+        except OSError as exc:
+            logger.warning("no spare interpreter (%s): the next starts are cold", exc)
+            self._warm = None
 
     def _start(self, environ: dict[str, str]) -> ScriptProcess:
         """Start the script with ``environ``: in the spare interpreter when it can serve this

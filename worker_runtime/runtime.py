@@ -157,11 +157,13 @@ class Runtime:
         self._leaving_if_removed(self._rounds.reform)
 
     def shutdown(self) -> None:
-        """Destroy the group and stop following notices."""
+        """Destroy the group and stop following notices. Waits for lingering threads, unless
+        an earlier wait ran out already (a removed worker shuts down twice: when it learns
+        it, and at exit)."""
         timeline.instant("shutdown", round=self.round)
         timeline.flush()
         self.group.destroy()
-        self.settled = lingering.settle(lingering.SETTLE_S)
+        self.settled = lingering.settle(lingering.SETTLE_S if self.settled else 0.0)
         self._rounds.close()
         self._notices.stop()
         self.reports.stop()

@@ -21,6 +21,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -138,11 +139,15 @@ class ScriptProcess:
         if stdin is None or self._process.poll() is not None:
             return False
         self._on_exit = on_exit
-        line = {"argv": start.argv, "env": dict(env), "cwd": os.getcwd(), "module": start.module}
+        fields = {"argv": start.argv, "env": dict(env), "cwd": os.getcwd(), "module": start.module}
+        handle, path = tempfile.mkstemp(prefix="elasticjob-start-", suffix=".json")
+        with os.fdopen(handle, "w") as out:
+            json.dump(fields, out)
         try:
-            stdin.write(json.dumps(line).encode() + b"\n")
+            stdin.write(path.encode() + b"\n")
             stdin.close()
         except OSError:  # it ended meanwhile
+            os.unlink(path)
             return False
         return True
 

@@ -5,15 +5,19 @@ Starting a torch script costs seconds before its first line runs (the interprete
 keeps one spare interpreter per slot, started with the script's own interpreter and
 environment while the script trains. It runs this file (by its path, so that it needs
 nothing but the standard library and, if it can import it, torch), imports torch and waits
-for one line on its standard input: the start (JSON: ``argv``, ``env``, ``cwd``, and
-``module`` for ``python -m``). It then takes that environment, directory and ``sys.argv``
-and runs the script as ``python script.py`` or ``python -m module`` would, as ``__main__``.
-An empty standard input (the agent discarded the spare) ends it with status 0.
+for one line on its standard input: the path of the start, a JSON file (``argv``, ``env``,
+``cwd``, and ``module`` for ``python -m``; a file, since an environment can outgrow a pipe's
+buffer), which it removes. It then takes that environment, directory and ``sys.argv`` and
+runs the script as ``python script.py`` or ``python -m module`` would, as ``__main__``. An
+empty standard input (the agent discarded the spare) ends it with status 0.
 
 Only the variables of a start's place in the job (``script_env.PER_START_ENV``: ranks,
 sizes, the store's port, the restart count) may differ from the environment the spare was
 started with; nothing reads them at import. A start whose other variables differ (such as
-``OMP_NUM_THREADS``, which the OpenMP runtime reads when torch loads) is cold.
+``OMP_NUM_THREADS``, which the OpenMP runtime reads when torch loads) is cold. A script that
+sets ``OMP_NUM_THREADS`` itself before importing torch gets that many threads here too; other
+variables torch reads at import that a script sets itself (``TORCH_DISTRIBUTED_DEBUG``,
+``TORCH_LOGS``) have no effect in a spare: such a script runs with ``warmStart: false``.
 """
 
 import sys
@@ -22,10 +26,13 @@ import sys
 # module path of torch's imports and of the script's: take it off before anything is imported.
 del sys.path[0]
 
+import contextlib  # noqa: E402
 import importlib  # noqa: E402
+import importlib.machinery  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import runpy  # noqa: E402
+import types  # noqa: E402
 
 _MODULES = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
 """What a torch script imports (``torch._dynamo`` is imported by ``DistributedDataParallel``'s
@@ -42,12 +49,44 @@ def _import_torch() -> None:
             return
 
 
+def _follow_thread_count(event: str, args: tuple[object, ...]) -> None:
+    """An audit hook: a script that sets ``OMP_NUM_THREADS`` itself before it imports torch
+    gets that many threads, as it would in a fresh interpreter (where OpenMP reads the
+    variable when torch loads; here torch is loaded already)."""
+    if event != "os.putenv":
+        return
+    with contextlib.suppress(Exception):  # an audit hook must never fail the script's call
+        key, value = (a.decode() if isinstance(a, bytes) else str(a) for a in args)
+        torch = sys.modules.get("torch")
+        if key == "OMP_NUM_THREADS" and value.isdigit() and torch is not None:
+            # At load torch takes no more threads than the process may use CPUs.
+            torch.set_num_threads(max(1, min(int(value), len(os.sched_getaffinity(0)))))
+
+
+def _run_script(path: str) -> None:
+    """Run ``path`` as ``python path`` does: in a fresh ``__main__`` module whose
+    ``__file__`` is absolute, the script's real folder first on the module path."""
+    sys.path.insert(0, os.path.dirname(os.path.realpath(path)))
+    file = os.path.abspath(path)
+    main = types.ModuleType("__main__")
+    main.__file__ = file
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", file)
+    main.__spec__ = None
+    main.__dict__["__cached__"] = None
+    sys.modules["__main__"] = main
+    with open(file, "rb") as source:
+        code = compile(source.read(), file, "exec")
+    exec(code, main.__dict__)
+
+
 def main() -> None:
     _import_torch()
     line = sys.stdin.buffer.readline()
     if not line:
         return  # discarded
-    start = json.loads(line)
+    with open(line.decode().rstrip("\n"), "rb") as source:
+        start = json.loads(source.read())
+    os.unlink(source.name)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)  # the script's standard input is no pipe of the agent's
     os.close(null)
@@ -55,13 +94,13 @@ def main() -> None:
     os.environ.update(start["env"])
     os.chdir(start["cwd"])
     sys.argv = list(start["argv"])
+    sys.addaudithook(_follow_thread_count)
     module = start.get("module")
     if module is not None:
         sys.path.insert(0, os.getcwd())
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     else:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
-        runpy.run_path(sys.argv[0], run_name="__main__")
+        _run_script(sys.argv[0])
 
 
 if __name__ == "__main__":

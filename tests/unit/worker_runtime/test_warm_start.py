@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -71,10 +72,13 @@ def test_the_place_variables_are_torchruns() -> None:
 
 SCRIPT = """
 import json, os, sys
+os.environ["OMP_NUM_THREADS"] = "3"  # before torch is imported, as scripts do
 import helper  # beside the script: its folder is on the module path
+import torch
 out = {"name": __name__, "file": __file__, "argv": sys.argv, "path0": sys.path[0],
        "cwd": os.getcwd(), "rank": os.environ.get("RANK"), "stdin": sys.stdin.read(),
-       "torch": "torch" in sys.modules, "spare_var": os.environ.get("SPARE_ONLY")}
+       "dynamo": "torch._dynamo" in sys.modules, "spare_var": os.environ.get("SPARE_ONLY"),
+       "threads": torch.get_num_threads()}
 open(os.environ["OUT"], "w").write(json.dumps(out))
 sys.exit(int(os.environ.get("EXIT", "0")))
 """
@@ -106,23 +110,28 @@ def project(tmp_path: Path) -> Path:
 def test_a_script_runs_in_the_spare_as_python_script_py(
     project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    script = str(project / "proj" / "train.py")
+    """The same script started cold, then in a spare: it sees the same (its ``__file__``,
+    ``sys.argv``, module path, torch's threads after it set ``OMP_NUM_THREADS``...), but for
+    what the spare imported ahead."""
+    (project / "run" / "link").symlink_to(project / "proj")  # a mounted script's folder
+    script = "link/train.py"  # relative to the working directory, through a link
     out = project / "out.json"
     env = {**os.environ, "RANK": "5", "OUT": str(out), "EXIT": "3"}
+    env.pop("OMP_NUM_THREADS", None)
+    monkeypatch.chdir(project / "run")
+    cold = subprocess.run(
+        [sys.executable, script, "--lr", "1"], env=env, stdin=subprocess.DEVNULL, check=False
+    )
+    assert cold.returncode == 3
+    expected = json.loads(out.read_text())
     start = WarmStart(sys.executable, (script, "--lr", "1"), None)
     assert run_in_spare(start, env, project / "run", monkeypatch) == 3, "its own exit status"
     seen = json.loads(out.read_text())
-    assert seen == {
-        "name": "__main__",
-        "file": script,
-        "argv": [script, "--lr", "1"],
-        "path0": str(project / "proj"),
-        "cwd": str(project / "run"),
-        "rank": "5",
-        "stdin": "",
-        "torch": True,
-        "spare_var": None,  # the start's environment, not the spare's
-    }
+    assert expected["dynamo"] is False and seen["dynamo"] is True, "imported ahead"
+    assert seen == expected | {"dynamo": True}
+    assert seen["file"] == str(project / "run" / script) and seen["argv"][0] == script
+    assert seen["path0"] == str(project / "proj"), "the script's real folder"
+    assert (seen["rank"], seen["stdin"], seen["spare_var"]) == ("5", "", None)
 
 
 def test_a_module_runs_in_the_spare_as_python_m(
@@ -158,3 +167,17 @@ def test_a_discarded_spare_ends_and_cannot_be_released() -> None:
     spare.discard()
     assert spare.returncode is not None
     assert not spare.release(start, dict(os.environ), lambda: None)
+
+
+def test_a_start_larger_than_a_pipe_is_passed_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pods get many service variables: the start goes through a file, never blocking the
+    agent on a full pipe while the spare still imports torch."""
+    script = tmp_path / "size.py"
+    script.write_text("import os; open(os.environ['OUT'], 'w').write(str(len(os.environ['BIG'])))")
+    out = tmp_path / "out.txt"
+    env = {**os.environ, "OUT": str(out), "BIG": "x" * 300_000}
+    start = WarmStart(sys.executable, (str(script),), None)
+    assert run_in_spare(start, env, tmp_path, monkeypatch) == 0
+    assert out.read_text() == "300000"
