@@ -134,23 +134,15 @@ def tentative_slot(current: RoundInfo, hostname: str, local_rank: int) -> SlotIn
     )
 
 
-PER_START_ENV: Final = frozenset(
-    {
-        *HOROVOD_PLACE_ENV,
-        ENV_TORCH_RANK,
-        ENV_TORCH_WORLD_SIZE,
-        ENV_TORCH_LOCAL_WORLD_SIZE,
-        ENV_TORCH_GROUP_RANK,
-        ENV_TORCH_MASTER_ADDR,
-        ENV_TORCH_MASTER_PORT,
-        ENV_TORCH_GROUP_WORLD_SIZE,
-        ENV_TORCH_ROLE_RANK,
-        ENV_TORCH_ROLE_WORLD_SIZE,
-        ENV_TORCH_RESTART_COUNT,
-    }
-)
+PER_START_ENV: Final = (SCRIPT_ROUND_ENV - {ENV_TORCH_RUN_ID}) | {
+    ENV_TORCH_GROUP_WORLD_SIZE,
+    ENV_TORCH_ROLE_RANK,
+    ENV_TORCH_ROLE_WORLD_SIZE,
+    ENV_TORCH_RESTART_COUNT,
+}
 """The variables of :func:`restart_env` that may differ between two starts of one slot's
-script: its place in the job, the store, the restart count. Nothing reads them when torch is
+script: its place in the job (the round's variables but the job's id), the store, the
+restart count. Nothing reads them when torch is
 imported (``init_process_group`` reads them), so a spare interpreter started with one start's
 environment serves the next (``worker_runtime.warm_interpreter``)."""
 

@@ -329,6 +329,43 @@ def test_slots_per_worker_runs_a_process_per_slot(
         stop_workers(kube, tmp_path / "events")
 
 
+def kill_then_scale_out(
+    kube: Kube, name: str, command: list[str], log_dir: Path
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run ``command`` as a restart-mode job of 2 pods (between 2 and 3) whose script kills
+    one rank once: once 2 workers train again after the kill, scale it to 3, and await its
+    success. Returns its final status and the workers' events."""
+    manifest = job_manifest(name, log_dir, log_dir.parent / "stop", command=command)
+    manifest["spec"] |= {"mode": "restart", "replicas": 2, "minReplicas": 2, "maxReplicas": 3}
+    kube.apply(manifest)
+    try:
+        wait_status(
+            kube,
+            name,
+            "2 workers again after the kill",
+            lambda s: (
+                s.get("phase") == "Running"
+                and s.get("worldSize") == 2
+                and s.get("resetCount", 0) >= 1
+            ),
+            STARTUP_S,
+        )
+        kube.kubectl("scale", f"ej/{name}", "--replicas=3")
+        done = wait_status(
+            kube, name, "success", lambda s: s.get("phase") == "Succeeded", STARTUP_S
+        )
+    finally:
+        stop_workers(kube, log_dir)
+    return done, read_events(log_dir)
+
+
+def assert_every_rank_stayed_in_its_pod(starts: list[dict[str, Any]]) -> None:
+    """Each of ranks 0-2 started in one pod only, three pods in all: none was replaced."""
+    hosts = {rank: {s["host"] for s in starts if s["rank"] == rank} for rank in (0, 1, 2)}
+    assert all(len(h) == 1 for h in hosts.values()), f"a rank moved: {hosts}"
+    assert len(set().union(*hosts.values())) == 3, "no pod was replaced"
+
+
 @pytest.mark.timeout(900)
 def test_a_restart_mode_job_starts_every_script_again_in_its_own_pod(
     operator: Cluster, kube: Kube, tmp_path: Path
@@ -343,32 +380,9 @@ def test_a_restart_mode_job_starts_every_script_again_in_its_own_pod(
         *("--checkpoint", str(tmp_path / "ckpt.pt"), "--epochs", "3", "--steps", "20"),
         *("--step-s", "0.1", "--fail-at", "1:3:1:sigkill", "--await-size", "2:3"),
     ]
-    manifest = job_manifest("torchrun", log_dir, tmp_path / "stop", command=script)
-    manifest["spec"] |= {"mode": "restart", "replicas": 2, "minReplicas": 2, "maxReplicas": 3}
-    kube.apply(manifest)
-    try:
-        wait_status(
-            kube,
-            "torchrun",
-            "2 workers again after the kill",
-            lambda s: (
-                s.get("phase") == "Running"
-                and s.get("worldSize") == 2
-                and s.get("resetCount", 0) >= 1
-            ),
-            STARTUP_S,
-        )
-        kube.kubectl("scale", "ej/torchrun", "--replicas=3")
-        done = wait_status(
-            kube, "torchrun", "success", lambda s: s.get("phase") == "Succeeded", STARTUP_S
-        )
-    finally:
-        stop_workers(kube, log_dir)
-    events = read_events(log_dir)
+    done, events = kill_then_scale_out(kube, "torchrun", script, log_dir)
     starts = [e for e in events if e["ev"] == "start"]
-    hosts = {rank: {s["host"] for s in starts if s["rank"] == rank} for rank in (0, 1, 2)}
-    assert all(len(h) == 1 for h in hosts.values()), f"a rank moved: {hosts}"
-    assert len(set().union(*hosts.values())) == 3, "no pod was replaced"
+    assert_every_rank_stayed_in_its_pod(starts)
     last = {s["rank"]: s for s in starts}  # each rank's last start
     assert {r: s["env"]["TORCHELASTIC_RESTART_COUNT"] for r, s in last.items()} == {
         0: "1",
@@ -407,33 +421,10 @@ def test_a_lightning_script_in_restart_mode_survives_a_kill_and_a_scale_out(
         *("--checkpoint", str(tmp_path / "checkpoints"), "--epochs", "4", "--step-s", "0.05"),
         *("--fail-at", "5:1", "--await-size", "10:3"),
     ]
-    manifest = job_manifest("lightning", log_dir, tmp_path / "stop", command=script)
-    manifest["spec"] |= {"mode": "restart", "replicas": 2, "minReplicas": 2, "maxReplicas": 3}
-    kube.apply(manifest)
-    try:
-        wait_status(
-            kube,
-            "lightning",
-            "2 workers again after the kill",
-            lambda s: (
-                s.get("phase") == "Running"
-                and s.get("worldSize") == 2
-                and s.get("resetCount", 0) >= 1
-            ),
-            STARTUP_S,
-        )
-        kube.kubectl("scale", "ej/lightning", "--replicas=3")
-        done = wait_status(
-            kube, "lightning", "success", lambda s: s.get("phase") == "Succeeded", STARTUP_S
-        )
-    finally:
-        stop_workers(kube, log_dir)
-    events = read_events(log_dir)
+    done, events = kill_then_scale_out(kube, "lightning", script, log_dir)
     assert [(e["rank"], e["step"]) for e in events if e["ev"] == "kill"] == [(1, 5)]
     starts = [e for e in events if e["ev"] == "start"]
-    hosts = {rank: {s["host"] for s in starts if s["rank"] == rank} for rank in (0, 1, 2)}
-    assert all(len(h) == 1 for h in hosts.values()), f"a rank moved: {hosts}"
-    assert len(set().union(*hosts.values())) == 3, "no pod was replaced"
+    assert_every_rank_stayed_in_its_pod(starts)
     after_kill = [s for s in starts if s["size"] == 2 and s["step"] > 0]
     assert {(s["rank"], s["step"]) for s in after_kill[:2]} == {(0, 5), (1, 5)}, (
         "both ranks resumed from the checkpoint of the step before the kill"
