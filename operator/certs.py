@@ -235,41 +235,64 @@ def still_serves(
 
 @dataclass(frozen=True)
 class ManagedCertificate:
-    """The operator makes the rendezvous certificate and keeps it in ``secret``, a Secret of
-    ``namespace`` (the chart creates it empty; the operator fills it)."""
+    """The operator makes a certificate (the rendezvous service's, or the admission webhook's)
+    and keeps it in ``secret``, a Secret of ``namespace`` (the chart creates it empty; the
+    operator fills it), so that it outlives the operator's pod and every replica serves it."""
 
     secret: str
     namespace: str
     dns_names: tuple[str, ...]
+    purpose: str = "rendezvous"
+    """What it serves (for logs)."""
+
+
+_FILL_TRIES: Final = 3
+"""Reads of a managed certificate's Secret at most: each replica that finds it empty makes
+material and writes it at the version it read; all but the first get a conflict and read
+again."""
 
 
 async def managed_material(
     api: KubeApi, managed: ManagedCertificate, now: datetime.datetime
 ) -> TLSMaterial:
     """The kept material if it still serves (:func:`still_serves`), else new material, written
-    to the Secret before it is used."""
+    to the Secret (at the version read: replicas starting together end with the same material)
+    before it is used."""
     where = f"Secret {managed.namespace}/{managed.secret}"
-    data = await api.read_secret_data(managed.namespace, managed.secret)
-    if data is None:
-        raise ValueError(f"{where} does not exist (the chart creates it)")
-    kept: TLSMaterial | None = None
-    if data:
-        try:
-            kept = TLSMaterial.from_secret_data(data, where)
-        except ValueError as exc:
-            logger.warning("replacing the rendezvous certificate: %s", exc)
-    if still_serves(kept, managed.dns_names, now):
-        assert kept is not None
-        logger.info("rendezvous certificate from %s", where)
-        return kept
-    if kept is not None:
-        logger.warning(
-            "the rendezvous certificate in %s expires soon or does not cover %s: replacing it; "
-            "workers started before keep the old CA and fail to reconnect",
-            where,
-            ", ".join(managed.dns_names),
-        )
-    material = TLSMaterial.issue(managed.dns_names, now=now)
-    await api.patch_secret_data(managed.namespace, managed.secret, material.secret_data())
-    logger.info("made a rendezvous certificate for %s, kept in %s", managed.dns_names[0], where)
-    return material
+    for _ in range(_FILL_TRIES):
+        secret = await api.read_secret(managed.namespace, managed.secret)
+        if secret is None:
+            raise ValueError(f"{where} does not exist (the chart creates it)")
+        data = dict(secret.get("data") or {})
+        kept: TLSMaterial | None = None
+        if data:
+            try:
+                kept = TLSMaterial.from_secret_data(data, where)
+            except ValueError as exc:
+                logger.warning("replacing the %s certificate: %s", managed.purpose, exc)
+        if still_serves(kept, managed.dns_names, now):
+            assert kept is not None
+            logger.info("%s certificate from %s", managed.purpose, where)
+            return kept
+        if kept is not None:
+            logger.warning(
+                "the %s certificate in %s expires soon or does not cover %s: replacing it; "
+                "clients that hold the old CA fail to reconnect",
+                managed.purpose,
+                where,
+                ", ".join(managed.dns_names),
+            )
+        material = TLSMaterial.issue(managed.dns_names, now=now)
+        version = str(secret["metadata"]["resourceVersion"])
+        if await api.fill_secret(
+            managed.namespace, managed.secret, material.secret_data(), version
+        ):
+            logger.info(
+                "made a %s certificate for %s, kept in %s",
+                managed.purpose,
+                managed.dns_names[0],
+                where,
+            )
+            return material
+        logger.info("%s was filled by another replica meanwhile: reading it", where)
+    raise RuntimeError(f"{where} kept changing while the operator read it")

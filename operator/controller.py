@@ -197,10 +197,17 @@ class JobController:
             if driver_task.done():
                 await self._finish(body, spec, driver_task.result())
         finally:
+            # Handed over to another operator: the job leaves the service before its driver
+            # stops, so that its workers' pending waits end as if they ran out (they ask
+            # again, and reach the new leader) rather than with the stopped driver's FINISHED.
+            handed_over = stopped.handover and not driver_task.done()
+            if handed_over:
+                self._service.release_job(self.job_id)
             for task in (driver_task, saver_task):
                 task.cancel()
             await asyncio.gather(driver_task, saver_task, return_exceptions=True)
-            self._service.remove_job(self.job_id)
+            if not handed_over:
+                self._service.remove_job(self.job_id)
 
     def _adopt(self, body: Mapping[str, Any], spec: ElasticJobSpec, driver: ElasticDriver) -> bool:
         """After an operator restart: carry on what the status recorded (``resume_job``).

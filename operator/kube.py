@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from elasticjob.operator.api import GROUP, KIND, PLURAL, VERSION
 from elasticjob.operator.kube_errors import ApiOutcome, api_outcome
-from elasticjob.operator.kube_transport import KubeTransport, upsert
+from elasticjob.operator.kube_transport import REQUEST_TIMEOUT_S, KubeTransport, upsert
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ class KubeApi:
         self.custom = kubernetes.client.CustomObjectsApi(client)
         self.rbac = kubernetes.client.RbacAuthorizationV1Api(client)
         self.admission = kubernetes.client.AdmissionregistrationV1Api(client)
+        self.coordination = kubernetes.client.CoordinationV1Api(client)
         self._policy_versions: frozenset[str] | None = None
 
     async def create_pod(self, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
@@ -136,16 +137,85 @@ class KubeApi:
             update_first=True,
         )
 
-    async def read_secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
-        """A Secret's ``data`` (base64 values), or None if there is no such Secret."""
-        secret = await self.read_secret(namespace, name)
-        return None if secret is None else dict(secret.get("data") or {})
+    async def read_lease(
+        self, namespace: str, name: str, timeout_s: float
+    ) -> dict[str, Any] | None:
+        """The Lease (one try within ``timeout_s``), or None when there is none."""
+        try:
+            return await self._transport.call_once(
+                "read lease",
+                self.coordination.read_namespaced_lease,
+                name,
+                namespace,
+                timeout_s=timeout_s,
+            )
+        except ApiException as exc:
+            if api_outcome(exc) is ApiOutcome.NOT_FOUND:
+                return None
+            raise
 
-    async def patch_secret_data(self, namespace: str, name: str, data: dict[str, str]) -> None:
-        """Set keys of a Secret's ``data`` (base64 values)."""
-        await self._transport.call(
-            "patch secret", self.core.patch_namespaced_secret, name, namespace, {"data": data}
+    async def write_lease(
+        self, namespace: str, lease: dict[str, Any], timeout_s: float
+    ) -> dict[str, Any]:
+        """Create ``lease`` (no ``metadata.resourceVersion``) or replace it at its
+        ``resourceVersion`` (one try within ``timeout_s``: a conflict raises, someone else
+        wrote first); the Lease as written."""
+        name = lease["metadata"]["name"]
+        if lease["metadata"].get("resourceVersion"):
+            return await self._transport.call_once(
+                "replace lease",
+                self.coordination.replace_namespaced_lease,
+                name,
+                namespace,
+                lease,
+                timeout_s=timeout_s,
+            )
+        return await self._transport.call_once(
+            "create lease",
+            self.coordination.create_namespaced_lease,
+            namespace,
+            lease,
+            timeout_s=timeout_s,
         )
+
+    async def label_pod(
+        self, namespace: str, name: str, labels: dict[str, str | None], timeout_s: float
+    ) -> None:
+        """Set (a value) or remove (None) labels of a pod (one try within ``timeout_s``; done
+        when there is no such pod)."""
+        try:
+            await self._transport.call_once(
+                "label pod",
+                self.core.patch_namespaced_pod,
+                name,
+                namespace,
+                {"metadata": {"labels": labels}},
+                timeout_s=timeout_s,
+            )
+        except ApiException as exc:
+            if api_outcome(exc) is not ApiOutcome.NOT_FOUND:
+                raise
+
+    async def fill_secret(
+        self, namespace: str, name: str, data: dict[str, str], resource_version: str
+    ) -> bool:
+        """Set keys of a Secret's ``data`` (base64 values) if it is still at
+        ``resource_version``; whether it was (False: someone else changed it first)."""
+        patch = {"metadata": {"resourceVersion": resource_version}, "data": data}
+        try:
+            await self._transport.call_once(
+                "fill secret",
+                self.core.patch_namespaced_secret,
+                name,
+                namespace,
+                patch,
+                timeout_s=REQUEST_TIMEOUT_S,
+            )
+        except ApiException as exc:
+            if api_outcome(exc) is ApiOutcome.CONFLICT:
+                return False
+            raise
+        return True
 
     async def create_secret(self, namespace: str, secret: dict[str, Any]) -> dict[str, Any] | None:
         """Create ``secret``; the Secret as created, or None when one of its name exists."""
@@ -277,16 +347,39 @@ class KubeApi:
         self, namespace: str, job: dict[str, Any], reason: str, message: str, warning: bool = False
     ) -> None:
         """Record an Event on the ElasticJob (best effort: never fails the caller)."""
+        involved = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": KIND,
+            "name": job["metadata"]["name"],
+            "namespace": namespace,
+            "uid": job["metadata"]["uid"],
+        }
+        await self._record_event(namespace, involved, reason, message, warning)
+
+    async def lease_event(self, lease: dict[str, Any], reason: str, message: str) -> None:
+        """Record an Event on a Lease (best effort: never fails the caller)."""
+        metadata = lease["metadata"]
+        involved = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "name": metadata["name"],
+            "namespace": metadata["namespace"],
+            "uid": metadata["uid"],
+        }
+        await self._record_event(metadata["namespace"], involved, reason, message, False)
+
+    async def _record_event(
+        self,
+        namespace: str,
+        involved: dict[str, Any],
+        reason: str,
+        message: str,
+        warning: bool,
+    ) -> None:
         now = datetime.datetime.now(datetime.UTC)
         body = {
-            "metadata": {"generateName": f"{job['metadata']['name']}.", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": KIND,
-                "name": job["metadata"]["name"],
-                "namespace": namespace,
-                "uid": job["metadata"]["uid"],
-            },
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
+            "involvedObject": involved,
             "reason": reason,
             "message": message[:1024],
             "type": "Warning" if warning else "Normal",

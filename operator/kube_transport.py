@@ -109,6 +109,22 @@ class KubeTransport:
 
         return await self.call(what, raw, *args, **kwargs)
 
+    async def call_once(
+        self, what: str, call: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any
+    ) -> dict[str, Any]:
+        """One try of ``call`` (its JSON, as :meth:`call_json`) within ``timeout_s``: for a
+        write by resourceVersion, whose conflict means someone else wrote first and must not be
+        tried again as it was, and for a caller that tries again on its own schedule (``what``
+        names the call in logs)."""
+
+        def raw() -> dict[str, Any]:
+            return json_of(
+                call(*args, _preload_content=False, _request_timeout=timeout_s, **kwargs)
+            )
+
+        logger.debug("%s", what)
+        return await asyncio.get_running_loop().run_in_executor(self._threads, raw)
+
     async def request(
         self,
         what: str,

@@ -15,7 +15,14 @@ import kopf
 
 from elasticjob.operator import handlers
 from elasticjob.operator.certs import ManagedCertificate, TLSMaterial, service_dns_names
-from elasticjob.operator.runtime import OperatorConfig, OperatorRuntime, WebhookConfig
+from elasticjob.operator.leader_election import ElectionSettings
+from elasticjob.operator.leader_lease import LeaseRef
+from elasticjob.operator.runtime import (
+    LeaderElectionConfig,
+    OperatorConfig,
+    OperatorRuntime,
+    WebhookConfig,
+)
 from elasticjob.worker_contract import ENV_RENDEZVOUS_URL
 
 
@@ -57,6 +64,40 @@ def build_parser() -> argparse.ArgumentParser:
         "--rendezvous-tls-secret",
         help="serve an https rendezvous URL with a certificate the operator makes for its"
         " Service ($ELASTICJOB_SERVICE_NAME) and keeps in this Secret of $POD_NAMESPACE",
+    )
+    parser.add_argument(
+        "--webhook-service",
+        help="the Service the API server sends admission reviews to, every replica behind it "
+        "(default: $ELASTICJOB_SERVICE_NAME, which also names the webhook configuration)",
+    )
+    parser.add_argument(
+        "--webhook-tls-secret",
+        help="keep the webhook's certificate in this Secret of $POD_NAMESPACE, so that every "
+        "replica serves the same one (default: each start makes its own)",
+    )
+    parser.add_argument(
+        "--leader-election-lease",
+        help="lead (act on jobs, serve their rendezvous) only while holding this Lease of "
+        "$POD_NAMESPACE; standby otherwise (default: lead alone, from the start)",
+    )
+    defaults = ElectionSettings()
+    parser.add_argument(
+        "--lease-duration",
+        type=int,
+        default=defaults.lease_duration_s,
+        help="seconds a standby waits for the leader's renewal before it takes the Lease",
+    )
+    parser.add_argument(
+        "--renew-deadline",
+        type=float,
+        default=defaults.renew_deadline_s,
+        help="seconds the leader acts on without a renewal before it stops",
+    )
+    parser.add_argument(
+        "--retry-period",
+        type=float,
+        default=defaults.retry_period_s,
+        help="seconds between two reads (and renewals) of the Lease",
     )
     parser.add_argument("--webhook-port", type=int, default=8443)
     parser.add_argument("--rendezvous-port", type=int, default=8470)
@@ -100,11 +141,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 2
         webhook = WebhookConfig(
-            service=service,
+            service=args.webhook_service or service,
             namespace=namespace,
             port=args.webhook_port,
             owner=os.environ.get("ELASTICJOB_WEBHOOK_OWNER") or None,
+            configuration=f"{service}.{namespace}.svc",
+            tls_secret=args.webhook_tls_secret,
         )
+    try:
+        election = leader_election(args, os.environ)
+    except ValueError as exc:
+        print(f"elasticjob-operator: {exc}", file=sys.stderr)
+        return 2
     config = OperatorConfig(
         rendezvous_url=args.rendezvous_url,
         bind_address=args.bind_address,
@@ -114,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         namespaces=tuple(args.namespace),
         rendezvous_tls=tls,
         own_pod=_own_pod(os.environ),
+        leader_election=election,
     )
     runtime = OperatorRuntime(config)
     memo = kopf.Memo(runtime=runtime)
@@ -170,6 +219,20 @@ def rendezvous_tls(
         namespace=namespace,
         dns_names=tuple(names if url.hostname in names else [*names, url.hostname]),
     )
+
+
+def leader_election(
+    args: argparse.Namespace, environ: Mapping[str, str]
+) -> LeaderElectionConfig | None:
+    """The election the operator takes part in (None: it leads alone). Raises
+    :class:`ValueError` with the reason when the options do not fit together."""
+    if not args.leader_election_lease:
+        return None
+    namespace = environ.get("POD_NAMESPACE")
+    if not namespace:
+        raise ValueError("--leader-election-lease needs POD_NAMESPACE")
+    settings = ElectionSettings(args.lease_duration, args.renew_deadline, args.retry_period)
+    return LeaderElectionConfig(LeaseRef(namespace, args.leader_election_lease), settings)
 
 
 def _own_pod(environ: Mapping[str, str]) -> tuple[str, str] | None:

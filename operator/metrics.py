@@ -5,17 +5,18 @@ Two kinds: histograms fed as things happen (each job's driver tells its
 read at every scrape from each job's snapshot (its one read model, through its controller)
 and the rendezvous service's request stats
 (:class:`_StateCollector`: jobs by phase, world size, samples/s, goodput, lost seconds,
-resets, pods, rendezvous requests and their latency without long-polls).
+resets, pods, rendezvous requests and their latency without long-polls). Besides, whether this
+replica leads and how often it came to lead (set by ``leadership.py``).
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Final
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -99,7 +100,24 @@ class OperatorMetrics:
             buckets=CHECKPOINT_BUCKETS_S,
             registry=self.registry,
         )
+        self.leader = Gauge(
+            "elasticjob_operator_leader",
+            "1 while this operator replica leads (acts on jobs and serves their rendezvous), "
+            "0 while it stands by.",
+            registry=self.registry,
+        )
+        self.leadership_acquired = Counter(
+            "elasticjob_operator_leadership_acquired",
+            "Times this operator replica came to lead.",
+            registry=self.registry,
+        )
         self.registry.register(_StateCollector(controllers, stats))
+
+    def set_leading(self, leading: bool) -> None:
+        """This replica came to lead (True) or stood down (False)."""
+        self.leader.set(1 if leading else 0)
+        if leading:
+            self.leadership_acquired.inc()
 
     def job_observer(self, job: str) -> JobObserver:
         """The driver observer of ``job``."""
@@ -137,7 +155,7 @@ class _StateCollector(Collector):
 
 
 def _job_metrics(controllers: list[JobController]) -> Iterator[Metric]:
-    phases = Counter(c.phase for c in controllers)
+    phases = collections.Counter(c.phase for c in controllers)
     jobs = GaugeMetricFamily(
         "elasticjob_jobs", "Jobs this operator runs, by phase.", labels=["phase"]
     )

@@ -1,19 +1,20 @@
 """What the operator process holds: the API client, the rendezvous service that serves every
-job, the metrics endpoint, the job controllers (run by the job supervisor) and the nodes that
-are not ready."""
+job, the metrics endpoint, the job controllers (run by the job supervisor while this replica
+leads), its side of the leader election, and the nodes that are not ready."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime
 import logging
+import socket
 import ssl
 import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import kopf
 from aiohttp import web
@@ -22,22 +23,26 @@ from kubernetes.client.exceptions import ApiException
 from elasticjob.driver.loop_lag import LoopLagWatch
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.api.podschema import PodSchema
-from elasticjob.operator.certs import ManagedCertificate, TLSMaterial, managed_material
+from elasticjob.operator.certs import (
+    ManagedCertificate,
+    TLSMaterial,
+    managed_material,
+    service_dns_names,
+)
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.kube_transport import load_config
+from elasticjob.operator.leader_election import ElectionSettings
+from elasticjob.operator.leader_lease import LeaderElector, LeaseRef, new_identity
+from elasticjob.operator.leadership import OperatorLeadership
 from elasticjob.operator.metrics import CONTENT_TYPE, OperatorMetrics
 from elasticjob.operator.ownpod import follow_own_pod
-from elasticjob.operator.supervisor import ENDED_PHASES, JobSupervisor
+from elasticjob.operator.supervisor import ENDED_PHASES, JobSupervisor, StopSignal
 from elasticjob.operator.webhook import ServiceWebhookServer, serves_this_server
 from elasticjob.rendezvous.server import RendezvousService
 
 logger = logging.getLogger(__name__)
-
-ADOPTION_WINDOW_S: Final = 60.0
-"""After a start, how long the rendezvous service answers 503 (retry) rather than 404 for jobs
-that existed before and have not been taken back yet."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,14 @@ class OperatorConfig:
     own_pod: tuple[str, str] | None = None
     """The operator's own pod (namespace, name), which it follows (see ``ownpod.py``; None:
     it runs outside a pod, or is not told its name)."""
+    leader_election: LeaderElectionConfig | None = None
+    """Lead only while holding this Lease (None: lead from the start, alone)."""
+
+
+@dataclass(frozen=True)
+class LeaderElectionConfig:
+    lease: LeaseRef
+    settings: ElectionSettings = field(default_factory=ElectionSettings)
 
 
 @dataclass(frozen=True)
@@ -71,12 +84,17 @@ class WebhookConfig:
     owner: str | None = None
     """A ClusterRole that owns the webhook configurations, so that they are garbage-collected
     with it when the operator is uninstalled (None: they are left behind)."""
+    configuration: str | None = None
+    """The name of the webhook configurations (None: ``<service>.<namespace>.svc``)."""
+    tls_secret: str | None = None
+    """Keep the webhook's certificate in this Secret of ``namespace``, so that every replica
+    serves the one its configuration names (None: each start makes its own)."""
 
     @property
     def configuration_name(self) -> str:
         """The name of the webhook configurations; kopf names their webhooks after it (a
         domain of three or more labels)."""
-        return f"{self.service}.{self.namespace}.svc"
+        return self.configuration or f"{self.service}.{self.namespace}.svc"
 
 
 @dataclass
@@ -104,11 +122,21 @@ class OperatorRuntime:
     """Whether the API server has been seen sending reviews to this operator's webhook."""
     loop_lag: LoopLagWatch = field(default_factory=lambda: LoopLagWatch(time.monotonic))
     """The one watch of the event loop that every job's driver runs on."""
+    leadership: OperatorLeadership = field(init=False)
+    _elector: LeaderElector | None = None
+    _election_task: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
-        self.jobs = JobSupervisor(self.run_job, updated=self._job_updated)
+        self.jobs = JobSupervisor(self.run_job, updated=self._job_updated, leading=False)
         self.metrics = OperatorMetrics(self.controllers.values, lambda: self.service.stats)
         self.reachable = self.config.own_pod is None
+        self.leadership = OperatorLeadership(
+            lambda: self.api,
+            lambda: self.service,
+            self.jobs,
+            self.config.own_pod,
+            on_change=self.metrics.set_leading,
+        )
 
     @property
     def api(self) -> KubeApi:
@@ -134,6 +162,8 @@ class OperatorRuntime:
         settings.networking.request_timeout = 30
         settings.watching.server_timeout = 60
         settings.execution.max_workers = 8
+        load_config()
+        self._api = KubeApi()
         hook = self.config.webhook
         if hook is not None:
             self._webhook_server = ServiceWebhookServer(
@@ -142,29 +172,20 @@ class OperatorRuntime:
                 bind_address=self.config.bind_address,
                 port=hook.port,
                 cert_dir=hook.cert_dir,
+                material=await self._webhook_material(hook),
             )
             settings.admission.server = self._webhook_server
             settings.admission.managed = hook.configuration_name
-        load_config()
-        self._api = KubeApi()
         self.pod_schema = await self._fetch_pod_schema()
         if hook is not None and hook.owner is not None:
             await self._own_webhook_configurations(hook, hook.owner)
         self._service = RendezvousService()
-        jobs = await self._api.list_jobs(self.config.namespaces)
-        self._service.expect_jobs(
-            [
-                podlib.job_id(job["metadata"]["namespace"], job["metadata"]["name"])
-                for job in jobs
-                if (job.get("status") or {}).get("phase") not in ENDED_PHASES
-            ],
-            ADOPTION_WINDOW_S,
-        )
         await self._service.start(
             self.config.bind_address,
             self.config.rendezvous_port,
             ssl_context=await self._rendezvous_ssl_context(),
         )
+        await self._start_leading_or_standing_by()
         app = web.Application()
         app.router.add_get("/metrics", self._serve_metrics)
         self._metrics = web.AppRunner(app, access_log=None)
@@ -179,9 +200,39 @@ class OperatorRuntime:
             self.config.metrics_port,
         )
 
+    async def _start_leading_or_standing_by(self) -> None:
+        """Without an election: lead now (jobs that exist get 503 until served again). With
+        one: stand by, and take part in the election."""
+        election = self.config.leader_election
+        if election is None:
+            jobs = await self.api.list_jobs(self.config.namespaces)
+            expected = [
+                podlib.job_id(job["metadata"]["namespace"], job["metadata"]["name"])
+                for job in jobs
+                if (job.get("status") or {}).get("phase") not in ENDED_PHASES
+            ]
+            await self.leadership.lead("", expected)
+            return
+        await self.leadership.start_standing_by()
+        pod = self.config.own_pod[1] if self.config.own_pod else socket.gethostname()
+        self._elector = LeaderElector(
+            self.api,
+            election.lease,
+            new_identity(pod),
+            election.settings,
+            self.leadership,
+            lambda: self.reachable and not self.stop_flag.is_set(),
+        )
+        self._election_task = asyncio.create_task(self._elector.run(), name="leader election")
+
     async def stop(self) -> None:
         if self._own_pod_task is not None:
             self._own_pod_task.cancel()
+        if self._election_task is not None:
+            self._election_task.cancel()
+            await asyncio.gather(self._election_task, return_exceptions=True)
+        if self._elector is not None:
+            await self._elector.release()
         await self.jobs.stop_all()
         if self._service is not None:
             await self._service.stop()
@@ -197,6 +248,8 @@ class OperatorRuntime:
             name,
         )
         self.stop_flag.set()
+        if self._elector is not None:
+            self._elector.poke()
 
     def _ready(self, ready: bool) -> None:
         """Whether the operator's pod is ready: workers reach it through its Service."""
@@ -212,6 +265,8 @@ class OperatorRuntime:
             )
         for controller in self.controllers.values():
             controller.set_reachable(ready)
+        if self._elector is not None:
+            self._elector.poke()
 
     async def check_health(self) -> str:
         """What the health probe reports; raises when the operator cannot serve workers, or,
@@ -240,7 +295,7 @@ class OperatorRuntime:
             controller.job_updated()
 
     async def run_job(
-        self, namespace: str, name: str, body: Mapping[str, Any], stopped: asyncio.Event
+        self, namespace: str, name: str, body: Mapping[str, Any], stopped: StopSignal
     ) -> None:
         """Run one ElasticJob's controller until the job ends or ``stopped`` is set."""
         controller = JobController(
@@ -270,6 +325,16 @@ class OperatorRuntime:
             tls = await managed_material(self.api, tls, datetime.datetime.now(datetime.UTC))
         self.rendezvous_ca = tls.ca_pem.decode()
         return tls.server_context(self.config.tls_dir)
+
+    async def _webhook_material(self, hook: WebhookConfig) -> TLSMaterial:
+        """The webhook's certificate: the one every replica keeps in ``hook.tls_secret``, or
+        one made for this start."""
+        now = datetime.datetime.now(datetime.UTC)
+        names = tuple(service_dns_names(hook.service, hook.namespace))
+        if hook.tls_secret is None:
+            return TLSMaterial.issue(names, now=now)
+        managed = ManagedCertificate(hook.tls_secret, hook.namespace, names, purpose="webhook")
+        return await managed_material(self.api, managed, now)
 
     async def _fetch_pod_schema(self) -> PodSchema | None:
         try:

@@ -1,5 +1,6 @@
-"""One controller task per ElasticJob: started when the operator first sees the job, stopped
-when the job is deleted or the operator stops.
+"""One controller task per ElasticJob: started when the operator first sees the job while it
+leads (or when it comes to lead), stopped when the job is deleted, or when the operator stops or
+stands down (it is no longer the leader: ``leader_election.py``).
 
 The operator runs its job controllers itself rather than as kopf daemons: a kopf daemon makes
 kopf put its finalizer on every ElasticJob, and once the operator is uninstalled nothing removes
@@ -9,6 +10,12 @@ token Secret are owned by the job and garbage-collected with it.
 Like a kopf daemon, a job's task is started once per object (by uid), restarted after a backoff
 when it raises, never restarted once it returned (the job ended), and on deletion told to stop
 (``stopped``) and cancelled if it does not within the cancellation timeout.
+
+A replica that does not lead keeps every job's latest body (kopf's watch goes on) and runs no
+task: a standby never acts on a job. When it comes to lead it starts the tasks of the jobs that
+have not ended; when it stands down it stops them with ``stopped.handover`` set: the job goes on
+under another operator, so its controller lets the job's workers go to it rather than ending
+anything.
 """
 
 from __future__ import annotations
@@ -25,17 +32,29 @@ from elasticjob.operator.api import Phase
 
 logger = logging.getLogger(__name__)
 
-RunJob = Callable[[str, str, Mapping[str, Any], asyncio.Event], Awaitable[None]]
+
+class StopSignal(asyncio.Event):
+    """Set when a job's controller must stop: the job was deleted, or (``handover``) the job
+    goes on under another operator (this one stops or stands down)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handover = False
+
+
+RunJob = Callable[[str, str, Mapping[str, Any], StopSignal], Awaitable[None]]
 """Runs one job: ``(namespace, name, body, stopped)``. ``body`` is kept up to date with the
 job's latest version; ``stopped`` is set when the job is deleted or the operator stops."""
 
 JobUpdated = Callable[[str, str], None]
 """Told ``(namespace, name)`` of a running job whose body was just updated (a scale, a spec
-change), so that its controller acts on it at once."""
+change) or that was just told to stop, so that its controller acts on it at once."""
 
 
 class Stopped(Protocol):
-    """Set when the job is deleted or the operator stops (an :class:`asyncio.Event`)."""
+    """Set when the job is deleted or the operator stops (a :class:`StopSignal`)."""
+
+    handover: bool
 
     def is_set(self) -> bool: ...
 
@@ -46,8 +65,15 @@ ENDED_PHASES = frozenset({Phase.SUCCEEDED.value, Phase.FAILED.value})
 @dataclass
 class _Job:
     body: dict[str, Any]
-    stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    stopped: StopSignal = field(default_factory=StopSignal)
     task: asyncio.Task[None] | None = None
+    ended: bool = False
+    """Its controller returned on its own: the job ended under this operator."""
+
+    def runnable(self) -> bool:
+        """Whether a leader runs a task for it: not running, not ended."""
+        phase = (self.body.get("status") or {}).get("phase")
+        return self.task is None and not self.ended and phase not in ENDED_PHASES
 
 
 class JobSupervisor:
@@ -60,12 +86,16 @@ class JobSupervisor:
         updated: JobUpdated | None = None,
         backoff_s: float = 5.0,
         cancellation_timeout_s: float = 10.0,
+        leading: bool = True,
     ) -> None:
         self._run_job = run_job
         self._updated = updated
         self._backoff_s = backoff_s
         self._cancellation_timeout_s = cancellation_timeout_s
         self._jobs: dict[str, _Job] = {}
+        self.leading = leading
+        """Whether jobs' tasks run (this operator leads; False: it stands by until
+        :meth:`lead`)."""
 
     async def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """Take in one watch event of an ElasticJob (``event_type`` None: it was listed)."""
@@ -85,23 +115,51 @@ class JobSupervisor:
             return
         job = _Job(copy.deepcopy(dict(body)))
         self._jobs[uid] = job
-        if (body.get("status") or {}).get("phase") in ENDED_PHASES:
-            return  # ended before this operator saw it: nothing to run
-        namespace, name = str(metadata["namespace"]), str(metadata["name"])
-        job.task = asyncio.create_task(
-            self._supervise(namespace, name, job), name=f"job {namespace}/{name}"
+        if self.leading and job.runnable():
+            self._start(job)
+
+    def unended(self) -> list[tuple[str, str]]:
+        """The (namespace, name) of the jobs seen that have not ended."""
+        return [
+            (str(job.body["metadata"]["namespace"]), str(job.body["metadata"]["name"]))
+            for job in self._jobs.values()
+            if not job.ended and (job.body.get("status") or {}).get("phase") not in ENDED_PHASES
+        ]
+
+    def lead(self) -> None:
+        """Run every job that has not ended, and each new one from now on."""
+        self.leading = True
+        for job in self._jobs.values():
+            if job.runnable():
+                self._start(job)
+
+    async def stand_down(self, *, at_once: bool = False) -> None:
+        """Stop every job's task (``stopped.handover``: the jobs go on under another operator)
+        and start none until :meth:`lead`; ``at_once``: cancel them without waiting (this
+        operator lost its lease: another may act already)."""
+        self.leading = False
+        await asyncio.gather(
+            *(self._stop(job, handover=True, at_once=at_once) for job in self._jobs.values())
         )
 
     async def stop_all(self) -> None:
         """Stop every job's task (the operator stops); the jobs themselves go on."""
-        jobs = list(self._jobs.values())
+        await self.stand_down()
         self._jobs.clear()
-        await asyncio.gather(*(self._stop(job) for job in jobs))
+
+    def _start(self, job: _Job) -> None:
+        metadata = job.body["metadata"]
+        namespace, name = str(metadata["namespace"]), str(metadata["name"])
+        job.stopped = StopSignal()
+        job.task = asyncio.create_task(
+            self._supervise(namespace, name, job), name=f"job {namespace}/{name}"
+        )
 
     async def _supervise(self, namespace: str, name: str, job: _Job) -> None:
         while True:
             try:
                 await self._run_job(namespace, name, job.body, job.stopped)
+                job.ended = not job.stopped.is_set()
                 return
             except Exception:
                 if job.stopped.is_set():
@@ -117,12 +175,17 @@ class JobSupervisor:
             if job.stopped.is_set():
                 return
 
-    async def _stop(self, job: _Job) -> None:
+    async def _stop(self, job: _Job, *, handover: bool = False, at_once: bool = False) -> None:
+        job.stopped.handover = handover
         job.stopped.set()
-        task = job.task
+        task, job.task = job.task, None
         if task is None or task.done():
             return
-        _, pending = await asyncio.wait({task}, timeout=self._cancellation_timeout_s)
+        if self._updated is not None:
+            metadata = job.body["metadata"]
+            self._updated(str(metadata["namespace"]), str(metadata["name"]))
+        timeout = 0.0 if at_once else self._cancellation_timeout_s
+        _, pending = await asyncio.wait({task}, timeout=timeout)
         if pending:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

@@ -1,17 +1,17 @@
-"""The validating admission webhook's server: kopf's, with a certificate of its own CA, and
-announced to the API server as a Service (``<service>.<namespace>.svc``) rather than a URL."""
+"""The validating admission webhook's server: kopf's, with a certificate of the operator's own
+CA (one every replica serves, kept in a Secret: ``certs.managed_material``), announced to the
+API server as a Service (``<service>.<namespace>.svc``) rather than a URL."""
 
 from __future__ import annotations
 
 import base64
-import datetime
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import kopf
 
-from elasticjob.operator.certs import TLSMaterial, service_dns_names
+from elasticjob.operator.certs import TLSMaterial
 
 SERVICE_PORT = 443
 
@@ -21,12 +21,15 @@ class ServiceWebhookServer(kopf.WebhookServer):
     server to reach them through ``service`` in ``namespace`` (port 443)."""
 
     def __init__(
-        self, *, service: str, namespace: str, bind_address: str, port: int, cert_dir: Path
+        self,
+        *,
+        service: str,
+        namespace: str,
+        bind_address: str,
+        port: int,
+        cert_dir: Path,
+        material: TLSMaterial,
     ) -> None:
-        ip = bind_address if bind_address not in ("0.0.0.0", "::") else None
-        material = TLSMaterial.issue(
-            service_dns_names(service, namespace), ip, now=datetime.datetime.now(datetime.UTC)
-        )
         certfile, keyfile = material.write_files(cert_dir, "webhook")
         super().__init__(
             addr=bind_address,

@@ -60,6 +60,7 @@ class RendezvousService:
         self._clock = clock
         self._expected: set[str] = set()
         self._expected_until = 0.0
+        self._standing_by = False
         self._app = create_app(self._jobs, self._stats, self.adopting)
         self._shutdown_timeout = shutdown_timeout
         self._header_timeout = header_timeout
@@ -122,8 +123,27 @@ class RendezvousService:
                 ", ".join(sorted(self._expected)),
             )
 
+    def stand_by(self) -> None:
+        """Another operator leads: answer every job's requests with 503 and ``Retry-After``
+        (its workers retry, and reach the leader) until :meth:`lead`."""
+        self._standing_by = True
+
+    def lead(self, jobs: Iterable[str], within_s: float) -> None:
+        """This operator leads (again): serve the jobs added from now on, and answer those of
+        ``jobs`` not served yet as :meth:`expect_jobs` says."""
+        self._standing_by = False
+        self.expect_jobs(jobs, within_s)
+
+    @property
+    def standing_by(self) -> bool:
+        """Whether another operator leads (:meth:`stand_by`)."""
+        return self._standing_by
+
     def adopting(self) -> bool:
-        """Whether jobs expected back (:meth:`expect_jobs`) are still missing."""
+        """Whether requests for jobs that are not served get 503 (retry): another operator
+        leads, or jobs expected back (:meth:`expect_jobs`) are still missing."""
+        if self._standing_by:
+            return True
         if self._expected and self._clock() >= self._expected_until:
             logger.warning(
                 "jobs not back in time, answering 403 for them from now on: %s",
@@ -132,6 +152,10 @@ class RendezvousService:
             self._expected = set()
         return bool(self._expected)
 
+    def serves(self, job: str) -> bool:
+        """Whether ``job`` is served (added, and neither removed nor released)."""
+        return job in self._jobs
+
     def remove_job(self, job: str) -> None:
         """Stop serving ``job``: finish it (its pending long-polls get ``FINISHED``) and answer
         403 to its later requests. Does nothing for a job that is not served."""
@@ -139,6 +163,15 @@ class RendezvousService:
         if rendezvous is not None:
             rendezvous.finish("the job was removed from the rendezvous service")
             logger.info("stopped serving job %s", job)
+
+    def release_job(self, job: str) -> None:
+        """Stop serving ``job`` without finishing it: another operator takes it over. Its
+        pending long-polls are answered now as if their wait ran out, and its later requests
+        get what a job that is not served gets (503 while standing by)."""
+        rendezvous = self._jobs.pop(job, None)
+        if rendezvous is not None:
+            rendezvous.close_waits()
+            logger.info("released job %s to another operator", job)
 
     async def start(
         self, host: str, port: int = 0, *, ssl_context: ssl.SSLContext | None = None

@@ -17,6 +17,8 @@ LABEL_JOB_NAME = f"{GROUP}/job-name"
 LABEL_ROLE = f"{GROUP}/role"
 """Label on every pod of a job: its role (``worker``)."""
 ROLE_WORKER = "worker"
+LABEL_OPERATOR_LEADER = f"{GROUP}/operator-leader"
+"""Label (``"true"``) on the operator pod that leads: the rendezvous Service selects it."""
 
 WORKER_CONTAINER = "worker"
 """Name of the container the worker runtime runs in, when the template has several."""

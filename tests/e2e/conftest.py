@@ -82,9 +82,9 @@ def operator(cluster: Cluster) -> Iterator[Cluster]:
         "logLevel=debug",
         "--wait",
         "--timeout",
-        "120s",
+        "240s",
         check=False,
-        timeout=180,
+        timeout=300,
     )
     assert result.returncode == 0, f"helm install failed:\n{result.stdout}\n{result.stderr}"
     try:

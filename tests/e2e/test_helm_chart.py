@@ -85,6 +85,33 @@ TLS_SECRET = f"{FULLNAME}-rendezvous-tls"
 SELF_ROLE = f"{FULLNAME}-self"
 """The Role that lets the operator read its own pod (it stops once the pod is being deleted)."""
 TLS_ARGS = ["--rendezvous-tls-secret", TLS_SECRET]
+REPLICAS_SERVICE = f"{FULLNAME}-replicas"
+"""The Service in front of every ready replica (admission reviews, metrics)."""
+LEASE = f"{FULLNAME}-leader"
+WEBHOOK_TLS_SECRET = f"{FULLNAME}-webhook-tls"
+ELECTION_ARGS = [
+    "--leader-election-lease",
+    LEASE,
+    "--lease-duration",
+    "3",
+    "--renew-deadline",
+    "2",
+    "--retry-period",
+    "0.5",
+]
+WEBHOOK_ARGS = [
+    "--webhook",
+    "--webhook-service",
+    REPLICAS_SERVICE,
+    "--webhook-tls-secret",
+    WEBHOOK_TLS_SECRET,
+]
+LEADER_LABEL = {"elasticjob.dev/operator-leader": "true"}
+SELF_GRANTS: Grants = {
+    ("", "pods"): {"get", "patch"},
+    ("coordination.k8s.io", "leases"): {"create", "get", "update"},
+    ("", "events"): {"create"},
+}
 # The operator reads and fills the Secret that keeps the rendezvous certificate it makes.
 TLS_GRANTS: Grants = {("", "secrets"): {"get", "patch"}}
 
@@ -266,10 +293,15 @@ def test_defaults_render_the_expected_objects(helm: Helm) -> None:
         ("ClusterRole", FULLNAME, None),
         ("ClusterRoleBinding", FULLNAME, None),
         ("Service", FULLNAME, NAMESPACE),
+        ("Service", REPLICAS_SERVICE, NAMESPACE),
         ("Deployment", FULLNAME, NAMESPACE),
+        ("PodDisruptionBudget", FULLNAME, NAMESPACE),
         ("Secret", TLS_SECRET, NAMESPACE),
         ("Role", TLS_SECRET, NAMESPACE),
         ("RoleBinding", TLS_SECRET, NAMESPACE),
+        ("Secret", WEBHOOK_TLS_SECRET, NAMESPACE),
+        ("Role", WEBHOOK_TLS_SECRET, NAMESPACE),
+        ("RoleBinding", WEBHOOK_TLS_SECRET, NAMESPACE),
         ("Role", SELF_ROLE, NAMESPACE),
         ("RoleBinding", SELF_ROLE, NAMESPACE),
         ("NetworkPolicy", FULLNAME, NAMESPACE),
@@ -316,7 +348,11 @@ def test_every_object_carries_the_helm_labels_and_selectors_agree(helm: Helm) ->
     deployment = named(objects, "Deployment", FULLNAME, NAMESPACE)
     assert deployment["spec"]["selector"] == {"matchLabels": SELECTOR}
     assert deployment["spec"]["template"]["metadata"]["labels"].items() >= SELECTOR.items()
-    assert named(objects, "Service", FULLNAME, NAMESPACE)["spec"]["selector"] == SELECTOR
+    rendezvous = named(objects, "Service", FULLNAME, NAMESPACE)
+    assert rendezvous["spec"]["selector"] == SELECTOR | LEADER_LABEL, "the leader alone"
+    assert named(objects, "Service", REPLICAS_SERVICE, NAMESPACE)["spec"]["selector"] == SELECTOR
+    budget = named(objects, "PodDisruptionBudget", FULLNAME, NAMESPACE)
+    assert budget["spec"] == {"minAvailable": 1, "selector": {"matchLabels": SELECTOR}}
 
 
 # --- the operator container ----------------------------------------------------------------
@@ -327,7 +363,7 @@ def test_container_matches_the_operator_contract(helm: Helm) -> None:
     assert c["image"] == f"elasticjob/operator:{chart_metadata()['appVersion']}"
     assert c["imagePullPolicy"] == "IfNotPresent"
     assert c["command"] == ["elasticjob-operator"]
-    assert c["args"] == ["--log-level", "info", "--webhook", *TLS_ARGS]
+    assert c["args"] == ["--log-level", "info", *ELECTION_ARGS, *WEBHOOK_ARGS, *TLS_ARGS]
     env = env_of(c)
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
@@ -351,8 +387,11 @@ def test_container_matches_the_operator_contract(helm: Helm) -> None:
 def test_pod_runs_locked_down(helm: Helm) -> None:
     objects = helm.template()
     deployment = named(objects, "Deployment", FULLNAME, NAMESPACE)
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == SERVICE_ACCOUNT
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -423,26 +462,77 @@ def test_values_reach_the_pod(helm: Helm) -> None:
     assert c["resources"] == values["resources"]
 
 
-def test_service_exposes_rendezvous_metrics_and_webhook(helm: Helm) -> None:
-    objects = helm.template()
-    service = named(objects, "Service", FULLNAME, NAMESPACE)
+def service_ports(objects: list[Manifest], name: str) -> dict[str, tuple[int, int]]:
+    service = named(objects, "Service", name, NAMESPACE)
     assert service["spec"]["type"] == "ClusterIP"
     targets = container_ports(container(objects))
-    ports = {
+    return {
         p["name"]: (p["port"], targets.get(p["targetPort"], p["targetPort"]))
         for p in service["spec"]["ports"]
     }
-    assert ports == {"rendezvous": (8470, 8470), "metrics": (8471, 8471), "webhook": (443, 8443)}
+
+
+def test_services_expose_the_leaders_rendezvous_and_every_replicas_metrics_and_webhook(
+    helm: Helm,
+) -> None:
+    objects = helm.template()
+    assert service_ports(objects, FULLNAME) == {"rendezvous": (8470, 8470)}
+    assert service_ports(objects, REPLICAS_SERVICE) == {
+        "metrics": (8471, 8471),
+        "webhook": (443, 8443),
+    }
+
+
+def test_replicas_prefer_different_nodes_unless_an_affinity_is_given(helm: Helm) -> None:
+    pod = named(helm.template(), "Deployment", FULLNAME, NAMESPACE)["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"] == {
+        "topologyKey": "kubernetes.io/hostname",
+        "labelSelector": {"matchLabels": SELECTOR},
+    }
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"replicas": 1}, {"podDisruptionBudget": {"enabled": False}}],
+    ids=["one-replica", "disabled"],
+)
+def test_no_disruption_budget_for_one_replica_or_when_disabled(
+    helm: Helm, values: dict[str, Any]
+) -> None:
+    assert not of_kind(helm.template(values), "PodDisruptionBudget")
+
+
+def test_the_election_timing_reaches_the_operator(helm: Helm) -> None:
+    values = {
+        "leaderElection": {
+            "leaseDurationSeconds": 15,
+            "renewDeadlineSeconds": 10,
+            "retryPeriodSeconds": 2,
+        }
+    }
+    args = container(helm.template(values))["args"]
+    at = args.index("--leader-election-lease")
+    assert args[at : at + 8] == [
+        "--leader-election-lease",
+        LEASE,
+        "--lease-duration",
+        "15",
+        "--renew-deadline",
+        "10",
+        "--retry-period",
+        "2",
+    ]
 
 
 def test_webhook_disabled_drops_flag_port_and_rbac(helm: Helm) -> None:
     objects = helm.template({"webhook": {"enabled": False}})
     c = container(objects)
-    assert c["args"] == ["--log-level", "info", *TLS_ARGS]
+    assert c["args"] == ["--log-level", "info", *ELECTION_ARGS, *TLS_ARGS]
     assert "webhook" not in container_ports(c)
     assert "ELASTICJOB_WEBHOOK_OWNER" not in env_of(c)
-    service = named(objects, "Service", FULLNAME, NAMESPACE)
-    assert [p["name"] for p in service["spec"]["ports"]] == ["rendezvous", "metrics"]
+    assert list(service_ports(objects, REPLICAS_SERVICE)) == ["metrics"]
+    assert ("Secret", WEBHOOK_TLS_SECRET, NAMESPACE) not in identities(objects)
     cluster = grants(named(objects, "ClusterRole", f"{FULLNAME}-cluster"))
     assert cluster == CLUSTER_GRANTS
 
@@ -478,17 +568,33 @@ def test_cluster_wide_rbac_grants_exactly_what_the_operator_needs(helm: Helm) ->
     assert grants(named(objects, "ClusterRole", FULLNAME)) == JOB_GRANTS
     cluster = named(objects, "ClusterRole", f"{FULLNAME}-cluster")
     assert grants(cluster) == CLUSTER_GRANTS | WEBHOOK_GRANTS | OWNER_GRANTS
-    # The Roles: the rendezvous certificate's Secret and the operator's own pod, in the
-    # release namespace.
+    # The Roles: the certificates' Secrets, the operator's own pods, its Lease and the Events on
+    # it, in the release namespace.
     assert identities(of_kind(objects, "Role")) == {
         ("Role", TLS_SECRET, NAMESPACE),
+        ("Role", WEBHOOK_TLS_SECRET, NAMESPACE),
         ("Role", SELF_ROLE, NAMESPACE),
     }
     assert identities(of_kind(objects, "RoleBinding")) == {
         ("RoleBinding", TLS_SECRET, NAMESPACE),
+        ("RoleBinding", WEBHOOK_TLS_SECRET, NAMESPACE),
         ("RoleBinding", SELF_ROLE, NAMESPACE),
     }
-    assert grants(named(objects, "Role", SELF_ROLE, NAMESPACE)) == {("", "pods"): {"get"}}
+    self_role = named(objects, "Role", SELF_ROLE, NAMESPACE)
+    assert grants(self_role) == SELF_GRANTS
+    lease_rules = [r for r in self_role["rules"] if "leases" in r["resources"]]
+    unrestricted = {v for r in lease_rules if "resourceNames" not in r for v in r["verbs"]}
+    assert unrestricted == {"create"}, "a create cannot be limited by name"
+    assert all(r["resourceNames"] == [LEASE] for r in lease_rules if "resourceNames" in r)
+    webhook_secret = named(objects, "Role", WEBHOOK_TLS_SECRET, NAMESPACE)
+    assert webhook_secret["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": [WEBHOOK_TLS_SECRET],
+            "verbs": ["get", "patch"],
+        }
+    ]
 
 
 def test_webhook_configuration_access_is_limited_to_its_own_name(helm: Helm) -> None:
@@ -515,7 +621,8 @@ def test_watch_namespaces_render_roles_per_namespace(helm: Helm) -> None:
         "a",
         "--namespace",
         "b",
-        "--webhook",
+        *ELECTION_ARGS,
+        *WEBHOOK_ARGS,
         *TLS_ARGS,
     ]
     for namespace in ("a", "b"):
@@ -538,8 +645,11 @@ def test_rbac_and_service_account_can_be_left_to_the_cluster_admin(helm: Helm) -
     )
     assert identities(objects) == {
         ("Service", FULLNAME, NAMESPACE),
+        ("Service", REPLICAS_SERVICE, NAMESPACE),
         ("Deployment", FULLNAME, NAMESPACE),
+        ("PodDisruptionBudget", FULLNAME, NAMESPACE),
         ("Secret", TLS_SECRET, NAMESPACE),
+        ("Secret", WEBHOOK_TLS_SECRET, NAMESPACE),
         ("NetworkPolicy", FULLNAME, NAMESPACE),
     }
     pod = named(objects, "Deployment", FULLNAME, NAMESPACE)["spec"]["template"]["spec"]
@@ -592,8 +702,11 @@ def test_a_provided_certificate_is_mounted_and_nothing_is_made(helm: Helm) -> No
         "secretName": "rdzv-cert",
         "defaultMode": 0o400,
     }
-    assert not of_kind(objects, "Secret")
-    assert identities(of_kind(objects, "Role")) == {("Role", SELF_ROLE, NAMESPACE)}
+    assert identities(of_kind(objects, "Secret")) == {("Secret", WEBHOOK_TLS_SECRET, NAMESPACE)}
+    assert identities(of_kind(objects, "Role")) == {
+        ("Role", SELF_ROLE, NAMESPACE),
+        ("Role", WEBHOOK_TLS_SECRET, NAMESPACE),
+    }
 
 
 def test_tls_disabled_serves_plain_http(helm: Helm) -> None:
@@ -602,8 +715,11 @@ def test_tls_disabled_serves_plain_http(helm: Helm) -> None:
     assert env_of(c)["ELASTICJOB_RENDEZVOUS_URL"] == f"http://{FULLNAME}.{NAMESPACE}.svc:8470"
     assert not any(a.startswith("--rendezvous-tls") for a in c["args"])
     assert [m["mountPath"] for m in c["volumeMounts"]] == ["/var/tmp/elasticjob"]
-    assert not of_kind(objects, "Secret")
-    assert identities(of_kind(objects, "Role")) == {("Role", SELF_ROLE, NAMESPACE)}
+    assert identities(of_kind(objects, "Secret")) == {("Secret", WEBHOOK_TLS_SECRET, NAMESPACE)}
+    assert identities(of_kind(objects, "Role")) == {
+        ("Role", SELF_ROLE, NAMESPACE),
+        ("Role", WEBHOOK_TLS_SECRET, NAMESPACE),
+    }
 
 
 # --- NetworkPolicy -----------------------------------------------------------------------------
@@ -706,7 +822,18 @@ def test_chart_crd_is_an_exact_copy_of_the_generated_crd() -> None:
     [
         ({"logLevel": "loud"}, "/logLevel"),
         ({"replicas": "1"}, "/replicas"),
-        ({"replicas": 2}, "/replicas"),
+        ({"replicas": -1}, "/replicas"),
+        ({"leaderElection": {"leaseDurationSeconds": 1}}, "/leaderElection"),
+        (
+            {
+                "leaderElection": {
+                    "leaseDurationSeconds": 3,
+                    "renewDeadlineSeconds": 0,
+                    "retryPeriodSeconds": 1,
+                }
+            },
+            "/leaderElection/renewDeadlineSeconds",
+        ),
         ({"watchNamespaces": "a"}, "/watchNamespaces"),
         ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
         ({"watchNamespaces": ["a", "a"]}, "/watchNamespaces"),
@@ -772,7 +899,14 @@ def test_monitoring_objects_are_off_by_default(helm: Helm) -> None:
 def test_the_service_monitor_scrapes_the_operators_metrics_port(helm: Helm) -> None:
     objects = helm.template(MONITORING)
     (monitor,) = [o for o in objects if o["kind"] == "ServiceMonitor"]
-    (service,) = [o for o in objects if o["kind"] == "Service"]
+    # It selects both Services by their labels; only the one in front of every replica has a
+    # metrics port, so every replica is scraped (a standby's say so) and each once.
+    (service,) = [
+        o
+        for o in of_kind(objects, "Service")
+        if "metrics" in {p["name"] for p in o["spec"]["ports"]}
+    ]
+    assert service["metadata"]["name"] == REPLICAS_SERVICE
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["namespace"] == NAMESPACE
     assert monitor["metadata"]["labels"]["release"] == "prom"

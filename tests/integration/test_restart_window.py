@@ -153,3 +153,45 @@ async def test_a_worker_asking_before_it_is_admitted_waits_as_long_as_it_waits_f
     job.readmit([early])  # the driver plans it
     answer = await asyncio.wait_for(asking, DEADLINE)
     assert answer.status is RendezvousStatus.PENDING
+
+
+# --- a replica that stands by, and a job handed over to another replica ---------------------
+
+
+async def get_notices(service: RendezvousService, job: str, wait_s: float) -> int:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            f"{service.url}/v1/jobs/{job}/notices?after=0&wait={wait_s}",
+            headers={
+                "Authorization": f"Bearer {TOKEN}",
+                PROTOCOL_HEADER: str(PROTOCOL_VERSION),
+            },
+        ) as response,
+    ):
+        return response.status
+
+
+async def test_a_standby_answers_every_job_503_with_retry_after(
+    service: RendezvousService,
+) -> None:
+    service.stand_by()
+    assert await get_round(service, "ns.any") == (503, str(RETRY_AFTER_S))
+    service.lead([], within_s=60)
+    assert await get_round(service, "ns.any") == (403, None), "a leader knows its jobs"
+
+
+async def test_a_released_job_answers_its_long_polls_now_and_its_workers_retry_elsewhere(
+    service: RendezvousService,
+) -> None:
+    service.add_job("ns.moving", TOKEN, Listener())
+    waiting = asyncio.create_task(get_notices(service, "ns.moving", wait_s=30))
+    await asyncio.sleep(0.2)  # the long-poll is waiting at the service
+    assert not waiting.done()
+    service.stand_by()
+    service.release_job("ns.moving")
+    assert await asyncio.wait_for(waiting, DEADLINE) == 200, "answered as if its wait ran out"
+    assert await get_round(service, "ns.moving") == (503, str(RETRY_AFTER_S))
+    service.lead(["ns.moving"], within_s=60)
+    service.add_job("ns.moving", TOKEN, Listener())
+    assert (await get_round(service, "ns.moving"))[0] == 200, "served again once it leads"

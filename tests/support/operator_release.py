@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from devcluster.cluster import Cluster
+from elasticjob.operator.api import LABEL_OPERATOR_LEADER
 from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
+from elasticjob.worker_contract import ENV_RENDEZVOUS_CA
+from tests.support.elastic_jobs import secret_token, worker_env
 from tests.support.kube import Kube
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "elasticjob-operator"
@@ -21,6 +24,10 @@ RELEASE = "elasticjob-operator"
 RENDEZVOUS_HOST = f"{RELEASE}.{SYSTEM_NS}.svc"
 RENDEZVOUS_PORT = 8470
 OPERATOR_PODS = "app.kubernetes.io/name=elasticjob-operator"
+POLL_S = 0.05
+"""How often :func:`wait_handover` looks (each look is a few kubectl round trips)."""
+LEADER_POD = f"{OPERATOR_PODS},{LABEL_OPERATOR_LEADER}=true"
+"""The operator pod that leads (the rendezvous Service selects it)."""
 
 
 def operator_pods(cluster: Cluster) -> list[dict[str, Any]]:
@@ -29,8 +36,17 @@ def operator_pods(cluster: Cluster) -> list[dict[str, Any]]:
     return pods
 
 
+def leader_pod(cluster: Cluster) -> dict[str, Any] | None:
+    """The operator pod labelled as the leader, not being deleted (None: there is none)."""
+    found = cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-l", LEADER_POD, "-o", "json")
+    pods = [
+        p for p in json.loads(found.stdout)["items"] if not p["metadata"].get("deletionTimestamp")
+    ]
+    return pods[0] if len(pods) == 1 else None
+
+
 def serving_operator_pods(cluster: Cluster) -> set[str]:
-    """The operator pods behind its Service: ready, so webhooks and workers reach them."""
+    """The operator pods behind its rendezvous Service: the leader, once it is ready."""
     found = cluster.kubectl("-n", SYSTEM_NS, "get", "endpoints", RELEASE, "-o", "json")
     subsets = json.loads(found.stdout).get("subsets") or []
     return {
@@ -49,6 +65,56 @@ def wait_operator_serving(kube: Kube, replaced: set[str]) -> None:
         lambda: serving_operator_pods(kube.cluster) - replaced,
         timeout=180,
     )
+
+
+def ready_operator_pods(cluster: Cluster) -> list[dict[str, Any]]:
+    """The operator pods that are ready and not being deleted."""
+    return [
+        p
+        for p in operator_pods(cluster)
+        if not p["metadata"].get("deletionTimestamp")
+        and any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in p.get("status", {}).get("conditions", [])
+        )
+    ]
+
+
+def both_replicas_ready(kube: Kube) -> dict[str, Any]:
+    """Wait until two replicas are ready and one of them leads; the leader."""
+    kube.wait(
+        "two ready operator replicas",
+        lambda: len(ready_operator_pods(kube.cluster)) == 2,
+        timeout=180,
+    )
+    found: dict[str, Any] = kube.wait(
+        "the operator's leader", lambda: leader_pod(kube.cluster), timeout=60
+    )
+    return found
+
+
+def wait_handover(
+    kube: Kube, job: str, since: float, *, old: str | None = None, timeout: float = 120
+) -> tuple[str, float]:
+    """Wait until the rendezvous Service routes to one pod (other than ``old``, when given)
+    and that pod answers ``job``'s round (200); that pod, and the seconds from ``since``."""
+    token, ca = secret_token(kube, job), worker_env(kube, job)[ENV_RENDEZVOUS_CA]
+    path = f"/v1/jobs/{kube.ns}.{job}/round"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        serving = serving_operator_pods(kube.cluster)
+        if len(serving) == 1 and old not in serving:
+            (pod,) = serving
+            found = kube.cluster.kubectl("-n", SYSTEM_NS, "get", "pod", pod, "-o", "json")
+            ip = json.loads(found.stdout)["status"].get("podIP")
+            try:
+                answered = rendezvous_status(kube, path, token, ca, ip=ip) if ip else 0
+            except OSError:
+                answered = 0
+            if answered == 200:
+                return pod, time.monotonic() - since
+        time.sleep(POLL_S)
+    raise AssertionError(f"no operator served job {job} within {timeout:g} s (not {old})")
 
 
 def restart_operator(kube: Kube) -> None:
@@ -92,13 +158,9 @@ def operator_logs(cluster: Cluster, timeout: float = 60.0) -> str:
 
 
 def operator_ip(kube: Kube) -> str:
-    """The IP of the (running) operator pod."""
-    pods = json.loads(kube.cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-o", "json").stdout)
-    ip: str = next(
-        p["status"]["podIP"]
-        for p in pods["items"]
-        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-    )
+    """The IP of the operator pod that leads."""
+    found = kube.wait("the operator's leader", lambda: leader_pod(kube.cluster), timeout=60)
+    ip: str = found["status"]["podIP"]
     return ip
 
 
@@ -117,12 +179,18 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
 
 
 def rendezvous_status(
-    kube: Kube, path: str, token: str, ca: str, *, host: str = RENDEZVOUS_HOST
+    kube: Kube,
+    path: str,
+    token: str,
+    ca: str,
+    *,
+    host: str = RENDEZVOUS_HOST,
+    ip: str | None = None,
 ) -> int:
-    """The status of ``GET path`` on the operator's rendezvous port over HTTPS, the server
-    verified against ``ca`` as ``host``."""
+    """The status of ``GET path`` on the rendezvous port of the operator at ``ip`` (None: the
+    leader) over HTTPS, the server verified against ``ca`` as ``host``."""
     context = ssl.create_default_context(cadata=ca)
-    conn = _PinnedHTTPSConnection(host, operator_ip(kube), RENDEZVOUS_PORT, context)
+    conn = _PinnedHTTPSConnection(host, ip or operator_ip(kube), RENDEZVOUS_PORT, context)
     try:
         headers = {PROTOCOL_HEADER: str(PROTOCOL_VERSION)}
         if token:

@@ -7,6 +7,7 @@ import asyncio
 import datetime
 import ssl
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -198,19 +199,30 @@ def test_valid_for_matches_host_names_as_tls_clients_do(
 
 
 class SecretStore:
-    """The two Secret calls :func:`managed_material` makes, on one Secret held in memory."""
+    """The two Secret calls :func:`managed_material` makes, on one Secret held in memory (its
+    version counts the writes; a write at another version is refused as a conflict)."""
 
     def __init__(self, data: dict[str, str] | None) -> None:
         self.data = data
+        self.version = 1
         self.patches: list[dict[str, str]] = []
 
-    async def read_secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
+    async def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         assert (namespace, name) == (MANAGED.namespace, MANAGED.secret)
-        return None if self.data is None else dict(self.data)
+        if self.data is None:
+            return None
+        return {"metadata": {"resourceVersion": str(self.version)}, "data": dict(self.data)}
 
-    async def patch_secret_data(self, namespace: str, name: str, data: dict[str, str]) -> None:
+    async def fill_secret(
+        self, namespace: str, name: str, data: dict[str, str], resource_version: str
+    ) -> bool:
         assert (namespace, name) == (MANAGED.namespace, MANAGED.secret)
+        await asyncio.sleep(0)  # another replica's read may come in between
+        if resource_version != str(self.version):
+            return False
+        self.data, self.version = dict(data), self.version + 1
         self.patches.append(data)
+        return True
 
 
 MANAGED = ManagedCertificate(secret="ejo-tls", namespace="system", dns_names=tuple(NAMES))
@@ -246,3 +258,12 @@ async def test_the_managed_certificate_is_kept_while_it_serves_else_made_and_sto
 async def test_a_missing_managed_secret_is_named() -> None:
     with pytest.raises(ValueError, match="Secret system/ejo-tls does not exist"):
         await managed_material(SecretStore(None), MANAGED, NOW)  # type: ignore[arg-type]
+
+
+async def test_replicas_starting_together_end_with_the_same_managed_certificate() -> None:
+    store = SecretStore({})
+    found = await asyncio.gather(
+        *(managed_material(store, MANAGED, NOW) for _ in range(3))  # type: ignore[arg-type]
+    )
+    assert found[0] == found[1] == found[2]
+    assert len(store.patches) == 1 and store.patches[0] == found[0].secret_data()

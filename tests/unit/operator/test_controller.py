@@ -19,8 +19,9 @@ from elasticjob.driver.driver import ElasticDriver
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.kube import KubeApi
+from elasticjob.operator.supervisor import StopSignal
 from elasticjob.rendezvous.server import RendezvousService
-from elasticjob.wire.messages import NoticeKind, RendezvousRequest, WorkerId
+from elasticjob.wire.messages import NoticeKind, RendezvousRequest, RendezvousStatus, WorkerId
 from tests.support.crd_model import with_changes
 from tests.support.fake_kube import Deletion, FakeKube
 
@@ -33,11 +34,12 @@ class Job:
     def __init__(self, kube: FakeKube, body: dict[str, Any]) -> None:
         self.kube = kube
         self.body = body
+        self.service = RendezvousService()
         self.controller = JobController(
             "ns",
             body["metadata"]["name"],
             cast(KubeApi, kube),
-            RendezvousService(),
+            self.service,
             ControllerSettings("http://rendezvous:8470", reconcile_interval_s=60.0),
             set(),
         )
@@ -99,9 +101,11 @@ class Job:
 
 
 @asynccontextmanager
-async def running(body: dict[str, Any], kube: FakeKube | None = None) -> AsyncIterator[Job]:
+async def running(
+    body: dict[str, Any], kube: FakeKube | None = None, stopped: StopSignal | None = None
+) -> AsyncIterator[Job]:
     job = Job(kube or FakeKube(), body)
-    task = asyncio.create_task(job.controller.run(job.body, asyncio.Event()))
+    task = asyncio.create_task(job.controller.run(job.body, stopped or StopSignal()))
     try:
         await job.kube.wait_for(lambda: job.controller.driver is not None or task.done())
         yield job
@@ -232,3 +236,29 @@ def adopted_pod(job: dict[str, Any], name: str) -> dict[str, Any]:
         },
         "spec": {"containers": [{"name": "worker", "image": "img"}]},
     }
+
+
+async def test_a_job_handed_over_lets_its_waiting_workers_ask_again_elsewhere() -> None:
+    """The operator stands down (another replica leads): a worker waiting for its next round
+    is answered as if its wait ran out, never told that the job finished, and the job leaves
+    this operator's rendezvous service (a standby's answers 503: the worker retries)."""
+    stopped = StopSignal()
+    async with running(new_job(replicas=2, minReplicas=2), stopped=stopped) as job:
+        pods = await job.start_round_1({"a": "node-a", "b": "node-b"})
+        rendezvous = job.driver.rendezvous
+        request = RendezvousRequest(
+            hostname=pods[0],
+            local_rank=0,
+            address="127.0.0.1",
+            store_port=29500,
+            after_round=1,
+            wait_seconds=30,
+        )
+        waiting = asyncio.create_task(rendezvous.rendezvous(request))
+        await job.until(lambda: rendezvous.long_polls > 0)
+        stopped.handover = True
+        stopped.set()
+        job.controller.job_updated()
+        answer = await asyncio.wait_for(waiting, DEADLINE_S)
+        assert answer.status is RendezvousStatus.PENDING
+        await job.until(lambda: not job.service.serves(job.controller.job_id))

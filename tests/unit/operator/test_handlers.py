@@ -16,7 +16,7 @@ from elasticjob.operator import handlers
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.runtime import OperatorConfig, OperatorRuntime
-from elasticjob.operator.supervisor import JobSupervisor
+from elasticjob.operator.supervisor import JobSupervisor, StopSignal
 from elasticjob.rendezvous.server import RendezvousService
 
 DEADLINE = 5.0
@@ -104,13 +104,15 @@ class Runs:
         self.outcomes = list(outcomes)
         self.calls: list[tuple[str, str]] = []
         self.bodies: list[Mapping[str, Any]] = []
+        self.signals: list[StopSignal] = []
         self.called = asyncio.Event()
         self.cancelled = False
 
     async def __call__(
-        self, namespace: str, name: str, body: Mapping[str, Any], stopped: asyncio.Event
+        self, namespace: str, name: str, body: Mapping[str, Any], stopped: StopSignal
     ) -> None:
         self.calls.append((namespace, name))
+        self.signals.append(stopped)
         self.bodies.append(body)
         self.called.set()
         outcome = self.outcomes.pop(0) if self.outcomes else "return"
@@ -221,3 +223,69 @@ async def test_the_supervisor_puts_no_finalizer_on_jobs() -> None:
     registry = handlers.REGISTRY
     assert not registry._spawning.get_all_handlers()
     assert not [h for h in registry._changing.get_all_handlers() if h.requires_finalizer]
+
+
+# --- the job supervisor of a replica that stands by or leads -----------------------------------
+
+
+async def test_a_standby_runs_no_job_and_runs_them_all_once_it_leads() -> None:
+    runs = Runs("until-stopped", "until-stopped")
+    supervisor = JobSupervisor(runs, leading=False)
+    await supervisor.observe(None, job())
+    await supervisor.observe(None, job(uid="u2"))
+    await supervisor.observe(None, job(uid="u3", phase="Succeeded"))
+    await settle()
+    assert runs.calls == [], "a standby never acts on a job"
+    assert sorted(supervisor.unended()) == [("ns", "job-u1"), ("ns", "job-u2")]
+    supervisor.lead()
+    await runs.next_call()
+    await settle()
+    assert sorted(runs.calls) == [("ns", "job-u1"), ("ns", "job-u2")]
+    await supervisor.stop_all()
+
+
+async def test_standing_down_hands_every_job_over_and_leading_again_runs_them_anew() -> None:
+    runs = Runs("until-stopped", "until-stopped")
+    supervisor = JobSupervisor(runs)
+    await supervisor.observe(None, job())
+    await runs.next_call()
+    await asyncio.wait_for(supervisor.stand_down(), DEADLINE)
+    assert runs.signals[0].is_set() and runs.signals[0].handover, "the job goes on elsewhere"
+    await supervisor.observe("MODIFIED", job())  # watched on, not run
+    await settle()
+    assert len(runs.calls) == 1
+    supervisor.lead()
+    await runs.next_call()
+    assert runs.calls == [("ns", "job-u1")] * 2
+    assert not runs.signals[1].is_set(), "a new run gets a signal of its own"
+    await supervisor.stop_all()
+
+
+async def test_a_lost_lease_cancels_the_jobs_at_once() -> None:
+    runs = Runs("ignore-stop")
+    supervisor = JobSupervisor(runs, cancellation_timeout_s=DEADLINE * 10)
+    await supervisor.observe(None, job())
+    await runs.next_call()
+    await asyncio.wait_for(supervisor.stand_down(at_once=True), DEADLINE)
+    assert runs.cancelled
+
+
+async def test_a_job_that_ended_under_this_leader_is_not_run_again_when_it_leads_again() -> None:
+    runs = Runs("return")
+    supervisor = JobSupervisor(runs)
+    await supervisor.observe(None, job())
+    await runs.next_call()
+    await settle()
+    await supervisor.stand_down()
+    supervisor.lead()
+    await settle()
+    assert len(runs.calls) == 1 and supervisor.unended() == []
+
+
+async def test_deletion_is_not_a_handover() -> None:
+    runs = Runs("until-stopped")
+    supervisor = JobSupervisor(runs)
+    await supervisor.observe(None, job())
+    await runs.next_call()
+    await asyncio.wait_for(supervisor.observe("DELETED", job()), DEADLINE)
+    assert runs.signals[0].is_set() and not runs.signals[0].handover

@@ -1,5 +1,6 @@
-"""``elasticjob-operator``'s options for the rendezvous service's transport: the URL's scheme
-decides, and options that do not fit together are a usage error naming them."""
+"""``elasticjob-operator``'s options for the rendezvous service's transport (the URL's scheme
+decides) and for the leader election; options that do not fit together are a usage error
+naming them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from elasticjob.operator.certs import ManagedCertificate, TLSMaterial
-from elasticjob.operator.main import build_parser, main, rendezvous_tls
+from elasticjob.operator.leader_election import ElectionSettings
+from elasticjob.operator.leader_lease import LeaseRef
+from elasticjob.operator.main import build_parser, leader_election, main, rendezvous_tls
 
 NOW = datetime.datetime.now(datetime.UTC)
 ENV = {"ELASTICJOB_SERVICE_NAME": "ejo", "POD_NAMESPACE": "system"}
@@ -103,3 +106,32 @@ def test_a_bad_option_is_a_usage_error_not_a_traceback(
     code = main(["--rendezvous-url", HTTPS, "--rendezvous-tls-dir", str(tmp_path)])
     assert code == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_without_a_lease_the_operator_leads_alone() -> None:
+    assert leader_election(build_parser().parse_args(["--rendezvous-url", HTTPS]), ENV) is None
+
+
+def test_the_lease_and_its_timing_come_from_the_options() -> None:
+    args = build_parser().parse_args(
+        ["--leader-election-lease", "ejo-leader", "--lease-duration", "5", "--retry-period", "1"]
+    )
+    election = leader_election(args, ENV)
+    assert election is not None
+    assert election.lease == LeaseRef("system", "ejo-leader")
+    assert election.settings == ElectionSettings(5, ElectionSettings().renew_deadline_s, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "error"),
+    [
+        (["--leader-election-lease", "l"], {}, "needs POD_NAMESPACE"),
+        (["--leader-election-lease", "l", "--renew-deadline", "3"], ENV, "lease duration >"),
+    ],
+    ids=["no-namespace", "deadline-past-the-duration"],
+)
+def test_an_election_that_cannot_work_is_refused(
+    argv: list[str], env: dict[str, str], error: str
+) -> None:
+    with pytest.raises(ValueError, match=error):
+        leader_election(build_parser().parse_args(argv), env)

@@ -108,3 +108,13 @@ def test_rendezvous_latency_leaves_out_long_polls() -> None:
     assert value(samples, f"{latency}_bucket", route=route, le="0.001") == 1
     assert value(samples, f"{latency}_bucket", route=route, le="0.0025") == 2
     assert value(samples, f"{latency}_bucket", route=route, le="+Inf") == 3
+
+
+def test_a_replica_says_whether_it_leads_and_how_often_it_came_to_lead() -> None:
+    metrics = make([], RequestStats())
+    assert value(scrape(metrics), "elasticjob_operator_leader") == 0
+    for leading in (True, False, True):
+        metrics.set_leading(leading)
+    samples = scrape(metrics)
+    assert value(samples, "elasticjob_operator_leader") == 1
+    assert value(samples, "elasticjob_operator_leadership_acquired_total") == 2

@@ -156,3 +156,18 @@ Name of the ValidatingWebhookConfiguration the operator manages: <service>.<name
 {{- define "elasticjob-operator.webhookConfigName" -}}
 {{- printf "%s.%s.svc" (include "elasticjob-operator.fullname" .) .Release.Namespace -}}
 {{- end -}}
+
+{{/* The Service in front of every ready replica (admission reviews, metrics). */}}
+{{- define "elasticjob-operator.replicasService" -}}
+{{- printf "%s-replicas" (include "elasticjob-operator.fullname" . | trunc 54 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/* The Lease the replicas elect their leader with. */}}
+{{- define "elasticjob-operator.leaseName" -}}
+{{ include "elasticjob-operator.fullname" . }}-leader
+{{- end -}}
+
+{{/* The Secret in which the operator keeps the webhook's certificate (every replica serves it). */}}
+{{- define "elasticjob-operator.webhookTLSSecret" -}}
+{{ include "elasticjob-operator.fullname" . }}-webhook-tls
+{{- end -}}
