@@ -24,6 +24,7 @@ EVENT_STYLE: Final = {
     EventKind.SCALE: ("tab:blue", "scale request"),
     EventKind.CHECKPOINT: ("tab:green", "checkpoint"),
     EventKind.RESTORED: ("tab:purple", "restored from a checkpoint"),
+    EventKind.ADOPTED: ("tab:gray", "operator handover"),
 }
 """Colour and legend label of the events drawn as vertical lines."""
 
@@ -47,6 +48,8 @@ class Summary:
     blacklisted: int
     scale_requests: int
     largest_world: int
+    handovers: int = 0
+    """Times an operator took the running job over (it restarted, or another replica led)."""
 
     def lines(self) -> list[str]:
         """The summary as short lines of text."""
@@ -56,7 +59,7 @@ class Summary:
             f"goodput {self.goodput:.1%}; time lost: {lost}",
             f"{self.rounds} rounds, {self.failures} failures, {self.blacklisted} hosts "
             f"blacklisted, {self.scale_requests} scale requests, up to {self.largest_world} "
-            "workers",
+            f"workers, {self.handovers} operator handovers",
         ]
 
 
@@ -82,6 +85,7 @@ def summarize(record: JobRecordData) -> Summary:
         failures=kinds[EventKind.FAILURE],
         blacklisted=kinds[EventKind.BLACKLISTED],
         scale_requests=kinds[EventKind.SCALE],
+        handovers=kinds[EventKind.ADOPTED],
         largest_world=max(
             [s.world_size for s in record.samples] + [e.world_size for e in record.events],
             default=0,

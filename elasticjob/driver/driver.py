@@ -170,7 +170,7 @@ class ElasticDriver(RendezvousListener):
             self.reachability.since = max(self.reachability.since, self._clock())
         self.registry.start_round(round_number)
         self.phase = DriverPhase.RUNNING
-        self.journal.adopted(round_number)
+        self.journal.adopted(round_number, len(slots))
         logger.info("adopted round %d with %d workers", round_number, len(slots))
 
     # ---- events (front end, listener and launcher callbacks; all on the event loop) -------

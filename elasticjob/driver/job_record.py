@@ -44,6 +44,9 @@ class EventKind(enum.StrEnum):
     """Rank 0 wrote a durable checkpoint."""
     RESTORED = "restored"
     """No worker survived: the new round's rank 0 loaded a durable checkpoint."""
+    ADOPTED = "adopted"
+    """An operator took the running round over: it restarted, or another replica came to
+    lead (the job's workers trained on)."""
     FINISHED = "finished"
 
 

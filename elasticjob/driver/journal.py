@@ -149,10 +149,17 @@ class JobJournal:
         lost = {cause.value: s for cause, s in self.lost_time.lost_seconds(now).items()}
         return self.record.data(lost, self.lost_time.goodput(now))
 
-    def adopted(self, round_number: int) -> None:
-        """A restarted driver took over ``round_number``, which is training."""
+    def adopted(self, round_number: int, world_size: int) -> None:
+        """A new driver (its operator restarted, or another replica came to lead) took over
+        ``round_number``, which is training."""
         self._paused_in_round, self._round_ended_at = round_number, None
         self.lost_time = LostTime.training(self._clock())
+        self.record.event(
+            EventKind.ADOPTED,
+            "an operator took the running round over",
+            round=round_number,
+            world_size=world_size,
+        )
 
     def resume_lost_time(self, lost: Mapping[LostTo, float], running_for_s: float) -> None:
         """Carry on the account of a job that had run ``running_for_s`` and lost ``lost``."""

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from typing import Any, cast
 
 from elasticjob.driver.driver import ElasticDriver
+from elasticjob.driver.job_record import EventKind
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.kube import KubeApi
@@ -213,6 +214,9 @@ async def test_a_restarted_operator_adopts_the_recorded_round_and_fails_its_miss
     kube.run_pod("train-worker-a", "n1")
     async with running(body, kube) as job:
         assert job.driver.round == 4, "the recorded round is adopted"
+        events = job.driver.journal.record.data({}, 1.0).events
+        adopted = [e for e in events if e.kind is EventKind.ADOPTED]
+        assert [(e.round, e.world_size) for e in adopted] == [(4, 2)], "the record marks it"
         assert (await job.notices()) == [(NoticeKind.ROUND_FAILED, ("train-worker-b",))]
         assert job.controller.pods.blacklist.keys.strikes("n9") == 2
         await job.kube.wait_for(lambda: job.kube.statuses)

@@ -22,6 +22,7 @@ def record() -> JobRecordData:
         RecordEvent(t=T0 + 900, kind=EventKind.FAILURE, message="a worker on <b> failed"),
         RecordEvent(t=T0 + 900.5, kind=EventKind.BLACKLISTED, message="b for 60 s"),
         RecordEvent(t=T0 + 902, kind=EventKind.ROUND, round=3, world_size=5),
+        RecordEvent(t=T0 + 1000, kind=EventKind.ADOPTED, round=3, world_size=5),
     )
     samples = tuple(
         RecordSample(t=T0 + t, world_size=w, samples_per_second=100.0 * w)
@@ -41,8 +42,9 @@ def test_the_summary_quotes_what_an_incident_report_needs() -> None:
     summary = summarize(record())
     assert summary.duration_s == 1200
     assert (summary.rounds, summary.failures, summary.blacklisted) == (3, 1, 1)
-    assert (summary.scale_requests, summary.largest_world) == (1, 6)
+    assert (summary.scale_requests, summary.largest_world, summary.handovers) == (1, 6, 1)
     text = "\n".join(summary.lines())
+    assert "1 operator handovers" in text
     assert "ran 20m00s" in text and "goodput 93.0%" in text and "rollback 30.0 s" in text
 
 
