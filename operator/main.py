@@ -17,12 +17,12 @@ from elasticjob.operator import handlers
 from elasticjob.operator.certs import ManagedCertificate, TLSMaterial, service_dns_names
 from elasticjob.operator.leader_election import ElectionSettings
 from elasticjob.operator.leader_lease import LeaseRef
-from elasticjob.operator.runtime import (
+from elasticjob.operator.operator_config import (
     LeaderElectionConfig,
     OperatorConfig,
-    OperatorRuntime,
     WebhookConfig,
 )
+from elasticjob.operator.runtime import OperatorRuntime
 from elasticjob.worker_contract import ENV_RENDEZVOUS_URL
 
 

@@ -9,11 +9,9 @@ import datetime
 import logging
 import socket
 import ssl
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import kopf
@@ -33,68 +31,16 @@ from elasticjob.operator.controller import JobController
 from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.kube_transport import load_config
-from elasticjob.operator.leader_election import ElectionSettings
-from elasticjob.operator.leader_lease import LeaderElector, LeaseRef, new_identity
+from elasticjob.operator.leader_lease import LeaderElector, new_identity
 from elasticjob.operator.leadership import OperatorLeadership
 from elasticjob.operator.metrics import CONTENT_TYPE, OperatorMetrics
+from elasticjob.operator.operator_config import OperatorConfig, WebhookConfig
 from elasticjob.operator.ownpod import follow_own_pod
 from elasticjob.operator.supervisor import ENDED_PHASES, JobSupervisor, StopSignal
 from elasticjob.operator.webhook import ServiceWebhookServer, serves_this_server
 from elasticjob.rendezvous.server import RendezvousService
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class OperatorConfig:
-    rendezvous_url: str
-    """How worker pods reach this process's rendezvous service."""
-    bind_address: str = "0.0.0.0"
-    rendezvous_port: int = 8470
-    metrics_port: int = 8471
-    webhook: WebhookConfig | None = None
-    """Serve the validating admission webhook (kopf manages its configuration object)."""
-    namespaces: tuple[str, ...] = ()
-    """The namespaces whose jobs the operator runs (empty: every namespace)."""
-    rendezvous_tls: TLSMaterial | ManagedCertificate | None = None
-    """Serve the rendezvous service over TLS with this material (read from a mounted Secret)
-    or with one the operator makes and keeps (None: plain HTTP)."""
-    tls_dir: Path = Path(tempfile.gettempdir()) / "elasticjob-rendezvous"
-    """Where the rendezvous service's key is written for :mod:`ssl` to load it."""
-    own_pod: tuple[str, str] | None = None
-    """The operator's own pod (namespace, name), which it follows (see ``ownpod.py``; None:
-    it runs outside a pod, or is not told its name)."""
-    leader_election: LeaderElectionConfig | None = None
-    """Lead only while holding this Lease (None: lead from the start, alone)."""
-
-
-@dataclass(frozen=True)
-class LeaderElectionConfig:
-    lease: LeaseRef
-    settings: ElectionSettings = field(default_factory=ElectionSettings)
-
-
-@dataclass(frozen=True)
-class WebhookConfig:
-    service: str
-    """The operator's Service, which is also the name of the webhook configuration object."""
-    namespace: str
-    port: int = 8443
-    cert_dir: Path = Path(tempfile.gettempdir()) / "elasticjob-webhook"
-    owner: str | None = None
-    """A ClusterRole that owns the webhook configurations, so that they are garbage-collected
-    with it when the operator is uninstalled (None: they are left behind)."""
-    configuration: str | None = None
-    """The name of the webhook configurations (None: ``<service>.<namespace>.svc``)."""
-    tls_secret: str | None = None
-    """Keep the webhook's certificate in this Secret of ``namespace``, so that every replica
-    serves the one its configuration names (None: each start makes its own)."""
-
-    @property
-    def configuration_name(self) -> str:
-        """The name of the webhook configurations; kopf names their webhooks after it (a
-        domain of three or more labels)."""
-        return self.configuration or f"{self.service}.{self.namespace}.svc"
 
 
 @dataclass

@@ -190,10 +190,10 @@ def test_operator_runs_under_the_charts_security_context(
     operator = f"docker.io/elasticjob/operator:{chart_app_version()}"
     script = (
         "import datetime as d;"
-        "from elasticjob.operator import certs, runtime;"
+        "from elasticjob.operator import certs, operator_config as c;"
         "m = certs.TLSMaterial.issue(['svc.ns.svc'], now=d.datetime.now(d.UTC));"
-        "m.server_context(runtime.OperatorConfig(rendezvous_url='https://svc.ns.svc').tls_dir);"
-        "w = runtime.WebhookConfig('svc', 'ns').cert_dir;"
+        "m.server_context(c.OperatorConfig(rendezvous_url='https://svc.ns.svc').tls_dir);"
+        "w = c.WebhookConfig('svc', 'ns').cert_dir;"
         "print(*(str(p) for p in m.write_files(w, 'webhook')))"
     )
     tmp = "/var/tmp/elasticjob"

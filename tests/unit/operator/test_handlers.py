@@ -15,7 +15,8 @@ from kopf._core.actions.invocation import invoke  # how kopf calls a handler
 from elasticjob.operator import handlers
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.kube import KubeApi
-from elasticjob.operator.runtime import OperatorConfig, OperatorRuntime
+from elasticjob.operator.operator_config import OperatorConfig
+from elasticjob.operator.runtime import OperatorRuntime
 from elasticjob.operator.supervisor import JobSupervisor, StopSignal
 from elasticjob.rendezvous.server import RendezvousService
 
