@@ -14,7 +14,12 @@ import yaml
 from devcluster.cluster import Cluster
 from tests.support.elastic_jobs import sleeper, wait_status
 from tests.support.kube import Kube
-from tests.support.operator_release import RELEASE, SYSTEM_NS
+from tests.support.operator_release import (
+    RELEASE,
+    SYSTEM_NS,
+    both_replicas_ready,
+    ready_operator_pods,
+)
 
 TYPO = "spec.template.spec.containers[0].resource"
 
@@ -24,13 +29,6 @@ def apply(kube: Kube, manifest: dict[str, Any]) -> tuple[int, str]:
         "-n", kube.ns, "apply", "-f", "-", input=yaml.safe_dump(manifest), check=False
     )
     return result.returncode, result.stderr
-
-
-def operator_ip(cluster: Cluster) -> str:
-    pods = json.loads(cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-o", "json").stdout)
-    running = [p for p in pods["items"] if p["status"].get("phase") == "Running"]
-    assert len(running) == 1, pods
-    return str(running[0]["status"]["podIP"])
 
 
 def test_scaling_beyond_the_bounds_is_refused(operator: Cluster, kube: Kube) -> None:
@@ -58,15 +56,17 @@ def test_a_misspelt_pod_template_field_is_refused(operator: Cluster, kube: Kube)
 def test_the_liveness_endpoint_answers_without_telling_about_jobs(
     operator: Cluster, kube: Kube
 ) -> None:
-    ip = operator_ip(operator)
-    with urllib.request.urlopen(f"http://{ip}:8472/healthz", timeout=10) as response:
-        assert response.status == 200
-        assert json.loads(response.read()) == {"rendezvous": "serving"}
-    try:
-        urllib.request.urlopen(f"http://{ip}:8471/healthz", timeout=10)
-        raise AssertionError("the metrics port still serves /healthz")
-    except urllib.error.HTTPError as exc:
-        assert exc.code == 404
+    both_replicas_ready(kube)
+    for pod in ready_operator_pods(operator):  # the leader and the standby
+        ip = pod["status"]["podIP"]
+        with urllib.request.urlopen(f"http://{ip}:8472/healthz", timeout=10) as response:
+            assert response.status == 200
+            assert json.loads(response.read()) == {"rendezvous": "serving"}
+        try:
+            urllib.request.urlopen(f"http://{ip}:8471/healthz", timeout=10)
+            raise AssertionError("the metrics port still serves /healthz")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 404
 
 
 def test_without_the_webhook_a_misspelt_field_fails_the_job(operator: Cluster, kube: Kube) -> None:

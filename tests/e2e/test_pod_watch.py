@@ -21,6 +21,7 @@ from elasticjob.operator.api import worker_selector
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.kube import KubeApi
+from elasticjob.operator.supervisor import StopSignal
 from elasticjob.rendezvous.server import RendezvousService
 from tests.support.elastic_jobs import job_manifest
 from tests.support.job_runs import JobRun, kill_leftovers, read_events
@@ -110,7 +111,7 @@ async def test_the_first_round_forms_though_the_watch_misses_the_running_pods(
     controller = JobController(
         kube.ns, "lossy", KubeApi(), service, ControllerSettings(service.url), set()
     )
-    stopped = asyncio.Event()
+    stopped = StopSignal()
     with LossyPodWatch(kube.ns, "lossy", controller.on_pod_event, asyncio.get_running_loop()) as w:
         task = asyncio.create_task(controller.run(body, stopped))
         try:
