@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
 import kubernetes
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from elasticjob.backoff import Backoff
@@ -70,9 +71,13 @@ def load_config() -> None:
 class KubeTransport:
     """The API client, its thread pool, and the retries of every call made through it."""
 
-    def __init__(self, attempts: int = ATTEMPTS, threads: int = API_THREADS) -> None:
+    def __init__(
+        self, attempts: int = ATTEMPTS, threads: int = API_THREADS, *, http_retries: bool = True
+    ) -> None:
         configuration = kubernetes.client.Configuration.get_default_copy()
         configuration.connection_pool_maxsize = threads
+        if not http_retries:  # urllib3's own retries (3 by default) off: one request a try
+            configuration.retries = False
         self.client = kubernetes.client.ApiClient(configuration)
         self._threads = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="kube")
         self._attempts = attempts
@@ -85,7 +90,13 @@ class KubeTransport:
             try:
                 return await asyncio.get_running_loop().run_in_executor(
                     self._threads,
-                    functools.partial(call, *args, _request_timeout=REQUEST_TIMEOUT_S, **kwargs),
+                    functools.partial(
+                        _connection_errors_as_os_errors,
+                        call,
+                        *args,
+                        _request_timeout=REQUEST_TIMEOUT_S,
+                        **kwargs,
+                    ),
                 )
             except ApiException as exc:
                 if api_outcome(exc) not in _RETRIED or attempt == self._attempts:
@@ -112,10 +123,11 @@ class KubeTransport:
     async def call_once(
         self, what: str, call: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any
     ) -> dict[str, Any]:
-        """One try of ``call`` (its JSON, as :meth:`call_json`) within ``timeout_s``: for a
-        write by resourceVersion, whose conflict means someone else wrote first and must not be
-        tried again as it was, and for a caller that tries again on its own schedule (``what``
-        names the call in logs)."""
+        """One try of ``call`` (its JSON, as :meth:`call_json`) within ``timeout_s``, the wait
+        for a thread of the pool included (:class:`TimeoutError` past it): for a write by
+        resourceVersion, whose conflict means someone else wrote first and must not be tried
+        again as it was, and for a caller that tries again on its own schedule (``what`` names
+        the call in logs)."""
 
         def raw() -> dict[str, Any]:
             return json_of(
@@ -123,7 +135,10 @@ class KubeTransport:
             )
 
         logger.debug("%s", what)
-        return await asyncio.get_running_loop().run_in_executor(self._threads, raw)
+        async with asyncio.timeout(timeout_s):
+            return await asyncio.get_running_loop().run_in_executor(
+                self._threads, _connection_errors_as_os_errors, raw
+            )
 
     async def request(
         self,
@@ -156,6 +171,17 @@ class KubeTransport:
             raise ApiException(status=response.status, reason=response.reason, http_resp=response)
         document: dict[str, Any] = json.loads(data) if data else {}
         return document
+
+
+def _connection_errors_as_os_errors(call: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """``call(*args, **kwargs)``, raising :class:`ConnectionError` (an :class:`OSError`) for
+    the client's connection failures that are no :class:`OSError` (urllib3's, such as its
+    retries running out or a read timing out), so that every caller treats them as the
+    transient failures they are."""
+    try:
+        return call(*args, **kwargs)
+    except urllib3.exceptions.HTTPError as exc:
+        raise ConnectionError(str(exc)) from exc
 
 
 async def upsert(

@@ -32,13 +32,15 @@ from elasticjob.operator.leader_election import (
 
 logger = logging.getLogger(__name__)
 
+MIN_CALL_S = 0.1
+"""The shortest time an election call is given (a leader near its renew deadline)."""
+
 
 class Leadership(Protocol):
     """What the operator does when it comes to lead and when it stops."""
 
-    async def lead(self, previous: str) -> None:
-        """It leads from now on (``previous``: the identity of the Lease's last holder, "" for
-        none)."""
+    async def lead(self) -> None:
+        """It leads from now on."""
 
     async def stand_down(self, *, lost: bool) -> None:
         """It no longer leads; returns once it stopped acting (``lost``: at once, another may
@@ -94,6 +96,7 @@ class LeaderElector:
         self._observed_at = 0.0
         self._poke = asyncio.Event()
         self._announcing: set[asyncio.Task[None]] = set()
+        self._closing = False
 
     @property
     def leading(self) -> bool:
@@ -112,26 +115,47 @@ class LeaderElector:
             self._lease.namespace,
             self._lease.name,
         )
-        while True:
-            await self.step()
+        while not self._closing:
+            try:
+                await self.step()
+            except Exception:  # the election goes on: the renew deadline still applies
+                logger.exception("leader election: a step failed")
+            if self._closing:
+                return
             await wait_event(self._poke, self._settings.retry_period_s)
             self._poke.clear()
 
+    def close(self) -> None:
+        """Let :meth:`run` return after the step it is in (then :meth:`release`): a step cut
+        short could leave the replica's jobs half stood down and the Lease held."""
+        self._closing = True
+        self.poke()
+
     async def step(self) -> Move:
         """One read of the Lease and the move it leads to, carried out."""
-        now = self._clock()
         try:
             lease = await self._api.read_lease(
-                self._lease.namespace, self._lease.name, self._settings.renew_deadline_s
+                self._lease.namespace, self._lease.name, self._call_timeout()
             )
         except (ApiException, OSError) as exc:
             logger.debug("leader election: could not read the Lease: %s", exc)
+            now = self._clock()
             move = decide(None, self._me(), now, self._settings, read_failed=True)
             lease = None
         else:
+            now = self._clock()
             move = decide(self._seen(lease, now), self._me(), now, self._settings)
         await self._carry_out(move, lease, now)
         return move
+
+    def _call_timeout(self) -> float:
+        """How long one API call of the election may take: for the leader, no later than its
+        renew deadline (it must know by then whether it still leads)."""
+        limit = self._settings.renew_deadline_s
+        if self._leading and self._renewed_at is not None:
+            left = self._renewed_at + self._settings.renew_deadline_s - self._clock()
+            limit = min(limit, max(left, MIN_CALL_S))
+        return limit
 
     async def release(self) -> None:
         """Stop leading, if it does, and release the Lease (the operator stops)."""
@@ -196,7 +220,7 @@ class LeaderElector:
                 self.identity,
                 previous or "none",
             )
-            await self._leadership.lead(previous)
+            await self._leadership.lead()
 
     async def _write(
         self, lease: dict[str, Any] | None, *, holder: str, now: float
@@ -221,7 +245,7 @@ class LeaderElector:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata}
         try:
             written = await self._api.write_lease(
-                self._lease.namespace, {**body, "spec": spec}, self._settings.renew_deadline_s
+                self._lease.namespace, {**body, "spec": spec}, self._call_timeout()
             )
         except (ApiException, OSError) as exc:
             logger.debug("leader election: could not write the Lease: %s", exc)

@@ -2,13 +2,13 @@
 "this replica leads".
 
 - **Lead.** Its rendezvous service serves jobs again (a job not served yet gets 503, retry,
-  for the adoption window), the job supervisor starts every job's controller (each adopts its
-  recorded round, as after a restart), and the replica routes the workers to itself: it puts
-  the leader label on its pod (the rendezvous Service selects it) and takes it off the
-  previous holder's pod.
+  for the adoption window: those its watch saw, and those a list of the jobs finds), the job
+  supervisor starts every job's controller (each adopts its recorded round, as after a
+  restart), and the replica routes the workers to itself: it puts the leader label on its pod
+  (the rendezvous Service selects it) and takes it off every other operator pod that has it.
 - **Stand down.** Its rendezvous service answers every job 503 (its workers retry and reach
-  the leader), the controllers stop and hand their jobs over (nothing ends, no pod is
-  touched), and the label comes off its pod.
+  the leader), the controllers stop and hand their jobs over within the stop grace (nothing
+  ends, no pod is touched), and the label comes off its pod.
 
 A replica that starts takes the label off its own pod first: a container restarted in a pod
 that led is a standby until it wins the election again.
@@ -26,8 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.api import LABEL_OPERATOR_LEADER
 from elasticjob.operator.kube import KubeApi
-from elasticjob.operator.leader_lease import pod_of
-from elasticjob.operator.supervisor import JobSupervisor
+from elasticjob.operator.supervisor import ENDED_PHASES, JobSupervisor
 from elasticjob.rendezvous.server import RendezvousService
 
 logger = logging.getLogger(__name__)
@@ -39,6 +38,8 @@ LABEL_TIMEOUT_S: Final = 2.0
 """One try of a label change on an operator pod."""
 LABEL_RETRY_S: Final = 0.5
 """The pause before a label change that failed is tried again."""
+UNLABEL_TRIES: Final = 5
+"""Tries of taking the label off the replica's own pod (a leader takes it off any other)."""
 
 
 class OperatorLeadership:
@@ -51,12 +52,19 @@ class OperatorLeadership:
         jobs: JobSupervisor,
         own_pod: tuple[str, str] | None,
         *,
+        namespaces: tuple[str, ...] = (),
+        stop_grace_s: float | None = None,
         on_change: Callable[[bool], None] = lambda _leading: None,
     ) -> None:
         self._api = api
         self._service = service
         self._jobs = jobs
         self._own_pod = own_pod
+        self._namespaces = namespaces
+        self.stop_grace_s = stop_grace_s
+        """How long the jobs' controllers get to stop when the replica stands down (None: the
+        supervisor's cancellation timeout); with an election, well within the Lease's
+        duration, so that no successor acts before they stopped."""
         self._on_change = on_change
         self._routing: asyncio.Task[None] | None = None
         self.leading = False
@@ -65,9 +73,9 @@ class OperatorLeadership:
         """A standby from the start: no job is served, the label is off its pod."""
         self._service().stand_by()
         if self._own_pod is not None:
-            await self._relabel(self._own_pod[1], None)
+            await self._relabel(self._own_pod[1], None, tries=UNLABEL_TRIES)
 
-    async def lead(self, previous: str, expected: Iterable[str] = ()) -> None:
+    async def lead(self, expected: Iterable[str] = ()) -> None:
         """It leads: serve, run and route (see the module docstring). The jobs its supervisor
         saw and have not ended, and ``expected`` (job ids), get 503 until they are served."""
         self.leading = True
@@ -75,8 +83,7 @@ class OperatorLeadership:
         self._service().lead([*jobs, *expected], ADOPTION_WINDOW_S)
         self._jobs.lead()
         self._on_change(True)
-        if self._own_pod is not None:
-            self._routing = asyncio.create_task(self._route_here(previous), name="route here")
+        self._routing = asyncio.create_task(self._take_over(), name="take over")
 
     async def stand_down(self, *, lost: bool) -> None:
         """It no longer leads: answer 503, hand the jobs over, unroute."""
@@ -86,24 +93,50 @@ class OperatorLeadership:
             self._routing.cancel()
             await asyncio.gather(self._routing, return_exceptions=True)
             self._routing = None
-        await self._jobs.stand_down(at_once=lost)
+        await self._jobs.stand_down(at_once=lost, grace_s=self.stop_grace_s)
         self._on_change(False)
         if self._own_pod is not None:
-            await self._relabel(self._own_pod[1], None)
+            await self._relabel(self._own_pod[1], None, tries=UNLABEL_TRIES)
 
-    async def _route_here(self, previous: str) -> None:
-        """Label its own pod, unlabel the previous holder's, each until it is done."""
-        assert self._own_pod is not None
-        me = self._own_pod[1]
-        changes: list[tuple[str, str | None]] = [(me, "true")]
-        if previous and pod_of(previous) != me:
-            changes.append((pod_of(previous), None))
-        await asyncio.gather(*(self._relabel(pod, value, retry=True) for pod, value in changes))
+    async def _take_over(self) -> None:
+        """Expect back the jobs a list finds (the watch may not have shown them all yet), and
+        route the workers here: label its own pod, unlabel every other operator pod."""
+        await self._expect_listed_jobs()
+        if self._own_pod is None:
+            return
+        namespace, me = self._own_pod
+        await self._relabel(me, "true")
+        while True:
+            try:
+                labelled = await self._api().list_pods(namespace, f"{LABEL_OPERATOR_LEADER}=true")
+                break
+            except (ApiException, OSError) as exc:
+                logger.warning("could not list the operator pods labelled as leader: %s", exc)
+            await asyncio.sleep(LABEL_RETRY_S)
+        others = [p["metadata"]["name"] for p in labelled.items if p["metadata"]["name"] != me]
+        await asyncio.gather(*(self._relabel(pod, None) for pod in others))
         logger.info("the rendezvous Service routes workers to this operator (pod %s)", me)
 
-    async def _relabel(self, pod: str, value: str | None, *, retry: bool = False) -> None:
+    async def _expect_listed_jobs(self) -> None:
+        while True:
+            try:
+                listed = await self._api().list_jobs(self._namespaces)
+                break
+            except (ApiException, OSError) as exc:
+                logger.warning("could not list the jobs to take over: %s", exc)
+            await asyncio.sleep(LABEL_RETRY_S)
+        self._service().also_expect(
+            podlib.job_id(job["metadata"]["namespace"], job["metadata"]["name"])
+            for job in listed
+            if (job.get("status") or {}).get("phase") not in ENDED_PHASES
+        )
+
+    async def _relabel(self, pod: str, value: str | None, *, tries: int | None = None) -> None:
+        """Put the leader label on ``pod`` (``value`` "true") or take it off (None), trying
+        until it is done, or ``tries`` times."""
         assert self._own_pod is not None
         namespace = self._own_pod[0]
+        tried = 0
         while True:
             try:
                 await self._api().label_pod(
@@ -119,6 +152,7 @@ class OperatorLeadership:
                     pod,
                     exc,
                 )
-                if not retry:
-                    return
+            tried += 1
+            if tries is not None and tried >= tries:
+                return
             await asyncio.sleep(LABEL_RETRY_S)

@@ -12,7 +12,7 @@ import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import kopf
 from aiohttp import web
@@ -30,7 +30,7 @@ from elasticjob.operator.certs import (
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.kube import KubeApi
-from elasticjob.operator.kube_transport import load_config
+from elasticjob.operator.kube_transport import KubeTransport, load_config
 from elasticjob.operator.leader_lease import LeaderElector, new_identity
 from elasticjob.operator.leadership import OperatorLeadership
 from elasticjob.operator.metrics import CONTENT_TYPE, OperatorMetrics
@@ -41,6 +41,12 @@ from elasticjob.operator.webhook import ServiceWebhookServer, serves_this_server
 from elasticjob.rendezvous.server import RendezvousService
 
 logger = logging.getLogger(__name__)
+
+ELECTION_THREADS: Final = 4
+"""Threads of the election's API client (a read or write of the Lease, label changes)."""
+ELECTION_CLOSE_S: Final = 15.0
+"""How long a stopping operator waits for the election's step in progress (a stand-down
+included) before it cancels it."""
 
 
 @dataclass
@@ -71,16 +77,22 @@ class OperatorRuntime:
     leadership: OperatorLeadership = field(init=False)
     _elector: LeaderElector | None = None
     _election_task: asyncio.Task[None] | None = None
+    _election_api: KubeApi | None = None
+    """The election's own API client: one try a call, no urllib3 retries, threads of its own
+    (a renewal never queues behind the jobs' calls)."""
 
     def __post_init__(self) -> None:
         self.jobs = JobSupervisor(self.run_job, updated=self._job_updated, leading=False)
         self.metrics = OperatorMetrics(self.controllers.values, lambda: self.service.stats)
         self.reachable = self.config.own_pod is None
+        election = self.config.leader_election
         self.leadership = OperatorLeadership(
-            lambda: self.api,
+            lambda: self._election_api or self.api,
             lambda: self.service,
             self.jobs,
             self.config.own_pod,
+            namespaces=self.config.namespaces,
+            stop_grace_s=None if election is None else election.settings.renew_deadline_s / 2,
             on_change=self.metrics.set_leading,
         )
 
@@ -157,12 +169,15 @@ class OperatorRuntime:
                 for job in jobs
                 if (job.get("status") or {}).get("phase") not in ENDED_PHASES
             ]
-            await self.leadership.lead("", expected)
+            await self.leadership.lead(expected)
             return
+        self._election_api = KubeApi(
+            KubeTransport(attempts=1, threads=ELECTION_THREADS, http_retries=False)
+        )
         await self.leadership.start_standing_by()
         pod = self.config.own_pod[1] if self.config.own_pod else socket.gethostname()
         self._elector = LeaderElector(
-            self.api,
+            self._election_api,
             election.lease,
             new_identity(pod),
             election.settings,
@@ -174,10 +189,12 @@ class OperatorRuntime:
     async def stop(self) -> None:
         if self._own_pod_task is not None:
             self._own_pod_task.cancel()
-        if self._election_task is not None:
-            self._election_task.cancel()
-            await asyncio.gather(self._election_task, return_exceptions=True)
-        if self._elector is not None:
+        if self._elector is not None and self._election_task is not None:
+            self._elector.close()  # its step ends first: never a stand-down cut short
+            _, pending = await asyncio.wait({self._election_task}, timeout=ELECTION_CLOSE_S)
+            for task in pending:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
             await self._elector.release()
         await self.jobs.stop_all()
         if self._service is not None:

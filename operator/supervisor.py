@@ -133,13 +133,15 @@ class JobSupervisor:
             if job.runnable():
                 self._start(job)
 
-    async def stand_down(self, *, at_once: bool = False) -> None:
+    async def stand_down(self, *, at_once: bool = False, grace_s: float | None = None) -> None:
         """Stop every job's task (``stopped.handover``: the jobs go on under another operator)
-        and start none until :meth:`lead`; ``at_once``: cancel them without waiting (this
+        and start none until :meth:`lead`. A task that has not stopped within ``grace_s``
+        (None: the cancellation timeout) is cancelled; ``at_once``: without waiting (this
         operator lost its lease: another may act already)."""
         self.leading = False
+        grace = 0.0 if at_once else grace_s
         await asyncio.gather(
-            *(self._stop(job, handover=True, at_once=at_once) for job in self._jobs.values())
+            *(self._stop(job, handover=True, grace_s=grace) for job in self._jobs.values())
         )
 
     async def stop_all(self) -> None:
@@ -175,17 +177,23 @@ class JobSupervisor:
             if job.stopped.is_set():
                 return
 
-    async def _stop(self, job: _Job, *, handover: bool = False, at_once: bool = False) -> None:
+    async def _stop(
+        self, job: _Job, *, handover: bool = False, grace_s: float | None = None
+    ) -> None:
+        """Stop the job's task: told, then cancelled after ``grace_s`` (None: the cancellation
+        timeout). The task is forgotten only once it has ended: a stop cut short leaves it to
+        the next stop."""
         job.stopped.handover = handover
         job.stopped.set()
-        task, job.task = job.task, None
-        if task is None or task.done():
-            return
-        if self._updated is not None:
-            metadata = job.body["metadata"]
-            self._updated(str(metadata["namespace"]), str(metadata["name"]))
-        timeout = 0.0 if at_once else self._cancellation_timeout_s
-        _, pending = await asyncio.wait({task}, timeout=timeout)
-        if pending:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        task = job.task
+        if task is not None and not task.done():
+            if self._updated is not None:
+                metadata = job.body["metadata"]
+                self._updated(str(metadata["namespace"]), str(metadata["name"]))
+            timeout = self._cancellation_timeout_s if grace_s is None else grace_s
+            _, pending = await asyncio.wait({task}, timeout=timeout)
+            if pending:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if job.task is task:
+            job.task = None

@@ -123,6 +123,12 @@ class RendezvousService:
                 ", ".join(sorted(self._expected)),
             )
 
+    def also_expect(self, jobs: Iterable[str]) -> None:
+        """Add ``jobs`` to those expected back (:meth:`expect_jobs`), within the window already
+        running (nothing once it has run out)."""
+        if self._clock() < self._expected_until:
+            self._expected |= set(jobs) - set(self._jobs)
+
     def stand_by(self) -> None:
         """Another operator leads: answer every job's requests with 503 and ``Retry-After``
         (its workers retry, and reach the leader) until :meth:`lead`."""

@@ -6,8 +6,9 @@ Dockerfile.operator and Dockerfile.worker; on a fresh machine it first builds Ku
 the images: about 15 minutes, once), or with ``--runtime process`` on process nodes (pods as
 host processes: quicker, no containers). It installs the operator's chart, applies
 examples/elasticjob.yaml, then scales
-the job from 3 to 5 workers with `kubectl scale`, SIGKILLs a worker, and follows the job to
-its end, printing `kubectl get ej`, the job's events and rank 0's log as they change.
+the job from 3 to 5 workers with `kubectl scale`, SIGKILLs a worker, then the leading operator
+replica (the standby takes over), and follows the job to its end, printing `kubectl get ej`,
+the job's events and rank 0's log as they change.
 The cluster is torn down at the end unless --keep is given.
 """
 
@@ -32,6 +33,8 @@ from elasticjob.driver.job_record import EventKind, JobRecordData  # noqa: E402
 from elasticjob.job_timeline import render  # noqa: E402
 
 NAMESPACE = "default"
+OPERATOR_NS = "elasticjob-system"
+LEADER = "elasticjob.dev/operator-leader=true"
 
 
 def say(message: str) -> None:
@@ -89,6 +92,24 @@ class Demo:
         render(record, out)
         render(record, out.with_suffix(".html"))
         return out
+
+    def leader(self) -> str:
+        """The operator pod that leads ("" while none does)."""
+        found = self.cluster.kubectl(
+            "-n", OPERATOR_NS, "get", "pods", "-l", LEADER, "-o", "name", timeout=60
+        )
+        names = found.stdout.split()
+        return names[0].removeprefix("pod/") if len(names) == 1 else ""
+
+    def new_leader(self, old: str, timeout: float = 120) -> str:
+        """Wait until an operator pod other than ``old`` leads; its name."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            leader = self.leader()
+            if leader and leader != old:
+                return leader
+            time.sleep(0.2)
+        raise SystemExit(f"timed out waiting for an operator to lead after {old}")
 
     def until(
         self, what: str, check: Callable[[dict[str, Any]], bool], timeout: float = 300
@@ -150,6 +171,12 @@ def main() -> int:
                 s.get("resetCount", 0) > scaled.get("resetCount", 0) and s.get("phase") == "Running"
             ),
         )
+        old = demo.leader() or demo.new_leader("")
+        say(f"SIGKILL the leading operator in pod {old}: the standby operator takes over")
+        killed = time.monotonic()
+        cluster.faults.kill(old, OPERATOR_NS)
+        new = demo.new_leader(old)
+        say(f"operator pod {new} leads, {time.monotonic() - killed:.1f} s after the kill")
         final = demo.until(
             "the end of training", lambda s: s.get("phase") in ("Succeeded", "Failed"), 900
         )

@@ -108,7 +108,7 @@ WEBHOOK_ARGS = [
 ]
 LEADER_LABEL = {"elasticjob.dev/operator-leader": "true"}
 SELF_GRANTS: Grants = {
-    ("", "pods"): {"get", "patch"},
+    ("", "pods"): {"get", "list", "patch"},
     ("coordination.k8s.io", "leases"): {"create", "get", "update"},
     ("", "events"): {"create"},
 }
@@ -823,6 +823,10 @@ def test_chart_crd_is_an_exact_copy_of_the_generated_crd() -> None:
         ({"logLevel": "loud"}, "/logLevel"),
         ({"replicas": "1"}, "/replicas"),
         ({"replicas": -1}, "/replicas"),
+        (
+            {"metrics": {"serviceMonitor": {"enabled": True, "interval": ",s", "labels": {}}}},
+            "/metrics/serviceMonitor/interval",
+        ),
         ({"leaderElection": {"leaseDurationSeconds": 1}}, "/leaderElection"),
         (
             {

@@ -290,3 +290,28 @@ async def test_deletion_is_not_a_handover() -> None:
     await runs.next_call()
     await asyncio.wait_for(supervisor.observe("DELETED", job()), DEADLINE)
     assert runs.signals[0].is_set() and not runs.signals[0].handover
+
+
+async def test_a_stand_down_cut_short_leaves_the_job_to_the_next_stop() -> None:
+    runs = Runs("ignore-stop")
+    supervisor = JobSupervisor(runs, cancellation_timeout_s=DEADLINE * 10)
+    await supervisor.observe(None, job())
+    await runs.next_call()
+    standing_down = asyncio.create_task(supervisor.stand_down())
+    await settle()
+    standing_down.cancel()  # the operator stopped meanwhile
+    await asyncio.gather(standing_down, return_exceptions=True)
+    supervisor.lead()
+    await settle()
+    assert len(runs.calls) == 1, "a task still running is not started twice"
+    await asyncio.wait_for(supervisor.stand_down(at_once=True), DEADLINE)
+    assert runs.cancelled, "the next stop found it"
+
+
+async def test_a_stand_down_gives_the_jobs_its_grace_then_cancels() -> None:
+    runs = Runs("ignore-stop")
+    supervisor = JobSupervisor(runs, cancellation_timeout_s=DEADLINE * 10)
+    await supervisor.observe(None, job())
+    await runs.next_call()
+    await asyncio.wait_for(supervisor.stand_down(grace_s=0.05), DEADLINE)
+    assert runs.cancelled

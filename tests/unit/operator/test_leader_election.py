@@ -177,8 +177,8 @@ class Replica:
             clock=lambda: clock[0],
         )
 
-    async def lead(self, previous: str) -> None:
-        self.told.append(f"lead after {previous or 'nobody'}")
+    async def lead(self) -> None:
+        self.told.append("lead")
 
     async def stand_down(self, *, lost: bool) -> None:
         self.told.append("lost" if lost else "stood down")
@@ -196,7 +196,7 @@ async def test_one_replica_leads_and_the_other_takes_over_once_its_lease_runs_ou
     a, b = Replica(store, "a_1", clock), Replica(store, "b_1", clock)
     assert await a.elector.step() is Move.ACQUIRE
     assert await b.elector.step() is Move.WAIT
-    assert a.told == ["lead after nobody"] and b.told == []
+    assert a.told == ["lead"] and b.told == []
     for _ in range(10):  # a renews every retry period; b keeps waiting
         clock[0] += SETTINGS.retry_period_s
         assert await a.elector.step() is Move.RENEW
@@ -207,7 +207,7 @@ async def test_one_replica_leads_and_the_other_takes_over_once_its_lease_runs_ou
     assert await b.elector.step() is Move.WAIT
     clock[0] += 0.1
     assert await b.elector.step() is Move.ACQUIRE
-    assert b.told == ["lead after a_1"] and b.elector.leading
+    assert b.told == ["lead"] and b.elector.leading
     assert store.lease is not None and store.lease["spec"]["leaseTransitions"] == 1
     await asyncio.sleep(0)
     assert store.events == ["a_1 leads (after nobody)", "b_1 leads (after a_1)"]
@@ -222,7 +222,7 @@ async def test_a_replica_that_may_not_lead_steps_down_and_releases_for_the_next_
     await b.elector.step()
     a.eligible = False  # its pod turned not ready
     assert await a.elector.step() is Move.STEP_DOWN
-    assert a.told == ["lead after nobody", "stood down"] and not a.elector.leading
+    assert a.told == ["lead", "stood down"] and not a.elector.leading
     assert store.lease is not None and store.lease["spec"]["holderIdentity"] == ""
     assert await b.elector.step() is Move.ACQUIRE, "no wait for the lease to run out"
     assert await a.elector.step() is Move.WAIT
@@ -243,7 +243,7 @@ async def test_a_leader_that_cannot_renew_stops_before_a_standby_may_take_over(
     lost_at = next(at for at, move, _ in moves if move is Move.LOST)
     took_at = next(at for at, _, move in moves if move is Move.ACQUIRE)
     assert lost_at == SETTINGS.renew_deadline_s and took_at == SETTINGS.lease_duration_s
-    assert a.told == ["lead after nobody", "lost"]
+    assert a.told == ["lead", "lost"]
 
 
 async def test_of_two_candidates_writing_the_same_version_one_leads(clock: list[float]) -> None:
@@ -261,3 +261,30 @@ async def test_release_at_stop_hands_over_at_once(clock: list[float]) -> None:
     await a.elector.release()
     assert a.told[-1] == "stood down"
     assert await b.elector.step() is Move.ACQUIRE
+
+
+async def test_the_election_goes_on_after_a_step_fails_and_ends_when_closed(
+    clock: list[float],
+) -> None:
+    store = LeaseStore()
+    a = Replica(store, "a_1", clock)
+    api = a.elector._api  # the replica's LeaseApi
+    real_read = api.read_lease
+    failures = [RuntimeError("an unexpected failure")]
+
+    async def read_once_failing(namespace: str, name: str, timeout_s: float) -> Any:
+        if failures:
+            raise failures.pop()
+        return await real_read(namespace, name, timeout_s)
+
+    api.read_lease = read_once_failing  # type: ignore[method-assign]
+    running = asyncio.create_task(a.elector.run())
+    await asyncio.wait_for(_until(lambda: a.elector.leading), 5.0)
+    a.elector.close()
+    await asyncio.wait_for(running, 5.0)
+    assert a.told == ["lead"]
+
+
+async def _until(check: Any) -> None:
+    while not check():
+        await asyncio.sleep(0.01)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from elasticjob.operator.api import LABEL_OPERATOR_LEADER
-from elasticjob.operator.kube import KubeApi
+from elasticjob.operator.kube import KubeApi, PodList
 from elasticjob.operator.leadership import OperatorLeadership
 from elasticjob.operator.supervisor import JobSupervisor, StopSignal
 from elasticjob.rendezvous.server import RendezvousService
@@ -17,16 +17,28 @@ DEADLINE_S = 5.0
 
 
 class Labels:
-    """The label changes the replica asks for: (pod, value; None: taken off)."""
+    """The operator pods' leader labels as the API server has them, the label changes the
+    replica asks for (pod, value; None: taken off), and the jobs a list finds."""
 
-    def __init__(self) -> None:
+    def __init__(self, labelled: set[str], jobs: list[dict[str, Any]]) -> None:
+        self.labelled = labelled
+        self.jobs = jobs
         self.changes: list[tuple[str, str | None]] = []
 
     async def label_pod(
         self, namespace: str, name: str, labels: dict[str, str | None], timeout_s: float
     ) -> None:
         assert namespace == "system"
-        self.changes.append((name, labels[LABEL_OPERATOR_LEADER]))
+        value = labels[LABEL_OPERATOR_LEADER]
+        self.changes.append((name, value))
+        (self.labelled.add if value else self.labelled.discard)(name)
+
+    async def list_pods(self, namespace: str, selector: str) -> PodList:
+        assert (namespace, selector) == ("system", f"{LABEL_OPERATOR_LEADER}=true")
+        return PodList([{"metadata": {"name": name}} for name in sorted(self.labelled)], "1")
+
+    async def list_jobs(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
+        return self.jobs
 
 
 async def run_until_stopped(
@@ -40,7 +52,8 @@ def job(uid: str) -> dict[str, Any]:
 
 
 async def test_leading_serves_runs_and_routes_here_and_standing_down_undoes_it() -> None:
-    labels, service = Labels(), RendezvousService()
+    unseen = job("unseen")  # listed, though the watch has not shown it yet
+    labels, service = Labels({"op-a", "op-b", "op-c"}, [unseen]), RendezvousService()
     jobs = JobSupervisor(run_until_stopped, leading=False)
     told: list[bool] = []
     replica = OperatorLeadership(
@@ -54,11 +67,13 @@ async def test_leading_serves_runs_and_routes_here_and_standing_down_undoes_it()
     assert service.standing_by and labels.changes == [("op-b", None)]
     await jobs.observe(None, job("train"))
     labels.changes.clear()
-    await replica.lead("op-a_1f2e3d4c")
+    await replica.lead()
     assert not service.standing_by and jobs.leading and told == [True]
     assert service.adopting(), "the job it saw gets 503 until its controller serves it"
-    await asyncio.wait_for(_until(lambda: len(labels.changes) == 2), DEADLINE_S)
-    assert sorted(labels.changes, key=str) == [("op-a", None), ("op-b", "true")]
+    await asyncio.wait_for(_until(lambda: labels.labelled == {"op-b"}), DEADLINE_S)
+    assert ("op-b", "true") in labels.changes, "every other pod's label taken off"
+    service.add_job("ns.train", "token", cast(Any, None))
+    assert service.adopting(), "the listed job is expected back too"
     labels.changes.clear()
     await asyncio.wait_for(replica.stand_down(lost=False), DEADLINE_S)
     assert service.standing_by and not jobs.leading and told == [True, False]
