@@ -54,6 +54,7 @@ from elasticjob.wire.messages import (
     ResultRequest,
     ScriptExit,
     SlotInfo,
+    StepPace,
     WorkerId,
 )
 from elasticjob.wire.protocol import API_PREFIX, PROTOCOL_HEADER, PROTOCOL_VERSION
@@ -90,7 +91,9 @@ class Listener:
     def on_progress(self, progress: ProgressRequest) -> None:
         self.calls["progress"] += 1
 
-    def on_worker_heartbeat(self, worker: WorkerId, report: ProbeReport | None) -> None:
+    def on_worker_heartbeat(
+        self, worker: WorkerId, report: ProbeReport | None, pace: StepPace | None
+    ) -> None:
         self.calls["heartbeat"] += 1
 
 

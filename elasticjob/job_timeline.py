@@ -25,6 +25,8 @@ EVENT_STYLE: Final = {
     EventKind.CHECKPOINT: ("tab:green", "checkpoint"),
     EventKind.RESTORED: ("tab:purple", "restored from a checkpoint"),
     EventKind.ADOPTED: ("tab:gray", "operator handover"),
+    EventKind.SUSPENDED: ("tab:brown", "suspended"),
+    EventKind.STRAGGLER: ("tab:olive", "straggler"),
 }
 """Colour and legend label of the events drawn as vertical lines."""
 
@@ -50,6 +52,10 @@ class Summary:
     largest_world: int
     handovers: int = 0
     """Times an operator took the running job over (it restarted, or another replica led)."""
+    suspensions: int = 0
+    """Times the job was suspended."""
+    stragglers: int = 0
+    """Members flagged as stragglers."""
 
     def lines(self) -> list[str]:
         """The summary as short lines of text."""
@@ -59,7 +65,8 @@ class Summary:
             f"goodput {self.goodput:.1%}; time lost: {lost}",
             f"{self.rounds} rounds, {self.failures} failures, {self.blacklisted} hosts "
             f"blacklisted, {self.scale_requests} scale requests, up to {self.largest_world} "
-            f"workers, {self.handovers} operator handovers",
+            f"workers, {self.handovers} operator handovers, {self.suspensions} suspensions, "
+            f"{self.stragglers} stragglers",
         ]
 
 
@@ -86,6 +93,8 @@ def summarize(record: JobRecordData) -> Summary:
         blacklisted=kinds[EventKind.BLACKLISTED],
         scale_requests=kinds[EventKind.SCALE],
         handovers=kinds[EventKind.ADOPTED],
+        suspensions=kinds[EventKind.SUSPENDED],
+        stragglers=kinds[EventKind.STRAGGLER],
         largest_world=max(
             [s.world_size for s in record.samples] + [e.world_size for e in record.events],
             default=0,
@@ -110,6 +119,7 @@ PAUSE_STYLE: Final = {
     EventKind.STARTED: ("0.6", "startup"),
     EventKind.FAILURE: ("tab:red", "recovery"),
     EventKind.RESIZED: ("tab:cyan", "resize pause"),
+    EventKind.SUSPENDED: ("tab:brown", "suspended"),
 }
 """Colour and label of the shaded pauses, by the event that starts them (a pause ends when
 training resumes)."""

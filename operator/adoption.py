@@ -19,7 +19,14 @@ from elasticjob.driver.blacklist import Blacklist
 from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.goodput import LostTo
 from elasticjob.driver.slots import assign_slots
-from elasticjob.operator.api import KIND, BlacklistedNode, ElasticJobStatus, LostSeconds
+from elasticjob.operator.api import (
+    KIND,
+    BlacklistedNode,
+    ConditionType,
+    ElasticJobStatus,
+    LostSeconds,
+    Phase,
+)
 from elasticjob.wire.messages import SlotInfo, WorkerId
 
 logger = logging.getLogger(__name__)
@@ -60,6 +67,24 @@ class RecordedRound:
     notice_seq: int
     rank_order: tuple[str, ...]
     """Its pods by rank."""
+
+
+def running_round(status: ElasticJobStatus) -> bool:
+    """Whether ``status`` records a round whose workers may be training (to take over, or to
+    suspend with their state saved)."""
+    return status.phase is not Phase.SUSPENDED and bool(status.round and status.workers)
+
+
+def suspended_seconds(status: ElasticJobStatus, wall_now: float) -> float:
+    """The wall time the job of ``status`` has spent suspended up to ``wall_now``: what its
+    goodput recorded, and the suspension under way (since its Suspended condition turned
+    True), if any."""
+    total = status.goodput.suspended_seconds if status.goodput is not None else 0.0
+    if status.phase is Phase.SUSPENDED:
+        since = [c for c in status.conditions if c.type is ConditionType.SUSPENDED]
+        if since:
+            total += max(wall_now - since[0].last_transition_time.timestamp(), 0.0)
+    return total
 
 
 def recorded_round(status: ElasticJobStatus, slots_per_worker: int) -> RecordedRound | None:
@@ -117,7 +142,8 @@ def resume_job(
     """After an operator restart, give ``driver`` what ``status`` recorded: the counts of
     resets and restarts (so ``resetLimit`` and ``maxRestarts`` count those before the
     restart), the committed step (a durable
-    fallback counts its lost steps from it), the lost time (so goodput covers the whole job),
+    fallback counts its lost steps from it), the lost time (so goodput covers the whole job,
+    its time suspended left out),
     the blacklisted nodes until their recorded ends (into ``node_blacklist``, with scope
     Node), and the round in force, so its workers train on undisturbed; return that round
     (None: none to adopt). ``wall_now`` and ``mono_now`` are the same moment on the wall
@@ -131,7 +157,7 @@ def resume_job(
     if recorded is not None:
         driver.adopt(recorded.round, recorded.slots, recorded.notice_seq)
     if status.start_time is not None:
-        running_for = wall_now - status.start_time.timestamp()
+        running_for = wall_now - status.start_time.timestamp() - suspended_seconds(status, wall_now)
         lost = status.goodput.lost_seconds if status.goodput else LostSeconds()
         driver.journal.resume_lost_time(
             {cause: getattr(lost, cause.value) for cause in LostTo}, running_for

@@ -22,7 +22,11 @@ pure functions in other modules; it only gathers their input and carries them ou
 - objects the API server refuses for good (``kube_errors.permanent_error``) fail the job
   (InvalidSpec) once, with no retry; the pods it made are deleted;
 - status (``status.status_of``, from the driver's snapshot) and events on the ElasticJob
-  (``job_events``: queued as they are learnt, some pushed by the driver's journal).
+  (``job_events``: queued as they are learnt, some pushed by the driver's journal);
+- suspension (``spec.suspend``): the driver saves the round's state and ends its run
+  (``elasticjob.driver.suspension``); the pods are deleted, the status says Suspended, and the
+  controller waits. ``spec.suspend: false`` starts a new run, its rounds numbered on, whose
+  first round's rank 0 loads the newest checkpoint. A job created suspended creates nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -42,7 +46,12 @@ from elasticjob.driver.job_snapshot import JobSnapshot
 from elasticjob.driver.loop_lag import LoopLagWatch
 from elasticjob.event_waits import wait_event
 from elasticjob.operator import pods as podlib
-from elasticjob.operator.adoption import blacklisted_nodes, resume_job
+from elasticjob.operator.adoption import (
+    blacklisted_nodes,
+    resume_job,
+    running_round,
+    suspended_seconds,
+)
 from elasticjob.operator.api import BlacklistScope, ElasticJobSpec, InvalidSpecError, Phase
 from elasticjob.operator.api.validation import name_errors
 from elasticjob.operator.controller_settings import ControllerSettings
@@ -99,6 +108,11 @@ class JobController:
         self._records = RecordKeeper(api, namespace, self.job_id, clock)
         self._spec = SpecReader(self.job_id, settings.pod_schema)
         self.driver: ElasticDriver | None = None
+        self.suspensions = 0
+        """Times this controller saw the job suspended."""
+        self._suspended_s = 0.0
+        """The job's time suspended before its run under this controller (its status keeps
+        it)."""
 
     @property
     def phase(self) -> Phase:
@@ -135,7 +149,8 @@ class JobController:
     # ---- the job -----------------------------------------------------------------------
 
     async def run(self, body: Mapping[str, Any], stopped: Stopped) -> None:
-        """Run the job until it ends or the operator stops (``stopped``)."""
+        """Run the job until it ends or the operator stops (``stopped``); a suspended job
+        waits here until it is resumed (``suspension`` in the module docstring)."""
         self.pods.job = {"metadata": dict(body["metadata"])}
         try:
             if errors := name_errors(self.name):
@@ -145,7 +160,14 @@ class JobController:
             await self._refuse(body, str(exc))
             return
         try:
-            await self._run(body, spec, stopped)
+            while not stopped.is_set():
+                spec = self._spec.current(body["spec"])
+                if spec.suspend and not running_round(self._status.recorded(body)):
+                    await self._stay_suspended(body, spec, stopped)
+                    continue
+                result = await self._run(body, spec, stopped)
+                if result is None or not result.suspended:
+                    return
         except (RefusedJobError, ApiException) as exc:
             message = str(exc) if isinstance(exc, RefusedJobError) else permanent_error(exc)
             if message is None:
@@ -155,7 +177,33 @@ class JobController:
             for name in self.pods.ledger.pods.snapshot():
                 await self.pods.delete_pod(name)
 
-    async def _run(self, body: Mapping[str, Any], spec: ElasticJobSpec, stopped: Stopped) -> None:
+    async def _stay_suspended(
+        self, body: Mapping[str, Any], spec: ElasticJobSpec, stopped: Stopped
+    ) -> None:
+        """``spec.suspend`` and no round to save: no pod runs, the status says Suspended, and
+        this waits until the job is resumed (or the operator stops)."""
+        self.driver = None  # a suspended job has no run
+        recorded = self._status.recorded(body)
+        if recorded.phase is not Phase.SUSPENDED:
+            self.suspensions += 1
+            message = "suspended before a round trained: no pods run until spec.suspend is false"
+            await self._status.write(body, Observation.suspended(message, spec, recorded))
+            await self._event(body, "Suspended", message)
+        await self.pods.relist()
+        for name in self.pods.ledger.pods.snapshot():  # left by a suspension cut short
+            await self.pods.delete_pod(name)
+        # Resumed only once the last run's pods are gone: their ends are not the new run's.
+        while not stopped.is_set() and (
+            self._spec.current(body["spec"]).suspend or self.pods.ledger.pods.snapshot()
+        ):
+            await wait_event(self._wake, self._settings.reconcile_interval_s)
+            self._wake.clear()
+
+    async def _run(
+        self, body: Mapping[str, Any], spec: ElasticJobSpec, stopped: Stopped
+    ) -> JobResult | None:
+        """Run the job's driver until the job ends or is suspended (its result), or the
+        operator stops (None)."""
         # Three independent calls at once: a new job waits for one round trip, not three.
         # The driver comes after them: the job joins the rendezvous service with it, and
         # adopts its recorded round right after, with no API call in between.
@@ -182,20 +230,29 @@ class JobController:
             driver.journal.observer = self._observer
         saver = self._records.attach(body, driver, stored_record, self._wall_clock)
         driver.reachability.update(self._reachable, self._clock())
-        announce = not self._adopt(body, spec, driver)
+        self._suspended_s = suspended_seconds(self._status.recorded(body), self._wall_clock())
+        adopted = self._adopt(body, spec, driver)
+        announce = self._resumption(body, driver) or (
+            None if adopted else ("Created", f"job {self.job_id} started")
+        )
         driver_task = asyncio.create_task(driver.run(), name=f"driver {self.job_id}")
         saver_task = asyncio.create_task(saver.run(), name=f"record {self.job_id}")
         try:
             while not driver_task.done() and not stopped.is_set():
-                spec = self._spec.current(body["spec"], spec)
+                spec = self._spec.current(body["spec"])
+                if spec.suspend:
+                    driver.suspend()
                 await self._reconcile(body, spec)
                 if announce:  # after the first pass: a new job's pods come first
-                    announce = False
-                    await self._event(body, "Created", f"job {self.job_id} started")
+                    await self._event(body, *announce)
+                    announce = None
                 await wait_event(self._wake, self._settings.reconcile_interval_s)
                 self._wake.clear()
             if driver_task.done():
-                await self._finish(body, spec, driver_task.result())
+                result = driver_task.result()
+                await self._finish(body, spec, result)
+                return result
+            return None
         finally:
             # Handed over to another operator: the job leaves the service before its driver
             # stops, so that its workers' pending waits end as if they ran out (they ask
@@ -208,6 +265,23 @@ class JobController:
             await asyncio.gather(driver_task, saver_task, return_exceptions=True)
             if not handed_over:
                 self._service.remove_job(self.job_id)
+
+    def _resumption(self, body: Mapping[str, Any], driver: ElasticDriver) -> tuple[str, str] | None:
+        """A suspended job resumes (its status says Suspended): its rounds are numbered on,
+        and the first one's rank 0 loads the newest checkpoint; return the event that says so
+        (None: the job was not suspended)."""
+        recorded = self._status.recorded(body)
+        if recorded.phase is not Phase.SUSPENDED:
+            return None
+        driver.continue_after(recorded.round)
+        if not recorded.round:
+            return "Resumed", f"job {self.job_id} started (it was suspended before it trained)"
+        if driver.settings.checkpoint_fallback:
+            return "Resumed", f"job {self.job_id} resumed from its newest checkpoint"
+        lost = recorded.progress.committed_step if recorded.progress else None
+        steps = "" if lost is None else f" ({lost} committed steps lost)"
+        afresh = f"without a checkpoint: training starts afresh{steps}"
+        return "Resumed", f"job {self.job_id} resumed {afresh}"
 
     def _adopt(self, body: Mapping[str, Any], spec: ElasticJobSpec, driver: ElasticDriver) -> bool:
         """After an operator restart: carry on what the status recorded (``resume_job``).
@@ -266,13 +340,17 @@ class JobController:
             nodes = blacklisted_nodes(self.pods.blacklist.keys, self._wall_clock(), self._clock())
         clamp = None if self._spec.clamp is None else str(self._spec.clamp)
         draining = self.pods.ledger.draining.keys()
-        return observe(self.driver.snapshot(), spec, views, draining, nodes, clamp)
+        snapshot = self.driver.snapshot()
+        return observe(snapshot, spec, views, draining, nodes, clamp, self._suspended_s)
 
     async def _finish(
         self, body: Mapping[str, Any], spec: ElasticJobSpec, result: JobResult
     ) -> None:
-        reason = "Succeeded" if result.success else "Failed"
         await self._post_events(body)
+        if result.suspended:
+            await self._suspended(body, spec, result)
+            return
+        reason = "Succeeded" if result.success else "Failed"
         await self._event(body, reason, result.message, warning=not result.success)
         snapshot = self.pods.ledger.pods.snapshot()
         views = {name: podlib.view(pod) for name, pod in snapshot.items()}
@@ -281,3 +359,35 @@ class JobController:
             await self._records.saver.save_now()
         for name in pods_to_clean(list(views.values()), spec.clean_pod_policy):
             await self.pods.delete_pod(name)
+
+    async def _suspended(
+        self, body: Mapping[str, Any], spec: ElasticJobSpec, result: JobResult
+    ) -> None:
+        """The run ended suspended: the round's members exit on their own, and every pod is
+        deleted once they have (or after the removal deadline); the status says Suspended,
+        the record is saved."""
+        self.suspensions += 1
+        assert self.driver is not None
+        members = {worker.hostname for worker in self.driver.slots}  # told to exit: they do
+        await self._pods_ended(members, self._settings.removal_deadline_s)
+        for name in self.pods.ledger.pods.snapshot():
+            await self.pods.delete_pod(name)
+        await self._event(body, "Suspended", result.message)
+        await self._status.write(body, self._observe(spec, {}))
+        if self._records.saver is not None:
+            await self._records.saver.save_now()
+
+    async def _pods_ended(self, pods: Collection[str], within_s: float) -> None:
+        """Wait until none of ``pods`` runs (woken by their watch events), ``within_s`` at
+        most."""
+        deadline = self._clock() + within_s
+        while self._clock() < deadline:
+            views = self.pods.ledger.views(set())
+            if all(views[name].state in _ENDED for name in pods if name in views):
+                return
+            self._wake.clear()
+            wait_s = min(deadline - self._clock(), self._settings.reconcile_interval_s)
+            await wait_event(self._wake, wait_s)
+
+
+_ENDED = frozenset({podlib.PodState.SUCCEEDED, podlib.PodState.FAILED})

@@ -12,7 +12,7 @@ import kopf
 
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.api import GROUP, LABEL_ROLE, PLURAL, ROLE_WORKER, VERSION, validate
-from elasticjob.operator.api.validation import FieldError, name_errors
+from elasticjob.operator.api.validation import FieldError, name_errors, suspend_errors
 from elasticjob.operator.api.validation import validate_scale as scale_errors
 from elasticjob.operator.runtime import OperatorRuntime
 
@@ -43,11 +43,14 @@ async def probe_rendezvous(memo: Any, **_: Any) -> str:
 
 
 @kopf.on.validate(GROUP, VERSION, PLURAL, id="validate-spec", operations=["CREATE", "UPDATE"])
-async def validate_job(spec: kopf.Spec, name: str | None, memo: Any, **_: Any) -> None:
+async def validate_job(spec: kopf.Spec, name: str | None, memo: Any, **kwargs: Any) -> None:
     """Refuse specs that break rules the CRD schema cannot express (min <= replicas <= max,
-    a worker container, no unknown pod template fields...), and names too long to label the
-    job's pods, naming the field."""
-    _refuse([*name_errors(name), *validate(dict(spec), _runtime(memo).pod_schema)])
+    a worker container, no unknown pod template fields...), names too long to label the
+    job's pods, and a suspension that would lose a trained job's work unconfirmed, naming
+    the field."""
+    errors = validate(dict(spec), _runtime(memo).pod_schema)
+    old = kwargs.get("old")  # the stored job, on an update (kopf's typing leaves it out)
+    _refuse([*name_errors(name), *errors, *suspend_errors(dict(spec), old)])
 
 
 @kopf.on.validate(

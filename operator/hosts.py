@@ -49,7 +49,7 @@ def job_recovery(spec: ElasticJobSpec) -> Recovery:
 def driver_settings(spec: ElasticJobSpec) -> DriverSettings:
     """The driver's settings for ``spec``: its bounds in worker processes (pods times slots),
     its reset and restart limits and timeouts (a heartbeat timeout of 0: silent workers are never
-    killed), and the durable fallback (:func:`job_recovery`)."""
+    killed), the durable fallback (:func:`job_recovery`) and the straggler policy."""
     slots = spec.slots_per_worker
     job = job_recovery(spec)
     return DriverSettings(
@@ -60,4 +60,5 @@ def driver_settings(spec: ElasticJobSpec) -> DriverSettings:
         elastic_timeout_s=float(spec.elastic_timeout_seconds),
         heartbeat_timeout_s=float(spec.heartbeat_timeout_seconds) or None,
         checkpoint_fallback=job.checkpoint_fallback,
+        stragglers=spec.stragglers.policy(),
     )

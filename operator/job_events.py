@@ -14,6 +14,7 @@ from elasticjob.driver.journal import (
     HostBlacklisted,
     JournalEvent,
     RoundPublished,
+    StragglerFound,
 )
 from elasticjob.operator.api import BlacklistScope
 
@@ -38,11 +39,19 @@ def event_of(event: JournalEvent, scope: BlacklistScope) -> JobEvent | None:
     if isinstance(event, CheckpointRestored):
         restore = event.restore
         lost = "an unknown number of" if restore.steps_lost is None else restore.steps_lost
+        cause = "resumed after a suspension" if restore.resumed else "no worker survived"
         return JobEvent(
             "RestoredFromCheckpoint",
-            f"no worker survived: round {restore.round} resumed from checkpoint "
+            f"{cause}: round {restore.round} resumed from checkpoint "
             f"{restore.checkpoint.name} (step {restore.checkpoint.step}); {lost} committed "
             "steps are trained again",
+            warning=not restore.resumed or restore.steps_lost != 0,
+        )
+    if isinstance(event, StragglerFound):
+        return JobEvent(
+            "StragglerDetected",
+            f"rank {event.rank} in pod {event.host} is a straggler in round {event.round}: its "
+            f"steps keep it busy {event.slowdown:.2f}x as long as the other workers'",
             warning=True,
         )
     if isinstance(event, HostBlacklisted):

@@ -184,10 +184,24 @@ def _job_metrics(controllers: list[JobController]) -> Iterator[Metric]:
     )
     created = CounterMetricFamily("elasticjob_pods_created", "Worker pods created.", labels=["job"])
     deleted = CounterMetricFamily("elasticjob_pods_deleted", "Worker pods deleted.", labels=["job"])
+    stragglers = GaugeMetricFamily(
+        "elasticjob_stragglers",
+        "Workers of the current round flagged as stragglers (spec.stragglers).",
+        labels=["job"],
+    )
+    stragglers_found = CounterMetricFamily(
+        "elasticjob_stragglers_found",
+        "Workers flagged as stragglers since this operator ran the job.",
+        labels=["job"],
+    )
+    suspensions = CounterMetricFamily(
+        "elasticjob_suspensions", "Times the job was suspended (spec.suspend).", labels=["job"]
+    )
     for controller in controllers:
         job = [controller.job_id]
         created.add_metric(job, controller.pods_created)
         deleted.add_metric(job, controller.pods_deleted)
+        suspensions.add_metric(job, controller.suspensions)
         snapshot = controller.snapshot()
         if snapshot is None:
             continue
@@ -198,7 +212,10 @@ def _job_metrics(controllers: list[JobController]) -> Iterator[Metric]:
         for cause, seconds in snapshot.lost_time.lost_seconds(snapshot.now).items():
             lost.add_metric([controller.job_id, cause.value], seconds)
         resets.add_metric(job, snapshot.reset_count)
-    yield from (world, throughput, goodput, lost, resets, created, deleted)
+        stragglers.add_metric(job, sum(s.flagged for s in snapshot.stragglers.values()))
+        stragglers_found.add_metric(job, snapshot.stragglers_found)
+    yield from (world, throughput, goodput, lost, resets, created, deleted, suspensions)
+    yield from (stragglers, stragglers_found)
 
 
 def _request_metrics(stats: RequestStats) -> Iterator[Metric]:

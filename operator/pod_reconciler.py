@@ -77,8 +77,10 @@ class PodReconciler:
         self.slots = spec.slots_per_worker
 
     def attach(self, driver: ElasticDriver) -> None:
-        """``driver`` runs the job: it hears of the pods, and its journal of events."""
+        """``driver`` runs the job: it hears of the pods, and its journal of events (a
+        resumed job's new driver hears of its hosts afresh)."""
         self.driver = driver
+        self._hosts = {}
         driver.journal.subscribe(self.events.on_journal)
 
     # ---- what the API server says ------------------------------------------------------
@@ -192,7 +194,8 @@ class PodReconciler:
             self.events.add("ScalingIn", f"pod {name} leaves the job")
         self._push_hosts(plan.hosts)
         avoid = self.blacklist.active() if spec.blacklist.scope is BlacklistScope.NODE else {}
-        await self._create_pods(body, spec, plan.create, avoid)
+        suspending = self.driver is not None and self.driver.suspending
+        await self._create_pods(body, spec, 0 if suspending else plan.create, avoid)
         for name in plan.delete:
             await self.delete_pod(name)
         for name in plan.overdue:

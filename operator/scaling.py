@@ -79,6 +79,7 @@ class SpecReader:
         self._job_id = job_id
         self._pod_schema = pod_schema
         self._raw: dict[str, Any] | None = None
+        self._spec: ElasticJobSpec | None = None
         self.clamp: ReplicasClamp | None = None
         """How ``replicas`` is clamped now (None: it is in range)."""
         self._told: ReplicasClamp | None = None
@@ -86,20 +87,21 @@ class SpecReader:
     def first(self, raw: Mapping[str, Any]) -> ElasticJobSpec:
         """The spec the job starts with (:func:`read_spec`; raises ``InvalidSpecError``)."""
         self._raw = dict(raw)
-        spec, self.clamp = read_spec(self._raw, self._pod_schema)
-        return spec
+        self._spec, self.clamp = read_spec(self._raw, self._pod_schema)
+        return self._spec
 
-    def current(self, raw: Mapping[str, Any], spec: ElasticJobSpec) -> ElasticJobSpec:
-        """The spec as ``raw`` has it now; ``spec`` (the current one) when ``raw`` is
-        unchanged since last read or the update is invalid."""
+    def current(self, raw: Mapping[str, Any]) -> ElasticJobSpec:
+        """The spec as ``raw`` has it now; the one last read when ``raw`` is unchanged since
+        or the update is invalid. Call :meth:`first` before."""
+        assert self._spec is not None, "current() before first()"
         if raw == self._raw:
-            return spec
+            return self._spec
         self._raw = dict(raw)
         try:
-            spec, self.clamp = read_spec(self._raw, self._pod_schema)
+            self._spec, self.clamp = read_spec(self._raw, self._pod_schema)
         except InvalidSpecError as exc:
             logger.warning("job %s: ignoring an invalid spec update: %s", self._job_id, exc)
-        return spec
+        return self._spec
 
     def new_clamp(self) -> ReplicasClamp | None:
         """The clamp, when it is new since last asked (None: none, or told already)."""

@@ -28,6 +28,7 @@ from elasticjob.operator.api import (
     Phase,
     Progress,
     RestoreStatus,
+    StragglerStatus,
     WorkerStatus,
 )
 from elasticjob.operator.pods import PodState, PodView
@@ -90,6 +91,7 @@ class Observation:
     training_pods: int = 0
     """Running pods that are members of the current round."""
     workers: Sequence[WorkerStatus] = ()
+    stragglers: Sequence[StragglerStatus] = ()
     blacklisted_nodes: Sequence[BlacklistedNode] = ()
     reset_count: int = 0
     restart_count: int = 0
@@ -103,6 +105,26 @@ class Observation:
     invalid_spec: str | None = None
     replicas_clamped: str | None = None
     """Why spec.replicas is not what the job runs (it is out of range), if it is not."""
+
+    @classmethod
+    def suspended(
+        cls, message: str, spec: ElasticJobSpec, recorded: ElasticJobStatus
+    ) -> Observation:
+        """A job suspended with no round to save (created suspended, or suspended while no
+        operator ran it), whose status was ``recorded``; ``message`` says so."""
+        return cls(
+            driver_phase=DriverPhase.STARTING,
+            result=JobResult(False, message, recorded.round, recorded.reset_count, suspended=True),
+            recovering=False,
+            desired=spec.replicas,
+            min_replicas=spec.min_replicas,
+            pods=PodCounts(),
+            round=recorded.round,
+            world_size=0,
+            reset_count=recorded.reset_count,
+            restart_count=recorded.restart_count,
+            last_reset_reason=recorded.last_reset_reason,
+        )
 
     @classmethod
     def refused(cls, invalid_spec: str) -> Observation:
@@ -127,10 +149,12 @@ def observe(
     leaving: Collection[str],
     blacklisted: Sequence[BlacklistedNode],
     replicas_clamped: str | None,
+    suspended_s: float = 0.0,
 ) -> Observation:
     """What the driver (its snapshot ``job``) and the pods (``views``; ``leaving``: chosen to
-    leave) say now."""
-    ranks = job.ranks_by_host()
+    leave) say now; ``suspended_s``: the job's time suspended so far."""
+    suspended = job.result is not None and job.result.suspended
+    ranks = {} if suspended else job.ranks_by_host()  # a suspended job has no members
     running = {name for name, v in views.items() if v.state is PodState.RUNNING}
     progress = job.progress
     return Observation(
@@ -141,12 +165,13 @@ def observe(
         min_replicas=spec.min_replicas,
         pods=pod_counts(views, leaving),
         round=job.round,
-        world_size=job.world_size,
+        world_size=0 if suspended else job.world_size,
         training_pods=len(ranks.keys() & running),
         workers=[
             WorkerStatus(pod=pod, node=views[pod].node if pod in views else None, ranks=r)
             for pod, r in sorted(ranks.items())
         ],
+        stragglers=[] if suspended else stragglers_of(job),
         blacklisted_nodes=blacklisted,
         reset_count=job.reset_count,
         restart_count=job.restart_count,
@@ -159,12 +184,27 @@ def observe(
             samples_per_second=progress.samples_per_second,
             committed_step=job.committed_step,
         ),
-        goodput=goodput_of(job.lost_time, job.now),
+        goodput=goodput_of(job.lost_time, job.now, suspended_s),
         last_checkpoint=checkpoint_of(job.last_checkpoint),
         restored=restore_of(job),
         notice_seq=job.notice_seq,
         replicas_clamped=replicas_clamped,
     )
+
+
+def stragglers_of(job: JobSnapshot) -> list[StragglerStatus]:
+    """The slow members of the round in force, by rank."""
+    found = [
+        StragglerStatus(
+            pod=worker.hostname,
+            rank=job.slots[worker].rank,
+            slowdown=straggler.slowdown,
+            flagged=straggler.flagged,
+        )
+        for worker, straggler in job.stragglers.items()
+        if worker in job.slots
+    ]
+    return sorted(found, key=lambda s: s.rank)
 
 
 def checkpoint_of(report: CheckpointReport | None) -> CheckpointStatus | None:
@@ -189,8 +229,9 @@ def restore_of(job: JobSnapshot) -> RestoreStatus | None:
     return RestoreStatus(checkpoint=checkpoint, round=restore.round, steps_lost=restore.steps_lost)
 
 
-def goodput_of(lost_time: LostTime, now: float) -> Goodput:
-    """The status's account of ``lost_time`` at ``now`` (the driver's clock)."""
+def goodput_of(lost_time: LostTime, now: float, suspended_s: float = 0.0) -> Goodput:
+    """The status's account of ``lost_time`` at ``now`` (the driver's clock), the job having
+    been suspended for ``suspended_s`` (outside the account)."""
     lost = lost_time.lost_seconds(now)
     return Goodput(
         ratio=round(lost_time.goodput(now), 4),
@@ -198,6 +239,7 @@ def goodput_of(lost_time: LostTime, now: float) -> Goodput:
         last_recovery_seconds=None
         if lost_time.last_recovery_s is None
         else round(lost_time.last_recovery_s, 3),
+        suspended_seconds=round(suspended_s, 3),
     )
 
 
@@ -210,6 +252,8 @@ def phase_of(obs: Observation) -> tuple[Phase, str, str]:
     if obs.invalid_spec is not None:
         return Phase.FAILED, "InvalidSpec", obs.invalid_spec
     if obs.result is not None:
+        if obs.result.suspended:
+            return Phase.SUSPENDED, "Suspended", obs.result.message
         if obs.result.success:
             return Phase.SUCCEEDED, "TrainingFinished", obs.result.message
         return Phase.FAILED, "JobFailed", obs.result.message
@@ -248,7 +292,7 @@ def ready_of(obs: Observation) -> tuple[bool, str, str]:
     if obs.invalid_spec is not None:
         return False, "InvalidSpec", obs.invalid_spec
     if obs.result is not None:
-        return False, "JobFinished", obs.result.message
+        return False, "Suspended" if obs.result.suspended else "JobFinished", obs.result.message
     if obs.round == 0:
         return False, "Starting", "no round has formed yet"
     if obs.recovering:
@@ -292,8 +336,9 @@ def conditions(
 ) -> list[Condition]:
     """Conditions in the Kubernetes convention: the current phase's condition True (with the
     phase's reason), the other phases' False (keeping their last reason); Created stays True
-    once the job exists; Ready per :func:`ready_of`; ReplicasClamped and InvalidSpec when
-    they hold (or held). A lastTransitionTime changes only when its condition's status does."""
+    once the job exists; Suspended once the job was (False with reason Resumed after);
+    Ready per :func:`ready_of`; ReplicasClamped and InvalidSpec when they hold (or held).
+    A lastTransitionTime changes only when its condition's status does."""
     before = {c.type: c for c in previous}
     phase, reason, message = phase_of(obs)
     out = []
@@ -306,6 +351,19 @@ def conditions(
                 current or kind is ConditionType.CREATED,
                 reason if current else (old.reason if old else None),
                 message if current else (old.message if old else None),
+                before,
+                generation,
+                now,
+            )
+        )
+    if phase is Phase.SUSPENDED or ConditionType.SUSPENDED in before:
+        suspended = phase is Phase.SUSPENDED
+        out.append(
+            _condition(
+                ConditionType.SUSPENDED,
+                suspended,
+                "Suspended" if suspended else "Resumed",
+                message if suspended else "spec.suspend is false: the job runs",
                 before,
                 generation,
                 now,
@@ -359,6 +417,7 @@ def status_of(
         notice_seq=obs.notice_seq,
         world_size=obs.world_size,
         workers=list(obs.workers),
+        stragglers=list(obs.stragglers),
         blacklisted_nodes=list(obs.blacklisted_nodes),
         reset_count=obs.reset_count,
         restart_count=obs.restart_count,

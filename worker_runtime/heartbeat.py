@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from elasticjob.wire.messages import HeartbeatRequest, ProbedPeer
+from elasticjob.wire.messages import HeartbeatRequest, ProbedPeer, StepPace
 from elasticjob.worker_runtime.log import get_logger
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
 
@@ -38,7 +38,8 @@ class Heartbeat:
     """Beats for worker ``hostname[local_rank]`` every ``interval_s`` once started; calls
     ``on_orphaned`` (on the heartbeat thread) once no beat arrived for ``orphan_timeout_s``
     (0: never). Before each beat it calls ``probe`` (on the heartbeat thread; it must take
-    less than the interval) and sends its result with the beat (None: nothing to report)."""
+    less than the interval) and sends its result with the beat (None: nothing to report),
+    with the worker's step ``pace`` (``step_pace.py``)."""
 
     def __init__(
         self,
@@ -50,12 +51,14 @@ class Heartbeat:
         orphan_timeout_s: float = 0.0,
         on_orphaned: Callable[[float], None] | None = None,
         probe: Callable[[], ProbeResult | None] = lambda: None,
+        pace: Callable[[], StepPace | None] = lambda: None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"heartbeat interval must be > 0, got {interval_s}")
         self._client = client
         self._request = HeartbeatRequest(hostname=hostname, local_rank=local_rank)
         self._probe = probe
+        self._pace = pace
         self._interval_s = interval_s
         self._orphan_timeout_s = orphan_timeout_s
         self._on_orphaned = on_orphaned
@@ -80,14 +83,9 @@ class Heartbeat:
         failing = False
         next_beat = last_arrived = time.monotonic()
         while not self._stopped.is_set():
-            request = self._request
+            request = self._request.model_copy(update={"pace": self._pace()})
             if (found := self._probe()) is not None:
-                request = HeartbeatRequest(
-                    hostname=request.hostname,
-                    local_rank=request.local_rank,
-                    round=found[0],
-                    unreachable=found[1],
-                )
+                request = request.model_copy(update={"round": found[0], "unreachable": found[1]})
             try:
                 self._client.heartbeat(request)
             except RendezvousClientError as exc:

@@ -1,9 +1,10 @@
-"""The agreement on host updates: every rank of a round stops for a hosts-added or
-hosts-removed notice at the same step.
+"""The agreement on host updates: every rank of a round stops for a hosts-added,
+hosts-removed or suspend notice at the same step.
 
-Each rank votes with the newest hosts notice it has seen (or the one its round already
+Each rank votes with the newest such notice it has seen (or the one its round already
 accounts for); the votes are reduced across ranks, so every rank decides from the same value,
-never from rank 0's view alone.
+never from rank 0's view alone. Once stopped, the ranks agree the same way on whether the job
+is being suspended (:meth:`HostUpdateAgreement.suspend_agreed`).
 """
 
 from __future__ import annotations
@@ -30,11 +31,15 @@ class HostUpdateAgreement:
         self._latest_seq = 0
         self._handled_seq = 0
         self._settled: float | None = None
+        self._suspend_seq = 0
 
-    def saw_notice(self, seq: int) -> None:
-        """A hosts notice with sequence number ``seq`` arrived. Thread-safe."""
+    def saw_notice(self, seq: int, *, suspend: bool = False) -> None:
+        """A hosts notice (``suspend``: a suspend notice) with sequence number ``seq``
+        arrived. Thread-safe."""
         with self._lock:
             self._latest_seq = max(self._latest_seq, seq)
+            if suspend:
+                self._suspend_seq = max(self._suspend_seq, seq)
 
     def joined_round(self, notice_seq: int) -> None:
         """A round that accounts for notices up to ``notice_seq`` was joined."""
@@ -76,3 +81,14 @@ class HostUpdateAgreement:
         if seq > self._handled_seq:
             self._handled_seq = seq
             raise HostsUpdatedInterrupt(skip_sync=False)
+
+    def suspend_agreed(self, group: RoundGroup) -> bool:
+        """Whether the job is being suspended, agreed by every rank of the round's ``group``
+        (a collective: every rank calls it once :meth:`check` raised). The rank whose vote
+        stopped the round has seen every notice up to it, so a max-reduction of the suspend
+        notices seen tells every rank."""
+        with self._lock:
+            seen = self._suspend_seq
+        agreed = torch.tensor([seen], dtype=torch.int64, device=group.device)
+        group.wait(dist.all_reduce(agreed, op=dist.ReduceOp.MAX, async_op=True))
+        return int(agreed.item()) > 0

@@ -106,7 +106,7 @@ class DistributedMixin:
                 reducer.reduce()
         self._ej_synchronized_at = None
         reducer.consume()
-        current().step += 1
+        current().count_step()
         return super().step(closure)  # type: ignore[misc, no-any-return]
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -77,6 +77,7 @@ class RoundGroup:
         self._configured = False
         self._blocked_since: float | None = None
         self._blocking_depth = 0
+        self._blocked_total = 0.0
         self._on_destroy: list[weakref.WeakMethod[Callable[[], None]]] = []
         self._negotiation: Negotiation | None = None
         self._subsets: list[Negotiation] = []
@@ -104,12 +105,20 @@ class RoundGroup:
         with self._lock:
             self._blocking_depth -= 1
             if self._blocking_depth == 0:
+                if self._blocked_since is not None:
+                    self._blocked_total += time.monotonic() - self._blocked_since
                 self._blocked_since = None
 
     def on_destroy(self, release: Callable[[], None]) -> None:
         """Call the bound method ``release`` whenever a group is destroyed, before it goes
         (held weakly: an object that registered itself stays collectable)."""
         self._on_destroy.append(weakref.WeakMethod(release))
+
+    def blocked_total(self) -> float:
+        """Seconds spent in blocking operations on the groups so far, those ended (a step's
+        wait for the other ranks: ``step_pace.py``). Thread-safe."""
+        with self._lock:
+            return self._blocked_total
 
     def blocked_for(self) -> float | None:
         """Seconds the current blocking operation has lasted (None: none runs). Thread-safe."""

@@ -40,6 +40,9 @@ class ProgressReporter:
         self._send = send
         self._interval_s = interval_s
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        """Notified when a report was sent (or dropped) and none waits (see :meth:`flush`)."""
+        self._sending = False
         self._latest: ProgressRequest | None = None
         self._offered = threading.Event()
         self._stopped = threading.Event()
@@ -81,6 +84,16 @@ class ProgressReporter:
             self._hurry.set()
         self._offered.set()
 
+    def flush(self, timeout_s: float) -> bool:
+        """Send what was offered now and wait, up to ``timeout_s``, until it was sent (or
+        failed to); return whether it was (True when nothing was pending)."""
+        self._hurry.set()
+        with self._idle:
+            return self._idle.wait_for(
+                lambda: (self._latest is None and not self._sending) or self._stopped.is_set(),
+                timeout_s,
+            )
+
     def stop(self) -> None:
         """Send nothing more (what was not sent yet is dropped)."""
         self._stopped.set()
@@ -97,6 +110,7 @@ class ProgressReporter:
                 request, self._latest = self._latest, None
                 self._offered.clear()
                 self._hurry.clear()
+                self._sending = request is not None
             if request is None:
                 continue
             try:
@@ -109,6 +123,10 @@ class ProgressReporter:
                 if failing:
                     logger.info("progress reports arrive again")
                 failing = False
+            finally:
+                with self._idle:
+                    self._sending = False
+                    self._idle.notify_all()
             self._hurry.wait(self._interval_s)
             if self._stopped.is_set():
                 return

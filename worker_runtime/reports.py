@@ -64,6 +64,11 @@ class Reports(Protocol):
     def commit(self, seconds: float) -> None:
         """A commit took ``seconds`` (rank 0's are reported, for the job's metrics)."""
 
+    def flush(self, timeout_s: float) -> bool:
+        """Send the progress not sent yet now and wait for it, up to ``timeout_s`` (before
+        the process leaves the job: its last commit and checkpoint must reach the driver);
+        return whether it was sent."""
+
 
 class NoReports(Reports):
     """The reports of a process that no driver hears: nothing is sent."""
@@ -92,6 +97,9 @@ class NoReports(Reports):
 
     def commit(self, seconds: float) -> None:
         pass
+
+    def flush(self, timeout_s: float) -> bool:
+        return True
 
 
 class DriverReports(Reports):
@@ -153,6 +161,9 @@ class DriverReports(Reports):
 
     def commit(self, seconds: float) -> None:
         self._offer(commit_seconds=(max(seconds, 0.0),), committed=True)
+
+    def flush(self, timeout_s: float) -> bool:
+        return self._progress.flush(timeout_s)
 
     def _offer(
         self,

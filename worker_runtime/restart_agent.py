@@ -95,6 +95,9 @@ class Cause(enum.Enum):
     """Counts as a restart (``TORCHELASTIC_RESTART_COUNT``)."""
     HOSTS = "hosts were added or are leaving"
     """Does not count, as under torchrun."""
+    SUSPEND = "the job is being suspended"
+    """Does not count; the next round never comes (the script checkpoints on SIGTERM, or
+    resumes from its last checkpoint of its own)."""
 
 
 def restart_cause(notice: Notice, round_number: int, joined_seq: int) -> Cause | None:
@@ -105,6 +108,8 @@ def restart_cause(notice: Notice, round_number: int, joined_seq: int) -> Cause |
         return None
     if notice.kind is NoticeKind.ROUND_FAILED:
         return Cause.FAILURE if notice.round == round_number else None
+    if notice.kind is NoticeKind.SUSPEND:
+        return Cause.SUSPEND
     return Cause.HOSTS
 
 
@@ -272,7 +277,7 @@ class RestartAgent:
             if cause is Cause.FAILURE and failed_at is None:
                 failed_at = time.monotonic()  # its own failure may be on its way: let it come
             grace = 0.0 if failed_at is None else failed_at + FAILURE_GRACE_S - time.monotonic()
-            if cause is Cause.HOSTS or grace < 0 or self._terminated:
+            if cause in (Cause.HOSTS, Cause.SUSPEND) or grace < 0 or self._terminated:
                 logger.info("stopping the script: %s", cause.value if cause else "SIGTERM")
                 script.stop(STOP_GRACE_S)
                 return Attempt(None, cause)

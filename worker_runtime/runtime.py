@@ -39,6 +39,7 @@ from elasticjob.worker_runtime.process_group import RoundGroup
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient
 from elasticjob.worker_runtime.reports import DriverReports, NoReports, Reports
 from elasticjob.worker_runtime.rounds import RendezvousRounds, Rounds, StandaloneRounds
+from elasticjob.worker_runtime.step_pace import StepPaceMeter
 from elasticjob.worker_runtime.worker_process import (
     Liveness,
     NoHeartbeat,
@@ -87,6 +88,7 @@ class Runtime:
         backend = resolve_backend(standalone_backend())
         self.device = use_device(0, backend)
         self.group = RoundGroup(backend, self.device)
+        self._pace = StepPaceMeter(self.group.blocked_total)
         self._rounds = StandaloneRounds(self.group)
         self.node = self._rounds.slot.hostname
         self._notices = NoNotices()
@@ -100,10 +102,11 @@ class Runtime:
         pin_interfaces(config.bind_address)
         self.node = config.node
         self.group = RoundGroup(backend, self.device)
+        self._pace = StepPaceMeter(self.group.blocked_total)
         client = RendezvousClient(
             config.rendezvous_url, config.job, config.token, ca_pem=config.rendezvous_ca
         )
-        self._liveness = liveness_for(config, client, self.group.blocked_for)
+        self._liveness = liveness_for(config, client, self.group.blocked_for, self._pace.pace)
         rounds = RendezvousRounds(config, client, self.group, self._liveness, self._host_updates)
         self._rounds = rounds
         self._notices = NoticeWatcher(client, _notice_handler(rounds, self._host_updates))
@@ -206,6 +209,12 @@ class Runtime:
     def step(self, value: int) -> None:
         self._step = CONTEXT.step = value
 
+    def count_step(self) -> None:
+        """The script took an optimizer step: count it, and time it for the step pace its
+        heartbeats carry (``step_pace.py``)."""
+        self.step += 1
+        self._pace.step_done(self.round)
+
     def _position(self) -> tuple[int, int, int]:
         """This worker's round, rank and step now (what its reports carry)."""
         return self.round, self.slot.rank, self.step
@@ -229,8 +238,14 @@ class Runtime:
 
     def check_host_updates(self) -> None:
         """Raise :class:`HostsUpdatedInterrupt` on every rank at the same step once any rank
-        has seen a hosts-added or hosts-removed notice (see :class:`HostUpdateAgreement`)."""
+        has seen a hosts-added, hosts-removed or suspend notice (see
+        :class:`HostUpdateAgreement`)."""
         self._host_updates.check(self.group, self.slot.size)
+
+    def suspend_agreed(self) -> bool:
+        """Once :meth:`check_host_updates` raised: whether the job is being suspended (a
+        collective of the round, which every rank calls)."""
+        return self._host_updates.suspend_agreed(self.group)
 
     # ---- leaving -----------------------------------------------------------------------
 
@@ -253,13 +268,13 @@ def _notice_handler(
     rounds: RendezvousRounds, host_updates: HostUpdateAgreement
 ) -> Callable[[Notice], None]:
     """What the job's notices tell their owners (called on the notice thread): a failed
-    round goes to ``rounds``, hosts added or removed to ``host_updates``."""
+    round goes to ``rounds``, hosts added or removed and a suspension to ``host_updates``."""
 
     def on_notice(notice: Notice) -> None:
         if notice.kind is NoticeKind.ROUND_FAILED:
             rounds.round_failed(notice.round)
             return
-        host_updates.saw_notice(notice.seq)
+        host_updates.saw_notice(notice.seq, suspend=notice.kind is NoticeKind.SUSPEND)
         logger.info("notice %d: %s %s", notice.seq, notice.kind.value, ",".join(notice.hosts))
 
     return on_notice

@@ -25,7 +25,7 @@ from typing import NoReturn, Protocol
 
 import torch
 
-from elasticjob.wire.messages import PeerEndpoint
+from elasticjob.wire.messages import PeerEndpoint, StepPace
 from elasticjob.worker_contract import ENV_CUDA_VISIBLE_DEVICES, WorkerConfig
 from elasticjob.worker_runtime.devices import device_for_slot
 from elasticjob.worker_runtime.heartbeat import Heartbeat
@@ -160,12 +160,16 @@ class NoHeartbeat(Liveness):
 
 
 def liveness_for(
-    config: WorkerConfig, client: RendezvousClient, blocked_for: Callable[[], float | None]
+    config: WorkerConfig,
+    client: RendezvousClient,
+    blocked_for: Callable[[], float | None],
+    pace: Callable[[], StepPace | None] = lambda: None,
 ) -> Liveness:
     """The liveness of a worker started by a launcher: beats at the driver's heartbeat
     interval, or without one only to notice being orphaned (at a quarter of the orphan
     timeout); peers probed once the round's group has been ``blocked_for`` the probe delay,
-    only for a driver that asked for beats (the one that kills silent workers)."""
+    only for a driver that asked for beats (the one that kills silent workers); each beat
+    carries the worker's step ``pace``."""
     if config.heartbeat_interval_s <= 0 and config.orphan_timeout_s <= 0:
         return NoHeartbeat()
     interval = config.heartbeat_interval_s or config.orphan_timeout_s / 4
@@ -179,5 +183,6 @@ def liveness_for(
         orphan_timeout_s=config.orphan_timeout_s,
         on_orphaned=exit_orphaned,
         probe=prober.probe,
+        pace=pace,
     )
     return Heartbeating(heartbeat, prober)

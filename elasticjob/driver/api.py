@@ -27,9 +27,10 @@ from __future__ import annotations
 import abc
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from elasticjob.driver.stragglers import StragglerPolicy
 from elasticjob.wire.messages import SlotInfo, WorkerId
 
 Clock = Callable[[], float]
@@ -177,6 +178,11 @@ class DriverSettings:
     heartbeat_timeout_s: float | None = None
     """Evict a worker process that sent no heartbeat for this long (None: never; see
     ``liveness.py``)."""
+    stragglers: StragglerPolicy = field(default_factory=StragglerPolicy)
+    """When a member counts as a straggler, and whether it is replaced."""
+    suspend_timeout_s: float = 300.0
+    """How long a suspension waits for the members of the round to save their state and stop
+    (and for a round being formed to form first); those still running then are stopped."""
     checkpoint_fallback: bool = False
     """The workers write durable checkpoints (a checkpoint policy is configured, or restart
     mode, whose script resumes from a checkpoint of its own): when no worker of the previous
@@ -225,12 +231,14 @@ class Unobserved:
 
 @dataclass(frozen=True)
 class JobResult:
-    """How a job ended: success or not and why, after how many rounds and resets."""
+    """How a job's run ended: success or not and why, after how many rounds and resets; or
+    ``suspended`` (not a success, not a failure: the job resumes when asked)."""
 
     success: bool
     message: str
     rounds: int
     resets: int
+    suspended: bool = False
 
 
 __all__ = [

@@ -8,6 +8,8 @@ FINISHED. Newcomers are launched while a round runs and announced (HOSTS_ADDED) 
 have registered; members on vanished hosts *leave* (HOSTS_REMOVED), reach the barrier and are
 then *dismissed*; when a member fails, or rolls back after a collective failed on it alone,
 ROUND_FAILED is posted at once and the next round is synced from rank 0.
+A suspension (:meth:`ElasticDriver.suspend`, see ``suspension.py``) posts SUSPEND to the round's
+members and ends the run once they saved their state and stopped.
 Everything reaches the driver as an event when it happens: the hosts found from the front end
 (:meth:`ElasticDriver.update_hosts`), exits from the launcher, requests and reports from the
 rendezvous. The loop can be driven step by step (:meth:`ElasticDriver.step`).
@@ -16,6 +18,7 @@ rendezvous. The loop can be driven step by step (:meth:`ElasticDriver.step`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
@@ -47,6 +50,13 @@ from elasticjob.driver.liveness import Reachability
 from elasticjob.driver.loop_lag import LoopLagWatch
 from elasticjob.driver.planning import EndJob, Publish
 from elasticjob.driver.registry import WorkerRegistry
+from elasticjob.driver.stragglers import Straggler, find_stragglers
+from elasticjob.driver.suspension import (
+    SuspendDecision,
+    SuspendMove,
+    SuspendProgress,
+    decide_suspension,
+)
 from elasticjob.driver.worker_record import ended_without_joining
 from elasticjob.driver.workers import WorkerProcesses
 from elasticjob.event_waits import wait_event
@@ -57,6 +67,7 @@ from elasticjob.wire.messages import (
     ResultRequest,
     ScriptExit,
     SlotInfo,
+    StepPace,
     WorkerId,
     WorkerState,
 )
@@ -97,6 +108,9 @@ class ElasticDriver(RendezvousListener):
         self._recovering = False
         self._wake = asyncio.Event()
         self._result: JobResult | None = None
+        self._suspension: SuspendProgress | None = None
+        self.stragglers: dict[WorkerId, Straggler] = {}
+        """The members of the round in force found slow (``stragglers.py``)."""
         self.last_reset_reason: str | None = None
         self.journal = JobJournal(clock)
         """What happened to the job: goodput, its record, its observer (``journal.py``)."""
@@ -125,6 +139,11 @@ class ElasticDriver(RendezvousListener):
         """How the job ended, once it has."""
         return self._result
 
+    @property
+    def suspending(self) -> bool:
+        """Whether a suspension was asked for (:meth:`suspend`)."""
+        return self._suspension is not None
+
     def snapshot(self) -> JobSnapshot:
         """What the driver knows now, as one value (the read model of the job)."""
         return JobSnapshot(
@@ -143,6 +162,8 @@ class ElasticDriver(RendezvousListener):
             last_checkpoint=self.journal.last_checkpoint,
             restore=self.journal.restore,
             notice_seq=self.rendezvous.round_info().latest_notice_seq,
+            stragglers=dict(self.stragglers),
+            stragglers_found=self.journal.stragglers_found,
         )
 
     def rank_of(self, worker: WorkerId) -> int | None:
@@ -173,6 +194,14 @@ class ElasticDriver(RendezvousListener):
         self.journal.adopted(round_number, len(slots))
         logger.info("adopted round %d with %d workers", round_number, len(slots))
 
+    def continue_after(self, round_number: int) -> None:
+        """A suspended job resumes under this driver: its rounds are numbered on after
+        ``round_number``, and its first round starts afresh (its rank 0 loads the newest
+        durable checkpoint)."""
+        self.rendezvous.continue_after(round_number)
+        self.journal.resuming()
+        logger.info("resuming the job after round %d", round_number)
+
     # ---- events (front end, listener and launcher callbacks; all on the event loop) -------
 
     def update_hosts(self, hosts: Mapping[str, int]) -> None:
@@ -182,14 +211,28 @@ class ElasticDriver(RendezvousListener):
         if not update:
             return
         logger.info("hosts added: %s; removed: %s", list(update.added), list(update.removed))
-        leaving = leaving_members(self.phase, update.removed, self.slots, self._workers)
+        self._let_leave(update.removed)
+        self._wake.set()
+
+    def _let_leave(self, hosts: Iterable[str]) -> None:
+        """The members on ``hosts`` leave at their next check (HOSTS_REMOVED), keeping their
+        live state: no rollback."""
+        leaving = leaving_members(self.phase, frozenset(hosts), self.slots, self._workers)
         if leaving:
             for worker in leaving:
                 self._workers[worker].departure = Departure.LEAVING
             self.rendezvous.post_notice(
                 NoticeKind.HOSTS_REMOVED, sorted({w.hostname for w in leaving})
             )
-        self._wake.set()
+
+    def suspend(self) -> None:
+        """End the job's run without losing work (see ``suspension.py``): the round's members
+        save their last commit and stop; :meth:`run` then returns a suspended
+        :class:`JobResult`. Asking again changes nothing."""
+        if self._suspension is None and self._result is None:
+            logger.info("suspending the job (round %d)", self.round)
+            self._suspension = SuspendProgress(self._clock())
+            self._wake.set()
 
     def discovery_failed(self, error: str) -> None:
         """The front end's host discovery failed with ``error``: the job ends if it never
@@ -248,8 +291,10 @@ class ElasticDriver(RendezvousListener):
         self.progress = progress
         self.journal.progress(progress, self.round, len(self.slots))
 
-    def on_worker_heartbeat(self, worker: WorkerId, report: ProbeReport | None) -> None:
-        if self._workers.beat(worker, report):
+    def on_worker_heartbeat(
+        self, worker: WorkerId, report: ProbeReport | None, pace: StepPace | None
+    ) -> None:
+        if self._workers.beat(worker, report, pace):
             self._wake.set()  # a member reports a peer it cannot reach: judge at once
 
     def on_worker_exit(self, worker: WorkerId, exit_code: int) -> None:
@@ -322,6 +367,8 @@ class ElasticDriver(RendezvousListener):
             counts_from = self.reachability.silence_counts_from()
             await self._workers.kill_unanswering(timeout, self.slots, self.round, counts_from)
             await self._workers.stop_overdue(self.settings.removal_grace_s, timeout, counts_from)
+            if self._suspension is not None and self._carry_suspension(self._suspension):
+                return
             if self.phase is DriverPhase.STARTING or self.phase is DriverPhase.FORMING:
                 await self._form_round()
             elif self.phase is DriverPhase.RUNNING:
@@ -340,7 +387,9 @@ class ElasticDriver(RendezvousListener):
             restart_limit=self.settings.restart_limit,
         )
         if decision.action is Action.WAIT:
-            await self._formation.scale_out(self.round, self.slots, recovering=self._recovering)
+            self._watch_stragglers()
+            if self._suspension is None:  # no newcomers for a job being suspended
+                await self._formation.scale_out(self.round, self.slots, recovering=self._recovering)
         elif decision.action is Action.SUCCEED:
             self._finish(True, decision.reason or "training finished")
         elif decision.action is Action.FAIL:
@@ -354,10 +403,58 @@ class ElasticDriver(RendezvousListener):
             self._formation.round_ended()
             await self._form_round()
 
+    def _watch_stragglers(self) -> None:
+        """Find the round's slow members; a newly flagged one is told to the journal and,
+        with the policy, replaced: its host is blacklisted and it leaves (no rollback)."""
+        policy, before = self.settings.stragglers, self.stragglers
+        if self._recovering:  # a broken round's paces say nothing
+            self.stragglers = {}
+            return
+        members = [w for w in self.slots if not self._workers.gone(w)]
+        found = find_stragglers(
+            self._workers.paces(members), self.round, before, policy, self._clock()
+        )
+        for worker, straggler in found.items():
+            if not straggler.flagged or (worker in before and before[worker].flagged):
+                continue
+            rank = self.slots[worker].rank
+            logger.warning(
+                "rank %d (%s) is a straggler: its steps are %.2fx the others'",
+                rank,
+                worker,
+                straggler.slowdown,
+            )
+            self.journal.straggler(worker.hostname, rank, straggler.slowdown, self.round)
+            if policy.replace:
+                self._blacklist({worker.hostname})
+                self._let_leave({worker.hostname})
+        self.stragglers = found
+
+    def _carry_suspension(self, progress: SuspendProgress) -> bool:
+        """Carry the suspension's next move out; return whether the step ends here (False:
+        a round is still being formed or recovered, which the step goes on with)."""
+        members = list(self.slots)
+        decision = decide_suspension(
+            progress,
+            self.phase,
+            current_round=self.round,
+            recovering=self._recovering,
+            members=len(members),
+            stopped=sum(self._workers.stopped(w) for w in members),
+            now=self._clock(),
+            timeout_s=self.settings.suspend_timeout_s,
+        )
+        if decision.move is SuspendMove.NOTIFY:
+            self.rendezvous.post_notice(NoticeKind.SUSPEND)
+            self._suspension = dataclasses.replace(progress, notified_round=self.round)
+        elif decision.move is SuspendMove.END:
+            self._end_suspended(decision)
+        return progress.notified_round is not None or decision.move is not SuspendMove.WAIT
+
     # ---- forming rounds ----------------------------------------------------------------
 
     async def _form_round(self) -> None:
-        survivors = self._workers.survivors(self.slots) if self.round else None
+        survivors = self._workers.survivors(self.slots) if self.slots else None
         outcome = await self._formation.next_round(self.round, survivors, self._recovering)
         if isinstance(outcome, EndJob):
             self._finish(False, self._with_worker_messages(outcome.reason))
@@ -404,6 +501,15 @@ class ElasticDriver(RendezvousListener):
             where = "" if exclusion.key == host else f" ({exclusion.key}, where it runs)"
             logger.warning("blacklisted host %s%s for %.0f s", host, where, seconds)
             self.journal.blacklisted(exclusion.key, seconds, self.round)
+
+    def _end_suspended(self, decision: SuspendDecision) -> None:
+        message = f"suspended: {decision.reason}"
+        self._result = JobResult(
+            False, message, self.round, self.registry.reset_count, suspended=True
+        )
+        self.journal.suspended(message, self.round)
+        (logger.info if decision.clean else logger.warning)("job %s", message)
+        self._wake.set()
 
     def _with_worker_messages(self, reason: str) -> str:
         return "\n".join([reason, *self._workers.messages()])

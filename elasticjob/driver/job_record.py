@@ -47,6 +47,10 @@ class EventKind(enum.StrEnum):
     ADOPTED = "adopted"
     """An operator took the running round over: it restarted, or another replica came to
     lead (the job's workers trained on)."""
+    STRAGGLER = "straggler"
+    """A member was flagged as a straggler (consistently slower steps than the others)."""
+    SUSPENDED = "suspended"
+    """The job was suspended: its run ended with its state saved, until it is resumed."""
     FINISHED = "finished"
 
 

@@ -8,11 +8,12 @@ reaching into the driver's registry, journal or rendezvous.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from elasticjob.driver.api import DriverPhase, JobResult
 from elasticjob.driver.goodput import LostTime
 from elasticjob.driver.journal import Restore
+from elasticjob.driver.stragglers import Straggler
 from elasticjob.wire.messages import CheckpointReport, ProgressRequest, SlotInfo, WorkerId
 
 
@@ -45,6 +46,10 @@ class JobSnapshot:
     """The latest durable fallback."""
     notice_seq: int
     """The sequence number of the latest notice."""
+    stragglers: Mapping[WorkerId, Straggler] = field(default_factory=dict)
+    """The members of the round in force found slow (flagged or not yet)."""
+    stragglers_found: int = 0
+    """Members flagged as stragglers so far (by this driver)."""
 
     @property
     def world_size(self) -> int:

@@ -37,8 +37,8 @@ _CHECKPOINT_TIMES_KEPT: Final = 64
 
 @dataclass(frozen=True)
 class Restore:
-    """A durable fallback: no worker of the previous round survived, and rank 0 of
-    ``round`` loaded ``checkpoint``."""
+    """A durable fallback: no worker of the previous round survived (or the job resumed
+    after a suspension), and rank 0 of ``round`` loaded ``checkpoint``."""
 
     checkpoint: CheckpointReport
     round: int
@@ -46,6 +46,8 @@ class Restore:
     """Committed steps trained again: the last step rank 0 reported before the loss minus
     the checkpoint's (None: unknown, no step reported since the driver started, or the
     script reports step numbers of its own that come before the checkpoint's)."""
+    resumed: bool = False
+    """The job resumed after a suspension (its first round loaded the checkpoint)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,20 @@ class RecordChanged:
     change: RecordChange
 
 
-JournalEvent = RoundPublished | CheckpointRestored | HostBlacklisted | RecordChanged
+@dataclass(frozen=True)
+class StragglerFound:
+    """Rank ``rank`` of round ``round``, on ``host``, is a straggler: its steps keep it busy
+    ``slowdown`` times as long as the other members' (``stragglers.py``)."""
+
+    host: str
+    rank: int
+    slowdown: float
+    round: int
+
+
+JournalEvent = (
+    RoundPublished | CheckpointRestored | HostBlacklisted | StragglerFound | RecordChanged
+)
 """What the journal pushes to its subscribers."""
 
 JournalListener = Callable[[JournalEvent], None]
@@ -110,6 +125,10 @@ class JobJournal:
         self.restore: Restore | None = None
         """The latest durable fallback, once training resumed from a checkpoint."""
         self._checkpoint_times: dict[str, float] = {}
+        self._resuming = False
+        """The job resumes after a suspension: the first restore is its resumption."""
+        self.stragglers_found = 0
+        """Members flagged as stragglers so far (by this driver)."""
         self._failure_told = 0
         """The newest round whose failure the record tells."""
         self._unexplained: tuple[int, int, str] | None = None
@@ -212,7 +231,8 @@ class JobJournal:
         # Unknown (rather than a made-up figure) when no commit was reported, or when the
         # commits reported are older than the checkpoint (reports lost with the workers).
         lost = None if last is None or last < checkpoint.step else last - checkpoint.step
-        self.restore = Restore(checkpoint, round_number, lost)
+        self.restore = Restore(checkpoint, round_number, lost, resumed=self._resuming)
+        self._resuming = False
         self.lost_time = on_restored(self.lost_time, self._checkpoint_times.get(checkpoint.name))
         self._tell(CheckpointRestored(self.restore))
         steps = "an unknown number of" if lost is None else str(lost)
@@ -311,6 +331,27 @@ class JobJournal:
         """``host`` is excluded for ``seconds``."""
         self.record.event(EventKind.BLACKLISTED, f"{host} for {seconds:.0f} s", round=round_number)
         self._tell(HostBlacklisted(host, seconds, round_number))
+
+    def straggler(self, host: str, rank: int, slowdown: float, round_number: int) -> None:
+        """Rank ``rank`` on ``host`` was flagged as a straggler."""
+        self.stragglers_found += 1
+        self.record.event(
+            EventKind.STRAGGLER,
+            f"rank {rank} on {host}: steps {slowdown:.2f}x the others'",
+            round=round_number,
+        )
+        self._tell(StragglerFound(host, rank, slowdown, round_number))
+
+    def resuming(self) -> None:
+        """The job resumes after a suspension: the checkpoint its first round loads is its
+        resumption, not a fallback."""
+        self._resuming = True
+
+    def suspended(self, message: str, round_number: int) -> None:
+        """The job's run ended suspended (``message`` says how it went)."""
+        self._explain_failure()
+        self.record.event(EventKind.SUSPENDED, message, round=round_number)
+        self.record.sample(0, 0.0)  # nobody trains until the job resumes
 
     def finished(self, success: bool, message: str, round_number: int) -> None:
         """The job ended."""

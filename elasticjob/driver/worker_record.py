@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from elasticjob.driver.api import Departure
 from elasticjob.driver.partition import ReceivedReport
-from elasticjob.wire.messages import WorkerId, WorkerState
+from elasticjob.wire.messages import StepPace, WorkerId, WorkerState
 
 _EXIT_CAUSES = {126: " (command not executable)", 127: " (command not found)"}
 """What a shell's exit status says about the command it could not run."""
@@ -55,6 +55,8 @@ class WorkerRecord:
     """What it found probing its peers, with its latest heartbeat (None: that beat had no
     report: none of its collectives blocked)."""
 
+    pace: StepPace | None = None
+    """How busy its recent steps kept it, from its latest heartbeat (None: not reported)."""
     heard_from: bool = False
     """Its process's runtime beat or reported how it ends: it called ``init()``."""
 

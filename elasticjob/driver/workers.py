@@ -14,7 +14,7 @@ from elasticjob.driver.partition import ReceivedReport, partitioned_members
 from elasticjob.driver.timeouts import overdue_dismissals, overdue_endings, slow_starters
 from elasticjob.driver.worker_record import WorkerRecord
 from elasticjob.rendezvous.api import JobRendezvous, ProbeReport
-from elasticjob.wire.messages import SlotInfo, WorkerId
+from elasticjob.wire.messages import SlotInfo, StepPace, WorkerId
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,16 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
         """Whether the worker was dismissed or failed."""
         record = self._records.get(worker)
         return record is not None and record.departure in (Departure.DISMISSED, Departure.FAILED)
+
+    def paces(self, members: Iterable[WorkerId]) -> dict[WorkerId, StepPace | None]:
+        """The latest pace each of these members reported (None: none yet)."""
+        return {w: self._records[w].pace if w in self._records else None for w in members}
+
+    def stopped(self, worker: WorkerId) -> bool:
+        """Whether the worker stopped training: it waits at the barrier after its round, or
+        its process ended (or was never launched)."""
+        record = self._records.get(worker)
+        return record is None or not record.running or record.at_barrier
 
     def leaving(self, members: Iterable[WorkerId]) -> frozenset[WorkerId]:
         """Those of these members that are leaving (see ``Departure.LEAVING``)."""
@@ -156,15 +166,17 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
             if r.running and not r.ending and r.departure is None
         }
 
-    def beat(self, worker: WorkerId, report: ProbeReport | None) -> bool:
-        """Record a heartbeat of the worker's process and the probe report it carried (a
-        beat without one clears the previous); return whether the report names a peer."""
+    def beat(self, worker: WorkerId, report: ProbeReport | None, pace: StepPace | None) -> bool:
+        """Record a heartbeat of the worker's process, the probe report it carried (a beat
+        without one clears the previous) and its pace (kept until a newer one); return
+        whether the report names a peer."""
         record = self._records.get(worker)
         if record is None or not record.running:
             return False
         now = self._clock()
         record.last_heartbeat = now
         record.heard_from = True
+        record.pace = pace or record.pace
         record.probe_report = (
             None if report is None else ReceivedReport(report.round, report.unreachable, now)
         )

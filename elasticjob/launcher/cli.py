@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Final
 
 from elasticjob.driver.api import DriverError, JobMode, JobResult
 from elasticjob.driver.blacklist import Blacklist
@@ -117,6 +118,9 @@ async def run_job(args: argparse.Namespace) -> JobResult:
         if args.job_record:
             driver.journal.start_record(args.job_name, time.time, " ".join(args.command))
             saver = RecordSaver(driver.journal, RecordFile(Path(args.job_record)), time.monotonic)
+        # SIGUSR1 (a batch scheduler's warning before preemption or a time limit) suspends
+        # the job: the workers save their last commit and exit; the same command resumes it.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, driver.suspend)
         await discover_once(discovery, driver)
         helpers = [asyncio.create_task(poll_hosts(discovery, driver), name="host discovery")]
         if saver is not None:
@@ -133,6 +137,10 @@ async def run_job(args: argparse.Namespace) -> JobResult:
         await service.stop()
         if timeline_dir is not None:
             write_timeline(Path(timeline_dir), Path(args.timeline_filename))
+
+
+EXIT_SUSPENDED: Final = 3
+"""The exit status of a job suspended by SIGUSR1."""
 
 
 async def _run_until_signalled(args: argparse.Namespace) -> JobResult:
@@ -167,6 +175,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    if result.suspended:
+        resume = (
+            "the same command resumes it from the checkpoint"
+            if args.checkpoint_dir
+            else "without --checkpoint-dir, the same command starts it afresh"
+        )
+        print(f"elasticjob-run: job {result.message}; {resume}", file=sys.stderr)
+        return EXIT_SUSPENDED
     if not result.success:
         print(f"elasticjob-run: job failed: {result.message}", file=sys.stderr)
         return 1

@@ -30,6 +30,7 @@ from elasticjob.wire.messages import (
     RoundInfo,
     ScriptExit,
     SlotInfo,
+    StepPace,
     WorkerId,
 )
 
@@ -104,10 +105,13 @@ class RendezvousListener(Protocol):
     def on_progress(self, progress: ProgressRequest) -> None:
         """Rank 0 reported training progress."""
 
-    def on_worker_heartbeat(self, worker: WorkerId, report: ProbeReport | None) -> None:
+    def on_worker_heartbeat(
+        self, worker: WorkerId, report: ProbeReport | None, pace: StepPace | None
+    ) -> None:
         """The worker's process is alive (it beats every heartbeat interval). ``report``:
         what it found probing its peers of the current round while a collective blocked
-        (validated against the round), or None (no report, or one of an older round)."""
+        (validated against the round), or None (no report, or one of an older round).
+        ``pace``: how busy its recent steps kept it (None: none measured in its round)."""
 
 
 class JobRendezvous(abc.ABC):
@@ -146,6 +150,11 @@ class JobRendezvous(abc.ABC):
         ``notice_seq``, so members that kept training keep hearing notices."""
 
     @abc.abstractmethod
+    def continue_after(self, round_number: int) -> None:
+        """Number this job's rounds on after ``round_number``, with none in force (a suspended
+        job resumes: its new run's first round is ``round_number + 1``)."""
+
+    @abc.abstractmethod
     def readmit(self, workers: Iterable[WorkerId]) -> None:
         """A new process is about to run for each of these workers: admit them (requests of
         workers that were never admitted, nor members of a published or adopted round, are
@@ -164,7 +173,7 @@ class JobRendezvous(abc.ABC):
     @property
     @abc.abstractmethod
     def current_round(self) -> int:
-        """The round in force (0 before the first is published)."""
+        """The round in force (0 before the first is published; see :meth:`continue_after`)."""
 
     @property
     @abc.abstractmethod

@@ -82,6 +82,8 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._announced: dict[WorkerId, set[int]] = {}
         self._dismissed: set[WorkerId] = set()
         self._round: PublishedRound | None = None
+        self._numbered_after = 0
+        """The round before the first one published (see :meth:`continue_after`)."""
         self._plan = PlannedRound()
         self._finished: str | None = None
         self._closing = False
@@ -188,6 +190,15 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._admitted.update(slots)
         logger.info("job %s: adopted round %d with %d members", self.job, round_number, len(slots))
 
+    def continue_after(self, round_number: int) -> None:
+        """See :meth:`JobRendezvous.continue_after`."""
+        if self._round is not None:
+            raise RendezvousError(
+                f"job {self.job}: cannot number rounds after {round_number} once round "
+                f"{self.current_round} is in force"
+            )
+        self._numbered_after = round_number
+
     def readmit(self, workers: Iterable[WorkerId]) -> None:
         """See :meth:`JobRendezvous.readmit`."""
         for worker in workers:
@@ -216,7 +227,7 @@ class InMemoryJobRendezvous(JobRendezvous):
     @property
     def current_round(self) -> int:
         """See :attr:`JobRendezvous.current_round`."""
-        return 0 if self._round is None else self._round.number
+        return self._numbered_after if self._round is None else self._round.number
 
     @property
     def current_slots(self) -> Mapping[WorkerId, SlotInfo]:
@@ -366,7 +377,8 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._check_worker(worker)
         report = probe_report(self._round, worker, request)
         self._tell_listener(
-            "on_worker_heartbeat", lambda: self._listener.on_worker_heartbeat(worker, report)
+            "on_worker_heartbeat",
+            lambda: self._listener.on_worker_heartbeat(worker, report, request.pace),
         )
 
     def round_info(self) -> RoundInfo:

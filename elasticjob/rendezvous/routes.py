@@ -42,6 +42,7 @@ from elasticjob.rendezvous.stats import RequestStats
 from elasticjob.wire.messages import (
     ErrorResponse,
     HeartbeatRequest,
+    NoticeKind,
     ProgressRequest,
     RendezvousRequest,
     ResultRequest,
@@ -51,6 +52,7 @@ from elasticjob.wire.protocol import (
     MIN_PROTOCOL_VERSION,
     PROTOCOL_HEADER,
     PROTOCOL_VERSION,
+    SUSPEND_NOTICE_VERSION,
 )
 from elasticjob.wire.strict_json import DuplicateKeyError, parse_json
 
@@ -256,7 +258,11 @@ class _Api:
         except ValidationError as exc:
             raise _invalid("query", exc) from exc
         request[_LONG_POLL] = query.wait > 0
-        return _json(await job.notices(int(query.after), query.wait))
+        answer = await job.notices(int(query.after), query.wait)
+        if _check_protocol(request) < SUSPEND_NOTICE_VERSION:  # a kind it would refuse
+            kept = tuple(n for n in answer.notices if n.kind is not NoticeKind.SUSPEND)
+            answer = answer.model_copy(update={"notices": kept})
+        return _json(answer)
 
     async def results(self, request: web.Request) -> web.Response:
         job = self.authorize(request)

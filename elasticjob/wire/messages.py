@@ -70,6 +70,10 @@ class NoticeKind(enum.StrEnum):
     ROUND_FAILED = "ROUND_FAILED"
     """A member of the named round failed: its group is broken, abort it now instead of
     waiting for a collective timeout."""
+    SUSPEND = "SUSPEND"
+    """The job is being suspended: every rank stops at the same step, as for a host update,
+    writes its last commit as a durable checkpoint (where the job has a checkpoint policy)
+    and asks for the next round, which the driver answers by ending the job's run."""
 
 
 class Notice(StrictModel):
@@ -201,6 +205,18 @@ class ProbedPeer(StrictModel):
     local_rank: LocalRank
 
 
+class StepPace(StrictModel):
+    """How long a worker's recent steps of ``round`` kept it busy: the median, over its last
+    steps, of a step's wall time less the time it waited in the step's collectives (the
+    straggler of a synchronous job waits least). Sent with its heartbeats; the driver flags
+    a member consistently slower than the others (``elasticjob.driver.stragglers``)."""
+
+    round: RoundNumber
+    steps: Annotated[int, Field(strict=True, ge=0)]
+    """Steps measured in the round so far."""
+    busy_s: Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+
+
 class HeartbeatRequest(StrictModel):
     """A worker process is alive. Sent by a background thread every heartbeat interval,
     whatever the training thread does, so only a frozen or cut-off process stops sending.
@@ -218,6 +234,8 @@ class HeartbeatRequest(StrictModel):
     """The round whose collective blocks (None: no probe report with this beat)."""
     unreachable: Annotated[tuple[ProbedPeer, ...], Field(max_length=MAX_PROBE_TARGETS)] = ()
     """The probed peers that did not answer; given only with ``round``."""
+    pace: StepPace | None = None
+    """Its recent steps' pace (None: it has measured no step of its round yet)."""
 
     @model_validator(mode="after")
     def _report_names_its_round(self) -> HeartbeatRequest:

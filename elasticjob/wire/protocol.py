@@ -11,7 +11,7 @@ API_PREFIX = "/v1"
 PROTOCOL_HEADER: Final = "X-Elasticjob-Protocol"
 """Header carrying the rendezvous protocol version: workers send theirs on every request and
 the service answers with its own."""
-PROTOCOL_VERSION: Final = 7
+PROTOCOL_VERSION: Final = 8
 """The rendezvous protocol this release speaks. Version 1 is that of the releases that sent no
 :data:`PROTOCOL_HEADER` (a request without it is version 1). Version 2 added the header,
 ``429 Too Many Requests`` answers (a version-1 worker takes them as fatal), refusals of
@@ -31,8 +31,14 @@ optional :attr:`RendezvousRequest.probe_port` and :attr:`PeerEndpoint.probe_port
 probed on a listener of their own, not on their TCPStore server (the service leaves
 ``probe_port`` out of the peers it gives an older worker, which would refuse it). Version 7
 added the optional :attr:`RendezvousRequest.script_exit` of restart-mode workers; older
-workers' requests stay valid.
+workers' requests stay valid. Version 8 added the ``SUSPEND`` notice (the service leaves it
+out of the notices it gives an older worker, which would refuse the kind: such a worker does
+not stop for a suspension, and the driver stops it after the suspension's timeout) and the
+optional :attr:`HeartbeatRequest.pace` (older workers report no pace: they are never found
+to be stragglers).
 (The messages are those of :mod:`elasticjob.wire.messages`.)"""
+SUSPEND_NOTICE_VERSION: Final = 8
+"""The first protocol whose workers are given ``SUSPEND`` notices."""
 MIN_PROTOCOL_VERSION: Final = 2
 """The oldest worker protocol this service accepts; an older (or newer) worker is refused
 with ``426 Upgrade Required`` naming both versions, and exits with that message. Version-2

@@ -16,6 +16,8 @@ from elasticjob.operator.api.models.spec import (
     ElasticJobSpec,
     PodSpec,
     PodTemplateSpec,
+    StragglerAction,
+    StragglerSpec,
     TemplateMetadata,
 )
 from elasticjob.operator.api.models.status import (
@@ -30,6 +32,7 @@ from elasticjob.operator.api.models.status import (
     Phase,
     Progress,
     RestoreStatus,
+    StragglerStatus,
     WorkerStatus,
 )
 from elasticjob.operator.api.names import (
@@ -90,6 +93,9 @@ __all__ = [
     "PodTemplateSpec",
     "Progress",
     "RestoreStatus",
+    "StragglerAction",
+    "StragglerSpec",
+    "StragglerStatus",
     "TemplateMetadata",
     "WorkerStatus",
     "parse_spec",

@@ -23,7 +23,9 @@ express, a spec must satisfy these rules, which a Kubernetes 1.20 schema cannot 
   exactly one of ``everyCommits`` and ``intervalSeconds`` is given.
 
 Apart from the spec, a job's name must fit a label value (:func:`name_errors`): it labels the
-job's pods.
+job's pods; and suspending a job that has trained, in elastic mode with no ``checkpoint``
+policy, would lose its training, so it needs ``allowSuspendWithoutCheckpoint: true``
+(:func:`suspend_errors`).
 
 Given the API server's Pod schema (:class:`~elasticjob.operator.api.podschema.PodSchema`), a
 field of the pod template that a pod does not have (a typo such as ``resource:``) is an error
@@ -124,6 +126,29 @@ def name_errors(name: str | None) -> list[FieldError]:
             )
         ]
     return []
+
+
+def suspend_errors(spec: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[FieldError]:
+    """What is wrong with updating the job ``old`` (as stored; None: a create) to ``spec``
+    as a suspension: a job that has trained (its status records a round), in elastic mode with
+    no checkpoint policy, would resume from scratch; the user confirms that with
+    ``allowSuspendWithoutCheckpoint``. A restart-mode script resumes from checkpoints of its
+    own; a job that never trained loses nothing."""
+    if old is None or spec.get("suspend") is not True:
+        return []
+    if (old.get("spec") or {}).get("suspend") is True or not (old.get("status") or {}).get("round"):
+        return []
+    confirmed = spec.get("allowSuspendWithoutCheckpoint") is True
+    if spec.get("checkpoint") is not None or confirmed or spec.get("mode") == JobMode.RESTART:
+        return []
+    return [
+        FieldError(
+            "spec.suspend",
+            "the job has trained and has no spec.checkpoint policy, so suspending it loses its "
+            "training (it would start afresh when resumed): add spec.checkpoint, or set "
+            "spec.allowSuspendWithoutCheckpoint: true to confirm",
+        )
+    ]
 
 
 def validate_scale(spec: Mapping[str, Any], replicas: int) -> list[FieldError]:

@@ -6,7 +6,6 @@ relative to it, and the job succeeds."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -14,44 +13,17 @@ import pytest
 
 from devcluster.agent.volumes import claim_dir
 from devcluster.cluster import Cluster
-from tests.support.elastic_jobs import job_manifest, stop_workers, wait_status
-from tests.support.job_runs import read_events
+from tests.support.elastic_jobs import (
+    checkpointed_job,
+    finish_trained_exactly_once,
+    stop_workers,
+    training_with_a_checkpoint,
+    wait_status,
+)
 from tests.support.kube import Kube
 from tests.support.operator_release import RELEASE, SYSTEM_NS, operator_pods, wait_operator_serving
 
 WORKERS = "elasticjob.dev/job-name"
-
-
-def checkpointed_job(kube: Kube, name: str, log_dir: Path, stop_file: Path) -> None:
-    """A claim, and a job of 2 pods that checkpoints to it every 2 commits."""
-    claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": f"{name}-checkpoints"},
-        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
-    }
-    job = job_manifest(name, log_dir, stop_file, replicas=2, minReplicas=2)
-    pod_spec = job["spec"]["template"]["spec"]
-    pod_spec["volumes"].append(
-        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": f"{name}-checkpoints"}}
-    )
-    job["spec"]["checkpoint"] = {
-        "volume": "checkpoints",
-        "path": "/checkpoints",
-        "everyCommits": 2,
-        "keep": 2,
-    }
-    kube.apply(claim, job)
-
-
-def training_with_a_checkpoint(kube: Kube, name: str) -> dict[str, Any]:
-    return wait_status(
-        kube,
-        name,
-        "training with a checkpoint written",
-        lambda s: s.get("phase") == "Running" and s.get("lastCheckpoint") and s.get("progress"),
-        timeout=240,
-    )
 
 
 def resumed_from_a_checkpoint(kube: Kube, name: str, before: dict[str, Any]) -> dict[str, Any]:
@@ -77,22 +49,6 @@ def resumed_from_a_checkpoint(kube: Kube, name: str, before: dict[str, Any]) -> 
     if kube.cluster.config.runtime == "process":
         assert folder.is_dir()
     return restored
-
-
-def finish_trained_exactly_once(kube: Kube, name: str, log_dir: Path, stop_file: Path) -> None:
-    stop_file.touch()
-    done = wait_status(kube, name, "success", lambda s: s.get("phase") == "Succeeded", 240)
-    assert done["restored"], done
-    finals = [e for e in read_events(log_dir) if e["ev"] == "done"]
-    assert finals, "no worker reported its final state"
-    assert len({e["digest"] for e in finals}) == 1, f"ranks disagree: {finals}"
-    (epochs,) = {e["epochs"] for e in finals}
-    for e in finals:  # relative to the checkpoint: nothing skipped, nothing twice
-        assert e["seen_min"] == e["seen_max"] == epochs, e
-    reasons = {
-        ev["reason"] for ev in json.loads(kube.kubectl("get", "events", "-o", "json"))["items"]
-    }
-    assert "RestoredFromCheckpoint" in reasons, reasons
 
 
 @pytest.mark.timeout(900)

@@ -1,6 +1,8 @@
 """Peer probes over HTTP: the round's answer carries the peers to probe (from version 3, with
 their probe listener from version 6: an older worker refuses fields it does not know), and
-heartbeats carry probe reports; malformed or foreign reports get a 4xx and change nothing."""
+heartbeats carry probe reports and step paces; malformed or foreign reports get a 4xx and
+change nothing. A worker older than version 8 is not given SUSPEND notices (a kind it would
+refuse)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 
 from elasticjob.rendezvous.api import ProbeReport
 from elasticjob.rendezvous.server import RendezvousService
-from elasticjob.wire.messages import PeerEndpoint, RendezvousResponse
+from elasticjob.wire.messages import NoticeKind, PeerEndpoint, RendezvousResponse, StepPace
 from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
 from tests.support.rendezvous_http import Cluster, rendezvous_body, snapshot
 from tests.support.rendezvous_jobs import W0, W1, slots_for
@@ -75,6 +77,26 @@ async def test_a_probe_report_reaches_the_driver(cluster: Cluster) -> None:
     assert cluster.listener_a.reports == [(W1, ProbeReport(1, frozenset({W0})))]
 
 
+async def test_a_step_pace_reaches_the_driver(cluster: Cluster) -> None:
+    pace = {"round": 1, "steps": 25, "busy_s": 0.125}
+    body = {"hostname": "host-b", "local_rank": 0, "pace": pace}
+    status, _ = await cluster.call("POST", HEARTBEAT, json=body)
+    assert status == 204
+    assert cluster.listener_a.paces == [(W1, StepPace(round=1, steps=25, busy_s=0.125))]
+
+
+async def test_a_worker_older_than_suspend_notices_is_not_given_them(cluster: Cluster) -> None:
+    cluster.job_a.post_notice(NoticeKind.HOSTS_ADDED, ["host-c"])
+    cluster.job_a.post_notice(NoticeKind.SUSPEND)
+    for version, kinds in ((PROTOCOL_VERSION, ["HOSTS_ADDED", "SUSPEND"]), (7, ["HOSTS_ADDED"])):
+        status, body = await cluster.call(
+            "GET", "/v1/jobs/job-a/notices?after=0&wait=0", headers={PROTOCOL_HEADER: str(version)}
+        )
+        assert status == 200 and isinstance(body, dict), body
+        assert [n["kind"] for n in body["notices"]] == kinds
+        assert body["latest_seq"] == 2, "the older worker skips the notice it is not given"
+
+
 @pytest.mark.parametrize(
     ("changes", "status", "words"),
     [
@@ -84,13 +106,25 @@ async def test_a_probe_report_reaches_the_driver(cluster: Cluster) -> None:
         ({"round": 1, "unreachable": [{"hostname": "host-a"}]}, 422, "local_rank"),
         ({"round": 1, "unreachable": "host-a"}, 422, "unreachable"),
         ({"round": 2}, 409, "newer"),
+        ({"pace": {"round": 1, "steps": -1, "busy_s": 0.1}}, 422, "steps"),
+        ({"pace": {"round": 1, "steps": 3, "busy_s": "fast"}}, 422, "busy_s"),
         (
             {"round": 1, "unreachable": [{"hostname": f"h{i}", "local_rank": 0} for i in range(4)]},
             422,
             "at most 3",
         ),
     ],
-    ids=["no-round", "repeated", "not-its-target", "no-slot", "not-a-list", "future", "too-many"],
+    ids=[
+        "no-round",
+        "repeated",
+        "not-its-target",
+        "no-slot",
+        "not-a-list",
+        "future",
+        "negative-steps",
+        "pace-not-a-number",
+        "too-many",
+    ],
 )
 async def test_malformed_reports_are_refused_and_change_nothing(
     cluster: Cluster, changes: dict[str, object], status: int, words: str

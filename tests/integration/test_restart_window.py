@@ -22,6 +22,7 @@ from elasticjob.wire.messages import (
     ResultRequest,
     RoundInfo,
     ScriptExit,
+    StepPace,
     WorkerId,
 )
 from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
@@ -43,7 +44,9 @@ class Listener:
     ) -> None:
         return None
 
-    def on_worker_heartbeat(self, worker: WorkerId, report: ProbeReport | None) -> None:
+    def on_worker_heartbeat(
+        self, worker: WorkerId, report: ProbeReport | None, pace: StepPace | None
+    ) -> None:
         return None
 
     def on_worker_result(self, request: ResultRequest) -> None:

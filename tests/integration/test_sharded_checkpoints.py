@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
+from elasticjob.launcher.cli import EXIT_SUSPENDED
 from tests.support.sharded_runs import (
     FOUR_HOSTS,
     finished_alike,
@@ -28,6 +29,8 @@ pytestmark = [
 ]
 
 THREE_HOSTS = "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1"
+EVERY_1000_COMMITS = ("--checkpoint-every-commits", "1000")
+"""A policy that writes no checkpoint in a short job: the suspension's is the only one."""
 
 
 def checkpoint_args(folder: Path, keep: int = 3) -> list[str]:
@@ -115,3 +118,37 @@ def test_a_dcp_reload_of_the_same_commit_reaches_the_same_parameters(tmp_path: P
     )
     finished_alike(reloaded, 3)
     assert reloaded.of("done")[0]["digest"] == run.of("done")[0]["digest"]
+
+
+def test_a_suspended_sharded_job_resumes_its_last_commit_on_another_world(
+    tmp_path: Path,
+) -> None:
+    """A suspension writes the last commit of a sharded state, every rank its own shards;
+    the job resumed on fewer ranks starts from that commit, bit for bit, and trains to the
+    end."""
+    folder = tmp_path / "checkpoints"
+    suspended = run_sharded(
+        tmp_path,
+        ["-np", "3", "-H", THREE_HOSTS, "--checkpoint-dir", str(folder), *EVERY_1000_COMMITS],
+        *("--suspend-at", "1:1"),
+    )
+    assert suspended.returncode == EXIT_SUSPENDED, suspended.explain()
+    assert not suspended.of("done")
+    (written,) = list(folder.iterdir())  # the suspension's alone: no policy made one before
+    last = max(suspended.of("commit"), key=lambda c: c["time"])
+    assert (counters(written)["epoch"], counters(written)["batch"]) == (
+        last["epoch"],
+        last["batch"],
+    )
+
+    resumed_run = run_sharded(
+        tmp_path, ["-np", "2", "-H", "127.0.1.1:1,127.0.1.2:1", *checkpoint_args(folder)]
+    )
+    assert resumed_run.returncode == 0, resumed_run.explain()
+    first = next(e for e in resumed_run.of("resumed") if e["time"] > last["time"])
+    assert (first["epoch"], first["batch"], first["digest"]) == (
+        last["epoch"],
+        last["batch"],
+        last["digest"],
+    )
+    assert (first["size"], len([d for d in resumed_run.of("done")])) == (2, 2)

@@ -5,6 +5,7 @@ what a test leaves running."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -162,3 +163,51 @@ def sleeper(name: str, **spec: Any) -> dict[str, Any]:
             **spec,
         },
     }
+
+
+def checkpointed_job(kube: Kube, name: str, log_dir: Path, stop_file: Path) -> None:
+    """A claim, and a job of 2 pods that checkpoints to it every 2 commits."""
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": f"{name}-checkpoints"},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    job = job_manifest(name, log_dir, stop_file, replicas=2, minReplicas=2)
+    pod_spec = job["spec"]["template"]["spec"]
+    pod_spec["volumes"].append(
+        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": f"{name}-checkpoints"}}
+    )
+    job["spec"]["checkpoint"] = {
+        "volume": "checkpoints",
+        "path": "/checkpoints",
+        "everyCommits": 2,
+        "keep": 2,
+    }
+    kube.apply(claim, job)
+
+
+def training_with_a_checkpoint(kube: Kube, name: str) -> dict[str, Any]:
+    return wait_status(
+        kube,
+        name,
+        "training with a checkpoint written",
+        lambda s: s.get("phase") == "Running" and s.get("lastCheckpoint") and s.get("progress"),
+        timeout=240,
+    )
+
+
+def finish_trained_exactly_once(kube: Kube, name: str, log_dir: Path, stop_file: Path) -> None:
+    stop_file.touch()
+    done = wait_status(kube, name, "success", lambda s: s.get("phase") == "Succeeded", 240)
+    assert done["restored"], done
+    finals = [e for e in read_events(log_dir) if e["ev"] == "done"]
+    assert finals, "no worker reported its final state"
+    assert len({e["digest"] for e in finals}) == 1, f"ranks disagree: {finals}"
+    (epochs,) = {e["epochs"] for e in finals}
+    for e in finals:  # relative to the checkpoint: nothing skipped, nothing twice
+        assert e["seen_min"] == e["seen_max"] == epochs, e
+    reasons = {
+        ev["reason"] for ev in json.loads(kube.kubectl("get", "events", "-o", "json"))["items"]
+    }
+    assert "RestoredFromCheckpoint" in reasons, reasons

@@ -46,6 +46,7 @@ class StubController:
     phase: Phase = Phase.RUNNING
     pods_created: int = 0
     pods_deleted: int = 0
+    suspensions: int = 0
     job: JobSnapshot | None = None
 
     def snapshot(self) -> JobSnapshot | None:

@@ -13,6 +13,7 @@ from elasticjob.wire.messages import (
     ResultRequest,
     ScriptExit,
     SlotInfo,
+    StepPace,
     WorkerId,
 )
 
@@ -30,6 +31,7 @@ class RecordingListener:
         self.progress: list[ProgressRequest] = []
         self.heartbeats: list[WorkerId] = []
         self.reports: list[tuple[WorkerId, ProbeReport | None]] = []
+        self.paces: list[tuple[WorkerId, StepPace | None]] = []
         self.ready_event = asyncio.Event()
 
     def on_worker_ready(
@@ -51,9 +53,12 @@ class RecordingListener:
     def on_progress(self, progress: ProgressRequest) -> None:
         self.progress.append(progress)
 
-    def on_worker_heartbeat(self, worker: WorkerId, report: ProbeReport | None) -> None:
+    def on_worker_heartbeat(
+        self, worker: WorkerId, report: ProbeReport | None, pace: StepPace | None
+    ) -> None:
         self.heartbeats.append(worker)
         self.reports.append((worker, report))
+        self.paces.append((worker, pace))
 
 
 W0 = WorkerId("host-a", 0)

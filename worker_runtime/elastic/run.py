@@ -28,6 +28,10 @@ VERDICT_WAIT_S = 15.0
 itself, FSDP2's all-gathers among them) waits for the driver to say the round broke: a peer
 that died breaks the collective at once, and the driver's notice follows within moments."""
 
+SUSPEND_REPORT_S = 10.0
+"""How long a rank leaving a suspended job waits for its last reports (rank 0's checkpoint)
+to reach the driver."""
+
 _TORCH_DISTRIBUTED = os.path.dirname(torch.distributed.__file__) + os.sep
 
 _P = ParamSpec("_P")
@@ -65,6 +69,28 @@ def same_on_every_rank(values: tuple[int, ...] | None) -> bool:
     return known and int(found[-1]) == 0 and bool(torch.equal(highest, lowest))
 
 
+def leave_for_host_update(state: State) -> bool:
+    """After :class:`HostsUpdatedInterrupt`: when every rank agrees the job is being
+    suspended, write the last commit as a durable checkpoint (``State.checkpoint_for_suspension``)
+    and send the reports that say so; the next round then never comes (the worker exits 0).
+    Returns whether the state had to roll back instead: the group broke meanwhile."""
+    runtime = current()
+    try:
+        if not runtime.suspend_agreed():
+            logger.info("hosts updated; re-forming the group with live state")
+            return False
+        logger.info("the job is being suspended: checkpointing the last commit")
+        state.checkpoint_for_suspension()
+    except HorovodInternalError as exc:
+        logger.warning("%s; rolling back to the last commit", exc)
+        with stacks_if_stuck():
+            state.restore()
+        return True
+    if not runtime.reports.flush(SUSPEND_REPORT_S):
+        logger.warning("the last reports did not reach the driver in %.0f s", SUSPEND_REPORT_S)
+    return False
+
+
 def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
     """Run ``func(state, ...)`` elastically.
 
@@ -79,6 +105,9 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
     - Hosts added or removed (:class:`HostsUpdatedInterrupt`, raised on all ranks at the same
       step): keep the live state, join the next round, resync only if the driver says the new
       round needs it (newcomers), retry.
+    - The job is being suspended (a :class:`HostsUpdatedInterrupt` too, and every rank agrees
+      it is a suspension): write the last commit as a durable checkpoint, where the job has a
+      checkpoint policy, then ask for the next round, which never comes: the worker exits 0.
 
     A worker added to a running job joins here, on entering the loop (its ``init()`` left it in
     a provisional world of one, with its tentative place as rank and size), so the others keep
@@ -127,7 +156,7 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
                     state.restore()
                 rolled_back = True
             except HostsUpdatedInterrupt:
-                logger.info("hosts updated; re-forming the group with live state")
+                rolled_back = leave_for_host_update(state)
             except Exception as exc:
                 broken = runtime.group.errored()
                 if broken is None and raised_in_torch_distributed(exc):

@@ -222,12 +222,17 @@ class ShardedState(State):
             runtime = current()
             self._checkpointer.after_commit(runtime.slot.rank, runtime.step, self._write_checkpoint)
 
+    @property
+    def writes_checkpoints(self) -> bool:
+        return self._checkpointer is not None
+
     def checkpoint(self) -> None:
         """Write the last commit as a durable checkpoint now: every rank its own shards (a
         collective: call it on every rank). Raises :class:`RuntimeError` when the job has no
         checkpoint folder."""
         if self._checkpointer is None:
-            raise RuntimeError("no checkpoint folder configured (ELASTICJOB_CHECKPOINT_DIR)")
+            super().checkpoint()
+            return
         runtime = current()
         self._write_checkpoint(self._checkpointer.next_name(runtime.slot.rank, runtime.step))
 
@@ -442,4 +447,4 @@ class ShardedState(State):
 def _count_step(*_: Any) -> None:
     """An optimizer step post-hook: the runtime counts the script's steps (its progress
     reports, checkpoint names and log lines carry the count)."""
-    current().step += 1
+    current().count_step()

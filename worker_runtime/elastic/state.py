@@ -91,6 +91,24 @@ class State(abc.ABC):
     def finish_checkpoints(self) -> None:  # noqa: B027 (optional hook)
         """Called when the training function returns: wait for a checkpoint being written."""
 
+    @property
+    def writes_checkpoints(self) -> bool:
+        """Whether this state writes durable checkpoints (the job has a checkpoint folder)."""
+        return False
+
+    def checkpoint(self) -> None:
+        """Write the last commit as a durable checkpoint now. Raises :class:`RuntimeError`
+        when the state writes none (see :attr:`writes_checkpoints`)."""
+        raise RuntimeError("no checkpoint folder configured (ELASTICJOB_CHECKPOINT_DIR)")
+
+    def checkpoint_for_suspension(self) -> None:
+        """Called by ``elastic.run`` on every rank when the job is being suspended: write the
+        last commit as a durable checkpoint and wait until it is written (nothing when the
+        state writes none: the job then starts afresh when it resumes)."""
+        if self.writes_checkpoints:
+            self.checkpoint()
+            self.finish_checkpoints()
+
     def loaded_checkpoint(self) -> CheckpointReport | None:
         """The durable checkpoint the last sync loaded, once, on the rank that reports it (a
         state whose ranks load a checkpoint together, in the sync, rather than rank 0 alone
@@ -206,13 +224,18 @@ class SnapshotState(State):
         if self._checkpointer is not None:
             self._checkpointer.after_commit(current().slot.rank)
 
+    @property
+    def writes_checkpoints(self) -> bool:
+        return self._checkpointer is not None
+
     def checkpoint(self) -> None:
         """Write the committed state as a durable checkpoint now, on rank 0 (other ranks do
         nothing), on the writer thread: waits only for a checkpoint still being written.
 
         Raises :class:`RuntimeError` when the job has no checkpoint folder."""
         if self._checkpointer is None:
-            raise RuntimeError("no checkpoint folder configured (ELASTICJOB_CHECKPOINT_DIR)")
+            super().checkpoint()
+            return
         if not is_initialized() or current().slot.rank == 0:
             self._checkpointer.write_now()
 

@@ -17,6 +17,7 @@ from elasticjob.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
 from elasticjob.driver.api import JobMode
 from elasticjob.driver.blacklist import BlacklistPolicy
 from elasticjob.driver.liveness import DEFAULT_HEARTBEAT_TIMEOUT_S
+from elasticjob.driver.stragglers import StragglerPolicy
 from elasticjob.operator.api.names import WORKER_CONTAINER
 
 Count = Annotated[StrictInt, Field(ge=1)]
@@ -58,6 +59,37 @@ class CleanPodPolicy(enum.StrEnum):
     ALL = "All"
     RUNNING = "Running"
     NONE = "None"
+
+
+class StragglerAction(enum.StrEnum):
+    """What follows when a worker is found to be a straggler."""
+
+    REPORT = "Report"
+    """Status, an event and a metric say so."""
+    REPLACE = "Replace"
+    """Reported, and replaced: its node (or pod, with blacklist scope Pod) is blacklisted
+    with the usual cooldown, its pod drains gracefully (the others train on, no rollback)
+    and a new pod starts elsewhere."""
+
+
+class StragglerSpec(_Spec):
+    """When a worker counts as a straggler: its steps keep it busy (their time less the time
+    it waits for the others in collectives) at least ``slowdown`` times as long as the
+    other workers' median, for ``forSeconds`` without a break, after the round's first 20
+    steps. Workers report their pace with their heartbeats (heartbeatTimeoutSeconds 0 turns
+    detection off)."""
+
+    slowdown: Annotated[float, Field(strict=False, ge=1.1, le=100.0, allow_inf_nan=False)] = 1.5
+    for_seconds: Annotated[StrictInt, Field(ge=0, le=86400)] = 60
+    action: StragglerAction = StragglerAction.REPORT
+
+    def policy(self) -> StragglerPolicy:
+        """The driver's straggler policy this spec asks for."""
+        return StragglerPolicy(
+            float(self.slowdown),
+            float(self.for_seconds),
+            replace=self.action is StragglerAction.REPLACE,
+        )
 
 
 class CooldownRange(_Spec):
@@ -203,7 +235,19 @@ class ElasticJobSpec(_Spec):
     blacklist: BlacklistSpec = BlacklistSpec()
     checkpoint: CheckpointSpec | None = None
     """Durable checkpoints (none when absent: a job that loses every worker fails)."""
+    stragglers: StragglerSpec = StragglerSpec()
+    """How a worker whose steps are consistently slower than the others' is found, and what
+    follows (reported, or replaced)."""
     clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
     """All: every worker pod is deleted when the job ends. Running: only those still running
     (finished pods stay for their logs). None: only pods that have not started (no logs to
     keep) are deleted."""
+    suspend: StrictBool = False
+    """``true`` stops the job without losing work: the workers stop at the same step, rank 0
+    writes the last commit as a durable checkpoint (with ``checkpoint``), the pods end and are
+    deleted, and the job is Suspended; ``false`` starts it again from that checkpoint. A job
+    created suspended creates no pods until then (the contract of queueing systems)."""
+    allow_suspend_without_checkpoint: StrictBool = False
+    """Allow suspending a job that has trained and has no ``checkpoint`` policy: it then
+    starts afresh when resumed (refused in admission otherwise). Restart-mode scripts resume
+    from checkpoints of their own and need no confirmation."""

@@ -27,6 +27,8 @@ class Phase(enum.StrEnum):
     SCALING = "Scaling"
     RECOVERING = "Recovering"
     DEGRADED = "Degraded"
+    SUSPENDED = "Suspended"
+    """spec.suspend: its state saved, no pods run until it is resumed."""
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
 
@@ -39,6 +41,8 @@ class ConditionType(enum.StrEnum):
     SCALING = "Scaling"
     RECOVERING = "Recovering"
     DEGRADED = "Degraded"
+    SUSPENDED = "Suspended"
+    """True while the job is suspended (reason ``Suspended``); False once it resumed."""
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     INVALID_SPEC = "InvalidSpec"
@@ -79,6 +83,17 @@ class WorkerStatus(_Status):
     node: str | None = None
     ranks: list[NonNegative] = []
     """Global ranks of the pod's processes."""
+
+
+class StragglerStatus(_Status):
+    """A worker of the current round found slower than the others (spec.stragglers)."""
+
+    pod: str
+    rank: NonNegative
+    slowdown: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    """Its busy time per step, as a multiple of the other workers' median."""
+    flagged: bool = False
+    """It has stayed slow for spec.stragglers.forSeconds (False: slow, not for long yet)."""
 
 
 class BlacklistedNode(_Status):
@@ -125,6 +140,9 @@ class Goodput(_Status):
     lost_seconds: LostSeconds = LostSeconds()
     last_recovery_seconds: _Seconds | None = None
     """Time to recover of the latest failure (failure -> training resumed)."""
+    suspended_seconds: _Seconds = 0.0
+    """Wall time the job spent suspended (spec.suspend), before its latest resumption: left
+    out of the ratio, which covers the time the job was meant to run."""
 
 
 class CheckpointStatus(_Status):
@@ -179,6 +197,9 @@ class ElasticJobStatus(_Status):
     world_size: NonNegative = 0
     """Worker processes in the current round."""
     workers: list[WorkerStatus] = []
+    stragglers: list[StragglerStatus] = []
+    """Workers of the current round whose steps are slower than the others' (flagged once
+    they stayed slow for spec.stragglers.forSeconds)."""
     blacklisted_nodes: list[BlacklistedNode] = []
     reset_count: NonNegative = 0
     restart_count: NonNegative = 0

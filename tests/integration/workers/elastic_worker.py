@@ -69,7 +69,9 @@ def parse_args() -> argparse.Namespace:
         action="append",
         default=[],
         help="EPOCH:BATCH:RANK:MODE, MODE in exception|sigkill|sigstop|internal|partition|"
-        "partition-rollback (internal: a one-sided HorovodInternalError on that rank just before "
+        "partition-rollback|suspend (suspend: SIGUSR1 to the launcher, which suspends the job; "
+        "training goes on until the job stops; internal: a one-sided HorovodInternalError on "
+        "that rank just before "
         "the commit after BATCH; nothing exits; partition: ask the test, through --cut-fifo, to "
         "cut this process off from its peers, and train on once it did; partition-rollback: "
         "then fail one-sidedly, so this process comes to the next round)",
@@ -139,6 +141,9 @@ def maybe_fail(
             ask_for_the_cut(args.cut_fifo)
             if mode == "partition-rollback":
                 raise hvd.HorovodInternalError(f"scripted one-sided failure after the cut at {b}")
+            return
+        if mode == "suspend":
+            os.kill(os.getppid(), signal.SIGUSR1)
             return
         if mode == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)

@@ -47,6 +47,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--expect-sizes", default="", help="world size each epoch must end with")
     parser.add_argument("--fail", action="append", default=[], help="EPOCH:BATCH:RANK (SIGKILL)")
     parser.add_argument(
+        "--suspend-at", default="", help="EPOCH:BATCH: rank 0 sends the launcher SIGUSR1, once"
+    )
+    parser.add_argument(
         "--fail-in-commit",
         default="",
         help="CALL:RANK:before|after: SIGKILL rank RANK at its CALL-th exchange of copies "
@@ -203,6 +206,11 @@ def main() -> None:
                         marker.touch()
                         state.wait_for_commit()  # the survivors resume from the last one
                         os.kill(os.getpid(), signal.SIGKILL)
+                if hvd.rank() == 0 and args.suspend_at == f"{state.epoch}:{state.batch}":
+                    marker = args.log_dir / "fired-suspend"
+                    if not marker.exists():
+                        marker.touch()
+                        os.kill(os.getppid(), signal.SIGUSR1)  # training goes on until told
                 assert state.model is not None and state.optimizer is not None
                 loss = torch.nn.functional.mse_loss(state.model(x), y)
                 loss.backward()

@@ -653,7 +653,7 @@ async def test_a_newcomer_that_ran_the_runtime_and_ended_does_not_fail_the_job()
     await job.discover()
     await job.step()
     assert B0 in job.launcher.started
-    job.driver.on_worker_heartbeat(B0, None)
+    job.driver.on_worker_heartbeat(B0, None, None)
     job.launcher.end(B0, 0)
     await job.step()
     assert job.driver.result is None

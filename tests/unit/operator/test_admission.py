@@ -1,6 +1,7 @@
 """Admission rules beyond the spec's own: the scale subresource's replicas against the stored
-job's bounds, and pod template fields checked against the API server's Pod schema (here a
-small OpenAPI v2 document of the same shape)."""
+job's bounds, a suspension that would lose a trained job's work, and pod template fields
+checked against the API server's Pod schema (here a small OpenAPI v2 document of the same
+shape)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,47 @@ import pytest
 
 from elasticjob.operator.api import FieldError, InvalidSpecError, parse_spec, validate
 from elasticjob.operator.api.podschema import POD_TEMPLATE, PodSchema
-from elasticjob.operator.api.validation import validate_scale
+from elasticjob.operator.api.validation import suspend_errors, validate_scale
 from tests.support.crd_model import good_spec, with_changes
+
+# --- suspension ------------------------------------------------------------------------------
+
+CHECKPOINT = {"volume": "ckpt", "path": "/ckpt", "everyCommits": 10}
+TRAINED = {"spec": good_spec(), "status": {"round": 3, "phase": "Running"}}
+NOT_CONFIRMED = [
+    FieldError(
+        "spec.suspend",
+        "the job has trained and has no spec.checkpoint policy, so suspending it loses its "
+        "training (it would start afresh when resumed): add spec.checkpoint, or set "
+        "spec.allowSuspendWithoutCheckpoint: true to confirm",
+    )
+]
+
+
+@pytest.mark.parametrize(
+    ("spec", "old", "expected"),
+    [
+        pytest.param(with_changes(suspend=True), TRAINED, NOT_CONFIRMED, id="trained-unsaved"),
+        pytest.param(with_changes(suspend=True, checkpoint=CHECKPOINT), TRAINED, [],
+                     id="with-a-checkpoint-policy"),
+        pytest.param(with_changes(suspend=True, allowSuspendWithoutCheckpoint=True), TRAINED,
+                     [], id="confirmed"),
+        pytest.param(with_changes(suspend=True, mode="restart"), TRAINED, [],
+                     id="restart-mode-checkpoints-itself"),
+        pytest.param(with_changes(suspend=True), {"spec": good_spec(), "status": {}}, [],
+                     id="never-trained"),
+        pytest.param(with_changes(suspend=True), None, [], id="created-suspended"),
+        pytest.param(with_changes(suspend=True, replicas=4),
+                     {"spec": with_changes(suspend=True), "status": {"round": 3}}, [],
+                     id="already-suspended"),
+        pytest.param(with_changes(suspend=False), TRAINED, [], id="not-a-suspension"),
+    ],
+)  # fmt: skip
+def test_a_suspension_that_loses_training_needs_confirmation(
+    spec: dict[str, Any], old: dict[str, Any] | None, expected: list[FieldError]
+) -> None:
+    assert suspend_errors(spec, old) == expected
+
 
 # --- the scale subresource -------------------------------------------------------------------
 

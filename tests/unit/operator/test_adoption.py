@@ -9,8 +9,23 @@ from typing import Any
 import pytest
 
 from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
-from elasticjob.operator.adoption import blacklisted_nodes, recorded_round, restore_blacklist
-from elasticjob.operator.api import BlacklistedNode, ElasticJobStatus
+from elasticjob.operator.adoption import (
+    blacklisted_nodes,
+    recorded_round,
+    restore_blacklist,
+    running_round,
+    suspended_seconds,
+)
+from elasticjob.operator.api import (
+    BlacklistedNode,
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    ElasticJobStatus,
+    Goodput,
+    Phase,
+    WorkerStatus,
+)
 from elasticjob.wire.messages import WorkerId
 from tests.support.clock import FakeClock
 
@@ -133,3 +148,52 @@ def test_recorded_round(
     assert (got.round, got.notice_seq, got.rank_order) == (number, seq, order)
     assert {(w.hostname, w.local_rank): s.rank for w, s in got.slots.items()} == ranks
     assert all(isinstance(w, WorkerId) for w in got.slots)
+
+
+WORKER = WorkerStatus(pod="p-0", ranks=[0])
+SUSPENDED_AT = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
+
+
+def suspended_condition(status: ConditionStatus) -> Condition:
+    return Condition(type=ConditionType.SUSPENDED, status=status, last_transition_time=SUSPENDED_AT)
+
+
+@pytest.mark.parametrize(
+    ("status", "seconds"),
+    [
+        pytest.param(ElasticJobStatus(), 0.0, id="never-suspended"),
+        pytest.param(
+            ElasticJobStatus(goodput=Goodput(suspended_seconds=30.0)), 30.0, id="running-again"
+        ),
+        pytest.param(
+            ElasticJobStatus(
+                phase=Phase.SUSPENDED,
+                goodput=Goodput(suspended_seconds=30.0),
+                conditions=[suspended_condition(ConditionStatus.TRUE)],
+            ),
+            130.0,
+            id="suspended-now",
+        ),
+    ],
+)
+def test_the_time_suspended_counts_the_suspension_under_way(
+    status: ElasticJobStatus, seconds: float
+) -> None:
+    assert suspended_seconds(status, SUSPENDED_AT.timestamp() + 100) == seconds
+
+
+@pytest.mark.parametrize(
+    ("status", "running"),
+    [
+        pytest.param(ElasticJobStatus(), False, id="new"),
+        pytest.param(ElasticJobStatus(round=3, workers=[WORKER]), True, id="training"),
+        pytest.param(ElasticJobStatus(round=3), False, id="no-member-recorded"),
+        pytest.param(
+            ElasticJobStatus(phase=Phase.SUSPENDED, round=3, workers=[WORKER]),
+            False,
+            id="suspended",
+        ),
+    ],
+)
+def test_running_round(status: ElasticJobStatus, running: bool) -> None:
+    assert running_round(status) is running

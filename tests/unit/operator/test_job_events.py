@@ -50,6 +50,15 @@ NODE, POD = BlacklistScope.NODE, BlacklistScope.POD
             ),
         ),
         (
+            CheckpointRestored(Restore(CHECKPOINT, 4, 0, resumed=True)),
+            NODE,
+            JobEvent(
+                "RestoredFromCheckpoint",
+                "resumed after a suspension: round 4 resumed from checkpoint step-40 (step 40); "
+                "0 committed steps are trained again",
+            ),
+        ),
+        (
             HostBlacklisted("n1", 10.0, 2),
             NODE,
             JobEvent("NodeBlacklisted", "node n1 blacklisted", True),

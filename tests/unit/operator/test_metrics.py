@@ -75,10 +75,13 @@ def test_per_job_values_are_read_at_each_scrape() -> None:
     controllers = [
         StubController("ns.a", pods_created=3, pods_deleted=1, job=job),
         StubController("ns.b", phase=Phase.CREATED),
+        StubController("ns.c", phase=Phase.SUSPENDED, suspensions=2),
     ]
     samples = scrape(make(controllers, RequestStats()))
     assert value(samples, "elasticjob_jobs", phase="Running") == 1
     assert value(samples, "elasticjob_jobs", phase="Created") == 1
+    assert value(samples, "elasticjob_jobs", phase="Suspended") == 1
+    assert value(samples, "elasticjob_suspensions_total", job="ns.c") == 2
     assert value(samples, "elasticjob_world_size", job="ns.a") == 2
     assert value(samples, "elasticjob_samples_per_second", job="ns.a") == 512.0
     # 10 s startup, 50 s rolled back (no commit since the first step), 20 s recovering

@@ -15,6 +15,7 @@ from elasticjob.operator.api import (
     ElasticJobStatus,
     Phase,
     WorkerStatus,
+    parse_spec,
 )
 from elasticjob.operator.pods import PodState, PodView
 from elasticjob.operator.status import (
@@ -26,6 +27,7 @@ from elasticjob.operator.status import (
     ready_of,
     status_of,
 )
+from tests.support.crd_model import good_spec
 from tests.support.observations import T0, T1, obs
 
 
@@ -68,6 +70,7 @@ def test_pod_counts(pods: list[PodView], leaving: set[str], expected: PodCounts)
     assert pod_counts({p.name: p for p in pods}, leaving) == expected
 
 
+SUSPENDED = JobResult(False, "suspended: the 3 workers of round 4 stopped", 4, 1, suspended=True)
 UNSCHEDULABLE = PodCounts(live=2, pending=1, unschedulable=1, scheduler_message="0/3 nodes fit")
 
 
@@ -77,6 +80,7 @@ UNSCHEDULABLE = PodCounts(live=2, pending=1, unschedulable=1, scheduler_message=
         (obs(invalid_spec="spec.minReplicas: bad"), Phase.FAILED, "InvalidSpec"),
         (obs(result=JobResult(True, "done", 4, 0)), Phase.SUCCEEDED, "TrainingFinished"),
         (obs(result=JobResult(False, "boom", 4, 1)), Phase.FAILED, "JobFailed"),
+        (obs(result=SUSPENDED), Phase.SUSPENDED, "Suspended"),
         (obs(driver_phase=DriverPhase.STARTING, round=0), Phase.CREATED, "Starting"),
         (
             obs(driver_phase=DriverPhase.STARTING, round=0, pods=UNSCHEDULABLE),
@@ -95,6 +99,7 @@ UNSCHEDULABLE = PodCounts(live=2, pending=1, unschedulable=1, scheduler_message=
         "invalid",
         "succeeded",
         "failed",
+        "suspended",
         "starting",
         "starting-unschedulable",
         "recovering",
@@ -119,6 +124,7 @@ def test_phase_of(observation: Observation, phase: Phase, reason: str) -> None:
     [
         (obs(invalid_spec="bad"), False, "InvalidSpec"),
         (obs(result=JobResult(True, "done", 4, 0)), False, "JobFinished"),
+        (obs(result=SUSPENDED), False, "Suspended"),
         (obs(driver_phase=DriverPhase.STARTING, round=0), False, "Starting"),
         (obs(driver_phase=DriverPhase.FORMING, recovering=True), False, "WorkerFailed"),
         (obs(training_pods=1), False, "FewerWorkers"),
@@ -130,6 +136,7 @@ def test_phase_of(observation: Observation, phase: Phase, reason: str) -> None:
     ids=[
         "invalid",
         "finished",
+        "suspended",
         "starting",
         "recovering",
         "below-min",
@@ -174,6 +181,7 @@ def test_status_of_a_training_job() -> None:
         "noticeSeq": 9,
         "worldSize": 3,
         "workers": [{"pod": "a", "node": "n1", "ranks": [0]}],
+        "stragglers": [],
         "blacklistedNodes": [],
         "resetCount": 0,
         "restartCount": 0,
@@ -245,6 +253,30 @@ def test_a_clamp_is_a_condition_until_it_is_resolved() -> None:
     )
     never = status_of(obs(), ElasticJobStatus(), "sel", 1, T0)
     assert ConditionType.REPLICAS_CLAMPED not in conditions_of(never)
+
+
+def test_a_suspension_is_a_condition_that_stays_false_once_resumed() -> None:
+    suspended = status_of(obs(result=SUSPENDED), ElasticJobStatus(), "sel", 3, T0)
+    assert suspended.phase is Phase.SUSPENDED and suspended.completion_time is None
+    assert conditions_of(suspended)[ConditionType.SUSPENDED] == (
+        ConditionStatus.TRUE,
+        "Suspended",
+    )
+    assert conditions_of(suspended)[ConditionType.RUNNING][0] is ConditionStatus.FALSE
+    resumed = status_of(obs(driver_phase=DriverPhase.STARTING), suspended, "sel", 4, T1)
+    assert resumed.phase is Phase.CREATED
+    assert conditions_of(resumed)[ConditionType.SUSPENDED] == (ConditionStatus.FALSE, "Resumed")
+    never = status_of(obs(), ElasticJobStatus(), "sel", 1, T0)
+    assert ConditionType.SUSPENDED not in conditions_of(never)
+
+
+def test_a_job_suspended_before_it_ran_keeps_its_recorded_counts() -> None:
+    recorded = ElasticJobStatus(round=4, reset_count=2, restart_count=1, last_reset_reason="x")
+    spec = parse_spec(good_spec())
+    status = status_of(Observation.suspended("queued", spec, recorded), recorded, "sel", 1, T0)
+    assert status.phase is Phase.SUSPENDED
+    assert (status.round, status.reset_count, status.restart_count) == (4, 2, 1)
+    assert status.last_reset_reason == "x" and not status.workers
 
 
 def test_an_invalid_spec_fails_the_job_with_a_condition() -> None:

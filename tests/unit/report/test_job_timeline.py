@@ -23,6 +23,8 @@ def record() -> JobRecordData:
         RecordEvent(t=T0 + 900.5, kind=EventKind.BLACKLISTED, message="b for 60 s"),
         RecordEvent(t=T0 + 902, kind=EventKind.ROUND, round=3, world_size=5),
         RecordEvent(t=T0 + 1000, kind=EventKind.ADOPTED, round=3, world_size=5),
+        RecordEvent(t=T0 + 1100, kind=EventKind.SUSPENDED, message="suspended", round=3),
+        RecordEvent(t=T0 + 1150, kind=EventKind.RESUMED, round=4, world_size=5),
     )
     samples = tuple(
         RecordSample(t=T0 + t, world_size=w, samples_per_second=100.0 * w)
@@ -43,8 +45,9 @@ def test_the_summary_quotes_what_an_incident_report_needs() -> None:
     assert summary.duration_s == 1200
     assert (summary.rounds, summary.failures, summary.blacklisted) == (3, 1, 1)
     assert (summary.scale_requests, summary.largest_world, summary.handovers) == (1, 6, 1)
+    assert summary.suspensions == 1
     text = "\n".join(summary.lines())
-    assert "1 operator handovers" in text
+    assert "1 operator handovers, 1 suspensions" in text
     assert "ran 20m00s" in text and "goodput 93.0%" in text and "rollback 30.0 s" in text
 
 
@@ -87,6 +90,9 @@ def test_pauses_run_from_the_event_that_stops_training_to_the_next_resume() -> N
             at(50, EventKind.RESIZED),
             at(51, EventKind.FAILURE),
             at(54, EventKind.RESUMED),
+            at(70, EventKind.SUSPENDED),
+            at(80, EventKind.STARTED),  # the resumed run starts, then trains
+            at(85, EventKind.RESUMED),
             at(90, EventKind.FAILURE),
         ),
         written_at=T0 + 100,
@@ -94,5 +100,6 @@ def test_pauses_run_from_the_event_that_stops_training_to_the_next_resume() -> N
     assert [(start - T0, stop - T0, kind) for start, stop, kind in pauses(data)] == [
         (0, 5, EventKind.STARTED),
         (50, 54, EventKind.FAILURE),
+        (70, 85, EventKind.SUSPENDED),
         (90, 100, EventKind.FAILURE),
     ]

@@ -187,3 +187,23 @@ def test_a_replaced_report_keeps_the_newest_committed_step() -> None:
         ]
     )
     assert newest.committed_step == 8
+
+
+def test_a_flush_sends_what_waits_for_the_interval_and_returns_once_it_arrived() -> None:
+    service = Service()
+    with reporting(service, interval_s=60.0) as reporter:
+        assert reporter.flush(DEADLINE), "nothing offered: nothing to wait for"
+        reporter.offer(progress(0))
+        service.wait("the first report", lambda: service.arrived == [0])
+        reporter.offer(progress(1))  # would wait a minute for the interval
+        assert reporter.flush(DEADLINE)
+        assert service.arrived == [0, 1]
+
+
+def test_a_flush_gives_up_at_its_timeout_when_the_service_hangs() -> None:
+    service = Service()
+    service.hanging.set()
+    with reporting(service, interval_s=0.0) as reporter:
+        reporter.offer(progress(0))
+        assert not reporter.flush(0.2)
+        service.release.set()

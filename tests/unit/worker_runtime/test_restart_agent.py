@@ -43,6 +43,8 @@ def notice(seq: int, kind: NoticeKind, round_number: int) -> Notice:
         pytest.param(notice(5, NoticeKind.ROUND_FAILED, 3), Cause.FAILURE, id="round-failed"),
         pytest.param(notice(5, NoticeKind.HOSTS_ADDED, 3), Cause.HOSTS, id="hosts-added"),
         pytest.param(notice(5, NoticeKind.HOSTS_REMOVED, 3), Cause.HOSTS, id="hosts-leaving"),
+        pytest.param(notice(5, NoticeKind.SUSPEND, 3), Cause.SUSPEND, id="suspend"),
+        pytest.param(notice(4, NoticeKind.SUSPEND, 2), None, id="suspend-accounted-for"),
         pytest.param(notice(4, NoticeKind.HOSTS_ADDED, 2), None, id="posted-before-the-round"),
         pytest.param(notice(5, NoticeKind.ROUND_FAILED, 2), None, id="another-rounds-failure"),
         pytest.param(notice(3, NoticeKind.ROUND_FAILED, 3), None, id="accounted-for"),
