@@ -173,6 +173,9 @@ def cmd_fault(args: argparse.Namespace) -> int:
             faults.partition(args.target, args.namespace, args.mode, args.allow)
         elif args.fault == "heal":
             faults.heal(args.target, args.namespace)
+        elif args.fault == "slow":
+            pids = faults.slow(args.target, args.namespace, args.cpus, args.container)
+            print(f"throttled pids {pids} to {args.cpus} CPUs")
     except FaultError as err:
         print(f"fault failed: {err}", file=sys.stderr)
         return 1
@@ -252,12 +255,15 @@ def parser() -> argparse.ArgumentParser:
     fault.add_argument(
         "fault",
         choices=["kill", "stop", "cont", "evict", "node-notready", "node-ready", "node-delete",
-                 "node-add", "partition", "heal"],
+                 "node-add", "partition", "heal", "slow"],
     )  # fmt: skip
     fault.add_argument("target", help="pod name, or node name for node-* faults")
     fault.add_argument("-n", "--namespace", default="default")
     fault.add_argument("-c", "--container")
     fault.add_argument("--seconds", type=float, help="node-notready: come back after this long")
+    fault.add_argument(
+        "--cpus", type=float, default=0.2, help="slow: the CPUs the pod's container gets"
+    )
     fault.add_argument(
         "--mode", choices=["all", "peers"], default="all",
         help="partition: all (only loopback works) or peers (other pods are cut off)",

@@ -123,6 +123,17 @@ class Faults:
         """Undo :meth:`partition` (real nodes only)."""
         raise FaultError("heal needs real nodes (--runtime containerd)")
 
+    def slow(
+        self,
+        pod: str,
+        namespace: str = "default",
+        cpus: float = 0.2,
+        container: str | None = None,
+    ) -> list[int]:
+        """Throttle a pod's container(s) to ``cpus`` CPUs (real nodes only: process nodes'
+        pods have no cgroup of their own)."""
+        raise FaultError("slow needs real nodes (--runtime containerd)")
+
     def agent_status(self) -> dict[str, Any]:
         """Nodes and pods as the agent sees them."""
         status: dict[str, Any] = self.request("GET", "/status")

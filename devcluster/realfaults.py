@@ -10,6 +10,8 @@
   kubelet registers it;
 - ``evict``: preemption notice, as on process nodes: the ``DisruptionTarget`` condition (a
   1.20 control plane never sets it) then a graceful deletion, which the kubelet carries out;
+- ``slow``: a CFS quota on the cpu cgroup of the pod's container(s) (cgroup v1), so its
+  processes run on at a fraction of a CPU, as on an overloaded or throttled node;
 - ``partition``/``heal``: iptables rules in the pod's own network namespace. Mode ``all``
   leaves only loopback; mode ``peers`` drops traffic to and from every other pod address
   (10.B.128.0/17) except the ``allow``-ed ones, while Services (the operator's ClusterIP), the
@@ -24,6 +26,7 @@ import logging
 import subprocess
 import threading
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from devcluster import controlplane as cp
@@ -87,6 +90,30 @@ class RealFaults(Faults):
             result = node.ctr("tasks", "kill", "--all", "--signal", sig, cid, timeout=30)
             if result.returncode != 0:
                 raise FaultError(f"ctr tasks kill {cid}: {result.stderr.strip()}")
+        return pids
+
+    def slow(
+        self,
+        pod: str,
+        namespace: str = "default",
+        cpus: float = 0.2,
+        container: str | None = None,
+    ) -> list[int]:
+        """Throttle the pod's container(s) to ``cpus`` CPUs: a CFS quota on their cpu cgroup
+        (the period stays 100 ms). Returns the throttled processes' pids."""
+        if not 0.01 <= cpus <= 64:
+            raise FaultError(f"cpus must be within [0.01, 64], got {cpus}")
+        node, ids = self._containers(pod, namespace, container)
+        pids: list[int] = []
+        for cid in ids:
+            found = self._task_pids(node, cid)
+            if not found:
+                raise FaultError(f"container {cid} of pod {namespace}/{pod} has no process")
+            group = _cpu_cgroup(found[0])
+            (group / "cpu.cfs_period_us").write_text(f"{CFS_PERIOD_US}\n")
+            (group / "cpu.cfs_quota_us").write_text(f"{round(cpus * CFS_PERIOD_US)}\n")
+            logger.info("throttled %s/%s (%s) to %.2f CPUs", namespace, pod, group, cpus)
+            pids += found
         return pids
 
     # ----- nodes ---------------------------------------------------------
@@ -235,6 +262,26 @@ def _iptables(netns: str, rule: list[str], check: bool = True) -> None:
     result = subprocess.run(argv, capture_output=True, text=True, check=False)
     if check and result.returncode != 0:
         raise FaultError(f"{' '.join(argv)}: {result.stderr.strip()}")
+
+
+CFS_PERIOD_US = 100_000
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _cpu_cgroup(pid: int) -> Path:
+    """The cgroup v1 cpu controller directory of process ``pid``."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError as exc:
+        raise FaultError(f"process {pid}: {exc}") from exc
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            for mount in ("cpu,cpuacct", "cpu"):
+                group = CGROUP_ROOT / mount / path.lstrip("/")
+                if (group / "cpu.cfs_quota_us").exists():
+                    return group
+    raise FaultError(f"process {pid} has no cgroup v1 cpu controller")
 
 
 def _cmdline(pid: int) -> bytes:

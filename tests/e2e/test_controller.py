@@ -1,6 +1,7 @@
 """The operator's controller end to end on devcluster: what it keeps across its own restart
-(the blacklisted nodes) and how it treats a replica count out of range when no webhook
-refuses it (it clamps, and never fails the running job)."""
+(the blacklisted nodes), how it treats a replica count out of range when no webhook refuses
+it (it clamps, and never fails the running job), a silent worker, and a slow one (a
+straggler, found and replaced)."""
 
 from __future__ import annotations
 
@@ -293,5 +294,74 @@ def test_a_silent_worker_is_killed_and_the_survivors_re_form(
         assert finals and len({e["digest"] for e in finals}) == 1, f"ranks disagree: {finals}"
         (epochs,) = {e["epochs"] for e in finals}
         assert all(e["seen_min"] == e["seen_max"] == epochs for e in finals), finals
+    finally:
+        stop_workers(kube, log_dir)
+
+
+def event_messages(kube: Kube, reason: str) -> list[str]:
+    events = json.loads(kube.kubectl("get", "events", "-o", "json"))["items"]
+    return [ev["message"] for ev in events if ev["reason"] == reason]
+
+
+def step_rate(log_dir: Path, start: float, end: float) -> float:
+    """Rank 0's steps per second between ``start`` and ``end`` (wall clock, from its events)."""
+    steps = [
+        e
+        for e in read_events(log_dir)
+        if e["ev"] == "step" and e["rank"] == 0 and start <= e["time"] < end
+    ]
+    return len(steps) / (end - start)
+
+
+def test_a_straggler_is_found_replaced_and_the_job_speeds_up_again(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    """A worker pod throttled to 3 % of a CPU is flagged (an event; the status shows
+    it only until it is replaced, moments later), its node blacklisted, its pod drained
+    without rollback and replaced; the job trains at its earlier pace again."""
+    if operator.config.runtime == "process":
+        pytest.skip("process nodes' pods have no cgroup of their own to throttle")
+    log_dir, stop_file = tmp_path / "events", tmp_path / "stop"
+    job = job_manifest("laggard", log_dir, stop_file, replicas=3, minReplicas=2)
+    job["spec"]["stragglers"] = {"slowdown": 1.5, "forSeconds": 5, "action": "Replace"}
+    kube.apply(job)
+    try:
+        wait_ready(kube, "laggard", timeout_s=int(STARTUP_S))
+        first = wait_status(kube, "laggard", "3 workers", lambda s: s.get("worldSize") == 3)
+        wait_training(kube, log_dir, first)
+        started = time.time()
+        kube.wait("10 s of training", lambda: time.time() > started + 10, timeout=20)
+        before = step_rate(log_dir, started, time.time())
+        slow = next(w for w in first["workers"] if 0 not in w["ranks"])
+        slowed = time.time()
+        assert operator.faults.slow(slow["pod"], kube.ns, cpus=0.03), "nothing was throttled"
+        detected = kube.wait(
+            f"{slow['pod']} detected as a straggler",
+            lambda: [m for m in event_messages(kube, "StragglerDetected") if slow["pod"] in m],
+            timeout=180,
+        )
+        assert re.search(r"busy (\d+\.\d+)x as long", detected[0]), detected
+        during = step_rate(log_dir, slowed, time.time())
+        replaced = wait_status(
+            kube,
+            "laggard",
+            "a round of 3 without the straggler",
+            lambda s: (
+                s.get("worldSize") == 3
+                and s.get("round", 0) > first["round"]
+                and slow["pod"] not in {w["pod"] for w in s.get("workers", [])}
+            ),
+            timeout=STARTUP_S,
+        )
+        wait_training(kube, log_dir, replaced)
+        assert slow["node"] in {n["node"] for n in replaced["blacklistedNodes"]}, replaced
+        reasons = event_reasons(kube)
+        assert "StragglerDetected" in reasons and "WorkerFailed" not in reasons, reasons
+        resumed = time.time()
+        kube.wait("10 s of training after", lambda: time.time() > resumed + 10, timeout=20)
+        after = step_rate(log_dir, resumed, time.time())
+        print(f"rank 0 steps/s: before {before:.1f}, slowed {during:.1f}, after {after:.1f}")
+        assert during < 0.7 * before, (before, during)
+        assert after > 0.7 * before, (before, after)
     finally:
         stop_workers(kube, log_dir)

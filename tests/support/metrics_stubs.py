@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from elasticjob.driver.api import DriverPhase
 from elasticjob.driver.goodput import LostTime
 from elasticjob.driver.job_snapshot import JobSnapshot
+from elasticjob.driver.stragglers import Straggler
 from elasticjob.operator.api import Phase
 from elasticjob.wire.messages import ProgressRequest, SlotInfo, WorkerId
 
@@ -19,6 +20,8 @@ def snapshot(
     progress: ProgressRequest | None = None,
     lost_time: LostTime | None = None,
     reset_count: int = 0,
+    stragglers: dict[WorkerId, Straggler] | None = None,
+    stragglers_found: int = 0,
 ) -> JobSnapshot:
     """What the metrics read of a job: its driver's snapshot."""
     return JobSnapshot(
@@ -37,6 +40,8 @@ def snapshot(
         last_checkpoint=None,
         restore=None,
         notice_seq=0,
+        stragglers=stragglers or {},
+        stragglers_found=stragglers_found,
     )
 
 

@@ -12,11 +12,12 @@ from prometheus_client.samples import Sample
 
 from elasticjob.driver.goodput import LostTime, on_failure, on_first_step
 from elasticjob.driver.slots import assign_slots
+from elasticjob.driver.stragglers import Straggler
 from elasticjob.operator.api import Phase
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.metrics import OperatorMetrics
 from elasticjob.rendezvous.stats import RequestStats
-from elasticjob.wire.messages import ProgressRequest
+from elasticjob.wire.messages import ProgressRequest, WorkerId
 from tests.support.metrics_stubs import StubController, snapshot
 
 
@@ -71,6 +72,11 @@ def test_per_job_values_are_read_at_each_scrape() -> None:
         progress=ProgressRequest(round=1, epoch=2, step=30, samples_per_second=512.0),
         lost_time=lost,
         reset_count=1,
+        stragglers={
+            WorkerId("b", 0): Straggler(since=70.0, slowdown=2.5, flagged=True),
+            WorkerId("a", 0): Straggler(since=79.0, slowdown=1.6, flagged=False),
+        },
+        stragglers_found=3,
     )
     controllers = [
         StubController("ns.a", pods_created=3, pods_deleted=1, job=job),
@@ -89,6 +95,8 @@ def test_per_job_values_are_read_at_each_scrape() -> None:
     assert value(samples, "elasticjob_lost_seconds_total", job="ns.a", cause="rollback") == 50
     assert value(samples, "elasticjob_lost_seconds_total", job="ns.a", cause="recovery") == 20
     assert value(samples, "elasticjob_resets_total", job="ns.a") == 1
+    assert value(samples, "elasticjob_stragglers", job="ns.a") == 1, "flagged ones only"
+    assert value(samples, "elasticjob_stragglers_found_total", job="ns.a") == 3
     assert value(samples, "elasticjob_pods_created_total", job="ns.a") == 3
     assert value(samples, "elasticjob_pods_deleted_total", job="ns.b") == 0
     world_sizes = [s.labels["job"] for s in samples if s.name == "elasticjob_world_size"]

@@ -9,6 +9,8 @@ import pytest
 
 from elasticjob.driver.api import DriverPhase, JobResult
 from elasticjob.driver.goodput import LostTime, on_commit, on_failure, on_first_step
+from elasticjob.driver.slots import assign_slots
+from elasticjob.driver.stragglers import Straggler
 from elasticjob.operator.api import (
     ConditionStatus,
     ConditionType,
@@ -22,12 +24,15 @@ from elasticjob.operator.status import (
     Observation,
     PodCounts,
     goodput_of,
+    observe,
     phase_of,
     pod_counts,
     ready_of,
     status_of,
 )
+from elasticjob.wire.messages import WorkerId
 from tests.support.crd_model import good_spec
+from tests.support.metrics_stubs import snapshot
 from tests.support.observations import T0, T1, obs
 
 
@@ -325,3 +330,20 @@ def test_the_status_keeps_the_goodput_it_had_while_there_is_no_newer() -> None:
     assert before.goodput is not None and before.goodput.ratio == 0.0
     after = status_of(obs(), before, "sel", 1, T1)
     assert after.goodput == before.goodput
+
+
+def test_the_status_names_the_slow_workers_of_the_round_by_rank() -> None:
+    slots = dict(assign_slots([("p-a", 1), ("p-b", 1), ("p-c", 1)], min_np=1, max_np=None))
+    job = snapshot(
+        slots=slots,
+        stragglers={
+            WorkerId("p-c", 0): Straggler(since=1.0, slowdown=2.5, flagged=True),
+            WorkerId("p-b", 0): Straggler(since=9.0, slowdown=1.6, flagged=False),
+            WorkerId("gone", 0): Straggler(since=1.0, slowdown=3.0, flagged=True),
+        },
+    )
+    observed = observe(job, parse_spec(good_spec()), {}, (), (), None)
+    assert [s.model_dump() for s in observed.stragglers] == [
+        {"pod": "p-b", "rank": 1, "slowdown": 1.6, "flagged": False},
+        {"pod": "p-c", "rank": 2, "slowdown": 2.5, "flagged": True},
+    ]
