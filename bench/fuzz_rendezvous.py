@@ -82,6 +82,7 @@ class Listener:
         *,
         rolled_back: bool,
         script_exit: ScriptExit | None = None,
+        suspended: bool = False,
     ) -> None:
         self.calls["ready"] += 1
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -161,11 +161,14 @@ class JobController:
             return
         try:
             while not stopped.is_set():
-                spec = self._spec.current(body["spec"])
-                if spec.suspend and not running_round(self._status.recorded(body)):
+                recorded, spec = self._status.recorded(body), self._spec.current(body["spec"])
+                if recorded.phase is Phase.SUSPENDED or (
+                    spec.suspend and not running_round(recorded)
+                ):
                     await self._stay_suspended(body, spec, stopped)
-                    continue
-                result = await self._run(body, spec, stopped)
+                    if stopped.is_set():
+                        return
+                result = await self._run(body, self._spec.current(body["spec"]), stopped)
                 if result is None or not result.suspended:
                     return
         except (RefusedJobError, ApiException) as exc:
@@ -180,8 +183,10 @@ class JobController:
     async def _stay_suspended(
         self, body: Mapping[str, Any], spec: ElasticJobSpec, stopped: Stopped
     ) -> None:
-        """``spec.suspend`` and no round to save: no pod runs, the status says Suspended, and
-        this waits until the job is resumed (or the operator stops)."""
+        """The job is suspended (or to be, with no round to save): its last run's workers
+        exit on their own and its pods are deleted, the status says Suspended, and this waits
+        until ``spec.suspend`` is false and every pod is gone (their ends are not the next
+        run's), or the operator stops."""
         self.driver = None  # a suspended job has no run
         recorded = self._status.recorded(body)
         if recorded.phase is not Phase.SUSPENDED:
@@ -190,12 +195,18 @@ class JobController:
             await self._status.write(body, Observation.suspended(message, spec, recorded))
             await self._event(body, "Suspended", message)
         await self.pods.relist()
-        for name in self.pods.ledger.pods.snapshot():  # left by a suspension cut short
+        deadline_s = self._settings.removal_deadline_s
+        await self._no_pod_running(stopped, deadline_s)  # told the job finished: they exit
+        for name in self.pods.ledger.pods.snapshot():
             await self.pods.delete_pod(name)
-        # Resumed only once the last run's pods are gone: their ends are not the new run's.
+        forced, deadline = False, self._clock() + deadline_s
         while not stopped.is_set() and (
             self._spec.current(body["spec"]).suspend or self.pods.ledger.pods.snapshot()
         ):
+            if not forced and self._clock() > deadline:  # stuck terminating (a lost node)
+                forced = True
+                for name in self.pods.ledger.pods.snapshot():
+                    await self.pods.delete_pod(name, grace_s=0)
             await wait_event(self._wake, self._settings.reconcile_interval_s)
             self._wake.clear()
 
@@ -363,31 +374,23 @@ class JobController:
     async def _suspended(
         self, body: Mapping[str, Any], spec: ElasticJobSpec, result: JobResult
     ) -> None:
-        """The run ended suspended: the round's members exit on their own, and every pod is
-        deleted once they have (or after the removal deadline); the status says Suspended,
-        the record is saved."""
+        """The run ended suspended: the status says Suspended (first: an operator taking over
+        from here finds the job suspended), the event is posted and the record saved; the pods
+        go while the job stays suspended (:meth:`_stay_suspended`)."""
         self.suspensions += 1
-        assert self.driver is not None
-        members = {worker.hostname for worker in self.driver.slots}  # told to exit: they do
-        await self._pods_ended(members, self._settings.removal_deadline_s)
-        for name in self.pods.ledger.pods.snapshot():
-            await self.pods.delete_pod(name)
-        await self._event(body, "Suspended", result.message)
         await self._status.write(body, self._observe(spec, {}))
+        await self._event(body, "Suspended", result.message)
         if self._records.saver is not None:
             await self._records.saver.save_now()
 
-    async def _pods_ended(self, pods: Collection[str], within_s: float) -> None:
-        """Wait until none of ``pods`` runs (woken by their watch events), ``within_s`` at
-        most."""
+    async def _no_pod_running(self, stopped: Stopped, within_s: float) -> None:
+        """Wait until no pod of the job runs (woken by their watch events), ``within_s`` at
+        most, or until the operator stops."""
         deadline = self._clock() + within_s
-        while self._clock() < deadline:
-            views = self.pods.ledger.views(set())
-            if all(views[name].state in _ENDED for name in pods if name in views):
+        while not stopped.is_set() and self._clock() < deadline:
+            views = self.pods.ledger.views(set()).values()
+            if all(view.state is not podlib.PodState.RUNNING for view in views):
                 return
             self._wake.clear()
             wait_s = min(deadline - self._clock(), self._settings.reconcile_interval_s)
             await wait_event(self._wake, wait_s)
-
-
-_ENDED = frozenset({podlib.PodState.SUCCEEDED, podlib.PodState.FAILED})

@@ -81,6 +81,7 @@ class PodReconciler:
         resumed job's new driver hears of its hosts afresh)."""
         self.driver = driver
         self._hosts = {}
+        self.rank_order = []
         driver.journal.subscribe(self.events.on_journal)
 
     # ---- what the API server says ------------------------------------------------------

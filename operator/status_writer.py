@@ -22,19 +22,25 @@ logger = logging.getLogger(__name__)
 
 PROGRESS_WRITE_INTERVAL_S: Final = 10.0
 """Least time between two status writes that change nothing but the training's progress (its
-step, epoch, throughput, committed step) and the goodput's running figures (its ratio, the
-seconds lost): rank 0 reports progress every second, and each write is an API request plus a
-watch event for every watcher of the job. At 120 jobs, a write a second each kept
-kube-apiserver at 85 % of a core. Any other change is written at once, with the newest
-progress; the metrics endpoint has the progress live."""
+step, epoch, throughput, committed step), the goodput's running figures (its ratio, the
+seconds lost) and the stragglers' slowdowns: rank 0 reports progress every second, and each
+write is an API request plus a watch event for every watcher of the job. At 120 jobs, a
+write a second each kept kube-apiserver at 85 % of a core. Any other change is written at
+once, with the newest progress; the metrics endpoint has the progress live."""
 
 
 def _without_progress(status: Mapping[str, Any]) -> dict[str, Any]:
-    """``status`` (as written) less the fields that change with every progress report."""
+    """``status`` (as written) less the fields that change with every progress report (and
+    every heartbeat: a straggler's slowdown)."""
     rest = {key: value for key, value in status.items() if key != "progress"}
     goodput = rest.get("goodput")
     if isinstance(goodput, Mapping):
         rest["goodput"] = {k: v for k, v in goodput.items() if k not in ("ratio", "lostSeconds")}
+    stragglers = rest.get("stragglers")
+    if isinstance(stragglers, list):
+        rest["stragglers"] = [
+            {k: v for k, v in found.items() if k != "slowdown"} for found in stragglers
+        ]
     return rest
 
 
@@ -45,7 +51,8 @@ def without_progress(obs: Observation) -> Observation:
     goodput = obs.goodput
     if goodput is not None:
         goodput = goodput.model_copy(update={"ratio": 1.0, "lost_seconds": LostSeconds()})
-    return dataclasses.replace(obs, progress=None, goodput=goodput)
+    stragglers = [found.model_copy(update={"slowdown": 0.0}) for found in obs.stragglers]
+    return dataclasses.replace(obs, progress=None, goodput=goodput, stragglers=stragglers)
 
 
 def write_due(

@@ -99,6 +99,8 @@ class ProgressReporter:
         self._stopped.set()
         self._hurry.set()
         self._offered.set()
+        with self._idle:
+            self._idle.notify_all()  # a flush waiting ends
 
     def _run(self) -> None:
         failing = False

@@ -131,12 +131,18 @@ class NextStep:
     exit_code: int | None
     script_exit: ScriptExit | None = None
     counts_restart: bool = False
+    suspended: bool = False
+    """The script was stopped for a suspension: the next request says so."""
 
 
 def after_attempt(attempt: Attempt) -> NextStep:
     """The agent's next step once an attempt ended."""
     if attempt.returncode is None:
-        return NextStep(None, counts_restart=attempt.cause is Cause.FAILURE)
+        return NextStep(
+            None,
+            counts_restart=attempt.cause is Cause.FAILURE,
+            suspended=attempt.cause is Cause.SUSPEND,
+        )
     if attempt.returncode == 0:
         return NextStep(0)
     script_exit = ScriptExit(exit_code=attempt.returncode, log_tail=attempt.log_tail)
@@ -179,7 +185,7 @@ class RestartAgent:
         CONTEXT.job = self._config.job
         self._notices.start()
         self._liveness.start()
-        after_round, script_exit = 0, None
+        after_round, script_exit, suspended = 0, None, False
         try:
             while not self._terminated:
                 server = TCPStore(
@@ -189,7 +195,7 @@ class RestartAgent:
                     wait_for_workers=False,
                     timeout=self._timeout,
                 )
-                response = self._join(after_round, script_exit, server.port)
+                response = self._join(after_round, script_exit, server.port, suspended)
                 if response is None:
                     return 0
                 after_round = response.round
@@ -199,7 +205,7 @@ class RestartAgent:
                     return self._finish(step.exit_code)
                 del server  # rank 0's store lives as long as the attempt
                 self.restart_count += step.counts_restart
-                script_exit = step.script_exit
+                script_exit, suspended = step.script_exit, step.suspended
             return 128 + signal.SIGTERM
         finally:
             if self._spare is not None:
@@ -214,9 +220,14 @@ class RestartAgent:
         self._terminated = True
 
     def _join(
-        self, after_round: int, script_exit: ScriptExit | None, store_port: int
+        self,
+        after_round: int,
+        script_exit: ScriptExit | None,
+        store_port: int,
+        suspended: bool,
     ) -> RendezvousResponse | None:
-        """The next round (None: this worker leaves the job, or the job ended)."""
+        """The next round (None: this worker leaves the job, or the job ended); ``suspended``:
+        the script was stopped for a suspension."""
         config = self._config
         request = RendezvousRequest(
             hostname=config.hostname,
@@ -226,6 +237,7 @@ class RestartAgent:
             after_round=after_round,
             rolled_back=script_exit is not None,
             script_exit=script_exit,
+            suspended=suspended,
         )
         deadline = time.monotonic() + config.round_wait_s
         response = self._client.await_round(

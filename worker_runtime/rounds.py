@@ -63,10 +63,11 @@ class Rounds(Protocol):
     def join_deferred(self) -> bool:
         """Join now if :meth:`start` deferred it; return whether it did."""
 
-    def next(self, *, rolled_back: bool) -> None:
+    def next(self, *, rolled_back: bool, suspended: bool = False) -> None:
         """Leave the current round and join the next (``rolled_back``: this worker rolled its
-        state back after a collective failed). Raises :class:`WorkerRemoved` when this
-        worker is no longer part of the job."""
+        state back after a collective failed; ``suspended``: it saved its state for a
+        suspension). Raises :class:`WorkerRemoved` when this worker is no longer part of the
+        job."""
 
     def reform(self) -> None:
         """Form the current round's group again after it was destroyed (``init()`` after
@@ -116,7 +117,7 @@ class StandaloneRounds(Rounds):
     def join_deferred(self) -> bool:
         return False
 
-    def next(self, *, rolled_back: bool) -> None:
+    def next(self, *, rolled_back: bool, suspended: bool = False) -> None:
         self._group.destroy()
         self.round += 1
         _form_world_of_one(self._group, f"standalone-{self.round}/")
@@ -190,12 +191,12 @@ class RendezvousRounds(Rounds):
         self.sync_required = self._join()
         return True
 
-    def next(self, *, rolled_back: bool) -> None:
+    def next(self, *, rolled_back: bool, suspended: bool = False) -> None:
         started, left = timeline.now(), self.round
         if rolled_back:
             self._liveness.collective_failed(self.round)
         self._group.destroy()
-        self.sync_required = self._join(rolled_back=rolled_back)
+        self.sync_required = self._join(rolled_back=rolled_back, suspended=suspended)
         timeline.span("reset", started, left=left, joined=self.round, rolled_back=rolled_back)
 
     def reform(self) -> None:
@@ -230,7 +231,7 @@ class RendezvousRounds(Rounds):
     def _worker_name(self) -> str:
         return f"{self.slot.hostname}[{self.slot.local_rank}]"
 
-    def _join(self, *, rolled_back: bool = False) -> bool:
+    def _join(self, *, rolled_back: bool = False, suspended: bool = False) -> bool:
         """Ask for rounds until one forms; return whether state must be synced."""
         config = self._config
         started, started_us = time.monotonic(), timeline.now()
@@ -243,6 +244,7 @@ class RendezvousRounds(Rounds):
             probe_port=self._probe_listener.port,
             after_round=self.round,
             rolled_back=rolled_back,
+            suspended=suspended,
         )
         while True:
             response = self._client.await_round(request, deadline=deadline)

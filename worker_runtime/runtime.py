@@ -128,13 +128,16 @@ class Runtime:
         """Join the job now if :meth:`start` deferred it; return whether it did."""
         return self._leaving_if_removed(self._rounds.join_deferred)
 
-    def reset(self, *, rolled_back: bool = False) -> bool:
+    def reset(self, *, rolled_back: bool = False, suspended: bool = False) -> bool:
         """Leave the current round and join the next; return whether state must be synced.
         ``rolled_back``: this worker rolled its state back after a collective failed (the
-        driver is told, so that the next round syncs every rank from rank 0).
+        driver is told, so that the next round syncs every rank from rank 0); ``suspended``:
+        it saved its state for a suspension (the driver then ends the job's run).
 
         Raises :class:`WorkerRemoved` when this worker is no longer part of the job."""
-        self._leaving_if_removed(lambda: self._rounds.next(rolled_back=rolled_back))
+        self._leaving_if_removed(
+            lambda: self._rounds.next(rolled_back=rolled_back, suspended=suspended)
+        )
         return self._rounds.sync_required
 
     def _leaving_if_removed(self, join: Callable[[], _T]) -> _T:

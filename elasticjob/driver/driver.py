@@ -249,6 +249,7 @@ class ElasticDriver(RendezvousListener):
         *,
         rolled_back: bool,
         script_exit: ScriptExit | None = None,
+        suspended: bool = False,
     ) -> None:
         record = self._workers.get(worker)
         verdict = classify_ready(
@@ -263,6 +264,7 @@ class ElasticDriver(RendezvousListener):
             logger.warning("ignoring registration of unknown worker %s", worker)
             return
         record.waiting_after = max(record.waiting_after or 0, after_round)
+        record.saved_for_suspension = suspended
         if verdict in (ReadyVerdict.READY, ReadyVerdict.ROLLED_BACK):
             self.registry.record(worker, WorkerState.READY)
         if verdict is ReadyVerdict.ROLLED_BACK:
@@ -432,8 +434,11 @@ class ElasticDriver(RendezvousListener):
 
     def _carry_suspension(self, progress: SuspendProgress) -> bool:
         """Carry the suspension's next move out; return whether the step ends here (False:
-        a round is still being formed or recovered, which the step goes on with)."""
+        a round is still being formed or recovered, or is to be formed again, which the step
+        goes on with)."""
         members = list(self.slots)
+        waiting = [w for w in members if self._workers.at_barrier(w)]
+        saved = sum(self._workers[w].saved_for_suspension for w in waiting)
         decision = decide_suspension(
             progress,
             self.phase,
@@ -441,12 +446,18 @@ class ElasticDriver(RendezvousListener):
             recovering=self._recovering,
             members=len(members),
             stopped=sum(self._workers.stopped(w) for w in members),
+            saved=saved,
+            unsaved=len(waiting) - saved,
             now=self._clock(),
             timeout_s=self.settings.suspend_timeout_s,
         )
         if decision.move is SuspendMove.NOTIFY:
             self.rendezvous.post_notice(NoticeKind.SUSPEND)
             self._suspension = dataclasses.replace(progress, notified_round=self.round)
+        elif decision.move is SuspendMove.REFORM:
+            logger.info("workers stopped without saving their state: the next round is told")
+            self._suspension = dataclasses.replace(progress, notified_round=None)
+            return False
         elif decision.move is SuspendMove.END:
             self._end_suspended(decision)
         return progress.notified_round is not None or decision.move is not SuspendMove.WAIT
@@ -456,7 +467,11 @@ class ElasticDriver(RendezvousListener):
     async def _form_round(self) -> None:
         survivors = self._workers.survivors(self.slots) if self.slots else None
         outcome = await self._formation.next_round(self.round, survivors, self._recovering)
-        if isinstance(outcome, EndJob):
+        if isinstance(outcome, EndJob) and self._suspension is not None:
+            # A suspension ends the run rather than fail it: the job resumes from its newest
+            # checkpoint with the capacity it then has.
+            self._end_suspended(SuspendDecision(SuspendMove.END, outcome.reason, clean=False))
+        elif isinstance(outcome, EndJob):
             self._finish(False, self._with_worker_messages(outcome.reason))
         elif isinstance(outcome, Publish):
             self._publish(outcome)

@@ -55,6 +55,8 @@ class WorkerRecord:
     """What it found probing its peers, with its latest heartbeat (None: that beat had no
     report: none of its collectives blocked)."""
 
+    saved_for_suspension: bool = False
+    """Its latest request for a round said it saved its state for a suspension."""
     pace: StepPace | None = None
     """How busy its recent steps kept it, from its latest heartbeat (None: not reported)."""
     heard_from: bool = False

@@ -58,6 +58,11 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
         """The latest pace each of these members reported (None: none yet)."""
         return {w: self._records[w].pace if w in self._records else None for w in members}
 
+    def at_barrier(self, worker: WorkerId) -> bool:
+        """Whether the worker's process runs and waits for the round after its last."""
+        record = self._records.get(worker)
+        return record is not None and record.at_barrier
+
     def stopped(self, worker: WorkerId) -> bool:
         """Whether the worker stopped training: it waits at the barrier after its round, or
         its process ended (or was never launched)."""

@@ -309,6 +309,7 @@ class InMemoryJobRendezvous(JobRendezvous):
                 request.after_round,
                 rolled_back=request.rolled_back,
                 script_exit=request.script_exit,
+                suspended=request.suspended,
             ),
         )
 

@@ -152,6 +152,11 @@ class RendezvousRequest(StrictModel):
     script_exit: ScriptExit | None = None
     """A restart-mode worker (with ``rolled_back``): its script failed on its own in round
     ``after_round``, and how (protocol 7)."""
+    suspended: StrictBool = False
+    """The worker stopped for a suspension with its state saved: its last commit is a durable
+    checkpoint where the job has a checkpoint folder, or its restart-mode script was stopped
+    (protocol 8). A member that stops without it stopped for another notice, or failed to
+    write: the driver lets the next round form and tells it again."""
 
 
 class PeerEndpoint(StrictModel):

@@ -67,7 +67,7 @@ def test_a_suspended_job_resumes_from_the_checkpoint_of_its_last_commit(
         before = suspended(kube, "paused")
         # Clean: the checkpoint the suspension wrote holds the last commit.
         assert before["lastCheckpoint"]["step"] == before["progress"]["committedStep"], before
-        assert "stopped" in condition(before, "Suspended")["message"], before
+        assert "stopped for the suspension" in condition(before, "Suspended")["message"], before
 
         patch(kube, "paused", {"suspend": False})
         resumed = wait_status(

@@ -41,6 +41,7 @@ class Listener:
         *,
         rolled_back: bool,
         script_exit: ScriptExit | None = None,
+        suspended: bool = False,
     ) -> None:
         return None
 

@@ -119,9 +119,15 @@ class Job:
         await bounded(self.driver.step())
 
     async def ask(
-        self, worker: WorkerId, after_round: int = 0, *, rolled_back: bool = False
+        self,
+        worker: WorkerId,
+        after_round: int = 0,
+        *,
+        rolled_back: bool = False,
+        suspended: bool = False,
     ) -> RendezvousResponse:
-        """The worker asks for a round newer than ``after_round`` (answered at once)."""
+        """The worker asks for a round newer than ``after_round`` (answered at once);
+        ``suspended``: it saved its state for a suspension."""
         request = RendezvousRequest(
             hostname=worker.hostname,
             local_rank=worker.local_rank,
@@ -130,6 +136,7 @@ class Job:
             after_round=after_round,
             wait_seconds=0,
             rolled_back=rolled_back,
+            suspended=suspended,
         )
         return await bounded(self.job.rendezvous(request))
 

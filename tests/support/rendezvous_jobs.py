@@ -41,6 +41,7 @@ class RecordingListener:
         *,
         rolled_back: bool,
         script_exit: ScriptExit | None = None,
+        suspended: bool = False,
     ) -> None:
         self.ready.append((worker, after_round))
         if rolled_back:

@@ -59,6 +59,8 @@ class Checkpointer:
         self._commits_since = 0
         self._last_at = clock()
         self._writer: threading.Thread | None = None
+        self.last_write_failed = False
+        """The latest checkpoint write failed (its error was logged)."""
 
     @property
     def busy(self) -> bool:
@@ -115,9 +117,11 @@ class Checkpointer:
             logger.exception(
                 "writing a checkpoint to %s failed; trying at a later commit", self.folder
             )
+            self.last_write_failed = True
             return
         finally:
             self._keeper.unpin(snapshot)
+        self.last_write_failed = False
         seconds = time.monotonic() - started
         logger.info(
             "checkpoint %s written in %.2f s (%.1f MB, %.0f MB/s)",

@@ -69,26 +69,43 @@ def same_on_every_rank(values: tuple[int, ...] | None) -> bool:
     return known and int(found[-1]) == 0 and bool(torch.equal(highest, lowest))
 
 
-def leave_for_host_update(state: State) -> bool:
+def save_if_suspending(state: State) -> bool:
     """After :class:`HostsUpdatedInterrupt`: when every rank agrees the job is being
-    suspended, write the last commit as a durable checkpoint (``State.checkpoint_for_suspension``)
-    and send the reports that say so; the next round then never comes (the worker exits 0).
-    Returns whether the state had to roll back instead: the group broke meanwhile."""
+    suspended (a collective), write the last commit as a durable checkpoint
+    (``State.checkpoint_for_suspension``) and send the reports that say so; the next round
+    then never comes (the worker exits 0). Returns whether it saved the state for a
+    suspension (False: hosts were updated, or the checkpoint could not be written)."""
     runtime = current()
-    try:
-        if not runtime.suspend_agreed():
-            logger.info("hosts updated; re-forming the group with live state")
-            return False
-        logger.info("the job is being suspended: checkpointing the last commit")
-        state.checkpoint_for_suspension()
-    except HorovodInternalError as exc:
-        logger.warning("%s; rolling back to the last commit", exc)
-        with stacks_if_stuck():
-            state.restore()
-        return True
+    if not runtime.suspend_agreed():
+        logger.info("hosts updated; re-forming the group with live state")
+        return False
+    logger.info("the job is being suspended: checkpointing the last commit")
+    saved = state.checkpoint_for_suspension()
     if not runtime.reports.flush(SUSPEND_REPORT_S):
         logger.warning("the last reports did not reach the driver in %.0f s", SUSPEND_REPORT_S)
-    return False
+    return saved
+
+
+def roll_back_or_fail(state: State, exc: Exception) -> None:
+    """``exc`` was raised in the elastic loop: roll ``state`` back to its last commit when it
+    is a collective failure (see :func:`is_collective_failure`), else tell the driver the
+    worker failed and raise it."""
+    runtime = current()
+    if isinstance(exc, HorovodInternalError):
+        logger.warning("%s; rolling back to the last commit", exc)
+    else:
+        broken = runtime.group.errored()
+        if broken is None and raised_in_torch_distributed(exc):
+            broken = runtime.group.await_abort(VERDICT_WAIT_S)
+        if not is_collective_failure(exc, broken):
+            runtime.exit_code = 1
+            runtime.reports.result(
+                WorkerState.FAILURE, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+            )
+            raise exc
+        logger.warning("the round's group broke (%s); rolling back to the last commit", broken)
+    with stacks_if_stuck():
+        state.restore()
 
 
 def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
@@ -130,6 +147,7 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
         sync = state.wants_sync(runtime.sync_required)
         rolled_back = False
         while True:
+            suspended = False
             try:
                 # A fresh rank 0 (no member of the previous round survived) loads the newest
                 # durable checkpoint, which the sync then gives every rank.
@@ -150,35 +168,20 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
                 runtime.reports.resumed(restored_from=restored)
                 result = func(state, *args, **kwargs)
                 state.finish_checkpoints()
-            except HorovodInternalError as exc:
-                logger.warning("%s; rolling back to the last commit", exc)
-                with stacks_if_stuck():
-                    state.restore()
-                rolled_back = True
             except HostsUpdatedInterrupt:
-                rolled_back = leave_for_host_update(state)
+                try:
+                    suspended = save_if_suspending(state)
+                except Exception as exc:
+                    roll_back_or_fail(state, exc)
+                    rolled_back = True
             except Exception as exc:
-                broken = runtime.group.errored()
-                if broken is None and raised_in_torch_distributed(exc):
-                    broken = runtime.group.await_abort(VERDICT_WAIT_S)
-                if not is_collective_failure(exc, broken):
-                    runtime.exit_code = 1
-                    runtime.reports.result(
-                        WorkerState.FAILURE,
-                        f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}",
-                    )
-                    raise
-                logger.warning(
-                    "the round's group broke (%s); rolling back to the last commit", broken
-                )
-                with stacks_if_stuck():
-                    state.restore()
+                roll_back_or_fail(state, exc)
                 rolled_back = True
             else:
                 runtime.exit_code = 0
                 runtime.reports.result(WorkerState.SUCCESS)
                 return result
-            sync = state.wants_sync(runtime.reset(rolled_back=rolled_back))
+            sync = state.wants_sync(runtime.reset(rolled_back=rolled_back, suspended=suspended))
             state.on_reset()
 
     functools.update_wrapper(wrapper, func)

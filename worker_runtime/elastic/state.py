@@ -41,6 +41,9 @@ from elasticjob.worker_runtime.elastic.handlers import (
 from elasticjob.worker_runtime.elastic.host_messages import HostMessages
 from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
 from elasticjob.worker_runtime.elastic.snapshot import SnapshotKeeper, find_tensors
+from elasticjob.worker_runtime.log import get_logger
+
+logger = get_logger(__name__)
 
 
 class State(abc.ABC):
@@ -101,13 +104,15 @@ class State(abc.ABC):
         when the state writes none (see :attr:`writes_checkpoints`)."""
         raise RuntimeError("no checkpoint folder configured (ELASTICJOB_CHECKPOINT_DIR)")
 
-    def checkpoint_for_suspension(self) -> None:
+    def checkpoint_for_suspension(self) -> bool:
         """Called by ``elastic.run`` on every rank when the job is being suspended: write the
         last commit as a durable checkpoint and wait until it is written (nothing when the
-        state writes none: the job then starts afresh when it resumes)."""
+        state writes none: the job then starts afresh when it resumes). Returns whether this
+        rank did its part (False: its write failed)."""
         if self.writes_checkpoints:
             self.checkpoint()
             self.finish_checkpoints()
+        return True
 
     def loaded_checkpoint(self) -> CheckpointReport | None:
         """The durable checkpoint the last sync loaded, once, on the rank that reports it (a
@@ -242,6 +247,13 @@ class SnapshotState(State):
     def finish_checkpoints(self) -> None:
         if self._checkpointer is not None:
             self._checkpointer.wait()
+
+    def checkpoint_for_suspension(self) -> bool:
+        saved = super().checkpoint_for_suspension()
+        failed = self._checkpointer is not None and self._checkpointer.last_write_failed
+        if failed:
+            logger.error("the suspension's checkpoint could not be written")
+        return saved and not failed
 
     def resume_from_checkpoint(self) -> CheckpointReport | None:
         if self._holds_job_state or self._checkpointer is None:

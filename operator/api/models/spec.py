@@ -76,8 +76,7 @@ class StragglerSpec(_Spec):
     """When a worker counts as a straggler: its steps keep it busy (their time less the time
     it waits for the others in collectives) at least ``slowdown`` times as long as the
     other workers' median, for ``forSeconds`` without a break, after the round's first 20
-    steps. Workers report their pace with their heartbeats (heartbeatTimeoutSeconds 0 turns
-    detection off)."""
+    steps. Workers report their pace with their heartbeats."""
 
     slowdown: Annotated[float, Field(strict=False, ge=1.1, le=100.0, allow_inf_nan=False)] = 1.5
     for_seconds: Annotated[StrictInt, Field(ge=0, le=86400)] = 60

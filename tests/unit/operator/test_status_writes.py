@@ -10,7 +10,7 @@ import pytest
 
 from elasticjob.driver.api import JobResult
 from elasticjob.operator import status_writer
-from elasticjob.operator.api import Goodput, LostSeconds, Progress
+from elasticjob.operator.api import Goodput, LostSeconds, Progress, StragglerStatus
 from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.status import Observation, status_of
 from elasticjob.operator.status_writer import (
@@ -78,6 +78,22 @@ SOON, LATER = 1.0, PROGRESS_WRITE_INTERVAL_S
         ),
         pytest.param(BASE, changed(progress={"step": 101}), SOON, True, True, id="ended-step-soon"),
         pytest.param(
+            changed(stragglers=[{"pod": "p", "rank": 1, "slowdown": 2.0, "flagged": False}]),
+            changed(stragglers=[{"pod": "p", "rank": 1, "slowdown": 2.1, "flagged": False}]),
+            SOON,
+            False,
+            False,
+            id="straggler-slowdown-soon",
+        ),
+        pytest.param(
+            changed(stragglers=[{"pod": "p", "rank": 1, "slowdown": 2.0, "flagged": False}]),
+            changed(stragglers=[{"pod": "p", "rank": 1, "slowdown": 2.0, "flagged": True}]),
+            SOON,
+            False,
+            True,
+            id="straggler-flagged",
+        ),
+        pytest.param(
             BASE, changed(progress={"step": 101}), -SOON, False, True, id="clock-stepped-back"
         ),
     ],
@@ -116,6 +132,11 @@ def observation(**changes: Any) -> Observation:
             id="new-recovery",
         ),
         pytest.param(observation(round=5), False, id="round"),
+        pytest.param(
+            observation(stragglers=[StragglerStatus(pod="b", rank=1, slowdown=2.5)]),
+            False,
+            id="a-straggler-found",
+        ),
         pytest.param(observation(result=JobResult(True, "done", 4, 0)), False, id="ended"),
     ],
 )

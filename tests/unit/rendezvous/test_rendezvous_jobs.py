@@ -38,6 +38,7 @@ class FailingListener(RecordingListener):
         *,
         rolled_back: bool,
         script_exit: ScriptExit | None = None,
+        suspended: bool = False,
     ) -> None:
         super().on_worker_ready(worker, after_round, rolled_back=rolled_back)
         raise RuntimeError("listener bug")

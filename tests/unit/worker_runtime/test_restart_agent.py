@@ -75,6 +75,9 @@ def test_restart_cause(seen: Notice, expected: Cause | None) -> None:
             id="stopped-for-a-failure-counts",
         ),
         pytest.param(Attempt(None, Cause.HOSTS), NextStep(None), id="stopped-for-hosts"),
+        pytest.param(
+            Attempt(None, Cause.SUSPEND), NextStep(None, suspended=True), id="stopped-for-suspend"
+        ),
         pytest.param(Attempt(None), NextStep(None), id="stopped-by-sigterm"),
     ],
 )
