@@ -9,7 +9,14 @@ import pytest
 
 from elasticjob.operator.api import CleanPodPolicy, ElasticJobSpec, InvalidSpecError
 from elasticjob.operator.pods import PodState, PodView
-from elasticjob.operator.scaling import PodPlan, ReplicasClamp, plan_pods, pods_to_clean, read_spec
+from elasticjob.operator.scaling import (
+    PodPlan,
+    ReplicasClamp,
+    SpecReader,
+    plan_pods,
+    pods_to_clean,
+    read_spec,
+)
 from tests.support.crd_model import with_changes
 
 # --- read_spec: out-of-range replicas are clamped, other errors refused -------------------
@@ -209,3 +216,15 @@ def test_pods_to_clean(policy: CleanPodPolicy, expected: list[str]) -> None:
         pod("p4", PodState.FAILED),
     ]
     assert pods_to_clean(pods, policy) == expected
+
+
+def test_the_spec_reader_keeps_the_spec_it_last_read() -> None:
+    """Every caller gets the spec as last read, whichever copy it held before: the job's
+    controller loop and its run read the same spec (a suspension once resumed at once because
+    one of them held a copy from before ``suspend: true``)."""
+    reader = SpecReader("ns.job", None)
+    first = reader.first(with_changes())
+    suspended = reader.current(with_changes(suspend=True))
+    assert suspended.suspend and not first.suspend
+    assert reader.current(with_changes(suspend=True)) is suspended, "unchanged: the same spec"
+    assert reader.current(with_changes(suspend=True, maxReplicas=1)) is suspended, "invalid: kept"
