@@ -27,6 +27,7 @@ EVENT_STYLE: Final = {
     EventKind.ADOPTED: ("tab:gray", "operator handover"),
     EventKind.SUSPENDED: ("tab:brown", "suspended"),
     EventKind.STRAGGLER: ("tab:olive", "straggler"),
+    EventKind.HEALTH_CHECK_FAILED: ("tab:pink", "failed health check"),
 }
 """Colour and legend label of the events drawn as vertical lines."""
 
@@ -56,6 +57,8 @@ class Summary:
     """Times the job was suspended."""
     stragglers: int = 0
     """Members flagged as stragglers."""
+    failed_health_checks: int = 0
+    """New pods that failed their health check (not admitted)."""
 
     def lines(self) -> list[str]:
         """The summary as short lines of text."""
@@ -66,7 +69,7 @@ class Summary:
             f"{self.rounds} rounds, {self.failures} failures, {self.blacklisted} hosts "
             f"blacklisted, {self.scale_requests} scale requests, up to {self.largest_world} "
             f"workers, {self.handovers} operator handovers, {self.suspensions} suspensions, "
-            f"{self.stragglers} stragglers",
+            f"{self.stragglers} stragglers, {self.failed_health_checks} failed health checks",
         ]
 
 
@@ -95,6 +98,7 @@ def summarize(record: JobRecordData) -> Summary:
         handovers=kinds[EventKind.ADOPTED],
         suspensions=kinds[EventKind.SUSPENDED],
         stragglers=kinds[EventKind.STRAGGLER],
+        failed_health_checks=kinds[EventKind.HEALTH_CHECK_FAILED],
         largest_world=max(
             [s.world_size for s in record.samples] + [e.world_size for e in record.events],
             default=0,

@@ -309,6 +309,18 @@ def restart_agent_command(python: str, command: Sequence[str]) -> list[str]:
     return [python, "-m", RESTART_AGENT_MODULE, "--", *command]
 
 
+HEALTH_CHECK_MODULE: Final = "elasticjob.worker_runtime.health_check"
+"""A pod's health check (``spec.healthCheck``), which runs before the pod's command."""
+EXIT_UNHEALTHY: Final = 3
+"""The exit status of a pod that failed its health check."""
+
+
+def health_check_command(python: str, command: Sequence[str]) -> list[str]:
+    """The command of a pod checked before it joins: ``python`` running the check, which
+    runs ``command`` in its place once the pod passed."""
+    return [python, "-m", HEALTH_CHECK_MODULE, "--", *command]
+
+
 def standalone_backend(environ: Mapping[str, str] = os.environ) -> str:
     """The backend of a process started without a launcher (no contract): its
     ``ELASTICJOB_BACKEND`` if set, else the contract's default (``auto``)."""

@@ -66,6 +66,7 @@ from elasticjob.operator.status import Observation, observe
 from elasticjob.operator.status_writer import StatusWriter
 from elasticjob.operator.supervisor import Stopped
 from elasticjob.operator.token import RefusedJobError, ensure_token
+from elasticjob.rendezvous.api import JobRendezvous, RendezvousListener
 from elasticjob.rendezvous.server import RendezvousService
 
 logger = logging.getLogger(__name__)
@@ -225,12 +226,20 @@ class JobController:
         )
         self.pods.configure(spec)
         slots = spec.slots_per_worker
+
+        def join_service(listener: RendezvousListener) -> JobRendezvous:
+            job = self._service.add_job(
+                self.job_id, token, listener, max_workers=spec.max_replicas * slots
+            )
+            health = self.pods.health
+            check = spec.health_check
+            health.checks = None if check is None else job.check_health(check.policy(), health)
+            return job
+
         driver = ElasticDriver(
             HostManager(self.pods.blacklist),
             lambda _driver: PodLauncher(self.pods),
-            lambda listener: self._service.add_job(
-                self.job_id, token, listener, max_workers=spec.max_replicas * slots
-            ),
+            join_service,
             driver_settings(spec),
             self._clock,
             loop_lag=self._loop_lag,

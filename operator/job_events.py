@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from elasticjob.driver.journal import (
     CheckpointRestored,
+    HealthChecked,
     HostBlacklisted,
     JournalEvent,
     RoundPublished,
@@ -52,6 +53,18 @@ def event_of(event: JournalEvent, scope: BlacklistScope) -> JobEvent | None:
             "StragglerDetected",
             f"rank {event.rank} in pod {event.host} is a straggler in round {event.round}: its "
             f"steps keep it busy {event.slowdown:.2f}x as long as the other workers'",
+            warning=True,
+        )
+    if isinstance(event, HealthChecked):
+        took = "" if event.seconds is None else f" in {event.seconds:.1f} s"
+        where = f"pod {event.host}" + (f" on node {event.node}" if event.node else "")
+        if event.passed:
+            return JobEvent(
+                "HealthCheckPassed", f"{where} passed its health check{took}: {event.reason}"
+            )
+        return JobEvent(
+            "HealthCheckFailed",
+            f"{where} failed its health check{took}: {event.reason}; it is not admitted",
             warning=True,
         )
     if isinstance(event, HostBlacklisted):

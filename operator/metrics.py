@@ -34,6 +34,9 @@ COMMIT_BUCKETS_S: Final = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 1
 CHECKPOINT_BUCKETS_S: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 """Buckets of durable checkpoint durations (written to a volume, off the training thread)."""
 
+HEALTH_CHECK_BUCKETS_S: Final = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+"""Buckets of new pods' health-check durations (the cohort's gathering included)."""
+
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 """The exposition format :meth:`OperatorMetrics.render` writes."""
 
@@ -47,6 +50,10 @@ class JobObserver:
         self._formation = metrics.formation.labels(job=job)
         self._commit = metrics.commit.labels(job=job)
         self._checkpoint = metrics.checkpoint.labels(job=job)
+        self._health = {
+            passed: metrics.health_check.labels(job=job, result="passed" if passed else "failed")
+            for passed in (True, False)
+        }
 
     def round_formed(self, seconds: float) -> None:
         self._formation.observe(seconds)
@@ -59,6 +66,9 @@ class JobObserver:
 
     def checkpointed(self, seconds: float) -> None:
         self._checkpoint.observe(seconds)
+
+    def health_checked(self, seconds: float, *, passed: bool) -> None:
+        self._health[passed].observe(seconds)
 
 
 class OperatorMetrics:
@@ -100,6 +110,14 @@ class OperatorMetrics:
             buckets=CHECKPOINT_BUCKETS_S,
             registry=self.registry,
         )
+        self.health_check = Histogram(
+            "elasticjob_health_check_seconds",
+            "Duration of new pods' health checks (spec.healthCheck), by result (passed or "
+            "failed; the count of each is the number of checks).",
+            ["job", "result"],
+            buckets=HEALTH_CHECK_BUCKETS_S,
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "elasticjob_operator_leader",
             "1 while this operator replica leads (acts on jobs and serves their rendezvous), "
@@ -128,6 +146,11 @@ class OperatorMetrics:
         for histogram in (self.recovery, self.formation, self.commit, self.checkpoint):
             try:
                 histogram.remove(job)
+            except KeyError:
+                continue
+        for result in ("passed", "failed"):
+            try:
+                self.health_check.remove(job, result)
             except KeyError:
                 continue
 

@@ -30,6 +30,9 @@ class FailureCause(enum.Enum):
     """It was deleted by someone else (or while the operator was away) before it ended."""
     OVERDUE = "overdue"
     """It was chosen to drain and did not leave within the removal deadline."""
+    UNHEALTHY = "unhealthy"
+    """It failed its health check before joining (``spec.healthCheck``), or was not judged
+    in time."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ _EFFECTS: Mapping[FailureCause, FailureEffects] = {
     FailureCause.KILLED: FailureEffects(event=True, blacklist=True, delete=True),
     FailureCause.VANISHED: FailureEffects(event=False, blacklist=False, delete=False),
     FailureCause.OVERDUE: FailureEffects(event=False, blacklist=False, delete=True),
+    FailureCause.UNHEALTHY: FailureEffects(event=False, blacklist=True, delete=True),
 }
 
 
@@ -56,7 +60,8 @@ def failure_effects(cause: FailureCause) -> FailureEffects:
     """What follows a failure of ``cause``: a pod that failed or stopped answering is
     announced, blacklisted and deleted; one that vanished is only reported (nothing is left
     to delete, and its deletion says nothing about its node); one that did not drain in time
-    is deleted (it was leaving: its node is not to blame)."""
+    is deleted (it was leaving: its node is not to blame); one that failed its health check is
+    blacklisted and deleted (its own event, ``HealthCheckFailed``, says why)."""
     return _EFFECTS[cause]
 
 

@@ -11,24 +11,38 @@ import asyncio
 import copy
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
+
+from kubernetes.client.exceptions import ApiException
 
 from elasticjob.driver.api import Clock
 from elasticjob.driver.blacklist import BlacklistPolicy
 from elasticjob.driver.driver import ElasticDriver
+from elasticjob.driver.journal import HealthChecked
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.adoption import Ownership, ownership
-from elasticjob.operator.api import BlacklistScope, ElasticJobSpec, worker_selector
+from elasticjob.operator.api import (
+    LABEL_HEALTH_CHECK,
+    BlacklistScope,
+    ElasticJobSpec,
+    worker_selector,
+)
 from elasticjob.operator.controller_settings import ControllerSettings
+from elasticjob.operator.health_gate import HealthGate
 from elasticjob.operator.job_events import JobEvents
 from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.pod_blacklist import PodBlacklist
 from elasticjob.operator.pod_ledger import FailureCause, PodFailure, PodLedger, killed_reason
 from elasticjob.operator.podmap import PodChange
+from elasticjob.operator.pods import HealthLabel
 from elasticjob.operator.scaling import PodPlan, plan_pods
 from elasticjob.wire.messages import WorkerId
+from elasticjob.worker_contract import EXIT_UNHEALTHY
 
 logger = logging.getLogger(__name__)
+
+LABEL_TIMEOUT_S: Final = 10.0
+"""How long labelling a pod that passed its health check may take (tried again next pass)."""
 
 
 class PodReconciler:
@@ -61,6 +75,10 @@ class PodReconciler:
         )
         self.slots = 1
         """Worker processes per pod: the spec's ``slotsPerWorker`` when the job started."""
+        self.health = HealthGate(wake.set)
+        """Its pods' health checks (``spec.healthCheck``)."""
+        self._health_timeout_s: float | None = None
+        """The health check's timeout when the job started (None: no health check)."""
         self.rank_order: list[str] = []
         """The pods of an adopted round by rank (they keep their ranks)."""
         self._hosts: dict[str, int] = {}
@@ -75,6 +93,8 @@ class PodReconciler:
         self.blacklist = PodBlacklist(scope, policy, self._clock, self.ledger.node_of)
         self.events.scope = scope
         self.slots = spec.slots_per_worker
+        check = spec.health_check
+        self._health_timeout_s = None if check is None else float(check.timeout_seconds)
 
     def attach(self, driver: ElasticDriver) -> None:
         """``driver`` runs the job: it hears of the pods, and its journal of events (a
@@ -157,7 +177,7 @@ class PodReconciler:
         now = self._clock()
         if self.ledger.pods.resync_due(waiting=len(self._hosts) < spec.replicas):
             await self.relist()  # the driver waits for hosts: a missed event may hide one
-        views = self.ledger.views(self._not_ready_nodes)
+        views = await self._gate(now)
         for view in views.values():
             self._account(view)
         plan = plan_pods(
@@ -172,6 +192,40 @@ class PodReconciler:
         )
         await self._carry_out(body, spec, plan, now)
         return views
+
+    async def _gate(self, now: float) -> dict[str, podlib.PodView]:
+        """Carry out the health checks' verdicts, fail the pods not judged in time, and return
+        the pods as this pass sees them (a pod that passed is checked)."""
+        for heard in self.health.take_verdicts():
+            self._health_checked(heard.pod, heard.passed, heard.reason, heard.seconds)
+        timeout_s = self._health_timeout_s
+        if timeout_s is None:
+            return self.ledger.views(self._not_ready_nodes)
+        views = self.health.observe(self.ledger.views(self._not_ready_nodes), now)
+        overdue = self.health.overdue(views, now, timeout_s)
+        for name in overdue:
+            self._health_checked(name, False, f"no verdict within {timeout_s:g} s", None)
+        if overdue:
+            views = self.health.observe(self.ledger.views(self._not_ready_nodes), now)
+        for name in self.health.to_label():
+            try:
+                await self._api.label_pod(
+                    self.namespace, name, {LABEL_HEALTH_CHECK: HealthLabel.PASSED}, LABEL_TIMEOUT_S
+                )
+            except (ApiException, OSError) as exc:
+                logger.warning("job %s: could not label pod %s: %s", self.job_id, name, exc)
+                break  # the next pass tries again
+            self.health.labelled(name)
+        return views
+
+    def _health_checked(self, pod: str, passed: bool, reason: str, seconds: float | None) -> None:
+        """Tell the journal how a pod's health check ended; a pod that failed fails."""
+        if self.driver is not None:
+            checked = HealthChecked(pod, self.ledger.node_of(pod), passed, reason, seconds)
+            self.driver.journal.health_checked(checked, self.driver.round)
+        if not passed:
+            why = f"failed its health check: {reason}"
+            self.fail(self.ledger.fail(pod, FailureCause.UNHEALTHY, why, EXIT_UNHEALTHY))
 
     def _account(self, view: podlib.PodView) -> None:
         """Report pods that ended to the driver, once each."""

@@ -15,13 +15,20 @@ from elasticjob.driver.liveness import heartbeat_interval_s
 from elasticjob.operator.api import (
     API_VERSION,
     KIND,
+    LABEL_HEALTH_CHECK,
     LABEL_JOB_NAME,
     CheckpointSpec,
     ElasticJobSpec,
     worker_labels,
 )
 from elasticjob.operator.hosts import driver_settings, job_recovery
-from elasticjob.worker_contract import SecretKey, WorkerSettings, pod_env, restart_agent_command
+from elasticjob.worker_contract import (
+    SecretKey,
+    WorkerSettings,
+    health_check_command,
+    pod_env,
+    restart_agent_command,
+)
 
 TOKEN_KEY = "token"
 """Key of the job's rendezvous token in its Secret."""
@@ -92,6 +99,8 @@ def worker_pod(
     metadata = copy.deepcopy(template.get("metadata", {}))
     metadata["generateName"] = f"{name}-worker-"
     metadata["labels"] = {**metadata.get("labels", {}), **worker_labels(name)}
+    if spec.health_check is not None:
+        metadata["labels"][LABEL_HEALTH_CHECK] = HealthLabel.PENDING.value
     metadata["ownerReferences"] = [owner_reference(job)]
     pod_spec = copy.deepcopy(template["spec"])
     pod_spec["restartPolicy"] = "Never"
@@ -114,6 +123,11 @@ def worker_pod(
                 *container.get("command", []),
                 *container.pop("args", []),
             ]
+        if container["name"] == worker.name and spec.health_check is not None:
+            # Outermost: one check per pod, before anything of the job runs in it.
+            container["command"] = health_check_command(
+                "python", [*container.get("command", []), *container.pop("args", [])]
+            )
         if container["name"] == worker.name:
             # The operator's variables last: in Kubernetes the later of two entries wins
             # (admission refuses a template that sets them at all).
@@ -220,6 +234,13 @@ class PodState(enum.Enum):
     """Its processes failed, or it was lost."""
 
 
+class HealthLabel(enum.StrEnum):
+    """The values of a pod's health-check label (``LABEL_HEALTH_CHECK``)."""
+
+    PENDING = "Pending"
+    PASSED = "Passed"
+
+
 @dataclass(frozen=True)
 class PodView:
     """The parts of a worker pod the operator acts on."""
@@ -233,6 +254,8 @@ class PodView:
     reason: str = ""
     unschedulable: str | None = None
     """The scheduler's message while a pending pod fits no node."""
+    unchecked: bool = False
+    """It was created to be checked before it joins, and has not passed yet."""
 
 
 def view(pod: Mapping[str, Any], *, not_ready_nodes: Iterable[str] = ()) -> PodView:
@@ -267,7 +290,13 @@ def view(pod: Mapping[str, Any], *, not_ready_nodes: Iterable[str] = ()) -> PodV
         exit_code=exit_code,
         reason=reason,
         unschedulable=unschedulable,
+        unchecked=_unchecked(metadata.get("labels") or {}),
     )
+
+
+def _unchecked(labels: Mapping[str, Any]) -> bool:
+    label = labels.get(LABEL_HEALTH_CHECK)
+    return label is not None and label != HealthLabel.PASSED
 
 
 def _exit_code(status: Mapping[str, Any]) -> int | None:

@@ -128,7 +128,7 @@ class PodPlan:
     """Pods chosen to leave that are gone."""
     hosts: tuple[str, ...] = ()
     """The usable pods in rank order (a resumed round's members first, then oldest first):
-    the driver's hosts."""
+    the driver's hosts. A pod still to pass its health check is not usable yet."""
 
 
 def plan_pods(
@@ -189,6 +189,7 @@ def plan_pods(
             for v in views.values()
             if v.state is PodState.RUNNING
             and v.name not in chosen  # a running blacklisted pod drains: it is chosen
+            and not v.unchecked  # it joins once it passed its health check
         ),
         key=lambda v: (rank.get(v.name, len(rank)), v.created, v.name),
     )

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pydantic import BaseModel
 
 from elasticjob.backoff import Backoff
+from elasticjob.wire.health import CohortRequest, CohortResponse, HealthReport, HealthVerdict
 from elasticjob.wire.messages import (
     HeartbeatRequest,
     NoticesResponse,
@@ -167,6 +168,20 @@ class RendezvousClient:
         it refuses with 404: :class:`RendezvousClientError`)."""
         data = self._request("GET", "/plan", None, retry_for_s=retry_for_s)
         return parse_json(PlannedRound, data)
+
+    def health_cohort(self, request: CohortRequest, *, retry_for_s: float) -> CohortResponse:
+        """Long-poll for this pod's health-check cohort (``cohort`` 0: still gathering)."""
+        data = self._request(
+            "POST", "/health/cohort", request, wait_s=request.wait_seconds, retry_for_s=retry_for_s
+        )
+        return parse_json(CohortResponse, data)
+
+    def health_report(self, report: HealthReport, *, retry_for_s: float) -> HealthVerdict:
+        """Send this pod's health report and long-poll for the verdict (PENDING: not yet)."""
+        data = self._request(
+            "POST", "/health/report", report, wait_s=report.wait_seconds, retry_for_s=retry_for_s
+        )
+        return parse_json(HealthVerdict, data)
 
     def _request(
         self,

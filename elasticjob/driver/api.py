@@ -212,6 +212,9 @@ class DriverObserver(Protocol):
     def checkpointed(self, seconds: float) -> None:
         """Rank 0 wrote a durable checkpoint in ``seconds``."""
 
+    def health_checked(self, seconds: float, *, passed: bool) -> None:
+        """A new pod's health check took ``seconds`` and ``passed`` or not."""
+
 
 class Unobserved:
     """A :class:`DriverObserver` that ignores everything (the local launcher's)."""
@@ -227,6 +230,9 @@ class Unobserved:
 
     def checkpointed(self, seconds: float) -> None:
         del seconds
+
+    def health_checked(self, seconds: float, *, passed: bool) -> None:
+        del seconds, passed
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,8 @@ class EventKind(enum.StrEnum):
     lead (the job's workers trained on)."""
     STRAGGLER = "straggler"
     """A member was flagged as a straggler (consistently slower steps than the others)."""
+    HEALTH_CHECK_FAILED = "health-check-failed"
+    """A new pod failed its health check: it was not admitted, its node was blacklisted."""
     SUSPENDED = "suspended"
     """The job was suspended: its run ended with its state saved, until it is resumed."""
     FINISHED = "finished"

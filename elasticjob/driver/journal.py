@@ -93,8 +93,25 @@ class StragglerFound:
     round: int
 
 
+@dataclass(frozen=True)
+class HealthChecked:
+    """The new pod ``host`` (on ``node``) passed its health check or not, in ``seconds``
+    (None: it never reported), for ``reason``."""
+
+    host: str
+    node: str | None
+    passed: bool
+    reason: str
+    seconds: float | None
+
+
 JournalEvent = (
-    RoundPublished | CheckpointRestored | HostBlacklisted | StragglerFound | RecordChanged
+    RoundPublished
+    | CheckpointRestored
+    | HostBlacklisted
+    | StragglerFound
+    | HealthChecked
+    | RecordChanged
 )
 """What the journal pushes to its subscribers."""
 
@@ -341,6 +358,19 @@ class JobJournal:
             round=round_number,
         )
         self._tell(StragglerFound(host, rank, slowdown, round_number))
+
+    def health_checked(self, checked: HealthChecked, round_number: int) -> None:
+        """A new pod's health check ended (see :class:`HealthChecked`)."""
+        if checked.seconds is not None:
+            self.observer.health_checked(checked.seconds, passed=checked.passed)
+        if not checked.passed:
+            where = f" on {checked.node}" if checked.node else ""
+            self.record.event(
+                EventKind.HEALTH_CHECK_FAILED,
+                f"{checked.host}{where}: {checked.reason}",
+                round=round_number,
+            )
+        self._tell(checked)
 
     def resuming(self) -> None:
         """The job resumes after a suspension: the checkpoint its first round loads is its

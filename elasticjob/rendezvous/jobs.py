@@ -20,6 +20,8 @@ from elasticjob.rendezvous.api import (
     RendezvousListener,
     RequestRefused,
 )
+from elasticjob.rendezvous.health_checks import HealthChecks, HealthListener
+from elasticjob.rendezvous.health_rule import HealthPolicy
 from elasticjob.rendezvous.job_token import JobToken, check_job_name
 from elasticjob.rendezvous.limits import (
     ANNOUNCED_ROUNDS_PER_WORKER,
@@ -90,6 +92,9 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._notices = NoticeLog(job)
         self._progress: ProgressRequest | None = None
         self._round_changed = Wakeup()
+        self._clock = clock
+        self.health_checks: HealthChecks | None = None
+        """The checks of the job's new pods (None: it runs none; see :meth:`check_health`)."""
 
     def __repr__(self) -> str:
         return f"InMemoryJobRendezvous(job={self.job!r}, round={self.current_round})"
@@ -119,6 +124,15 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._closing = True
         self._round_changed.fire()
         self._notices.posted.fire()
+        if self.health_checks is not None:
+            self.health_checks.tick()
+
+    def check_health(self, policy: HealthPolicy, listener: HealthListener) -> HealthChecks:
+        """Have the job's new pods checked before they join (``health_checks.py``): their
+        requests are served, bounded by the job's long-polls, and ``listener`` hears every
+        verdict."""
+        self.health_checks = HealthChecks(self.job, policy, listener, self._polls, self._clock)
+        return self.health_checks
 
     # ---- driver side -------------------------------------------------------------------
 

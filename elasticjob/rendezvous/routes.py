@@ -37,8 +37,10 @@ from aiohttp import hdrs, typedefs, web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from elasticjob.rendezvous.api import Refusal, RequestRefused
+from elasticjob.rendezvous.health_checks import HealthChecks
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.stats import RequestStats
+from elasticjob.wire.health import CohortRequest, HealthReport
 from elasticjob.wire.messages import (
     ErrorResponse,
     HeartbeatRequest,
@@ -285,6 +287,24 @@ class _Api:
     async def plan(self, request: web.Request) -> web.Response:
         return _json(self.authorize(request).planned_round())
 
+    def _health_checks(self, request: web.Request) -> HealthChecks:
+        job = self.authorize(request)
+        if job.health_checks is None:
+            raise ApiError(404, f"job {job.job!r} runs no health checks")
+        return job.health_checks
+
+    async def health_cohort(self, request: web.Request) -> web.Response:
+        checks = self._health_checks(request)
+        body = await _parse_body(request, CohortRequest)
+        request[_LONG_POLL] = body.wait_seconds > 0
+        return _json(await checks.join(body))
+
+    async def health_report(self, request: web.Request) -> web.Response:
+        checks = self._health_checks(request)
+        body = await _parse_body(request, HealthReport)
+        request[_LONG_POLL] = body.wait_seconds > 0
+        return _json(await checks.report(body))
+
 
 async def _parse_body(request: web.Request, model: type[_Model]) -> _Model:
     body = await _read_body(request)
@@ -355,6 +375,8 @@ def create_app(
     app.router.add_route("POST", f"{job_path}/results", api.results)
     app.router.add_route("GET", f"{job_path}/round", api.round)
     app.router.add_route("GET", f"{job_path}/plan", api.plan)
+    app.router.add_route("POST", f"{job_path}/health/cohort", api.health_cohort)
+    app.router.add_route("POST", f"{job_path}/health/report", api.health_report)
     app.router.add_route("GET", "/healthz", api.healthz)
 
     async def close_waits(_: web.Application) -> None:

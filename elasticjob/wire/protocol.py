@@ -11,7 +11,7 @@ API_PREFIX = "/v1"
 PROTOCOL_HEADER: Final = "X-Elasticjob-Protocol"
 """Header carrying the rendezvous protocol version: workers send theirs on every request and
 the service answers with its own."""
-PROTOCOL_VERSION: Final = 8
+PROTOCOL_VERSION: Final = 9
 """The rendezvous protocol this release speaks. Version 1 is that of the releases that sent no
 :data:`PROTOCOL_HEADER` (a request without it is version 1). Version 2 added the header,
 ``429 Too Many Requests`` answers (a version-1 worker takes them as fatal), refusals of
@@ -35,7 +35,9 @@ workers' requests stay valid. Version 8 added the ``SUSPEND`` notice (the servic
 out of the notices it gives an older worker, which would refuse the kind: such a worker does
 not stop for a suspension, and the driver stops it after the suspension's timeout) and the
 optional :attr:`HeartbeatRequest.pace` (older workers report no pace: they are never found
-to be stragglers).
+to be stragglers). Version 9 added the health check of new pods (``POST health/cohort`` and
+``POST health/report``, :mod:`elasticjob.wire.health`), which only the check of a pod of a job
+with ``spec.healthCheck`` calls: nothing older workers send or get changed.
 (The messages are those of :mod:`elasticjob.wire.messages`.)"""
 SUSPEND_NOTICE_VERSION: Final = 8
 """The first protocol whose workers are given ``SUSPEND`` notices."""

@@ -19,6 +19,9 @@ LABEL_ROLE = f"{GROUP}/role"
 ROLE_WORKER = "worker"
 LABEL_OPERATOR_LEADER = f"{GROUP}/operator-leader"
 """Label (``"true"``) on the operator pod that leads: the rendezvous Service selects it."""
+LABEL_HEALTH_CHECK = f"{GROUP}/health-check"
+"""Label on a pod of a job with ``spec.healthCheck``: ``Pending`` until it passed its check,
+then ``Passed`` (a pod that fails is deleted). Only a pod without it, or ``Passed``, joins."""
 
 WORKER_CONTAINER = "worker"
 """Name of the container the worker runtime runs in, when the template has several."""

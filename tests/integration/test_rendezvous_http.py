@@ -14,6 +14,15 @@ from pydantic import BaseModel
 
 from elasticjob.rendezvous.routes import MAX_BODY_BYTES
 from elasticjob.rendezvous.server import RendezvousService
+from elasticjob.wire.health import (
+    CohortRequest,
+    CohortResponse,
+    HealthFigures,
+    HealthProblem,
+    HealthReport,
+    HealthVerdict,
+    VerdictStatus,
+)
 from elasticjob.wire.messages import (
     CheckpointReport,
     ErrorResponse,
@@ -449,13 +458,18 @@ def test_openapi_document_lists_every_route_and_wire_model() -> None:
         RoundInfo,
         PlannedRound,
         ErrorResponse,
+        CohortRequest,
+        CohortResponse,
+        HealthFigures,
+        HealthReport,
+        HealthVerdict,
     ]
     for model in models:
         schema = schemas[model.__name__]
         assert set(schema["properties"]) == set(model.model_fields), model.__name__
         required = {name for name, info in model.model_fields.items() if info.is_required()}
         assert set(schema.get("required", [])) == required, model.__name__
-    for enum in (WorkerState, NoticeKind, RendezvousStatus):
+    for enum in (WorkerState, NoticeKind, RendezvousStatus, HealthProblem, VerdictStatus):
         assert schemas[enum.__name__]["enum"] == [member.value for member in enum]
 
 

@@ -19,6 +19,7 @@ from elasticjob.driver.blacklist import BlacklistPolicy
 from elasticjob.driver.liveness import DEFAULT_HEARTBEAT_TIMEOUT_S
 from elasticjob.driver.stragglers import StragglerPolicy
 from elasticjob.operator.api.names import WORKER_CONTAINER
+from elasticjob.rendezvous.health_rule import DEFAULT_MIN_RELATIVE, DEFAULT_TIMEOUT_S, HealthPolicy
 
 Count = Annotated[StrictInt, Field(ge=1)]
 """A number of pods (or seconds) that must be positive."""
@@ -89,6 +90,25 @@ class StragglerSpec(_Spec):
             float(self.for_seconds),
             replace=self.action is StragglerAction.REPLACE,
         )
+
+
+class HealthCheckSpec(_Spec):
+    """A check each new worker pod runs before it may join a round: one all-reduce with the
+    other pods starting at about the same time, and a compute and a copy micro-benchmark.
+    A pod that fails it, or whose compute or copy figure is below ``minRelative`` times its
+    peers' median, is not admitted: its node (or itself, with blacklist scope Pod) is
+    blacklisted with the usual cooldown, and the pod is deleted and replaced. The job's
+    members train on meanwhile; they never wait for a check."""
+
+    min_relative: Annotated[float, Field(strict=False, ge=0.01, le=1.0, allow_inf_nan=False)] = (
+        DEFAULT_MIN_RELATIVE
+    )
+    timeout_seconds: Annotated[StrictInt, Field(ge=10, le=3600)] = int(DEFAULT_TIMEOUT_S)
+    """A pod not judged this long after it started running fails its check."""
+
+    def policy(self) -> HealthPolicy:
+        """The rendezvous service's health policy this spec asks for."""
+        return HealthPolicy(float(self.min_relative), float(self.timeout_seconds))
 
 
 class CooldownRange(_Spec):
@@ -237,6 +257,8 @@ class ElasticJobSpec(_Spec):
     stragglers: StragglerSpec = StragglerSpec()
     """How a worker whose steps are consistently slower than the others' is found, and what
     follows (reported, or replaced)."""
+    health_check: HealthCheckSpec | None = None
+    """Check each new pod before it joins (none when absent)."""
     clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
     """All: every worker pod is deleted when the job ends. Running: only those still running
     (finished pods stay for their logs). None: only pods that have not started (no logs to

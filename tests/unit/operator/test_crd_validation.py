@@ -203,6 +203,15 @@ NVIDIA = "spec.template.spec.containers[0].resources"
             id="cooldown-min-above-max",
         ),
         pytest.param(
+            with_changes(healthCheck={"minRelative": 0, "timeoutSeconds": 5}),
+            [
+                ("spec.healthCheck.minRelative", "greater than or equal to 0.01"),
+                ("spec.healthCheck.timeoutSeconds", "greater than or equal to 10"),
+            ],
+            id="health-check-out-of-range",
+        ),
+        pytest.param(with_changes(healthCheck={}), [], id="health-check-defaults"),
+        pytest.param(
             with_changes(blacklist={"cooldownSeconds": {"max": 0}}),
             [("spec.blacklist.cooldownSeconds.max", "greater than or equal to 1")],
             id="cooldown-zero",
@@ -345,6 +354,17 @@ def specs(draw: st.DrawFn, valid: bool = False) -> dict[str, Any]:
         ),
         "cleanPodPolicy": either(
             valid, st.sampled_from(["All", "Running", "None"]), st.just("none")
+        ),
+        "healthCheck": st.fixed_dictionaries(
+            {},
+            optional={
+                "minRelative": either(
+                    valid, st.sampled_from([0.01, 0.5, 1]), st.sampled_from([0, 1.5])
+                ),
+                "timeoutSeconds": either(
+                    valid, st.integers(10, 3600), st.sampled_from([9, 3601, 30.5])
+                ),
+            },
         ),
     }
     spec: dict[str, Any] = {

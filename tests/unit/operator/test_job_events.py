@@ -7,6 +7,7 @@ import pytest
 from elasticjob.driver.job_record import RecordChange
 from elasticjob.driver.journal import (
     CheckpointRestored,
+    HealthChecked,
     HostBlacklisted,
     JournalEvent,
     RecordChanged,
@@ -67,6 +68,33 @@ NODE, POD = BlacklistScope.NODE, BlacklistScope.POD
             HostBlacklisted("p-a", 10.0, 2),
             POD,
             JobEvent("PodBlacklisted", "pod p-a blacklisted", True),
+        ),
+        (
+            HealthChecked("p-c", "n3", True, "compute 1.02x, copy 0.98x", 4.25),
+            NODE,
+            JobEvent(
+                "HealthCheckPassed",
+                "pod p-c on node n3 passed its health check in 4.2 s: compute 1.02x, copy 0.98x",
+            ),
+        ),
+        (
+            HealthChecked("p-c", "n3", False, "compute 0.05x of its peers' median", 9.0),
+            NODE,
+            JobEvent(
+                "HealthCheckFailed",
+                "pod p-c on node n3 failed its health check in 9.0 s: compute 0.05x of its "
+                "peers' median; it is not admitted",
+                warning=True,
+            ),
+        ),
+        (
+            HealthChecked("p-c", None, False, "no verdict within 300 s", None),
+            NODE,
+            JobEvent(
+                "HealthCheckFailed",
+                "pod p-c failed its health check: no verdict within 300 s; it is not admitted",
+                warning=True,
+            ),
         ),
         (RecordChanged(RecordChange.SAMPLES), NODE, None),
     ],

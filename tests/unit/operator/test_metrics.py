@@ -45,6 +45,9 @@ def test_histograms_hold_what_the_drivers_observed_and_are_dropped_with_their_jo
     observer.committed(0.003)
     observer.checkpointed(0.8)
     observer.checkpointed(12.0)
+    observer.health_checked(4.0, passed=True)
+    observer.health_checked(3.0, passed=True)
+    observer.health_checked(40.0, passed=False)
     samples = scrape(metrics)
     recovery = "elasticjob_recovery_seconds"
     assert value(samples, f"{recovery}_count", job="ns.a") == 3
@@ -58,6 +61,10 @@ def test_histograms_hold_what_the_drivers_observed_and_are_dropped_with_their_jo
     assert value(samples, f"{checkpoint}_bucket", job="ns.a", le="1.0") == 1
     assert value(samples, f"{checkpoint}_bucket", job="ns.a", le="30.0") == 2
     assert value(samples, f"{checkpoint}_sum", job="ns.a") == pytest.approx(12.8)
+    health = "elasticjob_health_check_seconds"
+    assert value(samples, f"{health}_count", job="ns.a", result="passed") == 2
+    assert value(samples, f"{health}_count", job="ns.a", result="failed") == 1
+    assert value(samples, f"{health}_bucket", job="ns.a", result="passed", le="5.0") == 2
     metrics.forget("ns.a")
     metrics.forget("ns.a")
     assert not [s for s in scrape(metrics) if s.labels.get("job") == "ns.a"]

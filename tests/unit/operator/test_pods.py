@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from elasticjob.operator.api import ElasticJobSpec, parse_spec
+from elasticjob.operator.api import LABEL_HEALTH_CHECK, ElasticJobSpec, parse_spec
 from elasticjob.operator.hosts import driver_settings
 from elasticjob.operator.pods import PodState, PodView, newest_first, view, worker_pod
 from elasticjob.worker_contract import (
@@ -28,6 +28,7 @@ from elasticjob.worker_contract import (
     ENV_TOKEN,
     ENV_TORCH_LOCAL_RANK,
     ENV_WARM_START,
+    HEALTH_CHECK_MODULE,
     RESTART_AGENT_MODULE,
     WORKER_CONTRACT_ENV,
     is_worker_contract_env,
@@ -36,6 +37,7 @@ from tests.support.crd_model import with_changes
 
 JOB = {"metadata": {"name": "train", "namespace": "ml", "uid": "uid-1"}}
 AGENT = RESTART_AGENT_MODULE
+CHECK = HEALTH_CHECK_MODULE
 TRAIN = ["train", "--lr", "1"]
 SLOTS = "elasticjob.worker_runtime.slots"
 HOST_NOT_IN = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n1", "n2"]}
@@ -244,6 +246,49 @@ def test_an_elastic_pod_tells_no_restart_limit() -> None:
     names = {e["name"] for e in worker["env"]}
     assert ENV_MAX_RESTARTS not in names and ENV_WARM_START not in names, "no agent reads them"
     assert driver_settings(spec).restart_limit == 2
+
+
+@pytest.mark.parametrize(
+    ("changes", "command"),
+    [
+        pytest.param({}, ["-m", CHECK, "--", *TRAIN], id="elastic"),
+        pytest.param(
+            {"slotsPerWorker": 2},
+            ["-m", CHECK, "--", "python", "-m", SLOTS, "2", "--", *TRAIN],
+            id="one-check-per-pod-before-its-slots",
+        ),
+        pytest.param(
+            {"mode": "restart"},
+            ["-m", CHECK, "--", "python", "-m", AGENT, "--", *TRAIN],
+            id="before-the-restart-agent",
+        ),
+    ],
+)
+def test_a_checked_pod_runs_its_health_check_first_and_is_labelled_pending(
+    changes: dict[str, Any], command: list[str]
+) -> None:
+    spec = spec_with({"containers": [{**WORKER, "args": ["--lr", "1"]}]}, healthCheck={}, **changes)
+    pod = worker_pod(JOB, spec, rendezvous_url="u")
+    (worker,) = pod["spec"]["containers"]
+    assert worker["command"] == ["python", *command] and "args" not in worker
+    assert pod["metadata"]["labels"][LABEL_HEALTH_CHECK] == "Pending"
+    assert view(created(pod)).unchecked
+    passed = created(pod)
+    passed["metadata"]["labels"][LABEL_HEALTH_CHECK] = "Passed"
+    assert not view(passed).unchecked
+
+
+def test_an_unchecked_pod_carries_no_health_label() -> None:
+    pod = worker_pod(JOB, spec_with({"containers": [WORKER]}), rendezvous_url="u")
+    assert LABEL_HEALTH_CHECK not in pod["metadata"]["labels"]
+    assert pod["spec"]["containers"][0]["command"] == ["train"]
+    assert not view(created(pod)).unchecked
+
+
+def created(pod: dict[str, Any]) -> dict[str, Any]:
+    """``pod`` as the API server returns it: named from its prefix."""
+    metadata = {**pod["metadata"], "labels": dict(pod["metadata"]["labels"]), "name": "p-1"}
+    return {**pod, "metadata": metadata}
 
 
 @pytest.mark.parametrize(("warm_start", "value"), [(None, "1"), (True, "1"), (False, "0")])

@@ -3,6 +3,7 @@ create, drain or delete."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -168,6 +169,12 @@ def views(*pods: PodView) -> dict[str, PodView]:
             {"rank_order": ["p3", "p1"]},
             PodPlan(hosts=("p3", "p1", "p2")),
         ),
+        (  # a pod still to pass its health check is live but no host yet
+            spec(3),
+            [P["p1"], P["p2"], dataclasses.replace(P["p3"], unchecked=True)],
+            {},
+            PodPlan(hosts=("p1", "p2")),
+        ),
     ],
     ids=[
         "create-all",
@@ -182,6 +189,7 @@ def views(*pods: PodView) -> dict[str, PodView]:
         "blacklisted-pod",
         "ended-pods",
         "rank-order",
+        "unchecked",
     ],
 )
 def test_plan_pods(

@@ -1,0 +1,192 @@
+"""Tests of one job's health checks at the service (cohorts, long-polls, verdicts), driven
+with a fake clock and no HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from elasticjob.rendezvous.api import Refusal, RequestRefused
+from elasticjob.rendezvous.health_checks import HealthChecks
+from elasticjob.rendezvous.health_rule import HealthPolicy
+from elasticjob.rendezvous.wakeup import LongPolls
+from elasticjob.wire.health import (
+    CohortRequest,
+    HealthFigures,
+    HealthProblem,
+    HealthReport,
+    HealthVerdict,
+    VerdictStatus,
+)
+from tests.support.clock import FakeClock
+from tests.support.rendezvous_jobs import DEADLINE
+
+
+class Verdicts:
+    """A listener that records the final verdicts."""
+
+    def __init__(self) -> None:
+        self.heard: dict[str, tuple[VerdictStatus, float | None]] = {}
+
+    def on_health_verdict(
+        self,
+        host: str,
+        verdict: HealthVerdict,
+        seconds: float | None,
+        figures: HealthFigures | None,
+    ) -> None:
+        assert host not in self.heard, "a final verdict is told once"
+        self.heard[host] = (verdict.status, seconds)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def verdicts() -> Verdicts:
+    return Verdicts()
+
+
+@pytest.fixture
+def checks(clock: FakeClock, verdicts: Verdicts) -> HealthChecks:
+    polls = LongPolls(100, lambda: False)
+    return HealthChecks("job-a", HealthPolicy(timeout_s=60.0), verdicts, polls, clock)
+
+
+def asking(host: str, port: int = 1000, wait: float = 0.0) -> CohortRequest:
+    return CohortRequest(hostname=host, address="10.0.0.1", store_port=port, wait_seconds=wait)
+
+
+def measured(host: str, cohort: int, compute: float = 10.0, wait: float = 0.0) -> HealthReport:
+    figures = HealthFigures(device="cpu", compute_gflops=compute, copy_gbps=5.0)
+    return HealthReport(
+        hostname=host, cohort=cohort, seconds=2.5, figures=figures, wait_seconds=wait
+    )
+
+
+def broken(host: str, cohort: int) -> HealthReport:
+    return HealthReport(
+        hostname=host,
+        cohort=cohort,
+        seconds=2.5,
+        problem=HealthProblem.COLLECTIVE,
+        message="the all-reduce timed out",
+    )
+
+
+async def test_pods_that_start_together_form_one_cohort_on_the_first_ones_store(
+    checks: HealthChecks,
+) -> None:
+    checks.expect(["a", "b"])
+    first = asyncio.create_task(checks.join(asking("a", 1111, wait=DEADLINE)))
+    await asyncio.sleep(0)
+    assert not first.done(), "a cohort waits for the pods expected to check"
+    second = await asyncio.wait_for(checks.join(asking("b", 2222, wait=DEADLINE)), DEADLINE)
+    a = await asyncio.wait_for(first, DEADLINE)
+    assert (a.cohort, a.rank, a.size, a.store_port) == (1, 0, 2, 1111)
+    assert (second.cohort, second.rank, second.size, second.store_port) == (1, 1, 2, 1111)
+    assert a.deadline_seconds == 60.0
+
+
+async def test_a_cohort_closes_without_a_late_pod_after_gathering_five_seconds(
+    checks: HealthChecks, clock: FakeClock
+) -> None:
+    checks.expect(["a", "b"])
+    assert (await checks.join(asking("a"))).cohort == 0, "still gathering"
+    clock.now += 5.0
+    checks.tick()
+    answer = await checks.join(asking("a"))
+    assert (answer.cohort, answer.size) == (1, 1)
+    late = await checks.join(asking("b"))
+    assert (late.cohort, late.size) == (2, 1), "the last pod expected: its cohort closes at once"
+
+
+async def test_a_cohort_is_judged_once_all_reported_and_later_pods_meet_its_figures(
+    checks: HealthChecks, verdicts: Verdicts
+) -> None:
+    checks.expect(["a", "b"])
+    await checks.join(asking("a"))
+    assert (await checks.join(asking("b"))).cohort == 1
+    waiting = asyncio.create_task(checks.report(measured("a", 1, wait=DEADLINE)))
+    await asyncio.sleep(0)
+    assert not waiting.done(), "judged only once the whole cohort reported"
+    b = await checks.report(measured("b", 1, compute=9.0))
+    assert b.status is VerdictStatus.PASSED
+    assert (await asyncio.wait_for(waiting, DEADLINE)).status is VerdictStatus.PASSED
+    assert verdicts.heard == {"a": (VerdictStatus.PASSED, 2.5), "b": (VerdictStatus.PASSED, 2.5)}
+    retried = await checks.report(measured("a", 1))
+    assert retried.status is VerdictStatus.PASSED, "a retried report gets the same verdict"
+
+    checks.expect(["c"])  # a replacement, alone, far slower than the pods before it
+    assert (await checks.join(asking("c"))).cohort == 2
+    c = await checks.report(measured("c", 2, compute=1.0))
+    assert c.status is VerdictStatus.FAILED
+    assert "compute 0.11x" in c.reason
+    assert verdicts.heard["c"] == (VerdictStatus.FAILED, 2.5)
+
+
+async def test_requests_of_pods_not_awaiting_a_check_are_refused_and_change_nothing(
+    checks: HealthChecks,
+) -> None:
+    with pytest.raises(RequestRefused) as refused:
+        await checks.join(asking("a"))
+    assert refused.value.refusal is Refusal.NOT_ADMITTED_YET  # retryable: not seen running yet
+    checks.expect(["a", "b"])
+    await checks.join(asking("a"))
+    await checks.join(asking("b"))
+    with pytest.raises(RequestRefused) as refused:
+        await checks.report(measured("c", 1))
+    assert refused.value.refusal is Refusal.NOT_ADMITTED_YET
+    with pytest.raises(RequestRefused) as refused:
+        await checks.report(measured("a", 7))
+    assert refused.value.refusal is Refusal.INVALID_REPORT, "a is a member of cohort 1"
+    await checks.report(measured("a", 1))
+    await checks.report(measured("b", 1))
+    with pytest.raises(RequestRefused) as refused:
+        await checks.join(asking("a"))
+    assert refused.value.refusal is Refusal.UNKNOWN_WORKER, "judged already"
+
+
+async def test_a_report_to_a_service_that_does_not_know_its_cohort_is_told_to_check_again(
+    checks: HealthChecks,
+) -> None:
+    checks.expect(["a"])  # the service restarted while the pod ran its check
+    again = await checks.report(measured("a", 3))
+    assert again.status is VerdictStatus.RETRY
+    assert (await checks.join(asking("a"))).cohort == 1
+
+
+async def test_a_member_whose_pod_is_gone_fails_and_excuses_its_cohorts_broken_collective(
+    checks: HealthChecks, verdicts: Verdicts
+) -> None:
+    checks.expect(["a", "b"])
+    await checks.join(asking("a"))
+    await checks.join(asking("b"))
+    waiting = asyncio.create_task(
+        checks.report(broken("a", 1).model_copy(update={"wait_seconds": DEADLINE}))
+    )
+    await asyncio.sleep(0)
+    checks.expect(["a"])  # b's pod failed
+    again = await asyncio.wait_for(waiting, DEADLINE)
+    assert again.status is VerdictStatus.RETRY
+    assert verdicts.heard == {"b": (VerdictStatus.FAILED, None)}
+    answer = await checks.join(asking("a"))
+    assert (answer.cohort, answer.size) == (2, 1), "a checks again, alone"
+    assert (await checks.report(measured("a", 2))).status is VerdictStatus.PASSED
+
+
+async def test_a_cohort_is_judged_at_its_deadline_without_the_silent_member(
+    checks: HealthChecks, clock: FakeClock, verdicts: Verdicts
+) -> None:
+    checks.expect(["a", "b"])
+    await checks.join(asking("a"))
+    await checks.join(asking("b"))
+    pending = await checks.report(measured("a", 1))
+    assert pending.status is VerdictStatus.PENDING
+    clock.now += 60.0
+    checks.tick()
+    assert (await checks.report(measured("a", 1))).status is VerdictStatus.PASSED
+    assert verdicts.heard["b"] == (VerdictStatus.FAILED, None)
