@@ -1,7 +1,8 @@
 """The operator's controller end to end on devcluster: what it keeps across its own restart
 (the blacklisted nodes), how it treats a replica count out of range when no webhook refuses
-it (it clamps, and never fails the running job), a silent worker, and a slow one (a
-straggler, found and replaced)."""
+it (it clamps, and never fails the running job), a silent worker, a slow one (a
+straggler, found and replaced), and a slow new pod (it fails its health check and is never
+admitted)."""
 
 from __future__ import annotations
 
@@ -363,5 +364,78 @@ def test_a_straggler_is_found_replaced_and_the_job_speeds_up_again(
         print(f"rank 0 steps/s: before {before:.1f}, slowed {during:.1f}, after {after:.1f}")
         assert during < 0.7 * before, (before, during)
         assert after > 0.7 * before, (before, after)
+    finally:
+        stop_workers(kube, log_dir)
+
+
+def test_a_new_pod_below_its_peers_is_not_admitted_and_is_replaced_while_the_job_trains(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    """spec.healthCheck: the first two pods check together and train. A third pod capped at a
+    tenth of a CPU by its template (a real CFS quota set by the kubelet: it stands in for a
+    slow node) fails its check: an event says which figure fell short, its node is
+    blacklisted and it is deleted; a pod elsewhere passes and joins. The members train on
+    meanwhile, in the same round: nobody waits for a check."""
+    if operator.config.runtime == "process":
+        pytest.skip("process nodes' pods have no cgroup of their own to cap")
+    log_dir, stop_file = tmp_path / "events", tmp_path / "stop"
+    job = job_manifest("checked", log_dir, stop_file, replicas=2, minReplicas=2)
+    job["spec"]["healthCheck"] = {"minRelative": 0.3}
+    kube.apply(job)
+    try:
+        wait_ready(kube, "checked", timeout_s=int(STARTUP_S))
+        first = wait_status(kube, "checked", "2 workers", lambda s: s.get("worldSize") == 2)
+        wait_training(kube, log_dir, first)
+        members = {w["pod"] for w in first["workers"]}
+        passed = " ".join(event_messages(kube, "HealthCheckPassed"))
+        assert all(f"pod {pod} " in passed for pod in members), passed
+        resources = "/spec/template/spec/containers/0/resources"
+        cap = [{"op": "add", "path": resources, "value": {"limits": {"cpu": "100m"}}}]
+        kube.kubectl("patch", "ej/checked", "--type=json", "-p", json.dumps(cap))
+        scaled = time.time()
+        kube.kubectl("scale", "ej/checked", "--replicas=3")
+        (slow,) = kube.wait(
+            "a third pod",
+            lambda: [
+                p
+                for p in kube.pods("elasticjob.dev/job-name=checked")
+                if p["metadata"]["name"] not in members
+            ],
+            timeout=60,
+        )
+        name = slow["metadata"]["name"]
+        assert slow["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "100m"
+        kube.kubectl(
+            "patch",
+            "ej/checked",
+            "--type=json",
+            "-p",
+            json.dumps([{"op": "remove", "path": resources}]),
+        )  # its replacement is made from the template without the cap
+        (failed,) = kube.wait(
+            f"{name} failing its health check",
+            lambda: [m for m in event_messages(kube, "HealthCheckFailed") if f"pod {name} " in m],
+            timeout=STARTUP_S,
+        )
+        during = step_rate(log_dir, scaled, time.time())
+        meanwhile = wait_status(kube, "checked", "the status", lambda s: True)
+        assert re.search(r"compute 0\.\d\dx of its peers' median", failed), failed
+        assert meanwhile["round"] == first["round"], "a round formed while the pod was checked"
+        assert during > 0, "the members stopped training while the new pod was checked"
+        node = re.search(r" on node (\S+) failed", failed)
+        assert node is not None, failed
+        replaced = wait_status(
+            kube,
+            "checked",
+            "a round of 3 without the slow pod",
+            lambda s: (
+                s.get("worldSize") == 3 and name not in {w["pod"] for w in s.get("workers", [])}
+            ),
+            timeout=STARTUP_S,
+        )
+        assert node[1] in {n["node"] for n in replaced["blacklistedNodes"]}, replaced
+        assert "WorkerFailed" not in event_reasons(kube)
+        wait_training(kube, log_dir, replaced)
+        print(f"rank 0 steps/s while the new pod was checked: {during:.1f}")
     finally:
         stop_workers(kube, log_dir)
