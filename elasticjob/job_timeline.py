@@ -1,6 +1,7 @@
 """The timeline picture of a job: world size and throughput over time with its events marked,
 and a summary of where the time went. Drawn from a job record (``driver/job_record.py``) as a
-PNG or a self-contained HTML page (``elasticjob timeline``).
+PNG or a self-contained HTML page (``elasticjob timeline``); the throughput is the series of
+``job_throughput.py`` (windows of training time; what a rollback threw away dashed grey).
 
 Plotting needs matplotlib (the ``plot`` extra: ``pip install 'elasticjob[plot]'``).
 """
@@ -10,13 +11,15 @@ from __future__ import annotations
 import datetime
 import html
 import io
+import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from elasticjob.driver.job_record import EventKind, JobRecordData, RecordEvent
+from elasticjob.job_throughput import Window, throughput, window_length
 
 EVENT_STYLE: Final = {
     EventKind.FAILURE: ("tab:red", "failure"),
@@ -156,6 +159,25 @@ def _time_unit(duration_s: float) -> tuple[float, str]:
     return 3600.0, "hours"
 
 
+ROLLED_BACK: Final = "rolled back, trained again"
+"""The legend label of the throughput of training that a rollback threw away."""
+
+
+def _steps(
+    windows: Sequence[Window], at: Callable[[float], float]
+) -> tuple[list[float], list[float]]:
+    """The line of ``windows``: flat over each, broken (NaN) where they do not meet."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for i, window in enumerate(windows):
+        if i and windows[i - 1].end != window.start:
+            xs.append(math.nan)
+            ys.append(math.nan)
+        xs += [at(window.start), at(window.end)]
+        ys += [window.samples_per_second] * 2
+    return xs, ys
+
+
 def _figure(record: JobRecordData) -> Any:
     """The matplotlib figure of ``record``: world size above, throughput below, pauses
     shaded and events marked."""
@@ -181,15 +203,25 @@ def _figure(record: JobRecordData) -> Any:
     size_ax.step(xs, ys, where="post", color="black", linewidth=2, label="world size")
     size_ax.set_ylim(0, max(ys) + 1)
     size_ax.set_ylabel("workers")
-    rates = [s.samples_per_second for s in record.samples]
-    if any(rates):
-        rate_ax.plot([at(s.t) for s in record.samples], rates, color="tab:purple", linewidth=1.2)
-        rate_ax.set_ylim(0, max(rates) * 1.1)
+    spans = [(start, stop) for start, stop, _ in pauses(record)]
+    windows = throughput(record, spans, window_length(summary.duration_s))
+    if windows:
+        for kept, colour, dashes, label in (
+            (True, "tab:purple", "-", None),
+            (False, "0.45", "--", ROLLED_BACK),
+        ):
+            line_x, line_y = _steps([w for w in windows if w.kept is kept], at)
+            rate_ax.plot(line_x, line_y, color=colour, linestyle=dashes, linewidth=1.5, label=label)
+        rate_ax.set_ylim(0, max(w.samples_per_second for w in windows) * 1.1)
+        if not all(w.kept for w in windows):
+            rate_ax.legend(loc="lower right", fontsize=9, framealpha=0.9)
     else:
         rate_ax.text(
             0.5,
             0.5,
-            "no throughput reported (hvd.report_progress(epoch, step, samples_per_second))",
+            "too few progress reports in training to measure throughput"
+            if any(s.samples_per_second for s in record.samples)
+            else "no throughput reported (hvd.report_progress(epoch, step, samples_per_second))",
             transform=rate_ax.transAxes,
             ha="center",
             va="center",

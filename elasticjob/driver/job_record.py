@@ -4,7 +4,7 @@ The driver appends to it as things happen: rounds formed (with their world size)
 blacklisted hosts, progress samples (world size and samples/s), and the goodput account; the
 operator adds scale requests. It is kept in the cluster by the operator (so it outlives
 operator restarts) and written to a file by the local launcher (``--job-record``);
-``elasticjob timeline`` draws it (``elasticjob/record_plot.py``).
+``elasticjob timeline`` draws it (``elasticjob/job_timeline.py``).
 
 Bounds: at most :data:`MAX_EVENTS` events (the oldest dropped first, but the first one, the
 job's start, kept) and :data:`MAX_SAMPLES` samples; when the samples are full, every other
@@ -79,6 +79,10 @@ class RecordEvent(_Record):
     message: str = ""
     round: Annotated[int, Field(ge=0)] = 0
     world_size: Annotated[int, Field(ge=0)] = 0
+    rolled_back_from: _Finite | None = None
+    """On a ``RESUMED`` event after a failure, when the training that the failure threw away
+    began (the last commit before it, or the checkpoint a durable fallback loaded): the work
+    trained from then to the failure is trained again in this round."""
 
 
 class RecordSample(_Record):
@@ -142,12 +146,25 @@ class JobRecord:
         self._changed = RecordChange.NONE
 
     def event(
-        self, kind: EventKind, message: str = "", *, round: int = 0, world_size: int = 0
+        self,
+        kind: EventKind,
+        message: str = "",
+        *,
+        round: int = 0,
+        world_size: int = 0,
+        rolled_back_s: float | None = None,
     ) -> None:
-        """Record that ``kind`` happened now."""
+        """Record that ``kind`` happened now; ``rolled_back_s``: how long ago the training
+        that a failure threw away began (see :attr:`RecordEvent.rolled_back_from`)."""
+        now = self._wall_clock()
         self._events.append(
             RecordEvent(
-                t=self._wall_clock(), kind=kind, message=message, round=round, world_size=world_size
+                t=now,
+                kind=kind,
+                message=message,
+                round=round,
+                world_size=world_size,
+                rolled_back_from=None if rolled_back_s is None else now - rolled_back_s,
             )
         )
         if len(self._events) > MAX_EVENTS:

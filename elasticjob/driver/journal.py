@@ -217,13 +217,32 @@ class JobJournal:
             self.committed_step = progress.committed_step
         if self._paused_in_round < progress.round == current_round:
             paused = self.lost_time.paused_since is not None
+            rolled_back_s = self._rolled_back_s(now)
             self.lost_time, recovery = on_first_step(self.lost_time, now)
             if recovery is not None:
                 self.observer.recovered(recovery)
             if paused:
-                self.record.event(EventKind.RESUMED, round=progress.round, world_size=world_size)
+                self.record.event(
+                    EventKind.RESUMED,
+                    round=progress.round,
+                    world_size=world_size,
+                    rolled_back_s=rolled_back_s,
+                )
         if progress.commit_seconds:
             self.lost_time = on_commit(self.lost_time, now)
+
+    def _rolled_back_s(self, now: float) -> float | None:
+        """While recovering, how long before ``now`` the training that the failure threw away
+        began (None: it threw none away)."""
+        lost = self.lost_time
+        if (
+            lost.paused_for is not LostTo.RECOVERY
+            or lost.paused_since is None
+            or lost.rollback_from is None
+            or lost.rollback_from >= lost.paused_since
+        ):
+            return None
+        return now - lost.rollback_from
 
     def _checkpointed(
         self, checkpoint: CheckpointReport, round_number: int, world_size: int, now: float

@@ -146,6 +146,10 @@ async def test_time_to_recover_runs_from_the_failure_to_the_next_rounds_first_re
         (EventKind.ROUND, 2, 2),
         (EventKind.RESUMED, 2, 2),
     ]
+    first, again = (e for e in record.events if e.kind is EventKind.RESUMED)
+    assert first.rolled_back_from is None, "the startup threw no training away"
+    assert again.rolled_back_from is not None
+    assert again.t - again.rolled_back_from == pytest.approx(8.0), "from the last commit"
     assert [s.world_size for s in record.samples][-1] == 2
 
 

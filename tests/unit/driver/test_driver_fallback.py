@@ -101,9 +101,14 @@ async def test_every_worker_killed_resumes_from_the_checkpoint_after_the_cooldow
     # anyway); recovering: from the kill to the resumed step.
     assert lost[LostTo.ROLLBACK] == pytest.approx(22.0 - 9.5)
     assert lost[LostTo.RECOVERY] == pytest.approx(12.0)
-    events = [e.kind for e in job.driver.journal.record.data({}, 1.0).events]
+    record = job.driver.journal.record.data({}, 1.0)
+    events = [e.kind for e in record.events]
     assert events.count(EventKind.CHECKPOINT) == 1 and events.count(EventKind.RESTORED) == 1
     assert events.index(EventKind.RESTORED) > events.index(EventKind.FAILURE)
+    resumed = record.events[-1]
+    assert resumed.kind is EventKind.RESUMED and resumed.rolled_back_from is not None
+    # The training thrown away began at the checkpoint's commit, 34 - 9.5 s before.
+    assert resumed.t - resumed.rolled_back_from == pytest.approx(34.0 - 9.5)
 
 
 async def test_every_worker_killed_without_checkpoints_fails_and_says_how_to_enable_them() -> None:

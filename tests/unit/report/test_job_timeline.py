@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import pytest
 
 from elasticjob.cli import main
 from elasticjob.driver.job_record import EventKind, JobRecordData, RecordEvent, RecordSample
-from elasticjob.job_timeline import pauses, render, summarize
+from elasticjob.job_timeline import ROLLED_BACK, _figure, pauses, render, summarize
 
 T0 = 1_790_000_000.0
 
@@ -17,18 +19,31 @@ def record() -> JobRecordData:
     events = (
         RecordEvent(t=T0, kind=EventKind.STARTED, message="created"),
         RecordEvent(t=T0 + 20, kind=EventKind.ROUND, round=1, world_size=4),
+        RecordEvent(t=T0 + 21, kind=EventKind.RESUMED, round=1, world_size=4),
         RecordEvent(t=T0 + 300, kind=EventKind.SCALE, message="replicas 4 -> 6"),
         RecordEvent(t=T0 + 330, kind=EventKind.ROUND, round=2, world_size=6),
         RecordEvent(t=T0 + 900, kind=EventKind.FAILURE, message="a worker on <b> failed"),
         RecordEvent(t=T0 + 900.5, kind=EventKind.BLACKLISTED, message="b for 60 s"),
         RecordEvent(t=T0 + 902, kind=EventKind.ROUND, round=3, world_size=5),
+        RecordEvent(
+            t=T0 + 903, kind=EventKind.RESUMED, round=3, world_size=5, rolled_back_from=T0 + 700
+        ),
         RecordEvent(t=T0 + 1000, kind=EventKind.ADOPTED, round=3, world_size=5),
         RecordEvent(t=T0 + 1100, kind=EventKind.SUSPENDED, message="suspended", round=3),
         RecordEvent(t=T0 + 1150, kind=EventKind.RESUMED, round=4, world_size=5),
     )
     samples = tuple(
-        RecordSample(t=T0 + t, world_size=w, samples_per_second=100.0 * w)
-        for t, w in ((25, 4), (200, 4), (335, 6), (800, 6), (905, 5), (1200, 5))
+        RecordSample(t=T0 + t, world_size=w, samples_per_second=r)
+        for t, w, r in (
+            (25, 4, 400.0),
+            (200, 4, 400.0),
+            (335, 6, 600.0),
+            (800, 6, 600.0),
+            (905, 5, 600.0),  # the rate from before the failure, re-sent with the resume
+            (910, 5, 7000.0),  # the first measurement after it: all of an epoch by part of it
+            (1000, 5, 500.0),
+            (1200, 5, 500.0),
+        )
     )
     return JobRecordData(
         job="ns.train",
@@ -63,6 +78,17 @@ def test_a_png_and_a_self_contained_html_page(tmp_path: Path) -> None:
     assert text.count("<tr>") == 1 + len(record().events)
     with pytest.raises(ValueError, match=r"\.png or \.html"):
         render(record(), tmp_path / "t.pdf")
+
+
+def test_the_throughput_drawn_is_the_windows_of_training_not_the_reported_spike() -> None:
+    fig = _figure(record())
+    try:
+        lines = {line.get_label(): line for line in fig.axes[1].get_lines()}
+        drawn = [y for line in lines.values() for y in line.get_ydata() if not math.isnan(y)]
+        assert max(drawn) == 600.0, "the 7,000 samples/s reported after the failure"
+        assert set(lines[ROLLED_BACK].get_ydata()) == {600.0}, "from 700 s to the failure"
+    finally:
+        plt.close(fig)
 
 
 def test_the_command_draws_a_record_file_and_says_where(
