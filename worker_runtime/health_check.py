@@ -15,12 +15,13 @@ job until it passed.
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import Final, TypeVar
 
 from torch.distributed import Store, TCPStore
 
@@ -42,7 +43,7 @@ from elasticjob.worker_runtime.health_benchmarks import (
     measure,
 )
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient
-from elasticjob.worker_runtime.worker_process import pin_interfaces
+from elasticjob.worker_runtime.worker_process import pin_interfaces, wrapped_command
 
 logger = logging.getLogger(__name__)
 
@@ -54,28 +55,21 @@ CHECK_DEADLINE_S: Final = 3600.0
 COLLECTIVE_TIMEOUT_S: Final = 60.0
 
 
-def _long_poll_cohort(
-    client: RendezvousClient, request: CohortRequest, deadline: float
-) -> CohortResponse:
+_Answer = TypeVar("_Answer")
+
+
+def _long_poll(
+    ask: Callable[..., _Answer], news: Callable[[_Answer], bool], deadline: float, what: str
+) -> _Answer:
+    """``ask(retry_for_s=...)`` again until its answer is ``news``; TimeoutError at
+    ``deadline``."""
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError("no health-check cohort was assigned in time")
-        answer = client.health_cohort(request, retry_for_s=left)
-        if answer.cohort:
+            raise TimeoutError(f"no health-check {what} came in time")
+        answer = ask(retry_for_s=left)
+        if news(answer):
             return answer
-
-
-def _long_poll_verdict(
-    client: RendezvousClient, report: HealthReport, deadline: float
-) -> HealthVerdict:
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("no health-check verdict came in time")
-        verdict = client.health_report(report, retry_for_s=left)
-        if verdict.status is not VerdictStatus.PENDING:
-            return verdict
 
 
 def _cohort_store(server: TCPStore, cohort: CohortResponse, timeout: datetime.timedelta) -> Store:
@@ -148,9 +142,19 @@ def check_pod(config: WorkerConfig, client: RendezvousClient) -> HealthVerdict:
         wait_seconds=POLL_S,
     )
     while True:
-        cohort = _long_poll_cohort(client, request, deadline)
+        cohort = _long_poll(
+            functools.partial(client.health_cohort, request),
+            lambda answer: answer.cohort > 0,
+            deadline,
+            "cohort",
+        )
         report = _run_cohort(config, server, cohort, started)
-        verdict = _long_poll_verdict(client, report, deadline)
+        verdict = _long_poll(
+            functools.partial(client.health_report, report),
+            lambda answer: answer.status is not VerdictStatus.PENDING,
+            deadline,
+            "verdict",
+        )
         if verdict.status is not VerdictStatus.RETRY:
             return verdict
         logger.info("health check again, in a new cohort: %s", verdict.reason)
@@ -158,11 +162,8 @@ def check_pod(config: WorkerConfig, client: RendezvousClient) -> HealthVerdict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Check the pod, then run the command after ``--`` in this process's place."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["--"]:
-        args = args[1:]
-    if not args:
-        print(f"usage: python -m {HEALTH_CHECK_MODULE} -- COMMAND...", file=sys.stderr)
+    args = wrapped_command(argv, HEALTH_CHECK_MODULE)
+    if args is None:
         return 2
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     config = WorkerConfig.from_env()

@@ -62,7 +62,7 @@ from elasticjob.worker_runtime.log import CONTEXT, get_logger
 from elasticjob.worker_runtime.notices import NoticeWatcher
 from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
 from elasticjob.worker_runtime.script_process import ScriptProcess, recorded_error, warm_start
-from elasticjob.worker_runtime.worker_process import liveness_for
+from elasticjob.worker_runtime.worker_process import liveness_for, wrapped_command
 
 logger = get_logger(__name__)
 
@@ -382,11 +382,8 @@ class RestartAgent:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the agent for the command after ``--``; return its exit status."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["--"]:
-        args = args[1:]
-    if not args:
-        print(f"usage: python -m {RESTART_AGENT_MODULE} -- COMMAND...", file=sys.stderr)
+    args = wrapped_command(argv, RESTART_AGENT_MODULE)
+    if args is None:
         return 2
     config = WorkerConfig.from_env()
     if config is None:

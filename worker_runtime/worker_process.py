@@ -62,6 +62,18 @@ def use_device(local_rank: int, backend: str) -> torch.device:
     return plan.device
 
 
+def wrapped_command(argv: Sequence[str] | None, module: str) -> list[str] | None:
+    """The command after ``--`` of ``python -m MODULE -- COMMAND...`` (``argv``: the
+    arguments, None: this process's); None, with the usage printed, when there is none."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args:
+        print(f"usage: python -m {module} -- COMMAND...", file=sys.stderr)
+        return None
+    return args
+
+
 def pin_interfaces(bind_address: str) -> None:
     """Give Gloo's and NCCL's sockets the interface of ``bind_address``; before any group
     exists, since they read it when they create one."""

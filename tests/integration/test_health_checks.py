@@ -15,13 +15,14 @@ import pytest
 
 from elasticjob.rendezvous.health_rule import HealthPolicy
 from elasticjob.rendezvous.server import RendezvousService
-from elasticjob.wire.health import HealthFigures, HealthVerdict, VerdictStatus
+from elasticjob.wire.health import VerdictStatus
 from elasticjob.worker_contract import (
     EXIT_UNHEALTHY,
     HEALTH_CHECK_MODULE,
     WorkerConfig,
     WorkerSettings,
 )
+from tests.support.health_checks import RecordedVerdicts
 from tests.support.rendezvous_http import TOKEN_A, TOKEN_B, Cluster
 
 DEADLINE = 120.0
@@ -33,24 +34,6 @@ COMMAND = [
 ]
 
 
-class Verdicts:
-    """The listener of job-a's checks: every final verdict, and an event per pod."""
-
-    def __init__(self) -> None:
-        self.heard: dict[str, tuple[HealthVerdict, float | None, HealthFigures | None]] = {}
-        self.changed = asyncio.Event()
-
-    def on_health_verdict(
-        self,
-        host: str,
-        verdict: HealthVerdict,
-        seconds: float | None,
-        figures: HealthFigures | None,
-    ) -> None:
-        self.heard[host] = (verdict, seconds, figures)
-        self.changed.set()
-
-
 @pytest.fixture
 async def cluster() -> AsyncIterator[Cluster]:
     service = RendezvousService()
@@ -60,8 +43,8 @@ async def cluster() -> AsyncIterator[Cluster]:
     await service.stop()
 
 
-def checked(cluster: Cluster, timeout_s: float = 60.0) -> Verdicts:
-    verdicts = Verdicts()
+def checked(cluster: Cluster, timeout_s: float = 60.0) -> RecordedVerdicts:
+    verdicts = RecordedVerdicts()
     cluster.job_a.check_health(HealthPolicy(timeout_s=timeout_s), verdicts)
     return verdicts
 

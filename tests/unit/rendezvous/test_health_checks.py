@@ -16,28 +16,11 @@ from elasticjob.wire.health import (
     HealthFigures,
     HealthProblem,
     HealthReport,
-    HealthVerdict,
     VerdictStatus,
 )
 from tests.support.clock import FakeClock
+from tests.support.health_checks import RecordedVerdicts
 from tests.support.rendezvous_jobs import DEADLINE
-
-
-class Verdicts:
-    """A listener that records the final verdicts."""
-
-    def __init__(self) -> None:
-        self.heard: dict[str, tuple[VerdictStatus, float | None]] = {}
-
-    def on_health_verdict(
-        self,
-        host: str,
-        verdict: HealthVerdict,
-        seconds: float | None,
-        figures: HealthFigures | None,
-    ) -> None:
-        assert host not in self.heard, "a final verdict is told once"
-        self.heard[host] = (verdict.status, seconds)
 
 
 @pytest.fixture
@@ -46,12 +29,12 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def verdicts() -> Verdicts:
-    return Verdicts()
+def verdicts() -> RecordedVerdicts:
+    return RecordedVerdicts()
 
 
 @pytest.fixture
-def checks(clock: FakeClock, verdicts: Verdicts) -> HealthChecks:
+def checks(clock: FakeClock, verdicts: RecordedVerdicts) -> HealthChecks:
     polls = LongPolls(100, lambda: False)
     return HealthChecks("job-a", HealthPolicy(timeout_s=60.0), verdicts, polls, clock)
 
@@ -105,7 +88,7 @@ async def test_a_cohort_closes_without_a_late_pod_after_gathering_five_seconds(
 
 
 async def test_a_cohort_is_judged_once_all_reported_and_later_pods_meet_its_figures(
-    checks: HealthChecks, verdicts: Verdicts
+    checks: HealthChecks, verdicts: RecordedVerdicts
 ) -> None:
     checks.expect(["a", "b"])
     await checks.join(asking("a"))
@@ -116,7 +99,10 @@ async def test_a_cohort_is_judged_once_all_reported_and_later_pods_meet_its_figu
     b = await checks.report(measured("b", 1, compute=9.0))
     assert b.status is VerdictStatus.PASSED
     assert (await asyncio.wait_for(waiting, DEADLINE)).status is VerdictStatus.PASSED
-    assert verdicts.heard == {"a": (VerdictStatus.PASSED, 2.5), "b": (VerdictStatus.PASSED, 2.5)}
+    assert verdicts.outcomes() == {
+        "a": (VerdictStatus.PASSED, 2.5),
+        "b": (VerdictStatus.PASSED, 2.5),
+    }
     retried = await checks.report(measured("a", 1))
     assert retried.status is VerdictStatus.PASSED, "a retried report gets the same verdict"
 
@@ -125,7 +111,7 @@ async def test_a_cohort_is_judged_once_all_reported_and_later_pods_meet_its_figu
     c = await checks.report(measured("c", 2, compute=1.0))
     assert c.status is VerdictStatus.FAILED
     assert "compute 0.11x" in c.reason
-    assert verdicts.heard["c"] == (VerdictStatus.FAILED, 2.5)
+    assert verdicts.outcomes()["c"] == (VerdictStatus.FAILED, 2.5)
 
 
 async def test_requests_of_pods_not_awaiting_a_check_are_refused_and_change_nothing(
@@ -160,7 +146,7 @@ async def test_a_report_to_a_service_that_does_not_know_its_cohort_is_told_to_ch
 
 
 async def test_a_member_whose_pod_is_gone_fails_and_excuses_its_cohorts_broken_collective(
-    checks: HealthChecks, verdicts: Verdicts
+    checks: HealthChecks, verdicts: RecordedVerdicts
 ) -> None:
     checks.expect(["a", "b"])
     await checks.join(asking("a"))
@@ -172,14 +158,14 @@ async def test_a_member_whose_pod_is_gone_fails_and_excuses_its_cohorts_broken_c
     checks.expect(["a"])  # b's pod failed
     again = await asyncio.wait_for(waiting, DEADLINE)
     assert again.status is VerdictStatus.RETRY
-    assert verdicts.heard == {"b": (VerdictStatus.FAILED, None)}
+    assert verdicts.outcomes() == {"b": (VerdictStatus.FAILED, None)}
     answer = await checks.join(asking("a"))
     assert (answer.cohort, answer.size) == (2, 1), "a checks again, alone"
     assert (await checks.report(measured("a", 2))).status is VerdictStatus.PASSED
 
 
 async def test_a_cohort_is_judged_at_its_deadline_without_the_silent_member(
-    checks: HealthChecks, clock: FakeClock, verdicts: Verdicts
+    checks: HealthChecks, clock: FakeClock, verdicts: RecordedVerdicts
 ) -> None:
     checks.expect(["a", "b"])
     await checks.join(asking("a"))
@@ -189,4 +175,4 @@ async def test_a_cohort_is_judged_at_its_deadline_without_the_silent_member(
     clock.now += 60.0
     checks.tick()
     assert (await checks.report(measured("a", 1))).status is VerdictStatus.PASSED
-    assert verdicts.heard["b"] == (VerdictStatus.FAILED, None)
+    assert verdicts.outcomes()["b"] == (VerdictStatus.FAILED, None)
