@@ -1,17 +1,21 @@
 # The two commands the README starts with are `make demo` and `make test`.
 PY := .venv/bin/python
+# The set-up runs as quiet stages: a line each on the terminal, the tools' output in .logs/.
+STAGE := python3 -m devcluster.stages
 
 .PHONY: venv prereqs demo demo-fast demo-local test lint unit integration devcluster-tests bench clean
 
 venv: .venv/.installed
 .venv/.installed: pyproject.toml scripts/setup-venv.sh
-	bash scripts/setup-venv.sh
+	$(STAGE) "the virtual environment: torch (CPU build) and the project, with pip" \
+		.logs/venv.log -- bash scripts/setup-venv.sh
 	touch $@
 
 # etcd, the Kubernetes binaries of the control plane and of real nodes (built once per machine
 # and cached outside the checkout: the first run takes about 10 minutes, see README.md) and helm.
 prereqs:
-	bash scripts/devcluster-prereqs.sh
+	$(STAGE) "devcluster's prerequisites: Debian packages, Kubernetes built from source (about 10 minutes the first time, cached after), helm" \
+		.logs/prereqs.log -- bash scripts/devcluster-prereqs.sh
 
 # The ElasticJob operator on a real Kubernetes cluster on this machine (devcluster): real
 # nodes (kubelet, containerd, the project's images).

@@ -29,9 +29,12 @@ sys.path.insert(0, str(REPO))  # devcluster is a tool of the repository, not of 
 
 from devcluster.cluster import Cluster  # noqa: E402
 from devcluster.config import ClusterConfig  # noqa: E402
+from devcluster.stages import stage  # noqa: E402
 from elasticjob.driver.job_record import EventKind, JobRecordData  # noqa: E402
 from elasticjob.job_timeline import render  # noqa: E402
 
+LOGS = REPO / ".logs"
+"""Where the set-up's tools write (building the images, the cluster, helm)."""
 NAMESPACE = "default"
 OPERATOR_NS = "elasticjob-system"
 LEADER = "elasticjob.dev/operator-leader=true"
@@ -136,26 +139,25 @@ def main() -> int:
     args = parser.parse_args()
     run_dir = Path(tempfile.mkdtemp(prefix="elasticjob-demo-"))
     cluster = Cluster(ClusterConfig.private(run_dir, 91, runtime=args.runtime))
-    say(
-        f"starting devcluster ({args.runtime} nodes) in {run_dir} "
-        "(the first run on a machine builds Kubernetes and the images)"
-    )
-    cluster.up(timeout=900)
+    images = " and the images (about 4 minutes the first time)" if args.runtime != "process" else ""
+    with stage(f"starting devcluster ({args.runtime} nodes){images}", LOGS / "cluster.log"):
+        cluster.up(timeout=900)
     demo = Demo(cluster)
     try:
-        say("helm install elasticjob-operator deploy/helm/elasticjob-operator")
-        cluster.helm(
-            "install",
-            "elasticjob-operator",
-            str(REPO / "deploy/helm/elasticjob-operator"),
-            "-n",
-            "elasticjob-system",
-            "--create-namespace",
-            "--wait",
-            "--timeout",
-            "180s",
-            timeout=240,
-        )
+        installing = "helm install elasticjob-operator deploy/helm/elasticjob-operator --wait"
+        with stage(installing, LOGS / "helm.log"):
+            cluster.helm(
+                "install",
+                "elasticjob-operator",
+                str(REPO / "deploy/helm/elasticjob-operator"),
+                "-n",
+                "elasticjob-system",
+                "--create-namespace",
+                "--wait",
+                "--timeout",
+                "180s",
+                timeout=240,
+            )
         say("kubectl apply -f examples/elasticjob.yaml  (3 workers, min 2, max 5)")
         demo.kubectl("apply", "-f", str(REPO / "examples/elasticjob.yaml"))
         demo.until("training", lambda s: s.get("phase") == "Running" and s.get("worldSize") == 3)
