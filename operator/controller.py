@@ -57,6 +57,7 @@ from elasticjob.operator.api.validation import name_errors
 from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.disruption import DisruptionBudget
 from elasticjob.operator.hosts import PodLauncher, driver_settings
+from elasticjob.operator.job_history import history_of
 from elasticjob.operator.job_records import RecordKeeper
 from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.kube_errors import permanent_error
@@ -361,7 +362,8 @@ class JobController:
         clamp = None if self._spec.clamp is None else str(self._spec.clamp)
         draining = self.pods.ledger.draining.keys()
         snapshot = self.driver.snapshot()
-        return observe(snapshot, spec, views, draining, nodes, clamp, self._suspended_s)
+        history = history_of(self.driver.journal.record.events)
+        return observe(snapshot, spec, views, draining, nodes, clamp, self._suspended_s, history)
 
     async def _finish(
         self, body: Mapping[str, Any], spec: ElasticJobSpec, result: JobResult

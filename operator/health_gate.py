@@ -85,15 +85,23 @@ class HealthGate:
         return sorted(self._to_label)
 
     def labelled(self, pod: str) -> None:
-        """The pod ``pod`` is labelled ``Passed`` now."""
+        """The pod ``pod`` is labelled ``Passed`` now: the service tells its check."""
         self._to_label.discard(pod)
+        if self.checks is not None:
+            self.checks.admitted(pod)
+
+    def running_for(self, pod: str, now: float) -> float | None:
+        """How long the unchecked pod ``pod`` has run as this gate saw it (None: unknown)."""
+        since = self._running_since.get(pod)
+        return None if since is None else now - since
 
     def observe(self, views: Mapping[str, PodView], now: float) -> dict[str, PodView]:
-        """Take a pass's view of the pods: a pod that passed is checked (whatever its label
-        says yet); tell the service which pods await their check; return the views. Pods that
-        are gone are forgotten."""
+        """Take a pass's view of the pods: a pod that passed and was labelled is checked
+        (whatever the label in ``views`` says yet); tell the service which pods await their
+        check; return the views. Pods that are gone are forgotten."""
+        admitted = self._passed - self._to_label
         views = {
-            name: dataclasses.replace(view, unchecked=False) if name in self._passed else view
+            name: dataclasses.replace(view, unchecked=False) if name in admitted else view
             for name, view in views.items()
         }
         awaiting = [n for n, v in views.items() if v.unchecked and v.state is PodState.RUNNING]

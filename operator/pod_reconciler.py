@@ -25,6 +25,7 @@ from elasticjob.operator.api import (
     LABEL_HEALTH_CHECK,
     BlacklistScope,
     ElasticJobSpec,
+    HealthCheckSpec,
     worker_selector,
 )
 from elasticjob.operator.controller_settings import ControllerSettings
@@ -77,8 +78,9 @@ class PodReconciler:
         """Worker processes per pod: the spec's ``slotsPerWorker`` when the job started."""
         self.health = HealthGate(wake.set)
         """Its pods' health checks (``spec.healthCheck``)."""
-        self._health_timeout_s: float | None = None
-        """The health check's timeout when the job started (None: no health check)."""
+        self._health_check: HealthCheckSpec | None = None
+        """The health check when the job started (None: none): its pods are made with it,
+        whatever the spec says later, as its rendezvous serves (or not) their checks."""
         self.rank_order: list[str] = []
         """The pods of an adopted round by rank (they keep their ranks)."""
         self._hosts: dict[str, int] = {}
@@ -93,8 +95,7 @@ class PodReconciler:
         self.blacklist = PodBlacklist(scope, policy, self._clock, self.ledger.node_of)
         self.events.scope = scope
         self.slots = spec.slots_per_worker
-        check = spec.health_check
-        self._health_timeout_s = None if check is None else float(check.timeout_seconds)
+        self._health_check = spec.health_check
 
     def attach(self, driver: ElasticDriver) -> None:
         """``driver`` runs the job: it hears of the pods, and its journal of events (a
@@ -196,15 +197,18 @@ class PodReconciler:
     async def _gate(self, now: float) -> dict[str, podlib.PodView]:
         """Carry out the health checks' verdicts, fail the pods not judged in time, and return
         the pods as this pass sees them (a pod that passed is checked)."""
-        for heard in self.health.take_verdicts():
-            self._health_checked(heard.pod, heard.passed, heard.reason, heard.seconds)
-        timeout_s = self._health_timeout_s
-        if timeout_s is None:
+        if self._health_check is None:
             return self.ledger.views(self._not_ready_nodes)
+        timeout_s = float(self._health_check.timeout_seconds)
+        for heard in self.health.take_verdicts():
+            seconds = heard.seconds
+            if seconds is None:  # it never reported: the time the gate saw it run
+                seconds = self.health.running_for(heard.pod, now)
+            self._health_checked(heard.pod, heard.passed, heard.reason, seconds)
         views = self.health.observe(self.ledger.views(self._not_ready_nodes), now)
         overdue = self.health.overdue(views, now, timeout_s)
         for name in overdue:
-            self._health_checked(name, False, f"no verdict within {timeout_s:g} s", None)
+            self._health_checked(name, False, f"no verdict within {timeout_s:g} s", timeout_s)
         if overdue:
             views = self.health.observe(self.ledger.views(self._not_ready_nodes), now)
         for name in self.health.to_label():
@@ -215,11 +219,14 @@ class PodReconciler:
             except (ApiException, OSError) as exc:
                 logger.warning("job %s: could not label pod %s: %s", self.job_id, name, exc)
                 break  # the next pass tries again
-            self.health.labelled(name)
+            self.health.labelled(name)  # and its check is told it passed
         return views
 
     def _health_checked(self, pod: str, passed: bool, reason: str, seconds: float | None) -> None:
-        """Tell the journal how a pod's health check ended; a pod that failed fails."""
+        """Tell the journal how a pod's health check ended; a pod that failed fails. Nothing
+        for a pod whose end was carried out already (it failed, or is gone)."""
+        if self.ledger.reported(pod) or pod in self.ledger.deleted:
+            return
         if self.driver is not None:
             checked = HealthChecked(pod, self.ledger.node_of(pod), passed, reason, seconds)
             self.driver.journal.health_checked(checked, self.driver.round)
@@ -275,7 +282,7 @@ class PodReconciler:
             return  # most passes: no pod manifest to build
         pod = podlib.worker_pod(
             body,
-            spec,
+            spec.model_copy(update={"health_check": self._health_check}),
             rendezvous_url=self._settings.rendezvous_url,
             rendezvous_ca=self._settings.rendezvous_ca,
             avoid_nodes=avoid,

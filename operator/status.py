@@ -101,6 +101,8 @@ class Observation:
     last_checkpoint: CheckpointStatus | None = None
     restored: RestoreStatus | None = None
     """The latest durable fallback (its ``time`` is set when the status first shows it)."""
+    history: Sequence[str] = ()
+    """The job's story (``job_history.history_of``; empty: keep the one shown)."""
     notice_seq: int = 0
     invalid_spec: str | None = None
     replicas_clamped: str | None = None
@@ -150,9 +152,11 @@ def observe(
     blacklisted: Sequence[BlacklistedNode],
     replicas_clamped: str | None,
     suspended_s: float = 0.0,
+    history: Sequence[str] = (),
 ) -> Observation:
     """What the driver (its snapshot ``job``) and the pods (``views``; ``leaving``: chosen to
-    leave) say now; ``suspended_s``: the job's time suspended so far."""
+    leave) say now; ``suspended_s``: the job's time suspended so far; ``history``: its story
+    (``job_history.py``)."""
     suspended = job.result is not None and job.result.suspended
     ranks = {} if suspended else job.ranks_by_host()  # a suspended job has no members
     running = {name for name, v in views.items() if v.state is PodState.RUNNING}
@@ -189,6 +193,7 @@ def observe(
         restored=restore_of(job),
         notice_seq=job.notice_seq,
         replicas_clamped=replicas_clamped,
+        history=history,
     )
 
 
@@ -428,6 +433,7 @@ def status_of(
         goodput=obs.goodput or previous.goodput,
         last_checkpoint=obs.last_checkpoint or previous.last_checkpoint,
         restored=_restored(obs.restored, previous.restored, now),
+        history=list(obs.history) or previous.history,
     )
 
 

@@ -39,14 +39,16 @@ from elasticjob.worker_runtime.formation import connect_store
 from elasticjob.worker_runtime.health_benchmarks import (
     BenchmarkBroken,
     CollectiveBroken,
-    collective_seconds,
     measure,
+    measure_in_cohort,
 )
-from elasticjob.worker_runtime.rendezvous_client import RendezvousClient
+from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
 from elasticjob.worker_runtime.worker_process import pin_interfaces, wrapped_command
 
 logger = logging.getLogger(__name__)
 
+EXIT_NOT_RUN: Final = 127
+"""The exit status when the command after ``--`` cannot be run (as a shell's)."""
 LOG_FORMAT: Final = "health-check %(levelname)s %(name)s: %(message)s"
 POLL_S: Final = 20.0
 """How long one cohort or verdict request waits at the service."""
@@ -86,16 +88,17 @@ def _run_cohort(
     config: WorkerConfig, server: TCPStore, cohort: CohortResponse, started: float
 ) -> HealthReport:
     """Run the collective and the benchmarks in ``cohort``; the report to send."""
-    collective_s: float | None = None
     report = {"hostname": config.hostname, "cohort": cohort.cohort, "wait_seconds": POLL_S}
     try:
         if cohort.size > 1:
             budget = min(COLLECTIVE_TIMEOUT_S, max(cohort.deadline_seconds / 2, 1.0))
             timeout = datetime.timedelta(seconds=budget)
             store = _cohort_store(server, cohort, timeout)
-            prefix = f"{config.job}/health/cohort-{cohort.cohort}/"
-            collective_s = collective_seconds(store, prefix, cohort.rank, cohort.size, timeout)
-        figures = measure(collective_s)
+            figures = measure_in_cohort(
+                store, cohort.store_prefix, cohort.rank, cohort.size, timeout
+            )
+        else:
+            figures = measure(None)
     except CollectiveBroken as exc:
         logger.warning("health cohort %d: %s", cohort.cohort, exc)
         return HealthReport(
@@ -118,7 +121,7 @@ def _run_cohort(
         cohort.size,
         figures.compute_gflops,
         figures.copy_gbps,
-        "none" if collective_s is None else f"{collective_s * 1000:.1f} ms",
+        "none" if figures.collective_s is None else f"{figures.collective_s * 1000:.1f} ms",
     )
     return HealthReport(**report, seconds=time.monotonic() - started, figures=figures)
 
@@ -173,14 +176,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         client = RendezvousClient(
             config.rendezvous_url, config.job, config.token, ca_pem=config.rendezvous_ca
         )
-        verdict = check_pod(config, client)
+        try:
+            verdict = check_pod(config, client)
+        except (RendezvousClientError, TimeoutError) as exc:
+            logger.error("%s could not finish its health check: %s", config.hostname, exc)
+            return EXIT_UNHEALTHY
         if verdict.status is not VerdictStatus.PASSED:
             logger.error("%s failed its health check: %s", config.hostname, verdict.reason)
             return EXIT_UNHEALTHY
         logger.info("%s passed its health check: %s", config.hostname, verdict.reason)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execvp(args[0], args)
+    try:
+        os.execvp(args[0], args)
+    except OSError as exc:
+        logger.error("cannot run %s: %s", args[0], exc)
+        return EXIT_NOT_RUN
 
 
 if __name__ == "__main__":

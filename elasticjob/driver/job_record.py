@@ -83,6 +83,8 @@ class RecordEvent(_Record):
     """On a ``RESUMED`` event after a failure, when the training that the failure threw away
     began (the last commit before it, or the checkpoint a durable fallback loaded): the work
     trained from then to the failure is trained again in this round."""
+    until: _Finite | None = None
+    """On a ``BLACKLISTED`` event, when the host's cooldown ends."""
 
 
 class RecordSample(_Record):
@@ -137,6 +139,11 @@ class JobRecord:
         return record
 
     @property
+    def events(self) -> tuple[RecordEvent, ...]:
+        """The events recorded so far, oldest first."""
+        return tuple(self._events)
+
+    @property
     def changed(self) -> RecordChange:
         """What was added since the record was last :meth:`saved` (false: nothing)."""
         return self._changed
@@ -153,9 +160,11 @@ class JobRecord:
         round: int = 0,
         world_size: int = 0,
         rolled_back_s: float | None = None,
+        for_s: float | None = None,
     ) -> None:
         """Record that ``kind`` happened now; ``rolled_back_s``: how long ago the training
-        that a failure threw away began (see :attr:`RecordEvent.rolled_back_from`)."""
+        that a failure threw away began (see :attr:`RecordEvent.rolled_back_from`);
+        ``for_s``: how long a blacklisting lasts (see :attr:`RecordEvent.until`)."""
         now = self._wall_clock()
         self._events.append(
             RecordEvent(
@@ -165,6 +174,7 @@ class JobRecord:
                 round=round,
                 world_size=world_size,
                 rolled_back_from=None if rolled_back_s is None else now - rolled_back_s,
+                until=None if for_s is None else now + for_s,
             )
         )
         if len(self._events) > MAX_EVENTS:

@@ -224,6 +224,7 @@ class JobJournal:
             if paused:
                 self.record.event(
                     EventKind.RESUMED,
+                    "" if recovery is None else f"recovered in {recovery:.2f} s",
                     round=progress.round,
                     world_size=world_size,
                     rolled_back_s=rolled_back_s,
@@ -365,7 +366,9 @@ class JobJournal:
 
     def blacklisted(self, host: str, seconds: float, round_number: int) -> None:
         """``host`` is excluded for ``seconds``."""
-        self.record.event(EventKind.BLACKLISTED, f"{host} for {seconds:.0f} s", round=round_number)
+        self.record.event(
+            EventKind.BLACKLISTED, f"{host} for {seconds:.0f} s", round=round_number, for_s=seconds
+        )
         self._tell(HostBlacklisted(host, seconds, round_number))
 
     def straggler(self, host: str, rank: int, slowdown: float, round_number: int) -> None:

@@ -2,7 +2,10 @@
 the same time into cohorts, holds their long-polls, and carries out the decisions of
 ``health_rule.py`` (when a cohort closes, each member's verdict) as time passes and reports
 arrive. The front end tells it which pods await their check (:meth:`HealthChecks.expect`)
-and hears every final verdict (:class:`HealthListener`).
+and hears every final verdict (:class:`HealthListener`). A pod that passed is told so only
+once the front end has admitted it (:meth:`HealthChecks.admitted`: the operator labels its pod
+first), so a front end that dies in between leaves no pod that passed without a trace: the
+pod's next request reaches a service that does not know its cohort, and it checks again.
 
 Everything runs on one asyncio event loop; nothing here is thread-safe.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -45,7 +49,9 @@ class HealthListener(Protocol):
         figures: HealthFigures | None,
     ) -> None:
         """``host`` passed or failed its check (``seconds``: how long the check took, as the
-        pod measured it; None: it never reported)."""
+        pod measured it; None: it never reported). A pod that passed waits until the
+        listener calls :meth:`HealthChecks.admitted`. Pods that were gone before they
+        reported are not told of: the front end handled their end already."""
 
 
 @dataclass
@@ -53,6 +59,7 @@ class _Cohort:
     number: int
     members: tuple[str, ...]
     store: tuple[str, int]
+    prefix: str
     deadline: float
     reports: dict[str, HealthReport] = field(default_factory=dict)
 
@@ -87,8 +94,14 @@ class HealthChecks:
         self._retries: dict[str, tuple[int, str]] = {}
         """Pods told to check again, with the cohort that was inconclusive and why."""
         self._history: deque[HealthFigures] = deque(maxlen=PEERS_KEPT)
+        self._admitting: set[str] = set()
+        """Pods that passed, told to the listener and not admitted yet."""
         self._last_cohort = 0
+        self._nonce = secrets.token_hex(4)
+        """In every cohort's store prefix: a restarted service's cohort 1 is not its
+        predecessor's (whose store may still hold the old cohort's keys)."""
         self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
 
     # ---- the front end -----------------------------------------------------------------
 
@@ -99,7 +112,25 @@ class HealthChecks:
         self._expected = set(hosts)
         for host in [h for h in self._gathering if h not in self._expected]:
             del self._gathering[host]
+        for kept in (self._attempts, self._retries):
+            for host in [h for h in kept if h not in self._expected]:
+                del kept[host]
+        self._admitting &= self._expected
         self.tick()
+
+    def admitted(self, host: str) -> None:
+        """The front end admitted ``host``, which passed: its check is told so."""
+        self._admitting.discard(host)
+        self._changed.fire()
+
+    def close(self) -> None:
+        """The job leaves the service: nothing is judged or told any more, and the pending
+        long-polls answer as their wait ran out."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._changed.fire()
 
     def verdict(self, host: str) -> HealthVerdict | None:
         """The final verdict on ``host`` (None: none yet)."""
@@ -108,6 +139,8 @@ class HealthChecks:
     def tick(self) -> None:
         """Close the cohort being gathered and judge the cohorts that are due; wake the
         long-polls that have news. Called on every change and by the timer."""
+        if self._closed:
+            return
         now = self._clock()
         if self._gathering:
             still = self._expected - self._gathering.keys() - self._verdicts.keys()
@@ -126,6 +159,8 @@ class HealthChecks:
         ``CohortRequest``). Raises :class:`RequestRefused` for a pod that does not await
         its check (retryable while the front end has not seen it start)."""
         host = self._awaiting(request.hostname)
+        if request.wait_seconds > 0:
+            self._polls.check_room()  # refused before anything changes
         if host not in self._gathering and host not in self._cohort_of:
             self._retries.pop(host, None)
             if not self._gathering:
@@ -143,6 +178,13 @@ class HealthChecks:
         host = report.hostname
         if (known := self._verdict_in(host, report.cohort)) is not None:
             return known  # a retried request: its answer was lost
+        if host in self._admitting:  # passed: it waits until the front end admitted it
+            return await self._polls.wait(
+                lambda: self._verdict_in(host, report.cohort),
+                report.wait_seconds,
+                self._changed,
+                lambda: HealthVerdict(status=VerdictStatus.PENDING),
+            )
         self._awaiting(host)
         assigned = self._cohort_of.get(host)
         if assigned is None:  # the service restarted since it was assigned one
@@ -153,6 +195,8 @@ class HealthChecks:
             raise RequestRefused(
                 Refusal.INVALID_REPORT, f"{host} is not a member of cohort {report.cohort}"
             )
+        if report.wait_seconds > 0:
+            self._polls.check_room()  # refused before anything changes
         cohort = self._cohorts[assigned]
         if host not in cohort.reports:
             cohort.reports[host] = report
@@ -168,7 +212,7 @@ class HealthChecks:
     # ---- the executor ------------------------------------------------------------------
 
     def _awaiting(self, host: str) -> str:
-        if host in self._verdicts:
+        if host in self._verdicts and host not in self._admitting:
             raise RequestRefused(
                 Refusal.UNKNOWN_WORKER, f"{host} was judged already ({self._verdicts[host].status})"
             )
@@ -189,10 +233,13 @@ class HealthChecks:
             size=len(cohort.members),
             store_address=cohort.store[0],
             store_port=cohort.store[1],
+            store_prefix=cohort.prefix,
             deadline_seconds=max(0.0, cohort.deadline - self._clock()),
         )
 
     def _verdict_in(self, host: str, number: int) -> HealthVerdict | None:
+        if host in self._admitting:
+            return None
         if (final := self._verdicts.get(host)) is not None:
             return final
         retry = self._retries.get(host)
@@ -204,9 +251,9 @@ class HealthChecks:
         self._last_cohort += 1
         members = tuple(self._gathering)
         store = self._gathering[members[0]]
-        self._cohorts[self._last_cohort] = _Cohort(
-            self._last_cohort, members, store, now + self.policy.timeout_s
-        )
+        number = self._last_cohort
+        prefix = f"{self._job}/health/{self._nonce}/cohort-{number}/"
+        self._cohorts[number] = _Cohort(number, members, store, prefix, now + self.policy.cohort_s)
         for host in members:
             self._cohort_of[host] = self._last_cohort
             self._attempts[host] += 1
@@ -240,9 +287,13 @@ class HealthChecks:
             self._verdicts[host] = verdict
             while len(self._verdicts) > VERDICTS_KEPT:
                 del self._verdicts[next(iter(self._verdicts))]
+            if report is None and host in gone:
+                continue  # its pod failed or is gone: the front end told its end already
             figures = None if report is None else report.figures
-            if verdict.status is VerdictStatus.PASSED and figures is not None:
-                self._history.append(figures)
+            if verdict.status is VerdictStatus.PASSED:
+                self._admitting.add(host)
+                if figures is not None:
+                    self._history.append(figures)
             seconds = None if report is None else report.seconds
             self._listener.on_health_verdict(host, verdict, seconds, figures)
 

@@ -43,10 +43,17 @@ class HealthPolicy:
     min_relative: float = DEFAULT_MIN_RELATIVE
     """A pod whose compute or copy figure is below this fraction of its peers' median fails."""
     timeout_s: float = DEFAULT_TIMEOUT_S
-    """A pod must be judged within this long of starting (the operator fails it then); a
-    cohort is judged this long after it closed, with or without every report."""
+    """A pod must be judged within this long of starting to run (the operator fails it
+    then)."""
     gather_s: float = GATHER_S
     max_attempts: int = MAX_ATTEMPTS
+
+    @property
+    def cohort_s(self) -> float:
+        """How long after it closed a cohort is judged, with or without every report: half of
+        the timeout, so that a cohort is judged (a silent member failed, the others judged
+        or excused) well before the operator's timeout fails its members' pods."""
+        return self.timeout_s / 2
 
 
 def decide_gather(
@@ -128,7 +135,7 @@ def judge_cohort(
                 status=VerdictStatus.FAILED,
                 reason=f"the collective failed on it alone: {message}",
             )
-        elif attempts.get(member, 1) >= policy.max_attempts:
+        elif not blamed and attempts.get(member, 1) >= policy.max_attempts:
             verdicts[member] = HealthVerdict(
                 status=VerdictStatus.FAILED,
                 reason=f"the collective failed in {policy.max_attempts} cohorts: {message}",

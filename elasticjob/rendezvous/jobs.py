@@ -125,7 +125,7 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._round_changed.fire()
         self._notices.posted.fire()
         if self.health_checks is not None:
-            self.health_checks.tick()
+            self.health_checks.close()
 
     def check_health(self, policy: HealthPolicy, listener: HealthListener) -> HealthChecks:
         """Have the job's new pods checked before they join (``health_checks.py``): their
@@ -237,6 +237,8 @@ class InMemoryJobRendezvous(JobRendezvous):
             logger.info("job %s: finished: %s", self.job, message)
         self._round_changed.fire()
         self._notices.posted.fire()
+        if self.health_checks is not None:
+            self.health_checks.close()
 
     @property
     def current_round(self) -> int:

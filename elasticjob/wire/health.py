@@ -45,6 +45,8 @@ class CohortResponse(StrictModel):
     size: Annotated[int, Field(strict=True, ge=0)] = 0
     store_address: HostName | None = None
     store_port: Port | None = None
+    store_prefix: Annotated[str, StringConstraints(max_length=512)] = ""
+    """The keys of the cohort's group on that store: fresh for every cohort."""
     deadline_seconds: _Seconds = 0.0
     """Seconds from now within which the pod must report (the cohort is judged then, with
     or without it)."""

@@ -276,6 +276,14 @@ def _container_errors(spec: ElasticJobSpec) -> list[FieldError]:
                     "each change of the job",
                 )
             )
+        elif spec.health_check is not None and not (worker.model_extra or {}).get("command"):
+            errors.append(
+                FieldError(
+                    f"{where}.command",
+                    "is required with healthCheck: the pod's check runs it once the pod passed "
+                    "(the image's entrypoint is not run)",
+                )
+            )
     return errors
 
 

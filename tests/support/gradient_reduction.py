@@ -15,8 +15,10 @@ from elasticjob.worker_runtime import step_weight
 from elasticjob.worker_runtime.process_group import RoundGroup
 
 ABORT_AFTER_S = 0.5
-RAISED_WITHIN_S = 5.0
-"""A backward pass on an aborted group must raise this soon (the group's timeout is 40 s)."""
+RAISED_WITHIN_S = 15.0
+"""A backward pass on an aborted group must raise this soon: well before the group's
+timeout (40 s), which is what it would wait without the abort; not a measure of speed (a
+machine busy with other tests delays the raise by seconds)."""
 
 
 def mlp() -> torch.nn.Module:

@@ -215,3 +215,8 @@ class ElasticJobStatus(_Status):
     restored: RestoreStatus | None = None
     """The latest durable fallback: which checkpoint was loaded and how many steps were
     lost."""
+    history: list[str] = []
+    """The job's story, a line per event, oldest first (the newest 20): rounds, failures,
+    blacklisted nodes and until when, recoveries and their time, scale requests, fallbacks,
+    suspensions, stragglers, failed health checks, operator handovers, the end. The job
+    record (``elasticjob timeline``) keeps more."""

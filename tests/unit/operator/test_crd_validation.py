@@ -210,7 +210,16 @@ NVIDIA = "spec.template.spec.containers[0].resources"
             ],
             id="health-check-out-of-range",
         ),
-        pytest.param(with_changes(healthCheck={}), [], id="health-check-defaults"),
+        pytest.param(
+            with_containers({"name": "worker", "command": ["train"]}, healthCheck={}),
+            [],
+            id="health-check-defaults",
+        ),
+        pytest.param(
+            with_containers({"name": "worker", "args": ["--lr", "1"]}, healthCheck={}),
+            [("spec.template.spec.containers[0].command", "is required with healthCheck")],
+            id="health-check-without-a-command",
+        ),
         pytest.param(
             with_changes(blacklist={"cooldownSeconds": {"max": 0}}),
             [("spec.blacklist.cooldownSeconds.max", "greater than or equal to 1")],

@@ -32,7 +32,7 @@ def test_a_pod_not_judged_within_the_timeout_of_running_is_overdue(
     assert overdue_checks({"a": view}, running_since, now=150.0, timeout_s=60.0) == expected
 
 
-def test_verdicts_are_taken_once_and_a_passed_pod_is_checked_until_its_label_says_so() -> None:
+def test_verdicts_are_taken_once_and_a_passed_pod_is_a_host_once_labelled() -> None:
     woken: list[bool] = []
     gate = HealthGate(lambda: woken.append(True))
     passed = HealthVerdict(status=VerdictStatus.PASSED, reason="compute 1.00x")
@@ -44,10 +44,12 @@ def test_verdicts_are_taken_once_and_a_passed_pod_is_checked_until_its_label_say
     assert [(h.pod, h.passed, h.seconds) for h in heard] == [("a", True, 3.0), ("b", False, 4.0)]
     assert gate.take_verdicts() == []
     views = gate.observe({"a": pod("a"), "c": pod("c")}, now=10.0)
-    assert not views["a"].unchecked and views["c"].unchecked
+    assert views["a"].unchecked, "no host until its pod is labelled (its check waits for it)"
     assert gate.to_label() == ["a"]
     gate.labelled("a")
     assert gate.to_label() == []
+    views = gate.observe({"a": pod("a"), "c": pod("c")}, now=10.0)
+    assert not views["a"].unchecked and views["c"].unchecked
     assert gate.overdue(views, now=10.0 + 59.0, timeout_s=60.0) == []
     assert gate.overdue(views, now=10.0 + 60.0, timeout_s=60.0) == ["c"]
     gate.observe({}, now=80.0)  # every pod gone: nothing is kept of them

@@ -191,6 +191,7 @@ def test_status_of_a_training_job() -> None:
         "resetCount": 0,
         "restartCount": 0,
         "startTime": "2026-01-01T12:00:00Z",
+        "history": [],
     }
     ready = next(c for c in dumped["conditions"] if c["type"] == "Ready")
     assert ready == {
@@ -347,3 +348,12 @@ def test_the_status_names_the_slow_workers_of_the_round_by_rank() -> None:
         {"pod": "p-b", "rank": 1, "slowdown": 1.6, "flagged": False},
         {"pod": "p-c", "rank": 2, "slowdown": 2.5, "flagged": True},
     ]
+
+
+def test_the_status_tells_the_jobs_story_and_keeps_it_when_nothing_new_is_told() -> None:
+    story = ["2026-11-18T11:06:40Z round 1 formed: 2 workers (2 joined, 0 left)"]
+    told = status_of(obs(history=story), ElasticJobStatus(), "sel", 1, T0)
+    assert told.history == story
+    assert told.model_dump(by_alias=True)["history"] == story
+    kept = status_of(obs(result=SUSPENDED), told, "sel", 1, T1)
+    assert kept.history == story

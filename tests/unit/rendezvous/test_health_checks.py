@@ -36,7 +36,16 @@ def verdicts() -> RecordedVerdicts:
 @pytest.fixture
 def checks(clock: FakeClock, verdicts: RecordedVerdicts) -> HealthChecks:
     polls = LongPolls(100, lambda: False)
-    return HealthChecks("job-a", HealthPolicy(timeout_s=60.0), verdicts, polls, clock)
+    checks = HealthChecks("job-a", HealthPolicy(timeout_s=60.0), verdicts, polls, clock)
+    verdicts.checks = checks
+    return checks
+
+
+def checks_of(clock: FakeClock, verdicts: RecordedVerdicts, polls: int = 100) -> HealthChecks:
+    """A job's checks whose listener admits nothing by itself."""
+    return HealthChecks(
+        "job-a", HealthPolicy(timeout_s=60.0), verdicts, LongPolls(polls, lambda: False), clock
+    )
 
 
 def asking(host: str, port: int = 1000, wait: float = 0.0) -> CohortRequest:
@@ -71,7 +80,8 @@ async def test_pods_that_start_together_form_one_cohort_on_the_first_ones_store(
     a = await asyncio.wait_for(first, DEADLINE)
     assert (a.cohort, a.rank, a.size, a.store_port) == (1, 0, 2, 1111)
     assert (second.cohort, second.rank, second.size, second.store_port) == (1, 1, 2, 1111)
-    assert a.deadline_seconds == 60.0
+    assert a.deadline_seconds == 30.0, "half the timeout: judged before the operator's"
+    assert a.store_prefix == second.store_prefix and a.store_prefix.startswith("job-a/health/")
 
 
 async def test_a_cohort_closes_without_a_late_pod_after_gathering_five_seconds(
@@ -158,7 +168,7 @@ async def test_a_member_whose_pod_is_gone_fails_and_excuses_its_cohorts_broken_c
     checks.expect(["a"])  # b's pod failed
     again = await asyncio.wait_for(waiting, DEADLINE)
     assert again.status is VerdictStatus.RETRY
-    assert verdicts.outcomes() == {"b": (VerdictStatus.FAILED, None)}
+    assert verdicts.outcomes() == {}, "the front end carried b's end out itself"
     answer = await checks.join(asking("a"))
     assert (answer.cohort, answer.size) == (2, 1), "a checks again, alone"
     assert (await checks.report(measured("a", 2))).status is VerdictStatus.PASSED
@@ -172,7 +182,60 @@ async def test_a_cohort_is_judged_at_its_deadline_without_the_silent_member(
     await checks.join(asking("b"))
     pending = await checks.report(measured("a", 1))
     assert pending.status is VerdictStatus.PENDING
-    clock.now += 60.0
+    clock.now += 30.0
     checks.tick()
     assert (await checks.report(measured("a", 1))).status is VerdictStatus.PASSED
     assert verdicts.outcomes()["b"] == (VerdictStatus.FAILED, None)
+
+
+async def test_a_pod_that_passed_is_told_so_only_once_the_front_end_admitted_it(
+    clock: FakeClock,
+) -> None:
+    verdicts = RecordedVerdicts()
+    checks = checks_of(clock, verdicts)
+    checks.expect(["a"])
+    await checks.join(asking("a"))
+    report = measured("a", 1, wait=DEADLINE)
+    waiting = asyncio.create_task(checks.report(report))
+    await asyncio.sleep(0)
+    assert verdicts.outcomes() == {"a": (VerdictStatus.PASSED, 2.5)}
+    assert not waiting.done(), "not told before its pod is labelled"
+    assert (await checks.report(measured("a", 1))).status is VerdictStatus.PENDING
+    checks.admitted("a")
+    assert (await asyncio.wait_for(waiting, DEADLINE)).status is VerdictStatus.PASSED
+
+
+async def test_a_cohort_of_a_restarted_service_gets_a_fresh_store_prefix(
+    clock: FakeClock,
+) -> None:
+    prefixes = set()
+    for _ in range(2):
+        checks = checks_of(clock, RecordedVerdicts())
+        checks.expect(["a"])
+        prefixes.add((await checks.join(asking("a"))).store_prefix)
+    assert len(prefixes) == 2
+
+
+async def test_a_request_refused_for_too_many_waits_changes_nothing(clock: FakeClock) -> None:
+    checks = checks_of(clock, RecordedVerdicts(), polls=1)
+    checks.expect(["a", "b", "c"])
+    held = asyncio.create_task(checks.join(asking("a", wait=DEADLINE)))
+    await asyncio.sleep(0)
+    with pytest.raises(RequestRefused) as refused:
+        await checks.join(asking("b", wait=DEADLINE))
+    assert refused.value.refusal is Refusal.TOO_MANY_WAITS
+    clock.advance(5.0)
+    checks.tick()
+    assert (await asyncio.wait_for(held, DEADLINE)).size == 1, "b was not gathered"
+
+
+async def test_a_closed_job_judges_nothing_more(clock: FakeClock) -> None:
+    verdicts = RecordedVerdicts()
+    checks = checks_of(clock, verdicts)
+    checks.expect(["a", "b"])
+    await checks.join(asking("a"))
+    await checks.join(asking("b"))
+    checks.close()
+    clock.advance(60.0)
+    checks.tick()
+    assert verdicts.heard == {}
