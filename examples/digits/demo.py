@@ -1,5 +1,5 @@
-"""The README's first command: an elastic job on this machine that grows, shrinks and
-survives a killed worker while it trains.
+"""`make demo-local`: an elastic job on this machine, under the local launcher, that grows,
+shrinks and survives a killed worker while it trains.
 
 It runs ``elasticjob-run`` on ``train.py`` with ``discover_hosts.sh`` reading a hosts file,
 echoes everything the job prints, and as rank 0 reports epochs it

@@ -4,7 +4,7 @@ Written against Horovod's elastic API; only the import line differs:
 
     import elasticjob.worker_runtime as hvd
 
-Run it under the local launcher (see README.md), e.g.
+Run it under the local launcher (see docs/launcher.md), e.g.
 
     elasticjob-run -np 2 --min-np 1 --max-np 4 \\
         --host-discovery-script examples/digits/discover_hosts.sh \\
