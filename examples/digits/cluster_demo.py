@@ -139,7 +139,7 @@ def main() -> int:
     args = parser.parse_args()
     run_dir = Path(tempfile.mkdtemp(prefix="elasticjob-demo-"))
     cluster = Cluster(ClusterConfig.private(run_dir, 91, runtime=args.runtime))
-    images = " and the images (about 4 minutes the first time)" if args.runtime != "process" else ""
+    images = " and the images (about 5 minutes the first time)" if args.runtime != "process" else ""
     with stage(f"starting devcluster ({args.runtime} nodes){images}", LOGS / "cluster.log"):
         cluster.up(timeout=900)
     demo = Demo(cluster)

@@ -436,6 +436,16 @@ def test_a_new_pod_below_its_peers_is_not_admitted_and_is_replaced_while_the_job
         assert node[1] in {n["node"] for n in replaced["blacklistedNodes"]}, replaced
         assert "WorkerFailed" not in event_reasons(kube)
         wait_training(kube, log_dir, replaced)
+        # kubectl describe tells the story in order: the check failed, the node was kept out
+        # until the end of its cooldown, and the round with the replacement formed.
+        described = kube.kubectl("describe", "ej/checked")
+        story = described[described.index("History:") :].splitlines()
+        failed_at = next(i for i, line in enumerate(story) if "failed its health check" in line)
+        kept_out = next(i for i, line in enumerate(story) if f"blacklisted {node[1]}" in line)
+        formed = max(i for i, line in enumerate(story) if "formed: 3 workers" in line)
+        assert failed_at < kept_out < formed, story
+        assert ", until 20" in story[kept_out], story[kept_out]
         print(f"rank 0 steps/s while the new pod was checked: {during:.1f}")
+        print(f"{failed}\n" + "\n".join(story[: formed + 1]))
     finally:
         stop_workers(kube, log_dir)
