@@ -7,24 +7,24 @@ STAGE := python3 -m devcluster.stages
 
 venv: .venv/.installed
 .venv/.installed: pyproject.toml scripts/setup-venv.sh
-	$(STAGE) "the virtual environment: torch (CPU build) and the project, with pip" \
+	@$(STAGE) "the virtual environment: torch (CPU build) and the project, with pip" \
 		.logs/venv.log -- bash scripts/setup-venv.sh
-	touch $@
+	@touch $@
 
 # etcd, the Kubernetes binaries of the control plane and of real nodes (built once per machine
 # and cached outside the checkout: the first run takes about 10 minutes, see README.md) and helm.
 prereqs:
-	$(STAGE) "devcluster's prerequisites: Debian packages, Kubernetes built from source (about 10 minutes the first time, cached after), helm" \
+	@$(STAGE) "devcluster's prerequisites: Debian packages, Kubernetes built from source (about 10 minutes the first time, cached after), helm" \
 		.logs/prereqs.log -- bash scripts/devcluster-prereqs.sh
 
 # The ElasticJob operator on a real Kubernetes cluster on this machine (devcluster): real
 # nodes (kubelet, containerd, the project's images).
 demo: venv prereqs
-	$(PY) examples/digits/cluster_demo.py
+	@$(PY) examples/digits/cluster_demo.py
 
 # The same on process nodes (pods as host processes): quicker to start, no containers.
 demo-fast: venv prereqs
-	$(PY) examples/digits/cluster_demo.py --runtime process
+	@$(PY) examples/digits/cluster_demo.py --runtime process
 
 # The same training under the local launcher, without Kubernetes.
 demo-local: venv
