@@ -7,7 +7,7 @@ an object's fields by name, but keeps a list's order: the story reads top to bot
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from elasticjob.driver.job_record import EventKind, RecordEvent
@@ -20,38 +20,35 @@ def _stamp(t: float) -> str:
     return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _told(event: RecordEvent) -> str | None:
-    """What the line says after its time (None: the event is not part of the story)."""
-    kind, message, round_number = event.kind, event.message, event.round
-    if kind is EventKind.STARTED:
-        return message or "job started"
-    if kind is EventKind.ROUND:
-        return f"round {round_number} formed: {event.world_size} workers ({message})"
-    if kind is EventKind.RESUMED:
-        return f"round {round_number}: training resumed" + (f", {message}" if message else "")
-    if kind is EventKind.FAILURE:
-        return f"round {round_number} failed: {message}"
-    if kind is EventKind.BLACKLISTED:
-        until = "" if event.until is None else f", until {_stamp(event.until)}"
-        return f"blacklisted {message}{until}"
-    if kind is EventKind.SCALE:
-        return f"scale request: {message}"
-    if kind is EventKind.RESTORED:
-        return f"round {round_number} restored from checkpoint {message}"
-    if kind is EventKind.SUSPENDED:
-        return f"suspended: {message}"
-    if kind is EventKind.STRAGGLER:
-        return f"straggler: {message}"
-    if kind is EventKind.HEALTH_CHECK_FAILED:
-        return f"failed its health check, not admitted: {message}"
-    if kind is EventKind.ADOPTED:
-        return f"round {round_number}: {message}"
-    if kind is EventKind.FINISHED:
-        return f"job {message}"
-    return None  # checkpoints (many, in status.lastCheckpoint) and round ends (a round follows)
+def _blacklisted(event: RecordEvent) -> str:
+    until = "" if event.until is None else f", until {_stamp(event.until)}"
+    return f"blacklisted {event.message}{until}"
+
+
+def _resumed(event: RecordEvent) -> str:
+    told = f", {event.message}" if event.message else ""
+    return f"round {event.round}: training resumed{told}"
+
+
+_TOLD: Final[Mapping[EventKind, Callable[[RecordEvent], str]]] = {
+    EventKind.STARTED: lambda e: e.message or "job started",
+    EventKind.ROUND: lambda e: f"round {e.round} formed: {e.world_size} workers ({e.message})",
+    EventKind.RESUMED: _resumed,
+    EventKind.FAILURE: lambda e: f"round {e.round} failed: {e.message}",
+    EventKind.BLACKLISTED: _blacklisted,
+    EventKind.SCALE: lambda e: f"scale request: {e.message}",
+    EventKind.RESTORED: lambda e: f"round {e.round} restored from checkpoint {e.message}",
+    EventKind.SUSPENDED: lambda e: f"suspended: {e.message}",
+    EventKind.STRAGGLER: lambda e: f"straggler: {e.message}",
+    EventKind.HEALTH_CHECK_FAILED: lambda e: f"failed its health check, not admitted: {e.message}",
+    EventKind.ADOPTED: lambda e: f"round {e.round}: {e.message}",
+    EventKind.FINISHED: lambda e: f"job {e.message}",
+}
+"""How each kind of the story reads after its time. Not in the story: checkpoints (many; the
+status has the last) and round ends (a round formed follows)."""
 
 
 def history_of(events: Sequence[RecordEvent], kept: int = HISTORY_KEPT) -> list[str]:
     """The newest ``kept`` lines of the story of ``events`` (see the module docstring)."""
-    lines = [f"{_stamp(e.t)} {told}" for e in events if (told := _told(e)) is not None]
+    lines = [f"{_stamp(e.t)} {_TOLD[e.kind](e)}" for e in events if e.kind in _TOLD]
     return lines[-kept:]
