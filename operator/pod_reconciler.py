@@ -256,8 +256,10 @@ class PodReconciler:
             self.events.add("ScalingIn", f"pod {name} leaves the job")
         self._push_hosts(plan.hosts)
         avoid = self.blacklist.active() if spec.blacklist.scope is BlacklistScope.NODE else {}
-        suspending = self.driver is not None and self.driver.suspending
-        await self._create_pods(body, spec, 0 if suspending else plan.create, avoid)
+        # No new pod for a job being suspended, or finishing (a new pod would only find the
+        # job over: its members' pods that succeeded are not live, yet need no replacement).
+        ending = self.driver is not None and (self.driver.suspending or self.driver.finishing)
+        await self._create_pods(body, spec, 0 if ending else plan.create, avoid)
         for name in plan.delete:
             await self.delete_pod(name)
         for name in plan.overdue:

@@ -140,6 +140,12 @@ class ElasticDriver(RendezvousListener):
         return self._result
 
     @property
+    def finishing(self) -> bool:
+        """Whether the job is finishing: a member of the round in force finished its training
+        (a new worker would only find the job over)."""
+        return self.registry.any_succeeded()
+
+    @property
     def suspending(self) -> bool:
         """Whether a suspension was asked for (:meth:`suspend`)."""
         return self._suspension is not None

@@ -95,6 +95,11 @@ class WorkerRegistry:
         if worker in self._members():
             self._script_exits.setdefault(worker, script_exit)
 
+    def any_succeeded(self) -> bool:
+        """Whether a member of the current round finished its training (reported or exited
+        with success)."""
+        return WorkerState.SUCCESS in self._states.values()
+
     def records(self, leaving: Collection[WorkerId] = ()) -> RoundRecords:
         """A snapshot of the current round's records; ``leaving``: the workers leaving
         gracefully (those that are members count as leaving)."""

@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO))  # devcluster is a tool of the repository, not of 
 
 from devcluster.cluster import Cluster  # noqa: E402
 from devcluster.config import ClusterConfig  # noqa: E402
+from devcluster.imagebuild import ensure_images  # noqa: E402
 from devcluster.stages import stage  # noqa: E402
 from elasticjob.driver.job_record import EventKind, JobRecordData  # noqa: E402
 from elasticjob.job_timeline import render  # noqa: E402
@@ -138,9 +139,13 @@ def main() -> int:
     )
     args = parser.parse_args()
     run_dir = Path(tempfile.mkdtemp(prefix="elasticjob-demo-"))
-    cluster = Cluster(ClusterConfig.private(run_dir, 91, runtime=args.runtime))
-    images = " and the images (about 5 minutes the first time)" if args.runtime != "process" else ""
-    with stage(f"starting devcluster ({args.runtime} nodes){images}", LOGS / "cluster.log"):
+    config = ClusterConfig.private(run_dir, 91, runtime=args.runtime)
+    cluster = Cluster(config)
+    if args.runtime == "containerd":
+        building = "building the images from Dockerfile.operator and Dockerfile.worker"
+        with stage(f"{building} (about 3.5 minutes the first time)", LOGS / "images.log"):
+            ensure_images(config.cache_dir)
+    with stage(f"starting devcluster in {run_dir} ({args.runtime} nodes)", LOGS / "cluster.log"):
         cluster.up(timeout=900)
     demo = Demo(cluster)
     try:

@@ -17,6 +17,7 @@ from typing import Any, cast
 
 from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.job_record import EventKind
+from elasticjob.operator.api import parse_spec
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.kube import KubeApi
@@ -266,3 +267,13 @@ async def test_a_job_handed_over_lets_its_waiting_workers_ask_again_elsewhere() 
         answer = await asyncio.wait_for(waiting, DEADLINE_S)
         assert answer.status is RendezvousStatus.PENDING
         await job.until(lambda: not job.service.serves(job.controller.job_id))
+
+
+async def test_a_finishing_job_replaces_no_member_whose_pod_succeeded() -> None:
+    async with running(new_job(replicas=2)) as job:
+        a, _ = await job.start_round_1({"a": "n1", "b": "n2"})
+        created = len(job.kube.pods)
+        job.kube.end_pod(a, 0)
+        await job.until(lambda: job.driver.finishing)
+        await job.controller.pods.reconcile(job.body, parse_spec(job.body["spec"]))
+        assert len(job.kube.pods) == created, "no replacement for a member that finished"
