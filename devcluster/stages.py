@@ -125,6 +125,7 @@ def stage(name: str, log: Path, *, every_s: float = PROGRESS_EVERY_S) -> Iterato
     """Run the body as a stage (see the module docstring); an exception it raises is
     reported with the log's tail and raised again."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_bytes(b"")  # this run's output only; both writers below append to it
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
