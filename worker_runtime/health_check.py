@@ -173,9 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config is None:
         logger.warning("no launcher (no ELASTICJOB_RENDEZVOUS_URL): nothing to check")
     else:
-        client = RendezvousClient(
-            config.rendezvous_url, config.job, config.token, ca_pem=config.rendezvous_ca
-        )
+        client = RendezvousClient.for_worker(config)
         try:
             verdict = check_pod(config, client)
         except (RendezvousClientError, TimeoutError) as exc:

@@ -49,6 +49,7 @@ from elasticjob.wire.messages import (
 )
 from elasticjob.wire.protocol import API_PREFIX, PROTOCOL_HEADER, PROTOCOL_VERSION
 from elasticjob.wire.strict_json import parse_json
+from elasticjob.worker_contract import WorkerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +102,11 @@ class RendezvousClient:
         self._connect_timeout_s = connect_timeout_s
         self._local = threading.local()
         """``conn``: the calling thread's :class:`_Connection` (absent until its first request)."""
+
+    @classmethod
+    def for_worker(cls, config: WorkerConfig) -> RendezvousClient:
+        """The client of the job a worker's contract names (its URL, job, token and CA)."""
+        return cls(config.rendezvous_url, config.job, config.token, ca_pem=config.rendezvous_ca)
 
     def __repr__(self) -> str:
         return f"RendezvousClient({self._url}{self._base})"

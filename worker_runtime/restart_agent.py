@@ -162,9 +162,7 @@ class RestartAgent:
     def __init__(self, config: WorkerConfig, command: Sequence[str]) -> None:
         self._config = config
         self._command = list(command)
-        self._client = RendezvousClient(
-            config.rendezvous_url, config.job, config.token, ca_pem=config.rendezvous_ca
-        )
+        self._client = RendezvousClient.for_worker(config)
         self._liveness = liveness_for(config, self._client, lambda: None)
         self._notices = NoticeWatcher(self._client, self._on_notice)
         self._timeout = datetime.timedelta(seconds=config.collective_timeout_s)

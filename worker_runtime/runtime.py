@@ -103,9 +103,7 @@ class Runtime:
         self.node = config.node
         self.group = RoundGroup(backend, self.device)
         self._pace = StepPaceMeter(self.group.blocked_total)
-        client = RendezvousClient(
-            config.rendezvous_url, config.job, config.token, ca_pem=config.rendezvous_ca
-        )
+        client = RendezvousClient.for_worker(config)
         self._liveness = liveness_for(config, client, self.group.blocked_for, self._pace.pace)
         rounds = RendezvousRounds(config, client, self.group, self._liveness, self._host_updates)
         self._rounds = rounds
