@@ -44,8 +44,8 @@ from typing import Any
 
 import aiohttp
 
-from elasticjob.rendezvous.api import ProbeReport
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
+from elasticjob.rendezvous.rendezvous_types import ProbeReport
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire.messages import (
     NoticeKind,

@@ -15,7 +15,7 @@ import torch
 
 import elasticjob.worker_runtime as hvd
 from elasticjob.worker_runtime.basics import current
-from elasticjob.worker_runtime.collectives import start_allreduce_
+from elasticjob.worker_runtime.collectives.issuing import start_allreduce_
 
 
 def by_order(tensor: torch.Tensor) -> torch.Tensor:

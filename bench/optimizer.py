@@ -39,7 +39,7 @@ def run_job(
     of the ``blocks.jsonl`` its rank 0 writes under ``out``."""
     launcher = ["-np", str(workers), "-H", f"127.0.1.1:{workers}", "--gloo"]
     worker = [sys.executable, str(script), "--out", str(out), *worker_args]
-    command = [sys.executable, "-m", "elasticjob.launcher.cli", *launcher, *worker]
+    command = [sys.executable, "-m", "elasticjob.launcher.run_command", *launcher, *worker]
     # A CPU benchmark: keep the workers off any GPU of the machine.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     job = subprocess.run(

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import elasticjob.worker_runtime as hvd
 from elasticjob.worker_runtime.basics import current
-from elasticjob.worker_runtime.gradient_reducer import GradientReducer
+from elasticjob.worker_runtime.training.gradient_reducer import GradientReducer
 
 VARIANTS = ("ddp", "optimizer", "optimizer_check")
 

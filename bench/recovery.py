@@ -35,7 +35,7 @@ LAUNCHER = (
     "logging.basicConfig(level=logging.INFO, "
     "format='elasticjob-run %(created).6f %(levelname)s %(name)s: %(message)s'); "
     "logging.getLogger('elasticjob.launcher.processes').setLevel(logging.DEBUG); "
-    "from elasticjob.launcher.cli import main; sys.exit(main(sys.argv[1:]))"
+    "from elasticjob.launcher.run_command import main; sys.exit(main(sys.argv[1:]))"
 )
 """``elasticjob-run`` with a timestamp on each of its log lines (and the exits it sees)."""
 

@@ -53,7 +53,7 @@ def command(front_end: str, work: Path) -> list[str]:
     script = [str(SCRIPT), "--log-dir", str(work / "events"),
               "--checkpoint", str(work / "ckpt.pt"), *SCRIPT_ARGS]  # fmt: skip
     if front_end == "elasticjob":
-        launcher = ["-m", "elasticjob.launcher.cli", "--mode", "restart", "-np", "2"]
+        launcher = ["-m", "elasticjob.launcher.run_command", "--mode", "restart", "-np", "2"]
         return [sys.executable, *launcher, "-H", "127.0.1.1:2", sys.executable, *script]
     rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     torchrun = ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--nnodes", "1:2"]

@@ -29,12 +29,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from elasticjob.driver.api import DriverSettings, WorkerLauncher
 from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
 from elasticjob.driver.driver import ElasticDriver
-from elasticjob.driver.hosts import HostManager
-from elasticjob.rendezvous.api import JobRendezvous, RendezvousListener
+from elasticjob.driver.driver_types import DriverSettings, WorkerLauncher
+from elasticjob.driver.host_manager import HostManager
 from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS
+from elasticjob.rendezvous.rendezvous_types import JobRendezvous, RendezvousListener
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire.messages import SlotInfo, WorkerId
 
@@ -96,7 +96,7 @@ class SimLauncher(WorkerLauncher):
 
 
 class PublishObserver:
-    """A :class:`~elasticjob.driver.api.DriverObserver` telling the parent when a round is
+    """A :class:`~elasticjob.driver.driver_types.DriverObserver` telling the parent when a round is
     published (the operator's observer turns the same calls into histograms)."""
 
     def __init__(self, job: str, driver: ElasticDriver, emitter: Emitter) -> None:

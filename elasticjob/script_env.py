@@ -11,7 +11,7 @@ Two pure functions compute it; nothing here touches ``os.environ``:
   The worker runtime writes it into ``os.environ`` each time the worker joins a round.
 
 - :func:`restart_env`: what a restart-mode script gets at each start
-  (``elasticjob.worker_runtime.restart_agent``): :func:`round_env` and the rest of torchrun's
+  (``elasticjob.worker_runtime.agents.restart_agent``): :func:`round_env` and the rest of torchrun's
   worker contract (the role, the restart count and limit, the agent's store, the thread and
   NCCL defaults torchrun applies).
 

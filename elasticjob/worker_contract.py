@@ -76,9 +76,9 @@ ENV_PYTHONUNBUFFERED: Final = "PYTHONUNBUFFERED"
 ENV_GLOO_SOCKET_IFNAME: Final = "GLOO_SOCKET_IFNAME"
 ENV_NCCL_SOCKET_IFNAME: Final = "NCCL_SOCKET_IFNAME"
 """The network interface of Gloo's and NCCL's traffic: set by ``elasticjob-run
---network-interface``, else by the worker runtime (``worker_runtime/interfaces.py``)."""
+--network-interface``, else by the worker runtime (``worker_runtime/rounds/interfaces.py``)."""
 ENV_CUDA_VISIBLE_DEVICES: Final = "CUDA_VISIBLE_DEVICES"
-"""Read, never set: the devices a worker process sees (see ``worker_runtime/devices.py``)."""
+"""Read, never set: the devices a worker process sees (see ``worker_runtime/rounds/devices.py``)."""
 
 _Value = TypeVar("_Value")
 
@@ -299,7 +299,17 @@ class WorkerConfig(WorkerSettings):
         return cls(**given)
 
 
-RESTART_AGENT_MODULE: Final = "elasticjob.worker_runtime.restart_agent"
+SLOTS_MODULE: Final = "elasticjob.worker_runtime.agents.slot_supervisor"
+"""The supervisor of a pod with several slots: one worker process per slot."""
+
+
+def slots_command(python: str, slots: int, command: Sequence[str]) -> list[str]:
+    """The command of a pod with ``slots`` worker processes: ``python`` running the
+    supervisor, which runs ``command`` once per slot."""
+    return [python, "-m", SLOTS_MODULE, str(slots), "--", *command]
+
+
+RESTART_AGENT_MODULE: Final = "elasticjob.worker_runtime.agents.restart_agent"
 """The restart mode's agent, which a front end starts in place of the script."""
 
 
@@ -309,7 +319,7 @@ def restart_agent_command(python: str, command: Sequence[str]) -> list[str]:
     return [python, "-m", RESTART_AGENT_MODULE, "--", *command]
 
 
-HEALTH_CHECK_MODULE: Final = "elasticjob.worker_runtime.health_check"
+HEALTH_CHECK_MODULE: Final = "elasticjob.worker_runtime.agents.health_check"
 """A pod's health check (``spec.healthCheck``), which runs before the pod's command."""
 EXIT_UNHEALTHY: Final = 3
 """The exit status of a pod that failed its health check."""

@@ -18,7 +18,7 @@ from typing import Any
 from elasticjob.driver.blacklist import Blacklist
 from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.goodput import LostTo
-from elasticjob.driver.slots import assign_slots
+from elasticjob.driver.slot_assignment import assign_slots
 from elasticjob.operator.api import (
     KIND,
     BlacklistedNode,

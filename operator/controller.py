@@ -39,9 +39,9 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from elasticjob.driver.api import Clock, DriverObserver, JobResult
 from elasticjob.driver.driver import ElasticDriver
-from elasticjob.driver.hosts import HostManager
+from elasticjob.driver.driver_types import Clock, DriverObserver, JobResult
+from elasticjob.driver.host_manager import HostManager
 from elasticjob.driver.job_snapshot import JobSnapshot
 from elasticjob.driver.loop_lag import LoopLagWatch
 from elasticjob.event_waits import wait_event
@@ -56,18 +56,18 @@ from elasticjob.operator.api import BlacklistScope, ElasticJobSpec, InvalidSpecE
 from elasticjob.operator.api.validation import name_errors
 from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.disruption import DisruptionBudget
-from elasticjob.operator.hosts import PodLauncher, driver_settings
 from elasticjob.operator.job_history import history_of
 from elasticjob.operator.job_records import RecordKeeper
 from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.kube_errors import permanent_error
+from elasticjob.operator.pod_launcher import PodLauncher, driver_settings
 from elasticjob.operator.pod_reconciler import PodReconciler
 from elasticjob.operator.scaling import SpecReader, pods_to_clean
-from elasticjob.operator.status import Observation, observe
+from elasticjob.operator.status_render import Observation, observe
 from elasticjob.operator.status_writer import StatusWriter
 from elasticjob.operator.supervisor import Stopped
 from elasticjob.operator.token import RefusedJobError, ensure_token
-from elasticjob.rendezvous.api import JobRendezvous, RendezvousListener
+from elasticjob.rendezvous.rendezvous_types import JobRendezvous, RendezvousListener
 from elasticjob.rendezvous.server import RendezvousService
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from elasticjob.operator import pods as podlib
 from elasticjob.operator.api import GROUP, LABEL_ROLE, PLURAL, ROLE_WORKER, VERSION, validate
 from elasticjob.operator.api.validation import FieldError, name_errors, suspend_errors
 from elasticjob.operator.api.validation import validate_scale as scale_errors
-from elasticjob.operator.runtime import OperatorRuntime
+from elasticjob.operator.operator_process import OperatorRuntime
 
 REGISTRY = kopf.get_default_registry()
 """The registry these handlers are registered in."""

@@ -22,7 +22,7 @@ from elasticjob.operator.operator_config import (
     OperatorConfig,
     WebhookConfig,
 )
-from elasticjob.operator.runtime import OperatorRuntime
+from elasticjob.operator.operator_process import OperatorRuntime
 from elasticjob.worker_contract import ENV_RENDEZVOUS_URL
 
 

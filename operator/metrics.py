@@ -42,7 +42,7 @@ CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class JobObserver:
-    """One job's driver observer (``elasticjob.driver.api.DriverObserver``): puts what the
+    """One job's driver observer (``elasticjob.driver.driver_types.DriverObserver``): puts what the
     driver measures into the operator's histograms, labelled with the job."""
 
     def __init__(self, metrics: OperatorMetrics, job: str) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from typing import Final
 
-from elasticjob.driver.api import Clock
 from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy, Exclusion
+from elasticjob.driver.driver_types import Clock
 from elasticjob.operator.api import BlacklistScope
 from elasticjob.operator.pods import PodView
 

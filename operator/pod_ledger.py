@@ -14,7 +14,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from elasticjob.driver.api import Clock
+from elasticjob.driver.driver_types import Clock
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.podmap import Pod, PodChange, PodMap
 

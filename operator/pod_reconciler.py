@@ -15,9 +15,9 @@ from typing import Any, Final
 
 from kubernetes.client.exceptions import ApiException
 
-from elasticjob.driver.api import Clock
 from elasticjob.driver.blacklist import BlacklistPolicy
 from elasticjob.driver.driver import ElasticDriver
+from elasticjob.driver.driver_types import Clock
 from elasticjob.driver.journal import HealthChecked
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.adoption import Ownership, ownership

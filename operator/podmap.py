@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from elasticjob.driver.api import Clock
+from elasticjob.driver.driver_types import Clock
 
 Pod = Mapping[str, Any]
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from elasticjob.driver.api import JobMode
+from elasticjob.driver.driver_types import JobMode
 from elasticjob.driver.liveness import heartbeat_interval_s
 from elasticjob.operator.api import (
     API_VERSION,
@@ -21,13 +21,14 @@ from elasticjob.operator.api import (
     ElasticJobSpec,
     worker_labels,
 )
-from elasticjob.operator.hosts import driver_settings, job_recovery
+from elasticjob.operator.pod_launcher import driver_settings, job_recovery
 from elasticjob.worker_contract import (
     SecretKey,
     WorkerSettings,
     health_check_command,
     pod_env,
     restart_agent_command,
+    slots_command,
 )
 
 TOKEN_KEY = "token"
@@ -114,15 +115,11 @@ def worker_pod(
             )
         if container["name"] == worker.name and spec.slots_per_worker > 1:
             # One worker process per slot, each with its local rank.
-            container["command"] = [
+            container["command"] = slots_command(
                 "python",
-                "-m",
-                "elasticjob.worker_runtime.slots",
-                str(spec.slots_per_worker),
-                "--",
-                *container.get("command", []),
-                *container.pop("args", []),
-            ]
+                spec.slots_per_worker,
+                [*container.get("command", []), *container.pop("args", [])],
+            )
         if container["name"] == worker.name and spec.health_check is not None:
             # Outermost: one check per pod, before anything of the job runs in it.
             container["command"] = health_check_command(

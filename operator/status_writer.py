@@ -13,10 +13,10 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from elasticjob.driver.api import Clock
+from elasticjob.driver.driver_types import Clock
 from elasticjob.operator.api import ElasticJobStatus, LostSeconds, Phase, worker_selector
 from elasticjob.operator.kube import KubeApi
-from elasticjob.operator.status import Observation, status_of
+from elasticjob.operator.status_render import Observation, status_of
 
 logger = logging.getLogger(__name__)
 

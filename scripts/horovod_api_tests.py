@@ -56,7 +56,7 @@ def tests_of(folder: Path) -> list[str]:
 
 def outcome(folder: Path, test: str, out: Path | None) -> str:
     command = [
-        sys.executable, "-m", "elasticjob.launcher.cli", "-np", "2", "-H", "127.0.1.1:2",
+        sys.executable, "-m", "elasticjob.launcher.run_command", "-np", "2", "-H", "127.0.1.1:2",
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", test,
     ]  # fmt: skip
     try:

@@ -11,171 +11,38 @@ PyTorch script runs after changing only its import line::
 
     @hvd.elastic.run
     def train(state): ...
+
+Every name is imported on first use (PEP 562, from ``horovod_api.py``): importing the package,
+or running one of its supervisors (``python -m elasticjob.worker_runtime.agents.slot_supervisor``),
+imports no torch.
 """
 
-from elasticjob.worker_runtime import elastic
-from elasticjob.worker_runtime.async_collectives import (
-    allgather_async,
-    allreduce_,
-    allreduce_async,
-    allreduce_async_,
-    broadcast_,
-    broadcast_async,
-    broadcast_async_,
-    grouped_allreduce_,
-    grouped_allreduce_async,
-    grouped_allreduce_async_,
-)
-from elasticjob.worker_runtime.autograd_collectives import (
-    allgather,
-    allreduce,
-    alltoall,
-    broadcast,
-    grouped_allgather,
-    grouped_allreduce,
-    grouped_reducescatter,
-    reducescatter,
-)
-from elasticjob.worker_runtime.basics import (
-    cross_rank,
-    cross_size,
-    current_round,
-    device,
-    is_initialized,
-    local_rank,
-    local_size,
-    rank,
-    report_progress,
-    shutdown,
-    size,
-)
-from elasticjob.worker_runtime.capabilities import (
-    ccl_built,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rocm_built,
-    start_timeline,
-    stop_timeline,
-)
-from elasticjob.worker_runtime.collectives import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    ReduceOp,
-    Sum,
-    broadcast_optimizer_state,
-    broadcast_parameters,
-    broadcast_state,
-)
-from elasticjob.worker_runtime.coordination import barrier, join
-from elasticjob.worker_runtime.exceptions import (
-    CollectiveError,
-    CollectiveMismatchError,
-    HorovodInternalError,
-    HostsUpdatedInterrupt,
-    WorkerRemoved,
-)
-from elasticjob.worker_runtime.grouped_collectives import (
-    grouped_allgather_async,
-    grouped_reducescatter_async,
-    sparse_allreduce_async,
-)
-from elasticjob.worker_runtime.handles import poll, synchronize
-from elasticjob.worker_runtime.object_collectives import allgather_object, broadcast_object
-from elasticjob.worker_runtime.optimizer import Compression, DistributedOptimizer
-from elasticjob.worker_runtime.process_sets import (
-    ProcessSet,
-    add_process_set,
-    global_process_set,
-    init,
-    remove_process_set,
-)
-from elasticjob.worker_runtime.scatter_collectives import alltoall_async, reducescatter_async
-from elasticjob.worker_runtime.sync_batch_norm import SyncBatchNorm
+from __future__ import annotations
 
-__all__ = [
-    "Adasum",
-    "Average",
-    "CollectiveError",
-    "CollectiveMismatchError",
-    "Compression",
-    "DistributedOptimizer",
-    "HorovodInternalError",
-    "HostsUpdatedInterrupt",
-    "Max",
-    "Min",
-    "ProcessSet",
-    "Product",
-    "ReduceOp",
-    "Sum",
-    "SyncBatchNorm",
-    "WorkerRemoved",
-    "add_process_set",
-    "allgather",
-    "allgather_async",
-    "allgather_object",
-    "allreduce",
-    "allreduce_",
-    "allreduce_async",
-    "allreduce_async_",
-    "alltoall",
-    "alltoall_async",
-    "barrier",
-    "broadcast",
-    "broadcast_",
-    "broadcast_async",
-    "broadcast_async_",
-    "broadcast_object",
-    "broadcast_optimizer_state",
-    "broadcast_parameters",
-    "broadcast_state",
-    "ccl_built",
-    "cross_rank",
-    "cross_size",
-    "cuda_built",
-    "current_round",
-    "ddl_built",
-    "device",
-    "elastic",
-    "global_process_set",
-    "gloo_built",
-    "gloo_enabled",
-    "grouped_allgather",
-    "grouped_allgather_async",
-    "grouped_allreduce",
-    "grouped_allreduce_",
-    "grouped_allreduce_async",
-    "grouped_allreduce_async_",
-    "grouped_reducescatter",
-    "grouped_reducescatter_async",
-    "init",
-    "is_initialized",
-    "join",
-    "local_rank",
-    "local_size",
-    "mpi_built",
-    "mpi_enabled",
-    "mpi_threads_supported",
-    "nccl_built",
-    "poll",
-    "rank",
-    "reducescatter",
-    "reducescatter_async",
-    "remove_process_set",
-    "report_progress",
-    "rocm_built",
-    "shutdown",
-    "size",
-    "sparse_allreduce_async",
-    "start_timeline",
-    "stop_timeline",
-    "synchronize",
-]
+import importlib
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from elasticjob.worker_runtime.horovod_api import *  # noqa: F403
+
+_API = "elasticjob.worker_runtime.horovod_api"
+
+
+def _api() -> ModuleType:
+    return importlib.import_module(_API)
+
+
+def __getattr__(name: str) -> object:
+    if name.startswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    api = _api()
+    if name not in api.__all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(api, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_api().__all__})

@@ -6,7 +6,7 @@ the concerns of a worker, each in its own module:
 - the process's setup and liveness (``worker_process.py``): its device, the interface of its
   sockets, SIGTERM, and a heartbeat thread that shows the driver the process is alive, probes
   the round's peers when a collective blocks, and ends an orphaned process;
-- joining rounds (``rounds.py``): asking the rendezvous service for each round and forming
+- joining rounds (``rounds/joiner.py``): asking the rendezvous service for each round and forming
   its process group (``process_group.py``) on a fresh store prefix;
 - the job's notices (``notices.py``), followed on a background thread: a failed member of
   the current round aborts the group at once, and hosts added or removed feed the agreement
@@ -29,17 +29,18 @@ from torch.distributed import Store
 
 from elasticjob.wire.messages import Notice, NoticeKind, SlotInfo
 from elasticjob.worker_contract import WorkerConfig, standalone_backend
-from elasticjob.worker_runtime import lingering, timeline
-from elasticjob.worker_runtime.devices import resolve_backend
+from elasticjob.worker_runtime.collectives import lingering
+from elasticjob.worker_runtime.diagnostics import timeline
+from elasticjob.worker_runtime.diagnostics.log import CONTEXT, STANDALONE_JOB, get_logger
+from elasticjob.worker_runtime.diagnostics.step_pace import StepPaceMeter
 from elasticjob.worker_runtime.exceptions import WorkerRemoved
-from elasticjob.worker_runtime.host_updates import HostUpdateAgreement
-from elasticjob.worker_runtime.log import CONTEXT, STANDALONE_JOB, get_logger
-from elasticjob.worker_runtime.notices import NoNotices, Notices, NoticeWatcher
-from elasticjob.worker_runtime.process_group import RoundGroup
-from elasticjob.worker_runtime.rendezvous_client import RendezvousClient
-from elasticjob.worker_runtime.reports import DriverReports, NoReports, Reports
-from elasticjob.worker_runtime.rounds import RendezvousRounds, Rounds, StandaloneRounds
-from elasticjob.worker_runtime.step_pace import StepPaceMeter
+from elasticjob.worker_runtime.link.notices import NoNotices, Notices, NoticeWatcher
+from elasticjob.worker_runtime.link.rendezvous_client import RendezvousClient
+from elasticjob.worker_runtime.link.reports import DriverReports, NoReports, Reports
+from elasticjob.worker_runtime.rounds.devices import resolve_backend
+from elasticjob.worker_runtime.rounds.host_updates import HostUpdateAgreement
+from elasticjob.worker_runtime.rounds.joiner import RendezvousRounds, Rounds, StandaloneRounds
+from elasticjob.worker_runtime.rounds.process_group import RoundGroup
 from elasticjob.worker_runtime.worker_process import (
     Liveness,
     NoHeartbeat,

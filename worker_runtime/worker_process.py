@@ -27,12 +27,12 @@ import torch
 
 from elasticjob.wire.messages import PeerEndpoint, StepPace
 from elasticjob.worker_contract import ENV_CUDA_VISIBLE_DEVICES, WorkerConfig
-from elasticjob.worker_runtime.devices import device_for_slot
-from elasticjob.worker_runtime.heartbeat import Heartbeat
-from elasticjob.worker_runtime.interfaces import pin_socket_interfaces
-from elasticjob.worker_runtime.log import get_logger
-from elasticjob.worker_runtime.reachability import PROBE_TIMEOUT_S, PeerProber
-from elasticjob.worker_runtime.rendezvous_client import RendezvousClient
+from elasticjob.worker_runtime.diagnostics.log import get_logger
+from elasticjob.worker_runtime.link.heartbeat import Heartbeat
+from elasticjob.worker_runtime.link.reachability import PROBE_TIMEOUT_S, PeerProber
+from elasticjob.worker_runtime.link.rendezvous_client import RendezvousClient
+from elasticjob.worker_runtime.rounds.devices import device_for_slot
+from elasticjob.worker_runtime.rounds.interfaces import pin_socket_interfaces
 
 logger = get_logger(__name__)
 

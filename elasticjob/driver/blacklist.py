@@ -17,7 +17,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar, cast
 
-from elasticjob.driver.api import Clock
+from elasticjob.driver.driver_types import Clock
 
 logger = logging.getLogger(__name__)
 

@@ -4,8 +4,9 @@ for the next round means (:func:`classify_exit`, :func:`classify_ready`), who le
 vanish (:func:`leaving_members`), what follows a round (:func:`decide_round`), whether a failed
 host discovery ends the job (:func:`decide_discovery_failure`). How the next round is planned
 is in ``planning.py``; whom to stop for taking too long in ``timeouts.py``. ``driver.py`` and
-``formation.py`` carry the actions out.
-*Leaving*, *dismissed* and *failed* mean what :class:`~elasticjob.driver.api.Departure` says.
+``round_formation.py`` carry the actions out.
+*Leaving*, *dismissed* and *failed* mean what
+:class:`~elasticjob.driver.driver_types.Departure` says.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import enum
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from elasticjob.driver.api import Departure, DriverPhase
+from elasticjob.driver.driver_types import Departure, DriverPhase
 from elasticjob.driver.planning import ENABLE_CHECKPOINTS, EndJob
 from elasticjob.driver.registry import RoundRecords
 from elasticjob.driver.worker_record import WorkerRecord

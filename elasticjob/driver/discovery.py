@@ -24,7 +24,7 @@ from typing import Final, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
-from elasticjob.driver.api import DiscoveryError
+from elasticjob.driver.driver_types import DiscoveryError
 from elasticjob.wire.messages import HostName
 
 logger = logging.getLogger(__name__)

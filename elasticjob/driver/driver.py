@@ -1,6 +1,6 @@
 """The elastic driver of one job: carries out what ``decisions.py`` decides, against the
 job's worker processes (``workers.py``, through a :class:`WorkerLauncher`) and its rendezvous;
-``formation.py`` forms its rounds.
+``round_formation.py`` forms its rounds.
 
 Lifecycle (:class:`DriverPhase`): STARTING -> RUNNING (a round is in force) -> FORMING (the round
 ended at the barrier; the next one is launched, awaited and published) -> RUNNING ... ->
@@ -23,15 +23,6 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
-from elasticjob.driver.api import (
-    Clock,
-    Departure,
-    DriverError,
-    DriverPhase,
-    DriverSettings,
-    JobResult,
-    WorkerLauncher,
-)
 from elasticjob.driver.decisions import (
     Action,
     ExitVerdict,
@@ -42,14 +33,23 @@ from elasticjob.driver.decisions import (
     decide_round,
     leaving_members,
 )
-from elasticjob.driver.formation import FormationMoves, RoundFormation
-from elasticjob.driver.hosts import HostManager
+from elasticjob.driver.driver_types import (
+    Clock,
+    Departure,
+    DriverError,
+    DriverPhase,
+    DriverSettings,
+    JobResult,
+    WorkerLauncher,
+)
+from elasticjob.driver.host_manager import HostManager
 from elasticjob.driver.job_snapshot import JobSnapshot
 from elasticjob.driver.journal import JobJournal
 from elasticjob.driver.liveness import Reachability
 from elasticjob.driver.loop_lag import LoopLagWatch
 from elasticjob.driver.planning import EndJob, Publish
 from elasticjob.driver.registry import WorkerRegistry
+from elasticjob.driver.round_formation import FormationMoves, RoundFormation
 from elasticjob.driver.stragglers import Straggler, find_stragglers
 from elasticjob.driver.suspension import (
     SuspendDecision,
@@ -60,7 +60,7 @@ from elasticjob.driver.suspension import (
 from elasticjob.driver.worker_record import ended_without_joining
 from elasticjob.driver.workers import WorkerProcesses
 from elasticjob.event_waits import wait_event
-from elasticjob.rendezvous.api import JobRendezvous, ProbeReport, RendezvousListener
+from elasticjob.rendezvous.rendezvous_types import JobRendezvous, ProbeReport, RendezvousListener
 from elasticjob.wire.messages import (
     NoticeKind,
     ProgressRequest,

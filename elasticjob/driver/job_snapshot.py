@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from elasticjob.driver.api import DriverPhase, JobResult
+from elasticjob.driver.driver_types import DriverPhase, JobResult
 from elasticjob.driver.goodput import LostTime
 from elasticjob.driver.journal import Restore
 from elasticjob.driver.stragglers import Straggler

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from elasticjob.driver.api import DriverObserver, Unobserved
+from elasticjob.driver.driver_types import DriverObserver, Unobserved
 from elasticjob.driver.goodput import (
     LostTime,
     LostTo,

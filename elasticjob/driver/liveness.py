@@ -1,7 +1,7 @@
 """Which worker processes stopped answering: the liveness decision, as a pure function.
 
 Every worker process beats a heartbeat from a background thread (see
-``elasticjob.worker_runtime.heartbeat``), whatever its training thread does. A process that
+``elasticjob.worker_runtime.link.heartbeat``), whatever its training thread does. A process that
 sent none for ``timeout_s`` is frozen (SIGSTOP, a hung interpreter) or cut off from the job;
 a slow step or a long evaluation never stops the beat. The driver kills such a worker, and
 the process's exit is then handled like any failure (ROUND_FAILED for the

@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterator
 from typing import Final
 
-from elasticjob.driver.api import Clock
+from elasticjob.driver.driver_types import Clock
 from elasticjob.driver.liveness import Reachability
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """How the driver plans its next round, as pure functions returning action values: whether
 enough slots are there (:func:`decide_capacity`), which slots the round has
 (:func:`plan_round`), when to publish it (:func:`decide_formation`), and when to start and
-announce a running round's newcomers (:func:`decide_scale_out`). ``formation.py`` carries
+announce a running round's newcomers (:func:`decide_scale_out`). ``round_formation.py`` carries
 them out.
 """
 
@@ -12,9 +12,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from elasticjob.driver.api import Departure, DriverSettings
-from elasticjob.driver.hosts import Capacity
-from elasticjob.driver.slots import assign_slots, missing_survivor
+from elasticjob.driver.driver_types import Departure, DriverSettings
+from elasticjob.driver.host_manager import Capacity
+from elasticjob.driver.slot_assignment import assign_slots, missing_survivor
 from elasticjob.driver.worker_record import WorkerRecord
 from elasticjob.wire.messages import SlotInfo, WorkerId
 

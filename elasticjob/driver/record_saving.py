@@ -15,7 +15,7 @@ import asyncio
 import logging
 from typing import Final, Protocol
 
-from elasticjob.driver.api import Clock
+from elasticjob.driver.driver_types import Clock
 from elasticjob.driver.job_record import JobRecordData, RecordChange
 from elasticjob.driver.journal import JobJournal, JournalEvent, RecordChanged
 from elasticjob.event_waits import wait_event

@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from elasticjob.driver.api import DriverPhase
+from elasticjob.driver.driver_types import DriverPhase
 
 
 class SuspendMove(enum.Enum):

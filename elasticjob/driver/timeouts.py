@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from elasticjob.driver.api import Departure
+from elasticjob.driver.driver_types import Departure
 from elasticjob.driver.worker_record import WorkerRecord
 from elasticjob.wire.messages import WorkerId
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elasticjob.driver.api import Departure
+from elasticjob.driver.driver_types import Departure
 from elasticjob.driver.partition import ReceivedReport
 from elasticjob.wire.messages import StepPace, WorkerId, WorkerState
 

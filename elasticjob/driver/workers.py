@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 
-from elasticjob.driver.api import Clock, Departure, WorkerLauncher
+from elasticjob.driver.driver_types import Clock, Departure, WorkerLauncher
 from elasticjob.driver.liveness import hung_workers
 from elasticjob.driver.partition import ReceivedReport, partitioned_members
 from elasticjob.driver.timeouts import overdue_dismissals, overdue_endings, slow_starters
 from elasticjob.driver.worker_record import WorkerRecord
-from elasticjob.rendezvous.api import JobRendezvous, ProbeReport
+from elasticjob.rendezvous.rendezvous_types import JobRendezvous, ProbeReport
 from elasticjob.wire.messages import SlotInfo, StepPace, WorkerId
 
 logger = logging.getLogger(__name__)

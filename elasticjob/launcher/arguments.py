@@ -15,15 +15,6 @@ from pathlib import Path
 from pydantic import TypeAdapter, ValidationError
 
 from elasticjob.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
-from elasticjob.driver.api import (
-    DEFAULT_MAX_RESTARTS,
-    DiscoveryError,
-    DriverError,
-    DriverSettings,
-    JobMode,
-    Recovery,
-    recovery,
-)
 from elasticjob.driver.blacklist import BlacklistPolicy
 from elasticjob.driver.discovery import (
     MAX_SLOTS_PER_HOST,
@@ -31,6 +22,15 @@ from elasticjob.driver.discovery import (
     HostDiscovery,
     ScriptDiscovery,
     parse_hosts,
+)
+from elasticjob.driver.driver_types import (
+    DEFAULT_MAX_RESTARTS,
+    DiscoveryError,
+    DriverError,
+    DriverSettings,
+    JobMode,
+    Recovery,
+    recovery,
 )
 from elasticjob.driver.liveness import DEFAULT_HEARTBEAT_TIMEOUT_S
 from elasticjob.launcher.horovodrun_flags import (
@@ -354,7 +354,7 @@ def _min_np(args: argparse.Namespace) -> int:
 
 def job_recovery(args: argparse.Namespace) -> Recovery:
     """How the job of checked arguments recovers (see
-    :func:`~elasticjob.driver.api.recovery`)."""
+    :func:`~elasticjob.driver.driver_types.recovery`)."""
     return recovery(
         JobMode(args.mode), max_restarts=args.max_restarts, checkpoints=bool(args.checkpoint_dir)
     )

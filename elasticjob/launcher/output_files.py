@@ -77,7 +77,8 @@ class RankOutputFiles:
 
 def write_timeline(parts: Path, destination: Path) -> None:
     """Write every worker's timeline events under ``parts`` (appended there by
-    :mod:`elasticjob.worker_runtime.timeline`) into one Chrome-trace JSON at ``destination``
+    :mod:`elasticjob.worker_runtime.diagnostics.timeline`) into one Chrome-trace JSON at
+    ``destination``
     (``{"traceEvents": [...]}``, one trace process per worker process, named ``host[slot]``),
     then remove ``parts``. Lines cut short by a killed worker are skipped."""
     events: list[dict[str, Any]] = []

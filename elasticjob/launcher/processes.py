@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from elasticjob.driver.api import DriverError, WorkerLauncher
+from elasticjob.driver.driver_types import DriverError, WorkerLauncher
 from elasticjob.launcher.output_files import RankOutputFiles
 from elasticjob.process_death import die_with
 from elasticjob.script_env import planned_env

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from elasticjob.rendezvous.api import Refusal, RequestRefused
 from elasticjob.rendezvous.health_rule import PEERS_KEPT, HealthPolicy, decide_gather, judge_cohort
+from elasticjob.rendezvous.rendezvous_types import Refusal, RequestRefused
 from elasticjob.rendezvous.wakeup import LongPolls, Wakeup
 from elasticjob.wire.health import (
     CohortRequest,

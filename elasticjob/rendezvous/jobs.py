@@ -13,13 +13,6 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Final
 
-from elasticjob.rendezvous.api import (
-    JobRendezvous,
-    Refusal,
-    RendezvousError,
-    RendezvousListener,
-    RequestRefused,
-)
 from elasticjob.rendezvous.health_checks import HealthChecks, HealthListener
 from elasticjob.rendezvous.health_rule import HealthPolicy
 from elasticjob.rendezvous.job_token import JobToken, check_job_name
@@ -31,7 +24,14 @@ from elasticjob.rendezvous.limits import (
 )
 from elasticjob.rendezvous.notice_log import NoticeLog
 from elasticjob.rendezvous.probes import peer_endpoints, probe_report, probe_targets
-from elasticjob.rendezvous.rounds import Binding, Endpoint, PublishedRound, check_slots
+from elasticjob.rendezvous.published_rounds import Binding, Endpoint, PublishedRound, check_slots
+from elasticjob.rendezvous.rendezvous_types import (
+    JobRendezvous,
+    Refusal,
+    RendezvousError,
+    RendezvousListener,
+    RequestRefused,
+)
 from elasticjob.rendezvous.wakeup import LongPolls, Wakeup
 from elasticjob.wire.messages import (
     HeartbeatRequest,

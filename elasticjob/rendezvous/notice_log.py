@@ -10,7 +10,7 @@ from typing import Final
 
 from pydantic import ValidationError
 
-from elasticjob.rendezvous.api import RendezvousError
+from elasticjob.rendezvous.rendezvous_types import RendezvousError
 from elasticjob.rendezvous.wakeup import Wakeup
 from elasticjob.wire.messages import Notice, NoticeKind
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from elasticjob.rendezvous.api import ProbeReport, Refusal, RequestRefused
-from elasticjob.rendezvous.rounds import Endpoint, PublishedRound
+from elasticjob.rendezvous.published_rounds import Endpoint, PublishedRound
+from elasticjob.rendezvous.rendezvous_types import ProbeReport, Refusal, RequestRefused
 from elasticjob.wire.messages import HeartbeatRequest, PeerEndpoint, SlotInfo, WorkerId
 
 logger = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ the job is called, so a rejected request never changes any job's state:
 4. the job's rate (429 with ``Retry-After``, see ``limits.py``);
 5. its query or body (400 for malformed JSON or a repeated key, 413 over
    :data:`MAX_BODY_BYTES`, 422 for a value the strict wire model refuses);
-6. what the job refuses (:class:`~elasticjob.rendezvous.api.RequestRefused`: 403 for a worker
-   its driver did not launch (503 with ``Retry-After`` before the job's first own round), 409
-   for a round not published yet, another store endpoint for the same round or a repeated
-   result, 429 beyond the job's long-polls).
+6. what the job refuses (:class:`~elasticjob.rendezvous.rendezvous_types.RequestRefused`: 403
+   for a worker its driver did not launch (503 with ``Retry-After`` before the job's first own
+   round), 409 for a round not published yet, another store endpoint for the same round or a
+   repeated result, 429 beyond the job's long-polls).
 
 A connection is kept alive after an answered request (a worker sends its heartbeats and other
 short requests over one connection, see ``transport.py`` for its bounds); a refused request's
@@ -36,9 +36,9 @@ from typing import Annotated, Any, Final, TypeVar
 from aiohttp import hdrs, typedefs, web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from elasticjob.rendezvous.api import Refusal, RequestRefused
 from elasticjob.rendezvous.health_checks import HealthChecks
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
+from elasticjob.rendezvous.rendezvous_types import Refusal, RequestRefused
 from elasticjob.rendezvous.stats import RequestStats
 from elasticjob.wire.health import CohortRequest, HealthReport
 from elasticjob.wire.messages import (

@@ -15,9 +15,9 @@ from typing import Final
 
 from aiohttp import web
 
-from elasticjob.rendezvous.api import RendezvousListener
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS, JobLimits
+from elasticjob.rendezvous.rendezvous_types import RendezvousListener
 from elasticjob.rendezvous.routes import create_app
 from elasticjob.rendezvous.stats import RequestStats
 from elasticjob.rendezvous.transport import (

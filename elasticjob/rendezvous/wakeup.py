@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TypeVar
 
-from elasticjob.rendezvous.api import Refusal, RequestRefused
+from elasticjob.rendezvous.rendezvous_types import Refusal, RequestRefused
 
 _T = TypeVar("_T")
 

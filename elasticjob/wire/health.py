@@ -1,7 +1,7 @@
 """The health check's messages (protocol 9): what a new worker pod and the rendezvous service
 exchange before the pod may join a round (``spec.healthCheck``).
 
-A pod's check (``elasticjob.worker_runtime.health_check``) first asks for a cohort
+A pod's check (``elasticjob.worker_runtime.agents.health_check``) first asks for a cohort
 (:class:`CohortRequest`, a long-poll): the pods starting at about the same time are gathered
 into one, and each is told its rank in it and the store of its rank 0
 (:class:`CohortResponse`). The cohort runs one collective, each pod measures its compute and

@@ -116,7 +116,7 @@ class RendezvousStatus(enum.StrEnum):
 
 class ScriptExit(StrictModel):
     """How a restart-mode worker's script ended on its own, not stopped by its agent
-    (``elasticjob.worker_runtime.restart_agent``): its process's return code (negative: the
+    (``elasticjob.worker_runtime.agents.restart_agent``): its process's return code (negative: the
     signal that killed it) and the last lines of its standard error."""
 
     exit_code: Annotated[int, Field(strict=True, ge=-255, le=255)]

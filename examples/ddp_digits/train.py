@@ -33,7 +33,7 @@ from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader, TensorDataset
 
 import elasticjob.worker_runtime as hvd
-from elasticjob.worker_runtime import step_weight
+from elasticjob.worker_runtime.training import step_weight
 
 
 def parse_args() -> argparse.Namespace:

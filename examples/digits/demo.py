@@ -51,7 +51,7 @@ def main() -> int:
         hosts = Path(tmp) / "hosts.txt"
         hosts.write_text("127.0.1.1:2\n127.0.1.2:1\n")
         command = [
-            sys.executable, "-m", "elasticjob.launcher.cli", "--job-name", "digits",
+            sys.executable, "-m", "elasticjob.launcher.run_command", "--job-name", "digits",
             "-np", "3", "--min-np", "2", "--max-np", "6",
             "--blacklist-cooldown-range", "5", "30", "--job-record", str(out / "digits.json"),
             "--host-discovery-script", str(HERE / "discover_hosts.sh"),

@@ -5,6 +5,21 @@ labels; ``validation`` checks a spec, naming the field of each error; ``crd`` ge
 CustomResourceDefinition from the models.
 """
 
+from elasticjob.operator.api.models.job_status import (
+    BlacklistedNode,
+    CheckpointStatus,
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    ElasticJobStatus,
+    Goodput,
+    LostSeconds,
+    Phase,
+    Progress,
+    RestoreStatus,
+    StragglerStatus,
+    WorkerStatus,
+)
 from elasticjob.operator.api.models.spec import (
     Backend,
     BlacklistScope,
@@ -20,21 +35,6 @@ from elasticjob.operator.api.models.spec import (
     StragglerAction,
     StragglerSpec,
     TemplateMetadata,
-)
-from elasticjob.operator.api.models.status import (
-    BlacklistedNode,
-    CheckpointStatus,
-    Condition,
-    ConditionStatus,
-    ConditionType,
-    ElasticJobStatus,
-    Goodput,
-    LostSeconds,
-    Phase,
-    Progress,
-    RestoreStatus,
-    StragglerStatus,
-    WorkerStatus,
 )
 from elasticjob.operator.api.names import (
     API_VERSION,

@@ -22,8 +22,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from elasticjob.operator.api.models.job_status import ElasticJobStatus
 from elasticjob.operator.api.models.spec import ElasticJobSpec
-from elasticjob.operator.api.models.status import ElasticJobStatus
 from elasticjob.operator.api.names import (
     CRD_NAME,
     GROUP,

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from elasticjob.driver.api import JobMode
+from elasticjob.driver.driver_types import JobMode
 from elasticjob.operator.api.models.spec import Container, ElasticJobSpec
 from elasticjob.operator.api.names import GPU_RESOURCE, LABEL_JOB_NAME, WORKER_CONTAINER
 from elasticjob.worker_contract import (

@@ -1,5 +1,5 @@
 """New pods' health checks against a real rendezvous service over HTTP: the routes' refusals,
-and real check processes (``python -m elasticjob.worker_runtime.health_check -- CMD``) that
+and real check processes (``python -m elasticjob.worker_runtime.agents.health_check -- CMD``) that
 run a Gloo all-reduce with their cohort over loopback, measure, and run their command once
 they passed, or check again when a member of their cohort never came."""
 

@@ -20,7 +20,7 @@ from tests.support.job_runs import WORKERS, run_to_end
 pytestmark = pytest.mark.integration
 
 IDLE_WORKER = WORKERS / "idle_worker.py"
-LAUNCHER = [sys.executable, "-m", "elasticjob.launcher.cli"]
+LAUNCHER = [sys.executable, "-m", "elasticjob.launcher.run_command"]
 FAST_S = 60.0
 """Every failure here is immediate; a launcher still running after this is a failure."""
 WORKERS_UP_S = 120.0

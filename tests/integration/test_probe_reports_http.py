@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from elasticjob.rendezvous.api import ProbeReport
+from elasticjob.rendezvous.rendezvous_types import ProbeReport
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire.messages import NoticeKind, PeerEndpoint, RendezvousResponse, StepPace
 from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION

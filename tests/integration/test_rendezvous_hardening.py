@@ -36,9 +36,9 @@ from elasticjob.worker_contract import (
     ENV_TOKEN,
     WorkerConfig,
 )
-from elasticjob.worker_runtime import rendezvous_client
-from elasticjob.worker_runtime.progress import ProgressReporter
-from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
+from elasticjob.worker_runtime.link import rendezvous_client
+from elasticjob.worker_runtime.link.progress import ProgressReporter
+from elasticjob.worker_runtime.link.rendezvous_client import RendezvousClient, RendezvousClientError
 from tests.support.clock import FakeClock
 from tests.support.rendezvous_http import TOKEN_A, TOKEN_B, Cluster, rendezvous_body, snapshot
 from tests.support.rendezvous_jobs import W0, RecordingListener, slots_for

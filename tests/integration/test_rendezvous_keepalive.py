@@ -16,7 +16,7 @@ import pytest
 
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire.messages import HeartbeatRequest
-from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
+from elasticjob.worker_runtime.link.rendezvous_client import RendezvousClient, RendezvousClientError
 from tests.support.rendezvous_http import TOKEN_A
 from tests.support.rendezvous_jobs import W0, W1, RecordingListener
 from tests.support.tls import server_context

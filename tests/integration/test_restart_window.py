@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from elasticjob.rendezvous.api import ProbeReport
+from elasticjob.rendezvous.rendezvous_types import ProbeReport
 from elasticjob.rendezvous.routes import RETRY_AFTER_S
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire.messages import (
@@ -26,7 +26,7 @@ from elasticjob.wire.messages import (
     WorkerId,
 )
 from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
-from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
+from elasticjob.worker_runtime.link.rendezvous_client import RendezvousClient, RendezvousClientError
 from tests.support.clock import FakeClock
 
 DEADLINE = 10.0
@@ -111,7 +111,7 @@ async def test_the_window_closes_after_its_bound() -> None:
 async def test_the_client_waits_for_its_job_to_come_back(
     service: RendezvousService, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="elasticjob.worker_runtime.rendezvous_client")
+    caplog.set_level(logging.INFO, logger="elasticjob.worker_runtime.link.rendezvous_client")
     service.expect_jobs(["ns.late"], within_s=60)
     client = RendezvousClient(service.url, "ns.late", TOKEN, retry_deadline_s=DEADLINE)
     started = time.monotonic()

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-from elasticjob.launcher.cli import EXIT_SUSPENDED
+from elasticjob.launcher.run_command import EXIT_SUSPENDED
 from tests.support.sharded_runs import (
     FOUR_HOSTS,
     finished_alike,

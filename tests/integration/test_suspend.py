@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticjob.launcher.cli import EXIT_SUSPENDED
+from elasticjob.launcher.run_command import EXIT_SUSPENDED
 from tests.support.job_runs import (
     EPOCHS,
     SAMPLES,

@@ -9,13 +9,13 @@ import threading
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from elasticjob.driver.api import DiscoveryError, DriverSettings, WorkerLauncher
 from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
 from elasticjob.driver.discovery import HostDiscovery, discover_once
 from elasticjob.driver.driver import ElasticDriver
-from elasticjob.driver.hosts import HostManager
-from elasticjob.rendezvous.api import RendezvousListener
+from elasticjob.driver.driver_types import DiscoveryError, DriverSettings, WorkerLauncher
+from elasticjob.driver.host_manager import HostManager
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
+from elasticjob.rendezvous.rendezvous_types import RendezvousListener
 from elasticjob.wire.messages import (
     NoticeKind,
     RendezvousRequest,

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from elasticjob.worker_runtime import step_weight
-from elasticjob.worker_runtime.process_group import RoundGroup
+from elasticjob.worker_runtime.rounds.process_group import RoundGroup
+from elasticjob.worker_runtime.training import step_weight
 
 ABORT_AFTER_S = 0.5
 RAISED_WITHIN_S = 15.0

@@ -77,7 +77,13 @@ def run_job(
     workers' events. The prefixes are commands that exec the launcher and each worker (a
     network namespace, a cgroup)."""
     log_dir = tmp_path / "events"
-    args = [*launcher_prefix, sys.executable, "-m", "elasticjob.launcher.cli", *launcher_args]
+    args = [
+        *launcher_prefix,
+        sys.executable,
+        "-m",
+        "elasticjob.launcher.run_command",
+        *launcher_args,
+    ]
     worker = [*worker_prefix, sys.executable, str(script), "--log-dir", str(log_dir), *worker_args]
     if schedule is not None:
         script, epoch_file = write_discovery(tmp_path, schedule)

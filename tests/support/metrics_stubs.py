@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elasticjob.driver.api import DriverPhase
+from elasticjob.driver.driver_types import DriverPhase
 from elasticjob.driver.goodput import LostTime
 from elasticjob.driver.job_snapshot import JobSnapshot
 from elasticjob.driver.stragglers import Straggler

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from elasticjob.rendezvous.api import ProbeReport
+from elasticjob.rendezvous.rendezvous_types import ProbeReport
 from elasticjob.wire.messages import (
     ProgressRequest,
     RendezvousRequest,

@@ -62,7 +62,7 @@ def run(command: list[str], out_dir: Path, timeout_s: float = RUN_TIMEOUT_S) -> 
 
 
 def launcher(*args: str) -> list[str]:
-    return [sys.executable, "-m", "elasticjob.launcher.cli", *args]
+    return [sys.executable, "-m", "elasticjob.launcher.run_command", *args]
 
 
 def run_worker_script(

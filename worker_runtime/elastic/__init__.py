@@ -10,7 +10,10 @@ from typing import TYPE_CHECKING
 
 from elasticjob.worker_runtime.elastic.checkpoint_files import CheckpointError
 from elasticjob.worker_runtime.elastic.ddp import DistributedDataParallel
-from elasticjob.worker_runtime.elastic.handlers import (
+from elasticjob.worker_runtime.elastic.run import run
+from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
+from elasticjob.worker_runtime.elastic.state import ObjectState, SnapshotState, State, TorchState
+from elasticjob.worker_runtime.elastic.state_handlers import (
     DistributedDataParallelStateHandler,
     ModelStateHandler,
     ObjectStateHandler,
@@ -18,12 +21,12 @@ from elasticjob.worker_runtime.elastic.handlers import (
     SamplerStateHandler,
     StateHandler,
 )
-from elasticjob.worker_runtime.elastic.run import run
-from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
-from elasticjob.worker_runtime.elastic.state import ObjectState, SnapshotState, State, TorchState
 
 if TYPE_CHECKING:
-    from elasticjob.worker_runtime.elastic.sharded_state import ShardedState, ShardsLostError
+    from elasticjob.worker_runtime.elastic.sharded.sharded_state import (
+        ShardedState,
+        ShardsLostError,
+    )
 
 __all__ = [
     "CheckpointError",
@@ -50,6 +53,8 @@ _SHARDED = frozenset({"ShardedState", "ShardsLostError"})
 
 def __getattr__(name: str) -> object:
     if name in _SHARDED:
-        sharded_state = importlib.import_module("elasticjob.worker_runtime.elastic.sharded_state")
+        sharded_state = importlib.import_module(
+            "elasticjob.worker_runtime.elastic.sharded.sharded_state"
+        )
         return getattr(sharded_state, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

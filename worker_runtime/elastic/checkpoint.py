@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from elasticjob.checkpoint_policy import CheckpointPolicy, checkpoint_due
 from elasticjob.wire.messages import CheckpointReport
+from elasticjob.worker_runtime.diagnostics.log import get_logger
 from elasticjob.worker_runtime.elastic.checkpoint_files import (
     CheckpointError,
     Manifest,
@@ -32,7 +33,6 @@ from elasticjob.worker_runtime.elastic.checkpoint_files import (
     write_checkpoint,
 )
 from elasticjob.worker_runtime.elastic.snapshot import Snapshot, SnapshotKeeper
-from elasticjob.worker_runtime.log import get_logger
 
 logger = get_logger(__name__)
 

@@ -7,10 +7,11 @@ and lets go of the old one when its group is destroyed, so that nothing but the 
 teardown holds a broken group.
 
 Gradients are reduced by a comm hook through the round's group
-(:meth:`~elasticjob.worker_runtime.process_group.RoundGroup.future`): a backward pass waiting
+(:meth:`~elasticjob.worker_runtime.rounds.process_group.RoundGroup.future`): a backward pass waiting
 for a dead peer fails as soon as the driver says a member failed, like every collective of
 this runtime, instead of waiting out the collective timeout. The hook computes the weighted
-average of :mod:`~elasticjob.worker_runtime.step_weight` (``sum(w_r * g_r) / sum(w_r)``, the
+average of :mod:`~elasticjob.worker_runtime.training.step_weight`
+(``sum(w_r * g_r) / sum(w_r)``, the
 weight travelling as one extra element of each bucket), so that uneven last batches planned
 by ``ElasticSampler(batch_size=...)`` are averaged per sample; and the last bucket carries
 the rank's host-update vote, so that ``state.commit()`` after the step needs no collective of
@@ -25,10 +26,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as TorchDistributedDataParallel
 
-from elasticjob.worker_runtime import step_weight
 from elasticjob.worker_runtime.basics import current
-from elasticjob.worker_runtime.host_updates import VOTE_DTYPES
-from elasticjob.worker_runtime.log import get_logger
+from elasticjob.worker_runtime.diagnostics.log import get_logger
+from elasticjob.worker_runtime.rounds.host_updates import VOTE_DTYPES
+from elasticjob.worker_runtime.training import step_weight
 
 logger = get_logger(__name__)
 

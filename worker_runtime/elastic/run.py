@@ -12,12 +12,12 @@ from typing import Concatenate, ParamSpec, TypeVar
 import torch
 
 from elasticjob.wire.messages import WorkerState
-from elasticjob.worker_runtime.autograd_collectives import allreduce
 from elasticjob.worker_runtime.basics import current
-from elasticjob.worker_runtime.collectives import Max, broadcast_object
+from elasticjob.worker_runtime.collectives.autograd_ops import allreduce
+from elasticjob.worker_runtime.collectives.issuing import Max, broadcast_object
+from elasticjob.worker_runtime.diagnostics.log import get_logger, stacks_if_stuck
 from elasticjob.worker_runtime.elastic.state import State
 from elasticjob.worker_runtime.exceptions import HorovodInternalError, HostsUpdatedInterrupt
-from elasticjob.worker_runtime.log import get_logger, stacks_if_stuck
 
 logger = get_logger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from elasticjob.worker_runtime import step_weight
+from elasticjob.worker_runtime.training import step_weight
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,8 @@ class ElasticSampler(Sampler[int]):
     duplicates. Every rank still runs the same number of steps, ``ceil(ceil(n / s) / B)``, but
     the last step's batches may be short, and a rank with no sample left for the last step
     gets one padding sample instead, whose weight is 0. The sampler is then the
-    :mod:`~elasticjob.worker_runtime.step_weight` source: backward pass ``k`` since the last
+    :mod:`~elasticjob.worker_runtime.training.step_weight` source: backward pass ``k`` since
+    the last
     :meth:`reset` has the weight ``real samples of batch k / B``, and the gradient reducers
     (``DistributedOptimizer``, the elastic ``DistributedDataParallel``) average
     ``sum(w_r * g_r) / sum(w_r)``, so a script training with a plain mean loss trains every
@@ -208,7 +209,7 @@ class ElasticSampler(Sampler[int]):
 
     def weight(self, passes: int) -> float:
         """Weight of this rank's backward pass number ``passes`` of the
-        :mod:`~elasticjob.worker_runtime.step_weight` counter (a ``WeightSource``): that of
+        :mod:`~elasticjob.worker_runtime.training.step_weight` counter (a ``WeightSource``): that of
         batch ``passes - start`` of the round, counted from the last :meth:`reset`."""
         assert self._batch_size is not None
         padding = self.num_samples - self._real

@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import torch
 
-from elasticjob.worker_runtime.log import get_logger
+from elasticjob.worker_runtime.diagnostics.log import get_logger
 
 logger = get_logger(__name__)
 

@@ -24,13 +24,17 @@ import torch
 
 from elasticjob.wire.messages import CheckpointReport
 from elasticjob.worker_contract import checkpoint_from_env
-from elasticjob.worker_runtime import timeline
 from elasticjob.worker_runtime.basics import current, is_initialized
-from elasticjob.worker_runtime.collectives import broadcast_object
+from elasticjob.worker_runtime.collectives.issuing import broadcast_object
+from elasticjob.worker_runtime.diagnostics import timeline
+from elasticjob.worker_runtime.diagnostics.log import get_logger
 from elasticjob.worker_runtime.elastic.checkpoint import Checkpointer, load_newest
 from elasticjob.worker_runtime.elastic.checkpoint_files import CheckpointError, Manifest
 from elasticjob.worker_runtime.elastic.ddp import DistributedDataParallel
-from elasticjob.worker_runtime.elastic.handlers import (
+from elasticjob.worker_runtime.elastic.host_messages import HostMessages
+from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
+from elasticjob.worker_runtime.elastic.snapshot import SnapshotKeeper, find_tensors
+from elasticjob.worker_runtime.elastic.state_handlers import (
     DistributedDataParallelStateHandler,
     ModelStateHandler,
     ObjectStateHandler,
@@ -38,10 +42,6 @@ from elasticjob.worker_runtime.elastic.handlers import (
     SamplerStateHandler,
     StateHandler,
 )
-from elasticjob.worker_runtime.elastic.host_messages import HostMessages
-from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
-from elasticjob.worker_runtime.elastic.snapshot import SnapshotKeeper, find_tensors
-from elasticjob.worker_runtime.log import get_logger
 
 logger = get_logger(__name__)
 

@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from pydantic.alias_generators import to_camel
 
 from elasticjob.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
-from elasticjob.driver.api import JobMode
 from elasticjob.driver.blacklist import BlacklistPolicy
+from elasticjob.driver.driver_types import JobMode
 from elasticjob.driver.liveness import DEFAULT_HEARTBEAT_TIMEOUT_S
 from elasticjob.driver.stragglers import StragglerPolicy
 from elasticjob.operator.api.names import WORKER_CONTAINER

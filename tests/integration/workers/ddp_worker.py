@@ -31,7 +31,7 @@ from elastic_worker import wait_for_world
 from torch.utils.data import DataLoader
 
 import elasticjob.worker_runtime as hvd
-from elasticjob.worker_runtime import step_weight
+from elasticjob.worker_runtime.training import step_weight
 
 
 def parse_args() -> argparse.Namespace:

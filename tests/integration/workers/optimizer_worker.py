@@ -34,7 +34,7 @@ from api_worker import (  # beside this script
 )
 
 import elasticjob.worker_runtime as hvd
-from elasticjob.worker_runtime import step_weight
+from elasticjob.worker_runtime.training import step_weight
 
 Json = dict[str, Any]
 

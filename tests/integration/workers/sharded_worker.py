@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import elasticjob.worker_runtime as hvd
 from elasticjob.worker_contract import ENV_HOSTNAME, ENV_LOCAL_RANK
-from elasticjob.worker_runtime.elastic import shard_copies
+from elasticjob.worker_runtime.elastic.sharded import shard_copies
 
 FEATURES, HIDDEN, OUTPUTS = 8, 30, 3
 

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from elasticjob.driver.api import Departure, DriverPhase, DriverSettings
 from elasticjob.driver.decisions import (
     Action,
     ExitVerdict,
@@ -18,7 +17,8 @@ from elasticjob.driver.decisions import (
     decide_round,
     leaving_members,
 )
-from elasticjob.driver.hosts import Capacity
+from elasticjob.driver.driver_types import Departure, DriverPhase, DriverSettings
+from elasticjob.driver.host_manager import Capacity
 from elasticjob.driver.planning import (
     AwaitBarrier,
     AwaitCapacity,
@@ -34,7 +34,7 @@ from elasticjob.driver.planning import (
     plan_round,
 )
 from elasticjob.driver.registry import RoundRecords
-from elasticjob.driver.slots import assign_slots
+from elasticjob.driver.slot_assignment import assign_slots
 from elasticjob.driver.worker_record import WorkerRecord
 from elasticjob.wire.messages import ScriptExit, SlotInfo, WorkerId, WorkerState
 

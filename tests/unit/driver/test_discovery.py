@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from elasticjob.driver.api import DiscoveryError
 from elasticjob.driver.discovery import FixedHosts, ScriptDiscovery, parse_hosts
+from elasticjob.driver.driver_types import DiscoveryError
 
 
 def write_script(tmp_path: Path, body: str, name: str = "discover.sh") -> Path:

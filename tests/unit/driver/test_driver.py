@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from elasticjob.driver.api import DriverPhase
+from elasticjob.driver.driver_types import DriverPhase
 from elasticjob.driver.goodput import LostTo
 from elasticjob.driver.job_record import EventKind
 from elasticjob.driver.worker_record import NOT_JOINED_HINT

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from elasticjob.driver.liveness import REACH_GRACE_S
-from elasticjob.driver.slots import assign_slots
+from elasticjob.driver.slot_assignment import assign_slots
 from elasticjob.wire.messages import HeartbeatRequest, NoticeKind, ProbedPeer, WorkerId
 from tests.support.driver_job import A0, B0, C0, Job, settings
 

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticjob.driver.api import DiscoveryError, HostUpdate
 from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
 from elasticjob.driver.discovery import HostDiscovery
-from elasticjob.driver.hosts import HostManager
+from elasticjob.driver.driver_types import DiscoveryError, HostUpdate
+from elasticjob.driver.host_manager import HostManager
 from tests.support.clock import FakeClock
 
 

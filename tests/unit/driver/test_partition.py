@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from elasticjob.driver.partition import Partitioned, ReceivedReport, partitioned_members
-from elasticjob.driver.slots import assign_slots
+from elasticjob.driver.slot_assignment import assign_slots
 from elasticjob.wire.messages import SlotInfo, WorkerId
 
 NOW = 1000.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from elasticjob.driver.api import DEFAULT_MAX_RESTARTS, JobMode, Recovery, recovery
+from elasticjob.driver.driver_types import DEFAULT_MAX_RESTARTS, JobMode, Recovery, recovery
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticjob.driver.api import DriverError
-from elasticjob.driver.slots import (
+from elasticjob.driver.driver_types import DriverError
+from elasticjob.driver.slot_assignment import (
     NotEnoughSlotsError,
     assign_slots,
     missing_survivor,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from elasticjob.driver.api import DriverPhase
+from elasticjob.driver.driver_types import DriverPhase
 from elasticjob.driver.suspension import (
     SuspendDecision,
     SuspendMove,

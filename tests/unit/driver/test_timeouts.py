@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from elasticjob.driver.api import Departure
+from elasticjob.driver.driver_types import Departure
 from elasticjob.driver.timeouts import overdue_dismissals, overdue_endings, slow_starters
 from elasticjob.driver.worker_record import WorkerRecord
 from elasticjob.wire.messages import WorkerId, WorkerState

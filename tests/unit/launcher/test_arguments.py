@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from elasticjob.driver.api import DEFAULT_MAX_RESTARTS
+from elasticjob.driver.driver_types import DEFAULT_MAX_RESTARTS
 from elasticjob.launcher.arguments import build_parser, driver_settings, parse_arguments
-from elasticjob.launcher.cli import main
+from elasticjob.launcher.run_command import main
 
 CLI_TIMEOUT_S = 60.0
 """Every case ends at once; a launcher still running after this is a failure."""
@@ -20,7 +20,7 @@ CLI_TIMEOUT_S = 60.0
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "elasticjob.launcher.cli", *args],
+        [sys.executable, "-m", "elasticjob.launcher.run_command", *args],
         capture_output=True,
         text=True,
         timeout=CLI_TIMEOUT_S,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from elasticjob.launcher.cli import main
 from elasticjob.launcher.processes import WorkerEnvironment
+from elasticjob.launcher.run_command import main
 from elasticjob.wire.messages import WorkerId
 from elasticjob.worker_contract import ENV_HEARTBEAT_INTERVAL, WorkerSettings
 from tests.support.rendezvous_jobs import slot_of

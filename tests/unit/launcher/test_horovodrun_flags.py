@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from elasticjob.launcher.arguments import build_parser, max_np, parse_arguments
-from elasticjob.launcher.cli import main
 from elasticjob.launcher.horovodrun_flags import (
     IGNORED,
     REFUSED,
@@ -21,6 +20,7 @@ from elasticjob.launcher.horovodrun_flags import (
     python_log_level,
 )
 from elasticjob.launcher.output_files import RankOutputFiles, rank_width
+from elasticjob.launcher.run_command import main
 from elasticjob.wire.messages import WorkerId
 
 

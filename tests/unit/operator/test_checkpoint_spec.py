@@ -17,9 +17,9 @@ from elasticjob.operator.api import (
     parse_spec,
     validate,
 )
-from elasticjob.operator.hosts import driver_settings
+from elasticjob.operator.pod_launcher import driver_settings
 from elasticjob.operator.pods import worker_pod
-from elasticjob.operator.status import status_of
+from elasticjob.operator.status_render import status_of
 from elasticjob.worker_contract import (
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_EVERY_COMMITS,

@@ -16,7 +16,7 @@ from elasticjob.operator import handlers
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.operator_config import OperatorConfig
-from elasticjob.operator.runtime import OperatorRuntime
+from elasticjob.operator.operator_process import OperatorRuntime
 from elasticjob.operator.supervisor import JobSupervisor, StopSignal
 from elasticjob.rendezvous.server import RendezvousService
 

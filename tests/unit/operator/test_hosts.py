@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from elasticjob.driver.api import DriverSettings
+from elasticjob.driver.driver_types import DriverSettings
 from elasticjob.operator.api import parse_spec
-from elasticjob.operator.hosts import driver_settings
+from elasticjob.operator.pod_launcher import driver_settings
 from tests.support.crd_model import with_changes
 
 

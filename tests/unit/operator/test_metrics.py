@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from elasticjob.driver.goodput import LostTime, on_failure, on_first_step
-from elasticjob.driver.slots import assign_slots
+from elasticjob.driver.slot_assignment import assign_slots
 from elasticjob.driver.stragglers import Straggler
 from elasticjob.operator.api import Phase
 from elasticjob.operator.controller import JobController

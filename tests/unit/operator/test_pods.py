@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from elasticjob.operator.api import LABEL_HEALTH_CHECK, ElasticJobSpec, parse_spec
-from elasticjob.operator.hosts import driver_settings
+from elasticjob.operator.pod_launcher import driver_settings
 from elasticjob.operator.pods import PodState, PodView, newest_first, view, worker_pod
 from elasticjob.worker_contract import (
     ENV_BACKEND,
@@ -39,7 +39,7 @@ JOB = {"metadata": {"name": "train", "namespace": "ml", "uid": "uid-1"}}
 AGENT = RESTART_AGENT_MODULE
 CHECK = HEALTH_CHECK_MODULE
 TRAIN = ["train", "--lr", "1"]
-SLOTS = "elasticjob.worker_runtime.slots"
+SLOTS = "elasticjob.worker_runtime.agents.slot_supervisor"
 HOST_NOT_IN = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n1", "n2"]}
 
 
@@ -191,7 +191,7 @@ def test_worker_pod_runs_a_process_per_slot() -> None:
     assert worker["command"] == [
         "python",
         "-m",
-        "elasticjob.worker_runtime.slots",
+        "elasticjob.worker_runtime.agents.slot_supervisor",
         "2",
         "--",
         "train",
@@ -210,7 +210,7 @@ def test_worker_pod_runs_a_process_per_slot() -> None:
             5,
             [
                 "-m",
-                "elasticjob.worker_runtime.slots",
+                "elasticjob.worker_runtime.agents.slot_supervisor",
                 "2",
                 "--",
                 "python",

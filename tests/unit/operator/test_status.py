@@ -7,9 +7,9 @@ import datetime
 
 import pytest
 
-from elasticjob.driver.api import DriverPhase, JobResult
+from elasticjob.driver.driver_types import DriverPhase, JobResult
 from elasticjob.driver.goodput import LostTime, on_commit, on_failure, on_first_step
-from elasticjob.driver.slots import assign_slots
+from elasticjob.driver.slot_assignment import assign_slots
 from elasticjob.driver.stragglers import Straggler
 from elasticjob.operator.api import (
     ConditionStatus,
@@ -20,7 +20,7 @@ from elasticjob.operator.api import (
     parse_spec,
 )
 from elasticjob.operator.pods import PodState, PodView
-from elasticjob.operator.status import (
+from elasticjob.operator.status_render import (
     Observation,
     PodCounts,
     goodput_of,

@@ -8,11 +8,11 @@ from typing import Any, cast
 
 import pytest
 
-from elasticjob.driver.api import JobResult
+from elasticjob.driver.driver_types import JobResult
 from elasticjob.operator import status_writer
 from elasticjob.operator.api import Goodput, LostSeconds, Progress, StragglerStatus
 from elasticjob.operator.kube import KubeApi
-from elasticjob.operator.status import Observation, status_of
+from elasticjob.operator.status_render import Observation, status_of
 from elasticjob.operator.status_writer import (
     PROGRESS_WRITE_INTERVAL_S,
     StatusWriter,

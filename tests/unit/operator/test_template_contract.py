@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from elasticjob.driver.api import JobMode
+from elasticjob.driver.driver_types import JobMode
 from elasticjob.operator.api import FieldError, parse_spec, validate
 from elasticjob.operator.api.validation import name_errors
 from elasticjob.operator.pods import worker_pod

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from elasticjob.rendezvous.api import Refusal, RequestRefused
 from elasticjob.rendezvous.health_checks import HealthChecks
 from elasticjob.rendezvous.health_rule import HealthPolicy
+from elasticjob.rendezvous.rendezvous_types import Refusal, RequestRefused
 from elasticjob.rendezvous.wakeup import LongPolls
 from elasticjob.wire.health import (
     CohortRequest,

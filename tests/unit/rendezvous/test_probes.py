@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from elasticjob.driver.slots import assign_slots
-from elasticjob.rendezvous.api import ProbeReport, Refusal, RequestRefused
+from elasticjob.driver.slot_assignment import assign_slots
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.probes import probe_targets, probers_of
+from elasticjob.rendezvous.rendezvous_types import ProbeReport, Refusal, RequestRefused
 from elasticjob.wire.messages import (
     HeartbeatRequest,
     PeerEndpoint,

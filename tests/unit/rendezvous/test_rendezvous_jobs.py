@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from elasticjob.rendezvous.api import RendezvousError
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.notice_log import MAX_NOTICES
+from elasticjob.rendezvous.rendezvous_types import RendezvousError
 from elasticjob.wire.messages import (
     HeartbeatRequest,
     NoticeKind,

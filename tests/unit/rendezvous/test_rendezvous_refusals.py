@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-from elasticjob.rendezvous.api import Refusal, RequestRefused
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.limits import ANNOUNCED_ROUNDS_PER_WORKER, JobLimits
+from elasticjob.rendezvous.rendezvous_types import Refusal, RequestRefused
 from elasticjob.wire.messages import (
     HeartbeatRequest,
     ProgressRequest,

@@ -13,8 +13,9 @@ import torch
 from torch.distributed import TCPStore
 
 import elasticjob.worker_runtime as hvd
-from elasticjob.worker_runtime import basics, step_weight
-from elasticjob.worker_runtime.process_group import RoundGroup
+from elasticjob.worker_runtime import basics
+from elasticjob.worker_runtime.rounds.process_group import RoundGroup
+from elasticjob.worker_runtime.training import step_weight
 from tests.support.worker_env import standalone_env
 
 SILENT_PEER_TIMEOUT = datetime.timedelta(seconds=40)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from elasticjob.wire.messages import RendezvousRequest, RendezvousStatus
-from elasticjob.worker_runtime.rendezvous_client import LONG_POLL_S, RendezvousClient
+from elasticjob.worker_runtime.link.rendezvous_client import LONG_POLL_S, RendezvousClient
 
 REQUEST = RendezvousRequest(
     hostname="host-a", local_rank=1, address="127.0.0.1", store_port=29500, after_round=4

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from elasticjob.worker_runtime.call_descriptions import Call, mismatch
+from elasticjob.worker_runtime.collectives.call_descriptions import Call, mismatch
 
 REDUCE = Call("allreduce", ("float32",), ((2, 3),), op="sum")
 GATHER = Call("allgather", ("float32",), ((2, 3),))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from elasticjob.worker_runtime.devices import DeviceError, DevicePlan, device_for_slot
+from elasticjob.worker_runtime.rounds.devices import DeviceError, DevicePlan, device_for_slot
 
 CPU = DevicePlan(torch.device("cpu"), None)
 

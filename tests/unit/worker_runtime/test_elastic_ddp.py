@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 
 import elasticjob.worker_runtime as hvd
-from elasticjob.worker_runtime import basics, step_weight
-from elasticjob.worker_runtime.process_group import RoundGroup
+from elasticjob.worker_runtime import basics
+from elasticjob.worker_runtime.rounds.process_group import RoundGroup
+from elasticjob.worker_runtime.training import step_weight
 from tests.support.gradient_reduction import (
     RAISED_WITHIN_S,
     Weights,

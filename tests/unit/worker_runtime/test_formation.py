@@ -11,7 +11,7 @@ import pytest
 from torch.distributed import TCPStore
 
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
-from elasticjob.worker_runtime.formation import await_members, connect_store
+from elasticjob.worker_runtime.rounds.group_formation import await_members, connect_store
 from tests.support.loopback import closed_port
 
 MINUTE = datetime.timedelta(seconds=60)

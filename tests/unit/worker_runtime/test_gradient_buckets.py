@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from elasticjob.worker_runtime.gradient_buckets import (
+from elasticjob.worker_runtime.training.gradient_buckets import (
     Bucket,
     ParamInfo,
     plan_buckets,

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import elasticjob.worker_runtime as hvd
-from elasticjob.worker_runtime import basics, step_weight
-from elasticjob.worker_runtime.gradient_reducer import Reduction, result_scale
-from elasticjob.worker_runtime.process_group import RoundGroup
+from elasticjob.worker_runtime import basics
+from elasticjob.worker_runtime.rounds.process_group import RoundGroup
+from elasticjob.worker_runtime.training import step_weight
+from elasticjob.worker_runtime.training.gradient_reducer import Reduction, result_scale
 from tests.support.gradient_reduction import Weights, backward, mlp, raises_when_aborted
 
 

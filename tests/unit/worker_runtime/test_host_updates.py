@@ -6,7 +6,7 @@ import pytest
 
 from elasticjob.worker_runtime.elastic.host_messages import HostMessages
 from elasticjob.worker_runtime.exceptions import HostsUpdatedInterrupt
-from elasticjob.worker_runtime.host_updates import HostUpdateAgreement
+from elasticjob.worker_runtime.rounds.host_updates import HostUpdateAgreement
 
 
 def test_a_notice_is_pending_until_a_check_acts_on_it() -> None:

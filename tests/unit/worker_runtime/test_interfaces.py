@@ -8,7 +8,7 @@ import ipaddress
 import pytest
 
 from elasticjob.worker_contract import ENV_GLOO_SOCKET_IFNAME, ENV_NCCL_SOCKET_IFNAME
-from elasticjob.worker_runtime.interfaces import (
+from elasticjob.worker_runtime.rounds.interfaces import (
     InterfaceAddress,
     interface_for_address,
     local_interfaces,

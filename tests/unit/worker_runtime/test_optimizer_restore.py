@@ -8,12 +8,12 @@ from typing import Any
 
 import torch
 
-from elasticjob.worker_runtime.elastic.handlers import (
+from elasticjob.worker_runtime.elastic.state_handlers import (
     OptimizerStateHandler,
     copy_optimizer_state,
     loads_plainly,
 )
-from elasticjob.worker_runtime.optimizer import DistributedMixin
+from elasticjob.worker_runtime.training.optimizer import DistributedMixin
 
 
 def trained(steps: int, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:

@@ -8,8 +8,8 @@ import threading
 import time
 
 from elasticjob.worker_contract import ENV_ORPHAN_TIMEOUT, WorkerConfig
-from elasticjob.worker_runtime.heartbeat import Heartbeat
-from elasticjob.worker_runtime.rendezvous_client import RendezvousClient
+from elasticjob.worker_runtime.link.heartbeat import Heartbeat
+from elasticjob.worker_runtime.link.rendezvous_client import RendezvousClient
 from tests.support.loopback import closed_port
 from tests.support.worker_env import FULL_ENV
 

@@ -20,10 +20,10 @@ import torch
 
 from elasticjob.wire.messages import PeerEndpoint, ProbedPeer
 from elasticjob.worker_contract import ENV_PROBE_AFTER, WorkerConfig
-from elasticjob.worker_runtime.heartbeat import Heartbeat
-from elasticjob.worker_runtime.process_group import RoundGroup
-from elasticjob.worker_runtime.reachability import PeerProber, ProbeListener, unreachable_peers
-from elasticjob.worker_runtime.rendezvous_client import RendezvousClient
+from elasticjob.worker_runtime.link.heartbeat import Heartbeat
+from elasticjob.worker_runtime.link.reachability import PeerProber, ProbeListener, unreachable_peers
+from elasticjob.worker_runtime.link.rendezvous_client import RendezvousClient
+from elasticjob.worker_runtime.rounds.process_group import RoundGroup
 from tests.support.loopback import closed_port
 from tests.support.worker_env import FULL_ENV
 

@@ -15,8 +15,8 @@ from elasticjob.script_env import (
 )
 from elasticjob.wire.messages import PlannedRound, RoundInfo, SlotInfo
 from elasticjob.worker_contract import WorkerConfig
-from elasticjob.worker_runtime.placement import export_script_env, tentative_place
-from elasticjob.worker_runtime.rendezvous_client import RendezvousClient, RendezvousClientError
+from elasticjob.worker_runtime.link.rendezvous_client import RendezvousClient, RendezvousClientError
+from elasticjob.worker_runtime.rounds.placement import export_script_env, tentative_place
 
 CONFIG = WorkerConfig(
     rendezvous_url="http://127.0.0.1:1",

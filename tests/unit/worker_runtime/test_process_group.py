@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed import HashStore
 
-from elasticjob.worker_runtime import lingering
+from elasticjob.worker_runtime.collectives import lingering
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
-from elasticjob.worker_runtime.process_group import RoundGroup
+from elasticjob.worker_runtime.rounds.process_group import RoundGroup
 
 TIMEOUT = datetime.timedelta(seconds=40)
 TEARDOWN_THREAD = "abandoned-group-teardown"

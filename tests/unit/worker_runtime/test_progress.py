@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 from elasticjob.wire.messages import CheckpointReport, ProgressRequest
 from elasticjob.wire.protocol import MAX_REPORTED_CHECKPOINTS, MAX_REPORTED_COMMITS
-from elasticjob.worker_runtime.progress import ProgressReporter
-from elasticjob.worker_runtime.rendezvous_client import RendezvousClientError
+from elasticjob.worker_runtime.link.progress import ProgressReporter
+from elasticjob.worker_runtime.link.rendezvous_client import RendezvousClientError
 
 DEADLINE = 5.0
 

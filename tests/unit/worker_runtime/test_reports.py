@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from elasticjob.wire.messages import ResultRequest, WorkerState
-from elasticjob.worker_runtime.rendezvous_client import RendezvousClientError
-from elasticjob.worker_runtime.reports import DriverReports, NoReports
+from elasticjob.worker_runtime.link.rendezvous_client import RendezvousClientError
+from elasticjob.worker_runtime.link.reports import DriverReports, NoReports
 
 
 class Client:

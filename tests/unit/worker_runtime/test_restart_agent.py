@@ -15,7 +15,7 @@ import pytest
 
 from elasticjob.wire.messages import Notice, NoticeKind, ScriptExit
 from elasticjob.worker_contract import ENV_RENDEZVOUS_URL, ENV_TOKEN
-from elasticjob.worker_runtime.restart_agent import (
+from elasticjob.worker_runtime.agents.restart_agent import (
     Attempt,
     Cause,
     NextStep,
@@ -23,7 +23,7 @@ from elasticjob.worker_runtime.restart_agent import (
     restart_cause,
     script_environ,
 )
-from elasticjob.worker_runtime.script_process import (
+from elasticjob.worker_runtime.agents.script_process import (
     TAIL_CHARS,
     TAIL_LINES,
     ScriptProcess,

@@ -15,8 +15,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from torch.utils.data import DataLoader, TensorDataset
 
 import elasticjob.worker_runtime
-from elasticjob.worker_runtime import step_weight
 from elasticjob.worker_runtime.elastic.sampler import ElasticSampler, batch_weight, plan_share
+from elasticjob.worker_runtime.training import step_weight
 
 
 @dataclass

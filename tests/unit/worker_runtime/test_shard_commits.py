@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from elasticjob.worker_runtime.elastic.shard_commits import CommitInfo, RankCommits, choose_commit
+from elasticjob.worker_runtime.elastic.sharded.shard_commits import (
+    CommitInfo,
+    RankCommits,
+    choose_commit,
+)
 
 
 def info(number: int, *held: int, world: int = 4) -> CommitInfo:

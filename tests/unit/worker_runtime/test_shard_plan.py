@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticjob.worker_runtime.elastic.shard_plan import (
+from elasticjob.worker_runtime.elastic.sharded.shard_plan import (
     LostShards,
     RowLayout,
     Transfer,

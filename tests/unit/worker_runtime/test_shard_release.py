@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from elasticjob.worker_runtime.elastic.shard_snapshot import release_group
+from elasticjob.worker_runtime.elastic.sharded.shard_snapshot import release_group
 
 
 @pytest.fixture

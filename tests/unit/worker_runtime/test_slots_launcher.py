@@ -1,4 +1,4 @@
-"""``python -m elasticjob.worker_runtime.slots``: one process per slot of a pod."""
+"""``python -m elasticjob.worker_runtime.agents.slot_supervisor``: one process per slot of a pod."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from elasticjob.worker_contract import (
     ENV_TORCH_LOCAL_RANK,
 )
 
-SLOTS = [sys.executable, "-m", "elasticjob.worker_runtime.slots"]
+SLOTS = [sys.executable, "-m", "elasticjob.worker_runtime.agents.slot_supervisor"]
 
 
 def test_every_slot_runs_with_its_local_rank(tmp_path: Path) -> None:

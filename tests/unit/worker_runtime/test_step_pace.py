@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from elasticjob.wire.messages import StepPace
-from elasticjob.worker_runtime.step_pace import WINDOW, StepPaceMeter
+from elasticjob.worker_runtime.diagnostics.step_pace import WINDOW, StepPaceMeter
 
 
 class Clocks:

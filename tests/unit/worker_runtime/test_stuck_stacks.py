@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from elasticjob.worker_runtime.log import stacks_if_stuck
+from elasticjob.worker_runtime.diagnostics.log import stacks_if_stuck
 
 
 def _parked_thread() -> tuple[threading.Thread, threading.Event]:

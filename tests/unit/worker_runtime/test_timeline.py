@@ -14,7 +14,7 @@ import pytest
 
 from elasticjob.launcher.output_files import write_timeline
 from elasticjob.worker_contract import ENV_HOSTNAME, ENV_LOCAL_RANK, ENV_TIMELINE_DIR
-from elasticjob.worker_runtime import timeline
+from elasticjob.worker_runtime.diagnostics import timeline
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from elasticjob.script_env import PER_START_ENV, serves_start
-from elasticjob.worker_runtime.script_process import ScriptProcess, WarmStart, warm_start
+from elasticjob.worker_runtime.agents.script_process import ScriptProcess, WarmStart, warm_start
 
 DEADLINE_S = 60.0
 

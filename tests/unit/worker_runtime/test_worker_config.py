@@ -16,9 +16,9 @@ from elasticjob.worker_contract import (
     ENV_TOKEN,
     WorkerConfig,
 )
-from elasticjob.worker_runtime.devices import resolve_backend
+from elasticjob.worker_runtime.diagnostics.log import CONTEXT, get_logger
 from elasticjob.worker_runtime.exceptions import HostsUpdatedInterrupt
-from elasticjob.worker_runtime.log import CONTEXT, get_logger
+from elasticjob.worker_runtime.rounds.devices import resolve_backend
 from elasticjob.worker_runtime.runtime import Runtime
 from tests.support.worker_env import FULL_ENV
 

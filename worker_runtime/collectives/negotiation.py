@@ -1,0 +1,330 @@
+"""Horovod's matching of collectives by name: every rank's call of a collective is agreed on
+before any data moves.
+
+Each collective has a name: the one the script gives (``name=``), or ``<kind>.noname.<n>``
+for its n-th unnamed call of that kind in the round. A rank's call is submitted at once and
+never blocks: its :class:`~elasticjob.worker_runtime.collectives.call_descriptions.Call` goes to the
+round's store; the rank whose call completes the set (every member has called that name)
+checks the calls against each other and appends a verdict to the round's sequence of agreed
+collectives. A thread of each rank carries the sequence out in order on the round's
+*negotiated group* (beside the round's own, which the runtime's internal collectives and
+``DistributedOptimizer``'s reducer use in program order). A verdict of mismatch fails the
+collective on every rank with :class:`CollectiveMismatchError` and moves no data, so the
+group stays usable.
+
+Ranks may therefore issue collectives in different orders: a call waits for its partners
+(Horovod's ``allreduce_async(name=x)`` on one rank, then a barrier, then the others' calls of
+``x``). A name may have one call outstanding per rank: a second is refused with ValueError,
+as in Horovod. Every store key of the negotiation lives under the round's fresh prefix, and
+the thread ends with the round.
+
+A named collective called as last time (the same operation, dtypes, shapes...) is counted
+without sending the call, and when every rank did so the verdict needs no call read (as
+Horovod's response cache spares repeated tensors their full negotiation). Each round's keys
+are removed once their collective is agreed (by the thread, while the data moves), so a long
+round does not grow the store.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import Store
+
+from elasticjob.worker_runtime.collectives import lingering
+from elasticjob.worker_runtime.collectives.call_descriptions import Call, mismatch
+from elasticjob.worker_runtime.diagnostics.log import get_logger
+from elasticjob.worker_runtime.exceptions import CollectiveMismatchError
+
+logger = get_logger(__name__)
+
+Issued = tuple[Sequence[Any], Callable[[], Any]]
+"""The works of an issued collective, and the function that gives its output once they are
+done."""
+Start = Callable[[Sequence[Call], dist.ProcessGroup], Issued]
+"""Issues an agreed collective on the negotiated group, given every rank's call: returns its
+works and the function that gives its output once they are done."""
+
+WAKE_S = 3600.0
+"""How long the thread waits for the next verdict before it waits again (it is woken when
+its round is closed; a store's wait that times out logs a warning, so it is rare)."""
+_FRESH = 1 << 20
+"""What a rank adds to a call's count when it sends its call in full: a named collective
+called as last time is counted with 1 alone, and when every rank did so the verdict is made
+without reading any call (Horovod's response cache does the same for repeated tensors)."""
+_STOP = "stop"
+
+
+@dataclass(eq=False)
+class NegotiatedCall:
+    """A submitted collective: a work (for ``RoundGroup.wait``) that completes once the
+    agreed collective's data has moved, or at once with a mismatch."""
+
+    name: str
+    key: str
+    call: Call
+    start: Start
+    named: bool
+    """Named by the script (its calls are remembered: see :data:`_FRESH`)."""
+    previous: list[Call] | None = None
+    """Every rank's agreed call of this name last time, if the name has one."""
+    future: torch.futures.Future[object] = field(default_factory=torch.futures.Future)
+    problem: str | None = None
+    finish: Callable[[], Any] | None = None
+
+    def get_future(self) -> torch.futures.Future[object]:
+        return self.future
+
+    def wait(self) -> bool:
+        self.future.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self.future.done()
+
+    def result(self) -> Any:
+        """The collective's output once :meth:`wait` returned; raises on a mismatch."""
+        if self.problem is not None:
+            raise CollectiveMismatchError(self.problem)
+        assert self.finish is not None
+        return self.finish()
+
+
+class Negotiation:
+    """The negotiation of one round's collectives (see the module's docstring)."""
+
+    def __init__(
+        self,
+        store: Store | None,
+        rank: int,
+        size: int,
+        group: dist.ProcessGroup,
+        device: torch.device | None = None,
+    ):
+        self._rank, self._size, self._device = rank, size, device
+        self._group: dist.ProcessGroup | None = group
+        """Dropped at :meth:`close`: the last reference to a broken group must be its
+        teardown thread's (see ``process_group.py``)."""
+        self._origin = store
+        self._store = None if store is None else _client(store)
+        """The publishing thread's client (each thread has its own: a client serves one
+        request at a time, and the following thread blocks in a wait)."""
+        self._lock = threading.Lock()
+        self._outstanding: dict[str, NegotiatedCall] = {}
+        self._by_key: dict[str, NegotiatedCall] = {}
+        self._occurrences: collections.Counter[str] = collections.Counter()
+        self._agreed: dict[str, list[Call]] = {}
+        self._submitted: queue.SimpleQueue[NegotiatedCall | None] = queue.SimpleQueue()
+        self._spent: list[str] = []
+        """Store keys of collectives agreed on, which this rank's thread removes."""
+        self._unnamed: collections.Counter[str] = collections.Counter()
+        self._closed = threading.Event()
+        self._sequence = 1
+        self._thread: threading.Thread | None = None
+
+    @property
+    def group(self) -> dist.ProcessGroup:
+        """The group the agreed collectives run on, until :meth:`close`."""
+        group = self._group
+        if group is None:
+            raise RuntimeError("the negotiation's round has ended")
+        return group
+
+    def submit(self, name: str | None, call: Call, start: Start) -> NegotiatedCall:
+        """Submit this rank's ``call`` of the collective ``name`` (None: the next unnamed one
+        of its kind); ``start`` issues it once every rank's call agrees."""
+        with self._lock:
+            named = name is not None
+            if name is None:
+                self._unnamed[call.kind] += 1
+                name = f"{call.kind}.noname.{self._unnamed[call.kind]}"
+            if name in self._outstanding:
+                raise ValueError(
+                    f"a collective named {name!r} is already in progress on this rank: give "
+                    f"this one another name, or wait for that one first"
+                )
+            occurrence = self._occurrences[name]
+            self._occurrences[name] += 1
+            submitted = NegotiatedCall(name, f"{name}#{occurrence}", call, start, named)
+            # A name's previous call was carried out on every rank that calls it again (one
+            # call of a name is outstanding at most), so every rank holds the same entry.
+            submitted.previous = self._agreed.get(name) if named else None
+            self._outstanding[name] = submitted
+            self._by_key[submitted.key] = submitted
+        if self._size == 1 or self._store is None:
+            self._carry_out(submitted, [call])
+            return submitted
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._follow, name="collective-negotiation", daemon=True
+                )
+                self._thread.start()
+                threading.Thread(
+                    target=self._publishing, name="collective-calls", daemon=True
+                ).start()
+        self._submitted.put(submitted)
+        return submitted
+
+    def close(self) -> None:
+        """End the round's negotiation: its threads stop (pending calls are failed by their
+        round's end, as every collective of a broken or replaced round is). The following
+        thread is woken through the store from a thread of its own (a store that stops
+        answering blocks that one only); :func:`settle` waits for them."""
+        self._closed.set()
+        self._group = None
+        thread = self._thread
+        if self._store is None or thread is None:
+            return
+        self._submitted.put(None)
+        waker = threading.Thread(target=self._wake, name="negotiation-wake", daemon=True)
+        waker.start()
+        lingering.track(thread, waker)
+
+    def _wake(self) -> None:
+        assert self._origin is not None
+        try:
+            _client(self._origin).set(self._verdict_key(self._rank, self._sequence), _STOP)
+        except (RuntimeError, dist.DistError) as exc:
+            logger.debug("waking the negotiation thread: %s", exc)
+
+    def _publishing(self) -> None:
+        """Publish this rank's calls in the order they were submitted, on a thread of its
+        own: a store that stops answering blocks this thread, never the caller, whose wait
+        the round's abort ends. A call that cannot be published fails its collective."""
+        while (submitted := self._submitted.get()) is not None:
+            try:
+                self._publish(submitted)
+            except (RuntimeError, dist.DistError) as exc:
+                if not submitted.future.done():
+                    submitted.future.set_exception(exc)
+
+    def _verdict_key(self, rank: int, sequence: int) -> str:
+        return f"verdict/{rank}/{sequence}"
+
+    def _publish(self, submitted: NegotiatedCall) -> None:
+        """Tell the other ranks this rank's call: by a count alone when it is the call this
+        rank made of the name last time (every rank then knows it), else in full. The rank
+        that completes the count publishes the verdict and removes the call's keys."""
+        store, key, previous = self._store, submitted.key, submitted.previous
+        assert store is not None
+        same = previous is not None and previous[self._rank] == submitted.call
+        if same:
+            arrived = store.add(f"arrived/{key}", 1)
+        else:
+            line = f"{self._rank} {submitted.call.encode()}\n"
+            store.append(f"calls/{key}", line)  # type: ignore[attr-defined]
+            arrived = store.add(f"arrived/{key}", 1 + _FRESH)
+        if arrived % _FRESH == self._size:
+            calls = list(previous or [])
+            if arrived // _FRESH:
+                calls = self._gathered_calls(store, key, calls)
+            sequence = store.add("sequence", 1)
+            verdict = json.dumps({"key": key, "calls": [call.encode() for call in calls]})
+            keys = [self._verdict_key(rank, sequence) for rank in range(self._size)]
+            store.multi_set(keys, [verdict] * self._size)  # type: ignore[attr-defined]
+            with self._lock:
+                self._spent.append(f"arrived/{key}")
+
+    def _gathered_calls(self, store: Store, key: str, previous: list[Call]) -> list[Call]:
+        """Every rank's call of ``key``: those sent in full, and for the others their call of
+        the name last time (``previous``)."""
+        sent = {}
+        for line in store.get(f"calls/{key}").decode().splitlines():
+            rank, encoded = line.split(" ", 1)
+            sent[int(rank)] = Call.decode(encoded)
+        with self._lock:
+            self._spent.append(f"calls/{key}")
+        if len(sent) < self._size and len(previous) != self._size:
+            raise RuntimeError(f"negotiating {key}: ranks sent no call and none is known")
+        return [sent[rank] if rank in sent else previous[rank] for rank in range(self._size)]
+
+    def _follow(self) -> None:
+        """Carry out the round's agreed collectives in their order, until the round ends."""
+        assert self._origin is not None
+        store = _client(self._origin)
+        if self._device is not None and self._device.type == "cuda":
+            torch.cuda.set_device(self._device)  # NCCL issues on the rank's device
+        while not self._closed.is_set():
+            key = self._verdict_key(self._rank, self._sequence)
+            try:
+                store.wait([key], datetime.timedelta(seconds=WAKE_S))
+                verdict = store.get(key).decode()
+            except (RuntimeError, dist.DistError) as exc:
+                if self._closed.is_set():
+                    return
+                logger.debug("waiting for the next agreed collective: %s", exc)
+                continue
+            if verdict == _STOP or self._closed.is_set():
+                return
+            self._sequence += 1
+            agreed = json.loads(verdict)
+            with self._lock:
+                submitted = self._by_key[agreed["key"]]
+            calls = [Call.decode(c) for c in agreed["calls"]]
+            self._carry_out(submitted, calls)
+            with self._lock:
+                spent, self._spent = [key, *self._spent], []
+            try:  # while the collective's data moves
+                for done in spent:
+                    store.delete_key(done)
+            except (RuntimeError, dist.DistError) as exc:
+                logger.debug("removing the keys of agreed collectives: %s", exc)
+
+    def _carry_out(self, submitted: NegotiatedCall, calls: Sequence[Call]) -> None:
+        submitted.problem = mismatch(submitted.name, calls)
+        with self._lock:
+            if submitted.named:
+                if submitted.problem is None:
+                    self._agreed[submitted.name] = list(calls)
+                else:
+                    self._agreed.pop(submitted.name, None)
+            del self._by_key[submitted.key]
+            del self._outstanding[submitted.name]
+        if submitted.problem is not None:
+            submitted.future.set_result(None)
+            return
+        try:
+            works, submitted.finish = submitted.start(calls, self.group)
+        except (RuntimeError, dist.DistError) as exc:
+            submitted.future.set_exception(exc)
+            return
+        done = torch.futures.collect_all([work.get_future() for work in works])
+        done.add_done_callback(lambda all_done: _settle(submitted.future, all_done))
+
+
+def _client(store: Store) -> Store:
+    """A client of ``store`` of its own: a store client serves one request at a time, and
+    this module's thread blocks in a wait."""
+    clone: Store = store.clone()  # type: ignore[attr-defined]
+    return clone
+
+
+def _settle(future: torch.futures.Future[object], done: torch.futures.Future[Any]) -> None:
+    try:
+        for part in done.value():
+            part.value()
+    except (RuntimeError, dist.DistError) as exc:
+        future.set_exception(exc)
+        return
+    future.set_result(None)
+
+
+def describe(kind: str, tensors: Sequence[torch.Tensor], **fields: Any) -> Call:
+    """This rank's :class:`Call` of the collective ``kind`` on ``tensors`` (a scalar counts
+    as one row)."""
+    return Call(
+        kind=kind,
+        dtypes=tuple(str(t.dtype).removeprefix("torch.") for t in tensors),
+        shapes=tuple(tuple(t.shape) if t.dim() else (1,) for t in tensors),
+        **fields,
+    )

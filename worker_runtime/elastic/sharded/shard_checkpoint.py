@@ -1,0 +1,236 @@
+"""Durable checkpoints of a sharded state, in ``torch.distributed.checkpoint``'s format.
+
+The fallback of :class:`~elasticjob.worker_runtime.elastic.sharded.sharded_state.ShardedState` for
+what host memory cannot cover: more ranks lost at once than its copies cover, or no rank of the
+previous round left. Every rank writes its own shards (``dcp.save``: no rank gathers the
+model), so the job's checkpoint folder must be one that every worker sees (one host, or a
+``ReadWriteMany`` volume).
+
+``<folder>/ckpt-<seq>-step-<step>/`` (the names of ``checkpoint_files.py``, pruned the same
+way) is a plain DCP checkpoint of the state dict ::
+
+    {"model": get_model_state_dict(model),
+     "optimizer": get_optimizer_state_dict(model, optimizer),
+     "extras": {attribute: its state dict},   # the sampler, epoch, ...
+     "meta": {"epoch": .., "step": .., "round": .., "commit": ..}}
+
+which standard tools load onto any world size (``dcp.load`` then ``set_state_dict``). It is
+written as ``<name>.tmp`` and renamed by rank 0 once ``dcp.save`` returned on every rank (its
+metadata written), so a folder without the suffix is complete.
+
+A checkpoint is written at a commit the job's policy makes due (``checkpoint_policy.py``):
+rank 0 decides and tells the others, since the ranks' clocks differ. The write is
+synchronous: every rank writes its shards before ``commit()`` returns.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from elasticjob.checkpoint_policy import CheckpointPolicy, checkpoint_due
+from elasticjob.wire.messages import CheckpointReport
+from elasticjob.worker_runtime.collectives.issuing import broadcast_object
+from elasticjob.worker_runtime.diagnostics.log import get_logger
+from elasticjob.worker_runtime.elastic.checkpoint_files import (
+    TMP_SUFFIX,
+    CheckpointError,
+    checkpoint_name,
+    complete_newest_first,
+    sequence_of,
+    to_prune,
+)
+
+logger = get_logger(__name__)
+
+DCP_METADATA: Final = ".metadata"
+"""The file ``dcp.save`` writes last, on its coordinator."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A checkpoint loaded into a model and optimizer: the other attributes' state dicts and
+    what the checkpoint says about its commit."""
+
+    extras: dict[str, Any]
+    meta: dict[str, int]
+    report: CheckpointReport
+
+
+class ShardCheckpointer:
+    """Writes a sharded state's commits to ``policy.folder`` in DCP format, and loads the
+    newest one. Both are collectives of the round: every rank calls them together."""
+
+    def __init__(self, policy: CheckpointPolicy, clock: Callable[[], float] = time.monotonic):
+        self.folder = Path(policy.folder)
+        self._policy = policy
+        self._clock = clock
+        self._commits_since = 0
+        self._last_at = clock()
+
+    def complete_checkpoints(self, rank: int) -> list[str]:
+        """The folder's complete checkpoints, newest first, as rank 0 sees them (a
+        collective: a write's last rename is rank 0's)."""
+        names = None
+        if rank == 0:
+            names = complete_newest_first(os.listdir(self.folder)) if self.folder.is_dir() else []
+        listed: list[str] = broadcast_object(names, root_rank=0)
+        return listed
+
+    def after_commit(self, rank: int, step: int, write: Callable[[str], None]) -> None:
+        """A commit was made at ``step``: if the policy makes it due (rank 0 decides), every
+        rank calls ``write(name)`` with the checkpoint's folder name."""
+        self._commits_since += 1
+        due = rank == 0 and checkpoint_due(
+            self._policy, self._commits_since, self._clock() - self._last_at, False
+        )
+        if self._policy.interval_s > 0:  # by time: rank 0's clock decides for everyone
+            due = broadcast_object(due, root_rank=0)
+        elif rank != 0:  # by count: every rank counts the same commits
+            due = checkpoint_due(self._policy, self._commits_since, 0.0, False)
+        if due:
+            self._commits_since, self._last_at = 0, self._clock()
+            write(self.next_name(rank, step))
+
+    def next_name(self, rank: int, step: int) -> str:
+        """The name of the next checkpoint, taken at ``step``, chosen by rank 0 (a
+        collective)."""
+        name = None
+        if rank == 0:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            entries = os.listdir(self.folder)
+            for stale in (e for e in entries if e.endswith(TMP_SUFFIX) and sequence_of(e)):
+                shutil.rmtree(self.folder / stale, ignore_errors=True)
+            seq = max((s for s in map(sequence_of, entries) if s is not None), default=0) + 1
+            name = checkpoint_name(seq, step)
+        chosen: str = broadcast_object(name, root_rank=0)
+        return chosen
+
+    def write(
+        self,
+        name: str,
+        rank: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        extras: dict[str, Any],
+        meta: dict[str, int],
+    ) -> CheckpointReport | None:
+        """Write the live model and optimizer (equal to the commit just made), the committed
+        ``extras`` and ``meta`` as checkpoint ``name`` (a collective); rank 0 returns what it
+        wrote, the others None. A write that fails on any rank is logged on every rank and
+        tried again at a later commit (None)."""
+        started = time.monotonic()
+        tmp = self.folder / f"{name}{TMP_SUFFIX}"
+        state = {
+            "model": get_model_state_dict(model),
+            "optimizer": get_optimizer_state_dict(model, optimizer),
+            "extras": extras,
+            "meta": meta,
+        }
+        try:
+            dcp_save(state, checkpoint_id=tmp)
+        except CheckpointException:
+            logger.exception("writing checkpoint %s failed; trying at a later commit", name)
+            return None
+        if rank != 0:
+            return None
+        size = _size_of(tmp)
+        os.rename(tmp, self.folder / name)
+        for entry in to_prune(os.listdir(self.folder), self._policy.keep):
+            shutil.rmtree(self.folder / entry, ignore_errors=True)
+        seconds = time.monotonic() - started
+        logger.info("checkpoint %s written in %.2f s (%.1f MB)", name, seconds, size / 1e6)
+        return CheckpointReport(
+            name=name,
+            epoch=meta["epoch"],
+            step=meta["step"],
+            seconds=seconds,
+            size_bytes=size,
+        )
+
+    def load_newest(
+        self,
+        names: list[str],
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        extras: dict[str, Any],
+    ) -> Loaded | None:
+        """Load the newest of the complete checkpoints ``names`` (from
+        :meth:`complete_checkpoints`) into ``model`` and ``optimizer`` (sharded over the
+        current world, whatever world wrote it) and return it, with ``extras`` (the
+        attributes' current state dicts, as a template) as it holds them. None: there is no
+        checkpoint. A checkpoint that cannot be loaded is logged and the previous one tried;
+        raises :class:`CheckpointError` when none can be: training never silently starts
+        afresh. A collective: every rank reads the same folder."""
+        if not names:
+            return None
+        failures = []
+        for name in names:
+            started = time.monotonic()
+            try:
+                loaded = _load(self.folder / name, model, optimizer, extras)
+            except CheckpointError as exc:
+                logger.error("checkpoint %s cannot be loaded: %s; trying an older one", name, exc)
+                failures.append(f"{name}: {exc}")
+                continue
+            extras_, meta = loaded
+            seconds = time.monotonic() - started
+            logger.info(
+                "loaded checkpoint %s (epoch %d, step %d) in %.2f s",
+                name,
+                meta["epoch"],
+                meta["step"],
+                seconds,
+            )
+            report = CheckpointReport(
+                name=name,
+                epoch=meta["epoch"],
+                step=meta["step"],
+                seconds=seconds,
+                size_bytes=_size_of(self.folder / name),
+            )
+            return Loaded(extras_, meta, report)
+        raise CheckpointError(
+            f"none of the {len(names)} checkpoints in {self.folder} can be loaded "
+            f"(refusing to start afresh): {'; '.join(failures)}"
+        )
+
+
+def _load(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extras: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, int]]:
+    if not (path / DCP_METADATA).is_file():
+        raise CheckpointError(f"no {DCP_METADATA}: not a torch.distributed.checkpoint")
+    state: dict[str, Any] = {
+        "model": get_model_state_dict(model),
+        "optimizer": get_optimizer_state_dict(model, optimizer),
+        "extras": dict(extras),
+        "meta": {"epoch": 0, "step": 0, "round": 0, "commit": 0},
+    }
+    try:
+        dcp_load(state, checkpoint_id=path)
+    except (CheckpointException, OSError, KeyError, ValueError) as exc:
+        raise CheckpointError(f"unreadable: {type(exc).__name__}: {exc}") from exc
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    return state["extras"], state["meta"]
+
+
+def _size_of(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file()) if path.is_dir() else 0

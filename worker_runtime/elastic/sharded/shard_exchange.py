@@ -1,0 +1,146 @@
+"""Moving committed shards between the ranks of a round, point to point over its group.
+
+- :func:`exchange_copies`: at a commit, each rank sends its shards to the ranks that keep
+  copies of them (``shard_plan.copy_holders``) and receives the shards it keeps a copy of:
+  one message per (rank, holder) and tensor, straight from the snapshot (on the commit's
+  own thread: ``shard_copies.py``).
+- :func:`reshard`: after the world changed, each rank of the new world receives the rows of
+  its new shards from the ranks that hold them (``shard_plan.plan_reshard``), in one batch of
+  sends and receives for every tensor at once.
+
+Both move host memory over the round's host group (:func:`host_group`), a Gloo group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from elasticjob.worker_runtime.elastic.sharded.shard_plan import RowLayout, Transfer
+from elasticjob.worker_runtime.elastic.sharded.shard_snapshot import ShardedEntry
+from elasticjob.worker_runtime.exceptions import HorovodInternalError
+
+Key = tuple[str, str]
+Shards = dict[Key, torch.Tensor]
+"""One rank's committed shards by entry (its rows of each sharded tensor)."""
+
+
+def wait_all(works: Sequence[dist.Work], what: str = "a transfer of shards") -> None:
+    """Wait for ``works`` on a round's host group; raise :class:`HorovodInternalError` when
+    they fail (a peer died). Gloo's transfers cannot be awaited through futures, so the
+    runtime's abort does not cut this wait short: a dead peer's connection fails it."""
+    try:
+        for work in works:
+            work.wait()
+    except (RuntimeError, dist.DistError) as exc:
+        raise HorovodInternalError(f"{what} failed: {exc}") from exc
+
+
+def host_group() -> dist.ProcessGroup:
+    """A Gloo group over the whole round, for moving host memory (a collective: every member
+    calls it). Shards move over it whatever the round's backend: NCCL moves device memory
+    only, and a commit's copies move on a thread of their own, beside the training thread's
+    collectives on the round's group."""
+    group: dist.ProcessGroup = dist.new_group(backend="gloo")
+    return group
+
+
+def shard_shape(entry: ShardedEntry, world: int, rank: int) -> tuple[int, ...]:
+    """The shape of ``rank``'s shard of ``entry``'s tensor in a world of ``world``."""
+    start, stop = RowLayout(entry.rows, world).span(rank)
+    return (stop - start, *entry.shape[1:])
+
+
+def _by_dtype(keys: Sequence[Key], entries: Mapping[Key, ShardedEntry]) -> dict[str, list[Key]]:
+    grouped: dict[str, list[Key]] = {}
+    for key in keys:
+        grouped.setdefault(str(entries[key].dtype), []).append(key)
+    return grouped
+
+
+def exchange_copies(
+    entries: Mapping[Key, ShardedEntry],
+    world: int,
+    rank: int,
+    holders: Mapping[int, Sequence[int]],
+    group: dist.ProcessGroup,
+) -> dict[int, Shards]:
+    """Send this rank's shards (``entries``' locals) to its holders; return the shards of
+    the ranks whose copies this rank keeps, by their rank.
+
+    Each shard goes as it is, one message per (holder, tensor) tagged by the tensor's place
+    in the sorted entries, and arrives in a slice of one buffer per (owner, dtype): nothing
+    is copied into a flat send buffer first (that copy cost as much as the snapshot)."""
+    keys = sorted(entries)
+    tags = {key: tag for tag, key in enumerate(keys)}
+    operations: list[dist.P2POp] = []
+    for holder in holders.get(rank, ()):
+        for key in keys:
+            local = entries[key].local
+            if local.numel():  # nothing is sent for shards without rows
+                operations.append(
+                    dist.P2POp(dist.isend, local.contiguous(), holder, group, tags[key])
+                )
+    copies: dict[int, Shards] = {}
+    for owner in sorted(r for r, kept_by in holders.items() if rank in kept_by and r != rank):
+        shards: Shards = {}
+        for same_dtype in _by_dtype(keys, entries).values():
+            shapes = [shard_shape(entries[key], world, owner) for key in same_dtype]
+            counts = [int(torch.Size(shape).numel()) for shape in shapes]
+            buffer = torch.empty(sum(counts), dtype=entries[same_dtype[0]].dtype)
+            offset = 0
+            for key, shape, count in zip(same_dtype, shapes, counts, strict=True):
+                piece = buffer[offset : offset + count]
+                shards[key] = piece.view(shape)
+                offset += count
+                if count:
+                    operations.append(dist.P2POp(dist.irecv, piece, owner, group, tags[key]))
+        copies[owner] = shards
+    if operations:
+        wait_all(dist.batch_isend_irecv(operations))
+    return copies
+
+
+def reshard(
+    plans: Mapping[Key, Sequence[Transfer]],
+    shapes: Mapping[Key, tuple[int, ...]],
+    dtypes: Mapping[Key, torch.dtype],
+    held: Mapping[int, Shards],
+    new_world: int,
+    rank: int,
+    group: dist.ProcessGroup,
+) -> Shards:
+    """Carry the transfers of every entry out (``plans``: ``shard_plan.plan_reshard``'s, by
+    entry); ``held``: the old shards this rank holds, by old rank. Return this rank's new
+    shards."""
+    operations: list[dist.P2POp] = []
+    arrivals: list[tuple[torch.Tensor, torch.Tensor]] = []
+    new_shards: Shards = {}
+    for key in sorted(plans):
+        shape = shapes[key]
+        start, stop = RowLayout(shape[0], new_world).span(rank)
+        target = torch.empty((stop - start, *shape[1:]), dtype=dtypes[key])
+        new_shards[key] = target
+        for move in plans[key]:
+            if rank not in (move.target, move.source):
+                continue
+            rows = slice(*move.new_rows)
+            if move.source == rank:
+                piece = held[move.old_rank][key][slice(*move.old_rows)]
+                if move.target == rank:
+                    target[rows] = piece
+                else:
+                    operations.append(
+                        dist.P2POp(dist.isend, piece.contiguous(), move.target, group)
+                    )
+            else:
+                buffer = torch.empty_like(target[rows])
+                operations.append(dist.P2POp(dist.irecv, buffer, move.source, group))
+                arrivals.append((target[rows], buffer))
+    if operations:
+        wait_all(dist.batch_isend_irecv(operations))
+    for place, buffer in arrivals:
+        place.copy_(buffer)
+    return new_shards

@@ -1,0 +1,412 @@
+"""The process group of one round, with a configure / abort / errored contract.
+
+Every round gets a fresh default ``torch.distributed`` group on a fresh store prefix; the
+previous one is destroyed first. A broken one is aborted and detached at once, and shut down
+on a background thread: its backend may still wait out an abandoned collective, which the
+next round must not wait for (a peer cut off by the network never resets its connections).
+
+Collectives are issued asynchronously and waited on here, so a group can be abandoned the
+moment the driver announces that a member failed (:meth:`RoundGroup.abort`, called from the
+notice thread): Gloo would otherwise block a survivor until its timeout when the dead peer is
+not its direct neighbour. A bounded timeout is the last resort.
+
+Every blocking operation on a round's group (a collective, forming the group) runs inside
+:meth:`RoundGroup.blocking`, so the heartbeat thread can tell how long the training thread
+has been blocked (:meth:`RoundGroup.blocked_for`) and probe its peers when it is too long.
+
+Collectives that ``torch`` itself waits for (a ``DistributedDataParallel`` comm hook's) go
+through :meth:`RoundGroup.future` instead: a future that fails the moment the group is
+aborted, and counts as blocking while it is pending. Objects that hold the round's group
+(a DDP wrapper's reducer) let go of it when the group is destroyed
+(:meth:`RoundGroup.on_destroy`), so that the last reference to a broken group is the one
+its teardown thread drops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+from torch.distributed import PrefixStore, Store
+
+from elasticjob.worker_runtime.collectives import lingering
+from elasticjob.worker_runtime.collectives.negotiation import Negotiation
+from elasticjob.worker_runtime.diagnostics import timeline
+from elasticjob.worker_runtime.diagnostics.log import get_logger, stacks_if_stuck
+from elasticjob.worker_runtime.exceptions import HorovodInternalError
+
+logger = get_logger(__name__)
+
+
+class _Work(Protocol):
+    def get_future(self) -> torch.futures.Future[object]: ...
+
+    def wait(self) -> bool: ...
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A collective being waited on."""
+
+    event: threading.Event
+    completed: bool = False
+    abandoned: bool = False
+    future: torch.futures.Future[object] | None = None
+    """Set for :meth:`RoundGroup.future`: settled once, by the work or by an abort."""
+    settled: bool = False
+
+
+class RoundGroup:
+    """Owns the default process group of the current round."""
+
+    def __init__(self, backend: str, device: torch.device) -> None:
+        self.backend = backend
+        self.device = device
+        self._lock = threading.Lock()
+        self._error: str | None = None
+        self._aborted = threading.Event()
+        self._waiters: set[_Pending] = set()
+        self._abandoned = 0
+        self._configured = False
+        self._blocked_since: float | None = None
+        self._blocking_depth = 0
+        self._blocked_total = 0.0
+        self._on_destroy: list[weakref.WeakMethod[Callable[[], None]]] = []
+        self._negotiation: Negotiation | None = None
+        self._subsets: list[Negotiation] = []
+        self._formed: tuple[Store, str, int] | None = None
+        self.generation = 0
+        """Counts the groups formed: a process set registered in one is void in the next."""
+
+    @contextlib.contextmanager
+    def blocking(self) -> Iterator[None]:
+        """Mark a blocking operation on the round's group (nested ones count as one, from
+        the outermost's start)."""
+        self._enter_blocking()
+        try:
+            yield
+        finally:
+            self._leave_blocking()
+
+    def _enter_blocking(self) -> None:
+        with self._lock:
+            if self._blocking_depth == 0:
+                self._blocked_since = time.monotonic()
+            self._blocking_depth += 1
+
+    def _leave_blocking(self) -> None:
+        with self._lock:
+            self._blocking_depth -= 1
+            if self._blocking_depth == 0:
+                if self._blocked_since is not None:
+                    self._blocked_total += time.monotonic() - self._blocked_since
+                self._blocked_since = None
+
+    def on_destroy(self, release: Callable[[], None]) -> None:
+        """Call the bound method ``release`` whenever a group is destroyed, before it goes
+        (held weakly: an object that registered itself stays collectable)."""
+        self._on_destroy.append(weakref.WeakMethod(release))
+
+    def blocked_total(self) -> float:
+        """Seconds spent in blocking operations on the groups so far, those ended (a step's
+        wait for the other ranks: ``step_pace.py``). Thread-safe."""
+        with self._lock:
+            return self._blocked_total
+
+    def blocked_for(self) -> float | None:
+        """Seconds the current blocking operation has lasted (None: none runs). Thread-safe."""
+        with self._lock:
+            since = self._blocked_since
+        return None if since is None else time.monotonic() - since
+
+    def configure(
+        self,
+        store: Store,
+        prefix: str,
+        rank: int,
+        size: int,
+        timeout: datetime.timedelta,
+    ) -> None:
+        """Destroy the previous group and form a new one of ``size`` ranks on the store keys
+        under ``prefix``. Raises :class:`HorovodInternalError` if forming it fails."""
+        self.destroy()
+        with self._lock:
+            self._error = None
+            self._aborted.clear()
+        kwargs: dict[str, object] = {}
+        if self.backend == "nccl":
+            kwargs["device_id"] = self.device
+        try:
+            with self.blocking():
+                dist.init_process_group(
+                    self.backend,
+                    store=PrefixStore(prefix, store),
+                    rank=rank,
+                    world_size=size,
+                    timeout=timeout,
+                    **kwargs,  # type: ignore[arg-type]
+                )
+            # Beside the round's group, the group its negotiated collectives run on
+            # (negotiation.py): made now, while every member is here, in the same order.
+            with self.blocking():
+                negotiated = dist.new_group()
+        except (RuntimeError, dist.DistError) as exc:
+            raise HorovodInternalError(f"forming the process group failed: {exc}") from exc
+        round_store = PrefixStore(f"{prefix}negotiation/", store) if size > 1 else None
+        self._negotiation = Negotiation(round_store, rank, size, negotiated, self.device)
+        self._formed = (store, prefix, rank)
+        self.generation += 1
+        self._configured = True
+
+    def subset_negotiation(self, ranks: Sequence[int], tag: str) -> Negotiation | None:
+        """A group of the round's ``ranks`` (a collective: every member of the round calls it,
+        in the same order) and the negotiation of its collectives, under the store keys
+        ``tag``; None on a rank that is not in ``ranks``."""
+        if self._formed is None:
+            raise HorovodInternalError("no process group: the round has not been formed")
+        store, prefix, rank = self._formed
+        try:
+            with self.blocking():
+                group = dist.new_group(list(ranks))
+        except (RuntimeError, dist.DistError) as exc:
+            raise HorovodInternalError(f"forming a process set's group failed: {exc}") from exc
+        if rank not in ranks:
+            return None
+        subset_store = PrefixStore(f"{prefix}negotiation/{tag}/", store) if len(ranks) > 1 else None
+        position = list(ranks).index(rank)
+        negotiation = Negotiation(subset_store, position, len(ranks), group, self.device)
+        self._subsets.append(negotiation)
+        return negotiation
+
+    @property
+    def negotiation(self) -> Negotiation:
+        """The negotiation of the current round's collectives (see ``negotiation.py``)."""
+        negotiation = self._negotiation
+        if negotiation is None:
+            raise HorovodInternalError("no process group: the round has not been formed")
+        return negotiation
+
+    def abort(self, reason: str) -> None:
+        """Mark the group broken and wake every collective waiting on it. Thread-safe."""
+        with self._lock:
+            if self._error is None:
+                self._error = reason
+            waiters = list(self._waiters)
+        self._aborted.set()
+        for pending in waiters:
+            pending.event.set()
+            if pending.future is not None:
+                self._settle(pending, None)
+        if self.backend == "nccl" and self._configured:
+            # NCCL kernels of a broken group never finish on their own: abort the
+            # communicators now, which also unblocks collectives issued outside this module
+            # (DistributedDataParallel's gradient hooks).
+            self._abort_backend()
+
+    def errored(self) -> str | None:
+        """Why the group was aborted, or None while it is healthy."""
+        with self._lock:
+            return self._error
+
+    def await_abort(self, timeout_s: float) -> str | None:
+        """Wait up to ``timeout_s`` for the group to be aborted (a collective of the script's
+        own failed: a peer died, and the driver's notice is on its way); why it was, or
+        None."""
+        self._aborted.wait(timeout_s)
+        return self.errored()
+
+    @property
+    def abandoned(self) -> int:
+        """Collectives given up on when their group was aborted that have not finished yet:
+        backend threads still hold an old group's sockets for them until its timeout."""
+        with self._lock:
+            return self._abandoned
+
+    def wait(self, work: _Work) -> None:
+        """Wait for an asynchronous collective, or raise as soon as the group is aborted."""
+        started = timeline.now()
+        if started is None:
+            self._wait(work)
+            return
+        name = timeline.collective_name()
+        try:
+            self._wait(work)
+        except HorovodInternalError as exc:
+            timeline.span(name, started, cat="collective", failed=str(exc))
+            raise
+        timeline.span(name, started, cat="collective")
+
+    def _wait(self, work: _Work) -> None:
+        pending = _Pending(threading.Event())
+        with self._lock:
+            if self._error is not None:
+                raise HorovodInternalError(self._error)
+            self._waiters.add(pending)
+        work.get_future().add_done_callback(lambda _future: self._complete(pending))
+        with self.blocking():
+            pending.event.wait()
+        with self._lock:
+            self._waiters.discard(pending)
+            reason = self._error
+            if reason is not None and not pending.completed:
+                pending.abandoned = True
+                self._abandoned += 1
+        if reason is not None:
+            raise HorovodInternalError(reason)
+        try:
+            work.wait()
+        except (RuntimeError, dist.DistError) as exc:
+            self.abort(f"collective failed: {exc}")
+            raise HorovodInternalError(f"collective failed: {exc}") from exc
+
+    def _complete(self, pending: _Pending) -> None:
+        with self._lock:
+            pending.completed = True
+            if pending.abandoned:
+                self._abandoned -= 1
+        pending.event.set()
+
+    def future(self, work: _Work) -> torch.futures.Future[object]:
+        """A future of the asynchronous collective ``work`` for ``torch`` to wait on (a DDP
+        comm hook returns it): it completes with the work, or fails with
+        :class:`HorovodInternalError` as soon as the group is aborted; a failed work aborts
+        the group."""
+        result: torch.futures.Future[object] = torch.futures.Future()
+        pending = _Pending(threading.Event(), future=result)
+        self._enter_blocking()
+        with self._lock:
+            reason = self._error
+            if reason is None:
+                self._waiters.add(pending)
+        if reason is not None:
+            self._leave_blocking()
+            result.set_exception(HorovodInternalError(reason))
+            return result
+        work.get_future().add_done_callback(lambda done: self._settle(pending, done))
+        return result
+
+    def _settle(self, pending: _Pending, done: torch.futures.Future[object] | None) -> None:
+        """Settle a :meth:`future` once: with its work's outcome (``done``), or, when
+        ``done`` is None, with the group's error (an abort)."""
+        with self._lock:
+            first = not pending.settled
+            pending.settled = True
+            self._waiters.discard(pending)
+            if done is not None:
+                pending.completed = True
+                if pending.abandoned:
+                    self._abandoned -= 1
+            elif first:
+                pending.abandoned = True
+                self._abandoned += 1
+            reason = self._error
+        if not first:
+            return
+        self._leave_blocking()
+        assert pending.future is not None
+        if done is None:
+            pending.future.set_exception(HorovodInternalError(str(reason)))
+            return
+        try:
+            value = done.value()
+        except (RuntimeError, dist.DistError) as exc:
+            self.abort(f"collective failed: {exc}")
+            pending.future.set_exception(HorovodInternalError(f"collective failed: {exc}"))
+            return
+        pending.future.set_result(value)
+
+    @stacks_if_stuck()
+    def destroy(self) -> None:
+        """Tear the current group down. A broken group is aborted, detached from
+        ``torch.distributed`` at once and shut down on a background thread: its backend may
+        hold an abandoned collective until the group's timeout, and the next round must not
+        wait for that."""
+        if not self._configured:
+            return
+        for release in list(self._on_destroy):
+            method = release()
+            if method is None:
+                self._on_destroy.remove(release)
+            else:
+                method()
+        self._configured = False
+        negotiations = [*self._subsets, *([self._negotiation] if self._negotiation else [])]
+        self._negotiation, self._subsets, self._formed = None, [], None
+        for negotiation in negotiations:
+            negotiation.close()
+        if self.errored() is None:
+            _destroy_default_group()
+            return
+        self._abort_backend()
+        groups = _detach_groups()
+        if groups is None:
+            _destroy_default_group()
+            return
+        # The thread empties ``groups``: no reference to a group stays on this thread.
+        teardown = threading.Thread(
+            target=_shut_down, args=(groups,), name="abandoned-group-teardown", daemon=True
+        )
+        teardown.start()
+        lingering.track(teardown)
+
+    def _abort_backend(self) -> None:
+        negotiations = [*self._subsets, *([self._negotiation] if self._negotiation else [])]
+        try:
+            dist.distributed_c10d._get_default_group().abort()
+            for negotiation in negotiations:
+                negotiation.group.abort()
+        except (RuntimeError, ValueError) as exc:
+            logger.debug("aborting the process group: %s", exc)
+
+
+def _destroy_default_group() -> None:
+    try:
+        dist.destroy_process_group()
+    except (RuntimeError, ValueError) as exc:  # a broken group may refuse a clean destroy
+        logger.debug("destroying the process group: %s", exc)
+
+
+def _detach_groups() -> list[dist.ProcessGroup] | None:
+    """Forget every process group as ``destroy_process_group()`` does, without shutting
+    them down; return them (their shutdown is the caller's), or None when this version of
+    torch keeps its groups differently (then the caller destroys them the usual way)."""
+    c10d = dist.distributed_c10d
+    world = getattr(c10d, "_world", None)
+    tables = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag",
+              "tags_to_pg", "pg_coalesce_state")  # fmt: skip
+    set_default = getattr(c10d, "_update_default_pg", None)
+    unregister = getattr(c10d, "_unregister_all_process_groups", None)
+    if world is None or set_default is None or unregister is None:
+        return None
+    if not all(hasattr(world, t) for t in tables) or getattr(world, "comms", None):
+        return None
+    groups = list(world.pg_names)
+    set_default(None)
+    for table in tables:
+        getattr(world, table).clear()
+    unregister()
+    world.group_count = 0
+    return groups
+
+
+def _shut_down(groups: list[dist.ProcessGroup]) -> None:
+    """Shut detached groups down and drop them, on a thread of their own: the last reference
+    to a group must go here, since its destructor joins the backend's threads, which wait out
+    any abandoned collective (the caller keeps only the list, emptied here)."""
+    started = time.monotonic()
+    while groups:
+        group = groups.pop()
+        try:
+            group.shutdown()
+        except (RuntimeError, ValueError) as exc:
+            logger.debug("shutting down an abandoned process group: %s", exc)
+        del group
+    logger.debug("abandoned process groups released in %.1f s", time.monotonic() - started)
