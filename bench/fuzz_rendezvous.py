@@ -75,6 +75,9 @@ class Listener:
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
 
+    def is_dismissed(self, worker: WorkerId) -> bool:
+        return False
+
     def on_worker_ready(
         self,
         worker: WorkerId,

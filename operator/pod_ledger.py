@@ -3,66 +3,21 @@
 The pods as last seen (:class:`~elasticjob.operator.podmap.PodMap`), and per pod what the
 controller did: reported its end to the driver (failed, with why, or succeeded), deleted it,
 or chose it to drain (since when). Every failure goes through one transition,
-:meth:`PodLedger.fail`; what follows it (an event, a blacklisting, a deletion) depends only
-on its cause (:func:`failure_effects`, a table), and the controller carries it out.
+:meth:`PodLedger.fail`, which reports a pod once, with its cause
+(:class:`~elasticjob.driver.worker_exits.ExitCause`); what follows it is the driver's decision
+(``worker_exits.decide_exit``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from elasticjob.driver.driver_types import Clock
+from elasticjob.driver.worker_exits import ExitCause
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.podmap import Pod, PodChange, PodMap
-
-
-class FailureCause(enum.Enum):
-    """Why the controller counts a worker pod as failed."""
-
-    POD_FAILED = "pod failed"
-    """Its phase is Failed, its worker exited non-zero, or its node is not ready."""
-    KILLED = "killed"
-    """The driver killed a worker in it: it sent no heartbeat, or its peers cannot reach it."""
-    VANISHED = "vanished"
-    """It was deleted by someone else (or while the operator was away) before it ended."""
-    OVERDUE = "overdue"
-    """It was chosen to drain and did not leave within the removal deadline."""
-    UNHEALTHY = "unhealthy"
-    """It failed its health check before joining (``spec.healthCheck``), or was not judged
-    in time."""
-
-
-@dataclass(frozen=True)
-class FailureEffects:
-    """What follows a pod's failure, besides telling the driver (always first)."""
-
-    event: bool
-    """A ``WorkerFailed`` event on the job."""
-    blacklist: bool
-    """Its node (scope Node) or itself (scope Pod) is blacklisted."""
-    delete: bool
-    """It is deleted at once (no grace period)."""
-
-
-_EFFECTS: Mapping[FailureCause, FailureEffects] = {
-    FailureCause.POD_FAILED: FailureEffects(event=True, blacklist=True, delete=True),
-    FailureCause.KILLED: FailureEffects(event=True, blacklist=True, delete=True),
-    FailureCause.VANISHED: FailureEffects(event=False, blacklist=False, delete=False),
-    FailureCause.OVERDUE: FailureEffects(event=False, blacklist=False, delete=True),
-    FailureCause.UNHEALTHY: FailureEffects(event=False, blacklist=True, delete=True),
-}
-
-
-def failure_effects(cause: FailureCause) -> FailureEffects:
-    """What follows a failure of ``cause``: a pod that failed or stopped answering is
-    announced, blacklisted and deleted; one that vanished is only reported (nothing is left
-    to delete, and its deletion says nothing about its node); one that did not drain in time
-    is deleted (it was leaving: its node is not to blame); one that failed its health check is
-    blacklisted and deleted (its own event, ``HealthCheckFailed``, says why)."""
-    return _EFFECTS[cause]
 
 
 @dataclass(frozen=True)
@@ -70,14 +25,10 @@ class PodFailure:
     """One pod's failure, as reported to the driver."""
 
     name: str
-    cause: FailureCause
+    cause: ExitCause
     reason: str
     exit_code: int
     node: str | None = None
-
-    @property
-    def effects(self) -> FailureEffects:
-        return failure_effects(self.cause)
 
 
 class PodLedger:
@@ -151,14 +102,12 @@ class PodLedger:
         failures = []
         for name in change.removed:
             if name not in self._deleted:
-                failure = self.fail(name, FailureCause.VANISHED, "the pod disappeared", 137)
+                failure = self.fail(name, ExitCause.VANISHED, "the pod disappeared", 137)
                 if failure is not None:
                     failures.append(failure)
         return failures
 
-    def fail(
-        self, name: str, cause: FailureCause, reason: str, exit_code: int
-    ) -> PodFailure | None:
+    def fail(self, name: str, cause: ExitCause, reason: str, exit_code: int) -> PodFailure | None:
         """The pod ``name`` failed: the one failure transition. Returns the failure to carry
         out, or None when the pod's end was reported already."""
         if self.reported(name):
@@ -208,7 +157,7 @@ class PodLedger:
             if name not in present:
                 reason = "the pod disappeared while the operator was away"
                 self._failed.setdefault(name, reason)
-                failures.append(PodFailure(name, FailureCause.VANISHED, reason, 137))
+                failures.append(PodFailure(name, ExitCause.VANISHED, reason, 137))
         return failures
 
 

@@ -19,6 +19,7 @@ from elasticjob.driver.blacklist import BlacklistPolicy
 from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.driver_types import Clock
 from elasticjob.driver.journal import HealthChecked
+from elasticjob.driver.worker_exits import ExitCause, ExitEffects, decide_exit
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.adoption import Ownership, ownership
 from elasticjob.operator.api import (
@@ -33,7 +34,7 @@ from elasticjob.operator.health_gate import HealthGate
 from elasticjob.operator.job_events import JobEvents
 from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.pod_blacklist import PodBlacklist
-from elasticjob.operator.pod_ledger import FailureCause, PodFailure, PodLedger, killed_reason
+from elasticjob.operator.pod_ledger import PodFailure, PodLedger, killed_reason
 from elasticjob.operator.podmap import PodChange
 from elasticjob.operator.pods import HealthLabel
 from elasticjob.operator.scaling import PodPlan, plan_pods
@@ -133,34 +134,34 @@ class PodReconciler:
     def kill_pod(self, name: str, reason: str) -> None:
         """A worker of this pod stopped answering (``reason``), and the driver killed it: the
         pod fails at once (its exit is reported now; it is deleted on the next pass)."""
-        self.fail(self.ledger.fail(name, FailureCause.KILLED, killed_reason(reason), 1))
+        self.fail(self.ledger.fail(name, ExitCause.KILLED, killed_reason(reason), 1))
 
     def fail(self, failure: PodFailure | None) -> None:
-        """Carry a pod's failure out: the driver hears of its workers' exits first, then it
-        is announced, blacklisted and deleted as its cause says."""
+        """Carry a pod's failure out: the driver hears of its workers' ends and decides what
+        follows (it blacklists and fails the round itself); the pod is then announced and
+        deleted as the driver's effects say."""
         if failure is None:
             return
         logger.warning(
             "job %s: worker pod %s failed: %s", self.job_id, failure.name, failure.reason
         )
-        self._exit_workers(failure.name, failure.exit_code)
-        effects = failure.effects
-        if effects.event:
+        effects = self._exit_workers(failure.name, failure.exit_code, failure.cause)
+        if effects.announce:
             where = f"pod {failure.name} on {failure.node}"
             self.events.add("WorkerFailed", f"{where}: {failure.reason}", warning=True)
-        if effects.blacklist:
-            exclusion = self.blacklist.exclude(failure.name)
-            if exclusion is not None and self.driver is not None:
-                seconds = exclusion.until - self._clock()
-                self.driver.journal.blacklisted(exclusion.key, seconds, self.driver.round)
-        if effects.delete:
+        if effects.replace:
             self.ledger.delete_soon(failure.name, grace_s=0)
         self._wake.set()
 
-    def _exit_workers(self, pod: str, exit_code: int) -> None:
-        if self.driver is not None:
-            for slot in range(self.slots):
-                self.driver.on_worker_exit(WorkerId(pod, slot), exit_code)
+    def _exit_workers(self, pod: str, exit_code: int, cause: ExitCause) -> ExitEffects:
+        """Tell the driver that the workers of ``pod`` ended; return what follows (with no
+        driver yet: the decision for a pod it never launched, less what only it does)."""
+        if self.driver is None:
+            return decide_exit(None, cause, exit_code, recovering=False)
+        return ExitEffects.of_all(
+            self.driver.on_worker_exit(WorkerId(pod, slot), exit_code, cause)
+            for slot in range(self.slots)
+        )
 
     async def delete_pod(self, name: str, grace_s: int | None = None) -> None:
         """Delete the pod ``name`` (``grace_s``: its grace period; None: the pod's own)."""
@@ -229,18 +230,18 @@ class PodReconciler:
             return
         if self.driver is not None:
             checked = HealthChecked(pod, self.ledger.node_of(pod), passed, reason, seconds)
-            self.driver.journal.health_checked(checked, self.driver.round)
+            self.driver.health_checked(checked)
         if not passed:
             why = f"failed its health check: {reason}"
-            self.fail(self.ledger.fail(pod, FailureCause.UNHEALTHY, why, EXIT_UNHEALTHY))
+            self.fail(self.ledger.fail(pod, ExitCause.UNHEALTHY, why, EXIT_UNHEALTHY))
 
     def _account(self, view: podlib.PodView) -> None:
         """Report pods that ended to the driver, once each."""
         if view.state is podlib.PodState.FAILED:
-            cause, code = FailureCause.POD_FAILED, view.exit_code or 1
+            cause, code = ExitCause.EXITED, view.exit_code or 1
             self.fail(self.ledger.fail(view.name, cause, view.reason, code))
         elif view.state is podlib.PodState.SUCCEEDED and self.ledger.succeed(view.name):
-            self._exit_workers(view.name, 0)
+            self._exit_workers(view.name, 0, ExitCause.EXITED)
             member = self.driver is not None and WorkerId(view.name, 0) in self.driver.slots
             if not member:  # the driver removed it (scale-in, drain): make room
                 self.ledger.delete_soon(view.name, grace_s=None)
@@ -264,7 +265,7 @@ class PodReconciler:
             await self.delete_pod(name)
         for name in plan.overdue:
             logger.warning("job %s: pod %s did not leave in time", self.job_id, name)
-            self.fail(self.ledger.fail(name, FailureCause.OVERDUE, "did not leave in time", 1))
+            self.fail(self.ledger.fail(name, ExitCause.OVERDUE, "did not leave in time", 1))
         for name, grace_s in self.ledger.take_deletions():
             await self.delete_pod(name, grace_s)
 

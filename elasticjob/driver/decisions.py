@@ -1,6 +1,6 @@
 """The decisions of the elastic driver on events: pure functions of (state, event, now)
-returning action values, one per question the driver has: what a worker's exit or its request
-for the next round means (:func:`classify_exit`, :func:`classify_ready`), who leaves when hosts
+returning action values, one per question the driver has: what a worker's request for the next
+round means (:func:`classify_ready`; its exit: ``worker_exits.py``), who leaves when hosts
 vanish (:func:`leaving_members`), what follows a round (:func:`decide_round`), whether a failed
 host discovery ends the job (:func:`decide_discovery_failure`). How the next round is planned
 is in ``planning.py``; whom to stop for taking too long in ``timeouts.py``. ``driver.py`` and
@@ -15,7 +15,7 @@ import enum
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from elasticjob.driver.driver_types import Departure, DriverPhase
+from elasticjob.driver.driver_types import DriverPhase
 from elasticjob.driver.planning import ENABLE_CHECKPOINTS, EndJob
 from elasticjob.driver.registry import RoundRecords
 from elasticjob.driver.worker_record import WorkerRecord
@@ -34,49 +34,6 @@ def _names(items: Iterable[object]) -> str:
 
 
 # ---- worker events -----------------------------------------------------------------------
-
-
-class ExitVerdict(enum.Enum):
-    """What the end of a worker process means (see :func:`classify_exit`)."""
-
-    DEPARTED = "departed"  # a leaving or dismissed worker ended: not a failure
-    ALREADY_FAILED = "already-failed"  # a worker counted as failed already (stopped) ended
-    IGNORED = "ignored"  # the job has finished
-    SUCCEEDED = "succeeded"  # a member of the running round exited 0: record SUCCESS
-    FAILED = "failed"  # a member of the running round failed: record FAILURE, fail the round
-    FAILED_OUTSIDE_ROUND = "failed-outside-round"  # no running round's member: blacklist
-    ENDED_OUTSIDE_ROUND = "ended-outside-round"  # exit 0, no running round's member: nothing
-    ENDED_WITHOUT_JOINING = "ended-without-joining"
-    """Exit 0 from a process that never asked for a round: its command does not use the worker
-    runtime (``hostname``, a torchrun script); a fresh process would do the same: fail the job."""
-
-
-def classify_exit(
-    phase: DriverPhase,
-    *,
-    member: bool,
-    departure: Departure | None,
-    exit_code: int,
-    registered: bool = True,
-    stopped_after_success: bool = False,
-) -> ExitVerdict:
-    """What it means that a worker's process ended with ``exit_code``; ``member``: it is a
-    member of the round in force; ``departure``: how it was already on its way out;
-    ``registered``: it ever asked for a round or was a member of one;
-    ``stopped_after_success``: the driver stopped it because it did not end after reporting
-    success (see ``timeouts.overdue_endings``): its training finished, so it ended as 0."""
-    if departure is Departure.FAILED:
-        return ExitVerdict.ALREADY_FAILED
-    if departure is not None:
-        return ExitVerdict.DEPARTED
-    if phase is DriverPhase.FINISHED:
-        return ExitVerdict.IGNORED
-    ended_well = exit_code == 0 or stopped_after_success
-    if member and phase is DriverPhase.RUNNING:
-        return ExitVerdict.SUCCEEDED if ended_well else ExitVerdict.FAILED
-    if not ended_well:
-        return ExitVerdict.FAILED_OUTSIDE_ROUND
-    return ExitVerdict.ENDED_OUTSIDE_ROUND if registered else ExitVerdict.ENDED_WITHOUT_JOINING
 
 
 class ReadyVerdict(enum.Enum):
@@ -153,7 +110,6 @@ class Action(enum.Enum):
 @dataclass(frozen=True)
 class Decision:
     action: Action
-    blacklist: frozenset[str] = frozenset()
     reason: str = ""
     after_failure: bool = False
     """RESUME: the reset follows a failure (a member failed, rolled back or its script
@@ -185,8 +141,8 @@ def decide_round(
     - no member is counted (all left gracefully): RESUME, the driver checks capacity;
     - otherwise the round resets: FAIL when ``resets + 1`` exceeds ``reset_limit``, or when
       the reset follows a failure and ``restarts + 1`` exceeds ``restart_limit`` (torchrun's
-      ``--max-restarts``; ``None`` is unlimited), else RESUME, blacklisting the hosts of the
-      failed members.
+      ``--max-restarts``; ``None`` is unlimited), else RESUME (the hosts of the failed members
+      were blacklisted as each failed: ``worker_exits.decide_exit``).
     """
     counted = records.members - records.leaving
     missing = [w for w in counted if w not in records.states]
@@ -240,9 +196,7 @@ def decide_round(
         reason += f"; blacklisting hosts {_names(failed_hosts)}"
     if every_failed:
         reason += "; the next round starts from the newest checkpoint"
-    return Decision(
-        Action.RESUME, blacklist=failed_hosts, reason=reason, after_failure=after_failure
-    )
+    return Decision(Action.RESUME, reason=reason, after_failure=after_failure)
 
 
 def _exits(records: RoundRecords, counted: Collection[WorkerId]) -> str:

@@ -25,9 +25,7 @@ from typing import Final
 
 from elasticjob.driver.decisions import (
     Action,
-    ExitVerdict,
     ReadyVerdict,
-    classify_exit,
     classify_ready,
     decide_discovery_failure,
     decide_round,
@@ -44,7 +42,7 @@ from elasticjob.driver.driver_types import (
 )
 from elasticjob.driver.host_manager import HostManager
 from elasticjob.driver.job_snapshot import JobSnapshot
-from elasticjob.driver.journal import JobJournal
+from elasticjob.driver.journal import HealthChecked, JobJournal
 from elasticjob.driver.liveness import Reachability
 from elasticjob.driver.loop_lag import LoopLagWatch
 from elasticjob.driver.planning import EndJob, Publish
@@ -57,7 +55,15 @@ from elasticjob.driver.suspension import (
     SuspendProgress,
     decide_suspension,
 )
-from elasticjob.driver.worker_record import ended_without_joining
+from elasticjob.driver.worker_exits import (
+    NO_EFFECTS,
+    ExitCause,
+    ExitEffects,
+    ExitVerdict,
+    classify_exit,
+    decide_exit,
+)
+from elasticjob.driver.worker_record import WorkerRecord, ended_without_joining
 from elasticjob.driver.workers import WorkerProcesses
 from elasticjob.event_waits import wait_event
 from elasticjob.rendezvous.rendezvous_types import JobRendezvous, ProbeReport, RendezvousListener
@@ -98,9 +104,10 @@ class ElasticDriver(RendezvousListener):
         self._clock = clock
         self.rendezvous = rendezvous_factory(self)
         self.launcher = launcher_factory(self)
-        self.registry = WorkerRegistry(lambda: self.rendezvous.current_slots)
+        self.registry = WorkerRegistry(
+            lambda: self.rendezvous.current_slots, lambda: self.rendezvous.current_round
+        )
         self.phase = DriverPhase.STARTING
-        self.progress: ProgressRequest | None = None
         self._workers = WorkerProcesses(self.launcher, self.rendezvous, clock)
         self.reachability = Reachability()
         """Whether the workers can reach this driver (its front end keeps it up to date)."""
@@ -133,6 +140,11 @@ class ElasticDriver(RendezvousListener):
     @property
     def slots(self) -> Mapping[WorkerId, SlotInfo]:
         return self.rendezvous.current_slots
+
+    @property
+    def progress(self) -> ProgressRequest | None:
+        """Rank 0's latest progress report (kept by the job's rendezvous)."""
+        return self.rendezvous.progress
 
     @property
     def result(self) -> JobResult | None:
@@ -195,7 +207,6 @@ class ElasticDriver(RendezvousListener):
         self._workers.adopt(slots, round_number)
         if self.reachability.since is not None:
             self.reachability.since = max(self.reachability.since, self._clock())
-        self.registry.start_round(round_number)
         self.phase = DriverPhase.RUNNING
         self.journal.adopted(round_number, len(slots))
         logger.info("adopted round %d with %d workers", round_number, len(slots))
@@ -239,6 +250,10 @@ class ElasticDriver(RendezvousListener):
             logger.info("suspending the job (round %d)", self.round)
             self._suspension = SuspendProgress(self._clock())
             self._wake.set()
+
+    def health_checked(self, checked: HealthChecked) -> None:
+        """A new pod's health check ended (its front end runs the checks)."""
+        self.journal.health_checked(checked, self.round)
 
     def discovery_failed(self, error: str) -> None:
         """The front end's host discovery failed with ``error``: the job ends if it never
@@ -284,19 +299,22 @@ class ElasticDriver(RendezvousListener):
                 )
             self.registry.mark_rolled_back(worker)
             self.journal.collective_failed(worker.hostname, self.round, len(self.slots))
-            self._fail_round(worker.hostname)
+            if not self._recovering:
+                self._fail_round(worker.hostname)
         self._wake.set()
+
+    def is_dismissed(self, worker: WorkerId) -> bool:
+        record = self._workers.get(worker)
+        return record is not None and record.departure is Departure.DISMISSED
 
     def on_worker_result(self, request: ResultRequest) -> None:
         record = self._workers.get(WorkerId(request.hostname, request.local_rank))
         if record is not None:
             record.ending_since = self._clock()
-            record.reported = request.state
             record.heard_from = True
             record.message = request.message or record.message  # its exit is what counts
 
     def on_progress(self, progress: ProgressRequest) -> None:
-        self.progress = progress
         self.journal.progress(progress, self.round, len(self.slots))
 
     def on_worker_heartbeat(
@@ -305,20 +323,43 @@ class ElasticDriver(RendezvousListener):
         if self._workers.beat(worker, report, pace):
             self._wake.set()  # a member reports a peer it cannot reach: judge at once
 
-    def on_worker_exit(self, worker: WorkerId, exit_code: int) -> None:
-        """Called by the launcher when a worker process ends."""
+    def on_worker_exit(
+        self, worker: WorkerId, exit_code: int, cause: ExitCause = ExitCause.EXITED
+    ) -> ExitEffects:
+        """A worker process ended with ``exit_code`` (``cause``: how the front end learned
+        it), reported once by the front end: record what it means, carry out the driver's
+        part of what follows (``worker_exits.decide_exit``: the blacklisting, the round's
+        failure) and return the effects, whose rest the front end carries out. A worker
+        this driver never launched (a pod that failed before it ran) has no verdict, but its
+        failure has effects all the same."""
         record = self._workers.get(worker)
-        if record is None or not record.running:
-            return
-        record.running = False
-        verdict = classify_exit(
-            self.phase,
-            member=worker in self.slots,
-            departure=record.departure,
-            exit_code=exit_code,
-            registered=record.registered,
-            stopped_after_success=record.stop_requested and record.reported is WorkerState.SUCCESS,
-        )
+        if record is not None and not record.running:
+            return NO_EFFECTS  # its end was heard already
+        verdict = None
+        if record is not None:
+            record.running = False
+            verdict = classify_exit(
+                self.phase,
+                member=worker in self.slots,
+                departure=record.departure,
+                exit_code=exit_code,
+                registered=record.registered,
+                stopped_after_success=record.stop_requested
+                and self.rendezvous.reported_result(worker) is WorkerState.SUCCESS,
+            )
+            self._record_exit(worker, record, verdict, exit_code)
+        effects = decide_exit(verdict, cause, exit_code, recovering=self._recovering)
+        if effects.blacklist:
+            self._blacklist({worker.hostname})
+        if effects.fail_round:
+            self._fail_round(worker.hostname)
+        self._wake.set()
+        return effects
+
+    def _record_exit(
+        self, worker: WorkerId, record: WorkerRecord, verdict: ExitVerdict, exit_code: int
+    ) -> None:
+        """Record what the end of ``worker``'s process means (``verdict``)."""
         if verdict is ExitVerdict.DEPARTED:
             logger.info("worker %s left the job (exit code %d)", worker, exit_code)
         elif verdict is ExitVerdict.ALREADY_FAILED:
@@ -332,21 +373,18 @@ class ElasticDriver(RendezvousListener):
             record.departure = Departure.FAILED
             self.registry.record(worker, WorkerState.FAILURE)
             self.journal.failed(worker.hostname, self.round, len(self.slots))
-            self._fail_round(worker.hostname)
         elif verdict is ExitVerdict.FAILED_OUTSIDE_ROUND:
             logger.warning("worker %s failed between rounds (exit code %d)", worker, exit_code)
             record.fail_outside_round(exit_code)
-            self._blacklist({worker.hostname})
         elif verdict is ExitVerdict.ENDED_WITHOUT_JOINING:
             record.departure = Departure.FAILED
             self._finish(False, ended_without_joining(worker))
-        self._wake.set()
 
     def _fail_round(self, host: str) -> None:
-        """Tell the members once that the round is broken; the next round syncs state."""
-        if not self._recovering:
-            self._recovering = True
-            self.rendezvous.post_notice(NoticeKind.ROUND_FAILED, (host,))
+        """Tell the members that the round is broken (the first failure of the round, on
+        ``host``); the next round syncs state."""
+        self._recovering = True
+        self.rendezvous.post_notice(NoticeKind.ROUND_FAILED, (host,))
 
     # ---- main loop -------------------------------------------------------------------------
 
@@ -403,7 +441,6 @@ class ElasticDriver(RendezvousListener):
         elif decision.action is Action.FAIL:
             self._finish(False, self._with_worker_messages(decision.reason))
         else:
-            self._blacklist(decision.blacklist)
             self.registry.count_reset(after_failure=decision.after_failure)
             self.last_reset_reason = decision.reason or "hosts changed"
             self.journal.round_ended(self.round, len(self.slots))
@@ -489,7 +526,6 @@ class ElasticDriver(RendezvousListener):
             record = self._workers[worker]
             record.last_round = publish.round_number
             record.departure = None  # a leaving worker whose host came back stays
-        self.registry.start_round(publish.round_number)
         self._recovering = False
         self._formation.published()
         self.phase = DriverPhase.RUNNING

@@ -38,11 +38,16 @@ _FINAL_STATES = frozenset({WorkerState.SUCCESS, WorkerState.FAILURE})
 class WorkerRegistry:
     """What the members of the current round reported."""
 
-    def __init__(self, members: Callable[[], Collection[WorkerId]]) -> None:
-        """``members``: the members of the round in force, read from their owner (the job's
-        rendezvous) whenever needed."""
+    def __init__(
+        self, members: Callable[[], Collection[WorkerId]], current_round: Callable[[], int]
+    ) -> None:
+        """``members`` and ``current_round``: the members and the number of the round in
+        force, read from their owner (the job's rendezvous) whenever needed. What was recorded
+        is forgotten once another round is in force."""
         self._members = members
-        self._round_number = 0
+        self._current_round = current_round
+        self._recorded_round = 0
+        """The round whose reports are recorded."""
         self._states: dict[WorkerId, WorkerState] = {}
         self._rolled_back: set[WorkerId] = set()
         self._script_exits: dict[WorkerId, ScriptExit] = {}
@@ -51,18 +56,15 @@ class WorkerRegistry:
         self.restart_count = 0
         """How many of those resets followed a failure (see :meth:`count_reset`)."""
 
-    def start_round(self, round_number: int) -> None:
-        """Start recording ``round_number`` (greater than the current one), forgetting
-        everything recorded for the previous round."""
-        if round_number <= self._round_number:
-            raise ValueError(
-                f"round {round_number} must come after the current round {self._round_number}"
-            )
-        self._round_number = round_number
-        self._states = {}
-        self._rolled_back = set()
-        self._script_exits = {}
-        logger.debug("round %d has %d members", round_number, len(self._members()))
+    def _of_current_round(self) -> None:
+        """Forget what was recorded for a round that is no longer in force."""
+        number = self._current_round()
+        if number != self._recorded_round:
+            self._recorded_round = number
+            self._states = {}
+            self._rolled_back = set()
+            self._script_exits = {}
+            logger.debug("round %d has %d members", number, len(self._members()))
 
     def record(self, worker: WorkerId, state: WorkerState) -> bool:
         """Record that ``worker`` reported ``state``; return whether it was recorded.
@@ -70,9 +72,10 @@ class WorkerRegistry:
         Reports of workers outside the round are ignored. SUCCESS and FAILURE are final: a
         later report of the same worker is ignored; a READY can be overridden.
         """
+        self._of_current_round()
         if worker not in self._members():
             logger.debug(
-                "ignoring %s from %s: not a member of round %d", state, worker, self._round_number
+                "ignoring %s from %s: not a member of round %d", state, worker, self._recorded_round
             )
             return False
         previous = self._states.get(worker)
@@ -86,23 +89,27 @@ class WorkerRegistry:
     def mark_rolled_back(self, worker: WorkerId) -> None:
         """Record that a member rolled back after a collective failed on it (a non-member is
         ignored)."""
+        self._of_current_round()
         if worker in self._members():
             self._rolled_back.add(worker)
 
     def record_script_exit(self, worker: WorkerId, script_exit: ScriptExit) -> None:
         """Record how a member's script failed on its own (restart mode; a non-member, or a
         second report of the same member, is ignored)."""
+        self._of_current_round()
         if worker in self._members():
             self._script_exits.setdefault(worker, script_exit)
 
     def any_succeeded(self) -> bool:
         """Whether a member of the current round finished its training (reported or exited
         with success)."""
+        self._of_current_round()
         return WorkerState.SUCCESS in self._states.values()
 
     def records(self, leaving: Collection[WorkerId] = ()) -> RoundRecords:
         """A snapshot of the current round's records; ``leaving``: the workers leaving
         gracefully (those that are members count as leaving)."""
+        self._of_current_round()
         members = frozenset(self._members())
         return RoundRecords(
             members=members,

@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 class FormationMoves:
     """What forming a round asks of the driver."""
 
-    exited: Callable[[WorkerId, int], None]
+    exited: Callable[[WorkerId, int], object]
     """A worker's process ended with this status (it could not be started: 127)."""
     blacklist: Callable[[Iterable[str]], None]
     """Keep these hosts out (their newcomers did not register in time)."""

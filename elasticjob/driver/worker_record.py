@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from elasticjob.driver.driver_types import Departure
 from elasticjob.driver.partition import ReceivedReport
-from elasticjob.wire.messages import StepPace, WorkerId, WorkerState
+from elasticjob.wire.messages import StepPace, WorkerId
 
 _EXIT_CAUSES = {126: " (command not executable)", 127: " (command not found)"}
 """What a shell's exit status says about the command it could not run."""
@@ -49,8 +49,6 @@ class WorkerRecord:
     ending_since: float | None = None
     """When it reported how its process ends (None: it has not): its exit is awaited from
     then on, not its heartbeat."""
-    reported: WorkerState | None = None
-    """The state it reported with its result (SUCCESS: its training function returned)."""
     probe_report: ReceivedReport | None = None
     """What it found probing its peers, with its latest heartbeat (None: that beat had no
     report: none of its collectives blocked)."""

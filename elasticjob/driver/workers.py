@@ -134,7 +134,7 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
             counts_from=counts_from,
         )
         for worker in endings:
-            reported = self._records[worker].reported
+            reported = self._rendezvous.reported_result(worker)
             logger.warning(
                 "worker %s reported %s and has not exited within %.0f s (its teardown hangs): "
                 "stopping it",

@@ -167,7 +167,7 @@ class LocalWorkerLauncher(WorkerLauncher):
         self,
         command: Sequence[str],
         environment: WorkerEnvironment,
-        on_exit: Callable[[WorkerId, int], None],
+        on_exit: Callable[[WorkerId, int], object],
         rank_of: Callable[[WorkerId], int | None],
         *,
         base_env: Mapping[str, str] | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
@@ -47,11 +48,25 @@ from elasticjob.wire.messages import (
     RoundInfo,
     SlotInfo,
     WorkerId,
+    WorkerState,
 )
 
 logger = logging.getLogger(__name__)
 
 _NO_SLOTS: Final[Mapping[WorkerId, SlotInfo]] = MappingProxyType({})
+
+
+@dataclass
+class AdmittedWorker:
+    """What a job keeps of one admitted worker process: its one entry (a new process of the
+    same worker gets a fresh one). Whether it was dismissed is its driver's to say."""
+
+    binding: Binding | None = None
+    """The endpoint it registered for its latest round (None: none yet)."""
+    announced: set[int] = field(default_factory=set)
+    """The recent ``after_round`` values its driver was told of."""
+    result: WorkerState | None = None
+    """The state it reported with its result (None: none yet)."""
 
 
 class InMemoryJobRendezvous(JobRendezvous):
@@ -78,11 +93,7 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._listener = listener
         self._bucket = TokenBucket(self.limits.requests_per_s, self.limits.burst, clock)
         self._polls = LongPolls(self.limits.long_polls, lambda: self._closing)
-        self._admitted: set[WorkerId] = set()
-        self._endpoints: dict[WorkerId, Binding] = {}
-        self._reported: set[WorkerId] = set()
-        self._announced: dict[WorkerId, set[int]] = {}
-        self._dismissed: set[WorkerId] = set()
+        self._workers: dict[WorkerId, AdmittedWorker] = {}
         self._round: PublishedRound | None = None
         self._numbered_after = 0
         """The round before the first one published (see :meth:`continue_after`)."""
@@ -141,18 +152,18 @@ class InMemoryJobRendezvous(JobRendezvous):
     ) -> None:
         """See :meth:`JobRendezvous.publish_round`. Also raises :class:`RendezvousError` if
         ``round_number`` is not newer than the current round or the slots are not ranks
-        ``0..size-1`` exactly once (each slot naming its worker). Members that were dismissed
-        are admitted again."""
+        ``0..size-1`` exactly once (each slot naming its worker)."""
         if round_number <= self.current_round:
             raise RendezvousError(
                 f"job {self.job}: round {round_number} is not newer than {self.current_round}"
             )
         rank0 = check_slots(slots)
-        binding = self._endpoints.get(rank0)
+        binding = self._entry(rank0).binding
         if binding is None:
             raise RendezvousError(f"job {self.job}: rank-0 member {rank0} has not registered")
         targets = probe_targets(slots)
-        peers = peer_endpoints(targets, {w: b.endpoint for w, b in self._endpoints.items()})
+        endpoints = {w: e.binding.endpoint for w, e in self._workers.items() if e.binding}
+        peers = peer_endpoints(targets, endpoints)
         self._round = PublishedRound(
             round_number,
             dict(slots),
@@ -163,8 +174,7 @@ class InMemoryJobRendezvous(JobRendezvous):
             peers,
         )
         self._plan = PlannedRound()
-        self._dismissed.difference_update(slots)
-        self._admitted.update(slots)
+        self._admit(slots)
         logger.info(
             "job %s: round %d published with %d members", self.job, round_number, len(slots)
         )
@@ -184,9 +194,8 @@ class InMemoryJobRendezvous(JobRendezvous):
         dismissed = set(workers)
         if not dismissed:
             return
-        self._dismissed.update(dismissed)
         for worker in dismissed:
-            self._announced.pop(worker, None)
+            self._entry(worker).announced.clear()
         logger.info("job %s: dismissed %s", self.job, ", ".join(map(str, sorted(dismissed))))
         self._round_changed.fire()
 
@@ -201,7 +210,7 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._round = PublishedRound(
             round_number, dict(slots), None, self._notices.latest_seq, False, probe_targets(slots)
         )
-        self._admitted.update(slots)
+        self._admit(slots)
         logger.info("job %s: adopted round %d with %d members", self.job, round_number, len(slots))
 
     def continue_after(self, round_number: int) -> None:
@@ -216,11 +225,16 @@ class InMemoryJobRendezvous(JobRendezvous):
     def readmit(self, workers: Iterable[WorkerId]) -> None:
         """See :meth:`JobRendezvous.readmit`."""
         for worker in workers:
-            self._admitted.add(worker)
-            self._dismissed.discard(worker)
-            self._announced.pop(worker, None)
-            self._endpoints.pop(worker, None)
-            self._reported.discard(worker)
+            self._workers[worker] = AdmittedWorker()
+
+    def _admit(self, workers: Iterable[WorkerId]) -> None:
+        """Admit these workers, keeping the entries of those admitted already."""
+        for worker in workers:
+            self._workers.setdefault(worker, AdmittedWorker())
+
+    def _entry(self, worker: WorkerId) -> AdmittedWorker:
+        """The entry of ``worker`` (an empty one, not kept, for a worker not admitted)."""
+        return self._workers.get(worker) or AdmittedWorker()
 
     def post_notice(self, kind: NoticeKind, hosts: Iterable[str] = ()) -> Notice:
         """See :meth:`JobRendezvous.post_notice`. Raises :class:`RendezvousError` if a host is
@@ -252,6 +266,11 @@ class InMemoryJobRendezvous(JobRendezvous):
         registrations cost O(N^2)."""
         return _NO_SLOTS if self._round is None else MappingProxyType(self._round.slots)
 
+    @property
+    def progress(self) -> ProgressRequest | None:
+        """See :attr:`JobRendezvous.progress`."""
+        return self._progress
+
     # ---- worker side -------------------------------------------------------------------
 
     async def rendezvous(self, request: RendezvousRequest) -> RendezvousResponse:
@@ -265,7 +284,8 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._check_worker(worker, asking_for_a_round=True)
         self._check_round(request.after_round)
         endpoint = Endpoint(request.address, request.store_port, request.probe_port)
-        bound = self._endpoints.get(worker)
+        entry = self._workers[worker]
+        bound = entry.binding
         if bound and bound.after_round == request.after_round and bound.endpoint != endpoint:
             raise RequestRefused(
                 Refusal.ENDPOINT_CHANGED,
@@ -274,10 +294,10 @@ class InMemoryJobRendezvous(JobRendezvous):
             )
         if request.wait_seconds > 0 and self._answer(worker, request.after_round) is None:
             self._polls.check_room()  # refused before anything is registered
-        if self._finished is None and worker not in self._dismissed:
+        if self._finished is None and not self._listener.is_dismissed(worker):
             if bound is None or bound.after_round <= request.after_round:
-                self._endpoints[worker] = Binding(request.after_round, endpoint)
-            self._announce(worker, request)
+                entry.binding = Binding(request.after_round, endpoint)
+            self._announce(worker, entry, request)
         return await self._polls.wait(
             lambda: self._answer(worker, request.after_round),
             request.wait_seconds,
@@ -291,7 +311,7 @@ class InMemoryJobRendezvous(JobRendezvous):
         a restart the driver takes back the previous service's processes only when it
         launches its first round); for good otherwise, once the job has published a round of
         its own."""
-        if worker in self._admitted:
+        if worker in self._workers:
             return
         if asking_for_a_round or self._round is None or self._round.store is None:
             raise RequestRefused(
@@ -310,9 +330,11 @@ class InMemoryJobRendezvous(JobRendezvous):
                 f"job {self.job} has published",
             )
 
-    def _announce(self, worker: WorkerId, request: RendezvousRequest) -> None:
+    def _announce(
+        self, worker: WorkerId, entry: AdmittedWorker, request: RendezvousRequest
+    ) -> None:
         """Tell the listener once per (worker, after_round) among its recent ones."""
-        announced = self._announced.setdefault(worker, set())
+        announced = entry.announced
         if request.after_round in announced:
             return
         announced.add(request.after_round)
@@ -332,7 +354,7 @@ class InMemoryJobRendezvous(JobRendezvous):
     def _answer(self, worker: WorkerId, after_round: int) -> RendezvousResponse | None:
         if self._finished is not None:
             return RendezvousResponse(status=RendezvousStatus.FINISHED, message=self._finished)
-        if worker in self._dismissed:
+        if self._listener.is_dismissed(worker):
             return RendezvousResponse(
                 status=RendezvousStatus.REMOVED, message=f"{worker} was dismissed from the job"
             )
@@ -374,13 +396,18 @@ class InMemoryJobRendezvous(JobRendezvous):
         """See :meth:`JobRendezvous.report_result`."""
         worker = WorkerId(request.hostname, request.local_rank)
         self._check_worker(worker)
-        if worker in self._reported:
+        entry = self._workers[worker]
+        if entry.result is not None:
             raise RequestRefused(
                 Refusal.RESULT_REPEATED, f"{worker} has already reported its result"
             )
-        self._reported.add(worker)
+        entry.result = request.state
         logger.info("job %s: %s reported %s", self.job, worker, request.state)
         self._tell_listener("on_worker_result", lambda: self._listener.on_worker_result(request))
+
+    def reported_result(self, worker: WorkerId) -> WorkerState | None:
+        """See :meth:`JobRendezvous.reported_result`."""
+        return self._entry(worker).result
 
     def report_progress(self, request: ProgressRequest) -> None:
         """See :meth:`JobRendezvous.report_progress`."""

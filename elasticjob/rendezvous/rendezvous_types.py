@@ -32,6 +32,7 @@ from elasticjob.wire.messages import (
     SlotInfo,
     StepPace,
     WorkerId,
+    WorkerState,
 )
 
 
@@ -84,7 +85,12 @@ class RequestRefused(Exception):
 
 
 class RendezvousListener(Protocol):
-    """What a job's driver hears from its workers. Called on the event loop; must not block."""
+    """What a job's driver hears from its workers, and what the job asks of the driver about
+    them. Called on the event loop; must not block."""
+
+    def is_dismissed(self, worker: WorkerId) -> bool:
+        """Whether the driver told ``worker`` to exit (its one keeper of that fact): its
+        requests for a round are answered ``REMOVED``."""
 
     def on_worker_ready(
         self,
@@ -142,8 +148,9 @@ class JobRendezvous(abc.ABC):
 
     @abc.abstractmethod
     def dismiss(self, workers: Iterable[WorkerId]) -> None:
-        """Tell these workers to exit: their pending and later rendezvous requests get
-        ``REMOVED`` (they exit 0, which is not a failure)."""
+        """The driver dismissed these workers (:meth:`RendezvousListener.is_dismissed` says so
+        from now on): answer their pending rendezvous requests now; they and later ones get
+        ``REMOVED`` (the workers exit 0, which is not a failure)."""
 
     @abc.abstractmethod
     def adopt(self, round_number: int, slots: Mapping[WorkerId, SlotInfo], notice_seq: int) -> None:
@@ -160,8 +167,8 @@ class JobRendezvous(abc.ABC):
     def readmit(self, workers: Iterable[WorkerId]) -> None:
         """A new process is about to run for each of these workers: admit them (requests of
         workers that were never admitted, nor members of a published or adopted round, are
-        refused), and forget that they were dismissed, announced, bound to a store endpoint
-        or reported a result, so the new process is heard."""
+        refused) with a fresh entry, forgetting what the previous process registered,
+        announced and reported, so the new process is heard."""
 
     @abc.abstractmethod
     def post_notice(self, kind: NoticeKind, hosts: Iterable[str] = ()) -> Notice:
@@ -182,6 +189,11 @@ class JobRendezvous(abc.ABC):
     def current_slots(self) -> Mapping[WorkerId, SlotInfo]:
         """Members of the current round."""
 
+    @property
+    @abc.abstractmethod
+    def progress(self) -> ProgressRequest | None:
+        """Rank 0's latest progress report (None: none yet); its one keeper."""
+
     # ---- worker side (called by the HTTP layer after authentication and validation) ----
 
     @abc.abstractmethod
@@ -201,6 +213,11 @@ class JobRendezvous(abc.ABC):
     def report_result(self, request: ResultRequest) -> None:
         """Record a worker's result and tell the listener. Raises :class:`RequestRefused` for
         a worker the driver did not launch or a second result of the same process."""
+
+    @abc.abstractmethod
+    def reported_result(self, worker: WorkerId) -> WorkerState | None:
+        """The state the worker's process reported with its result (None: none yet); its one
+        keeper."""
 
     @abc.abstractmethod
     def report_progress(self, request: ProgressRequest) -> None:

@@ -131,6 +131,7 @@ async def test_pending_after_short_wait(cluster: Cluster) -> None:
 async def test_removed_and_finished(cluster: Cluster) -> None:
     waiter = asyncio.create_task(cluster.rendezvous(W1, wait=60))
     await until_done(cluster.listener_a.ready_event.wait())
+    cluster.listener_a.dismissed.add(W1)  # the driver dismissed it, then tells the job
     cluster.job_a.dismiss([W1])
     assert (await until_done(waiter)).status is RendezvousStatus.REMOVED
 

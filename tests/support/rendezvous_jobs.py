@@ -33,6 +33,11 @@ class RecordingListener:
         self.reports: list[tuple[WorkerId, ProbeReport | None]] = []
         self.paces: list[tuple[WorkerId, StepPace | None]] = []
         self.ready_event = asyncio.Event()
+        self.dismissed: set[WorkerId] = set()
+        """The workers the driver dismissed (the job asks, :meth:`is_dismissed`)."""
+
+    def is_dismissed(self, worker: WorkerId) -> bool:
+        return worker in self.dismissed
 
     def on_worker_ready(
         self,

@@ -9,9 +9,7 @@ import pytest
 
 from elasticjob.driver.decisions import (
     Action,
-    ExitVerdict,
     ReadyVerdict,
-    classify_exit,
     classify_ready,
     decide_discovery_failure,
     decide_round,
@@ -62,7 +60,7 @@ class Case:
     states: dict[WorkerId, WorkerState]
     action: Action
     reason_parts: tuple[str, ...] = ()
-    blacklist: frozenset[str] = frozenset()
+    failed_hosts: frozenset[str] = frozenset()
     leaving: tuple[WorkerId, ...] = ()
     rolled_back: tuple[WorkerId, ...] = ()
     resets: int = 0
@@ -91,14 +89,14 @@ DECIDE_CASES = [
         {A0: F, A1: R, B0: R},
         Action.RESUME,
         ("reset 1", "a[0]", "blacklisting hosts a"),
-        blacklist=frozenset({"a"}),
+        failed_hosts=frozenset({"a"}),
     ),
     Case(
         "failures-within-limit",
         {A0: F, A1: R, B0: F},
         Action.RESUME,
         ("reset 3", "b[0]"),
-        blacklist=AB,
+        failed_hosts=AB,
         resets=2,
         limit=3,
     ),
@@ -149,7 +147,7 @@ DECIDE_CASES = [
         {A0: F, A1: R, B0: R},
         Action.RESUME,
         ("1 of 3 workers failed",),
-        blacklist=frozenset({"a"}),
+        failed_hosts=frozenset({"a"}),
         rolled_back=(B0,),
     ),
     Case("non-member-ignored", {C0: F, A0: R, A1: R, B0: R}, Action.RESUME, ("no worker failed",)),
@@ -164,7 +162,7 @@ DECIDE_CASES = [
         {A0: F, A1: F, B0: F},
         Action.RESUME,
         ("reset 1: all 3 workers were lost", "blacklisting hosts a, b", "newest checkpoint"),
-        blacklist=AB,
+        failed_hosts=AB,
         fallback=True,
     ),
     Case(
@@ -172,7 +170,7 @@ DECIDE_CASES = [
         {A0: F, A1: F, B0: F},
         Action.RESUME,
         ("all 3 workers were lost",),
-        blacklist=AB,
+        failed_hosts=AB,
         fallback=True,
         raised=(A0, A1),
     ),
@@ -254,7 +252,7 @@ DECIDE_CASES = [
         {A0: F, A1: R, B0: R},
         Action.RESUME,
         ("1 of 3 workers failed",),
-        blacklist=frozenset({"a"}),
+        failed_hosts=frozenset({"a"}),
         fallback=True,
     ),
 ]
@@ -279,9 +277,10 @@ def test_decide_round(case: Case) -> None:
         restart_limit=case.restart_limit,
     )
     assert decision.action is case.action
-    assert decision.blacklist == case.blacklist
+    if case.failed_hosts:  # blacklisted as each failed (``worker_exits``), named here
+        assert f"blacklisting hosts {', '.join(sorted(case.failed_hosts))}" in decision.reason
     if decision.action is Action.RESUME:
-        failed = case.blacklist or case.rolled_back or case.script_exits
+        failed = case.failed_hosts or case.rolled_back or case.script_exits
         assert decision.after_failure is bool(failed), "a failure's reset is a restart"
     for part in case.reason_parts:
         assert part in decision.reason, decision.reason
@@ -319,8 +318,6 @@ def test_decide_capacity(
     assert action is expected
 
 
-# ---- classify_exit ---------------------------------------------------------------------
-
 RUNNING, FORMING, STARTING, FINISHED = (
     DriverPhase.RUNNING,
     DriverPhase.FORMING,
@@ -328,67 +325,6 @@ RUNNING, FORMING, STARTING, FINISHED = (
     DriverPhase.FINISHED,
 )
 LEAVING, DISMISSED, FAILED = Departure.LEAVING, Departure.DISMISSED, Departure.FAILED
-
-
-@pytest.mark.parametrize(
-    ("phase", "member", "departure", "code", "verdict"),
-    [
-        pytest.param(RUNNING, True, LEAVING, 1, ExitVerdict.DEPARTED, id="leaving-fails"),
-        pytest.param(RUNNING, False, DISMISSED, 0, ExitVerdict.DEPARTED, id="dismissed-exits"),
-        pytest.param(FORMING, False, FAILED, -15, ExitVerdict.ALREADY_FAILED, id="stopped"),
-        pytest.param(FINISHED, True, None, 1, ExitVerdict.IGNORED, id="job-finished"),
-        pytest.param(RUNNING, True, None, 0, ExitVerdict.SUCCEEDED, id="member-succeeds"),
-        pytest.param(RUNNING, True, None, 137, ExitVerdict.FAILED, id="member-fails"),
-        pytest.param(
-            FORMING, True, None, 1, ExitVerdict.FAILED_OUTSIDE_ROUND, id="member-fails-forming"
-        ),
-        pytest.param(
-            RUNNING, False, None, 1, ExitVerdict.FAILED_OUTSIDE_ROUND, id="newcomer-fails"
-        ),
-        pytest.param(
-            STARTING, False, None, 0, ExitVerdict.ENDED_OUTSIDE_ROUND, id="starter-exits-0"
-        ),
-    ],
-)
-def test_classify_exit(
-    phase: DriverPhase, member: bool, departure: Departure | None, code: int, verdict: ExitVerdict
-) -> None:
-    assert classify_exit(phase, member=member, departure=departure, exit_code=code) is verdict
-
-
-@pytest.mark.parametrize(
-    ("phase", "code", "verdict"),
-    [
-        (STARTING, 0, ExitVerdict.ENDED_WITHOUT_JOINING),
-        (RUNNING, 0, ExitVerdict.ENDED_WITHOUT_JOINING),  # a newcomer
-        (STARTING, 1, ExitVerdict.FAILED_OUTSIDE_ROUND),
-        (FINISHED, 0, ExitVerdict.IGNORED),
-    ],
-)
-def test_classify_exit_of_a_process_that_never_asked_for_a_round(
-    phase: DriverPhase, code: int, verdict: ExitVerdict
-) -> None:
-    got = classify_exit(phase, member=False, departure=None, exit_code=code, registered=False)
-    assert got is verdict
-
-
-@pytest.mark.parametrize(
-    ("phase", "member", "code", "verdict"),
-    [
-        pytest.param(RUNNING, True, -15, ExitVerdict.SUCCEEDED, id="member-terminated"),
-        pytest.param(RUNNING, True, -9, ExitVerdict.SUCCEEDED, id="member-killed"),
-        pytest.param(FORMING, True, -15, ExitVerdict.ENDED_OUTSIDE_ROUND, id="round-failed"),
-        pytest.param(FINISHED, True, -15, ExitVerdict.IGNORED, id="job-finished"),
-    ],
-)
-def test_classify_exit_of_a_process_stopped_after_it_reported_success(
-    phase: DriverPhase, member: bool, code: int, verdict: ExitVerdict
-) -> None:
-    """Its training function returned; its teardown hung until the driver stopped it."""
-    got = classify_exit(
-        phase, member=member, departure=None, exit_code=code, stopped_after_success=True
-    )
-    assert got is verdict
 
 
 # ---- classify_ready --------------------------------------------------------------------

@@ -85,6 +85,7 @@ async def test_member_failure_is_told_at_once_and_the_next_round_syncs() -> None
     job.launcher.end(B0, 137)
     assert (await job.notices()) == [(NoticeKind.ROUND_FAILED, ("b",))]
     assert job.driver.snapshot().recovering
+    assert "b" in job.hosts.blacklist, "struck at its failure, as under the operator"
     await job.ask(A0, 1)
     await job.step()
     assert job.driver.round == 1, "c[0] has not reported yet"

@@ -9,7 +9,7 @@ import pytest
 from elasticjob.driver.driver_types import Departure
 from elasticjob.driver.timeouts import overdue_dismissals, overdue_endings, slow_starters
 from elasticjob.driver.worker_record import WorkerRecord
-from elasticjob.wire.messages import WorkerId, WorkerState
+from elasticjob.wire.messages import WorkerId
 
 C0 = WorkerId("c", 0)
 LEAVING, DISMISSED, FAILED = Departure.LEAVING, Departure.DISMISSED, Departure.FAILED
@@ -51,12 +51,10 @@ def test_overdue_dismissals(record: WorkerRecord, expected: bool) -> None:
 
 
 def ending(since: float | None, **fields: object) -> WorkerRecord:
-    """A member of round 1 that reported SUCCESS at ``since`` (None: reported nothing) and
-    beat last at 0."""
-    reported = None if since is None else WorkerState.SUCCESS
-    record = WorkerRecord(
-        started_at=0.0, last_round=1, ending_since=since, reported=reported, last_heartbeat=0.0
-    )
+    """A member of round 1 that reported how its process ends at ``since`` (None: reported
+    nothing; which state it reported is the rendezvous's to keep, and does not matter here)
+    and beat last at 0."""
+    record = WorkerRecord(started_at=0.0, last_round=1, ending_since=since, last_heartbeat=0.0)
     for name, value in fields.items():
         setattr(record, name, value)
     return record
@@ -66,7 +64,6 @@ def ending(since: float | None, **fields: object) -> WorkerRecord:
     ("record", "expected"),
     [
         pytest.param(ending(70.0), True, id="grace-over"),
-        pytest.param(ending(70.0, reported=WorkerState.FAILURE), True, id="reported-failure"),
         pytest.param(ending(80.0), False, id="within-grace"),
         pytest.param(ending(0.0, last_heartbeat=80.0), False, id="still-beating"),
         pytest.param(ending(0.0, last_heartbeat=70.0), True, id="stopped-beating"),

@@ -1,6 +1,6 @@
 """One job's controller on an in-memory Kubernetes API (``tests/support/fake_kube.py``) with
 the real driver and rendezvous: its pods, how it pushes them to the driver, what follows a
-failure (one transition: the driver first, then the event, the blacklisting, the deletion),
+failure (one transition: the driver decides and blacklists, then the event and the deletion),
 blacklisting with one owner, adoption after a restart, and scale-in.
 
 The controller's periodic pass is set to a minute: everything a test sees follows from the
@@ -154,8 +154,8 @@ async def test_a_failed_pod_is_told_to_the_driver_announced_blacklisted_deleted_
         affinity = job.kube.pods[replacement]["spec"]["affinity"]["nodeAffinity"]
         terms = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
         assert terms[0]["matchExpressions"][0]["values"] == ["n2"]
-        # The survivors roll back: the driver decides the round and blacklists the failed
-        # member's host, which the pod's failure kept out already: one strike, not two.
+        # The driver struck the pod's node when it heard of the failure; the survivors roll
+        # back and the round ends without another strike: one, not two.
         for pod in (a, c):
             await job.ask(pod, 1, rolled_back=True)
         await job.until(lambda: job.driver.round == 2)

@@ -1,19 +1,13 @@
-"""The job's pod ledger: the one failure transition, what follows each cause, and the pods as
-the controller sees them once it acted on them."""
+"""The job's pod ledger: the one failure transition (what follows each cause is the driver's
+decision: tests/unit/driver/test_worker_exits.py), and the pods as the controller sees them
+once it acted on them."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-from elasticjob.operator.pod_ledger import (
-    FailureCause,
-    FailureEffects,
-    PodLedger,
-    failure_effects,
-    killed_reason,
-)
+from elasticjob.driver.worker_exits import ExitCause
+from elasticjob.operator.pod_ledger import PodLedger, killed_reason
 from elasticjob.operator.pods import PodState
 from tests.support.clock import FakeClock
 
@@ -33,33 +27,18 @@ def ledger(*pods: Any) -> PodLedger:
     return made
 
 
-@pytest.mark.parametrize(
-    ("cause", "effects"),
-    [
-        (FailureCause.POD_FAILED, FailureEffects(event=True, blacklist=True, delete=True)),
-        (FailureCause.KILLED, FailureEffects(event=True, blacklist=True, delete=True)),
-        (FailureCause.VANISHED, FailureEffects(event=False, blacklist=False, delete=False)),
-        (FailureCause.OVERDUE, FailureEffects(event=False, blacklist=False, delete=True)),
-    ],
-)
-def test_what_follows_a_failure_depends_on_its_cause_alone(
-    cause: FailureCause, effects: FailureEffects
-) -> None:
-    assert failure_effects(cause) == effects
-
-
 def test_a_pod_fails_once_with_its_node_and_a_later_report_is_no_news() -> None:
     pods = ledger(pod("a"))
-    failure = pods.fail("a", FailureCause.KILLED, killed_reason("it sent no heartbeat"), 1)
+    failure = pods.fail("a", ExitCause.KILLED, killed_reason("it sent no heartbeat"), 1)
     assert failure is not None
     assert (failure.name, failure.node, failure.exit_code) == ("a", "n1", 1)
-    assert pods.fail("a", FailureCause.POD_FAILED, "worker exited with 1", 1) is None
+    assert pods.fail("a", ExitCause.EXITED, "worker exited with 1", 1) is None
     assert pods.reported("a")
 
 
 def test_a_killed_pod_is_seen_failed_while_its_object_still_runs() -> None:
     pods = ledger(pod("hung"), pod("fine"))
-    pods.fail("hung", FailureCause.KILLED, killed_reason("its peers could not reach it"), 1)
+    pods.fail("hung", ExitCause.KILLED, killed_reason("its peers could not reach it"), 1)
     views = pods.views()
     assert (views["hung"].state, views["hung"].reason) == (
         PodState.FAILED,
@@ -71,7 +50,7 @@ def test_a_killed_pod_is_seen_failed_while_its_object_still_runs() -> None:
 def test_a_pod_that_ended_before_it_was_killed_stays_succeeded() -> None:
     pods = ledger(pod("hung", phase="Succeeded"))
     assert pods.succeed("hung")
-    assert pods.fail("hung", FailureCause.KILLED, killed_reason("no heartbeat"), 1) is None
+    assert pods.fail("hung", ExitCause.KILLED, killed_reason("no heartbeat"), 1) is None
     assert pods.views()["hung"].state is PodState.SUCCEEDED
     assert not pods.succeed("hung"), "reported once"
 
@@ -80,7 +59,7 @@ def test_a_pod_deleted_by_someone_else_vanishes_and_one_the_controller_deleted_d
     pods = ledger(pod("a"), pod("b"))
     assert pods.mark_deleted("b") and not pods.mark_deleted("b")
     _, vanished = pods.merge_event("DELETED", pod("a", version=2))
-    assert [(f.name, f.cause, f.exit_code) for f in vanished] == [("a", FailureCause.VANISHED, 137)]
+    assert [(f.name, f.cause, f.exit_code) for f in vanished] == [("a", ExitCause.VANISHED, 137)]
     _, vanished = pods.merge_event("DELETED", pod("b", version=2))
     assert vanished == []
 
@@ -116,7 +95,7 @@ def test_members_of_an_adopted_round_that_are_gone_fail_as_vanished() -> None:
     pods = ledger(pod("a"))
     gone = pods.adopted_round_gone(["a", "b"])
     assert [(f.name, f.cause, f.reason) for f in gone] == [
-        ("b", FailureCause.VANISHED, "the pod disappeared while the operator was away")
+        ("b", ExitCause.VANISHED, "the pod disappeared while the operator was away")
     ]
     assert pods.node_of("a") == "n1" and pods.node_of("b") is None
 

@@ -150,6 +150,7 @@ async def test_dismissed_worker_is_woken_and_not_registered_again(
 ) -> None:
     waiter = asyncio.create_task(job.rendezvous(request(W1, wait=60)))
     await asyncio.wait_for(listener.ready_event.wait(), DEADLINE)
+    listener.dismissed.add(W1)  # the driver dismissed it, then tells the job
     job.dismiss([W1])
     assert (await asyncio.wait_for(waiter, DEADLINE)).status is RendezvousStatus.REMOVED
     await job.rendezvous(request(W0))
@@ -160,9 +161,13 @@ async def test_dismissed_worker_is_woken_and_not_registered_again(
     assert listener.ready == []
 
 
-async def test_publishing_a_dismissed_worker_admits_it_again(job: InMemoryJobRendezvous) -> None:
+async def test_a_dismissed_worker_its_driver_takes_back_into_a_round_is_assigned(
+    job: InMemoryJobRendezvous, listener: RecordingListener
+) -> None:
     await job.rendezvous(request(W0))
+    listener.dismissed.add(W1)
     job.dismiss([W1])
+    listener.dismissed.discard(W1)  # its host came back: the driver makes it a member again
     job.publish_round(1, slots_for([W0, W1]), sync=True)
     answer = await job.rendezvous(request(W1))
     assert answer.status is RendezvousStatus.ASSIGNED

@@ -4,6 +4,7 @@ store endpoint, repeated results, long-polls beyond its bound. A refusal changes
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Callable
 
 import pytest
@@ -25,12 +26,7 @@ STRANGER = WorkerId("planted", 0)
 
 
 def frozen_copy(job: InMemoryJobRendezvous) -> dict[str, object]:
-    return {
-        "endpoints": dict(job._endpoints),
-        "announced": {w: set(r) for w, r in job._announced.items()},
-        "reported": set(job._reported),
-        "admitted": set(job._admitted),
-    }
+    return {w: copy.deepcopy(entry) for w, entry in job._workers.items()}
 
 
 @pytest.fixture
@@ -180,5 +176,5 @@ async def test_announced_rounds_per_worker_are_bounded(
     for round_number in range(1, 3 * ANNOUNCED_ROUNDS_PER_WORKER):
         job.publish_round(round_number, slots_for([W0]), sync=True)
         await job.rendezvous(request(W0, after_round=round_number))
-    assert len(job._announced[W0]) == ANNOUNCED_ROUNDS_PER_WORKER
+    assert len(job._workers[W0].announced) == ANNOUNCED_ROUNDS_PER_WORKER
     assert len(listener.ready) == 3 * ANNOUNCED_ROUNDS_PER_WORKER
