@@ -36,6 +36,7 @@ lint: venv
 	.venv/bin/mypy
 	.venv/bin/mypy devcluster
 	.venv/bin/lint-imports
+	$(PY) scripts/check_modules.py
 
 unit: venv
 	$(PY) -m pytest tests/unit -q

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from elasticjob.driver.journal import (
+from elasticjob.driver.journal_events import (
     CheckpointRestored,
     HealthChecked,
     HostBlacklisted,

@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from elasticjob.driver.blacklist import BlacklistPolicy
 from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.driver_types import Clock
-from elasticjob.driver.journal import HealthChecked
+from elasticjob.driver.journal_events import HealthChecked
 from elasticjob.driver.worker_exits import ExitCause, ExitEffects, decide_exit
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.adoption import Ownership, ownership

@@ -42,7 +42,8 @@ from elasticjob.driver.driver_types import (
 )
 from elasticjob.driver.host_manager import HostManager
 from elasticjob.driver.job_snapshot import JobSnapshot
-from elasticjob.driver.journal import HealthChecked, JobJournal
+from elasticjob.driver.journal import JobJournal
+from elasticjob.driver.journal_events import HealthChecked
 from elasticjob.driver.liveness import Reachability
 from elasticjob.driver.loop_lag import LoopLagWatch
 from elasticjob.driver.planning import EndJob, Publish

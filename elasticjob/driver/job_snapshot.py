@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from elasticjob.driver.driver_types import DriverPhase, JobResult
 from elasticjob.driver.goodput import LostTime
-from elasticjob.driver.journal import Restore
+from elasticjob.driver.journal_events import Restore
 from elasticjob.driver.stragglers import Straggler
 from elasticjob.wire.messages import CheckpointReport, ProgressRequest, SlotInfo, WorkerId
 

@@ -17,7 +17,8 @@ from typing import Final, Protocol
 
 from elasticjob.driver.driver_types import Clock
 from elasticjob.driver.job_record import JobRecordData, RecordChange
-from elasticjob.driver.journal import JobJournal, JournalEvent, RecordChanged
+from elasticjob.driver.journal import JobJournal
+from elasticjob.driver.journal_events import JournalEvent, RecordChanged
 from elasticjob.event_waits import wait_event
 
 logger = logging.getLogger(__name__)

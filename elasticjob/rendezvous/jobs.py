@@ -10,22 +10,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
+from elasticjob.rendezvous.admitted_workers import AdmittedWorkers
 from elasticjob.rendezvous.health_checks import HealthChecks, HealthListener
 from elasticjob.rendezvous.health_rule import HealthPolicy
 from elasticjob.rendezvous.job_token import JobToken, check_job_name
 from elasticjob.rendezvous.limits import (
-    ANNOUNCED_ROUNDS_PER_WORKER,
     DEFAULT_MAX_WORKERS,
     JobLimits,
     TokenBucket,
 )
 from elasticjob.rendezvous.notice_log import NoticeLog
 from elasticjob.rendezvous.probes import peer_endpoints, probe_report, probe_targets
-from elasticjob.rendezvous.published_rounds import Binding, Endpoint, PublishedRound, check_slots
+from elasticjob.rendezvous.published_rounds import Endpoint, PublishedRound, check_slots
 from elasticjob.rendezvous.rendezvous_types import (
     JobRendezvous,
     Refusal,
@@ -56,19 +55,6 @@ logger = logging.getLogger(__name__)
 _NO_SLOTS: Final[Mapping[WorkerId, SlotInfo]] = MappingProxyType({})
 
 
-@dataclass
-class AdmittedWorker:
-    """What a job keeps of one admitted worker process: its one entry (a new process of the
-    same worker gets a fresh one). Whether it was dismissed is its driver's to say."""
-
-    binding: Binding | None = None
-    """The endpoint it registered for its latest round (None: none yet)."""
-    announced: set[int] = field(default_factory=set)
-    """The recent ``after_round`` values its driver was told of."""
-    result: WorkerState | None = None
-    """The state it reported with its result (None: none yet)."""
-
-
 class InMemoryJobRendezvous(JobRendezvous):
     """:class:`JobRendezvous` kept in memory, for one job on one event loop.
 
@@ -93,7 +79,7 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._listener = listener
         self._bucket = TokenBucket(self.limits.requests_per_s, self.limits.burst, clock)
         self._polls = LongPolls(self.limits.long_polls, lambda: self._closing)
-        self._workers: dict[WorkerId, AdmittedWorker] = {}
+        self._workers = AdmittedWorkers(job)
         self._round: PublishedRound | None = None
         self._numbered_after = 0
         """The round before the first one published (see :meth:`continue_after`)."""
@@ -158,12 +144,11 @@ class InMemoryJobRendezvous(JobRendezvous):
                 f"job {self.job}: round {round_number} is not newer than {self.current_round}"
             )
         rank0 = check_slots(slots)
-        binding = self._entry(rank0).binding
+        binding = self._workers.entry(rank0).binding
         if binding is None:
             raise RendezvousError(f"job {self.job}: rank-0 member {rank0} has not registered")
         targets = probe_targets(slots)
-        endpoints = {w: e.binding.endpoint for w, e in self._workers.items() if e.binding}
-        peers = peer_endpoints(targets, endpoints)
+        peers = peer_endpoints(targets, self._workers.endpoints())
         self._round = PublishedRound(
             round_number,
             dict(slots),
@@ -174,7 +159,7 @@ class InMemoryJobRendezvous(JobRendezvous):
             peers,
         )
         self._plan = PlannedRound()
-        self._admit(slots)
+        self._workers.admit(slots)
         logger.info(
             "job %s: round %d published with %d members", self.job, round_number, len(slots)
         )
@@ -194,8 +179,7 @@ class InMemoryJobRendezvous(JobRendezvous):
         dismissed = set(workers)
         if not dismissed:
             return
-        for worker in dismissed:
-            self._entry(worker).announced.clear()
+        self._workers.forget_announced(dismissed)
         logger.info("job %s: dismissed %s", self.job, ", ".join(map(str, sorted(dismissed))))
         self._round_changed.fire()
 
@@ -210,7 +194,7 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._round = PublishedRound(
             round_number, dict(slots), None, self._notices.latest_seq, False, probe_targets(slots)
         )
-        self._admit(slots)
+        self._workers.admit(slots)
         logger.info("job %s: adopted round %d with %d members", self.job, round_number, len(slots))
 
     def continue_after(self, round_number: int) -> None:
@@ -224,17 +208,7 @@ class InMemoryJobRendezvous(JobRendezvous):
 
     def readmit(self, workers: Iterable[WorkerId]) -> None:
         """See :meth:`JobRendezvous.readmit`."""
-        for worker in workers:
-            self._workers[worker] = AdmittedWorker()
-
-    def _admit(self, workers: Iterable[WorkerId]) -> None:
-        """Admit these workers, keeping the entries of those admitted already."""
-        for worker in workers:
-            self._workers.setdefault(worker, AdmittedWorker())
-
-    def _entry(self, worker: WorkerId) -> AdmittedWorker:
-        """The entry of ``worker`` (an empty one, not kept, for a worker not admitted)."""
-        return self._workers.get(worker) or AdmittedWorker()
+        self._workers.readmit(workers)
 
     def post_notice(self, kind: NoticeKind, hosts: Iterable[str] = ()) -> Notice:
         """See :meth:`JobRendezvous.post_notice`. Raises :class:`RendezvousError` if a host is
@@ -284,20 +258,12 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._check_worker(worker, asking_for_a_round=True)
         self._check_round(request.after_round)
         endpoint = Endpoint(request.address, request.store_port, request.probe_port)
-        entry = self._workers[worker]
-        bound = entry.binding
-        if bound and bound.after_round == request.after_round and bound.endpoint != endpoint:
-            raise RequestRefused(
-                Refusal.ENDPOINT_CHANGED,
-                f"{worker} registered for the round after {request.after_round} with store "
-                f"{bound.endpoint.address}:{bound.endpoint.store_port}; it cannot change it",
-            )
+        self._workers.bind(worker, request.after_round, endpoint)
         if request.wait_seconds > 0 and self._answer(worker, request.after_round) is None:
             self._polls.check_room()  # refused before anything is registered
-        if self._finished is None and not self._listener.is_dismissed(worker):
-            if bound is None or bound.after_round <= request.after_round:
-                entry.binding = Binding(request.after_round, endpoint)
-            self._announce(worker, entry, request)
+        heard = self._finished is None and not self._listener.is_dismissed(worker)
+        if heard and self._workers.register(worker, request.after_round, endpoint):
+            self._announce(worker, request)
         return await self._polls.wait(
             lambda: self._answer(worker, request.after_round),
             request.wait_seconds,
@@ -311,16 +277,8 @@ class InMemoryJobRendezvous(JobRendezvous):
         a restart the driver takes back the previous service's processes only when it
         launches its first round); for good otherwise, once the job has published a round of
         its own."""
-        if worker in self._workers:
-            return
-        if asking_for_a_round or self._round is None or self._round.store is None:
-            raise RequestRefused(
-                Refusal.NOT_ADMITTED_YET,
-                f"job {self.job} has not admitted a worker {worker} (yet): retry",
-            )
-        raise RequestRefused(
-            Refusal.UNKNOWN_WORKER, f"job {self.job} has not launched a worker {worker}"
-        )
+        own_round = self._round is not None and self._round.store is not None
+        self._workers.check(worker, retryably=asking_for_a_round or not own_round)
 
     def _check_round(self, round_number: int) -> None:
         if round_number > self.current_round:
@@ -330,16 +288,8 @@ class InMemoryJobRendezvous(JobRendezvous):
                 f"job {self.job} has published",
             )
 
-    def _announce(
-        self, worker: WorkerId, entry: AdmittedWorker, request: RendezvousRequest
-    ) -> None:
-        """Tell the listener once per (worker, after_round) among its recent ones."""
-        announced = entry.announced
-        if request.after_round in announced:
-            return
-        announced.add(request.after_round)
-        if len(announced) > ANNOUNCED_ROUNDS_PER_WORKER:
-            announced.discard(min(announced))
+    def _announce(self, worker: WorkerId, request: RendezvousRequest) -> None:
+        """Tell the listener that ``worker`` asks for the round after ``after_round``."""
         self._tell_listener(
             "on_worker_ready",
             lambda: self._listener.on_worker_ready(
@@ -396,18 +346,13 @@ class InMemoryJobRendezvous(JobRendezvous):
         """See :meth:`JobRendezvous.report_result`."""
         worker = WorkerId(request.hostname, request.local_rank)
         self._check_worker(worker)
-        entry = self._workers[worker]
-        if entry.result is not None:
-            raise RequestRefused(
-                Refusal.RESULT_REPEATED, f"{worker} has already reported its result"
-            )
-        entry.result = request.state
+        self._workers.report_result(worker, request.state)
         logger.info("job %s: %s reported %s", self.job, worker, request.state)
         self._tell_listener("on_worker_result", lambda: self._listener.on_worker_result(request))
 
     def reported_result(self, worker: WorkerId) -> WorkerState | None:
         """See :meth:`JobRendezvous.reported_result`."""
-        return self._entry(worker).result
+        return self._workers.entry(worker).result
 
     def report_progress(self, request: ProgressRequest) -> None:
         """See :meth:`JobRendezvous.report_progress`."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from elasticjob.driver.job_record import RecordChange
-from elasticjob.driver.journal import (
+from elasticjob.driver.journal_events import (
     CheckpointRestored,
     HealthChecked,
     HostBlacklisted,

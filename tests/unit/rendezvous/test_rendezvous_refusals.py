@@ -26,7 +26,7 @@ STRANGER = WorkerId("planted", 0)
 
 
 def frozen_copy(job: InMemoryJobRendezvous) -> dict[str, object]:
-    return {w: copy.deepcopy(entry) for w, entry in job._workers.items()}
+    return copy.deepcopy(job._workers.__dict__)
 
 
 @pytest.fixture
@@ -176,5 +176,5 @@ async def test_announced_rounds_per_worker_are_bounded(
     for round_number in range(1, 3 * ANNOUNCED_ROUNDS_PER_WORKER):
         job.publish_round(round_number, slots_for([W0]), sync=True)
         await job.rendezvous(request(W0, after_round=round_number))
-    assert len(job._workers[W0].announced) == ANNOUNCED_ROUNDS_PER_WORKER
+    assert len(job._workers.entry(W0).announced) == ANNOUNCED_ROUNDS_PER_WORKER
     assert len(listener.ready) == 3 * ANNOUNCED_ROUNDS_PER_WORKER
