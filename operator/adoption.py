@@ -149,17 +149,18 @@ def resume_job(
     (None: none to adopt). ``wall_now`` and ``mono_now`` are the same moment on the wall
     clock and on the driver's."""
     driver.resume_resets(status.reset_count, status.restart_count, status.last_reset_reason)
-    if status.progress is not None:
-        driver.journal.committed_step = status.progress.committed_step
     if node_blacklist is not None:
         restore_blacklist(node_blacklist, status.blacklisted_nodes, wall_now, mono_now)
     recorded = recorded_round(status, slots_per_worker)
     if recorded is not None:
         driver.adopt(recorded.round, recorded.slots, recorded.notice_seq)
+    running_for = None
     if status.start_time is not None:
         running_for = wall_now - status.start_time.timestamp() - suspended_seconds(status, wall_now)
-        lost = status.goodput.lost_seconds if status.goodput else LostSeconds()
-        driver.journal.resume_lost_time(
-            {cause: getattr(lost, cause.value) for cause in LostTo}, running_for
-        )
+    lost = status.goodput.lost_seconds if status.goodput else LostSeconds()
+    driver.resume_account(
+        status.progress.committed_step if status.progress else None,
+        {cause: getattr(lost, cause.value) for cause in LostTo},
+        running_for,
+    )
     return recorded

@@ -248,7 +248,7 @@ class JobController:
         self.pods.attach(driver)
         self.driver = driver
         if self._observer is not None:
-            driver.journal.observer = self._observer
+            driver.observe(self._observer)
         saver = self._records.attach(body, driver, stored_record, self._wall_clock)
         driver.reachability.update(self._reachable, self._clock())
         self._suspended_s = suspended_seconds(self._status.recorded(body), self._wall_clock())

@@ -100,9 +100,9 @@ class RecordKeeper:
         """Give ``driver`` the job's record (``stored`` carried on, or a new one) and return
         what saves it (its :meth:`RecordSaver.run` saves as it changes)."""
         if stored is not None:
-            driver.journal.resume_record(stored, wall_clock)
+            driver.resume_record(stored, wall_clock)
         else:
-            driver.journal.start_record(self._job_id, wall_clock, f"job {self._job_id} created")
+            driver.start_record(self._job_id, wall_clock, f"job {self._job_id} created")
         self.saver = RecordSaver(
             driver.journal,
             ConfigMapStore(self._api, self._namespace, job),
@@ -114,7 +114,7 @@ class RecordKeeper:
     def note_replicas(self, driver: ElasticDriver, replicas: int) -> None:
         """Record a scale request when ``spec.replicas`` changed."""
         if self._replicas is not None and replicas != self._replicas:
-            driver.journal.scaled(self._replicas, replicas, driver.round, len(driver.slots))
+            driver.scaled(self._replicas, replicas)
         self._replicas = replicas
 
 

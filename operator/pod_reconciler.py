@@ -104,7 +104,7 @@ class PodReconciler:
         self.driver = driver
         self._hosts = {}
         self.rank_order = []
-        driver.journal.subscribe(self.events.on_journal)
+        driver.subscribe(self.events.on_journal)
 
     # ---- what the API server says ------------------------------------------------------
 

@@ -116,7 +116,7 @@ async def run_job(args: argparse.Namespace) -> JobResult:
         )
         saver = None
         if args.job_record:
-            driver.journal.start_record(args.job_name, time.time, " ".join(args.command))
+            driver.start_record(args.job_name, time.time, " ".join(args.command))
             saver = RecordSaver(driver.journal, RecordFile(Path(args.job_record)), time.monotonic)
         # SIGUSR1 (a batch scheduler's warning before preemption or a time limit) suspends
         # the job: the workers save their last commit and exit; the same command resumes it.

@@ -3,12 +3,13 @@ operator carries it on."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 from kubernetes.client.exceptions import ApiException
 
 from elasticjob.driver.driver import ElasticDriver
-from elasticjob.driver.job_record import EventKind
+from elasticjob.driver.job_record import EventKind, JobRecordData
 from elasticjob.driver.journal import JobJournal
 from elasticjob.driver.record_saving import SAMPLES_SAVE_INTERVAL_S, SAVE_INTERVAL_S, RecordSaver
 from elasticjob.operator.job_records import RecordKeeper, parse_record, record_config_map
@@ -19,11 +20,22 @@ JOB = {"metadata": {"name": "train", "uid": "uid-1"}}
 
 
 class StubDriver:
+    """What the record keeper asks of a driver: its record, kept by its journal."""
+
     def __init__(self, clock: FakeClock) -> None:
         self.journal = JobJournal(clock)
         self.round = 3
         self.slots: dict[object, object] = {object(): None, object(): None}
         self.clock = clock
+
+    def start_record(self, job: str, wall_clock: Callable[[], float], started: str) -> None:
+        self.journal.start_record(job, wall_clock, started)
+
+    def resume_record(self, data: JobRecordData, wall_clock: Callable[[], float]) -> None:
+        self.journal.resume_record(data, wall_clock)
+
+    def scaled(self, old: int, new: int) -> None:
+        self.journal.scaled(old, new, self.round, len(self.slots))
 
 
 class FakeApi:
