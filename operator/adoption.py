@@ -164,3 +164,15 @@ def resume_job(
         running_for,
     )
     return recorded
+
+
+def resumption_message(status: ElasticJobStatus, job_id: str, *, checkpoints: bool) -> str:
+    """What the event of a suspended job that resumes says (``status``: as recorded when it
+    was suspended; ``checkpoints``: its first round loads the newest checkpoint)."""
+    if not status.round:
+        return f"job {job_id} started (it was suspended before it trained)"
+    if checkpoints:
+        return f"job {job_id} resumed from its newest checkpoint"
+    lost = status.progress.committed_step if status.progress else None
+    steps = "" if lost is None else f" ({lost} committed steps lost)"
+    return f"job {job_id} resumed without a checkpoint: training starts afresh{steps}"

@@ -1,32 +1,27 @@
 """One ElasticJob's controller: the elastic driver with pods as hosts.
 
-The driver (``elasticjob.driver``, the same code ``elasticjob-run`` uses) decides rounds; this
-module feeds it and carries out what it cannot do itself on Kubernetes. Its decisions are
-pure functions in other modules; it only gathers their input and carries them out:
+The driver (``elasticjob.driver``, the same code ``elasticjob-run`` uses) decides rounds, and
+what follows a worker's end; this module feeds it and carries out on Kubernetes what it cannot
+do itself. Its decisions are pure functions in other modules; it gathers their input and
+carries them out:
 
-- the job's pods and what it did about each (``pod_ledger``): watch events, create
-  responses and re-lists (periodic, and sooner while the driver waits for hosts) merged by
-  resourceVersion, so none stays stale; the usable ones are pushed to the driver as its hosts
-  the moment they change (``ElasticDriver.update_hosts``);
-- scaling (``scaling.plan_pods``): worker pods up to ``replicas`` (clamped by
-  ``scaling.read_spec``), off blacklisted nodes; scale-in drains the newest pods (their workers
-  leave at their next check, without rollback) and deletes them once exited or after a
-  deadline; a host is a Running worker pod that is not leaving and not blacklisted;
+- the job's pods (``pod_reconciler``, their one owner, and its ``pod_ledger``): watch events,
+  create responses and re-lists merged by resourceVersion; the usable pods pushed to the
+  driver as its hosts the moment they change; scaling (``scaling.plan_pods``) up to
+  ``replicas``, off blacklisted nodes, scale-in draining the newest pods;
 - failures: a failed, vanished or NotReady-node pod, or one whose worker the driver killed,
-  goes through the ledger's one ``fail`` transition: reported to the driver as failed worker
-  processes (it tells the survivors at once), then announced, its node (or, with scope Pod,
-  the pod) blacklisted (``pod_blacklist``, the job's one blacklist, which the driver uses too)
-  and deleted, as its cause says (``pod_ledger.failure_effects``);
+  goes through the ledger's one ``fail`` transition and is reported to the driver once, with
+  its cause; the driver blacklists and tells the survivors, and the pod is announced and
+  deleted as the driver's effects say (``elasticjob.driver.worker_exits``);
 - after an operator restart (``adoption``): the recorded round is adopted and the recorded
   blacklisting restored; pods and the token Secret are the job's by ownerReference only;
 - objects the API server refuses for good (``kube_errors.permanent_error``) fail the job
-  (InvalidSpec) once, with no retry; the pods it made are deleted;
-- status (``status.status_of``, from the driver's snapshot) and events on the ElasticJob
-  (``job_events``: queued as they are learnt, some pushed by the driver's journal);
-- suspension (``spec.suspend``): the driver saves the round's state and ends its run
-  (``elasticjob.driver.suspension``); the pods are deleted, the status says Suspended, and the
-  controller waits. ``spec.suspend: false`` starts a new run, its rounds numbered on, whose
-  first round's rank 0 loads the newest checkpoint. A job created suspended creates nothing.
+  (InvalidSpec) once; the pods it made are deleted;
+- status (``status_observation`` and ``status_render``, from the driver's snapshot) and
+  events on the ElasticJob (``job_events``);
+- suspension (``spec.suspend``): the driver saves the round's state and ends its run; the
+  pods are deleted, the status says Suspended, and the controller waits until
+  ``spec.suspend`` is false; the next run's first round loads the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -49,6 +44,7 @@ from elasticjob.operator import pods as podlib
 from elasticjob.operator.adoption import (
     blacklisted_nodes,
     resume_job,
+    resumption_message,
     running_round,
     suspended_seconds,
 )
@@ -63,7 +59,7 @@ from elasticjob.operator.kube_errors import permanent_error
 from elasticjob.operator.pod_launcher import PodLauncher, driver_settings
 from elasticjob.operator.pod_reconciler import PodReconciler
 from elasticjob.operator.scaling import SpecReader, pods_to_clean
-from elasticjob.operator.status_render import Observation, observe
+from elasticjob.operator.status_observation import Observation, observe
 from elasticjob.operator.status_writer import StatusWriter
 from elasticjob.operator.supervisor import Stopped
 from elasticjob.operator.token import RefusedJobError, ensure_token
@@ -295,14 +291,9 @@ class JobController:
         if recorded.phase is not Phase.SUSPENDED:
             return None
         driver.continue_after(recorded.round)
-        if not recorded.round:
-            return "Resumed", f"job {self.job_id} started (it was suspended before it trained)"
-        if driver.settings.checkpoint_fallback:
-            return "Resumed", f"job {self.job_id} resumed from its newest checkpoint"
-        lost = recorded.progress.committed_step if recorded.progress else None
-        steps = "" if lost is None else f" ({lost} committed steps lost)"
-        afresh = f"without a checkpoint: training starts afresh{steps}"
-        return "Resumed", f"job {self.job_id} resumed {afresh}"
+        return "Resumed", resumption_message(
+            recorded, self.job_id, checkpoints=driver.settings.checkpoint_fallback
+        )
 
     def _adopt(self, body: Mapping[str, Any], spec: ElasticJobSpec, driver: ElasticDriver) -> bool:
         """After an operator restart: carry on what the status recorded (``resume_job``).

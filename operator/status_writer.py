@@ -16,7 +16,8 @@ from pydantic import ValidationError
 from elasticjob.driver.driver_types import Clock
 from elasticjob.operator.api import ElasticJobStatus, LostSeconds, Phase, worker_selector
 from elasticjob.operator.kube import KubeApi
-from elasticjob.operator.status_render import Observation, status_of
+from elasticjob.operator.status_observation import Observation
+from elasticjob.operator.status_render import status_of
 
 logger = logging.getLogger(__name__)
 

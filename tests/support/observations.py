@@ -7,7 +7,7 @@ import datetime
 from typing import Any
 
 from elasticjob.driver.driver_types import DriverPhase
-from elasticjob.operator.status_render import Observation, PodCounts
+from elasticjob.operator.status_observation import Observation, PodCounts
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
 T1 = T0 + datetime.timedelta(seconds=30)

@@ -20,16 +20,14 @@ from elasticjob.operator.api import (
     parse_spec,
 )
 from elasticjob.operator.pods import PodState, PodView
-from elasticjob.operator.status_render import (
+from elasticjob.operator.status_observation import (
     Observation,
     PodCounts,
     goodput_of,
     observe,
-    phase_of,
     pod_counts,
-    ready_of,
-    status_of,
 )
+from elasticjob.operator.status_render import phase_of, ready_of, status_of
 from elasticjob.wire.messages import WorkerId
 from tests.support.crd_model import good_spec
 from tests.support.metrics_stubs import snapshot

@@ -12,7 +12,8 @@ from elasticjob.driver.driver_types import JobResult
 from elasticjob.operator import status_writer
 from elasticjob.operator.api import Goodput, LostSeconds, Progress, StragglerStatus
 from elasticjob.operator.kube import KubeApi
-from elasticjob.operator.status_render import Observation, status_of
+from elasticjob.operator.status_observation import Observation
+from elasticjob.operator.status_render import status_of
 from elasticjob.operator.status_writer import (
     PROGRESS_WRITE_INTERVAL_S,
     StatusWriter,
