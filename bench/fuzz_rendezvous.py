@@ -239,7 +239,7 @@ def probes(rng: random.Random) -> dict[str, Callable[[], Probe]]:
 
     def protocol() -> Probe:
         newer = str(PROTOCOL_VERSION + 1)
-        version = rng.choice([None, "1", newer, "99", "abc", "-1", "9" * 40])
+        version = rng.choice([None, "0", newer, "99", "abc", "-1", "9" * 40])
         probe = Probe("protocol version", "GET", "job-a", "round", token)
         probe.protocol = version
         return probe

@@ -18,7 +18,7 @@ class Endpoint:
     address: str
     store_port: int
     probe_port: int | None = None
-    """None: an older worker, with no probe listener."""
+    """None: a worker without a probe listener (a restart-mode agent)."""
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ request is checked in this order, and refused at the first check it fails, befor
 the job is called, so a rejected request never changes any job's state:
 
 1. a bearer token (401 without one);
-2. its protocol version (:data:`~elasticjob.wire.protocol.PROTOCOL_HEADER`, none: version 1;
-   426 outside the accepted range, naming both versions);
+2. its protocol version (:data:`~elasticjob.wire.protocol.PROTOCOL_HEADER`: 426, naming both
+   versions, for none or one other than the service's; 400 for one that is not a number);
 3. the token (403 for an unknown job and for another job's token alike, so job names cannot
    be probed; 503 with ``Retry-After`` for a job not served yet while the service takes its
    jobs back after a restart);
@@ -31,7 +31,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any, Final, TypeVar
+from typing import Annotated, Final, TypeVar
 
 from aiohttp import hdrs, typedefs, web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -44,18 +44,11 @@ from elasticjob.wire.health import CohortRequest, HealthReport
 from elasticjob.wire.messages import (
     ErrorResponse,
     HeartbeatRequest,
-    NoticeKind,
     ProgressRequest,
     RendezvousRequest,
     ResultRequest,
 )
-from elasticjob.wire.protocol import (
-    API_PREFIX,
-    MIN_PROTOCOL_VERSION,
-    PROTOCOL_HEADER,
-    PROTOCOL_VERSION,
-    SUSPEND_NOTICE_VERSION,
-)
+from elasticjob.wire.protocol import API_PREFIX, PROTOCOL_HEADER, PROTOCOL_VERSION
 from elasticjob.wire.strict_json import DuplicateKeyError, parse_json
 
 logger = logging.getLogger(__name__)
@@ -73,11 +66,6 @@ _REFUSAL_STATUS: Final = {
     Refusal.TOO_MANY_WAITS: 429,
     Refusal.INVALID_REPORT: 422,
 }
-
-_ADDED_IN_3: Final = {"peers"}
-"""Fields of a rendezvous answer that protocol 3 added (left out for version-2 workers)."""
-_ADDED_IN_6: Final = {"peers": {"__all__": {"probe_port"}}}
-"""Fields of a rendezvous answer that protocol 6 added (left out for versions 3 to 5)."""
 
 _LONG_POLL: Final = web.RequestKey("elasticjob.long_poll", bool)
 """Request key a handler sets when the request may wait for news (left out of the latency)."""
@@ -126,10 +114,9 @@ def _json(
     *,
     status: int = 200,
     headers: Mapping[str, str] | None = None,
-    exclude: set[str] | dict[str, Any] | None = None,
 ) -> web.Response:
     return web.Response(
-        body=model.model_dump_json(exclude=exclude).encode(),
+        body=model.model_dump_json().encode(),
         status=status,
         headers=headers,
         content_type="application/json",
@@ -175,20 +162,26 @@ async def _read_body(request: web.Request) -> bytes:
     return bytes(body)
 
 
-def _check_protocol(request: web.Request) -> int:
-    """The request's protocol version, once it is one the service accepts."""
-    raw = request.headers.get(PROTOCOL_HEADER, "1")
-    if not raw.isascii() or not raw.isdecimal() or len(raw) > 6:
-        raise ApiError(400, f"{PROTOCOL_HEADER} must be a protocol version number")
-    version = int(raw)
-    if not MIN_PROTOCOL_VERSION <= version <= PROTOCOL_VERSION:
-        raise ApiError(
+def protocol_refusal(sent: str | None) -> ApiError | None:
+    """The refusal of a request whose :data:`~elasticjob.wire.protocol.PROTOCOL_HEADER` is
+    ``sent`` (None: the request has none), or None for the service's own version, the only
+    one it accepts."""
+    upgrade = "run a worker image of the operator's release"
+    if sent is None:
+        return ApiError(
             426,
-            f"the worker speaks rendezvous protocol {version}, this service speaks "
-            f"{PROTOCOL_VERSION} and accepts {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION}: "
-            "run a worker image of the operator's release",
+            f"the worker sends no rendezvous protocol version (no {PROTOCOL_HEADER} header), "
+            f"this service speaks {PROTOCOL_VERSION}: {upgrade}",
         )
-    return version
+    if not sent.isascii() or not sent.isdecimal() or len(sent) > 6:
+        return ApiError(400, f"{PROTOCOL_HEADER} must be a protocol version number")
+    if int(sent) != PROTOCOL_VERSION:
+        return ApiError(
+            426,
+            f"the worker speaks rendezvous protocol {int(sent)}, this service speaks "
+            f"{PROTOCOL_VERSION}: {upgrade}",
+        )
+    return None
 
 
 def _retry_after(seconds: float) -> dict[str, str]:
@@ -215,10 +208,12 @@ class _Api:
         self._adopting = adopting
 
     def authorize(self, request: web.Request) -> InMemoryJobRendezvous:
-        """The job named in the path, if the request speaks an accepted protocol, carries the
+        """The job named in the path, if the request speaks the service's protocol, carries the
         job's token and is within the job's rate."""
         token = _bearer_token(request)
-        _check_protocol(request)
+        refusal = protocol_refusal(request.headers.get(PROTOCOL_HEADER))
+        if refusal is not None:
+            raise refusal
         name = request.match_info["job"]
         job = self._jobs.get(name)
         if job is None and self._adopting():
@@ -244,11 +239,7 @@ class _Api:
         job = self.authorize(request)
         body = await _parse_body(request, RendezvousRequest)
         request[_LONG_POLL] = body.wait_seconds > 0
-        answer = await job.rendezvous(body)
-        # An older worker refuses fields it does not know (see PROTOCOL_VERSION).
-        version = _check_protocol(request)
-        exclude = _ADDED_IN_3 if version < 3 else _ADDED_IN_6 if version < 6 else None
-        return _json(answer, exclude=exclude)
+        return _json(await job.rendezvous(body))
 
     async def notices(self, request: web.Request) -> web.Response:
         job = self.authorize(request)
@@ -260,11 +251,7 @@ class _Api:
         except ValidationError as exc:
             raise _invalid("query", exc) from exc
         request[_LONG_POLL] = query.wait > 0
-        answer = await job.notices(int(query.after), query.wait)
-        if _check_protocol(request) < SUSPEND_NOTICE_VERSION:  # a kind it would refuse
-            kept = tuple(n for n in answer.notices if n.kind is not NoticeKind.SUSPEND)
-            answer = answer.model_copy(update={"notices": kept})
-        return _json(answer)
+        return _json(await job.notices(int(query.after), query.wait))
 
     async def results(self, request: web.Request) -> web.Response:
         job = self.authorize(request)

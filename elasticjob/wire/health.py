@@ -1,4 +1,4 @@
-"""The health check's messages (protocol 9): what a new worker pod and the rendezvous service
+"""The health check's messages: what a new worker pod and the rendezvous service
 exchange before the pod may join a round (``spec.healthCheck``).
 
 A pod's check (``elasticjob.worker_runtime.agents.health_check``) first asks for a cohort

@@ -142,8 +142,8 @@ class RendezvousRequest(StrictModel):
     store_port: Port
     """Port of the TCPStore server the worker hosts; used when it becomes rank 0."""
     probe_port: Port | None = None
-    """Port of the listener its peers probe (protocol 6; None: an older worker, probed by
-    nobody)."""
+    """Port of the listener its peers probe (None: a worker without one, a restart-mode agent,
+    which nobody probes)."""
     after_round: RoundNumber = 0
     wait_seconds: Annotated[float, Field(strict=True, ge=0, le=60, allow_inf_nan=False)] = 30.0
     rolled_back: StrictBool = False
@@ -151,11 +151,11 @@ class RendezvousRequest(StrictModel):
     state back to its last commit: the driver fails that round and re-syncs the next."""
     script_exit: ScriptExit | None = None
     """A restart-mode worker (with ``rolled_back``): its script failed on its own in round
-    ``after_round``, and how (protocol 7)."""
+    ``after_round``, and how."""
     suspended: StrictBool = False
     """The worker stopped for a suspension with its state saved: its last commit is a durable
-    checkpoint where the job has a checkpoint folder, or its restart-mode script was stopped
-    (protocol 8). A member that stops without it stopped for another notice, or failed to
+    checkpoint where the job has a checkpoint folder, or its restart-mode script was stopped.
+    A member that stops without it stopped for another notice, or failed to
     write: the driver lets the next round form and tells it again."""
 
 
@@ -167,10 +167,11 @@ class PeerEndpoint(StrictModel):
     local_rank: LocalRank
     address: HostName
     store_port: Port
-    """Its TCPStore server's port, which protocols 3 to 5 probed. Never probed now: a store
-    server can stall for seconds on connections that close without a request."""
+    """Its TCPStore server's port. Never probed: a store server can stall for seconds on
+    connections that close without a request."""
     probe_port: Port | None = None
-    """Its probe listener's port (protocol 6; None: an older worker, which is not probed)."""
+    """Its probe listener's port, the one probed (None: a worker without one, which is not
+    probed)."""
 
 
 class RendezvousResponse(StrictModel):
@@ -188,8 +189,7 @@ class RendezvousResponse(StrictModel):
     for the whole round, so ranks can never disagree on it."""
     peers: Annotated[tuple[PeerEndpoint, ...], Field(max_length=MAX_PROBE_TARGETS)] = ()
     """The members this worker probes when one of its collectives of the round blocks
-    (ASSIGNED only; never sent to a version-2 worker, see
-    :data:`~elasticjob.wire.protocol.PROTOCOL_VERSION`)."""
+    (ASSIGNED only)."""
     message: str = ""
 
 
@@ -256,7 +256,7 @@ _NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
 
 
 class CheckpointReport(StrictModel):
-    """A durable checkpoint of the committed state, written or loaded by rank 0 (protocol 5)."""
+    """A durable checkpoint of the committed state, written or loaded by rank 0."""
 
     name: Annotated[str, StringConstraints(min_length=1, max_length=253)]
     """The checkpoint's name in the job's checkpoint folder."""
@@ -277,22 +277,22 @@ class ProgressRequest(StrictModel):
     samples_per_second: _NonNegativeFloat = 0.0
     resumed: Annotated[bool, Field(strict=True)] = False
     """Training (re)starts in ``round`` now: its state is synced and the first step is next
-    (the end of a recovery or of a resize; protocol 4)."""
+    (the end of a recovery or of a resize)."""
     commit_seconds: Annotated[
         tuple[_NonNegativeFloat, ...], Field(max_length=MAX_REPORTED_COMMITS)
     ] = ()
-    """How long each commit since the previous report took (protocol 4)."""
+    """How long each commit since the previous report took."""
     checkpoints: Annotated[
         tuple[CheckpointReport, ...], Field(max_length=MAX_REPORTED_CHECKPOINTS)
     ] = ()
-    """The checkpoints completed since the previous report (protocol 5)."""
+    """The checkpoints completed since the previous report."""
     restored_from: CheckpointReport | None = None
     """The checkpoint this round's rank 0 loaded because no worker of the previous round
-    survived (sent with ``resumed``; protocol 5)."""
+    survived (sent with ``resumed``)."""
     committed_step: _NonNegativeInt | None = None
     """The runtime's step count at rank 0's newest commit (``step`` is the script's own
     number when it reports progress): a durable fallback loses the steps between this and the
-    checkpoint it loads (protocol 5)."""
+    checkpoint it loads."""
 
 
 class RoundInfo(StrictModel):
@@ -309,8 +309,8 @@ class RoundInfo(StrictModel):
 class PlannedRound(StrictModel):
     """The round the driver plans next while the workers it adds start
     (``GET /v1/jobs/{job}/plan``): a worker added to a running job takes its tentative place
-    from it at ``init()``. Round 0 without slots: nothing is planned. (A service without this
-    endpoint answers 404; the worker then estimates its place.)"""
+    from it at ``init()``. Round 0 without slots: nothing is planned. (A worker that cannot
+    get it estimates its place.)"""
 
     round: RoundNumber = 0
     slots: tuple[SlotInfo, ...] = ()

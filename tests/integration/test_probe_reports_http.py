@@ -1,21 +1,17 @@
-"""Peer probes over HTTP: the round's answer carries the peers to probe (from version 3, with
-their probe listener from version 6: an older worker refuses fields it does not know), and
-heartbeats carry probe reports and step paces; malformed or foreign reports get a 4xx and
-change nothing. A worker older than version 8 is not given SUSPEND notices (a kind it would
-refuse)."""
+"""Peer probes over HTTP: the round's answer carries the peers to probe with their probe
+listeners, and heartbeats carry probe reports and step paces; malformed or foreign reports get
+a 4xx and change nothing. The notices poll gives SUSPEND notices like any other."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import aiohttp
 import pytest
 
 from elasticjob.rendezvous.rendezvous_types import ProbeReport
 from elasticjob.rendezvous.server import RendezvousService
-from elasticjob.wire.messages import NoticeKind, PeerEndpoint, RendezvousResponse, StepPace
-from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
+from elasticjob.wire.messages import NoticeKind, StepPace
 from tests.support.rendezvous_http import Cluster, rendezvous_body, snapshot
 from tests.support.rendezvous_jobs import W0, W1, slots_for
 
@@ -38,35 +34,11 @@ async def cluster() -> AsyncIterator[Cluster]:
     await service.stop()
 
 
-async def ask(cluster: Cluster, version: int) -> dict[str, Any]:
-    status, body = await cluster.call(
-        "POST",
-        "/v1/jobs/job-a/rendezvous",
-        json=rendezvous_body(W1),
-        headers={PROTOCOL_HEADER: str(version)},
-    )
-    assert status == 200, body
-    assert isinstance(body, dict)
-    return body
-
-
-async def test_each_worker_gets_the_peer_fields_of_its_protocol_version(
-    cluster: Cluster,
-) -> None:
-    """Version 6 gets the peers' probe ports, versions 3 to 5 the peers without them, version
-    2 no peers."""
+async def test_a_worker_gets_its_peers_with_their_probe_ports(cluster: Cluster) -> None:
+    status, body = await cluster.call("POST", "/v1/jobs/job-a/rendezvous", json=rendezvous_body(W1))
+    assert status == 200 and isinstance(body, dict), body
     peer = {"hostname": "host-a", "local_rank": 0, "address": "addr-host-a", "store_port": 29506}
-    current = await ask(cluster, PROTOCOL_VERSION)
-    assert current["peers"] == [{**peer, "probe_port": 30506}]
-    for version in (3, 5):
-        before_6 = await ask(cluster, version)
-        assert before_6["peers"] == [peer]
-        # What a version-5 worker parses it with: the same strict model, without the field.
-        assert set(before_6["peers"][0]) <= set(PeerEndpoint.model_fields) - {"probe_port"}
-    old = await ask(cluster, 2)
-    assert "peers" not in old and old["status"] == "ASSIGNED"
-    # What a version-2 worker parses it with: the same strict model, without the field.
-    assert set(old) <= set(RendezvousResponse.model_fields) - {"peers"}
+    assert body["peers"] == [{**peer, "probe_port": 30506}]
 
 
 async def test_a_probe_report_reaches_the_driver(cluster: Cluster) -> None:
@@ -85,16 +57,13 @@ async def test_a_step_pace_reaches_the_driver(cluster: Cluster) -> None:
     assert cluster.listener_a.paces == [(W1, StepPace(round=1, steps=25, busy_s=0.125))]
 
 
-async def test_a_worker_older_than_suspend_notices_is_not_given_them(cluster: Cluster) -> None:
+async def test_a_worker_is_given_suspend_notices(cluster: Cluster) -> None:
     cluster.job_a.post_notice(NoticeKind.HOSTS_ADDED, ["host-c"])
     cluster.job_a.post_notice(NoticeKind.SUSPEND)
-    for version, kinds in ((PROTOCOL_VERSION, ["HOSTS_ADDED", "SUSPEND"]), (7, ["HOSTS_ADDED"])):
-        status, body = await cluster.call(
-            "GET", "/v1/jobs/job-a/notices?after=0&wait=0", headers={PROTOCOL_HEADER: str(version)}
-        )
-        assert status == 200 and isinstance(body, dict), body
-        assert [n["kind"] for n in body["notices"]] == kinds
-        assert body["latest_seq"] == 2, "the older worker skips the notice it is not given"
+    status, body = await cluster.call("GET", "/v1/jobs/job-a/notices?after=0&wait=0")
+    assert status == 200 and isinstance(body, dict), body
+    assert [n["kind"] for n in body["notices"]] == ["HOSTS_ADDED", "SUSPEND"]
+    assert body["latest_seq"] == 2
 
 
 @pytest.mark.parametrize(

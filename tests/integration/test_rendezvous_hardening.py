@@ -1,5 +1,5 @@
 """The hardened rendezvous service over real sockets: refusals that change nothing, the per-job
-rate, protocol versions, TLS with a CA made here, slow and malformed connections, and the
+rate, the protocol version, TLS with a CA made here, slow and malformed connections, and the
 token kept out of every log line and repr."""
 
 from __future__ import annotations
@@ -174,11 +174,11 @@ async def test_progress_leaves_at_most_once_a_second_the_newest_last(cluster: Cl
         reporter.stop()
 
 
-# ---- protocol versions -------------------------------------------------------------------
+# ---- protocol version --------------------------------------------------------------------
 
 
-def old_worker_request(url: str, body: bytes) -> tuple[int, dict[str, object]]:
-    """Exactly what a worker of the release before protocol versions sends."""
+def unversioned_request(url: str, body: bytes) -> tuple[int, dict[str, object]]:
+    """A worker's request without the protocol header, sent with the standard library."""
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=DEADLINE)
     try:
@@ -190,17 +190,19 @@ def old_worker_request(url: str, body: bytes) -> tuple[int, dict[str, object]]:
         conn.close()
 
 
-async def test_an_older_worker_is_refused_with_both_versions(cluster: Cluster) -> None:
+async def test_a_worker_without_a_protocol_version_is_refused_naming_the_services(
+    cluster: Cluster,
+) -> None:
     before = snapshot(cluster.job_a, cluster.listener_a)
     body = RendezvousRequest(
         hostname="host-a", local_rank=0, address="10.0.0.1", store_port=29500, wait_seconds=0
     )
     status, answer = await asyncio.to_thread(
-        old_worker_request, cluster.service.url, body.model_dump_json().encode()
+        unversioned_request, cluster.service.url, body.model_dump_json().encode()
     )
     assert status == 426
-    assert "protocol 1" in str(answer["error"]) and f"speaks {PROTOCOL_VERSION}" in str(
-        answer["error"]
+    assert f"no {PROTOCOL_HEADER} header" in str(answer["error"]) and (
+        f"speaks {PROTOCOL_VERSION}" in str(answer["error"])
     )
     assert snapshot(cluster.job_a, cluster.listener_a) == before
 
@@ -214,6 +216,7 @@ async def test_a_worker_of_another_version_exits_with_the_services_message(
     with pytest.raises(RendezvousClientError, match="426") as caught:
         await asyncio.to_thread(client.round_info)
     assert f"protocol {PROTOCOL_VERSION + 1}" in str(caught.value)
+    assert f"speaks {PROTOCOL_VERSION}" in str(caught.value)
     assert time.monotonic() - started < 2, "not retried"
 
 

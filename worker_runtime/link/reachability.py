@@ -70,7 +70,7 @@ def unreachable_peers(
     peers: Sequence[PeerEndpoint], timeout_s: float = PROBE_TIMEOUT_S
 ) -> list[PeerEndpoint]:
     """The peers a TCP connect to their probe listener does not reach within ``timeout_s``,
-    in the given order. A peer without a probe listener (an older worker) is not probed."""
+    in the given order. A peer without a probe listener (a restart-mode agent) is not probed."""
     deadline = time.monotonic() + timeout_s
     failed: list[PeerEndpoint] = []
     pending: dict[socket.socket, PeerEndpoint] = {}

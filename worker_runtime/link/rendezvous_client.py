@@ -170,8 +170,7 @@ class RendezvousClient:
         return parse_json(RoundInfo, self._request("GET", "/round", None))
 
     def planned_round(self, *, retry_for_s: float) -> PlannedRound:
-        """The round the driver plans with the workers it is adding (a service that predates
-        it refuses with 404: :class:`RendezvousClientError`)."""
+        """The round the driver plans with the workers it is adding."""
         data = self._request("GET", "/plan", None, retry_for_s=retry_for_s)
         return parse_json(PlannedRound, data)
 

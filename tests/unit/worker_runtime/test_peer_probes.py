@@ -116,7 +116,8 @@ def test_probes_go_to_the_probe_listener_never_to_the_store() -> None:
 
 
 def test_a_peer_without_a_probe_listener_is_not_probed() -> None:
-    """An older worker registered no probe port: it is neither probed nor reported."""
+    """A worker without a probe listener (a restart-mode agent) registered no probe port: it
+    is neither probed nor reported."""
     with listening() as store:
         old = PeerEndpoint(
             hostname="old", local_rank=0, address="127.0.0.1", store_port=store.getsockname()[1]
