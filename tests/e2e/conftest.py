@@ -8,14 +8,15 @@ process nodes instead: quicker to start, but no container, image or network of i
 from __future__ import annotations
 
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from pathlib import Path
+from typing import Final
 
 import pytest
 
 from devcluster.cluster import Cluster
 from tests.support.kube import Kube
-from tests.support.operator_release import CHART, OPERATOR_PODS, RELEASE, SYSTEM_NS, operator_logs
+from tests.support.operator_release import OperatorRelease, operator_logs
 
 CLUSTER_FIXTURES = "tests.support.cluster_fixtures"
 E2E_RUNTIME_ENV = "ELASTICJOB_E2E_RUNTIME"
@@ -31,11 +32,27 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.import_plugin(CLUSTER_FIXTURES)
 
 
+LAST: Final = ("no_webhook", "uninstalls_operator", "no_operator")
+"""What some tests do to the session's operator, in the order they run after all others."""
+
+
+def _runs_after(item: pytest.Item) -> int:
+    """0 for a test that leaves the session's operator as it found it; else the place of what
+    it does to it in :data:`LAST`, plus one."""
+    uses = getattr(item, "fixturenames", ())
+    done = [i for i, what in enumerate(LAST) if what in uses or item.get_closest_marker(what)]
+    return max(done, default=-1) + 1
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the suite's tests; run those that remove the operator's webhook, then the one that
+    uninstalls it, then those that want no operator, after every other (a stable sort: the
+    session installs the operator once)."""
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.devcluster)
+    items.sort(key=_runs_after)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -66,34 +83,31 @@ def cluster(request: pytest.FixtureRequest) -> Cluster:
     return found
 
 
+@pytest.fixture(scope="session")
+def operator_release(cluster: Cluster) -> OperatorRelease:
+    """The operator's helm release, installed once for the session (not uninstalled at its
+    end: the cluster goes with everything on it)."""
+    return OperatorRelease(cluster)
+
+
 @pytest.fixture(scope="module")
-def operator(cluster: Cluster) -> Iterator[Cluster]:
-    """The operator, installed with helm into its own namespace (once for each test module
-    that uses it, uninstalled after the module). ``helm install --wait`` returns once the
-    operator is ready, which includes its admission webhook being registered."""
-    result = cluster.helm(
-        "install",
-        RELEASE,
-        str(CHART),
-        "-n",
-        SYSTEM_NS,
-        "--create-namespace",
-        "--set",
-        "logLevel=debug",
-        "--wait",
-        "--timeout",
-        "240s",
-        check=False,
-        timeout=300,
-    )
-    assert result.returncode == 0, f"helm install failed:\n{result.stdout}\n{result.stderr}"
-    try:
-        yield cluster
-    finally:
-        cluster.helm("uninstall", RELEASE, "-n", SYSTEM_NS, check=False, timeout=60)
-        # The next module's operator must be the only one: a terminating pod would still
-        # answer the webhook and the workers.
-        cluster.kubectl(
-            "-n", SYSTEM_NS, "wait", "--for=delete", "pod", "-l", OPERATOR_PODS, "--timeout=120s",
-            check=False, timeout=150,
-        )  # fmt: skip
+def operator(operator_release: OperatorRelease) -> Cluster:
+    """The operator, installed with helm into its own namespace and serving, with its
+    admission webhook (``helm install --wait`` returns once the webhook is registered)."""
+    operator_release.ensure()
+    return operator_release.cluster
+
+
+@pytest.fixture
+def no_webhook(operator: Cluster, operator_release: OperatorRelease) -> Cluster:
+    """The operator without its admission webhook: jobs reach it unchecked (such tests run
+    after every test that wants the webhook)."""
+    operator_release.remove_webhook()
+    return operator
+
+
+@pytest.fixture
+def no_operator(cluster: Cluster, operator_release: OperatorRelease) -> Cluster:
+    """The cluster without the operator (such tests run last)."""
+    operator_release.uninstall()
+    return cluster

@@ -15,8 +15,6 @@ from devcluster.cluster import Cluster
 from tests.support.elastic_jobs import sleeper, wait_status
 from tests.support.kube import Kube
 from tests.support.operator_release import (
-    RELEASE,
-    SYSTEM_NS,
     both_replicas_ready,
     ready_operator_pods,
 )
@@ -69,11 +67,9 @@ def test_the_liveness_endpoint_answers_without_telling_about_jobs(
             assert exc.code == 404
 
 
-def test_without_the_webhook_a_misspelt_field_fails_the_job(operator: Cluster, kube: Kube) -> None:
-    """Runs last in this module: it removes the webhook configuration."""
-    operator.kubectl(
-        "delete", "validatingwebhookconfiguration", f"{RELEASE}.{SYSTEM_NS}.svc", check=False
-    )
+def test_without_the_webhook_a_misspelt_field_fails_the_job(
+    no_webhook: Cluster, kube: Kube
+) -> None:
     returncode, stderr = apply(kube, sleeper("lax", container={"resource": {"limits": {}}}))
     assert returncode == 0, stderr
     failed = wait_status(kube, "lax", "refused", lambda s: s.get("phase") == "Failed")

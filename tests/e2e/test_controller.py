@@ -131,11 +131,11 @@ def test_blacklisted_nodes_stay_blacklisted_after_an_operator_restart(
 
 
 def test_out_of_range_replicas_are_clamped_and_never_fail_the_job(
-    operator: Cluster, kube: Kube, tmp_path: Path
+    no_webhook: Cluster, kube: Kube, tmp_path: Path
 ) -> None:
     """Without the webhook, `kubectl scale` beyond [min, max] reaches the operator: it runs
     the nearest bound, says so in an Event and a condition, also after its restart."""
-    delete_webhook(operator)
+    operator = no_webhook
     log_dir = tmp_path / "events"
     kube.apply(
         job_manifest("clamp", log_dir, tmp_path / "stop", replicas=2, minReplicas=2, maxReplicas=3)

@@ -26,7 +26,7 @@ from tests.support.elastic_jobs import (
     wait_status,
 )
 from tests.support.kube import Kube, pod_manifest
-from tests.support.operator_release import delete_webhook, operator_logs
+from tests.support.operator_release import operator_logs
 
 REPO = Path(__file__).resolve().parents[2]
 LONG_NAME = "a" * 64
@@ -266,10 +266,8 @@ def careless_job(name: str, change: dict[str, Any], tmp_path: Path) -> dict[str,
 
 
 def test_without_the_webhook_careless_specs_fail_once_with_no_pods_left(
-    operator: Cluster, kube: Kube, tmp_path: Path
+    no_webhook: Cluster, kube: Kube, tmp_path: Path
 ) -> None:
-    """Runs last in this module: it removes the webhook configuration."""
-    delete_webhook(operator)
     kube.apply(*(careless_job(n, change, tmp_path) for n, (change, _) in CARELESS.items()))
     for name, (_, expected) in CARELESS.items():
         failed = wait_status(kube, name, "failed", lambda s: s.get("phase") == "Failed", 90)

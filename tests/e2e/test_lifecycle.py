@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from devcluster.cluster import Cluster
@@ -24,6 +25,7 @@ from tests.support.operator_release import (
     OPERATOR_PODS,
     RELEASE,
     SYSTEM_NS,
+    OperatorRelease,
     operator_pods,
     wait_operator_serving,
 )
@@ -90,9 +92,12 @@ def test_a_worker_lost_while_the_operator_restarts_is_recovered_from(
         stop_workers(kube, log_dir)
 
 
-def test_after_uninstall_jobs_and_the_crd_can_be_deleted(operator: Cluster, kube: Kube) -> None:
-    """Runs last in this module: it uninstalls the operator and deletes the CRD (the next
-    install brings it back from the chart)."""
+@pytest.mark.uninstalls_operator
+def test_after_uninstall_jobs_and_the_crd_can_be_deleted(
+    operator: Cluster, operator_release: OperatorRelease, kube: Kube
+) -> None:
+    """Runs after the other tests that use the operator: it uninstalls the operator and
+    deletes the CRD (the next install brings it back from the chart)."""
     kube.apply(sleeper("orphan"))
     kube.wait("the job's pods", lambda: kube.pods("elasticjob.dev/job-name=orphan"), timeout=120)
     job = kube.get("ej", "orphan") or {}
@@ -104,6 +109,7 @@ def test_after_uninstall_jobs_and_the_crd_can_be_deleted(operator: Cluster, kube
         "uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", check=False, timeout=180
     )
     assert result.returncode == 0, result.stderr
+    operator_release.uninstalled()
 
     def leftovers() -> list[str]:
         kinds = "validatingwebhookconfiguration,mutatingwebhookconfiguration"

@@ -32,8 +32,6 @@ from tests.support.elastic_jobs import (
 from tests.support.job_runs import WORKERS, read_events
 from tests.support.kube import Kube
 from tests.support.operator_release import (
-    RELEASE,
-    SYSTEM_NS,
     leader_pod,
     operator_ip,
     rendezvous_status,
@@ -491,11 +489,8 @@ def test_preemption_and_a_not_ready_node_are_survived(
 
 
 def test_without_the_webhook_an_invalid_job_is_marked_failed_and_left_alone(
-    operator: Cluster, kube: Kube, tmp_path: Path
+    no_webhook: Cluster, kube: Kube, tmp_path: Path
 ) -> None:
-    """Runs last in this module: it removes the webhook configuration."""
-    name = f"{RELEASE}.{SYSTEM_NS}.svc"
-    operator.kubectl("delete", "validatingwebhookconfiguration", name, check=False)
     kube.apply(job_manifest("lax", tmp_path, tmp_path / "stop", minReplicas=4, maxReplicas=3))
     failed = wait_status(kube, "lax", "refused", lambda s: s.get("phase") == "Failed")
     invalid = [c for c in failed["conditions"] if c["type"] == "InvalidSpec"]

@@ -30,6 +30,70 @@ LEADER_POD = f"{OPERATOR_PODS},{LABEL_OPERATOR_LEADER}=true"
 """The operator pod that leads (the rendezvous Service selects it)."""
 
 
+WEBHOOK = f"{RELEASE}.{SYSTEM_NS}.svc"
+"""The name of the operator's admission webhook configuration (it registers it at start)."""
+
+
+class OperatorRelease:
+    """The operator's helm release on the session's cluster, installed once for the tests that
+    use it: each module finds it installed and serving, with its admission webhook, unless a
+    test removed the webhook or the release on purpose (the e2e conftest runs those last)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.installed = False
+        self.webhook_removed = False
+        """A test deleted the webhook configuration and wants it gone."""
+
+    def ensure(self) -> None:
+        """Install the release, or wait until its operator serves; register the webhook again
+        (by restarting the operator) if a test removed it without saying so."""
+        if not self.installed:
+            result = self.cluster.helm(
+                *("install", RELEASE, str(CHART), "-n", SYSTEM_NS, "--create-namespace"),
+                *("--set", "logLevel=debug", "--wait", "--timeout", "240s"),
+                check=False,
+                timeout=300,
+            )
+            assert result.returncode == 0, f"helm install failed:\n{result.stdout}\n{result.stderr}"
+            self.installed, self.webhook_removed = True, False
+            return
+        rollout = self.cluster.kubectl(
+            *("-n", SYSTEM_NS, "rollout", "status", f"deployment/{RELEASE}", "--timeout=240s"),
+            check=False,
+            timeout=300,
+        )
+        assert rollout.returncode == 0, f"the operator is not ready:\n{rollout.stderr}"
+        if not self.webhook_removed and not self.has_webhook():
+            restart_operator(Kube(self.cluster, SYSTEM_NS))
+            Kube(self.cluster, SYSTEM_NS).wait("the webhook registered", self.has_webhook, 120)
+
+    def has_webhook(self) -> bool:
+        found = self.cluster.kubectl("get", "validatingwebhookconfiguration", WEBHOOK, check=False)
+        return found.returncode == 0
+
+    def remove_webhook(self) -> None:
+        """Delete the webhook configuration: jobs reach the operator unchecked from now on."""
+        self.webhook_removed = True
+        delete_webhook(self.cluster)
+
+    def uninstalled(self) -> None:
+        """A test uninstalled the release (the next :meth:`ensure` installs it again)."""
+        self.installed = False
+
+    def uninstall(self) -> None:
+        """Uninstall the release and wait until its operator pods are gone (they would still
+        answer the webhook and the workers)."""
+        self.cluster.helm("uninstall", RELEASE, "-n", SYSTEM_NS, check=False, timeout=60)
+        self.cluster.kubectl(
+            *("-n", SYSTEM_NS, "wait", "--for=delete", "pod", "-l", OPERATOR_PODS),
+            "--timeout=120s",
+            check=False,
+            timeout=150,
+        )
+        self.installed = False
+
+
 def operator_pods(cluster: Cluster) -> list[dict[str, Any]]:
     found = cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-l", OPERATOR_PODS, "-o", "json")
     pods: list[dict[str, Any]] = json.loads(found.stdout)["items"]
@@ -202,5 +266,4 @@ def rendezvous_status(
 
 
 def delete_webhook(cluster: Cluster) -> None:
-    name = f"{RELEASE}.{SYSTEM_NS}.svc"
-    cluster.kubectl("delete", "validatingwebhookconfiguration", name, check=False)
+    cluster.kubectl("delete", "validatingwebhookconfiguration", WEBHOOK, check=False)
