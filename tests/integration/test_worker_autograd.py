@@ -1,5 +1,6 @@
 """Gradients flow through Horovod's collectives, as Horovod defines them, over 2 and 3 real
-processes (``workers/autograd_worker.py``, a launcher job on loopback hosts).
+processes (``workers/autograd_worker.py``, in the worker-API suite's launcher job on loopback
+hosts).
 
 Every rank's loss is ``(output * weights).sum()`` over the collective's outputs; its
 gradient with respect to the rank's input is compared, exactly (values are halves), with
@@ -13,23 +14,21 @@ tracked.
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.support.worker_scripts import run_on_ranks
+from tests.support.worker_scripts import api_suite_part
 
 pytestmark = pytest.mark.integration
 
-WORKER = Path(__file__).parent / "workers" / "autograd_worker.py"
 Json = dict[str, Any]
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2 processes", "3 processes"])
 def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[Json]:
-    return run_on_ranks(WORKER, request.param, tmp_path_factory)
+    return api_suite_part("autograd", request.param, tmp_path_factory)
 
 
 def weights(ranks: list[Json], case: str, output: int = 0) -> list[torch.Tensor]:

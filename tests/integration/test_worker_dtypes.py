@@ -1,26 +1,24 @@
 """Every collective on every dtype Horovod takes on the CPU, over 2 and 3 real processes.
 
-``workers/dtypes_worker.py`` runs as a launcher job (Gloo on loopback hosts) and writes, by
-dtype and case, each rank's inputs and results; here the expected results are computed from
-every rank's inputs with plain tensor arithmetic in the same dtype: a dtype Gloo lacks
-(``int16``) must come back bit for bit, integer averages and scaled reductions truncate
-toward zero as Horovod's do, booleans reduce as logical or (sum, max) and and (min).
+``workers/dtypes_worker.py`` runs in the worker-API suite's launcher job (Gloo on loopback hosts)
+and writes, by dtype and case, each rank's inputs and results; here the expected results are
+computed from every rank's inputs with plain tensor arithmetic in the same dtype: a dtype Gloo lacks
+(``int16``) must come back bit for bit, integer averages and scaled reductions truncate toward zero
+as Horovod's do, booleans reduce as logical or (sum, max) and and (min).
 """
 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.support.worker_scripts import run_on_ranks
+from tests.support.worker_scripts import api_suite_part
 
 pytestmark = pytest.mark.integration
 
-WORKER = Path(__file__).parent / "workers" / "dtypes_worker.py"
 DTYPES = {
     str(dtype): dtype
     for dtype in (
@@ -33,7 +31,7 @@ Json = dict[str, Any]
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2 processes", "3 processes"])
 def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[Json]:
-    return run_on_ranks(WORKER, request.param, tmp_path_factory)
+    return api_suite_part("dtypes", request.param, tmp_path_factory)
 
 
 def tensor(found: Json) -> torch.Tensor:

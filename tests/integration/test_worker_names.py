@@ -1,24 +1,22 @@
 """Collectives matched by name, as in Horovod, over 2 and 3 real processes.
 
-``workers/names_worker.py`` runs as a launcher job (Gloo on loopback hosts): a name with a
-call outstanding is refused on the rank that repeats it, while its partners' calls may come
-after a barrier; ranks may start named collectives in different orders; and every kind of
-mismatch between the ranks' calls raises the same error on every rank, naming it, with no
-data moved: an allreduce right after it gives the right sum.
+``workers/names_worker.py`` runs in the worker-API suite's launcher job (Gloo on loopback hosts): a
+name with a call outstanding is refused on the rank that repeats it, while its partners' calls may
+come after a barrier; ranks may start named collectives in different orders; and every kind of
+mismatch between the ranks' calls raises the same error on every rank, naming it, with no data
+moved: an allreduce right after it gives the right sum.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.worker_scripts import run_on_ranks
+from tests.support.worker_scripts import api_suite_part
 
 pytestmark = pytest.mark.integration
 
-WORKER = Path(__file__).parent / "workers" / "names_worker.py"
 Json = dict[str, Any]
 
 MISMATCH_WORDS = {
@@ -39,7 +37,7 @@ MISMATCH_WORDS = {
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2 processes", "3 processes"])
 def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[Json]:
-    return run_on_ranks(WORKER, request.param, tmp_path_factory)
+    return api_suite_part("names", request.param, tmp_path_factory)
 
 
 def test_a_name_outstanding_is_refused_and_its_partners_may_come_after_a_barrier(

@@ -1,32 +1,30 @@
 """Horovod's process sets over 2 and 3 real processes.
 
-``workers/process_sets_worker.py`` runs as a launcher job (Gloo on loopback hosts): the even
-ranks' set comes from ``init(process_sets=...)``, the odd ranks' from ``add_process_set``;
-both sets run every collective at once under the same names, each over its own members only
-(sums, averages, gathers in set-rank order, a broadcast from a global root rank, a
-reduce-scatter, an all-to-all, a grouped reduction, a barrier, a gradient). A non-member's
-call, a duplicate set and a removed set are refused; a new round voids every set but the
-global one until it is registered again.
+``workers/process_sets_worker.py`` runs in the worker-API suite's launcher job (Gloo on loopback
+hosts): the even ranks' set comes from ``init(process_sets=...)``, the odd ranks' from
+``add_process_set``; both sets run every collective at once under the same names, each over its own
+members only (sums, averages, gathers in set-rank order, a broadcast from a global root rank, a
+reduce-scatter, an all-to-all, a grouped reduction, a barrier, a gradient). A non-member's call, a
+duplicate set and a removed set are refused; a new round voids every set but the global one until it
+is registered again.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.worker_scripts import run_on_ranks
+from tests.support.worker_scripts import api_suite_part
 
 pytestmark = pytest.mark.integration
 
-WORKER = Path(__file__).parent / "workers" / "process_sets_worker.py"
 Json = dict[str, Any]
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2 processes", "3 processes"])
 def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[Json]:
-    return run_on_ranks(WORKER, request.param, tmp_path_factory)
+    return api_suite_part("process_sets", request.param, tmp_path_factory)
 
 
 def members(rank: int, size: int) -> list[int]:

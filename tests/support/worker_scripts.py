@@ -94,6 +94,20 @@ def run_on_ranks(worker: Path, size: int, tmp_path_factory: pytest.TempPathFacto
     return job.results
 
 
+API_SUITE = Path(__file__).resolve().parents[1] / "integration" / "workers" / "api_suite_worker.py"
+"""The worker-API scripts run as one job (``workers/api_suite_worker.py``)."""
+_api_suite_runs: dict[int, list[Result]] = {}
+
+
+def api_suite_part(part: str, size: int, tmp_path_factory: pytest.TempPathFactory) -> list[Result]:
+    """Every rank's results of one part of the worker-API suite (``names``, ``dtypes``,
+    ``autograd``, ``process_sets``), from the suite's one job of ``size`` processes in this
+    test session (run by the first module that asks)."""
+    if size not in _api_suite_runs:
+        _api_suite_runs[size] = run_on_ranks(API_SUITE, size, tmp_path_factory)
+    return [ranks[part] for ranks in _api_suite_runs[size]]
+
+
 def run_abort_scenario(
     worker: Path, tmp_path: Path, collective_timeout_s: float
 ) -> tuple[list[Result], str]:

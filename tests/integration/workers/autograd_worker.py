@@ -72,10 +72,8 @@ def cases(rank: int, size: int) -> dict[str, Any]:
     return {name: run_case(rank, rows, case) for name, (rows, case) in table.items()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+def run() -> dict[str, Any]:
+    """This rank's results (see the module docstring), from init to shutdown."""
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     with torch.no_grad():  # outside autograd, nothing is tracked
@@ -83,7 +81,14 @@ def main() -> None:
     results = {"rank": rank, "size": size, "cases": cases(rank, size)}
     results["no_grad_output_tracked"] = plain.requires_grad
     hvd.shutdown()
-    write_results(args.out, rank, results)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    results = run()
+    write_results(parser.parse_args().out, results["rank"], results)
 
 
 if __name__ == "__main__":

@@ -85,16 +85,21 @@ def cases(dtype: torch.dtype, rank: int, size: int) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+def run() -> dict[str, Any]:
+    """This rank's results (see the module docstring), from init to shutdown."""
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     results = {"rank": rank, "size": size}
     results |= {str(dtype): cases(dtype, rank, size) for dtype in DTYPES}
     hvd.shutdown()
-    write_results(args.out, rank, results)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    results = run()
+    write_results(parser.parse_args().out, results["rank"], results)
 
 
 if __name__ == "__main__":

@@ -138,10 +138,8 @@ def mismatches(rank: int) -> dict[str, Any]:
     return found
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+def run() -> dict[str, Any]:
+    """This rank's results (see the module docstring), from init to shutdown."""
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     results = {
@@ -153,8 +151,15 @@ def main() -> None:
         "mismatches": mismatches(rank),
         "isinstance": issubclass(hvd.CollectiveMismatchError, RuntimeError),
     }
-    write_results(args.out, rank, results)
     hvd.shutdown()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    results = run()
+    write_results(parser.parse_args().out, results["rank"], results)
 
 
 if __name__ == "__main__":

@@ -66,10 +66,8 @@ def collectives(mine: hvd.ProcessSet, rank: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+def run() -> dict[str, Any]:
+    """This rank's results (see the module docstring), from init to shutdown."""
     even = hvd.ProcessSet(range(0, int(os.environ["HOROVOD_SIZE"]), 2))  # set at start
     hvd.init(process_sets=[even])
     rank, size = hvd.rank(), hvd.size()
@@ -94,8 +92,15 @@ def main() -> None:
     results["again"] = (
         hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=even).item() if rank % 2 == 0 else None
     )
-    write_results(args.out, rank, results)
     hvd.shutdown()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    results = run()
+    write_results(parser.parse_args().out, results["rank"], results)
 
 
 if __name__ == "__main__":
