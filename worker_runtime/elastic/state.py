@@ -21,7 +21,7 @@ import abc
 import copy
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, final
 
 import torch
 
@@ -42,7 +42,8 @@ from elasticjob.worker_runtime.exceptions import HostsUpdatedInterrupt
 
 class State(abc.ABC):
     """Base of elastic state objects (Horovod's ``hvd.elastic.State``): a subclass says how
-    to :meth:`save`, :meth:`restore` and :meth:`sync`, and may set :attr:`checkpointing`."""
+    to :meth:`save`, :meth:`restore` and :meth:`sync`, and may set :attr:`checkpointing`;
+    the rest is the same for every state (``final``)."""
 
     rebuilt_every_round: ClassVar[bool] = False
     """Whether the state is rebuilt from its commits in every round (its layout follows the
@@ -66,17 +67,20 @@ class State(abc.ABC):
         ``state._host_messages.empty()`` to wait until a host change reached this worker."""
         return HostMessages()
 
+    @final
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
         """Functions called after every reset, once the new group exists and before state is
         synced: adjust the learning rate to the new world size, repartition data, rebuild a
         DistributedDataParallel wrapper."""
         self._reset_callbacks.extend(callbacks)
 
+    @final
     def on_reset(self) -> None:
         """Called by ``elastic.run`` after each reset."""
         for callback in self._reset_callbacks:
             callback()
 
+    @final
     def commit(self) -> None:
         """Snapshot the state in memory (and write a durable checkpoint when the job's policy
         says so), then check for host updates (which may raise
@@ -89,6 +93,7 @@ class State(abc.ABC):
         self.checkpointing.after_commit(runtime)
         runtime.check_host_updates()  # the live state is committed: an update keeps it
 
+    @final
     def check_host_updates(self) -> None:
         """Raise ``HostsUpdatedInterrupt`` on every rank if any rank saw hosts change; a state
         rebuilt every round commits its live state first, so the next round loses nothing."""
@@ -99,6 +104,7 @@ class State(abc.ABC):
                 self.save()
             raise
 
+    @final
     def checkpoint(self) -> None:
         """Write the last commit as a durable checkpoint now (on rank 0 for a replicated
         state; a sharded one is a collective). Raises :class:`RuntimeError` when the job has
