@@ -82,18 +82,18 @@ def run(folder: Path, batch: int, blocks: int, steps: int, reports: list[Checkpo
     in_commit: dict[str, list[float]] = {mode: [] for mode in times}
     states = dict(zip(times, (without, with_checkpoints), strict=True))
     for block in range(blocks + 1):  # the first block warms up
-        with_checkpoints.finish_checkpoints()
+        with_checkpoints.checkpointing.wait()
         if block == 1:
             reports.clear()  # the warm-up block's
         order = list(states.items())
         for mode, state in order if block % 2 else order[::-1]:  # ABBA: no order effect
-            with_checkpoints.finish_checkpoints()  # no write of the other mode's block
+            with_checkpoints.checkpointing.wait()  # no write of the other mode's block
             for _ in range(steps):
                 total, committing = timed_step(step, state.commit)
                 if block:
                     times[mode].append(total)
                     in_commit[mode].append(committing)
-    with_checkpoints.finish_checkpoints()
+    with_checkpoints.checkpointing.wait()
     base = statistics.mean(times["commit every step"])
     print(
         f"state {size_mb:.1f} MB, batch {batch}, {blocks} interleaved blocks of {steps} steps "

@@ -76,6 +76,12 @@ class Written:
     size_bytes: int
 
 
+def epoch_of(value: object) -> int:
+    """The epoch a checkpoint records for a state whose ``epoch`` attribute is ``value``: an
+    ``int`` as it is, anything else (no such attribute, a flag) as 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def checkpoint_name(seq: int, step: int) -> str:
     """The folder name of the ``seq``-th checkpoint, taken at ``step``."""
     return f"ckpt-{seq:06d}-step-{step:012d}"

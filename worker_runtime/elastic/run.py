@@ -69,10 +69,18 @@ def same_on_every_rank(values: tuple[int, ...] | None) -> bool:
     return known and int(found[-1]) == 0 and bool(torch.equal(highest, lowest))
 
 
+def sync_wanted(required: bool, rebuilt_every_round: bool, resume_pending: bool) -> bool:
+    """Whether a new round syncs the state: the driver requires it (``required``: newcomers,
+    or a rollback), the state is rebuilt from its commits in every round
+    (``State.rebuilt_every_round``), or its sync may load a durable checkpoint that nothing
+    else would (``resume_pending``: a process that never held the job's state, standalone)."""
+    return required or rebuilt_every_round or resume_pending
+
+
 def save_if_suspending(state: State) -> bool:
     """After :class:`HostsUpdatedInterrupt`: when every rank agrees the job is being
     suspended (a collective), write the last commit as a durable checkpoint
-    (``State.checkpoint_for_suspension``) and send the reports that say so; the next round
+    (``Checkpoints.for_suspension``) and send the reports that say so; the next round
     then never comes (the worker exits 0). Returns whether it saved the state for a
     suspension (False: hosts were updated, or the checkpoint could not be written)."""
     runtime = current()
@@ -80,7 +88,7 @@ def save_if_suspending(state: State) -> bool:
         logger.info("hosts updated; re-forming the group with live state")
         return False
     logger.info("the job is being suspended: checkpointing the last commit")
-    saved = state.checkpoint_for_suspension()
+    saved = state.checkpointing.for_suspension(runtime)
     if not runtime.reports.flush(SUSPEND_REPORT_S):
         logger.warning("the last reports did not reach the driver in %.0f s", SUSPEND_REPORT_S)
     return saved
@@ -117,8 +125,9 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
       commit, join the next round saying so (the driver then fails the round, so every rank
       rolls back, and makes the next round resync from rank 0), resync, retry. When every
       rank of the new round rolled back to the same commit (equal
-      :meth:`State.commit_token` and step count, checked with one small allreduce), their
-      states are already equal and the sync is skipped.
+      :attr:`State.commit_token` and step count, which ``restore()`` brought back to the
+      commit's; checked with one small allreduce), their states are already equal and the
+      sync is skipped.
     - Hosts added or removed (:class:`HostsUpdatedInterrupt`, raised on all ranks at the same
       step): keep the live state, join the next round, resync only if the driver says the new
       round needs it (newcomers), retry.
@@ -130,9 +139,10 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
     a provisional world of one, with its tentative place as rank and size), so the others keep
     training while it starts up.
 
-    On a round's rank 0 that never held the job's committed state (no member of the
-    previous round survived, or the job's first start), the state first loads the newest
-    durable checkpoint of the job's checkpoint folder, if any (``checkpoint.py``).
+    Whether a round syncs at all is :func:`sync_wanted`'s decision. On a round's rank 0 that
+    never held the job's committed state (no member of the previous round survived, or the
+    job's first start), the sync first loads the newest durable checkpoint of the job's
+    checkpoint folder, if any (``State.checkpointing``; ``checkpoint.py``).
 
     After each reset, the state's reset callbacks run once the new group exists and before
     the sync. A worker that is no longer part of the job exits 0 from the reset. When
@@ -144,30 +154,27 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
         runtime = current()
         if runtime.join_deferred():
             state.on_reset()
-        sync = state.wants_sync(runtime.sync_required)
+        required = runtime.sync_required
         rolled_back = False
         while True:
             suspended = False
             try:
-                # A fresh rank 0 (no member of the previous round survived) loads the newest
-                # durable checkpoint, which the sync then gives every rank.
-                restored = state.resume_from_checkpoint() if runtime.slot.rank == 0 else None
-                token = state.commit_token() if rolled_back and restored is None else None
+                token = state.commit_token if rolled_back else None
                 rolled_back = False
-                if sync:
+                resume_pending = state.checkpointing.resume_pending
+                if sync_wanted(required, state.rebuilt_every_round, resume_pending):
                     started = time.monotonic()
                     if same_on_every_rank(None if token is None else (*token, runtime.step)):
                         elapsed = time.monotonic() - started
                         logger.info(IN_SYNC + " (%.3f s)", elapsed)
                     else:
                         state.sync()
-                        restored = restored or state.loaded_checkpoint()
                         runtime.step = broadcast_object(runtime.step, root_rank=0)
                         elapsed = time.monotonic() - started
                         logger.info("state synced from rank 0 in %.3f s", elapsed)
-                runtime.reports.resumed(restored_from=restored)
+                runtime.reports.resumed(restored_from=state.checkpointing.take_loaded())
                 result = func(state, *args, **kwargs)
-                state.finish_checkpoints()
+                state.checkpointing.wait()
             except HostsUpdatedInterrupt:
                 try:
                     suspended = save_if_suspending(state)
@@ -181,7 +188,7 @@ def run(func: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
                 runtime.exit_code = 0
                 runtime.reports.result(WorkerState.SUCCESS)
                 return result
-            sync = state.wants_sync(runtime.reset(rolled_back=rolled_back, suspended=suspended))
+            required = runtime.reset(rolled_back=rolled_back, suspended=suspended)
             state.on_reset()
 
     functools.update_wrapper(wrapper, func)

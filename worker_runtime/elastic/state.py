@@ -1,15 +1,18 @@
 """Elastic state: committed in memory, rolled back on failure, synced from rank 0.
 
 ``commit()`` snapshots the state in memory and checks for host updates; ``restore()`` rolls
-back to the last snapshot (after a collective failure); ``sync()`` gives every rank rank 0's
-live state (after a new group formed with newcomers or after a rollback; rank 0 is always a
-member of the previous round, so it holds the freshest state, unless no member survived:
-then it is a fresh process that loaded the newest durable checkpoint, see ``checkpoint.py``).
+back to the last snapshot (after a collective failure), the step count with it; ``sync()``
+gives every rank rank 0's live state (after a new group formed with newcomers or after a
+rollback; rank 0 is always a member of the previous round, so it holds the freshest state,
+unless no member survived: then it is a fresh process that loads the newest durable
+checkpoint in the sync, see ``checkpoint.py``).
 
+A state is made of what it overrides, ``save``, ``restore`` and ``sync``, and of one
+checkpointing strategy, ``checkpointing`` (``checkpoint.Checkpoints``).
 :class:`ObjectState` and :class:`TorchState` keep their commits in preallocated snapshot
-buffers (``snapshot.py``). :class:`TorchState` dispatches each attribute to a
+buffers (``snapshot.py``). :class:`TorchState` keeps each attribute by a
 :class:`StateHandler` chosen by type from an extensible registry (models, optimizers,
-elastic samplers; anything else is deep-copied and pickled).
+elastic samplers; anything else is deep-copied and pickled: ``state_handlers.py``).
 """
 
 from __future__ import annotations
@@ -18,42 +21,45 @@ import abc
 import copy
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, final
 
 import torch
 
-from elasticjob.wire.messages import CheckpointReport
 from elasticjob.worker_contract import checkpoint_from_env
 from elasticjob.worker_runtime.basics import current, is_initialized
 from elasticjob.worker_runtime.collectives.issuing import broadcast_object
 from elasticjob.worker_runtime.diagnostics import timeline
-from elasticjob.worker_runtime.diagnostics.log import get_logger
-from elasticjob.worker_runtime.elastic.checkpoint import Checkpointer, load_newest
-from elasticjob.worker_runtime.elastic.checkpoint_files import CheckpointError, Manifest
-from elasticjob.worker_runtime.elastic.ddp import DistributedDataParallel
+from elasticjob.worker_runtime.elastic.checkpoint import Checkpointer, Checkpoints, NoCheckpoints
+from elasticjob.worker_runtime.elastic.checkpoint_files import CheckpointError, Manifest, epoch_of
 from elasticjob.worker_runtime.elastic.host_messages import HostMessages
-from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
 from elasticjob.worker_runtime.elastic.snapshot import SnapshotKeeper, find_tensors
 from elasticjob.worker_runtime.elastic.state_handlers import (
-    DistributedDataParallelStateHandler,
-    ModelStateHandler,
-    ObjectStateHandler,
+    HandledAttributes,
     OptimizerStateHandler,
-    SamplerStateHandler,
-    StateHandler,
 )
-
-logger = get_logger(__name__)
+from elasticjob.worker_runtime.exceptions import HostsUpdatedInterrupt
 
 
 class State(abc.ABC):
-    """Base of elastic state objects (Horovod's ``hvd.elastic.State``)."""
+    """Base of elastic state objects (Horovod's ``hvd.elastic.State``): a subclass says how
+    to :meth:`save`, :meth:`restore` and :meth:`sync`, and may set :attr:`checkpointing`;
+    the rest is the same for every state (``final``)."""
+
+    rebuilt_every_round: ClassVar[bool] = False
+    """Whether the state is rebuilt from its commits in every round (its layout follows the
+    world): every new round syncs it, and a host update commits its live state first."""
 
     def __init__(self) -> None:
         self._reset_callbacks: list[Callable[[], None]] = []
         self._last_updated_timestamp = 0
         """Horovod's attribute of the same name, which scripts may reset; nothing reads it
         here (notices are ordered by sequence number, not by timestamp)."""
+        self.checkpointing: Checkpoints = NoCheckpoints()
+        """How commits become durable checkpoints (the job's checkpoint folder)."""
+        self.commit_token: tuple[int, int] | None = None
+        """An identity of the last commit, equal on two ranks only if their commits hold the
+        same state (None: unknown; ``elastic.run`` then syncs). After every rank rolled back
+        to commits with equal tokens, the next round skips the sync: nothing would change."""
 
     @property
     def _host_messages(self) -> HostMessages:
@@ -61,79 +67,49 @@ class State(abc.ABC):
         ``state._host_messages.empty()`` to wait until a host change reached this worker."""
         return HostMessages()
 
+    @final
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
         """Functions called after every reset, once the new group exists and before state is
         synced: adjust the learning rate to the new world size, repartition data, rebuild a
         DistributedDataParallel wrapper."""
         self._reset_callbacks.extend(callbacks)
 
+    @final
     def on_reset(self) -> None:
         """Called by ``elastic.run`` after each reset."""
         for callback in self._reset_callbacks:
             callback()
 
+    @final
     def commit(self) -> None:
-        """Snapshot the state in memory (and on rank 0 write a durable checkpoint when the
-        job's policy says so), then check for host updates (which may raise
+        """Snapshot the state in memory (and write a durable checkpoint when the job's policy
+        says so), then check for host updates (which may raise
         :class:`~elasticjob.worker_runtime.HostsUpdatedInterrupt` on every rank at once)."""
+        runtime = current()
         started, started_us = time.monotonic(), timeline.now()
         self.save()
         timeline.span("commit", started_us)
-        current().reports.commit(time.monotonic() - started)
-        self.after_commit()
-        self.check_host_updates()
+        runtime.reports.commit(time.monotonic() - started)
+        self.checkpointing.after_commit(runtime)
+        runtime.check_host_updates()  # the live state is committed: an update keeps it
 
-    def after_commit(self) -> None:  # noqa: B027 (optional hook)
-        """Called after each commit's snapshot (durable checkpoints start here)."""
-
-    def resume_from_checkpoint(self) -> CheckpointReport | None:
-        """Called by ``elastic.run`` on rank 0 before the first sync: a state that never held
-        the job's committed state loads the newest durable checkpoint (None: nothing loaded)."""
-        return None
-
-    def finish_checkpoints(self) -> None:  # noqa: B027 (optional hook)
-        """Called when the training function returns: wait for a checkpoint being written."""
-
-    @property
-    def writes_checkpoints(self) -> bool:
-        """Whether this state writes durable checkpoints (the job has a checkpoint folder)."""
-        return False
-
-    def checkpoint(self) -> None:
-        """Write the last commit as a durable checkpoint now. Raises :class:`RuntimeError`
-        when the state writes none (see :attr:`writes_checkpoints`)."""
-        raise RuntimeError("no checkpoint folder configured (ELASTICJOB_CHECKPOINT_DIR)")
-
-    def checkpoint_for_suspension(self) -> bool:
-        """Called by ``elastic.run`` on every rank when the job is being suspended: write the
-        last commit as a durable checkpoint and wait until it is written (nothing when the
-        state writes none: the job then starts afresh when it resumes). Returns whether this
-        rank did its part (False: its write failed)."""
-        if self.writes_checkpoints:
-            self.checkpoint()
-            self.finish_checkpoints()
-        return True
-
-    def loaded_checkpoint(self) -> CheckpointReport | None:
-        """The durable checkpoint the last sync loaded, once, on the rank that reports it (a
-        state whose ranks load a checkpoint together, in the sync, rather than rank 0 alone
-        before it)."""
-        return None
-
-    def commit_token(self) -> tuple[int, int] | None:
-        """An identity of the last commit, equal on two ranks only if their commits hold the
-        same state (None: unknown; ``elastic.run`` then syncs). After every rank rolled back
-        to commits with equal tokens, the next round skips the sync: nothing would change."""
-        return None
-
-    def wants_sync(self, required: bool) -> bool:
-        """Whether a new round syncs this state; ``required``: the driver says it must
-        (newcomers, or a rollback). A state laid out over the world reshards every round."""
-        return required
-
+    @final
     def check_host_updates(self) -> None:
-        """Raise ``HostsUpdatedInterrupt`` on every rank if any rank saw hosts change."""
-        current().check_host_updates()
+        """Raise ``HostsUpdatedInterrupt`` on every rank if any rank saw hosts change; a state
+        rebuilt every round commits its live state first, so the next round loses nothing."""
+        try:
+            current().check_host_updates()
+        except HostsUpdatedInterrupt:
+            if self.rebuilt_every_round:
+                self.save()
+            raise
+
+    @final
+    def checkpoint(self) -> None:
+        """Write the last commit as a durable checkpoint now (on rank 0 for a replicated
+        state; a sharded one is a collective). Raises :class:`RuntimeError` when the job has
+        no checkpoint folder."""
+        self.checkpointing.write_now(current())
 
     @abc.abstractmethod
     def save(self) -> None:
@@ -141,7 +117,7 @@ class State(abc.ABC):
 
     @abc.abstractmethod
     def restore(self) -> None:
-        """Roll the live state back to the last snapshot."""
+        """Roll the live state, and the runtime's step count, back to the last snapshot."""
 
     @abc.abstractmethod
     def sync(self) -> None:
@@ -158,17 +134,12 @@ class SnapshotState(State):
         self._keeper = SnapshotKeeper(background=background_commit)
         policy = checkpoint_from_env()
         self._checkpointer = (
-            # current() when a checkpoint completes: init() after shutdown() makes a new one
-            Checkpointer(policy, self._keeper, lambda r: current().reports.checkpoint(r))  # noqa: PLW0108
+            Checkpointer(policy, self._keeper, self._apply_checkpoint)
             if policy is not None
             else None
         )
-        self._holds_job_state = False
-        """Whether this process's state was synced or committed in a round of the job."""
-        self._synced_in: int | None = None
-        """The round whose sync gave every member the same state (None: not synced since
-        it was created or loaded a checkpoint)."""
-        self._commits_since_sync = 0
+        if self._checkpointer is not None:
+            self.checkpointing = self._checkpointer
 
     @abc.abstractmethod
     def state_dict(self) -> dict[str, Any]:
@@ -179,6 +150,10 @@ class SnapshotState(State):
         """Set the live state from a snapshot's (or checkpoint's) contents; their tensors
         belong to the snapshot, so copy what is kept."""
 
+    @abc.abstractmethod
+    def _sync_live(self) -> None:
+        """Replace the live state with rank 0's."""
+
     def _deferrable(self) -> Callable[[torch.Tensor], bool]:
         """Which tensors a background commit may copy after ``commit()`` returned."""
         return lambda _tensor: False
@@ -186,81 +161,38 @@ class SnapshotState(State):
     def _meta(self) -> dict[str, Any]:
         """What a checkpoint's manifest says about the commit: the ``epoch`` attribute (0
         without one), the runtime's step and round."""
-        epoch = getattr(self, "epoch", 0)
-        epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0
+        epoch = epoch_of(getattr(self, "epoch", 0))
         if not is_initialized():
             return {"epoch": epoch, "step": 0, "round": 0}
         runtime = current()
         return {"epoch": epoch, "step": runtime.step, "round": runtime.round}
 
     def save(self) -> None:
+        """Snapshot the live state; the commit token counts the snapshots since the sync."""
         self._keeper.capture(self.state_dict(), self._meta(), self._deferrable())
+        if self.commit_token is not None:
+            synced_in, commits = self.commit_token
+            self.commit_token = (synced_in, commits + 1)
 
     def restore(self) -> None:
         snapshot = self._keeper.committed()
         assert snapshot is not None
         self.load_state_dict(snapshot.value())
+        if is_initialized():
+            current().step = snapshot.meta["step"]
 
     def sync(self) -> None:
+        """Load the newest durable checkpoint first where this process never held the job's
+        state (rank 0 only), then give every rank rank 0's state and snapshot it. The commit
+        token becomes (this round, 0 commits since): the members of a round synced together
+        and commit in lockstep, so equal tokens mean equal commits."""
+        runtime = current() if is_initialized() else None
         self._keeper.wait()
-        self._holds_job_state = True
+        if self._checkpointer is not None:
+            self._checkpointer.resume(runtime.slot.rank if runtime is not None else 0)
         self._sync_live()
         self.save()
-        self._synced_in = current().round if is_initialized() else None
-        self._commits_since_sync = 0
-
-    def commit_token(self) -> tuple[int, int] | None:
-        """(the round of the last sync, commits since): the members of a round synced
-        together and commit in lockstep, so equal tokens mean equal commits."""
-        if self._synced_in is None:
-            return None
-        return (self._synced_in, self._commits_since_sync)
-
-    @abc.abstractmethod
-    def _sync_live(self) -> None:
-        """Replace the live state with rank 0's."""
-
-    def commit(self) -> None:
-        self._holds_job_state = True
-        self._commits_since_sync += 1
-        super().commit()
-
-    def after_commit(self) -> None:
-        if self._checkpointer is not None:
-            self._checkpointer.after_commit(current().slot.rank)
-
-    @property
-    def writes_checkpoints(self) -> bool:
-        return self._checkpointer is not None
-
-    def checkpoint(self) -> None:
-        """Write the committed state as a durable checkpoint now, on rank 0 (other ranks do
-        nothing), on the writer thread: waits only for a checkpoint still being written.
-
-        Raises :class:`RuntimeError` when the job has no checkpoint folder."""
-        if self._checkpointer is None:
-            super().checkpoint()
-            return
-        if not is_initialized() or current().slot.rank == 0:
-            self._checkpointer.write_now()
-
-    def finish_checkpoints(self) -> None:
-        if self._checkpointer is not None:
-            self._checkpointer.wait()
-
-    def checkpoint_for_suspension(self) -> bool:
-        saved = super().checkpoint_for_suspension()
-        failed = self._checkpointer is not None and self._checkpointer.last_write_failed
-        if failed:
-            logger.error("the suspension's checkpoint could not be written")
-        return saved and not failed
-
-    def resume_from_checkpoint(self) -> CheckpointReport | None:
-        if self._holds_job_state or self._checkpointer is None:
-            return None
-        self._holds_job_state = True
-        self._keeper.wait()
-        return load_newest(self._checkpointer.folder, self._apply_checkpoint)
+        self.commit_token = (runtime.round, 0) if runtime is not None else None
 
     def _apply_checkpoint(self, value: Any, manifest: Manifest) -> None:
         if not isinstance(value, dict) or set(value) != set(self.state_dict()):
@@ -274,7 +206,7 @@ class SnapshotState(State):
         if is_initialized():
             current().step = manifest.step
         self.save()
-        self._synced_in = None
+        self.commit_token = None
 
 
 def check_fits(saved: Any, live: Any, path: str = "") -> None:
@@ -316,27 +248,15 @@ class ObjectState(SnapshotState):
             setattr(self, name, value)
 
 
-class TorchState(SnapshotState):
+class TorchState(HandledAttributes, SnapshotState):
     """State of a PyTorch training loop (Horovod's ``hvd.elastic.TorchState``): a model, an
-    optimizer and any other attributes (samplers, epoch and batch counters...).
+    optimizer and any other attributes (samplers, epoch and batch counters...), each kept by
+    its handler (``TorchState.register_handler`` adds kinds).
 
     ``background_commit``: ``commit()`` copies the tensors that only the optimizers' steps
     change (parameters, optimizer state) on a background thread while the next forward and
     backward pass run; the optimizers' next ``step()`` waits for it. Use it when parameters
     change only through the optimizers given here; everything else is copied at once."""
-
-    handler_registry: ClassVar[list[tuple[type, type[StateHandler]]]] = [
-        (torch.nn.Module, ModelStateHandler),
-        (DistributedDataParallel, DistributedDataParallelStateHandler),
-        (torch.optim.Optimizer, OptimizerStateHandler),
-        (ElasticSampler, SamplerStateHandler),
-    ]
-
-    @classmethod
-    def register_handler(cls, kind: type, handler: type[StateHandler]) -> None:
-        """Use ``handler`` for attributes that are instances of ``kind`` (checked before the
-        built-in handlers)."""
-        cls.handler_registry.insert(0, (kind, handler))
 
     def __init__(
         self,
@@ -352,34 +272,11 @@ class TorchState(SnapshotState):
             values["model"] = model
         if optimizer is not None:
             values["optimizer"] = optimizer
-        self._handlers: dict[str, StateHandler] = {
-            name: self.handler_for(value) for name, value in values.items()
-        }
+        self.register_reset_callbacks(self._keep_attributes(values))
         if background_commit:
             for optim in self._optimizers():
                 optim.register_step_pre_hook(self._before_step)
         self.save()
-
-    @classmethod
-    def handler_for(cls, value: Any) -> StateHandler:
-        """The handler of the registry's first type ``value`` is (else an object's)."""
-        for kind, handler in cls.handler_registry:
-            if isinstance(value, kind):
-                return handler(value)
-        return ObjectStateHandler(value)
-
-    def __getattr__(self, name: str) -> Any:
-        handlers = self.__dict__.get("_handlers", {})
-        if name in handlers:
-            return handlers[name].value
-        raise AttributeError(name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        handlers = self.__dict__.get("_handlers")
-        if handlers is not None and name in handlers:
-            handlers[name].value = value
-        else:
-            super().__setattr__(name, value)
 
     def _optimizers(self) -> list[torch.optim.Optimizer]:
         return [h.value for h in self._handlers.values() if isinstance(h, OptimizerStateHandler)]
@@ -398,17 +295,10 @@ class TorchState(SnapshotState):
         return lambda tensor: tensor.numel() > 0 and tensor.data_ptr() in stepped
 
     def state_dict(self) -> dict[str, Any]:
-        return {name: handler.state_dict() for name, handler in self._handlers.items()}
+        return self._attribute_states()
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
-        for name, handler in self._handlers.items():
-            handler.load_state_dict(saved[name])
+        self._load_attributes(saved)
 
     def _sync_live(self) -> None:
-        for handler in self._handlers.values():
-            handler.sync()
-
-    def on_reset(self) -> None:
-        for handler in self._handlers.values():
-            handler.on_reset()
-        super().on_reset()
+        self._sync_attributes()

@@ -1,11 +1,14 @@
-"""How a :class:`~elasticjob.worker_runtime.elastic.TorchState` commits, restores and syncs
-each kind of attribute (``TorchState.register_handler`` adds kinds)."""
+"""How a :class:`~elasticjob.worker_runtime.elastic.TorchState` (and the other attributes of a
+``ShardedState``) commits, restores and syncs each kind of attribute
+(``TorchState.register_handler`` adds kinds), and the attributes kept that way
+(:class:`HandledAttributes`)."""
 
 from __future__ import annotations
 
 import abc
 import copy
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import torch
 
@@ -187,3 +190,65 @@ class ObjectStateHandler(StateHandler):
 
     def sync(self) -> None:
         self.value = broadcast_object(self.value, root_rank=0)
+
+
+class HandledAttributes:
+    """A state's attributes given as keyword arguments, each kept by the
+    :class:`StateHandler` of its type (the registry's first match, else an object's):
+    ``state.name`` reads and writes the handler's value."""
+
+    handler_registry: ClassVar[list[tuple[type, type[StateHandler]]]] = [
+        (torch.nn.Module, ModelStateHandler),
+        (DistributedDataParallel, DistributedDataParallelStateHandler),
+        (torch.optim.Optimizer, OptimizerStateHandler),
+        (ElasticSampler, SamplerStateHandler),
+    ]
+    _handlers: dict[str, StateHandler]
+
+    @classmethod
+    def register_handler(cls, kind: type, handler: type[StateHandler]) -> None:
+        """Use ``handler`` for attributes that are instances of ``kind`` (checked before the
+        built-in handlers)."""
+        cls.handler_registry.insert(0, (kind, handler))
+
+    @classmethod
+    def handler_for(cls, value: Any) -> StateHandler:
+        """The handler of the registry's first type ``value`` is (else an object's)."""
+        for kind, handler in cls.handler_registry:
+            if isinstance(value, kind):
+                return handler(value)
+        return ObjectStateHandler(value)
+
+    def _keep_attributes(self, values: Mapping[str, Any]) -> list[Callable[[], None]]:
+        """Keep ``values`` as attributes; return their handlers' reset hooks (the state's
+        first reset callbacks)."""
+        self.__dict__["_handlers"] = {name: self.handler_for(v) for name, v in values.items()}
+        return [handler.on_reset for handler in self._handlers.values()]
+
+    def _attribute_states(self) -> dict[str, Any]:
+        """Each attribute's ``state_dict()``, by name (tensors live)."""
+        return {name: handler.state_dict() for name, handler in self._handlers.items()}
+
+    def _load_attributes(self, saved: Mapping[str, Any]) -> None:
+        """Set the attributes ``saved`` holds from their saved state."""
+        for name, handler in self._handlers.items():
+            if name in saved:
+                handler.load_state_dict(saved[name])
+
+    def _sync_attributes(self) -> None:
+        """Replace every attribute with rank 0's."""
+        for handler in self._handlers.values():
+            handler.sync()
+
+    def __getattr__(self, name: str) -> Any:
+        handlers = self.__dict__.get("_handlers", {})
+        if name in handlers:
+            return handlers[name].value
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        handlers = self.__dict__.get("_handlers")
+        if handlers is not None and name in handlers:
+            handlers[name].value = value
+        else:
+            super().__setattr__(name, value)

@@ -1,11 +1,16 @@
-"""What ``elastic.run`` rolls back from and what fails the worker."""
+"""What ``elastic.run`` rolls back from and what fails the worker, and when a new round
+syncs the state."""
 
 from __future__ import annotations
 
 import pytest
 import torch.distributed
 
-from elasticjob.worker_runtime.elastic.run import is_collective_failure, raised_in_torch_distributed
+from elasticjob.worker_runtime.elastic.run import (
+    is_collective_failure,
+    raised_in_torch_distributed,
+    sync_wanted,
+)
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 
 BROKEN = "a member of round 3 failed (driver notice)"
@@ -36,3 +41,23 @@ def test_a_failure_raised_inside_torch_distributed_is_told_apart() -> None:
         torch.distributed.get_rank(group=object())  # type: ignore[arg-type]
     assert raised_in_torch_distributed(inside.value)
     assert not raised_in_torch_distributed(RuntimeError("the script's own error"))
+
+
+@pytest.mark.parametrize(
+    ("required", "rebuilt_every_round", "resume_pending", "expected"),
+    [
+        # The driver says the live states are equal (no newcomer, no rollback).
+        (False, False, False, False),
+        # Newcomers, or a rollback.
+        (True, False, False, True),
+        # A sharded state: its model is rebuilt over every round's group.
+        (False, True, False, True),
+        # A fresh process with a checkpoint folder (standalone): the sync loads it.
+        (False, False, True, True),
+        (True, True, True, True),
+    ],
+)
+def test_sync_wanted(
+    required: bool, rebuilt_every_round: bool, resume_pending: bool, expected: bool
+) -> None:
+    assert sync_wanted(required, rebuilt_every_round, resume_pending) is expected

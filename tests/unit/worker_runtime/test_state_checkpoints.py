@@ -102,10 +102,10 @@ def test_policy_writes_off_thread_keeps_k_and_reports(
     written, _ = reports(monkeypatch)
     state = make_state(0)
     train(state, 3)  # the 3rd commit is due
-    state.finish_checkpoints()
+    state.checkpointing.wait()
     assert [r.step for r in written] == [3]
     train(state, 7)  # commits 6 and 9 are due (the writer is done by then or skips)
-    state.finish_checkpoints()
+    state.checkpointing.wait()
     steps = [r.step for r in written]
     assert steps[0] == 3 and len(steps) >= 2 and steps == sorted(steps)
     on_disk = sorted(p.name for p in folder.iterdir())
@@ -121,7 +121,7 @@ def test_a_fresh_state_resumes_from_the_newest_checkpoint_in_elastic_run(
     old = make_state(0)
     train(old, 5)
     old.checkpoint()
-    old.finish_checkpoints()
+    old.checkpointing.wait()
     expected = snapshot(old)
     train(old, 2)  # lost with the process: trained again after the resume
     basics.current().step = 0  # a fresh process
@@ -149,11 +149,11 @@ def test_a_checkpoint_of_another_model_is_refused(
     reports(monkeypatch)
     old = make_state(0, hidden=16)
     train(old, 3)
-    old.finish_checkpoints()
+    old.checkpointing.wait()
     other = make_state(1, hidden=8)
     before = snapshot(other)
     with pytest.raises(CheckpointError, match=r"model\.0\.weight is \(16, 4\).*\(8, 4\)"):
-        other.resume_from_checkpoint()
+        other.sync()  # a fresh state's sync loads the newest checkpoint
     assert_same(snapshot(other), before)  # untouched
 
 
@@ -203,10 +203,11 @@ def test_a_cuda_state_commits_restores_and_resumes(
     cuda_step(old, 10)
     old.restore()
     assert all(torch.equal(v, committed[k]) for k, v in weights(old).items())
-    old.finish_checkpoints()
+    old.checkpointing.wait()
 
     fresh = cuda_state(1)
-    assert fresh.resume_from_checkpoint() is not None
+    fresh.sync()  # a fresh state's sync loads the newest checkpoint
+    assert fresh.checkpointing.take_loaded() is not None
     assert all(torch.equal(v, committed[k]) for k, v in weights(fresh).items())
     assert all(t.is_cuda for s in fresh.optimizer.state.values() for t in s.values() if t.dim() > 0)
     cuda_step(fresh, 11)  # trains on from the loaded state

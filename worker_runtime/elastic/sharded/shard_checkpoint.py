@@ -20,7 +20,9 @@ metadata written), so a folder without the suffix is complete.
 
 A checkpoint is written at a commit the job's policy makes due (``checkpoint_policy.py``):
 rank 0 decides and tells the others, since the ranks' clocks differ. The write is
-synchronous: every rank writes its shards before ``commit()`` returns.
+synchronous: every rank writes its shards before ``commit()`` returns. It is loaded in the
+state's sync, which every round runs: :class:`ShardCheckpointer` is the state's
+checkpointing strategy (``checkpoint.Checkpoints``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
@@ -53,14 +55,23 @@ from elasticjob.worker_runtime.elastic.checkpoint_files import (
     CheckpointError,
     checkpoint_name,
     complete_newest_first,
+    epoch_of,
     sequence_of,
     to_prune,
 )
+from elasticjob.worker_runtime.elastic.sharded.shard_commits import Commit
+
+if TYPE_CHECKING:
+    from elasticjob.worker_runtime.runtime import Runtime
 
 logger = get_logger(__name__)
 
 DCP_METADATA: Final = ".metadata"
 """The file ``dcp.save`` writes last, on its coordinator."""
+
+
+Committed = Callable[[], tuple[torch.nn.Module, torch.optim.Optimizer, Commit]]
+"""Gives the last commit, once confirmed, with the live model and optimizer that equal it."""
 
 
 @dataclass(frozen=True)
@@ -70,19 +81,30 @@ class Loaded:
 
     extras: dict[str, Any]
     meta: dict[str, int]
-    report: CheckpointReport
 
 
 class ShardCheckpointer:
     """Writes a sharded state's commits to ``policy.folder`` in DCP format, and loads the
-    newest one. Both are collectives of the round: every rank calls them together."""
+    newest one (a :class:`~elasticjob.worker_runtime.elastic.checkpoint.Checkpoints`); what
+    is written comes from ``committed``. Writing and loading are collectives of the round:
+    every rank calls them together."""
 
-    def __init__(self, policy: CheckpointPolicy, clock: Callable[[], float] = time.monotonic):
+    resume_pending = False
+    """The state's sync, which every round runs, loads a checkpoint where one is needed."""
+
+    def __init__(
+        self,
+        policy: CheckpointPolicy,
+        committed: Committed,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.folder = Path(policy.folder)
         self._policy = policy
+        self._committed = committed
         self._clock = clock
         self._commits_since = 0
         self._last_at = clock()
+        self._loaded: CheckpointReport | None = None
 
     def complete_checkpoints(self, rank: int) -> list[str]:
         """The folder's complete checkpoints, newest first, as rank 0 sees them (a
@@ -93,9 +115,10 @@ class ShardCheckpointer:
         listed: list[str] = broadcast_object(names, root_rank=0)
         return listed
 
-    def after_commit(self, rank: int, step: int, write: Callable[[str], None]) -> None:
-        """A commit was made at ``step``: if the policy makes it due (rank 0 decides), every
-        rank calls ``write(name)`` with the checkpoint's folder name."""
+    def after_commit(self, runtime: Runtime) -> None:
+        """A commit was made: if the policy makes it due (rank 0 decides), every rank writes
+        it."""
+        rank = runtime.slot.rank
         self._commits_since += 1
         due = rank == 0 and checkpoint_due(
             self._policy, self._commits_since, self._clock() - self._last_at, False
@@ -106,7 +129,34 @@ class ShardCheckpointer:
             due = checkpoint_due(self._policy, self._commits_since, 0.0, False)
         if due:
             self._commits_since, self._last_at = 0, self._clock()
-            write(self.next_name(rank, step))
+            self.write_now(runtime)
+
+    def write_now(self, runtime: Runtime) -> None:
+        """Write the last commit now, once confirmed: every rank its own shards (a
+        collective). A write that fails is logged and tried again at a later commit."""
+        name = self.next_name(runtime.slot.rank, runtime.step)
+        model, optimizer, commit = self._committed()
+        meta = {
+            "epoch": epoch_of(commit.extras.get("epoch", 0)),
+            "step": commit.step,
+            "round": runtime.round,
+            "commit": commit.number,
+        }
+        report = self.write(name, runtime.slot.rank, model, optimizer, commit.extras, meta)
+        if report is not None:
+            runtime.reports.checkpoint(report)
+
+    def wait(self) -> None:
+        """Nothing is written in the background: a write ends before ``commit()`` returns."""
+
+    def for_suspension(self, runtime: Runtime) -> bool:
+        """Write the last commit now; a failed write is logged, and the rank did its part."""
+        self.write_now(runtime)
+        return True
+
+    def take_loaded(self) -> CheckpointReport | None:
+        loaded, self._loaded = self._loaded, None
+        return loaded
 
     def next_name(self, rank: int, step: int) -> str:
         """The name of the next checkpoint, taken at ``step``, chosen by rank 0 (a
@@ -167,6 +217,7 @@ class ShardCheckpointer:
     def load_newest(
         self,
         names: list[str],
+        rank: int,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         extras: dict[str, Any],
@@ -174,10 +225,11 @@ class ShardCheckpointer:
         """Load the newest of the complete checkpoints ``names`` (from
         :meth:`complete_checkpoints`) into ``model`` and ``optimizer`` (sharded over the
         current world, whatever world wrote it) and return it, with ``extras`` (the
-        attributes' current state dicts, as a template) as it holds them. None: there is no
-        checkpoint. A checkpoint that cannot be loaded is logged and the previous one tried;
-        raises :class:`CheckpointError` when none can be: training never silently starts
-        afresh. A collective: every rank reads the same folder."""
+        attributes' current state dicts, as a template) as it holds them; rank 0 reports it
+        (:meth:`take_loaded`). None: there is no checkpoint. A checkpoint that cannot be
+        loaded is logged and the previous one tried; raises :class:`CheckpointError` when
+        none can be: training never silently starts afresh. A collective: every rank reads
+        the same folder."""
         if not names:
             return None
         failures = []
@@ -205,7 +257,8 @@ class ShardCheckpointer:
                 seconds=seconds,
                 size_bytes=_size_of(self.folder / name),
             )
-            return Loaded(extras_, meta, report)
+            self._loaded = report if rank == 0 else None
+            return Loaded(extras_, meta)
         raise CheckpointError(
             f"none of the {len(names)} checkpoints in {self.folder} can be loaded "
             f"(refusing to start afresh): {'; '.join(failures)}"

@@ -2,13 +2,14 @@
 that keep them and a barrier that confirms the commit, on a thread of their own.
 
 ``ShardedState.commit()`` snapshots this rank's shards at once (the live ones change at the
-next step) and hands the snapshot to :class:`CopiesInFlight`; the training thread goes on.
+next step) and its commit pipeline (``shard_pipeline.py``) hands the snapshot to
+:class:`CopiesInFlight`; the training thread goes on.
 The thread moves the copies over the round's *host group*, a Gloo group beside the round's
 own: the copies are host memory whatever the training backend, and the training thread's
 collectives on the round's group keep their order. Once this rank's transfers are done the
 commit is pending here; once the barrier is passed it is confirmed (``shard_commits.py``).
 
-A failed transfer (a peer died) is reported to ``on_failure``: the state aborts the round's
+A failed transfer (a peer died) is reported to ``on_failure``: the pipeline aborts the round's
 group (unless the round is over by then), as a failed collective does, so the training
 thread fails at its next collective instead of waiting out a timeout.
 """
