@@ -40,7 +40,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from elasticjob.wire.messages import CheckpointReport
 from elasticjob.worker_contract import checkpoint_from_env
 from elasticjob.worker_runtime.basics import current
-from elasticjob.worker_runtime.collectives.issuing import allgather_object, broadcast_object
+from elasticjob.worker_runtime.collectives.round_syncs import allgather_object, broadcast_object
 from elasticjob.worker_runtime.elastic.sharded.shard_checkpoint import ShardCheckpointer
 from elasticjob.worker_runtime.elastic.sharded.shard_commits import (
     Commit,
