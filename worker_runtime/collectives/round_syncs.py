@@ -169,5 +169,6 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
     sync_optimizer_state(optimizer, root_rank)
 
 
-_OURS = __name__.rsplit(".", 1)[0]
-"""This package: ``DistributedOptimizer`` puts its class above the wrapped optimizer's."""
+_OURS = __name__.removesuffix(".collectives.round_syncs")
+"""The worker runtime's package: ``DistributedOptimizer`` puts its class (made in its
+``training`` package) above the wrapped optimizer's."""
