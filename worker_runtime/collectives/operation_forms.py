@@ -110,19 +110,12 @@ def outputs(operation: Operation[Any]) -> list[torch.Tensor]:
     return found
 
 
-def _handle_form(operation: Operation[Any]) -> Callable[[Sequence[torch.Tensor]], object]:
-    return operation.form if operation.handle_form is None else operation.handle_form
-
-
-def start(operation: Operation[Any]) -> int:
-    """``operation`` submitted on copies of its tensors (where it would write into them);
-    returns its handle."""
-    return _submitted(operation, _copies(operation), _handle_form(operation))
-
-
-def start_in_place(operation: Operation[Any]) -> int:
-    """``operation`` submitted on its own tensors, written in place; returns its handle."""
-    return _submitted(operation, operation.tensors, _handle_form(operation))
+def _handle(operation: Operation[Any], in_place: bool) -> int:
+    """``operation`` submitted on its own tensors (``in_place``: written into) or on copies
+    where it would write into them; returns its handle."""
+    buffers = operation.tensors if in_place else _copies(operation)
+    form = operation.form if operation.handle_form is None else operation.handle_form
+    return _submitted(operation, buffers, form)
 
 
 class _Collective(torch.autograd.Function):
@@ -196,7 +189,7 @@ def async_form(operation: Callable[P, Operation[Any]], doc: str) -> Callable[P, 
     """The ``*_async`` form: the operation into new tensors, returning its handle."""
 
     def form(*args: P.args, **kwargs: P.kwargs) -> int:
-        return start(operation(*args, **kwargs))
+        return _handle(operation(*args, **kwargs), in_place=False)
 
     return _made(form, operation, "_async", "int", doc)
 
@@ -205,7 +198,7 @@ def in_place_async_form(operation: Callable[P, Operation[Any]], doc: str) -> Cal
     """The ``*_async_`` form: the operation in place, returning its handle."""
 
     def form(*args: P.args, **kwargs: P.kwargs) -> int:
-        return start_in_place(operation(*args, **kwargs))
+        return _handle(operation(*args, **kwargs), in_place=True)
 
     return _made(form, operation, "_async_", "int", doc)
 
@@ -214,7 +207,7 @@ def in_place_form(operation: Callable[P, Operation[R]], doc: str) -> Callable[P,
     """The ``*_`` form: the operation in place, waited for; returns what it wrote into."""
 
     def form(*args: P.args, **kwargs: P.kwargs) -> R:
-        result: R = synchronize(start_in_place(operation(*args, **kwargs)))
+        result: R = synchronize(_handle(operation(*args, **kwargs), in_place=True))
         return result
 
     return _made(form, operation, "_", None, doc)
