@@ -121,6 +121,7 @@ def test_alltoall_returns_its_splits_as_asked(world_of_one: None) -> None:
         (lambda x: [hvd.allgather(x)], 1.0),
         (lambda x: hvd.grouped_allgather([x, x]), 2.0),
         (lambda x: [hvd.broadcast(x, root_rank=0)], 1.0),
+        (lambda x: [hvd.alltoall(x, splits=[2])[0]], 1.0),
         (lambda x: [hvd.reducescatter(x, op=hvd.Sum, prescale_factor=2.0)], 2.0),
         (lambda x: hvd.grouped_reducescatter([x], postscale_factor=0.5), 0.5),
     ],
