@@ -23,7 +23,6 @@ from elasticjob.worker_runtime.collectives.operation_forms import (
     async_form,
     blocking_form,
     first,
-    in_place_async_form,
     in_place_form,
     outputs,
 )
@@ -70,9 +69,10 @@ broadcast_async = async_form(
     broadcast_operation,
     "Start broadcasting root's ``tensor`` into a copy; ``synchronize`` returns the copy.",
 )
-broadcast_async_ = in_place_async_form(
+broadcast_async_ = async_form(
     broadcast_operation,
     "Start overwriting ``tensor`` with root's value in place; ``synchronize`` returns it.",
+    in_place=True,
 )
 broadcast_ = in_place_form(broadcast_operation, "Overwrite ``tensor`` with root's value, in place.")
 broadcast = blocking_form(broadcast_operation, "Return a new tensor holding root's ``tensor``.")

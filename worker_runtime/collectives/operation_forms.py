@@ -185,22 +185,16 @@ def _made(
     return form
 
 
-def async_form(operation: Callable[P, Operation[Any]], doc: str) -> Callable[P, int]:
-    """The ``*_async`` form: the operation into new tensors, returning its handle."""
+def async_form(
+    operation: Callable[P, Operation[Any]], doc: str, in_place: bool = False
+) -> Callable[P, int]:
+    """The ``*_async`` form, the operation into new tensors (``in_place``: the ``*_async_``
+    form, into its own), returning its handle."""
 
     def form(*args: P.args, **kwargs: P.kwargs) -> int:
-        return _handle(operation(*args, **kwargs), in_place=False)
+        return _handle(operation(*args, **kwargs), in_place)
 
-    return _made(form, operation, "_async", "int", doc)
-
-
-def in_place_async_form(operation: Callable[P, Operation[Any]], doc: str) -> Callable[P, int]:
-    """The ``*_async_`` form: the operation in place, returning its handle."""
-
-    def form(*args: P.args, **kwargs: P.kwargs) -> int:
-        return _handle(operation(*args, **kwargs), in_place=True)
-
-    return _made(form, operation, "_async_", "int", doc)
+    return _made(form, operation, "_async_" if in_place else "_async", "int", doc)
 
 
 def in_place_form(operation: Callable[P, Operation[R]], doc: str) -> Callable[P, R]:

@@ -37,7 +37,6 @@ from elasticjob.worker_runtime.collectives.operation_forms import (
     async_form,
     compressed_outputs,
     first,
-    in_place_async_form,
     in_place_form,
     listed,
     outputs,
@@ -171,9 +170,10 @@ allreduce_async = async_form(
     allreduce_operation,
     "Start reducing a copy of ``tensor``; ``synchronize`` returns the reduced copy.",
 )
-allreduce_async_ = in_place_async_form(
+allreduce_async_ = async_form(
     allreduce_operation,
     "Start reducing ``tensor`` in place (default: average); ``synchronize`` returns it.",
+    in_place=True,
 )
 allreduce_ = in_place_form(
     allreduce_operation,
@@ -183,10 +183,11 @@ grouped_allreduce_async = async_form(
     grouped_allreduce_operation,
     "Start reducing copies of ``tensors``; ``synchronize`` returns the list of results.",
 )
-grouped_allreduce_async_ = in_place_async_form(
+grouped_allreduce_async_ = async_form(
     grouped_allreduce_operation,
     """Start reducing every tensor of ``tensors`` in place, as one operation;
     ``synchronize`` returns the list.""",
+    in_place=True,
 )
 grouped_allreduce_ = in_place_form(
     grouped_allreduce_operation,
