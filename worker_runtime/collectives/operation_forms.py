@@ -20,6 +20,7 @@ collective, so gradients flow through it as well.
 from __future__ import annotations
 
 import inspect
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, TypeVar
@@ -178,6 +179,8 @@ def _made(
     name = operation.__name__.removesuffix("_operation") + suffix
     signature = inspect.signature(operation)
     described = str(signature.return_annotation).removeprefix("Operation[").removesuffix("]")
+    if isinstance(form, types.FunctionType):  # its frames, as tracebacks and the timeline show
+        form.__code__ = form.__code__.replace(co_name=name, co_qualname=name)
     form.__name__ = form.__qualname__ = name
     form.__module__ = operation.__module__
     form.__doc__ = doc
