@@ -6,14 +6,13 @@ differentiable."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
 import elasticjob.worker_runtime as hvd
-from tests.support.worker_env import standalone_env
 
 REDUCE = "average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, ps"
 COMPRESSED = "average=None, name=None, compression=None, op=None, prescale_factor=1.0, "
@@ -82,15 +81,8 @@ def test_each_form_has_horovods_name_and_signature(name: str, expected: tuple[st
     assert function.__doc__
 
 
-@pytest.fixture
-def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    standalone_env(monkeypatch)
-    hvd.init()
-    yield
-    hvd.shutdown()
-
-
-def test_in_place_forms_write_into_their_tensor_and_the_others_do_not(world_of_one: None) -> None:
+@pytest.mark.usefixtures("runtime_group")
+def test_in_place_forms_write_into_their_tensor_and_the_others_do_not() -> None:
     tensor = torch.tensor([1.0, 2.0])
     assert hvd.allreduce_(tensor, op=hvd.Sum, postscale_factor=2.0) is tensor
     assert hvd.synchronize(hvd.allreduce_async_(tensor, op=hvd.Sum, prescale_factor=2.0)) is tensor
@@ -103,7 +95,8 @@ def test_in_place_forms_write_into_their_tensor_and_the_others_do_not(world_of_o
     assert hvd.broadcast(tensor, root_rank=0) is not tensor
 
 
-def test_alltoall_returns_its_splits_as_asked(world_of_one: None) -> None:
+@pytest.mark.usefixtures("runtime_group")
+def test_alltoall_returns_its_splits_as_asked() -> None:
     rows = torch.arange(3.0)
     assert torch.equal(hvd.alltoall(rows), rows)
     received, splits = hvd.alltoall(rows, splits=[3])
@@ -126,8 +119,9 @@ def test_alltoall_returns_its_splits_as_asked(world_of_one: None) -> None:
         (lambda x: hvd.grouped_reducescatter([x], postscale_factor=0.5), 0.5),
     ],
 )
+@pytest.mark.usefixtures("runtime_group")
 def test_blocking_forms_are_differentiable(
-    world_of_one: None, collective: Callable[[torch.Tensor], list[torch.Tensor]], gradient: float
+    collective: Callable[[torch.Tensor], list[torch.Tensor]], gradient: float
 ) -> None:
     x = torch.ones(2, 3, dtype=torch.float64, requires_grad=True)
     outputs = collective(x)

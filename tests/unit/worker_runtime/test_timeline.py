@@ -17,7 +17,6 @@ import elasticjob.worker_runtime as hvd
 from elasticjob.launcher.output_files import write_timeline
 from elasticjob.worker_contract import ENV_HOSTNAME, ENV_LOCAL_RANK, ENV_TIMELINE_DIR
 from elasticjob.worker_runtime.diagnostics import timeline
-from tests.support.worker_env import standalone_env
 
 
 @pytest.fixture
@@ -111,12 +110,9 @@ def test_a_started_file_is_a_complete_chrome_trace(tmp_path: Path) -> None:
     assert json.loads(path.read_text()) == []
 
 
-def test_a_scripts_collectives_are_named_after_the_functions_it_called(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.usefixtures("runtime_group")
+def test_a_scripts_collectives_are_named_after_the_functions_it_called(tmp_path: Path) -> None:
     """Not after the helpers they wait in, autograd's frames or the runtime's own syncs."""
-    standalone_env(monkeypatch)
-    hvd.init()
     path = tmp_path / "trace.json"
     hvd.start_timeline(str(path))
     try:
@@ -127,7 +123,6 @@ def test_a_scripts_collectives_are_named_after_the_functions_it_called(
         hvd.broadcast_object("tiny", root_rank=0)
     finally:
         hvd.stop_timeline()
-        hvd.shutdown()
     names = [e["name"] for e in json.loads(path.read_text()) if e["cat"] == "collective"]
     assert names == [
         "allreduce",
