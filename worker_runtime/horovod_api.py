@@ -16,47 +16,20 @@ from elasticjob.worker_runtime.basics import (
     shutdown,
     size,
 )
-from elasticjob.worker_runtime.collectives.async_ops import (
-    allgather_async,
-    allreduce_,
-    allreduce_async,
-    allreduce_async_,
+from elasticjob.worker_runtime.collectives.broadcast import (
+    broadcast,
     broadcast_,
     broadcast_async,
     broadcast_async_,
-    grouped_allreduce_,
-    grouped_allreduce_async,
-    grouped_allreduce_async_,
-)
-from elasticjob.worker_runtime.collectives.autograd_ops import (
-    allgather,
-    allreduce,
-    alltoall,
-    broadcast,
-    grouped_allgather,
-    grouped_allreduce,
-    grouped_reducescatter,
-    reducescatter,
 )
 from elasticjob.worker_runtime.collectives.coordination import barrier, join
-from elasticjob.worker_runtime.collectives.grouped_ops import (
+from elasticjob.worker_runtime.collectives.gather import (
+    allgather,
+    allgather_async,
+    grouped_allgather,
     grouped_allgather_async,
-    grouped_reducescatter_async,
-    sparse_allreduce_async,
 )
 from elasticjob.worker_runtime.collectives.handles import poll, synchronize
-from elasticjob.worker_runtime.collectives.issuing import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    ReduceOp,
-    Sum,
-    broadcast_optimizer_state,
-    broadcast_parameters,
-    broadcast_state,
-)
 from elasticjob.worker_runtime.collectives.objects import allgather_object, broadcast_object
 from elasticjob.worker_runtime.collectives.process_sets import (
     ProcessSet,
@@ -65,7 +38,39 @@ from elasticjob.worker_runtime.collectives.process_sets import (
     init,
     remove_process_set,
 )
-from elasticjob.worker_runtime.collectives.scatter_ops import alltoall_async, reducescatter_async
+from elasticjob.worker_runtime.collectives.reduce import (
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    grouped_allreduce,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+)
+from elasticjob.worker_runtime.collectives.reduction_ops import (
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    ReduceOp,
+    Sum,
+)
+from elasticjob.worker_runtime.collectives.round_syncs import (
+    broadcast_optimizer_state,
+    broadcast_parameters,
+    broadcast_state,
+)
+from elasticjob.worker_runtime.collectives.scatter import (
+    alltoall,
+    alltoall_async,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+    reducescatter,
+    reducescatter_async,
+)
+from elasticjob.worker_runtime.collectives.sparse_allreduce import sparse_allreduce_async
 from elasticjob.worker_runtime.diagnostics.capabilities import (
     ccl_built,
     cuda_built,

@@ -93,7 +93,7 @@ def test_horovodrun_spellings_with_a_hostfile_and_output_files(tmp_path: Path) -
     pids = {e["pid"] for e in processes}
     assert {e["pid"] for e in events} == pids
     names = {e["name"] for e in events}
-    assert {"join round", "reset", "commit", "shutdown", "allreduce_"} <= names, names
+    assert {"join round", "reset", "commit", "shutdown", "allreduce"} <= names, names
     rounds = sorted(
         (e["args"]["round"], e["args"]["rank"]) for e in events if e["name"] == "join round"
     )

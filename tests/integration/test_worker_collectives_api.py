@@ -210,7 +210,7 @@ def test_start_timeline_writes_a_chrome_trace_on_rank_0(world: list[Result]) -> 
     events = json.loads(path.read_text())
     assert {e["pid"] for e in events} == {infos[0]["pid"]}, "only rank 0 writes the file"
     names = [e["name"] for e in events if e["cat"] == "collective"]
-    assert names == ["allreduce_", "synchronize", "barrier"]
+    assert names == ["allreduce", "synchronize", "barrier"]
     assert all(e["ph"] == "X" and e["dur"] >= 0 for e in events)
 
 

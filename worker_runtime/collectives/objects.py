@@ -1,8 +1,8 @@
 """Horovod's ``broadcast_object`` and ``allgather_object``: picklable objects between ranks.
 
-Over the global set they run as the runtime's own state syncs do (``issuing.py``, matched
-in call order on the round's group). Over another process set they travel as the set's
-negotiated byte broadcasts and gathers (``negotiation.py``).
+Over the global set they run as the runtime's own syncs do (``round_syncs.py``, matched in
+call order on the round's group). Over another process set they travel as the set's
+negotiated byte broadcasts and gathers (``broadcast.py``, ``gather.py``).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from elasticjob.worker_runtime.basics import current
-from elasticjob.worker_runtime.collectives import issuing as collectives
-from elasticjob.worker_runtime.collectives.async_ops import allgather_async, broadcast_
-from elasticjob.worker_runtime.collectives.handles import synchronize
+from elasticjob.worker_runtime.collectives import round_syncs
+from elasticjob.worker_runtime.collectives.broadcast import broadcast_
+from elasticjob.worker_runtime.collectives.gather import allgather
 from elasticjob.worker_runtime.collectives.process_sets import (
     ProcessSet,
     global_process_set,
@@ -40,7 +40,7 @@ def broadcast_object(
     """Return root's ``obj`` on every rank of ``process_set`` (pickled; ``root_rank`` is a
     global rank)."""
     if process_set is global_process_set:
-        return collectives.broadcast_object(obj, root_rank)
+        return round_syncs.broadcast_object(obj, root_rank)
     negotiation_of(process_set)
     is_root = current().slot.rank == root_rank
     payload = pickle.dumps(obj) if is_root else b""
@@ -57,13 +57,11 @@ def allgather_object(
 ) -> list[Any]:
     """Return every rank's ``obj`` (of ``process_set``), in rank order."""
     if process_set is global_process_set:
-        return collectives.allgather_object(obj)
+        return round_syncs.allgather_object(obj)
     payload = _bytes(pickle.dumps(obj))
     prefix = None if name is None else f"{name}.length"
-    lengths = synchronize(
-        allgather_async(torch.tensor([payload.numel()]), prefix, process_set)
-    ).tolist()
-    data: torch.Tensor = synchronize(allgather_async(payload, name, process_set))
+    lengths = allgather(torch.tensor([payload.numel()]), prefix, process_set).tolist()
+    data = allgather(payload, name, process_set)
     parts, offset = [], 0
     for length in lengths:
         parts.append(pickle.loads(data[offset : offset + length].numpy().tobytes()))

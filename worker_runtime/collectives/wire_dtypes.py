@@ -40,7 +40,9 @@ def on_wire(tensor: torch.Tensor) -> torch.Tensor:
     dtype = wire_dtype(tensor.dtype, runtime.group.backend)
     if tensor.device == runtime.device and tensor.is_contiguous() and dtype == tensor.dtype:
         return tensor.data
-    return tensor.data.to(runtime.device, dtype, memory_format=torch.contiguous_format)
+    # ``to`` gives the tensor itself where the device and dtype are already right, strided
+    # as it is (an expanded gradient, a transposed view): ``contiguous`` copies those.
+    return tensor.data.to(runtime.device, dtype, memory_format=torch.contiguous_format).contiguous()
 
 
 def scale_(tensor: torch.Tensor, factor: float) -> None:

@@ -127,21 +127,34 @@ def instant(name: str, cat: str = "elastic", **args: Any) -> None:
         recorder.add({"name": name, "cat": cat, "ph": "i", "s": "p", "ts": ts, "args": args})
 
 
+_RUNTIME = __name__.removesuffix(".diagnostics.timeline")
+"""The worker runtime's package."""
+_COLLECTIVES = f"{_RUNTIME}.collectives"
+
+
 def collective_name() -> str:
     """The public function that waits on a collective (the caller's caller's name: not a
     private one, nor ``synchronize`` when the runtime's own blocking collective called it);
-    only called while the timeline is on."""
+    in the collectives' package, the outermost public function of it the call came through
+    (``allreduce`` a script called, not the helpers it waits in, nor autograd's frames
+    between them). Only called while the timeline is on."""
     frame = sys._getframe(2)
     while frame.f_back is not None and (
         frame.f_code.co_name.startswith("_")
-        or (frame.f_code.co_name == "synchronize" and _in_runtime(frame.f_back))
+        or (frame.f_code.co_name == "synchronize" and _within(frame.f_back, _RUNTIME))
     ):
         frame = frame.f_back
+    named: FrameType | None = frame
+    while named is not None and (_within(named, _COLLECTIVES) or _within(named, "torch")):
+        if _within(named, _COLLECTIVES) and not named.f_code.co_name.startswith("_"):
+            frame = named
+        named = named.f_back
     return frame.f_code.co_name
 
 
-def _in_runtime(frame: FrameType) -> bool:
-    return str(frame.f_globals.get("__name__", "")).startswith(__package__ or __name__)
+def _within(frame: FrameType, package: str) -> bool:
+    module = str(frame.f_globals.get("__name__", ""))
+    return module == package or module.startswith(f"{package}.")
 
 
 def enabled() -> bool:

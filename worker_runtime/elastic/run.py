@@ -13,8 +13,9 @@ import torch
 
 from elasticjob.wire.messages import WorkerState
 from elasticjob.worker_runtime.basics import current
-from elasticjob.worker_runtime.collectives.autograd_ops import allreduce
-from elasticjob.worker_runtime.collectives.issuing import Max, broadcast_object
+from elasticjob.worker_runtime.collectives.reduce import allreduce
+from elasticjob.worker_runtime.collectives.reduction_ops import Max
+from elasticjob.worker_runtime.collectives.round_syncs import broadcast_object
 from elasticjob.worker_runtime.diagnostics.log import get_logger, stacks_if_stuck
 from elasticjob.worker_runtime.elastic.state import State
 from elasticjob.worker_runtime.exceptions import HorovodInternalError, HostsUpdatedInterrupt

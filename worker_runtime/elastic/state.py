@@ -27,7 +27,7 @@ import torch
 
 from elasticjob.worker_contract import checkpoint_from_env
 from elasticjob.worker_runtime.basics import current, is_initialized
-from elasticjob.worker_runtime.collectives.issuing import broadcast_object
+from elasticjob.worker_runtime.collectives.round_syncs import broadcast_object
 from elasticjob.worker_runtime.diagnostics import timeline
 from elasticjob.worker_runtime.elastic.checkpoint import Checkpointer, Checkpoints, NoCheckpoints
 from elasticjob.worker_runtime.elastic.checkpoint_files import CheckpointError, Manifest, epoch_of

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from elasticjob.worker_runtime.collectives.issuing import (
+from elasticjob.worker_runtime.collectives.round_syncs import (
     broadcast_object,
     broadcast_parameters,
     sync_optimizer_state,

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.collectives import handles
-from elasticjob.worker_runtime.collectives.issuing import Compressor, ReduceOp, torch_op
+from elasticjob.worker_runtime.collectives.reduction_ops import Compressor, ReduceOp, torch_op
 from elasticjob.worker_runtime.diagnostics.log import get_logger
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 from elasticjob.worker_runtime.rounds.host_updates import VOTE_DTYPES

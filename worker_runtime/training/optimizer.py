@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 import torch
 
 from elasticjob.worker_runtime.basics import current
-from elasticjob.worker_runtime.collectives.issuing import Average, ReduceOp, torch_op
 from elasticjob.worker_runtime.collectives.process_sets import ProcessSet, global_process_set
+from elasticjob.worker_runtime.collectives.reduction_ops import Average, ReduceOp, torch_op
 from elasticjob.worker_runtime.training.gradient_buckets import (
     DEFAULT_BUCKET_CAP_MB,
     FIRST_BUCKET_CAP_BYTES,

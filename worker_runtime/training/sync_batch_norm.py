@@ -17,8 +17,8 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from elasticjob.worker_runtime.basics import current
-from elasticjob.worker_runtime.collectives.autograd_ops import allreduce
-from elasticjob.worker_runtime.collectives.issuing import Sum
+from elasticjob.worker_runtime.collectives.reduce import allreduce
+from elasticjob.worker_runtime.collectives.reduction_ops import Sum
 
 
 class _SumAcrossRanks(torch.autograd.Function):

@@ -91,3 +91,15 @@ def test_horovods_checks_of_named_parameters_and_optimizer_state(world_of_one: N
     hvd.broadcast_optimizer_state(fresh, root_rank=0)
     assert len(fresh.state_dict()["state"]) == 2, "a fresh optimizer's state is made first"
     assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True))
+
+
+def test_a_fresh_distributed_optimizers_state_is_made_by_the_wrapped_step(
+    world_of_one: None,
+) -> None:
+    """Horovod makes a fresh optimizer's state with one step of the optimizer it wraps: the
+    ``DistributedOptimizer``'s own step would reduce the zero gradients and count a step."""
+    model = torch.nn.Linear(2, 2)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    assert len(optimizer.state_dict()["state"]) == 2
+    assert optimizer._ej_reducer.reductions == 0  # type: ignore[attr-defined]

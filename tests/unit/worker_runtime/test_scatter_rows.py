@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from elasticjob.worker_runtime.collectives.scatter_ops import _send_splits, rows_of
+from elasticjob.worker_runtime.collectives.scatter import _send_splits, rows_of
 
 
 @pytest.mark.parametrize(("rows", "size"), [(7, 3), (2, 3), (0, 2), (6, 3), (1, 1)])

@@ -11,7 +11,9 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
+import elasticjob.worker_runtime as hvd
 from elasticjob.launcher.output_files import write_timeline
 from elasticjob.worker_contract import ENV_HOSTNAME, ENV_LOCAL_RANK, ENV_TIMELINE_DIR
 from elasticjob.worker_runtime.diagnostics import timeline
@@ -106,3 +108,27 @@ def test_a_started_file_is_a_complete_chrome_trace(tmp_path: Path) -> None:
     timeline.start_file(path)
     timeline.stop_file()
     assert json.loads(path.read_text()) == []
+
+
+@pytest.mark.usefixtures("runtime_group")
+def test_a_scripts_collectives_are_named_after_the_functions_it_called(tmp_path: Path) -> None:
+    """Not after the helpers they wait in, autograd's frames or the runtime's own syncs."""
+    path = tmp_path / "trace.json"
+    hvd.start_timeline(str(path))
+    try:
+        hvd.allreduce(torch.ones(2))
+        hvd.allreduce_(torch.ones(2))
+        hvd.allgather(torch.ones(2, 1, requires_grad=True))
+        hvd.synchronize(hvd.broadcast_async(torch.ones(2), root_rank=0))
+        hvd.broadcast_object("tiny", root_rank=0)
+    finally:
+        hvd.stop_timeline()
+    names = [e["name"] for e in json.loads(path.read_text()) if e["cat"] == "collective"]
+    assert names == [
+        "allreduce",
+        "allreduce_",
+        "allgather",
+        "synchronize",
+        "broadcast_object",  # its length
+        "broadcast_object",
+    ]

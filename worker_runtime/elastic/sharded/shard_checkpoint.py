@@ -48,7 +48,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from elasticjob.checkpoint_policy import CheckpointPolicy, checkpoint_due
 from elasticjob.wire.messages import CheckpointReport
-from elasticjob.worker_runtime.collectives.issuing import broadcast_object
+from elasticjob.worker_runtime.collectives.round_syncs import broadcast_object
 from elasticjob.worker_runtime.diagnostics.log import get_logger
 from elasticjob.worker_runtime.elastic.checkpoint_files import (
     TMP_SUFFIX,

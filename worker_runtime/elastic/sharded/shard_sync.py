@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from elasticjob.worker_runtime.collectives.issuing import allgather_object, broadcast_object
+from elasticjob.worker_runtime.collectives.round_syncs import allgather_object, broadcast_object
 from elasticjob.worker_runtime.diagnostics.log import get_logger
 from elasticjob.worker_runtime.elastic.sharded.shard_commits import (
     Commit,
