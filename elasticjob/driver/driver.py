@@ -265,35 +265,41 @@ class ElasticDriver(RendezvousListener):
             after_round=after_round,
             current_round=self.round,
             rolled_back=rolled_back,
+            script_failed=script_exit is not None,
         )
         if verdict is ReadyVerdict.UNKNOWN or record is None:
             logger.warning("ignoring registration of unknown worker %s", worker)
             return
         record.waiting_after = max(record.waiting_after or 0, after_round)
         record.saved_for_suspension = suspended
-        if verdict in (ReadyVerdict.READY, ReadyVerdict.ROLLED_BACK):
+        if verdict in (ReadyVerdict.READY, ReadyVerdict.ROLLED_BACK, ReadyVerdict.SCRIPT_FAILED):
             self.registry.record(worker, WorkerState.READY)
-        if verdict is ReadyVerdict.ROLLED_BACK:
-            if script_exit is not None:
-                self.registry.record_script_exit(worker, script_exit)
-                logger.warning("the script of worker %s failed (%s)", worker, script_exit.status())
-            else:
-                # After a failure every survivor rolls back: one line per job, not per worker.
-                (logger.debug if self._recovering else logger.warning)(
-                    "worker %s rolled back after a collective failed", worker
-                )
+        if verdict is ReadyVerdict.SCRIPT_FAILED and script_exit is not None:
+            self.registry.record_script_exit(worker, script_exit)
+            logger.warning("the script of worker %s failed (%s)", worker, script_exit.status())
+            self.journal.failed(worker.hostname, self.round, len(self.slots))
+            self._fail_round(worker.hostname)
+        elif verdict is ReadyVerdict.ROLLED_BACK:
+            # After a failure every survivor rolls back: one line per job, not per worker.
+            (logger.debug if self._recovering else logger.warning)(
+                "worker %s rolled back after a collective failed", worker
+            )
             self.registry.mark_rolled_back(worker)
             self.journal.collective_failed(worker.hostname, self.round, len(self.slots))
             self._fail_round(worker.hostname)
         self._wake.set()
 
     def on_worker_result(self, request: ResultRequest) -> None:
-        record = self._workers.get(WorkerId(request.hostname, request.local_rank))
+        worker = WorkerId(request.hostname, request.local_rank)
+        record = self._workers.get(worker)
         if record is not None:
             record.ending_since = self._clock()
             record.reported = request.state
             record.heard_from = True
             record.message = request.message or record.message  # its exit is what counts
+        if request.state is WorkerState.FAILURE:  # its script raised
+            failure = ScriptExit(exit_code=request.exit_code or 1, log_tail=request.message)
+            self.registry.record_script_exit(worker, failure)
 
     def on_progress(self, progress: ProgressRequest) -> None:
         self.progress = progress
@@ -331,6 +337,9 @@ class ElasticDriver(RendezvousListener):
             )
             record.departure = Departure.FAILED
             self.registry.record(worker, WorkerState.FAILURE)
+            if record.ending and exit_code > 0:  # it said how it ends: its script's own exit
+                failure = ScriptExit(exit_code=exit_code, log_tail=record.message)
+                self.registry.record_script_exit(worker, failure)
             self.journal.failed(worker.hostname, self.round, len(self.slots))
             self._fail_round(worker.hostname)
         elif verdict is ExitVerdict.FAILED_OUTSIDE_ROUND:
@@ -390,7 +399,6 @@ class ElasticDriver(RendezvousListener):
             resets=self.registry.reset_count,
             reset_limit=self.settings.reset_limit,
             checkpoint_fallback=self.settings.checkpoint_fallback,
-            raised=self._workers.raised(self.slots),
             restarts=self.registry.restart_count,
             restart_limit=self.settings.restart_limit,
         )
