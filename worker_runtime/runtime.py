@@ -6,10 +6,12 @@ the concerns of a worker, each in its own module:
 - the process's setup and liveness (``worker_process.py``): its device, the interface of its
   sockets, SIGTERM, and a heartbeat thread that shows the driver the process is alive, probes
   the round's peers when a collective blocks, and ends an orphaned process;
-- joining rounds (``rounds/joiner.py``): asking the rendezvous service for each round and forming
-  its process group (``process_group.py``) on a fresh store prefix;
-- the job's notices (``notices.py``), followed on a background thread: a failed member of
-  the current round aborts the group at once, and hosts added or removed feed the agreement
+- joining rounds (``rounds/runtime_rounds.py``, through the round protocol's joiner,
+  ``rounds/joiner.py``): asking the rendezvous service for each round and forming its
+  process group (``process_group.py``) on a fresh store prefix;
+- the job's notices (``notices.py``), followed on a background thread and classified as every
+  worker classifies them (``rounds/notice_causes.py``): a failed member of the current round
+  aborts the group at once, and hosts added or removed (or a suspension) feed the agreement
   of ``host_updates.py`` that ``check_host_updates()`` consults;
 - what the worker tells the driver (``reports.py``): how its process ends, and on rank 0 the
   training's progress, from another background thread.
@@ -27,7 +29,7 @@ from typing import TypeVar
 import torch
 from torch.distributed import Store
 
-from elasticjob.wire.messages import Notice, NoticeKind, SlotInfo
+from elasticjob.wire.messages import Notice, SlotInfo
 from elasticjob.worker_contract import WorkerConfig, standalone_backend
 from elasticjob.worker_runtime.collectives import lingering
 from elasticjob.worker_runtime.diagnostics import timeline
@@ -39,8 +41,13 @@ from elasticjob.worker_runtime.link.rendezvous_client import RendezvousClient
 from elasticjob.worker_runtime.link.reports import DriverReports, NoReports, Reports
 from elasticjob.worker_runtime.rounds.devices import resolve_backend
 from elasticjob.worker_runtime.rounds.host_updates import HostUpdateAgreement
-from elasticjob.worker_runtime.rounds.joiner import RendezvousRounds, Rounds, StandaloneRounds
+from elasticjob.worker_runtime.rounds.notice_causes import NoticeCause, classify_notice
 from elasticjob.worker_runtime.rounds.process_group import RoundGroup
+from elasticjob.worker_runtime.rounds.runtime_rounds import (
+    RendezvousRounds,
+    Rounds,
+    StandaloneRounds,
+)
 from elasticjob.worker_runtime.worker_process import (
     Liveness,
     NoHeartbeat,
@@ -273,10 +280,11 @@ def _notice_handler(
     round goes to ``rounds``, hosts added or removed and a suspension to ``host_updates``."""
 
     def on_notice(notice: Notice) -> None:
-        if notice.kind is NoticeKind.ROUND_FAILED:
+        cause = classify_notice(notice)
+        if cause is NoticeCause.FAILURE:
             rounds.round_failed(notice.round)
             return
-        host_updates.saw_notice(notice.seq, suspend=notice.kind is NoticeKind.SUSPEND)
+        host_updates.saw_notice(notice.seq, suspend=cause is NoticeCause.SUSPEND)
         logger.info("notice %d: %s %s", notice.seq, notice.kind.value, ",".join(notice.hosts))
 
     return on_notice

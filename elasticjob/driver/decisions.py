@@ -45,6 +45,9 @@ class ReadyVerdict(enum.Enum):
     ROLLED_BACK = "rolled-back"
     """A member reached the barrier after rolling back on a collective failure: record
     READY, fail the round (the other members abort their group) and sync the next round."""
+    SCRIPT_FAILED = "script-failed"
+    """A member reached the barrier after its script failed on its own (restart mode):
+    record READY and how the script failed, and fail the round."""
 
 
 def classify_ready(
@@ -55,15 +58,20 @@ def classify_ready(
     after_round: int,
     current_round: int,
     rolled_back: bool,
+    script_failed: bool = False,
 ) -> ReadyVerdict:
-    """What it means that a worker asks for a round newer than ``after_round``."""
+    """What it means that a worker asks for a round newer than ``after_round``;
+    ``rolled_back``: it rolled back after a collective failed; ``script_failed``: its script
+    failed on its own (which an older agent said with ``rolled_back`` too)."""
     if not known:
         return ReadyVerdict.UNKNOWN
     if not member or after_round < current_round:
         return ReadyVerdict.WAITING
-    if rolled_back and phase is not DriverPhase.FINISHED:
-        return ReadyVerdict.ROLLED_BACK
-    return ReadyVerdict.READY
+    if phase is DriverPhase.FINISHED:
+        return ReadyVerdict.READY
+    if script_failed:
+        return ReadyVerdict.SCRIPT_FAILED
+    return ReadyVerdict.ROLLED_BACK if rolled_back else ReadyVerdict.READY
 
 
 def leaving_members(
@@ -122,7 +130,6 @@ def decide_round(
     resets: int,
     reset_limit: int | None,
     checkpoint_fallback: bool = False,
-    raised: Collection[WorkerId] = (),
     restarts: int = 0,
     restart_limit: int | None = None,
 ) -> Decision:
@@ -130,14 +137,14 @@ def decide_round(
 
     - a counted member has not reported: WAIT;
     - a counted member succeeded: SUCCEED;
-    - every counted member failed (at least one): FAIL, unless ``checkpoint_fallback`` is on
-      and some of them were lost rather than failing on their own (``raised``: the members
-      that reported their script's error before ending; a killed process, a deleted pod or
-      a lost node reports nothing): then the round resets as below, and the next one starts
-      from the newest checkpoint. A script that raises everywhere would only raise again;
-    - every counted member's script failed on its own (restart mode: an exit code, not a
-      signal): FAIL with their exit codes and the log of the first; a restart would fail
+    - every counted member's script failed on its own (``records.script_exits`` with an exit
+      code, not a signal: an elastic script that raised, a restart-mode script that exited
+      non-zero): FAIL with their exit codes and the log of the first; a restart would fail
       again;
+    - every counted member failed (at least one) and some were lost rather than failing on
+      their own (a killed process, a deleted pod or a lost node): FAIL, unless
+      ``checkpoint_fallback`` is on: then the round resets as below, and the next one starts
+      from the newest checkpoint;
     - no member is counted (all left gracefully): RESUME, the driver checks capacity;
     - otherwise the round resets: FAIL when ``resets + 1`` exceeds ``reset_limit``, or when
       the reset follows a failure and ``restarts + 1`` exceeds ``restart_limit`` (torchrun's
@@ -158,17 +165,16 @@ def decide_round(
             reason=f"{len(succeeded)} of {len(counted)} workers succeeded: {_names(succeeded)}",
         )
     failed = [w for w in counted if records.states[w] is WorkerState.FAILURE]
-    lost = [w for w in failed if w not in raised]
     every_failed = bool(counted) and len(failed) == len(counted)
-    if every_failed and not (checkpoint_fallback and lost):
-        reason = f"all {len(failed)} workers failed: {_names(failed)}"
-        return Decision(Action.FAIL, reason=f"{reason}; {ENABLE_CHECKPOINTS}" if lost else reason)
     scripts_failed = [w for w in counted if w in records.script_exits]
-    raised_everywhere = all(records.script_exits[w].exit_code > 0 for w in scripts_failed)
-    if scripts_failed and len(scripts_failed) == len(counted) and raised_everywhere:
-        return Decision(
-            Action.FAIL, reason=f"the script failed on every worker: {_exits(records, counted)}"
-        )
+    on_their_own = {w for w in scripts_failed if records.script_exits[w].exit_code > 0}
+    if counted and on_their_own == counted:
+        reason = f"the script failed on every worker: {_exits(records, counted)}"
+        ended = f"all {len(failed)} workers failed; " if every_failed else ""
+        return Decision(Action.FAIL, reason=ended + reason)
+    if every_failed and not checkpoint_fallback:
+        reason = f"all {len(failed)} workers failed: {_names(failed)}"
+        return Decision(Action.FAIL, reason=f"{reason}; {ENABLE_CHECKPOINTS}")
     if not counted:
         return Decision(
             Action.RESUME,
@@ -186,7 +192,7 @@ def decide_round(
         what = f"a collective failed on {_names(rolled_back)}, which rolled back"
     else:
         what = "no worker failed; the round is re-formed"
-    after_failure = bool(failed or rolled_back)
+    after_failure = bool(failed or rolled_back or scripts_failed)
     if reset_limit is not None and resets + 1 > reset_limit:
         return Decision(Action.FAIL, reason=f"reset limit {reset_limit} exceeded: {what}")
     if after_failure and restart_limit is not None and restarts + 1 > restart_limit:

@@ -222,7 +222,6 @@ class ElasticDriver(DriverEvents):
             resets=self.registry.reset_count,
             reset_limit=self.settings.reset_limit,
             checkpoint_fallback=self.settings.checkpoint_fallback,
-            raised=self._workers.raised(self.slots),
             restarts=self.registry.restart_count,
             restart_limit=self.settings.restart_limit,
         )

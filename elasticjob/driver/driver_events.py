@@ -230,27 +230,31 @@ class DriverEvents(RendezvousListener, abc.ABC):
             after_round=after_round,
             current_round=self.round,
             rolled_back=rolled_back,
+            script_failed=script_exit is not None,
         )
         if verdict is ReadyVerdict.UNKNOWN or record is None:
             logger.warning("ignoring registration of unknown worker %s", worker)
             return
         record.waiting_after = max(record.waiting_after or 0, after_round)
         record.saved_for_suspension = suspended
-        if verdict in (ReadyVerdict.READY, ReadyVerdict.ROLLED_BACK):
+        if verdict in (ReadyVerdict.READY, ReadyVerdict.ROLLED_BACK, ReadyVerdict.SCRIPT_FAILED):
             self.registry.record(worker, WorkerState.READY)
-        if verdict is ReadyVerdict.ROLLED_BACK:
-            if script_exit is not None:
-                self.registry.record_script_exit(worker, script_exit)
-                logger.warning("the script of worker %s failed (%s)", worker, script_exit.status())
-            else:
-                # After a failure every survivor rolls back: one line per job, not per worker.
-                (logger.debug if self._recovering else logger.warning)(
-                    "worker %s rolled back after a collective failed", worker
-                )
+        if verdict is ReadyVerdict.SCRIPT_FAILED and script_exit is not None:
+            self.registry.record_script_exit(worker, script_exit)
+            logger.warning("the script of worker %s failed (%s)", worker, script_exit.status())
+            self.journal.failed(worker.hostname, self.round, len(self.slots))
+        elif verdict is ReadyVerdict.ROLLED_BACK:
+            # After a failure every survivor rolls back: one line per job, not per worker.
+            (logger.debug if self._recovering else logger.warning)(
+                "worker %s rolled back after a collective failed", worker
+            )
             self.registry.mark_rolled_back(worker)
             self.journal.collective_failed(worker.hostname, self.round, len(self.slots))
-            if not self._recovering:
-                self._fail_round(worker.hostname)
+        if (
+            verdict in (ReadyVerdict.ROLLED_BACK, ReadyVerdict.SCRIPT_FAILED)
+            and not self._recovering
+        ):
+            self._fail_round(worker.hostname)
         self._wake.set()
 
     def is_dismissed(self, worker: WorkerId) -> bool:
@@ -258,11 +262,15 @@ class DriverEvents(RendezvousListener, abc.ABC):
         return record is not None and record.departure is Departure.DISMISSED
 
     def on_worker_result(self, request: ResultRequest) -> None:
-        record = self._workers.get(WorkerId(request.hostname, request.local_rank))
+        worker = WorkerId(request.hostname, request.local_rank)
+        record = self._workers.get(worker)
         if record is not None:
             record.ending_since = self._clock()
             record.heard_from = True
             record.message = request.message or record.message  # its exit is what counts
+        if request.state is WorkerState.FAILURE:  # its script raised
+            failure = ScriptExit(exit_code=request.exit_code or 1, log_tail=request.message)
+            self.registry.record_script_exit(worker, failure)
 
     def on_progress(self, progress: ProgressRequest) -> None:
         self.journal.progress(progress, self.round, len(self.slots))
@@ -322,6 +330,9 @@ class DriverEvents(RendezvousListener, abc.ABC):
             )
             record.departure = Departure.FAILED
             self.registry.record(worker, WorkerState.FAILURE)
+            if record.ending and exit_code > 0:  # it said how it ends: its script's own exit
+                failure = ScriptExit(exit_code=exit_code, log_tail=record.message)
+                self.registry.record_script_exit(worker, failure)
             self.journal.failed(worker.hostname, self.round, len(self.slots))
         elif verdict is ExitVerdict.FAILED_OUTSIDE_ROUND:
             logger.warning("worker %s failed between rounds (exit code %d)", worker, exit_code)

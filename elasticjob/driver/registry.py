@@ -29,7 +29,9 @@ class RoundRecords:
     rolled_back: frozenset[WorkerId] = frozenset()
     """Members that rolled back to their last commit after a collective failed on them."""
     script_exits: Mapping[WorkerId, ScriptExit] = field(default_factory=dict)
-    """Members whose script failed on its own (restart mode), in the order they said so."""
+    """Members whose script failed on its own (elastic mode: it raised; restart mode: it
+    exited non-zero or was killed by a signal its agent did not send), in the order they
+    said so."""
 
 
 _FINAL_STATES = frozenset({WorkerState.SUCCESS, WorkerState.FAILURE})
@@ -94,8 +96,8 @@ class WorkerRegistry:
             self._rolled_back.add(worker)
 
     def record_script_exit(self, worker: WorkerId, script_exit: ScriptExit) -> None:
-        """Record how a member's script failed on its own (restart mode; a non-member, or a
-        second report of the same member, is ignored)."""
+        """Record how a member's script failed on its own (a non-member, or a second report
+        of the same member, is ignored)."""
         self._of_current_round()
         if worker in self._members():
             self._script_exits.setdefault(worker, script_exit)

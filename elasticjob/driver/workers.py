@@ -157,11 +157,6 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
             and self._records[w].last_round > 0
         }
 
-    def raised(self, members: Iterable[WorkerId]) -> frozenset[WorkerId]:
-        """The members that reported how their process ends (a script's error, or its
-        success) before it ended; a lost process (killed, its pod or node gone) never did."""
-        return frozenset(w for w in members if w in self._records and self._records[w].ending)
-
     def heartbeats(self) -> dict[WorkerId, float | None]:
         """The last heartbeat of each running process whose beat is awaited: not one that
         reported its result or is on its way out."""

@@ -115,9 +115,12 @@ class RendezvousStatus(enum.StrEnum):
 
 
 class ScriptExit(StrictModel):
-    """How a restart-mode worker's script ended on its own, not stopped by its agent
-    (``elasticjob.worker_runtime.agents.restart_agent``): its process's return code (negative: the
-    signal that killed it) and the last lines of its standard error."""
+    """How a worker's script failed on its own (it was not stopped for the job): its return
+    code (negative: the signal that killed it) and its last lines. A restart-mode worker's
+    agent sends it with its request for the next round (:attr:`RendezvousRequest.script_exit`);
+    the driver makes the same record of an elastic worker whose script raised, from the
+    failure it reports with its result (:class:`ResultRequest`), and judges both with one
+    rule."""
 
     exit_code: Annotated[int, Field(strict=True, ge=-255, le=255)]
     log_tail: Annotated[str, StringConstraints(max_length=4096)] = ""
@@ -148,10 +151,11 @@ class RendezvousRequest(StrictModel):
     wait_seconds: Annotated[float, Field(strict=True, ge=0, le=60, allow_inf_nan=False)] = 30.0
     rolled_back: StrictBool = False
     """The worker left round ``after_round`` after a collective failed on it and rolled its
-    state back to its last commit: the driver fails that round and re-syncs the next."""
+    state back to its last commit: the driver fails that round and re-syncs the next. Only
+    that: a script's own failure is ``script_exit``."""
     script_exit: ScriptExit | None = None
-    """A restart-mode worker (with ``rolled_back``): its script failed on its own in round
-    ``after_round``, and how."""
+    """A restart-mode worker: its script failed on its own in round ``after_round``, and how:
+    the driver fails that round."""
     suspended: StrictBool = False
     """The worker stopped for a suspension with its state saved: its last commit is a durable
     checkpoint where the job has a checkpoint folder, or its restart-mode script was stopped.
@@ -194,7 +198,10 @@ class RendezvousResponse(StrictModel):
 
 
 class ResultRequest(StrictModel):
-    """A worker's final report for its process."""
+    """A worker's final report for its process. ``FAILURE``: its script raised, and
+    ``message`` says how; the driver records it as the script's own failure
+    (:class:`ScriptExit`, with ``exit_code``, else 1: the status of a process whose script
+    raised)."""
 
     hostname: HostName
     local_rank: LocalRank

@@ -20,6 +20,7 @@ from elasticjob.wire.messages import (
     NoticeKind,
     RendezvousRequest,
     RendezvousResponse,
+    ScriptExit,
     SlotInfo,
     WorkerId,
 )
@@ -125,9 +126,11 @@ class Job:
         *,
         rolled_back: bool = False,
         suspended: bool = False,
+        script_exit: ScriptExit | None = None,
     ) -> RendezvousResponse:
         """The worker asks for a round newer than ``after_round`` (answered at once);
-        ``suspended``: it saved its state for a suspension."""
+        ``suspended``: it saved its state for a suspension; ``script_exit``: its script failed
+        on its own (restart mode)."""
         request = RendezvousRequest(
             hostname=worker.hostname,
             local_rank=worker.local_rank,
@@ -137,6 +140,7 @@ class Job:
             wait_seconds=0,
             rolled_back=rolled_back,
             suspended=suspended,
+            script_exit=script_exit,
         )
         return await bounded(self.job.rendezvous(request))
 

@@ -3,7 +3,8 @@ before it joins its job (``spec.healthCheck``; the operator puts it in front of 
 command), then ``COMMAND`` in its place.
 
 The check asks the rendezvous service for its cohort (the pods starting at about the same
-time), runs one Gloo all-reduce with the cohort on a fresh store prefix, measures the pod's
+time), runs one Gloo all-reduce with the cohort on a fresh store prefix (its first member
+serves the store, the others connect: a round's store, ``rounds/joiner.py``), measures the pod's
 compute and copy bandwidth (``health_benchmarks.py``), reports its figures and waits for the
 verdict: passed, it executes ``COMMAND`` (the check's memory and any CUDA context go with the
 old process image); failed, it exits :data:`EXIT_UNHEALTHY` (the operator has blacklisted
@@ -23,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Final, TypeVar
 
-from torch.distributed import Store, TCPStore
+from torch.distributed import Store
 
 from elasticjob.wire.health import (
     CohortRequest,
@@ -42,7 +43,7 @@ from elasticjob.worker_runtime.agents.health_benchmarks import (
 )
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 from elasticjob.worker_runtime.link.rendezvous_client import RendezvousClient, RendezvousClientError
-from elasticjob.worker_runtime.rounds.group_formation import connect_store
+from elasticjob.worker_runtime.rounds.joiner import round_store, serve_store
 from elasticjob.worker_runtime.worker_process import pin_interfaces, wrapped_command
 
 logger = logging.getLogger(__name__)
@@ -74,18 +75,18 @@ def _long_poll(
             return answer
 
 
-def _cohort_store(server: TCPStore, cohort: CohortResponse, timeout: datetime.timedelta) -> Store:
-    if cohort.rank == 0:
-        return server
+def _cohort_store(server: Store, cohort: CohortResponse, timeout: datetime.timedelta) -> Store:
+    """The cohort's store, formed as a round's (:func:`round_store`): its first member's."""
     assert cohort.store_address is not None and cohort.store_port is not None
+    master = (cohort.store_address, cohort.store_port)
     try:
-        return connect_store(cohort.store_address, cohort.store_port, timeout, lambda: False)
+        return round_store(server, cohort.rank, master, timeout)
     except HorovodInternalError as exc:
         raise CollectiveBroken(str(exc)) from exc
 
 
 def _run_cohort(
-    config: WorkerConfig, server: TCPStore, cohort: CohortResponse, started: float
+    config: WorkerConfig, server: Store, cohort: CohortResponse, started: float
 ) -> HealthReport:
     """Run the collective and the benchmarks in ``cohort``; the report to send."""
     report = {"hostname": config.hostname, "cohort": cohort.cohort, "wait_seconds": POLL_S}
@@ -131,13 +132,7 @@ def check_pod(config: WorkerConfig, client: RendezvousClient) -> HealthVerdict:
     started = time.monotonic()
     deadline = started + CHECK_DEADLINE_S
     pin_interfaces(config.bind_address)
-    server = TCPStore(
-        config.bind_address,
-        0,
-        is_master=True,
-        wait_for_workers=False,
-        timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
-    )
+    server = serve_store(config.bind_address, datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     request = CohortRequest(
         hostname=config.hostname,
         address=config.bind_address,

@@ -1,317 +1,145 @@
-"""Joining rounds: the round a worker trains in, its slot, and the round's process group.
+"""This worker's side of the rendezvous round protocol: the one joiner of every process that
+speaks it (the worker runtime, ``runtime_rounds.py``; the restart mode's agent; the health
+check, for its cohort's store).
 
-A worker started by a launcher asks the job's rendezvous service for each round
-(:class:`RendezvousRounds`): its rank, size, local and cross ranks, and the store of the
-round's rank 0, whose TCPStore server every worker hosts on its bind address. It forms a
-fresh process group on a fresh store prefix (``<job>/round-<n>/``), after every member has
-arrived at the round's store (``group_formation.py``), so that a member that cannot come fails the
-round within seconds rather than at the collective timeout. A round the driver announced as
-failed (:meth:`RendezvousRounds.round_failed`, from the notice thread) aborts its group, and
-one that failed before it formed is skipped. A worker added to a running job starts in a
-provisional world of one with its tentative place and joins when the training loop starts.
+A :class:`Joiner` builds the request for a round (:class:`RendezvousRequest`: the worker, the
+store it serves and the listener its peers probe, the round it leaves and how it left it) and
+asks until the service assigns one (:class:`Assignment`) or says this worker is out of the job
+(:class:`WorkerRemoved`).
 
-A script run without a launcher (:class:`StandaloneRounds`) trains in a world of one each
-round, with nothing to ask and nothing to sync.
+A round's store is its rank 0's: every worker serves one on its bind address
+(:func:`serve_store`) and names its port when it asks for a round; the member that becomes
+rank 0 uses its own, the others connect to it, giving up as soon as the round failed
+(:func:`round_store`). A health check's cohort forms its store the same way.
 """
 
 from __future__ import annotations
 
 import datetime
-import threading
 import time
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from torch.distributed import HashStore, Store, TCPStore
+from torch.distributed import Store, TCPStore
 
-from elasticjob.wire.messages import RendezvousRequest, RendezvousStatus, SlotInfo
+from elasticjob.wire.messages import (
+    PeerEndpoint,
+    RendezvousRequest,
+    RendezvousResponse,
+    RendezvousStatus,
+    ScriptExit,
+    SlotInfo,
+)
 from elasticjob.worker_contract import WorkerConfig
-from elasticjob.worker_runtime.diagnostics import timeline
-from elasticjob.worker_runtime.diagnostics.log import CONTEXT, get_logger
-from elasticjob.worker_runtime.exceptions import HorovodInternalError, WorkerRemoved
-from elasticjob.worker_runtime.link.reachability import ProbeListener
+from elasticjob.worker_runtime.exceptions import WorkerRemoved
 from elasticjob.worker_runtime.link.rendezvous_client import RendezvousClient
-from elasticjob.worker_runtime.rounds.group_formation import await_members, connect_store
-from elasticjob.worker_runtime.rounds.host_updates import HostUpdateAgreement
-from elasticjob.worker_runtime.rounds.placement import export_script_env, tentative_place
-from elasticjob.worker_runtime.rounds.process_group import RoundGroup
-from elasticjob.worker_runtime.worker_process import Liveness
+from elasticjob.worker_runtime.rounds.group_formation import connect_store
 
-logger = get_logger(__name__)
-
-_WORLD_OF_ONE_TIMEOUT = datetime.timedelta(seconds=60)
+Endpoint = tuple[str, int]
+"""Where a store is served: an address and a port."""
 
 
-class Rounds(Protocol):
-    """How a worker gets its rounds; ``round``, ``slot`` and ``store`` describe the current
-    one, ``sync_required`` whether entering it requires state to be synced from rank 0."""
+def serve_store(address: str, timeout: datetime.timedelta) -> TCPStore:
+    """A store served on ``address``, on a free port, that waits for no client."""
+    return TCPStore(address, 0, is_master=True, wait_for_workers=False, timeout=timeout)
+
+
+def round_store(
+    served: Store,
+    rank: int,
+    master: Endpoint,
+    timeout: datetime.timedelta,
+    failed: Callable[[], bool] = lambda: False,
+) -> Store:
+    """The store of a round (or of a health check's cohort) for its member of ``rank``: the
+    store it serves itself (``served``) when it is rank 0, else a client of rank 0's at
+    ``master``, connected within ``timeout``. Raises :class:`HorovodInternalError` once
+    ``failed()`` (the round failed) or at the timeout."""
+    if rank == 0:
+        return served
+    return connect_store(*master, timeout, failed)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The round the service assigned this worker."""
 
     round: int
     slot: SlotInfo
-    store: Store | None
-    """The store the current round's group was formed on (None: a world of one)."""
-    sync_required: bool
+    master: Endpoint
+    """Where the round's rank 0 serves the round's store."""
+    notice_seq: int
+    """The job's notices up to this one are accounted for by the round."""
+    sync: bool
+    """Whether state must be synced from rank 0 on entering it."""
+    peers: tuple[PeerEndpoint, ...]
+    """The members this worker probes when one of its collectives blocks."""
 
-    @property
-    def visible(self) -> tuple[int, SlotInfo]:
-        """The round and slot the script sees: the current ones, or while the join is
-        deferred the tentative ones (the group is then a provisional world of one, which
-        :attr:`slot` describes)."""
-
-    def start(self) -> None:
-        """Join the first round, or for a worker added to a running job defer the join."""
-
-    def join_deferred(self) -> bool:
-        """Join now if :meth:`start` deferred it; return whether it did."""
-
-    def next(self, *, rolled_back: bool, suspended: bool = False) -> None:
-        """Leave the current round and join the next (``rolled_back``: this worker rolled its
-        state back after a collective failed; ``suspended``: it saved its state for a
-        suspension). Raises :class:`WorkerRemoved` when this worker is no longer part of the
-        job."""
-
-    def reform(self) -> None:
-        """Form the current round's group again after it was destroyed (``init()`` after
-        ``shutdown()``, on every member, as Horovod re-initializes): the same ranks, on a
-        fresh store prefix; the next round instead if the driver announced that the current
-        one failed meanwhile."""
-
-    def close(self) -> None:
-        """Stop serving what the rounds' peers reach this worker on."""
+    @classmethod
+    def of(cls, response: RendezvousResponse) -> Assignment:
+        """The assignment an ``ASSIGNED`` answer carries."""
+        if response.slot is None or response.store_address is None or response.store_port is None:
+            raise ValueError(f"round {response.round} was assigned without a slot or a store")
+        return cls(
+            round=response.round,
+            slot=response.slot,
+            master=(response.store_address, response.store_port),
+            notice_seq=response.notice_seq,
+            sync=response.sync,
+            peers=response.peers,
+        )
 
 
-def _first_slot(hostname: str, local_rank: int) -> SlotInfo:
-    return SlotInfo(
-        hostname=hostname,
-        rank=0,
-        local_rank=local_rank,
-        cross_rank=0,
-        size=1,
-        local_size=1,
-        cross_size=1,
-    )
-
-
-def _form_world_of_one(group: RoundGroup, prefix: str) -> None:
-    group.configure(HashStore(), prefix, 0, 1, _WORLD_OF_ONE_TIMEOUT)
-
-
-class StandaloneRounds(Rounds):
-    """The rounds of a script run without a launcher: a world of one each."""
-
-    sync_required = False
-    store: Store | None = None
-
-    def __init__(self, group: RoundGroup) -> None:
-        self._group = group
-        self.round = 0
-        self.slot = _first_slot("localhost", 0)
-
-    @property
-    def visible(self) -> tuple[int, SlotInfo]:
-        return self.round, self.slot
-
-    def start(self) -> None:
-        self.round = 1
-        _form_world_of_one(self._group, "standalone/")
-
-    def join_deferred(self) -> bool:
-        return False
-
-    def next(self, *, rolled_back: bool, suspended: bool = False) -> None:
-        self._group.destroy()
-        self.round += 1
-        _form_world_of_one(self._group, f"standalone-{self.round}/")
-
-    def reform(self) -> None:
-        self.next(rolled_back=False)
-
-    def close(self) -> None:
-        pass
-
-
-class RendezvousRounds(Rounds):
-    """The rounds the job's rendezvous service assigns (see the module docstring)."""
+class Joiner:
+    """Asks for rounds for the worker ``config`` describes, through ``client``;
+    ``probe_port``: the listener its peers probe (None: it is probed by nobody)."""
 
     def __init__(
-        self,
-        config: WorkerConfig,
-        client: RendezvousClient,
-        group: RoundGroup,
-        liveness: Liveness,
-        host_updates: HostUpdateAgreement,
+        self, config: WorkerConfig, client: RendezvousClient, probe_port: int | None = None
     ) -> None:
         self._config = config
         self._client = client
-        self._group = group
-        self._liveness = liveness
-        self._host_updates = host_updates
-        self._timeout = datetime.timedelta(seconds=config.collective_timeout_s)
-        self._server = TCPStore(
-            config.bind_address, 0, is_master=True, wait_for_workers=False, timeout=self._timeout
-        )
-        self._probe_listener = ProbeListener()
-        self._lock = threading.Lock()
-        self._max_failed_round = 0
-        self.round = 0
-        self.slot = _first_slot(config.hostname, config.local_rank)
-        self.store: Store | None = None
-        """The round's store client: held for as long as the round's group uses it."""
-        self.sync_required = True
-        self._tentative: tuple[int, SlotInfo] | None = None
-        """The round and slot a worker added to a running job is planned into, while its join
-        is deferred (None: not deferred)."""
-        self._master: tuple[str, int] | None = None
-        """Where the current round's store is served (rank 0's address and port)."""
-        self._reforms = 0
-        """How many times the current round's group was formed again (``reform``)."""
+        self._probe_port = probe_port
 
-    @property
-    def visible(self) -> tuple[int, SlotInfo]:
-        return (self.round, self.slot) if self._tentative is None else self._tentative
-
-    def start(self) -> None:
-        """Join the first round; or, for a worker added to a running job, form a provisional
-        world of one and defer joining to :meth:`join_deferred` (called by ``elastic.run``),
-        so that the members keep training while this process builds its model."""
-        info = self._client.round_info()
-        if info.round == 0:
-            self.sync_required = self._join()
-            return
-        logger.info("joining a running job: deferred until the training loop starts")
-        _form_world_of_one(self._group, "provisional/")
-        tentative = tentative_place(self._client, self._config, info)
-        export_script_env(tentative[1], self._config.job, None)
-        self._tentative = tentative
-
-    def join_deferred(self) -> bool:
-        if self._tentative is None:
-            return False
-        self._tentative = None
-        self._group.destroy()
-        self.sync_required = self._join()
-        return True
-
-    def next(self, *, rolled_back: bool, suspended: bool = False) -> None:
-        started, left = timeline.now(), self.round
-        if rolled_back:
-            self._liveness.collective_failed(self.round)
-        self._group.destroy()
-        self.sync_required = self._join(rolled_back=rolled_back, suspended=suspended)
-        timeline.span("reset", started, left=left, joined=self.round, rolled_back=rolled_back)
-
-    def reform(self) -> None:
-        if self._tentative is not None:
-            _form_world_of_one(self._group, "provisional/")
-            return
-        if self._master is None or self._failed():
-            self.next(rolled_back=False)
-            return
-        self._reforms += 1
-        logger.info("forming round %d's group again (re-initialized)", self.round)
-        try:
-            self._form_group(*self._master)
-        except HorovodInternalError as exc:
-            logger.warning("round %d: %s; waiting for the next round", self.round, exc)
-            self.next(rolled_back=False)
-
-    def close(self) -> None:
-        self._probe_listener.close()
-
-    def round_failed(self, round_number: int) -> None:
-        """The driver announced that a member of ``round_number`` failed: abort its group if
-        it is the current round's, and never form it later. Thread-safe."""
-        with self._lock:
-            self._max_failed_round = max(self._max_failed_round, round_number)
-            current = self.round
-        if round_number == current:
-            logger.info("a member of round %d failed; aborting the group", round_number)
-            self._group.abort(f"a member of round {round_number} failed (driver notice)")
-
-    @property
-    def _worker_name(self) -> str:
-        return f"{self.slot.hostname}[{self.slot.local_rank}]"
-
-    def _join(self, *, rolled_back: bool = False, suspended: bool = False) -> bool:
-        """Ask for rounds until one forms; return whether state must be synced."""
+    def join(
+        self,
+        after_round: int,
+        store_port: int,
+        *,
+        deadline: float,
+        rolled_back: bool = False,
+        script_exit: ScriptExit | None = None,
+        suspended: bool = False,
+        stopped: Callable[[], bool] = lambda: False,
+    ) -> Assignment | None:
+        """The round after ``after_round`` (None once ``stopped()``), for a worker serving its
+        store on ``store_port``, that left ``after_round`` as the request says
+        (``RendezvousRequest``: ``rolled_back``, ``script_exit``, ``suspended``). Raises
+        :class:`WorkerRemoved` when the worker is no longer part of the job or the job
+        ended, and RuntimeError when ``deadline`` (``time.monotonic()``) passes first."""
         config = self._config
-        started, started_us = time.monotonic(), timeline.now()
-        deadline = started + config.round_wait_s
         request = RendezvousRequest(
             hostname=config.hostname,
             local_rank=config.local_rank,
             address=config.bind_address,
-            store_port=self._server.port,
-            probe_port=self._probe_listener.port,
-            after_round=self.round,
+            store_port=store_port,
+            probe_port=self._probe_port,
+            after_round=after_round,
             rolled_back=rolled_back,
+            script_exit=script_exit,
             suspended=suspended,
         )
-        while True:
-            response = self._client.await_round(request, deadline=deadline)
-            assert response is not None  # never stopped
-            if response.status in (RendezvousStatus.REMOVED, RendezvousStatus.FINISHED):
-                raise WorkerRemoved(
-                    f"worker {self._worker_name} leaves the job: "
-                    f"{response.message or response.status.value.lower()}"
-                )
-            assert response.slot is not None and response.store_address is not None
-            assert response.store_port is not None
-            request = request.model_copy(update={"after_round": response.round})
-            with self._lock:
-                if response.round <= self._max_failed_round:
-                    logger.info(
-                        "round %d failed before it formed; waiting for the next", response.round
-                    )
-                    continue
-                self.round = response.round
-            self._reforms = 0
-            self._liveness.joined_round(response.round, response.peers)
-            self._host_updates.joined_round(response.notice_seq)
-            self.slot = response.slot
-            CONTEXT.round, CONTEXT.rank = self.round, self.slot.rank
-            master = self._master = (response.store_address, response.store_port)
-            try:
-                self._form_group(*master)
-            except HorovodInternalError as exc:
-                logger.warning("round %d: %s; waiting for the next round", self.round, exc)
-                continue
-            export_script_env(self.slot, config.job, master)
-            logger.info(
-                "%s joined round %d in %.3f s as rank %d of %d (local %d/%d, cross %d/%d, sync=%s)",
-                config.hostname,
-                self.round,
-                time.monotonic() - started,
-                self.slot.rank,
-                self.slot.size,
-                self.slot.local_rank,
-                self.slot.local_size,
-                self.slot.cross_rank,
-                self.slot.cross_size,
-                response.sync,
+        response = self._client.await_round(request, deadline=deadline, stopped=stopped)
+        if response is None:
+            return None
+        if response.status is not RendezvousStatus.ASSIGNED:
+            raise WorkerRemoved(
+                f"worker {config.hostname}[{config.local_rank}] leaves the job: "
+                f"{response.message or response.status.value.lower()}"
             )
-            rank, size = self.slot.rank, self.slot.size
-            timeline.span("join round", started_us, round=self.round, rank=rank, size=size)
-            timeline.flush()
-            return response.sync
+        return Assignment.of(response)
 
-    def _form_group(self, store_address: str, store_port: int) -> None:
-        prefix = f"{self._config.job}/round-{self.round}/"
-        if self._reforms:
-            prefix += f"reformed-{self._reforms}/"
-        # Interruptible, unlike init_process_group: a member that cannot come (cut off, dead)
-        # fails the round, and the others give up at once (``group_formation.py``).
-        with self._group.blocking():
-            if self.slot.rank == 0:
-                store: Store = self._server
-            else:
-                store = connect_store(store_address, store_port, self._timeout, self._failed)
-            self.store = store
-            await_members(store, prefix, self.slot.size, self._timeout, self._failed)
-        self._group.configure(store, prefix, self.slot.rank, self.slot.size, self._timeout)
-        if self._failed():
-            self._group.abort(f"a member of round {self.round} failed")
-
-    def _failed(self) -> bool:
-        """Whether the driver announced that the current round failed. Thread-safe."""
-        with self._lock:
-            return self.round <= self._max_failed_round
+    def deadline(self) -> float:
+        """The deadline of a join that starts now (``time.monotonic()``): the contract's
+        longest wait for a round."""
+        return time.monotonic() + self._config.round_wait_s

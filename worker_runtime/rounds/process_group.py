@@ -2,8 +2,8 @@
 
 Every round gets a fresh default ``torch.distributed`` group on a fresh store prefix; the
 previous one is destroyed first. A broken one is aborted and detached at once, and shut down
-on a background thread: its backend may still wait out an abandoned collective, which the
-next round must not wait for (a peer cut off by the network never resets its connections).
+on a background thread (``group_teardown.py``): its backend may still wait out an abandoned
+collective, which the next round must not wait for.
 
 Collectives are issued asynchronously and waited on here, so a group can be abandoned the
 moment the driver announces that a member failed (:meth:`RoundGroup.abort`, called from the
@@ -37,11 +37,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed import PrefixStore, Store
 
-from elasticjob.worker_runtime.collectives import lingering
 from elasticjob.worker_runtime.collectives.negotiation import Negotiation
 from elasticjob.worker_runtime.diagnostics import timeline
 from elasticjob.worker_runtime.diagnostics.log import get_logger, stacks_if_stuck
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
+from elasticjob.worker_runtime.rounds.group_teardown import (
+    destroy_default_group,
+    tear_down_in_background,
+)
 
 logger = get_logger(__name__)
 
@@ -343,19 +346,10 @@ class RoundGroup:
         for negotiation in negotiations:
             negotiation.close()
         if self.errored() is None:
-            _destroy_default_group()
+            destroy_default_group()
             return
         self._abort_backend()
-        groups = _detach_groups()
-        if groups is None:
-            _destroy_default_group()
-            return
-        # The thread empties ``groups``: no reference to a group stays on this thread.
-        teardown = threading.Thread(
-            target=_shut_down, args=(groups,), name="abandoned-group-teardown", daemon=True
-        )
-        teardown.start()
-        lingering.track(teardown)
+        tear_down_in_background()
 
     def _abort_backend(self) -> None:
         negotiations = [*self._subsets, *([self._negotiation] if self._negotiation else [])]
@@ -365,48 +359,3 @@ class RoundGroup:
                 negotiation.group.abort()
         except (RuntimeError, ValueError) as exc:
             logger.debug("aborting the process group: %s", exc)
-
-
-def _destroy_default_group() -> None:
-    try:
-        dist.destroy_process_group()
-    except (RuntimeError, ValueError) as exc:  # a broken group may refuse a clean destroy
-        logger.debug("destroying the process group: %s", exc)
-
-
-def _detach_groups() -> list[dist.ProcessGroup] | None:
-    """Forget every process group as ``destroy_process_group()`` does, without shutting
-    them down; return them (their shutdown is the caller's), or None when this version of
-    torch keeps its groups differently (then the caller destroys them the usual way)."""
-    c10d = dist.distributed_c10d
-    world = getattr(c10d, "_world", None)
-    tables = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag",
-              "tags_to_pg", "pg_coalesce_state")  # fmt: skip
-    set_default = getattr(c10d, "_update_default_pg", None)
-    unregister = getattr(c10d, "_unregister_all_process_groups", None)
-    if world is None or set_default is None or unregister is None:
-        return None
-    if not all(hasattr(world, t) for t in tables) or getattr(world, "comms", None):
-        return None
-    groups = list(world.pg_names)
-    set_default(None)
-    for table in tables:
-        getattr(world, table).clear()
-    unregister()
-    world.group_count = 0
-    return groups
-
-
-def _shut_down(groups: list[dist.ProcessGroup]) -> None:
-    """Shut detached groups down and drop them, on a thread of their own: the last reference
-    to a group must go here, since its destructor joins the backend's threads, which wait out
-    any abandoned collective (the caller keeps only the list, emptied here)."""
-    started = time.monotonic()
-    while groups:
-        group = groups.pop()
-        try:
-            group.shutdown()
-        except (RuntimeError, ValueError) as exc:
-            logger.debug("shutting down an abandoned process group: %s", exc)
-        del group
-    logger.debug("abandoned process groups released in %.1f s", time.monotonic() - started)

@@ -67,11 +67,10 @@ class Case:
     limit: int | None = None
     fallback: bool = False
     """A checkpoint policy is configured (``checkpoint_fallback``)."""
-    raised: tuple[WorkerId, ...] = ()
-    """Members that reported their own failure before ending."""
     script_exits: tuple[tuple[WorkerId, int], ...] = ()
-    """Restart mode: members whose script failed on its own, with its return code, in the
-    order they said so (each is rolled back too)."""
+    """Members whose script failed on its own, with its return code, in the order they said
+    so (elastic mode: it raised and the process failed; restart mode: its agent asks for the
+    next round)."""
     restarts: int = 0
     restart_limit: int | None = None
 
@@ -172,15 +171,22 @@ DECIDE_CASES = [
         ("all 3 workers were lost",),
         failed_hosts=AB,
         fallback=True,
-        raised=(A0, A1),
+        script_exits=((A0, 1), (A1, 1)),
+    ),
+    Case(
+        "some-raised-some-lost-without-checkpoints-says-how-to-enable-them",
+        {A0: F, A1: F, B0: F},
+        Action.FAIL,
+        ("all 3 workers failed: a[0], a[1], b[0]", "--checkpoint-dir"),
+        script_exits=((A0, 1), (A1, 1)),
     ),
     Case(
         "all-raised-with-checkpoints-fails-a-script-error-would-repeat",
         {A0: F, A1: F, B0: F},
         Action.FAIL,
-        ("all 3 workers failed",),
+        ("all 3 workers failed; the script failed on every worker: a[0] exit code 1", "boom"),
         fallback=True,
-        raised=(A0, A1, B0),
+        script_exits=((A0, 1), (A1, 1), (B0, 1)),
     ),
     Case(
         "all-lost-with-checkpoints-past-the-reset-limit",
@@ -198,6 +204,29 @@ DECIDE_CASES = [
         ("the script failed on every worker: b[0] exit code 3, a[0] exit code 3, a[1] exit",),
         script_exits=((B0, 3), (A0, 3), (A1, 1)),
         restart_limit=5,
+    ),
+    Case(
+        "script-failed-everywhere-some-processes-failed-too-fails-once",
+        {A0: F, A1: R, B0: R},
+        Action.FAIL,
+        ("the script failed on every worker: a[0] exit code 1, b[0] exit code 3",),
+        script_exits=((A0, 1), (B0, 3), (A1, 3)),
+    ),
+    Case(
+        "script-failed-on-some-a-worker-lost-restarts-and-blacklists-the-lost-one",
+        {A0: F, A1: R, B0: R},
+        Action.RESUME,
+        ("1 of 3 workers failed (a[0])", "blacklisting hosts a"),
+        failed_hosts=frozenset({"a"}),
+        script_exits=((A1, 3), (B0, 3)),
+    ),
+    Case(
+        "script-failure-is-no-rollback-yet-counts-as-a-restart",
+        {A0: R, A1: R, B0: R},
+        Action.FAIL,
+        ("restart limit 0 exceeded: the script failed on b[0] exit code 3",),
+        script_exits=((B0, 3),),
+        restart_limit=0,
     ),
     Case(
         "script-killed-on-one-peers-failed-after-restarts",
@@ -262,17 +291,13 @@ DECIDE_CASES = [
 def test_decide_round(case: Case) -> None:
     exits = {w: ScriptExit(exit_code=code, log_tail="boom\n") for w, code in case.script_exits}
     recs = records(
-        case.states,
-        leaving=case.leaving,
-        rolled_back=(*case.rolled_back, *exits),
-        script_exits=exits,
+        case.states, leaving=case.leaving, rolled_back=case.rolled_back, script_exits=exits
     )
     decision = decide_round(
         recs,
         resets=case.resets,
         reset_limit=case.limit,
         checkpoint_fallback=case.fallback,
-        raised=case.raised,
         restarts=case.restarts,
         restart_limit=case.restart_limit,
     )
@@ -363,6 +388,35 @@ def test_classify_ready(
         )
         is verdict
     )
+
+
+@pytest.mark.parametrize(
+    ("phase", "after", "rolled_back", "verdict"),
+    [
+        pytest.param(RUNNING, 3, False, ReadyVerdict.SCRIPT_FAILED, id="script-failed"),
+        pytest.param(
+            RUNNING, 3, True, ReadyVerdict.SCRIPT_FAILED, id="older-agent-says-rolled-back-too"
+        ),
+        pytest.param(FORMING, 3, False, ReadyVerdict.SCRIPT_FAILED, id="script-failed-forming"),
+        pytest.param(RUNNING, 2, False, ReadyVerdict.WAITING, id="stale-round"),
+        pytest.param(FINISHED, 3, False, ReadyVerdict.READY, id="finished"),
+    ],
+)
+def test_classify_ready_of_a_script_that_failed_on_its_own(
+    phase: DriverPhase, after: int, rolled_back: bool, verdict: ReadyVerdict
+) -> None:
+    """A restart-mode agent says its script failed with ``script_exit``, never as a rollback
+    (an agent of protocols 7 to 9 sent ``rolled_back`` with it)."""
+    ready = classify_ready(
+        phase,
+        known=True,
+        member=True,
+        after_round=after,
+        current_round=3,
+        rolled_back=rolled_back,
+        script_failed=True,
+    )
+    assert ready is verdict
 
 
 # ---- leaving_members -------------------------------------------------------------------

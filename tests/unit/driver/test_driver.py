@@ -20,6 +20,7 @@ from elasticjob.wire.messages import (
     RendezvousRequest,
     RendezvousStatus,
     ResultRequest,
+    ScriptExit,
     WorkerId,
     WorkerState,
 )
@@ -662,3 +663,32 @@ async def test_a_newcomer_that_ran_the_runtime_and_ended_does_not_fail_the_job()
     job.launcher.end(B0, 0)
     await job.step()
     assert job.driver.result is None
+
+
+async def test_a_restart_mode_script_failure_fails_the_round_as_no_rollback() -> None:
+    """b[0]'s agent says its script exited 3 (``script_exit``, without ``rolled_back``): the
+    round fails at once and the next one counts a restart; nothing rolled back, and the agent
+    lives on, so nobody is blacklisted."""
+    job = Job({"a": 1, "b": 1}, settings())
+    await job.start_round_1(A0, B0)
+    await job.ask(B0, 1, script_exit=ScriptExit(exit_code=3, log_tail="boom"))
+    assert (await job.notices()) == [(NoticeKind.ROUND_FAILED, ("b",))]
+    assert job.driver.registry.records().rolled_back == frozenset()
+    await job.ask(A0, 1)
+    await job.step()
+    assert job.driver.round == 2 and (await job.ask(A0, 1)).sync
+    assert not job.hosts.blacklist.active()
+    assert (job.driver.registry.reset_count, job.driver.registry.restart_count) == (1, 1)
+
+
+async def test_a_script_that_failed_on_every_agent_fails_the_job_once() -> None:
+    job = Job({"a": 1, "b": 1}, settings())
+    await job.start_round_1(A0, B0)
+    for worker in (B0, A0):
+        await job.ask(worker, 1, script_exit=ScriptExit(exit_code=3, log_tail="ValueError: x"))
+    await job.step()
+    assert job.driver.result is not None and not job.driver.result.success
+    assert job.driver.result.message.startswith(
+        "the script failed on every worker: b[0] exit code 3, a[0] exit code 3"
+    )
+    assert job.driver.registry.restart_count == 0

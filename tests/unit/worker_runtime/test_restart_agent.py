@@ -15,13 +15,17 @@ import pytest
 
 from elasticjob.wire.messages import Notice, NoticeKind, ScriptExit
 from elasticjob.worker_contract import ENV_RENDEZVOUS_URL, ENV_TOKEN
-from elasticjob.worker_runtime.agents.restart_agent import (
+from elasticjob.worker_runtime.agents.restart_decisions import (
+    FAILURE_GRACE_S,
     Attempt,
-    Cause,
+    AwaitEvents,
     NextStep,
+    Running,
+    StopScript,
     after_attempt,
-    restart_cause,
     script_environ,
+    stop_cause,
+    while_running,
 )
 from elasticjob.worker_runtime.agents.script_process import (
     TAIL_CHARS,
@@ -29,6 +33,7 @@ from elasticjob.worker_runtime.agents.script_process import (
     ScriptProcess,
     recorded_error,
 )
+from elasticjob.worker_runtime.rounds.notice_causes import NoticeCause
 
 ENDED_WITHIN_S = 30.0
 
@@ -40,19 +45,19 @@ def notice(seq: int, kind: NoticeKind, round_number: int) -> Notice:
 @pytest.mark.parametrize(
     ("seen", "expected"),
     [
-        pytest.param(notice(5, NoticeKind.ROUND_FAILED, 3), Cause.FAILURE, id="round-failed"),
-        pytest.param(notice(5, NoticeKind.HOSTS_ADDED, 3), Cause.HOSTS, id="hosts-added"),
-        pytest.param(notice(5, NoticeKind.HOSTS_REMOVED, 3), Cause.HOSTS, id="hosts-leaving"),
-        pytest.param(notice(5, NoticeKind.SUSPEND, 3), Cause.SUSPEND, id="suspend"),
+        pytest.param(notice(5, NoticeKind.ROUND_FAILED, 3), NoticeCause.FAILURE, id="round-failed"),
+        pytest.param(notice(5, NoticeKind.HOSTS_ADDED, 3), NoticeCause.HOSTS, id="hosts-added"),
+        pytest.param(notice(5, NoticeKind.HOSTS_REMOVED, 3), NoticeCause.HOSTS, id="hosts-leaving"),
+        pytest.param(notice(5, NoticeKind.SUSPEND, 3), NoticeCause.SUSPEND, id="suspend"),
         pytest.param(notice(4, NoticeKind.SUSPEND, 2), None, id="suspend-accounted-for"),
         pytest.param(notice(4, NoticeKind.HOSTS_ADDED, 2), None, id="posted-before-the-round"),
         pytest.param(notice(5, NoticeKind.ROUND_FAILED, 2), None, id="another-rounds-failure"),
         pytest.param(notice(3, NoticeKind.ROUND_FAILED, 3), None, id="accounted-for"),
     ],
 )
-def test_restart_cause(seen: Notice, expected: Cause | None) -> None:
+def test_restart_cause(seen: Notice, expected: NoticeCause | None) -> None:
     """The script of round 3, published when the notices were at 4."""
-    assert restart_cause(seen, 3, 4) is expected
+    assert stop_cause([seen], 3, 4) is expected
 
 
 @pytest.mark.parametrize(
@@ -70,19 +75,96 @@ def test_restart_cause(seen: Notice, expected: Cause | None) -> None:
             id="killed-by-someone-else-tells-the-driver",
         ),
         pytest.param(
-            Attempt(None, Cause.FAILURE),
+            Attempt(None, NoticeCause.FAILURE),
             NextStep(None, counts_restart=True),
             id="stopped-for-a-failure-counts",
         ),
-        pytest.param(Attempt(None, Cause.HOSTS), NextStep(None), id="stopped-for-hosts"),
+        pytest.param(Attempt(None, NoticeCause.HOSTS), NextStep(None), id="stopped-for-hosts"),
         pytest.param(
-            Attempt(None, Cause.SUSPEND), NextStep(None, suspended=True), id="stopped-for-suspend"
+            Attempt(None, NoticeCause.SUSPEND),
+            NextStep(None, suspended=True),
+            id="stopped-for-suspend",
         ),
         pytest.param(Attempt(None), NextStep(None), id="stopped-by-sigterm"),
     ],
 )
 def test_after_attempt(attempt: Attempt, expected: NextStep) -> None:
     assert after_attempt(attempt) == expected
+
+
+def test_a_failure_is_the_cause_among_several_notices() -> None:
+    """It counts as a restart, whatever else was posted."""
+    seen = [notice(5, NoticeKind.HOSTS_ADDED, 3), notice(6, NoticeKind.ROUND_FAILED, 3)]
+    assert stop_cause(seen, 3, 4) is NoticeCause.FAILURE
+
+
+FAILED, HOSTS, SUSPEND = NoticeCause.FAILURE, NoticeCause.HOSTS, NoticeCause.SUSPEND
+NOW = 100.0
+
+
+@pytest.mark.parametrize(
+    ("running", "expected"),
+    [
+        pytest.param(Running(None, None), AwaitEvents(None), id="nothing-happened-no-deadline"),
+        pytest.param(Running(HOSTS, None), StopScript(HOSTS), id="hosts-stop-at-once"),
+        pytest.param(Running(SUSPEND, None), StopScript(SUSPEND), id="suspend-stops-at-once"),
+        pytest.param(Running(None, None, terminated=True), StopScript(None), id="sigterm"),
+        pytest.param(
+            Running(FAILED, NOW - 1.0),
+            AwaitEvents(NOW - 1.0 + FAILURE_GRACE_S),
+            id="failure-within-the-grace-waits-for-the-script-or-the-grace",
+        ),
+        pytest.param(
+            Running(FAILED, NOW - FAILURE_GRACE_S), StopScript(FAILED), id="failure-grace-over"
+        ),
+        pytest.param(
+            Running(FAILED, NOW - 1.0, restart_follows=True),
+            StopScript(FAILED),
+            id="a-restart-follows-ends-the-grace",
+        ),
+        pytest.param(
+            Running(None, None, restart_follows=True),
+            StopScript(FAILED),
+            id="a-restart-follows-before-the-notice",
+        ),
+        pytest.param(
+            Running(FAILED, NOW - 1.0, terminated=True), StopScript(FAILED), id="sigterm-in-grace"
+        ),
+        pytest.param(
+            Running(None, None, spare_due=NOW + 2.0), AwaitEvents(NOW + 2.0), id="spare-not-due"
+        ),
+        pytest.param(
+            Running(None, None, spare_due=NOW),
+            AwaitEvents(None, start_spare=True),
+            id="spare-due-starts",
+        ),
+        pytest.param(
+            Running(FAILED, NOW - 4.5, spare_due=NOW + 2.0),
+            AwaitEvents(NOW - 4.5 + FAILURE_GRACE_S),
+            id="the-nearer-deadline",
+        ),
+    ],
+)
+def test_while_running(running: Running, expected: StopScript | AwaitEvents) -> None:
+    assert while_running(running, NOW) == expected
+
+
+@pytest.mark.parametrize(
+    ("attempt", "follows"),
+    [
+        pytest.param(Attempt(None, NoticeCause.FAILURE), True, id="stopped-after-a-failure"),
+        pytest.param(Attempt(-9), True, id="killed-by-someone-else"),
+        pytest.param(Attempt(3), False, id="failed-on-its-own-may-be-everywhere"),
+        pytest.param(Attempt(0), False, id="succeeded"),
+        pytest.param(Attempt(None, NoticeCause.HOSTS), False, id="stopped-for-hosts"),
+        pytest.param(Attempt(None, NoticeCause.SUSPEND), False, id="stopped-for-suspend"),
+        pytest.param(Attempt(None), False, id="stopped-by-sigterm"),
+    ],
+)
+def test_a_restart_follows_unless_the_script_may_have_failed_everywhere(
+    attempt: Attempt, follows: bool
+) -> None:
+    assert after_attempt(attempt).restart_follows is follows
 
 
 def test_the_script_gets_no_worker_contract_variable() -> None:
