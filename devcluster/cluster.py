@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -62,6 +63,9 @@ class Cluster:
         self._pids: dict[str, int] = {}
         #: Components stopped on purpose (faults): not reported as dead while waiting.
         self._stopped: set[str] = set()
+        #: Guards the two above and the pid file: components start and stop from several
+        #: threads (a timed ``node_notready`` restarts its kubelet from a timer thread).
+        self._lock = threading.Lock()
 
     @classmethod
     def from_run_dir(cls, run_dir: Path) -> Cluster:
@@ -114,7 +118,9 @@ class Cluster:
 
     def dead_component(self) -> str | None:
         """The first started component that exited (with its log tail), if any."""
-        for name, pid in self._pids.items():
+        with self._lock:
+            pids = dict(self._pids)
+        for name, pid in pids.items():
             if name in self._stopped:
                 continue
             if not procs.alive(pid):
@@ -161,19 +167,23 @@ class Cluster:
                 link.symlink_to(tool)
 
     def spawn(self, name: str, argv: list[str]) -> None:
-        """Start a component of this cluster (detached, marked, pid recorded)."""
-        self._pids[name] = procs.spawn(name, argv, self.config.run_dir, self.config.logs_dir)
-        self._stopped.discard(name)
-        self._write_pids()
+        """Start a component of this cluster (detached, marked, pid recorded); threads may
+        start components at the same time."""
+        pid = procs.spawn(name, argv, self.config.run_dir, self.config.logs_dir)
+        with self._lock:
+            self._pids[name] = pid
+            self._stopped.discard(name)
+            self._write_pids()
 
     def stop_component(self, name: str, grace: float = 10.0) -> None:
         """Stop one component (SIGTERM, then SIGKILL) and forget its pid."""
         pid = (self._pids or self._read_pids()).get(name)
         if pid is not None and procs.is_marked(pid, self.config.run_dir):
             procs.terminate([pid], grace)
-        self._pids.pop(name, None)
-        self._stopped.add(name)
-        self._write_pids()
+        with self._lock:
+            self._pids.pop(name, None)
+            self._stopped.add(name)
+            self._write_pids()
 
     def up(self, timeout: float = 120.0) -> None:
         """Start every component and wait until the cluster is usable.

@@ -7,7 +7,8 @@ Each node has a directory ``<run_dir>/nodes/<node>/`` with:
   pods' network namespace files: ``netns_mounts_under_state_dir``);
 - ``cni/``: the CNI configuration (bridge ``cni0`` + host-local on the node's pod CIDR,
   portmap) and host-local's allocations;
-- ``kubelet/``: its configuration, kubeconfig and ``--root-dir`` (pod volumes);
+- ``kubelet/``: its configuration, kubeconfig and ``--root-dir`` (pod volumes), and
+  ``device-plugins/``: the node's ``/var/lib/kubelet/device-plugins``;
 - ``kube-proxy.kubeconfig``;
 - ``logs/pods``, ``logs/containers``: the node's ``/var/log/pods`` and ``/var/log/containers``.
 
@@ -15,15 +16,18 @@ The three processes run in the node's network namespace (:func:`devcluster.realn
 each node has its own addresses, ports and iptables. containerd also gets a mount namespace of
 its own (``unshare --mount --propagation slave``: host mounts show inside, its mounts stay
 inside), and the kubelet joins it, so a Secret volume the kubelet mounts is what runc
-bind-mounts into the container. That namespace exists for one reason: a 1.20 kubelet keeps
-container logs in the fixed directory ``/var/log/pods`` and its garbage collector deletes every
-directory there whose pod it does not run, i.e. the other nodes' logs. Each node's
-``/var/log/pods`` and ``/var/log/containers`` are bind mounts of ``logs/`` in the node's
-directory, visible to its kubelet and containerd only. Everything mounted there (overlay root
-filesystems, volumes, the pods' network namespace files) disappears with the node's
-processes; nothing of a node is mounted on the host. Every process carries the cluster's
-marker variable; containerd passes it to its shims, so ``down`` finds those too. Container
-processes do not carry it: ``down`` finds them through the node's runc state
+bind-mounts into the container. That namespace exists because a 1.20 kubelet uses fixed host
+paths whatever its flags (:data:`NODE_PRIVATE_DIRS`): it keeps container logs in
+``/var/log/pods`` and its garbage collector deletes every directory there whose pod it does not
+run (the other nodes' logs); its device manager empties ``/var/lib/kubelet/device-plugins`` at
+start and listens on ``kubelet.sock`` there (of two kubelets starting together, one dies with
+"address already in use", or deletes the other's socket). In the node's mount namespace each
+of these paths is a bind mount of the node's own directory, which only its kubelet, containerd
+and containers see (a device plugin's hostPath volume too). Everything mounted in that
+namespace (overlay root filesystems, volumes, the pods' network namespace files) disappears
+with the node's processes; nothing of a node is mounted on the host. Every process carries
+the cluster's marker variable; containerd passes it to its shims, so ``down`` finds those too.
+Container processes do not carry it: ``down`` finds them through the node's runc state
 (:mod:`devcluster.nodeclean`).
 """
 
@@ -49,8 +53,14 @@ logger = logging.getLogger(__name__)
 #: Where Debian's containernetworking-plugins put the CNI plugins.
 CNI_BIN_DIR = Path(os.environ.get("DEVCLUSTER_CNI_BIN_DIR", "/usr/lib/cni"))
 CLUSTER_DOMAIN = "cluster.local"
-#: Where a 1.20 kubelet keeps container logs, whatever its flags.
-HOST_LOG_DIRS = (Path("/var/log/pods"), Path("/var/log/containers"))
+#: The fixed host paths of a 1.20 kubelet (whatever its flags) that each node has of its own:
+#: the directory of the node's directory bind-mounted there, in the node's mount namespace.
+NODE_PRIVATE_DIRS = (
+    ("logs/pods", Path("/var/log/pods")),  # container logs
+    ("logs/containers", Path("/var/log/containers")),  # links to them
+    # The device manager's socket (kubelet.sock), its checkpoint, the device plugins' sockets.
+    ("kubelet/device-plugins", Path("/var/lib/kubelet/device-plugins")),
+)
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,11 @@ class RealNode:
         """The kubelet's configuration and --root-dir."""
         return self.dir / "kubelet"
 
+    def private_dirs(self) -> list[tuple[Path, Path]]:
+        """(the node's own directory, the fixed host path it is mounted on) for each of
+        :data:`NODE_PRIVATE_DIRS`."""
+        return [(self.dir / sub, fixed) for sub, fixed in NODE_PRIVATE_DIRS]
+
     def component(self, what: str) -> str:
         """Process name (pid file key, log file name) of ``what`` on this node."""
         return f"{self.name}-{what}"
@@ -102,13 +117,11 @@ class RealNode:
     # ----- configuration -------------------------------------------------
     def write_configs(self, pause_image: str) -> None:
         """Write containerd's, CNI's, the kubelet's and kube-proxy's configuration."""
-        for sub in (
-            "containerd/root", "containerd/state", "cni/net.d", "kubelet/root", "logs/pods",
-            "logs/containers",
-        ):  # fmt: skip
+        for sub in ("containerd/root", "containerd/state", "cni/net.d", "kubelet/root"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
-        for shared in HOST_LOG_DIRS:  # the mount points (a kubelet would create them too)
-            shared.mkdir(parents=True, exist_ok=True)
+        for own, fixed in self.private_dirs():
+            own.mkdir(parents=True, exist_ok=True)
+            fixed.mkdir(parents=True, exist_ok=True)  # the mount point (a kubelet makes it too)
         (self.containerd_dir / "config.toml").write_text(self._containerd_toml(pause_image))
         (self.dir / "cni" / "net.d" / "10-devcluster.conflist").write_text(
             json.dumps(self._cni_conflist(), indent=2)
@@ -239,17 +252,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     # ----- command lines -------------------------------------------------
     def containerd_argv(self) -> list[str]:
         """containerd with this node's configuration, in the node's network namespace and a
-        mount namespace of its own where the node's log directories are mounted."""
-        script = (
-            'mount --bind "$1" /var/log/pods && mount --bind "$2" /var/log/containers'
-            ' && exec containerd --config "$3"'
+        mount namespace of its own where the node's private directories are mounted."""
+        script = (  # arguments: (own directory, mount point) pairs, then the config file
+            'while [ "$#" -gt 1 ]; do mount --bind "$1" "$2" || exit 1; shift 2; done'
+            ' && exec containerd --config "$1"'
         )
         return in_netns(
             self.netns,
             "unshare", "--mount", "--propagation", "slave",
             "sh", "-c", script, "containerd",
-            str(self.dir / "logs" / "pods"),
-            str(self.dir / "logs" / "containers"),
+            *[str(path) for pair in self.private_dirs() for path in pair],
             str(self.containerd_dir / "config.toml"),
         )  # fmt: skip
 
