@@ -16,7 +16,7 @@ import pytest
 
 from devcluster.cluster import Cluster
 from tests.support.kube import Kube
-from tests.support.operator_release import OperatorRelease, operator_logs
+from tests.support.operator_release import SYSTEM_NS, OperatorRelease, operator_logs
 
 CLUSTER_FIXTURES = "tests.support.cluster_fixtures"
 E2E_RUNTIME_ENV = "ELASTICJOB_E2E_RUNTIME"
@@ -32,7 +32,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.import_plugin(CLUSTER_FIXTURES)
 
 
-LAST: Final = ("no_webhook", "uninstalls_operator", "no_operator")
+LAST: Final = ("uninstalls_operator", "no_webhook", "no_operator")
 """What some tests do to the session's operator, in the order they run after all others."""
 
 
@@ -45,9 +45,9 @@ def _runs_after(item: pytest.Item) -> int:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the suite's tests; run those that remove the operator's webhook, then the one that
-    uninstalls it, then those that want no operator, after every other (a stable sort: the
-    session installs the operator once)."""
+    """Mark the suite's tests; run the one that uninstalls the operator, then those that
+    remove its webhook (installing it once more), then those that want no operator, after
+    every other (a stable sort)."""
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.fspath)).parents:
@@ -59,13 +59,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """A failed test that ran jobs under the operator reports what the operator logged about
-    its namespace (the drivers' decisions), after the namespace's own dump."""
+    """A failed test that ran jobs under the operator reports its pods and what it logged
+    about the test's namespace (the drivers' decisions), after the namespace's own dump."""
     report = yield
     funcargs = getattr(item, "funcargs", {})
     kube, cluster = funcargs.get("kube"), funcargs.get("operator")
     if report.when != "call" or not report.failed or not isinstance(kube, Kube) or cluster is None:
         return report
+    pods = cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-o", "wide", check=False)
+    report.sections.append(("operator pods", pods.stdout + pods.stderr))
     lines = [line for line in operator_logs(cluster, timeout=10).splitlines() if kube.ns in line]
     report.sections.append(
         (f"operator log about {kube.ns}", "\n".join(lines[-OPERATOR_LINES_ON_FAILURE:]))
