@@ -10,11 +10,9 @@ import os
 import sys
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 
 from elasticjob.rendezvous.health_rule import HealthPolicy
-from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire.health import VerdictStatus
 from elasticjob.worker_contract import (
     EXIT_UNHEALTHY,
@@ -23,7 +21,7 @@ from elasticjob.worker_contract import (
     WorkerSettings,
 )
 from tests.support.health_checks import RecordedVerdicts
-from tests.support.rendezvous_http import TOKEN_A, TOKEN_B, Cluster
+from tests.support.rendezvous_http import TOKEN_A, TOKEN_B, Cluster, started_cluster
 
 DEADLINE = 120.0
 """Upper bound on a check process's life (torch's import included, on a busy machine)."""
@@ -36,11 +34,8 @@ COMMAND = [
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[Cluster]:
-    service = RendezvousService()
-    await service.start("127.0.0.1", 0)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=90)) as session:
-        yield Cluster(service, session)
-    await service.stop()
+    async with started_cluster() as started:
+        yield started
 
 
 def checked(cluster: Cluster, timeout_s: float = 60.0) -> RecordedVerdicts:

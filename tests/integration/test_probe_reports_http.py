@@ -6,13 +6,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 
 from elasticjob.rendezvous.rendezvous_types import ProbeReport
-from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire.messages import NoticeKind, StepPace
-from tests.support.rendezvous_http import Cluster, rendezvous_body, snapshot
+from tests.support.rendezvous_http import Cluster, rendezvous_body, snapshot, started_cluster
 from tests.support.rendezvous_jobs import W0, W1, slots_for
 
 pytestmark = pytest.mark.integration
@@ -23,15 +21,11 @@ HEARTBEAT = "/v1/jobs/job-a/heartbeat"
 @pytest.fixture
 async def cluster() -> AsyncIterator[Cluster]:
     """Round 1 of job-a: W0 (rank 0) and W1, both registered."""
-    service = RendezvousService()
-    await service.start("127.0.0.1", 0)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        cluster = Cluster(service, session)
+    async with started_cluster(client_timeout_s=30) as cluster:
         await cluster.rendezvous(W0)
         await cluster.rendezvous(W1)
         cluster.job_a.publish_round(1, slots_for([W0, W1]), sync=True)
         yield cluster
-    await service.stop()
 
 
 async def test_a_worker_gets_its_peers_with_their_probe_ports(cluster: Cluster) -> None:

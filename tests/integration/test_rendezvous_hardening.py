@@ -40,7 +40,14 @@ from elasticjob.worker_runtime.link import rendezvous_client
 from elasticjob.worker_runtime.link.progress import ProgressReporter
 from elasticjob.worker_runtime.link.rendezvous_client import RendezvousClient, RendezvousClientError
 from tests.support.clock import FakeClock
-from tests.support.rendezvous_http import TOKEN_A, TOKEN_B, Cluster, rendezvous_body, snapshot
+from tests.support.rendezvous_http import (
+    TOKEN_A,
+    TOKEN_B,
+    Cluster,
+    rendezvous_body,
+    snapshot,
+    started_cluster,
+)
 from tests.support.rendezvous_jobs import W0, RecordingListener, slots_for
 from tests.support.tls import make_ca, server_context
 
@@ -49,11 +56,8 @@ DEADLINE = 10.0
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[Cluster]:
-    service = RendezvousService(header_timeout=1.0)
-    await service.start("127.0.0.1", 0)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        yield Cluster(service, session)
-    await service.stop()
+    async with started_cluster(header_timeout=1.0, client_timeout_s=30) as started:
+        yield started
 
 
 # ---- refusals over HTTP ------------------------------------------------------------------

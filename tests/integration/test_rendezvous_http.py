@@ -41,7 +41,14 @@ from elasticjob.wire.messages import (
     WorkerState,
 )
 from elasticjob.wire.protocol import PROTOCOL_VERSION
-from tests.support.rendezvous_http import TOKEN_A, TOKEN_B, Cluster, rendezvous_body, snapshot
+from tests.support.rendezvous_http import (
+    TOKEN_A,
+    TOKEN_B,
+    Cluster,
+    rendezvous_body,
+    snapshot,
+    started_cluster,
+)
 from tests.support.rendezvous_jobs import W0, W1, RecordingListener, slots_for
 
 DEADLINE = 5.0
@@ -56,12 +63,8 @@ async def until_done(task: Awaitable[Any]) -> Any:
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[Cluster]:
-    service = RendezvousService()
-    await service.start("127.0.0.1", 0)
-    timeout = aiohttp.ClientTimeout(total=90)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        yield Cluster(service, session)
-    await service.stop()
+    async with started_cluster() as started:
+        yield started
 
 
 ROUTES: list[tuple[str, str, object]] = [

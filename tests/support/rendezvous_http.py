@@ -3,6 +3,7 @@ jobs and an HTTP client that sends what a worker sends."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,6 +17,27 @@ from tests.support.rendezvous_jobs import W0, W1, RecordingListener
 
 TOKEN_A = "token-of-job-a"
 TOKEN_B = "token-of-job-b"
+
+
+@contextlib.asynccontextmanager
+async def started_cluster(
+    *, header_timeout: float | None = None, client_timeout_s: float = 90.0
+) -> AsyncIterator[Cluster]:
+    """A :class:`Cluster` on a service started on loopback (``header_timeout``: the service's,
+    None: its default), stopped afterwards; the client gives up on a request after
+    ``client_timeout_s``."""
+    service = (
+        RendezvousService()
+        if header_timeout is None
+        else RendezvousService(header_timeout=header_timeout)
+    )
+    await service.start("127.0.0.1", 0)
+    try:
+        timeout = aiohttp.ClientTimeout(total=client_timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            yield Cluster(service, session)
+    finally:
+        await service.stop()
 
 
 class Cluster:
