@@ -47,8 +47,10 @@ integration: venv
 devcluster-tests: venv prereqs
 	$(PY) -m pytest tests/devcluster -q
 
+# Two pytest sessions side by side (scripts/run-suites.sh): the cluster suites, and unit with
+# integration.
 test: lint prereqs
-	$(PY) -m pytest -q
+	@PY=$(PY) bash scripts/run-suites.sh
 
 bench: venv
 	$(PY) bench/recovery.py

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The README's test suites, as two pytest sessions side by side:
+#   - the cluster suites (tests/devcluster, tests/e2e): devcluster's clusters, mostly waiting on
+#     kubelets, containers and pods; their output goes to .logs/cluster-suites.log and is
+#     printed when both sessions are done;
+#   - unit and integration (tests/unit, tests/integration): CPU-bound, no cluster.
+# Each session tears its clusters down when it ends, so none idles through the other suites.
+# Each prints its slowest tests; the script fails if either session fails.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+mkdir -p .logs
+LOG=.logs/cluster-suites.log
+started=$(date +%s)
+"$PY" -m pytest -q --durations=10 tests/devcluster tests/e2e "$@" >"$LOG" 2>&1 &
+clusters=$!
+"$PY" -m pytest -q --durations=10 tests/unit tests/integration "$@"
+units=$?
+echo "==> unit and integration: exit $units after $(( $(date +%s) - started )) s"
+wait "$clusters"
+cluster_status=$?
+echo "==> the cluster suites (tests/devcluster, tests/e2e; $LOG):"
+cat "$LOG"
+echo "==> the cluster suites: exit $cluster_status after $(( $(date +%s) - started )) s"
+[ "$units" -eq 0 ] && [ "$cluster_status" -eq 0 ]
