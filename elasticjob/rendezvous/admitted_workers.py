@@ -37,6 +37,14 @@ class AdmittedWorkers:
     def __contains__(self, worker: object) -> bool:
         return worker in self._entries
 
+    def __eq__(self, other: object) -> bool:
+        """Equal when they keep the same entries (a job's state compares as a value)."""
+        if not isinstance(other, AdmittedWorkers):
+            return NotImplemented
+        return (self._job, self._entries) == (other._job, other._entries)
+
+    __hash__ = None  # type: ignore[assignment]
+
     def check(self, worker: WorkerId, *, retryably: bool) -> None:
         """Refuse a worker the driver did not admit, keeping nothing of it: ``retryably``
         (``NOT_ADMITTED_YET``) or for good (``UNKNOWN_WORKER``)."""

@@ -12,49 +12,21 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from elasticjob.rendezvous.rendezvous_types import ProbeReport
 from elasticjob.rendezvous.routes import RETRY_AFTER_S
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire.messages import (
-    ProgressRequest,
     RendezvousRequest,
     RendezvousStatus,
-    ResultRequest,
     RoundInfo,
-    ScriptExit,
-    StepPace,
     WorkerId,
 )
 from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
 from elasticjob.worker_runtime.link.rendezvous_client import RendezvousClient, RendezvousClientError
 from tests.support.clock import FakeClock
+from tests.support.rendezvous_jobs import RecordingListener
 
 DEADLINE = 10.0
 TOKEN = "token-of-the-job"
-
-
-class Listener:
-    def on_worker_ready(
-        self,
-        worker: WorkerId,
-        after_round: int,
-        *,
-        rolled_back: bool,
-        script_exit: ScriptExit | None = None,
-        suspended: bool = False,
-    ) -> None:
-        return None
-
-    def on_worker_heartbeat(
-        self, worker: WorkerId, report: ProbeReport | None, pace: StepPace | None
-    ) -> None:
-        return None
-
-    def on_worker_result(self, request: ResultRequest) -> None:
-        return None
-
-    def on_progress(self, progress: ProgressRequest) -> None:
-        return None
 
 
 @pytest.fixture
@@ -88,10 +60,10 @@ async def test_a_job_expected_back_gets_503_with_retry_after_until_it_is_served(
     service.expect_jobs(["ns.a", "ns.b"], within_s=60)
     assert await get_round(service, "ns.a") == (503, str(RETRY_AFTER_S))
     assert await get_round(service, "ns.other") == (503, str(RETRY_AFTER_S))
-    service.add_job("ns.a", TOKEN, Listener())
+    service.add_job("ns.a", TOKEN, RecordingListener())
     assert (await get_round(service, "ns.a"))[0] == 200
     assert (await get_round(service, "ns.b"))[0] == 503, "ns.b is not back yet"
-    service.add_job("ns.b", TOKEN, Listener())
+    service.add_job("ns.b", TOKEN, RecordingListener())
     assert (await get_round(service, "ns.other"))[0] == 403, "every expected job is back"
 
 
@@ -117,7 +89,7 @@ async def test_the_client_waits_for_its_job_to_come_back(
     started = time.monotonic()
     answer = asyncio.create_task(asyncio.to_thread(client.round_info))
     await asyncio.sleep(2.5 * RETRY_AFTER_S)  # the job comes back after a while
-    service.add_job("ns.late", TOKEN, Listener())
+    service.add_job("ns.late", TOKEN, RecordingListener())
     info = await asyncio.wait_for(answer, DEADLINE)
     assert isinstance(info, RoundInfo)
     retries = [r for r in caplog.records if "answered 503" in r.getMessage()]
@@ -142,7 +114,7 @@ async def test_a_worker_asking_before_it_is_admitted_waits_as_long_as_it_waits_f
     """A pod can start and ask for its round before the driver plans it (admits it): the
     service refuses retryably, keeping nothing, and the worker keeps asking for as long as it
     is willing to wait for a round, well past the client's ordinary retry deadline."""
-    job = service.add_job("ns.job", TOKEN, Listener())
+    job = service.add_job("ns.job", TOKEN, RecordingListener())
     early = WorkerId("pod-b", 0)
     client = RendezvousClient(service.url, "ns.job", TOKEN, retry_deadline_s=1.0)
     request = RendezvousRequest(
@@ -188,7 +160,7 @@ async def test_a_standby_answers_every_job_503_with_retry_after(
 async def test_a_released_job_answers_its_long_polls_now_and_its_workers_retry_elsewhere(
     service: RendezvousService,
 ) -> None:
-    service.add_job("ns.moving", TOKEN, Listener())
+    service.add_job("ns.moving", TOKEN, RecordingListener())
     waiting = asyncio.create_task(get_notices(service, "ns.moving", wait_s=30))
     await asyncio.sleep(0.2)  # the long-poll is waiting at the service
     assert not waiting.done()
@@ -197,5 +169,5 @@ async def test_a_released_job_answers_its_long_polls_now_and_its_workers_retry_e
     assert await asyncio.wait_for(waiting, DEADLINE) == 200, "answered as if its wait ran out"
     assert await get_round(service, "ns.moving") == (503, str(RETRY_AFTER_S))
     service.lead(["ns.moving"], within_s=60)
-    service.add_job("ns.moving", TOKEN, Listener())
+    service.add_job("ns.moving", TOKEN, RecordingListener())
     assert (await get_round(service, "ns.moving"))[0] == 200, "served again once it leads"
