@@ -73,6 +73,10 @@ def test_an_operator_restart_that_finds_no_worker_pod_resumes_from_the_checkpoin
     log_dir, stop_file = tmp_path / "events", tmp_path / "stop"
     checkpointed_job(kube, "orphaned", log_dir, stop_file)
     deployment = ("-n", SYSTEM_NS, "scale", "deployment", RELEASE)
+    found = operator.kubectl(
+        "-n", SYSTEM_NS, "get", "deployment", RELEASE, "-o", "jsonpath={.spec.replicas}"
+    )
+    replicas = found.stdout.strip()  # put back as found: the session's other tests share it
     try:
         before = training_with_a_checkpoint(kube, "orphaned")
         old = {p["metadata"]["name"] for p in operator_pods(operator)}
@@ -85,5 +89,5 @@ def test_an_operator_restart_that_finds_no_worker_pod_resumes_from_the_checkpoin
         resumed_from_a_checkpoint(kube, "orphaned", before)
         finish_trained_exactly_once(kube, "orphaned", log_dir, stop_file)
     finally:
-        operator.kubectl(*deployment, "--replicas=1", check=False)
+        operator.kubectl(*deployment, f"--replicas={replicas}", check=False)
         stop_workers(kube, log_dir)
