@@ -42,7 +42,17 @@ async def probe_rendezvous(memo: Any, **_: Any) -> str:
     return await _runtime(memo).check_health()
 
 
-@kopf.on.validate(GROUP, VERSION, PLURAL, id="validate-spec", operations=["CREATE", "UPDATE"])
+# The validation webhooks are persistent: kopf takes a replica's other webhooks out of the
+# configuration when the replica exits, and so a rolling upgrade or the restart of one replica
+# left every later ElasticJob unchecked (the replicas that stay never register again).
+@kopf.on.validate(
+    GROUP,
+    VERSION,
+    PLURAL,
+    id="validate-spec",
+    operations=["CREATE", "UPDATE"],
+    persistent=True,
+)
 async def validate_job(spec: kopf.Spec, name: str | None, memo: Any, **kwargs: Any) -> None:
     """Refuse specs that break rules the CRD schema cannot express (min <= replicas <= max,
     a worker container, no unknown pod template fields...), names too long to label the
@@ -54,7 +64,13 @@ async def validate_job(spec: kopf.Spec, name: str | None, memo: Any, **kwargs: A
 
 
 @kopf.on.validate(
-    GROUP, VERSION, PLURAL, id="validate-scale", subresource="scale", operations=["UPDATE"]
+    GROUP,
+    VERSION,
+    PLURAL,
+    id="validate-scale",
+    subresource="scale",
+    operations=["UPDATE"],
+    persistent=True,
 )
 async def validate_scale(
     body: kopf.Body, namespace: str | None, name: str | None, memo: Any, **_: Any

@@ -38,9 +38,16 @@ async def cluster() -> AsyncIterator[Cluster]:
         yield started
 
 
+LENIENT = 0.05
+"""The checks' threshold here: members on this loaded machine measure within a factor of two
+of each other, and pass; one measured against a history 10^6 times faster still fails (where
+the threshold lies is the rule's table test, tests/unit/rendezvous/test_health_rule.py)."""
+
+
 def checked(cluster: Cluster, timeout_s: float = 60.0) -> RecordedVerdicts:
     verdicts = RecordedVerdicts()
-    verdicts.checks = cluster.job_a.check_health(HealthPolicy(timeout_s=timeout_s), verdicts)
+    policy = HealthPolicy(min_relative=LENIENT, timeout_s=timeout_s)
+    verdicts.checks = cluster.job_a.check_health(policy, verdicts)
     return verdicts
 
 

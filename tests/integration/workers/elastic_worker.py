@@ -150,10 +150,52 @@ def maybe_fail(
         if mode == "sigstop":  # frozen: every thread stops, the process stays
             os.kill(os.getpid(), signal.SIGSTOP)
         if mode == "internal":
+            # One-sided: the other ranks make this commit, and only then does this one fail
+            # (else the driver's notice may stop them before it, and every rank would roll
+            # back to the same commit).
+            others_committed(args.log_dir, epoch, batch)
             raise hvd.HorovodInternalError(
                 f"scripted one-sided collective failure at {epoch}:{batch}"
             )
         raise RuntimeError(f"scripted failure at epoch {epoch} batch {batch}")
+
+
+COMMITTED_WITHIN_S = 30.0
+"""How long a one-sided failure waits for rank 0's commit after its batch."""
+
+
+def committed_marker(log_dir: Path, epoch: int, batch: int) -> Path:
+    """The file rank 0 makes once it committed after ``batch`` of ``epoch``."""
+    return log_dir / f"committed-{epoch}-{batch}"
+
+
+def mark_commits(state: hvd.elastic.TorchState, args: argparse.Namespace) -> None:
+    """On rank 0, where a one-sided failure is scripted: after each snapshot of the batches
+    it names, make :func:`committed_marker` (the snapshot is the commit's first part, before
+    any collective)."""
+    internal = {
+        (int(e), int(b))
+        for e, b, _, mode in (spec.split(":") for spec in args.fail)
+        if mode == "internal"
+    }
+    if not internal:
+        return
+    save = state.save
+
+    def save_and_mark() -> None:
+        save()
+        done = (state.epoch, state.batch - 1)
+        if hvd.rank() == 0 and done in internal:
+            committed_marker(args.log_dir, *done).touch()
+
+    state.save = save_and_mark  # type: ignore[method-assign]
+
+
+def others_committed(log_dir: Path, epoch: int, batch: int) -> None:
+    """Wait (bounded) until rank 0 committed after ``batch`` of ``epoch``."""
+    deadline = time.monotonic() + COMMITTED_WITHIN_S
+    while not committed_marker(log_dir, epoch, batch).exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def ask_for_the_cut(fifo: Path, deadline_s: float = 30.0) -> None:
@@ -243,6 +285,7 @@ def main() -> None:
             record_env(log, "reset", collective=True)
 
     state.register_reset_callbacks([on_reset])
+    mark_commits(state, args)
     log.write("start", round=hvd.current_round(), rank=hvd.rank(), size=hvd.size())
 
     @hvd.elastic.run

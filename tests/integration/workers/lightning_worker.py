@@ -41,6 +41,10 @@ class Regression(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.05)
 
 
+CHECKPOINTED_WITHIN_S = 30.0
+"""How long a kill waits for rank 0's checkpoint of the step before it."""
+
+
 class Events(Callback):
     """Writes the test's events; kills this process or waits for a larger world on cue."""
 
@@ -71,6 +75,7 @@ class Events(Callback):
     ) -> None:
         step, rank = trainer.global_step, trainer.global_rank
         if self._args.fail_at == f"{step}:{rank}" and self._restarts == 0:
+            self._checkpointed(step)  # the kill comes after the step before it was saved
             self.record("kill", trainer, step=step)
             os.kill(os.getpid(), signal.SIGKILL)
         if self._args.await_size is not None:
@@ -78,6 +83,18 @@ class Events(Callback):
             if step == at_step and trainer.world_size < size:
                 time.sleep(60)  # the agent stops the script once the larger round is formed
                 sys.exit(4)
+
+    def _checkpointed(self, step: int) -> None:
+        """Wait (bounded) until rank 0's last checkpoint is of ``step``."""
+        deadline = time.monotonic() + CHECKPOINTED_WITHIN_S
+        while step > 0 and time.monotonic() < deadline:
+            try:
+                last = torch.load(self._args.checkpoint / "last.ckpt", weights_only=False)
+                if last["global_step"] == step:
+                    return
+            except (OSError, RuntimeError, KeyError, EOFError):
+                pass  # not written yet
+            time.sleep(0.01)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, _module: L.LightningModule, *_args: Any

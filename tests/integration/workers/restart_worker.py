@@ -61,13 +61,34 @@ class Log:
             out.write(json.dumps(record) + "\n")
 
 
-def maybe_fail(spec: list[str], epoch: int, step: int, rank: int, log: Log) -> None:
+CHECKPOINTED_WITHIN_S = 30.0
+"""How long a kill waits for rank 0's checkpoint of the step before it."""
+
+
+def checkpointed(checkpoint: Path, epoch: int, step: int) -> None:
+    """Wait (bounded) until rank 0's checkpoint holds ``(epoch, step)``: a kill comes after the
+    step before it was saved, whatever the agents then stop at once."""
+    deadline = time.monotonic() + CHECKPOINTED_WITHIN_S
+    while (epoch, step) != (0, 0) and time.monotonic() < deadline:
+        try:
+            saved = torch.load(checkpoint, map_location="cpu")
+            if (saved["epoch"], saved["step"]) == (epoch, step):
+                return
+        except (OSError, RuntimeError, KeyError, EOFError):
+            pass  # not written yet
+        time.sleep(0.01)
+
+
+def maybe_fail(
+    spec: list[str], epoch: int, step: int, rank: int, log: Log, checkpoint: Path
+) -> None:
     for entry in spec:
         at_epoch, at_step, at_rank, mode = entry.split(":")
         if (int(at_epoch), int(at_step)) != (epoch, step) or at_rank not in ("all", str(rank)):
             continue
         once = log.folder / f"killed-{entry.replace(':', '-')}"
         if (mode == "sigkill" and not once.exists()) or mode == "sigkill-always":
+            checkpointed(checkpoint, epoch, step)
             once.touch()
             log("kill", rank=rank, epoch=epoch, step=step)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -130,7 +151,7 @@ def main() -> None:
             args.epoch_file.write_text(str(epoch))
         await_size(args.await_size, epoch, size)
         while step < args.steps:
-            maybe_fail(args.fail_at, epoch, step, rank, log)
+            maybe_fail(args.fail_at, epoch, step, rank, log, args.checkpoint)
             inputs = torch.arange(8 * 4, dtype=torch.float32, device=device).reshape(8, 4)
             inputs /= 1 + epoch + step
             optimizer.zero_grad()

@@ -315,3 +315,16 @@ async def test_a_stand_down_gives_the_jobs_its_grace_then_cancels() -> None:
     await runs.next_call()
     await asyncio.wait_for(supervisor.stand_down(grace_s=0.05), DEADLINE)
     assert runs.cancelled
+
+
+def test_the_validation_webhooks_outlive_the_replica_that_exits() -> None:
+    """kopf takes the webhooks that are not persistent out of the configuration when an
+    operator exits: with a rolling upgrade, or one replica restarted, the replicas that stay
+    would never register them again, and ElasticJobs would be admitted unchecked."""
+    validating = [
+        h
+        for h in kopf.get_default_registry()._webhooks.get_all_handlers()
+        if h.id.startswith("validate-")
+    ]
+    assert {h.id for h in validating} == {"validate-spec", "validate-scale"}
+    assert all(h.persistent for h in validating)
