@@ -69,8 +69,14 @@ class OperatorRelease:
             Kube(self.cluster, SYSTEM_NS).wait("the webhook registered", self.has_webhook, 120)
 
     def has_webhook(self) -> bool:
-        found = self.cluster.kubectl("get", "validatingwebhookconfiguration", WEBHOOK, check=False)
-        return found.returncode == 0
+        """Whether the webhook configuration exists and holds webhooks (what sends the API
+        server's reviews to the operator)."""
+        found = self.cluster.kubectl(
+            *("get", "validatingwebhookconfiguration", WEBHOOK),
+            *("-o", "jsonpath={.webhooks[*].name}"),
+            check=False,
+        )
+        return found.returncode == 0 and bool(found.stdout.strip())
 
     def remove_webhook(self) -> None:
         """Delete the webhook configuration: jobs reach the operator unchecked from now on."""
