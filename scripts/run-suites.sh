@@ -3,7 +3,9 @@
 #   - the cluster suites (tests/devcluster, tests/e2e): devcluster's clusters, mostly waiting on
 #     kubelets, containers and pods; their output goes to .logs/cluster-suites.log and is
 #     printed when both sessions are done;
-#   - unit and integration (tests/unit, tests/integration): CPU-bound, no cluster.
+#   - unit and integration (tests/unit, tests/integration): CPU-bound, no cluster; at a lower
+#     priority (nice), so that the clusters' kubelets, operator and pods, the longer session,
+#     get the CPU when they need it and these tests fill the rest.
 # Each session tears its clusters down when it ends, so none idles through the other suites.
 # Each prints its slowest tests; the script fails if either session fails.
 set -uo pipefail
@@ -14,7 +16,7 @@ LOG=.logs/cluster-suites.log
 started=$(date +%s)
 "$PY" -m pytest -q --durations=10 tests/devcluster tests/e2e "$@" >"$LOG" 2>&1 &
 clusters=$!
-"$PY" -m pytest -q --durations=10 tests/unit tests/integration "$@"
+nice -n 10 "$PY" -m pytest -q --durations=10 tests/unit tests/integration "$@"
 units=$?
 echo "==> unit and integration: exit $units after $(( $(date +%s) - started )) s"
 wait "$clusters"
