@@ -146,6 +146,7 @@ def maybe_fail(
             os.kill(os.getppid(), signal.SIGUSR1)
             return
         if mode == "sigkill":
+            others_fired(args, spec)
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "sigstop":  # frozen: every thread stops, the process stays
             os.kill(os.getpid(), signal.SIGSTOP)
@@ -189,6 +190,21 @@ def mark_commits(state: hvd.elastic.TorchState, args: argparse.Namespace) -> Non
             committed_marker(args.log_dir, *done).touch()
 
     state.save = save_and_mark  # type: ignore[method-assign]
+
+
+def others_fired(args: argparse.Namespace, spec: str) -> None:
+    """Wait (bounded) until every SIGKILL scripted for the batch of ``spec`` fired: the ranks
+    killed "at once" all die, though the first death may end the job before a slower rank got
+    there."""
+    epoch_batch = spec.split(":")[:2]
+    markers = [
+        args.log_dir / f"fired-{other.replace(':', '_')}"
+        for other in args.fail
+        if other.split(":")[:2] == epoch_batch and other.endswith(":sigkill")
+    ]
+    deadline = time.monotonic() + COMMITTED_WITHIN_S
+    while not all(m.exists() for m in markers) and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def others_committed(log_dir: Path, epoch: int, batch: int) -> None:
