@@ -10,6 +10,7 @@ import datetime
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from tests.support.elastic_jobs import (
     STARTUP_S,
     condition,
     job_manifest,
+    status,
     stop_workers,
     wait_ready,
     wait_status,
@@ -33,23 +35,30 @@ def event_reasons(kube: Kube) -> set[str]:
     return {ev["reason"] for ev in json.loads(kube.kubectl("get", "events", "-o", "json"))["items"]}
 
 
-def wait_training(kube: Kube, log_dir: Path, status: dict[str, Any]) -> None:
-    """Until every worker of ``status``'s round has logged a step in it: the status shows a
-    round once it is published, seconds before its workers have joined, synced and trained
-    (on a loaded machine, a fault then lands in the round's start, not in its training)."""
-    members = {w["pod"] for w in status["workers"]}
-    kube.wait(
-        f"every worker training in round {status['round']}",
-        lambda: (
-            members
-            <= {
-                e["host"]
-                for e in read_events(log_dir)
-                if e["ev"] == "step" and e["round"] == status["round"]
-            }
-        ),
-        STARTUP_S,
+def wait_training(
+    kube: Kube, job: str, log_dir: Path, what: str, check: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """The job's status once it passes ``check`` and every worker of its round has logged a
+    step in that round: the status shows a round once it is published, seconds before its
+    workers have joined, synced and trained (on a loaded machine, a fault then lands in the
+    round's start, not in its training). A round that gives way to another before it trained
+    is waited past, not waited on."""
+
+    def trained() -> dict[str, Any] | None:
+        current = status(kube, job)
+        if not current.get("workers") or not check(current):
+            return None
+        stepped = {
+            e["host"]
+            for e in read_events(log_dir)
+            if e["ev"] == "step" and e["round"] == current["round"]
+        }
+        return current if {w["pod"] for w in current["workers"]} <= stepped else None
+
+    found: dict[str, Any] = kube.wait(
+        f"ElasticJob {job}: {what}, every worker training", trained, STARTUP_S
     )
+    return found
 
 
 def moment(stamp: str) -> datetime.datetime:
@@ -232,14 +241,13 @@ def test_a_silent_worker_is_killed_and_the_survivors_re_form(
         )
     )
     try:
-        first = wait_status(
+        first = wait_training(
             kube,
             "frozen",
+            log_dir,
             "training with 4 workers",
             lambda s: s.get("phase") == "Running" and s.get("worldSize") == 4,
-            STARTUP_S,
         )
-        wait_training(kube, log_dir, first)
         victim = next(w for w in first["workers"] if 0 not in w["ranks"])
         stopped_at = time.time()
         if fault == "freeze":
@@ -328,8 +336,9 @@ def test_a_straggler_is_found_replaced_and_the_job_speeds_up_again(
     kube.apply(job)
     try:
         wait_ready(kube, "laggard", timeout_s=int(STARTUP_S))
-        first = wait_status(kube, "laggard", "3 workers", lambda s: s.get("worldSize") == 3)
-        wait_training(kube, log_dir, first)
+        first = wait_training(
+            kube, "laggard", log_dir, "3 workers", lambda s: s.get("worldSize") == 3
+        )
         started = time.time()
         kube.wait("10 s of training", lambda: time.time() > started + 10, timeout=20)
         before = step_rate(log_dir, started, time.time())
@@ -343,18 +352,17 @@ def test_a_straggler_is_found_replaced_and_the_job_speeds_up_again(
         )
         assert re.search(r"busy (\d+\.\d+)x as long", detected[0]), detected
         during = step_rate(log_dir, slowed, time.time())
-        replaced = wait_status(
+        replaced = wait_training(
             kube,
             "laggard",
+            log_dir,
             "a round of 3 without the straggler",
             lambda s: (
                 s.get("worldSize") == 3
                 and s.get("round", 0) > first["round"]
                 and slow["pod"] not in {w["pod"] for w in s.get("workers", [])}
             ),
-            timeout=STARTUP_S,
         )
-        wait_training(kube, log_dir, replaced)
         assert slow["node"] in {n["node"] for n in replaced["blacklistedNodes"]}, replaced
         reasons = event_reasons(kube)
         assert "StragglerDetected" in reasons and "WorkerFailed" not in reasons, reasons
@@ -384,8 +392,9 @@ def test_a_new_pod_below_its_peers_is_not_admitted_and_is_replaced_while_the_job
     kube.apply(job)
     try:
         wait_ready(kube, "checked", timeout_s=int(STARTUP_S))
-        first = wait_status(kube, "checked", "2 workers", lambda s: s.get("worldSize") == 2)
-        wait_training(kube, log_dir, first)
+        first = wait_training(
+            kube, "checked", log_dir, "2 workers", lambda s: s.get("worldSize") == 2
+        )
         members = {w["pod"] for w in first["workers"]}
         passed = " ".join(event_messages(kube, "HealthCheckPassed"))
         assert all(f"pod {pod} " in passed for pod in members), passed
@@ -424,18 +433,17 @@ def test_a_new_pod_below_its_peers_is_not_admitted_and_is_replaced_while_the_job
         assert during > 0, "the members stopped training while the new pod was checked"
         node = re.search(r" on node (\S+) failed", failed)
         assert node is not None, failed
-        replaced = wait_status(
+        replaced = wait_training(
             kube,
             "checked",
+            log_dir,
             "a round of 3 without the slow pod",
             lambda s: (
                 s.get("worldSize") == 3 and name not in {w["pod"] for w in s.get("workers", [])}
             ),
-            timeout=STARTUP_S,
         )
         assert node[1] in {n["node"] for n in replaced["blacklistedNodes"]}, replaced
         assert "WorkerFailed" not in event_reasons(kube)
-        wait_training(kube, log_dir, replaced)
         # kubectl describe tells the story in order: the check failed, the node was kept out
         # until the end of its cooldown, and the round with the replacement formed.
         described = kube.kubectl("describe", "ej/checked")

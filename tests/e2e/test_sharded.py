@@ -29,7 +29,9 @@ TRAIN = [
     *("--commit-every", "10", "--log-every", "5", "--pace", "0.1"),
 ]
 """A tiny model, paced so that the job trains for about a minute after it starts."""
-RESHARDED = re.compile(r"resharded commit \d+ from a world of 3 onto 2")
+RESHARDED = re.compile(r"resharded commit \d+ from a world of 3 onto [23]\b")
+"""Onto the two survivors; onto three when the replacement pod joined the survivors' round
+already (as when an operator that took the lead over found the killed pod gone)."""
 ROUND_LINE = re.compile(r"round (\d+): (\d+) workers, from epoch (\d+) step (\d+)")
 EPOCH_LINE = re.compile(r"epoch (\d+) done: .* exactly once: (True|False)")
 STEP_LINE = re.compile(r"epoch \d+ step \d+: loss ([\d.]+)")
@@ -119,11 +121,11 @@ def test_a_sigkilled_worker_pod_of_a_sharded_job_is_rebuilt_from_memory(
         stop_workers(kube, tmp_path)
     assert done["completionTime"], final
     assert recovered["round"] > training["round"]
-    # The survivors resharded the commit from 3 ranks onto 2 and resumed from it, not from 0.
+    # The survivors resharded the commit of 3 ranks and resumed from it, not from 0.
     assert RESHARDED.search(logs), logs[-6000:]
     rounds = [tuple(map(int, m.groups())) for m in ROUND_LINE.finditer(logs)]
-    two = [r for r in rounds if r[1] == 2]
-    assert two and (two[0][2], two[0][3]) > (0, 0), rounds
+    resumed = [r for r in rounds if r[0] > training["round"]]
+    assert resumed and (resumed[0][2], resumed[0][3]) > (0, 0), rounds
     # Every sequence exactly once per epoch (the last round's word for each), the loss falling.
     once = {int(epoch): word for epoch, word in EPOCH_LINE.findall(logs)}
     assert once == dict.fromkeys(range(EPOCHS), "True"), logs[-6000:]
