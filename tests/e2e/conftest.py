@@ -23,6 +23,13 @@ E2E_RUNTIME_ENV = "ELASTICJOB_E2E_RUNTIME"
 CLUSTER_OF_RUNTIME = {"containerd": "real_cluster", "process": "process_cluster"}
 OPERATOR_LINES_ON_FAILURE = 80
 """How many of the operator's last log lines about a failed test's namespace its report shows."""
+NODE_COLUMNS = (
+    "NAME:.metadata.name,"
+    'READY:.status.conditions[?(@.type=="Ready")].status,'
+    "TAINTS:.spec.taints[*].key"
+)
+"""What a failed test's report shows of each node (a node not ready, or tainted, explains
+pods that were not placed or evicted)."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -59,8 +66,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """A failed test that ran jobs under the operator reports its pods and what it logged
-    about the test's namespace (the drivers' decisions), after the namespace's own dump."""
+    """A failed test that ran jobs under the operator reports its pods, the nodes and what it
+    logged about the test's namespace (the drivers' decisions), after the namespace's own
+    dump."""
     report = yield
     funcargs = getattr(item, "funcargs", {})
     kube, cluster = funcargs.get("kube"), funcargs.get("operator")
@@ -68,6 +76,8 @@ def pytest_runtest_makereport(
         return report
     pods = cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-o", "wide", check=False)
     report.sections.append(("operator pods", pods.stdout + pods.stderr))
+    nodes = cluster.kubectl("get", "nodes", "-o", f"custom-columns={NODE_COLUMNS}", check=False)
+    report.sections.append(("nodes", nodes.stdout + nodes.stderr))
     lines = [line for line in operator_logs(cluster, timeout=10).splitlines() if kube.ns in line]
     report.sections.append(
         (f"operator log about {kube.ns}", "\n".join(lines[-OPERATOR_LINES_ON_FAILURE:]))
