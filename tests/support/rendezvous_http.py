@@ -11,6 +11,7 @@ import aiohttp
 
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.server import RendezvousService
+from elasticjob.rendezvous.transport import HEADER_TIMEOUT_S
 from elasticjob.wire.messages import RendezvousResponse, WorkerId
 from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
 from tests.support.rendezvous_jobs import W0, W1, RecordingListener
@@ -21,16 +22,11 @@ TOKEN_B = "token-of-job-b"
 
 @contextlib.asynccontextmanager
 async def started_cluster(
-    *, header_timeout: float | None = None, client_timeout_s: float = 90.0
+    *, header_timeout: float = HEADER_TIMEOUT_S, client_timeout_s: float = 90.0
 ) -> AsyncIterator[Cluster]:
-    """A :class:`Cluster` on a service started on loopback (``header_timeout``: the service's,
-    None: its default), stopped afterwards; the client gives up on a request after
-    ``client_timeout_s``."""
-    service = (
-        RendezvousService()
-        if header_timeout is None
-        else RendezvousService(header_timeout=header_timeout)
-    )
+    """A :class:`Cluster` on a service started on loopback (with ``header_timeout``), stopped
+    afterwards; the client gives up on a request after ``client_timeout_s``."""
+    service = RendezvousService(header_timeout=header_timeout)
     await service.start("127.0.0.1", 0)
     try:
         timeout = aiohttp.ClientTimeout(total=client_timeout_s)

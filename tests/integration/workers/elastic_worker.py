@@ -154,15 +154,16 @@ def maybe_fail(
             # One-sided: the other ranks make this commit, and only then does this one fail
             # (else the driver's notice may stop them before it, and every rank would roll
             # back to the same commit).
-            others_committed(args.log_dir, epoch, batch)
+            await_markers([committed_marker(args.log_dir, epoch, batch)])
             raise hvd.HorovodInternalError(
                 f"scripted one-sided collective failure at {epoch}:{batch}"
             )
         raise RuntimeError(f"scripted failure at epoch {epoch} batch {batch}")
 
 
-COMMITTED_WITHIN_S = 30.0
-"""How long a one-sided failure waits for rank 0's commit after its batch."""
+MARKERS_WITHIN_S = 30.0
+"""How long a scripted failure waits for the marker files it waits on (another rank's commit,
+or the other SIGKILLs of its batch firing)."""
 
 
 def committed_marker(log_dir: Path, epoch: int, batch: int) -> Path:
@@ -197,20 +198,19 @@ def others_fired(args: argparse.Namespace, spec: str) -> None:
     killed "at once" all die, though the first death may end the job before a slower rank got
     there."""
     epoch_batch = spec.split(":")[:2]
-    markers = [
-        args.log_dir / f"fired-{other.replace(':', '_')}"
-        for other in args.fail
-        if other.split(":")[:2] == epoch_batch and other.endswith(":sigkill")
-    ]
-    deadline = time.monotonic() + COMMITTED_WITHIN_S
+    await_markers(
+        [
+            args.log_dir / f"fired-{other.replace(':', '_')}"
+            for other in args.fail
+            if other.split(":")[:2] == epoch_batch and other.endswith(":sigkill")
+        ]
+    )
+
+
+def await_markers(markers: list[Path]) -> None:
+    """Wait until every file of ``markers`` exists, for :data:`MARKERS_WITHIN_S` at most."""
+    deadline = time.monotonic() + MARKERS_WITHIN_S
     while not all(m.exists() for m in markers) and time.monotonic() < deadline:
-        time.sleep(0.005)
-
-
-def others_committed(log_dir: Path, epoch: int, batch: int) -> None:
-    """Wait (bounded) until rank 0 committed after ``batch`` of ``epoch``."""
-    deadline = time.monotonic() + COMMITTED_WITHIN_S
-    while not committed_marker(log_dir, epoch, batch).exists() and time.monotonic() < deadline:
         time.sleep(0.005)
 
 
