@@ -204,6 +204,7 @@ class ElasticDriver(DriverEvents):
             return
         try:
             timeout = self.settings.heartbeat_timeout_s
+            self._loop_lag.catch_up()
             counts_from = self.reachability.silence_counts_from()
             await self._workers.kill_unanswering(timeout, self.slots, self.round, counts_from)
             await self._workers.stop_overdue(self.settings.removal_grace_s, timeout, counts_from)

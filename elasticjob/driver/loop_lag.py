@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from elasticjob.driver.driver_types import Clock
-from elasticjob.driver.liveness import Reachability
+from elasticjob.driver.liveness import LOOP_LAG_S, Reachability
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ class LoopLagWatch:
         self._subscribers: list[Reachability] = []
         self._task: asyncio.Task[None] | None = None
         self._lagged_at = -math.inf
+        self._due = math.inf
 
     @contextlib.contextmanager
     def subscribed(self, reachability: Reachability) -> Iterator[None]:
@@ -51,16 +52,29 @@ class LoopLagWatch:
             if not self._subscribers and self._task is not None:
                 self._task.cancel()
                 self._task = None
+                self._due = math.inf
 
     async def _run(self) -> None:
         while True:
-            due = self._clock() + self._probe_s
+            self._due = self._clock() + self._probe_s
             await asyncio.sleep(self._probe_s)
-            now = self._clock()
-            late = [r.loop_ran_late(now - due, now) for r in self._subscribers]
-            if any(late):
-                quiet = now - self._lagged_at > QUIET_S
-                self._lagged_at = now
-                (logger.warning if quiet else logger.debug)(
-                    "the event loop ran %.1f s late: heartbeat silence counts from now", now - due
-                )
+            self._tell(self._clock())
+
+    def catch_up(self) -> None:
+        """Tell the subscribers now if the watch's next check is overdue by
+        :data:`~elasticjob.driver.liveness.LOOP_LAG_S`. A driver calls it before it judges
+        silence: after the loop was blocked, the driver's own timer may run before the
+        watch's, and it would kill workers whose beats still wait in the loop's queues."""
+        now = self._clock()
+        if now - self._due >= LOOP_LAG_S:
+            self._tell(now)
+            self._due = now  # told up to now: the overdue check counts from here
+
+    def _tell(self, now: float) -> None:
+        late = [r.loop_ran_late(now - self._due, now) for r in self._subscribers]
+        if any(late):
+            quiet = now - self._lagged_at > QUIET_S
+            self._lagged_at = now
+            (logger.warning if quiet else logger.debug)(
+                "the event loop ran %.1f s late: heartbeat silence counts from now", now - self._due
+            )

@@ -15,14 +15,22 @@ from typing import Final
 import pytest
 
 from devcluster.cluster import Cluster
+from tests.support.elastic_jobs import worker_logs
 from tests.support.kube import Kube
 from tests.support.operator_release import SYSTEM_NS, OperatorRelease, operator_logs
 
 CLUSTER_FIXTURES = "tests.support.cluster_fixtures"
 E2E_RUNTIME_ENV = "ELASTICJOB_E2E_RUNTIME"
 CLUSTER_OF_RUNTIME = {"containerd": "real_cluster", "process": "process_cluster"}
-OPERATOR_LINES_ON_FAILURE = 80
-"""How many of the operator's last log lines about a failed test's namespace its report shows."""
+OPERATOR_LINES_ON_FAILURE = 150
+"""How many of the operator's last log lines about a failed test's namespace its report shows
+(its API client's requests left out)."""
+OPERATOR_WIDE_LOGGERS = ("elasticjob.operator.leader_lease", "elasticjob.driver.loop_lag")
+"""Loggers of facts about the operator, not a job, that a failed test's report shows too: a
+change of leader or a late event loop explains a slow recovery."""
+API_CLIENT_LOGGER = "urllib3.connectionpool"
+WORKER_LOG_ON_FAILURE = 20_000
+"""How much of the end of its worker pods' logs a failed test's report shows (characters)."""
 NODE_COLUMNS = (
     "NAME:.metadata.name,"
     'READY:.status.conditions[?(@.type=="Ready")].status,'
@@ -66,9 +74,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """A failed test that ran jobs under the operator reports its pods, the nodes and what it
-    logged about the test's namespace (the drivers' decisions), after the namespace's own
-    dump."""
+    """A failed test that ran jobs under the operator reports its pods, the nodes, what it
+    logged about the test's namespace (the drivers' decisions) and the worker pods' logs
+    (read before ``stop_workers`` deleted them), after the namespace's own dump."""
     report = yield
     funcargs = getattr(item, "funcargs", {})
     kube, cluster = funcargs.get("kube"), funcargs.get("operator")
@@ -78,10 +86,16 @@ def pytest_runtest_makereport(
     report.sections.append(("operator pods", pods.stdout + pods.stderr))
     nodes = cluster.kubectl("get", "nodes", "-o", f"custom-columns={NODE_COLUMNS}", check=False)
     report.sections.append(("nodes", nodes.stdout + nodes.stderr))
-    lines = [line for line in operator_logs(cluster, timeout=10).splitlines() if kube.ns in line]
+    lines = [
+        line
+        for line in operator_logs(cluster, timeout=10).splitlines()
+        if (kube.ns in line and API_CLIENT_LOGGER not in line)
+        or any(logger in line for logger in OPERATOR_WIDE_LOGGERS)
+    ]
     report.sections.append(
         (f"operator log about {kube.ns}", "\n".join(lines[-OPERATOR_LINES_ON_FAILURE:]))
     )
+    report.sections.append(("worker pods' logs", worker_logs(kube)[-WORKER_LOG_ON_FAILURE:]))
     return report
 
 

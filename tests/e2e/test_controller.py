@@ -20,6 +20,7 @@ from devcluster.cluster import Cluster
 from tests.support.elastic_jobs import (
     STARTUP_S,
     condition,
+    ended_otherwise,
     job_manifest,
     status,
     stop_workers,
@@ -46,6 +47,7 @@ def wait_training(
 
     def trained() -> dict[str, Any] | None:
         current = status(kube, job)
+        ended_otherwise(job, what, current)
         if not current.get("workers") or not check(current):
             return None
         stepped = {

@@ -331,23 +331,28 @@ def kill_then_scale_out(
     kube: Kube, name: str, command: list[str], log_dir: Path
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run ``command`` as a restart-mode job of 2 pods (between 2 and 3) whose script kills
-    one rank once: once 2 workers train again after the kill, scale it to 3, and await its
-    success. Returns its final status and the workers' events."""
+    one rank once: once both scripts started again in a world of 2 after the kill (the status
+    says so when the round forms, before the scripts log anything), scale it to 3, and await
+    its success. Returns its final status and the workers' events."""
+
+    def restarted_after_kill() -> bool:
+        try:
+            events = read_events(log_dir)
+        except json.JSONDecodeError:  # a line being written
+            return False
+        kill = next((e["time"] for e in events if e["ev"] == "kill"), None)
+        started = {
+            e["rank"]
+            for e in events
+            if e["ev"] == "start" and e["size"] == 2 and kill is not None and e["time"] > kill
+        }
+        return started == {0, 1}
+
     manifest = job_manifest(name, log_dir, log_dir.parent / "stop", command=command)
     manifest["spec"] |= {"mode": "restart", "replicas": 2, "minReplicas": 2, "maxReplicas": 3}
     kube.apply(manifest)
     try:
-        wait_status(
-            kube,
-            name,
-            "2 workers again after the kill",
-            lambda s: (
-                s.get("phase") == "Running"
-                and s.get("worldSize") == 2
-                and s.get("resetCount", 0) >= 1
-            ),
-            STARTUP_S,
-        )
+        kube.wait("both scripts started again after the kill", restarted_after_kill, STARTUP_S)
         kube.kubectl("scale", f"ej/{name}", "--replicas=3")
         done = wait_status(
             kube, name, "success", lambda s: s.get("phase") == "Succeeded", STARTUP_S

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -90,10 +91,20 @@ def wait_status(
 ) -> dict[str, Any]:
     def probe() -> dict[str, Any] | None:
         current = status(kube, name)
-        return current if check(current) else None
+        if check(current):
+            return current
+        ended_otherwise(name, what, current)
+        return None
 
     found: dict[str, Any] = kube.wait(f"ElasticJob {name}: {what}", probe, timeout)
     return found
+
+
+def ended_otherwise(name: str, what: str, current: dict[str, Any]) -> None:
+    """Fail at once when the job failed while a test waits for something else of it: a
+    failed job stays failed, and its status says why."""
+    if current.get("phase") == "Failed":
+        raise AssertionError(f"ElasticJob {name} failed while waiting for {what}: {current}")
 
 
 _SEEN_LOGS: dict[tuple[str, str], str] = {}
@@ -114,7 +125,10 @@ def worker_logs(kube: Kube) -> str:
 
 def stop_workers(kube: Kube, log_dir: Path) -> None:
     """End whatever workers a test left behind, at once: their pods on real nodes, their
-    processes on process nodes (the events name their pids there)."""
+    processes on process nodes (the events name their pids there). Called while a test
+    fails (in a ``finally``), it reads the pods' logs first, for the test's report."""
+    if sys.exc_info()[0] is not None:
+        worker_logs(kube)
     if kube.cluster.config.runtime == "process":
         kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
         return

@@ -43,3 +43,26 @@ async def test_the_watch_runs_only_while_a_driver_is_subscribed() -> None:
         assert not next(iter(running)).done(), "one driver still subscribed"
     await asyncio.sleep(0)
     assert next(iter(running)).cancelled()
+
+
+async def test_a_driver_about_to_judge_silence_hears_of_a_late_loop_first() -> None:
+    """After the loop was blocked, a driver's own timer may run before the watch's: catching
+    up tells it the loop ran late before it kills anybody; once told, the watch's overdue
+    check does not report the same lateness twice."""
+    clock = LateLoopClock()
+    watch = LoopLagWatch(clock, probe_s=PROBE_S)
+    driver = Reachability()
+    with watch.subscribed(driver):
+        await probes(3)
+        watch.catch_up()
+        assert driver.lagged_at == -math.inf, "on time"
+        clock.added += 2 * LOOP_LAG_S
+        blocked_until = clock()
+        watch.catch_up()
+        told = driver.lagged_at
+        assert told >= blocked_until
+        assert driver.silence_counts_from() == told
+        await probes(3)
+        assert driver.lagged_at == told, "the overdue check was caught up"
+    watch.catch_up()
+    assert driver.lagged_at == told, "no longer subscribed"
