@@ -267,10 +267,10 @@ class DriverEvents(RendezvousListener, abc.ABC):
         if record is not None:
             record.ending_since = self._clock()
             record.heard_from = True
-            record.message = request.message or record.message  # its exit is what counts
-        if request.state is WorkerState.FAILURE:  # its script raised
-            failure = ScriptExit(exit_code=request.exit_code or 1, log_tail=request.message)
-            self.registry.record_script_exit(worker, failure)
+        if request.script_exit is not None:  # its script raised
+            if record is not None:
+                record.message = request.script_exit.log_tail or record.message
+            self.registry.record_script_exit(worker, request.script_exit)
 
     def on_progress(self, progress: ProgressRequest) -> None:
         self.journal.progress(progress, self.round, len(self.slots))

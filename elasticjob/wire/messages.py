@@ -116,11 +116,10 @@ class RendezvousStatus(enum.StrEnum):
 
 class ScriptExit(StrictModel):
     """How a worker's script failed on its own (it was not stopped for the job): its return
-    code (negative: the signal that killed it) and its last lines. A restart-mode worker's
-    agent sends it with its request for the next round (:attr:`RendezvousRequest.script_exit`);
-    the driver makes the same record of an elastic worker whose script raised, from the
-    failure it reports with its result (:class:`ResultRequest`), and judges both with one
-    rule."""
+    code (negative: the signal that killed it) and its last lines. The one wire form of a
+    script's failure: a restart-mode worker's agent sends it with its request for the next
+    round (:attr:`RendezvousRequest.script_exit`), an elastic worker whose script raised with
+    its result (:attr:`ResultRequest.script_exit`); the driver judges both with one rule."""
 
     exit_code: Annotated[int, Field(strict=True, ge=-255, le=255)]
     log_tail: Annotated[str, StringConstraints(max_length=4096)] = ""
@@ -198,16 +197,21 @@ class RendezvousResponse(StrictModel):
 
 
 class ResultRequest(StrictModel):
-    """A worker's final report for its process. ``FAILURE``: its script raised, and
-    ``message`` says how; the driver records it as the script's own failure
-    (:class:`ScriptExit`, with ``exit_code``, else 1: the status of a process whose script
-    raised)."""
+    """A worker's final report for its process: ``SUCCESS``, or ``FAILURE`` with how its
+    script failed on its own (``script_exit``: an elastic script that raised reports exit
+    code 1 and the exception)."""
 
     hostname: HostName
     local_rank: LocalRank
     state: WorkerState
-    exit_code: Annotated[int, Field(strict=True, ge=-255, le=255)] | None = None
-    message: Annotated[str, StringConstraints(max_length=4096)] = ""
+    script_exit: ScriptExit | None = None
+    """With ``FAILURE`` only, and required there."""
+
+    @model_validator(mode="after")
+    def _failure_says_how(self) -> ResultRequest:
+        if (self.state is WorkerState.FAILURE) != (self.script_exit is not None):
+            raise ValueError("script_exit comes with a FAILURE result, and only with one")
+        return self
 
 
 class ProbedPeer(StrictModel):

@@ -10,13 +10,13 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from devcluster.buildah import Buildah
+from devcluster.cluster import Cluster
 from devcluster.config import REPO_ROOT, default_cache_dir
 from devcluster.imagebuild import (
     BASE_IMAGE,
@@ -28,13 +28,11 @@ from devcluster.imagebuild import (
     ensure_images,
     project_version,
 )
+from devcluster.nodes import real_nodes
 
 pytestmark = pytest.mark.timeout(1500)
 """The first test builds the four images (its module fixture): after a change of the project's
 dependencies that reinstalls them, well over the suite's 300 s on a loaded machine."""
-#: Seconds a throwaway containerd may take to answer, and an import to finish.
-CONTAINERD_TIMEOUT = 30.0
-IMPORT_TIMEOUT = 600.0
 #: Seconds a command inside an image may take (importing torch on a busy machine).
 RUN_TIMEOUT = 300.0
 
@@ -221,53 +219,15 @@ def test_worker_trains_under_the_restricted_security_context(
     assert result.stdout.split() == ["10001", "3", "1797"]
 
 
-@pytest.fixture
-def containerd() -> Iterator[str]:
-    """A throwaway containerd (own root, state and socket; no CRI): its socket."""
-    binary = shutil.which("containerd")
-    assert binary is not None, "containerd is not installed (scripts/devcluster-prereqs.sh)"
-    work = Path(tempfile.mkdtemp(prefix="ej-ctr-"))
-    sock = work / "c.sock"
-    config = work / "config.toml"
-    config.write_text(
-        f'version = 2\nroot = "{work}/root"\nstate = "{work}/state"\n'
-        'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
-        f'[grpc]\n  address = "{sock}"\n[ttrpc]\n  address = "{sock}.ttrpc"\n'
-        f'[plugins."io.containerd.internal.v1.opt"]\n  path = "{work}/opt"\n'
-    )
-    log = (work / "containerd.log").open("w")
-    proc = subprocess.Popen([binary, "--config", str(config)], stdout=log, stderr=log)
-    try:
-        deadline = time.monotonic() + CONTAINERD_TIMEOUT
-        while ctr(str(sock), "version", check=False).returncode != 0:
-            assert proc.poll() is None, (work / "containerd.log").read_text()
-            assert time.monotonic() < deadline, "containerd did not answer"
-            time.sleep(0.2)
-        yield str(sock)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=CONTAINERD_TIMEOUT)
-        log.close()
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def ctr(sock: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["ctr", "--address", sock, "-n", "k8s.io", *args],
-        capture_output=True,
-        text=True,
-        timeout=IMPORT_TIMEOUT,
-        check=check,
-    )
-
-
-def test_containerd_imports_every_archive_under_its_name(
-    images: dict[str, BuiltImage], containerd: str
+def test_every_real_node_holds_every_archive_under_its_name(
+    images: dict[str, BuiltImage], real_cluster: Cluster
 ) -> None:
-    for image in images.values():
-        ctr(containerd, "images", "import", str(image.archive))
-    listed = ctr(containerd, "images", "ls", "-q").stdout.split()
-    assert sorted(listed) == sorted(images)
+    """Each real node's containerd imported every archive under the name pods use (the e2e
+    suite runs pods of them there)."""
+    for node in real_nodes(real_cluster.config):
+        listed = node.ctr("images", "ls", "-q")
+        assert listed.returncode == 0, f"{node.name}: {listed.stderr}"
+        assert set(images) <= set(listed.stdout.split()), f"{node.name}: {listed.stdout}"
 
 
 def test_a_cache_hit_does_not_run_buildah(

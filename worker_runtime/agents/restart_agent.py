@@ -331,7 +331,6 @@ class RestartAgent:
                     hostname=self._config.hostname,
                     local_rank=self._config.local_rank,
                     state=WorkerState.SUCCESS,
-                    exit_code=exit_code,
                 ),
                 retry_for_s=5.0,
             )

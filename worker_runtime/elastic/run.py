@@ -19,6 +19,7 @@ from elasticjob.worker_runtime.collectives.round_syncs import broadcast_object
 from elasticjob.worker_runtime.diagnostics.log import get_logger, stacks_if_stuck
 from elasticjob.worker_runtime.elastic.state import State
 from elasticjob.worker_runtime.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from elasticjob.worker_runtime.link.reports import script_failure
 
 logger = get_logger(__name__)
 
@@ -107,10 +108,9 @@ def roll_back_or_fail(state: State, exc: Exception) -> None:
         if broken is None and raised_in_torch_distributed(exc):
             broken = runtime.group.await_abort(VERDICT_WAIT_S)
         if not is_collective_failure(exc, broken):
-            runtime.exit_code = 1
-            runtime.reports.result(
-                WorkerState.FAILURE, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
-            )
+            failure = script_failure(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+            runtime.exit_code = failure.exit_code
+            runtime.reports.result(WorkerState.FAILURE, failure)
             raise exc
         logger.warning("the round's group broke (%s); rolling back to the last commit", broken)
     with stacks_if_stuck():

@@ -12,7 +12,13 @@ import sys
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from elasticjob.wire.messages import CheckpointReport, ProgressRequest, ResultRequest, WorkerState
+from elasticjob.wire.messages import (
+    CheckpointReport,
+    ProgressRequest,
+    ResultRequest,
+    ScriptExit,
+    WorkerState,
+)
 from elasticjob.worker_runtime.diagnostics.log import get_logger
 from elasticjob.worker_runtime.link.progress import ProgressReporter
 from elasticjob.worker_runtime.link.rendezvous_client import RendezvousClient, RendezvousClientError
@@ -24,7 +30,15 @@ LEAVING_REPORT_S: Final = 10.0
 cannot be reached must not hold the exit back for the client's whole retry deadline."""
 
 RESULT_MESSAGE_CHARS: Final = 4000
-"""The end of a result's message that is sent (its last lines: the error)."""
+"""The end of a failure's message that is sent (its last lines: the error)."""
+RAISED_EXIT_CODE: Final = 1
+"""The exit status a failure reports for a script that raised (the interpreter's)."""
+
+
+def script_failure(message: str) -> ScriptExit:
+    """How a script that raised failed, for its ``FAILURE`` result: the interpreter's exit
+    status and the end of ``message``."""
+    return ScriptExit(exit_code=RAISED_EXIT_CODE, log_tail=message[-RESULT_MESSAGE_CHARS:])
 
 Position = Callable[[], tuple[int, int, int]]
 """The worker's round, rank and step now."""
@@ -40,9 +54,14 @@ class Reports(Protocol):
         """Stop sending progress (what was offered and not sent yet is dropped)."""
 
     def result(
-        self, state: WorkerState, message: str = "", *, retry_for_s: float | None = None
+        self,
+        state: WorkerState,
+        script_exit: ScriptExit | None = None,
+        *,
+        retry_for_s: float | None = None,
     ) -> None:
-        """Tell the driver how this worker's process ends (best effort, retried for
+        """Tell the driver how this worker's process ends, with how its script failed for a
+        ``FAILURE`` (best effort, retried for
         ``retry_for_s``; default: the client's retry deadline); :attr:`end_delivered` says
         whether a report arrived."""
 
@@ -79,7 +98,11 @@ class NoReports(Reports):
         pass
 
     def result(
-        self, state: WorkerState, message: str = "", *, retry_for_s: float | None = None
+        self,
+        state: WorkerState,
+        script_exit: ScriptExit | None = None,
+        *,
+        retry_for_s: float | None = None,
     ) -> None:
         pass
 
@@ -121,7 +144,11 @@ class DriverReports(Reports):
         self._progress.stop()
 
     def result(
-        self, state: WorkerState, message: str = "", *, retry_for_s: float | None = None
+        self,
+        state: WorkerState,
+        script_exit: ScriptExit | None = None,
+        *,
+        retry_for_s: float | None = None,
     ) -> None:
         try:
             self._client.report_result(
@@ -129,7 +156,7 @@ class DriverReports(Reports):
                     hostname=self._hostname,
                     local_rank=self._local_rank,
                     state=state,
-                    message=message[-RESULT_MESSAGE_CHARS:],
+                    script_exit=script_exit,
                 ),
                 retry_for_s=retry_for_s,
             )
@@ -145,7 +172,7 @@ class DriverReports(Reports):
         else:
             self.result(
                 WorkerState.FAILURE,
-                f"{type(error).__name__}: {error}",
+                script_failure(f"{type(error).__name__}: {error}"),
                 retry_for_s=LEAVING_REPORT_S,
             )
 

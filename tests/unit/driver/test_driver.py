@@ -452,8 +452,11 @@ def report(job: Job, worker: WorkerId, state: WorkerState) -> None:
     job.job.report_heartbeat(
         HeartbeatRequest(hostname=worker.hostname, local_rank=worker.local_rank)
     )
+    failure = ScriptExit(exit_code=1) if state is WorkerState.FAILURE else None
     job.job.report_result(
-        ResultRequest(hostname=worker.hostname, local_rank=worker.local_rank, state=state)
+        ResultRequest(
+            hostname=worker.hostname, local_rank=worker.local_rank, state=state, script_exit=failure
+        )
     )
 
 

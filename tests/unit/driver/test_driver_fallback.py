@@ -14,6 +14,7 @@ from elasticjob.wire.messages import (
     NoticeKind,
     ProgressRequest,
     ResultRequest,
+    ScriptExit,
     WorkerId,
     WorkerState,
 )
@@ -130,7 +131,7 @@ async def test_a_script_error_on_every_worker_fails_even_with_checkpoints() -> N
                 hostname=worker.hostname,
                 local_rank=worker.local_rank,
                 state=WorkerState.FAILURE,
-                message="ValueError: bad batch",
+                script_exit=ScriptExit(exit_code=1, log_tail="ValueError: bad batch"),
             )
         )
     await kill_everyone(job, A0, B0)

@@ -305,7 +305,12 @@ async def test_results_progress_and_round_info(
     await job.rendezvous(request(W1))
     job.publish_round(1, slots_for([W1, W0, W2]), sync=True)
     job.post_notice(NoticeKind.ROUND_FAILED)
-    result = ResultRequest(hostname="host-a", local_rank=1, state=WorkerState.FAILURE, exit_code=1)
+    result = ResultRequest(
+        hostname="host-a",
+        local_rank=1,
+        state=WorkerState.FAILURE,
+        script_exit=ScriptExit(exit_code=1),
+    )
     progress = ProgressRequest(round=1, epoch=2, step=30, samples_per_second=12.5)
     job.report_result(result)
     job.report_progress(progress)

@@ -17,6 +17,7 @@ from elasticjob.wire.messages import (
     ProgressRequest,
     RendezvousStatus,
     ResultRequest,
+    ScriptExit,
     WorkerId,
     WorkerState,
 )
@@ -143,7 +144,10 @@ async def test_store_endpoint_is_bound_by_the_first_registration_of_a_round(
 async def test_a_second_result_of_a_process_is_refused(
     job: InMemoryJobRendezvous, listener: RecordingListener
 ) -> None:
-    result = ResultRequest(hostname="host-a", local_rank=0, state=WorkerState.FAILURE)
+    failure = ScriptExit(exit_code=1)
+    result = ResultRequest(
+        hostname="host-a", local_rank=0, state=WorkerState.FAILURE, script_exit=failure
+    )
     job.report_result(result)
     refusal = await refused(job, listener, lambda: job.report_result(result))
     assert refusal is Refusal.RESULT_REPEATED
