@@ -47,9 +47,9 @@ integration: venv
 devcluster-tests: venv prereqs
 	$(PY) -m pytest tests/devcluster -q
 
-# Two pytest sessions side by side (scripts/run-suites.sh): the cluster suites, and unit with
-# integration.
-test: lint prereqs
+# The lint step and two pytest sessions side by side (scripts/run-suites.sh): the real-node
+# suites, and unit with integration followed by the process-node suites.
+test: venv prereqs
 	@PY=$(PY) bash scripts/run-suites.sh
 
 bench: venv

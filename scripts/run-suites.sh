@@ -1,29 +1,51 @@
 #!/usr/bin/env bash
-# The README's test suites, as two pytest sessions side by side:
-#   - the cluster suites (tests/devcluster, tests/e2e): devcluster's clusters, mostly waiting on
-#     kubelets, containers and pods; their output goes to .logs/cluster-suites.log and is
-#     printed when both sessions are done;
+# The README's test suites and the lint step, side by side (a 2-core machine; the longest
+# session sets the time, see docs/development.md):
+#   - the real-node suites (tests/devcluster/real_nodes, tests/e2e): one cluster of real nodes,
+#     mostly waiting on kubelets, containers and pods; output in .logs/cluster-suites.log,
+#     printed when all is done;
+#   - the lint step (make lint): output in .logs/lint.log, printed when all is done;
 #   - unit and integration (tests/unit, tests/integration): CPU-bound, no cluster; at a lower
-#     priority (nice), so that the clusters' kubelets, operator and pods, the longer session,
-#     get the CPU when they need it and these tests fill the rest.
-# Each session tears its clusters down when it ends, so none idles through the other suites.
-# Each prints its slowest tests and writes every test's time to .logs/<suite>.xml (JUnit XML);
-# the script fails if either session fails.
+#     priority (nice), so that the real nodes' kubelets, operator and pods get the CPU when
+#     they need it and these tests fill the rest; then, in the same session's time, the
+#     process-node suites (the rest of tests/devcluster) and the chart's template tests, which
+#     need no real node: their process-node cluster lives only while they run.
+# Each pytest session tears its clusters down when it ends. Each prints its slowest tests and
+# writes every test's time to .logs/<suite>.xml (JUnit XML); the script fails if any fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 mkdir -p .logs
-LOG=.logs/cluster-suites.log
+CLUSTER_LOG=.logs/cluster-suites.log
+LINT_LOG=.logs/lint.log
+NO_REAL_NODES=(tests/devcluster --ignore=tests/devcluster/real_nodes tests/e2e/test_helm_chart.py)
 started=$(date +%s)
-"$PY" -m pytest -q --durations=10 --junitxml=.logs/cluster-suites.xml tests/devcluster tests/e2e "$@" >"$LOG" 2>&1 &
+since() { echo "$(( $(date +%s) - started )) s"; }
+
+"$PY" -m pytest -q --durations=10 --junitxml=.logs/cluster-suites.xml \
+    tests/devcluster/real_nodes tests/e2e --ignore=tests/e2e/test_helm_chart.py "$@" \
+    >"$CLUSTER_LOG" 2>&1 &
 clusters=$!
+make --no-print-directory lint >"$LINT_LOG" 2>&1 &
+lint=$!
+
 nice -n 10 "$PY" -m pytest -q --durations=10 --junitxml=.logs/unit-integration.xml \
     tests/unit tests/integration "$@"
 units=$?
-echo "==> unit and integration: exit $units after $(( $(date +%s) - started )) s"
+echo "==> unit and integration: exit $units after $(since)"
+"$PY" -m pytest -q --durations=5 --junitxml=.logs/process-nodes.xml "${NO_REAL_NODES[@]}" "$@"
+process_nodes=$?
+echo "==> the process-node suites and the chart: exit $process_nodes after $(since)"
+
+wait "$lint"
+lint_status=$?
+echo "==> lint ($LINT_LOG):"
+cat "$LINT_LOG"
+echo "==> lint: exit $lint_status"
 wait "$clusters"
 cluster_status=$?
-echo "==> the cluster suites (tests/devcluster, tests/e2e; $LOG):"
-cat "$LOG"
-echo "==> the cluster suites: exit $cluster_status after $(( $(date +%s) - started )) s"
-[ "$units" -eq 0 ] && [ "$cluster_status" -eq 0 ]
+echo "==> the real-node suites (tests/devcluster/real_nodes, tests/e2e; $CLUSTER_LOG):"
+cat "$CLUSTER_LOG"
+echo "==> the real-node suites: exit $cluster_status after $(since)"
+[ "$units" -eq 0 ] && [ "$process_nodes" -eq 0 ] && [ "$lint_status" -eq 0 ] \
+    && [ "$cluster_status" -eq 0 ]

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from devcluster.buildah import Buildah
-from devcluster.cluster import Cluster
 from devcluster.config import REPO_ROOT, default_cache_dir
 from devcluster.imagebuild import (
     BASE_IMAGE,
@@ -28,7 +27,6 @@ from devcluster.imagebuild import (
     ensure_images,
     project_version,
 )
-from devcluster.nodes import real_nodes
 
 pytestmark = pytest.mark.timeout(1500)
 """The first test builds the four images (its module fixture): after a change of the project's
@@ -217,17 +215,6 @@ def test_worker_trains_under_the_restricted_security_context(
     result = run_locked_down(worker, ["python", "-c", script], {"HOME": "/tmp"}, ["/tmp"])
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["10001", "3", "1797"]
-
-
-def test_every_real_node_holds_every_archive_under_its_name(
-    images: dict[str, BuiltImage], real_cluster: Cluster
-) -> None:
-    """Each real node's containerd imported every archive under the name pods use (the e2e
-    suite runs pods of them there)."""
-    for node in real_nodes(real_cluster.config):
-        listed = node.ctr("images", "ls", "-q")
-        assert listed.returncode == 0, f"{node.name}: {listed.stderr}"
-        assert set(images) <= set(listed.stdout.split()), f"{node.name}: {listed.stdout}"
 
 
 def test_a_cache_hit_does_not_run_buildah(

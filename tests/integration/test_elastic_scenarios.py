@@ -44,14 +44,21 @@ def test_steady_job_on_two_hosts(tmp_path: Path) -> None:
 
 
 def test_scale_out_newcomers_get_state_from_rank_0(tmp_path: Path) -> None:
+    """Newcomers get rank 0's state and go last; no one rolls back. The script also makes a
+    set of the even ranks at the top of its elastic function: every member (newcomers
+    included) registers it in every round, and its reductions count the even ranks of the
+    round they run in."""
     run = run_job(
         tmp_path,
         launcher_args=["-np", "2", "--min-np", "2", "--max-np", "8"],
-        worker_args=worker_args("--expect-sizes", "2,4,4", "--step-time", "0.02"),
+        worker_args=worker_args("--expect-sizes", "2,4,4", "--step-time", "0.02", "--process-set"),
         schedule={0: "127.0.1.1:1,127.0.1.2:1", 1: "127.0.1.1:1,127.0.1.2:1,127.0.1.3:2"},
     )
     assert run.returncode == 0, run.explain()
     done = assert_trained_exactly_once(run)
+    sums = run.of("set_sum")
+    assert {(e["size"], e["members"]) for e in sums} == {(2, 1), (4, 2)}, sums
+    assert {e["rank"] for e in sums if e["size"] == 4} == {0, 2}
     ends = run.epoch_ends()
     assert [ends[e][0]["size"] for e in range(EPOCHS)] == [2, 4, 4]
     # Survivors keep their order (rank 0 stays on the oldest host), newcomers go last.
@@ -72,23 +79,6 @@ def test_scale_out_newcomers_get_state_from_rank_0(tmp_path: Path) -> None:
         for r in (0, 1)
     }
     assert len(survivors_last) == 1 and survivors_last <= last_steps
-
-
-def test_a_process_set_made_in_every_round_follows_a_scale_out(tmp_path: Path) -> None:
-    """The script makes a set of the even ranks at the top of its elastic function: every
-    member (newcomers included) registers it in every round, and its reductions count the
-    even ranks of the round they run in."""
-    run = run_job(
-        tmp_path,
-        launcher_args=["-np", "2", "--min-np", "2", "--max-np", "8"],
-        worker_args=worker_args("--expect-sizes", "2,4,4", "--step-time", "0.02", "--process-set"),
-        schedule={0: "127.0.1.1:1,127.0.1.2:1", 1: "127.0.1.1:1,127.0.1.2:1,127.0.1.3:2"},
-    )
-    assert run.returncode == 0, run.explain()
-    assert_trained_exactly_once(run)
-    sums = run.of("set_sum")
-    assert {(e["size"], e["members"]) for e in sums} == {(2, 1), (4, 2)}, sums
-    assert {e["rank"] for e in sums if e["size"] == 4} == {0, 2}
 
 
 def test_graceful_scale_in_keeps_live_state_and_loses_no_sample(tmp_path: Path) -> None:

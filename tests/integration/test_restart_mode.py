@@ -47,35 +47,14 @@ def assert_finished_together(run: JobRun, size: int) -> None:
     assert len({d["digest"] for d in done}) == 1, f"ranks disagree: {done}"
 
 
-def test_a_sigkilled_script_is_started_again_with_every_other_and_resumes(
-    tmp_path: Path,
-) -> None:
-    run = run_restart_job(tmp_path, TWO_HOSTS, "--fail-at", "1:2:1:sigkill")
-    assert run.returncode == 0, run.explain()
-    assert_finished_together(run, 2)
-    starts = starts_by_rank(run)
-    assert [len(starts[r]) for r in (0, 1)] == [2, 2], "both started again, in their slots"
-    first, second = (
-        [starts[r][k] for r in (0, 1)] for k in (0, 1)
-    )  # the first start of each rank, then the second
-    assert {s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in first} == {"0"}
-    assert {s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in second} == {"1"}
-    assert {(s["epoch"], s["step"]) for s in second} == {(1, 2)}, "resumed from its checkpoint"
-    ports = {s["env"]["MASTER_PORT"] for s in first}, {s["env"]["MASTER_PORT"] for s in second}
-    assert len(ports[0]) == len(ports[1]) == 1 and ports[0] != ports[1], "a fresh store"
-    assert not any(name.startswith("ELASTICJOB_") for s in first for name in s["env"]), (
-        "the script is no worker of the rendezvous: it gets neither its token nor its address"
-    )
-    assert "the script of worker 127.0.1.2[0] failed (killed by SIGKILL)" in run.stderr
-    assert "succeeded after 2 rounds and 1 resets" in run.stderr
-
-
 @pytest.mark.parametrize("warm_start", [True, False])
-def test_a_restart_after_a_while_runs_in_the_spare_interpreter(
+def test_a_sigkilled_script_is_started_again_with_every_other_and_resumes(
     tmp_path: Path, warm_start: bool
 ) -> None:
-    """The kill comes at epoch 2 (3 s an epoch), once each agent has started the spare
-    interpreter for the next start (``SPARE_AFTER_S`` after the first); with
+    """Rank 1's script SIGKILLs itself at epoch 2 (3 s an epoch): both scripts start again in
+    their slots, in a fresh store, as torchrun's next attempt, and resume from their
+    checkpoint. The kill comes once each agent has started the spare interpreter for the
+    next start (``SPARE_AFTER_S`` after the first), where the next start runs; with
     ``--no-warm-start`` both starts are cold."""
     run = run_job(
         tmp_path,
@@ -96,6 +75,16 @@ def test_a_restart_after_a_while_runs_in_the_spare_interpreter(
     assert {(s["epoch"], s["step"]) for r in (0, 1) for s in starts[r][1:]} == {(2, 0)}
     assert all(s["argv"][0] == str(SCRIPT) for r in (0, 1) for s in starts[r])
     assert ("the script starts in the spare interpreter" in run.stdout) is warm_start
+    first, second = ([starts[r][k] for r in (0, 1)] for k in (0, 1))
+    assert {s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in first} == {"0"}
+    assert {s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in second} == {"1"}
+    ports = {s["env"]["MASTER_PORT"] for s in first}, {s["env"]["MASTER_PORT"] for s in second}
+    assert len(ports[0]) == len(ports[1]) == 1 and ports[0] != ports[1], "a fresh store"
+    assert not any(name.startswith("ELASTICJOB_") for s in first for name in s["env"]), (
+        "the script is no worker of the rendezvous: it gets neither its token nor its address"
+    )
+    assert "the script of worker 127.0.1.2[0] failed (killed by SIGKILL)" in run.stderr
+    assert "succeeded after 2 rounds and 1 resets" in run.stderr
 
 
 def test_a_scale_out_starts_every_script_again_in_the_larger_world(tmp_path: Path) -> None:
@@ -178,28 +167,25 @@ def run_lightning_job(
     )
 
 
-def test_a_lightning_script_survives_a_sigkill_and_resumes_from_its_last_checkpoint(
-    tmp_path: Path,
-) -> None:
-    """Each epoch is 4 steps (64 samples, half on each rank, in batches of 8)."""
-    run = run_lightning_job(tmp_path, TWO_HOSTS, "--fail-at", "10:1")
-    assert run.returncode == 0, run.explain()
-    assert_finished_together(run, 2)
-    starts = starts_by_rank(run)
-    assert [len(starts[r]) for r in (0, 1)] == [2, 2], run.explain()
-    assert {s["step"] for r in (0, 1) for s in starts[r][1:]} == {10}, "from last.ckpt"
-    assert {s["env"]["TORCHELASTIC_RUN_ID"] for r in (0, 1) for s in starts[r]} == {"local"}
-
-
-def test_a_lightning_script_follows_a_scale_out(tmp_path: Path) -> None:
+def test_a_lightning_script_survives_a_sigkill_and_follows_a_scale_out(tmp_path: Path) -> None:
+    """Each epoch is 4 steps (64 samples, half on each rank, in batches of 8). Rank 1 is
+    SIGKILLed at step 5 (epoch 1): both scripts start again from ``last.ckpt``; a third host
+    comes at epoch 2, and the scripts, held at step 10 until the world is 3, start again in
+    it."""
     run = run_lightning_job(
         tmp_path,
         ["-np", "2", "--min-np", "2", "--max-np", "3"],
-        "--await-size",
-        "8:3",
-        schedule={0: "127.0.1.1:1,127.0.1.2:1", 1: "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1"},
+        *("--fail-at", "5:1", "--await-size", "10:3"),
+        schedule={0: "127.0.1.1:1,127.0.1.2:1", 2: "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1"},
     )
     assert run.returncode == 0, run.explain()
     assert_finished_together(run, 3)
-    final = [starts[-1] for starts in starts_by_rank(run).values()]
+    assert [(e["rank"], e["step"]) for e in run.of("kill")] == [(1, 5)], run.explain()
+    starts = starts_by_rank(run)
+    assert [len(starts[r]) for r in (0, 1, 2)] == [3, 3, 1], run.explain()
+    assert {(s["size"], s["step"]) for r in (0, 1) for s in starts[r][1:2]} == {(2, 5)}, (
+        "both resumed from last.ckpt"
+    )
+    final = [starts[r][-1] for r in (0, 1, 2)]
     assert {(s["size"], s["env"]["GROUP_WORLD_SIZE"]) for s in final} == {(3, "3")}
+    assert {s["env"]["TORCHELASTIC_RUN_ID"] for r in (0, 1) for s in starts[r]} == {"local"}

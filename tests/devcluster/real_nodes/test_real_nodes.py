@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 import pytest
 
 from devcluster.cluster import Cluster
+from devcluster.imagebuild import BASE_IMAGE, PAUSE_IMAGE, operator_image, worker_image
+from devcluster.nodes import real_nodes
 from tests.support.kube import Kube, devcluster_cli, is_ready
 from tests.support.real_pods import (
     SLEEPER,
@@ -234,3 +236,13 @@ def test_real_cluster_status_and_logs_cli(real_cluster: Cluster, real_kube: Kube
         assert f"{name}-kubelet" in status.stdout
     logs = devcluster_cli(real_kube, "logs", "said", "-n", real_kube.ns)
     assert logs.stdout == "from a real container\n", logs.stderr
+
+
+def test_every_node_holds_every_image_under_the_name_pods_use(real_cluster: Cluster) -> None:
+    """Each node's containerd imported every image archive under the name pods use, as the
+    kubelet normalises it (the images themselves: test_images.py)."""
+    images = {PAUSE_IMAGE, BASE_IMAGE, operator_image(), worker_image()}
+    for node in real_nodes(real_cluster.config):
+        listed = node.ctr("images", "ls", "-q")
+        assert listed.returncode == 0, f"{node.name}: {listed.stderr}"
+        assert images <= set(listed.stdout.split()), f"{node.name}: {listed.stdout}"
