@@ -40,6 +40,7 @@ def script_failure(message: str) -> ScriptExit:
     status and the end of ``message``."""
     return ScriptExit(exit_code=RAISED_EXIT_CODE, log_tail=message[-RESULT_MESSAGE_CHARS:])
 
+
 Position = Callable[[], tuple[int, int, int]]
 """The worker's round, rank and step now."""
 
