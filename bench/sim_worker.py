@@ -242,9 +242,8 @@ class SimWorker:
                     await self._call(
                         "POST",
                         "/results",
-                        {"hostname": self.host, "local_rank": self.local_rank, "state": "SUCCESS",
-                         "exit_code": 0},
-                    )  # fmt: skip
+                        {"hostname": self.host, "local_rank": self.local_rank, "state": "SUCCESS"},
+                    )
                     return 0
         finally:
             for task in [*tasks, *([progress] if progress else [])]:
