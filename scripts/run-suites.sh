@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The README's test suites and the lint step, side by side (a 2-core machine; the longest
 # session sets the time, see docs/development.md):
-#   - the real-node suites (tests/devcluster/real_nodes, tests/e2e): one cluster of real nodes,
-#     mostly waiting on kubelets, containers and pods; output in .logs/cluster-suites.log,
-#     printed when all is done;
+#   - the real-node suites (tests/devcluster/real_nodes, tests/e2e): one cluster of real nodes
+#     for the session, mostly waiting on kubelets, containers and pods; output in
+#     .logs/cluster-suites.log, printed when all is done;
 #   - the lint step (make lint): output in .logs/lint.log, printed when all is done;
 #   - unit and integration (tests/unit, tests/integration): CPU-bound, no cluster; at a lower
 #     priority (nice), so that the real nodes' kubelets, operator and pods get the CPU when
-#     they need it and these tests fill the rest; then, in the same session's time, the
-#     process-node suites (the rest of tests/devcluster) and the chart's template tests, which
-#     need no real node: their process-node cluster lives only while they run.
+#     they need it and these tests fill the rest; then the rest of tests/devcluster (on
+#     process nodes, the images, a real-node cluster of its own brought down after a crash)
+#     and the chart's template tests: their clusters live only while they run.
 # Each pytest session tears its clusters down when it ends. Each prints its slowest tests and
 # writes every test's time to .logs/<suite>.xml (JUnit XML); the script fails if any fails.
 set -uo pipefail
@@ -18,7 +18,7 @@ PY=${PY:-.venv/bin/python}
 mkdir -p .logs
 CLUSTER_LOG=.logs/cluster-suites.log
 LINT_LOG=.logs/lint.log
-NO_REAL_NODES=(tests/devcluster --ignore=tests/devcluster/real_nodes tests/e2e/test_helm_chart.py)
+REST_OF_DEVCLUSTER=(tests/devcluster --ignore=tests/devcluster/real_nodes tests/e2e/test_helm_chart.py)
 started=$(date +%s)
 since() { echo "$(( $(date +%s) - started )) s"; }
 
@@ -33,9 +33,9 @@ nice -n 10 "$PY" -m pytest -q --durations=10 --junitxml=.logs/unit-integration.x
     tests/unit tests/integration "$@"
 units=$?
 echo "==> unit and integration: exit $units after $(since)"
-"$PY" -m pytest -q --durations=5 --junitxml=.logs/process-nodes.xml "${NO_REAL_NODES[@]}" "$@"
-process_nodes=$?
-echo "==> the process-node suites and the chart: exit $process_nodes after $(since)"
+"$PY" -m pytest -q --durations=5 --junitxml=.logs/devcluster.xml "${REST_OF_DEVCLUSTER[@]}" "$@"
+devcluster_rest=$?
+echo "==> the rest of tests/devcluster and the chart: exit $devcluster_rest after $(since)"
 
 wait "$lint"
 lint_status=$?
@@ -47,5 +47,5 @@ cluster_status=$?
 echo "==> the real-node suites (tests/devcluster/real_nodes, tests/e2e; $CLUSTER_LOG):"
 cat "$CLUSTER_LOG"
 echo "==> the real-node suites: exit $cluster_status after $(since)"
-[ "$units" -eq 0 ] && [ "$process_nodes" -eq 0 ] && [ "$lint_status" -eq 0 ] \
+[ "$units" -eq 0 ] && [ "$devcluster_rest" -eq 0 ] && [ "$lint_status" -eq 0 ] \
     && [ "$cluster_status" -eq 0 ]
