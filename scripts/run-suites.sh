@@ -10,8 +10,10 @@
 #     they need it and these tests fill the rest; then the rest of tests/devcluster (on
 #     process nodes, the images, a real-node cluster of its own brought down after a crash)
 #     and the chart's template tests: their clusters live only while they run.
-# Each pytest session tears its clusters down when it ends. Each prints its slowest tests and
-# writes every test's time to .logs/<suite>.xml (JUnit XML); the script fails if any fails.
+# A test marked quiet runs while the other session's tests wait (its checks depend on the
+# machine's load). Each pytest session tears its clusters down when it ends, prints its slowest
+# tests and writes every test's time to .logs/<suite>.xml (JUnit XML); the script fails if
+# any step fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -20,6 +22,10 @@ CLUSTER_LOG=.logs/cluster-suites.log
 LINT_LOG=.logs/lint.log
 REST_OF_DEVCLUSTER=(tests/devcluster --ignore=tests/devcluster/real_nodes tests/e2e/test_helm_chart.py)
 started=$(date +%s)
+# Tests marked quiet run while the other session's tests wait (tests/support/quiet_gate.py).
+ELASTICJOB_QUIET_GATE=$(mktemp -d)
+export ELASTICJOB_QUIET_GATE
+trap 'rm -rf "$ELASTICJOB_QUIET_GATE"' EXIT
 since() { echo "$(( $(date +%s) - started )) s"; }
 
 "$PY" -m pytest -q --durations=10 --junitxml=.logs/cluster-suites.xml \

@@ -217,6 +217,7 @@ def test_unschedulable_worker_pods_are_named_with_the_schedulers_message(
     assert stuck["observedGeneration"] == (kube.get("ej", "huge") or {})["metadata"]["generation"]
 
 
+@pytest.mark.quiet
 @pytest.mark.parametrize("fault", ["freeze", "partition", "partition-from-peers"])
 def test_a_silent_worker_is_killed_and_the_survivors_re_form(
     operator: Cluster, kube: Kube, tmp_path: Path, fault: str
@@ -324,6 +325,7 @@ def step_rate(log_dir: Path, start: float, end: float) -> float:
     return len(steps) / (end - start)
 
 
+@pytest.mark.quiet
 def test_a_straggler_is_found_replaced_and_the_job_speeds_up_again(
     operator: Cluster, kube: Kube, tmp_path: Path
 ) -> None:
@@ -378,16 +380,16 @@ def test_a_straggler_is_found_replaced_and_the_job_speeds_up_again(
         stop_workers(kube, log_dir)
 
 
-SLOW_POD_CPU = "50m"
-"""The slow pod's CPU limit: at most 12 % of a core in any of the check's 125 ms windows (a
-quota of 5 ms per 100 ms period), 8 % typically. Peers checked while the machine ran both
-CI sessions measured 26 % of a core at worst: against them a pod capped at 100m measured
-0.56x and passed. (A lower cap slows its start: torch's import alone takes 2.4 s of CPU.)"""
-MIN_RELATIVE = 0.4
-"""Below the ratios of the two first pods to each other under that load (0.67x copy at
-worst), above the slow pod's (0.46x at worst)."""
+SLOW_POD_CPU = "100m"
+"""The slow pod's CPU limit: at most 24 % of a core in any of the check's 125 ms windows (a
+quota of 10 ms per 100 ms period), 16 % typically, against a core for its peers. The test is
+quiet: while the other CI session ran, the peers measured 26 % of a core, and replacements
+that were not capped 0.15x of their peers (memory bandwidth that the other session's
+niced tests still took)."""
+MIN_RELATIVE = 0.3
 
 
+@pytest.mark.quiet
 def test_a_new_pod_below_its_peers_is_not_admitted_and_is_replaced_while_the_job_trains(
     operator: Cluster, kube: Kube, tmp_path: Path
 ) -> None:
