@@ -470,13 +470,15 @@ def test_preemption_and_a_not_ready_node_are_survived(
         )
         assert "rolling back" not in worker_logs(kube), "preemption must be graceful"
         # A worker's node, not the leading operator's: a leader on a NotReady node is another
-        # scenario (tests/e2e/test_high_availability.py).
+        # scenario (tests/e2e/test_high_availability.py). Rank 0's only when every other
+        # worker shares the leader's node (the replacement of the preempted pod may go there).
         leader = kube.wait("the operator's leader", lambda: leader_pod(kube.cluster), timeout=60)
-        lost = next(
-            w
-            for w in after["workers"]
-            if 0 not in w["ranks"] and w["node"] != leader["spec"].get("nodeName")
+        candidates = sorted(
+            (w for w in after["workers"] if w["node"] != leader["spec"].get("nodeName")),
+            key=lambda w: 0 in w["ranks"],
         )
+        assert candidates, f"every worker is on the leader's node: {after['workers']}"
+        lost = candidates[0]
         operator.faults.node_notready(lost["node"])
         wait_status(
             kube,
