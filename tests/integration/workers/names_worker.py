@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from api_worker import write_results  # beside this script
 
 import elasticjob.worker_runtime as hvd
@@ -96,7 +97,11 @@ def store_growth() -> int:
     deadline = time.monotonic() + 10
     while store.num_keys() - before > GROWTH_ALLOWED and time.monotonic() < deadline:
         time.sleep(0.05)
-    return int(store.num_keys() - before)
+    growth = int(store.num_keys() - before)
+    # No rank goes on to the next collective (whose keys the others would count) before every
+    # rank has counted: torch's own barrier writes nothing to the round's store.
+    dist.barrier()
+    return growth
 
 
 def mismatch_cases(rank: int) -> dict[str, Callable[[], Any]]:
