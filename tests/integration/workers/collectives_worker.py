@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from api_worker import event_log, run_checks_or_abort, write_results  # beside this script
+from markers import await_markers
 
 import elasticjob.worker_runtime as hvd
 
@@ -279,16 +280,6 @@ def values_run(out: Path) -> None:
     write_results(out, r, results)
 
 
-def await_markers(out: Path, names: tuple[str, ...]) -> None:
-    """Wait (bounded) until every marker file ``out/<name>`` exists: the kill must come while
-    its peers wait, or a peer could learn of it before it reaches its collective."""
-    deadline = time.monotonic() + MARKERS_WITHIN_S
-    while not all((out / name).exists() for name in names):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {names} in {out} within {MARKERS_WITHIN_S} s")
-        time.sleep(0.01)
-
-
 def abort_run(out: Path) -> None:
     event = event_log(out)
 
@@ -301,7 +292,11 @@ def abort_run(out: Path) -> None:
         if hvd.size() == 3:
             hvd.synchronize(hvd.allreduce_async(torch.ones(4)))  # everyone is in the round
             if r == 2:
-                await_markers(out, ("waiting-0", "waiting-1"))
+                # The kill must come while its peers wait, or a peer could learn of it
+                # before it reaches its collective.
+                peers = [out / "waiting-0", out / "waiting-1"]
+                if not await_markers(peers, MARKERS_WITHIN_S):
+                    raise TimeoutError(f"no {peers} within {MARKERS_WITHIN_S} s")
                 event("kill")
                 os.kill(os.getpid(), signal.SIGKILL)
             handle = hvd.allreduce_async(torch.ones(1000))  # rank 2 never joins it

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from place import place  # beside this script (run by path)
+from markers import await_markers  # beside this script (run by path)
+from place import place
 from torch.utils.data import DataLoader, TensorDataset
 
 import elasticjob.worker_runtime as hvd
@@ -154,7 +155,7 @@ def maybe_fail(
             # One-sided: the other ranks make this commit, and only then does this one fail
             # (else the driver's notice may stop them before it, and every rank would roll
             # back to the same commit).
-            await_markers([committed_marker(args.log_dir, epoch, batch)])
+            await_markers([committed_marker(args.log_dir, epoch, batch)], MARKERS_WITHIN_S)
             raise hvd.HorovodInternalError(
                 f"scripted one-sided collective failure at {epoch}:{batch}"
             )
@@ -203,15 +204,9 @@ def others_fired(args: argparse.Namespace, spec: str) -> None:
             args.log_dir / f"fired-{other.replace(':', '_')}"
             for other in args.fail
             if other.split(":")[:2] == epoch_batch and other.endswith(":sigkill")
-        ]
+        ],
+        MARKERS_WITHIN_S,
     )
-
-
-def await_markers(markers: list[Path]) -> None:
-    """Wait until every file of ``markers`` exists, for :data:`MARKERS_WITHIN_S` at most."""
-    deadline = time.monotonic() + MARKERS_WITHIN_S
-    while not all(m.exists() for m in markers) and time.monotonic() < deadline:
-        time.sleep(0.005)
 
 
 def ask_for_the_cut(fifo: Path, deadline_s: float = 30.0) -> None:
