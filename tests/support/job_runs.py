@@ -123,9 +123,13 @@ def run_to_end(
 
 
 def read_events(log_dir: Path) -> list[dict[str, Any]]:
+    """The workers' events so far, in time order. Each is a line ended by its newline: a last
+    line without one is still being written (a test polls while the workers run) and is left
+    for the next read."""
     events: list[dict[str, Any]] = []
     for path in sorted(log_dir.glob("*.jsonl")) if log_dir.exists() else []:
-        events.extend(json.loads(line) for line in path.read_text().splitlines() if line)
+        *complete, _being_written = path.read_text().split("\n")
+        events.extend(json.loads(line) for line in complete if line)
     return sorted(events, key=lambda e: e["time"])
 
 
