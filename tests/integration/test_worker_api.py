@@ -377,10 +377,11 @@ def test_a_script_without_elastic_run_succeeds_through_a_slow_teardown(tmp_path:
     returncode, stdout, stderr = run_plain_horovod(
         tmp_path, 5, "-np", "2", "-H", "127.0.1.1:2", "--heartbeat-timeout", "2"
     )
-    assert returncode == 0, stderr
-    assert "job succeeded: 2 of 2 workers succeeded" in stderr, stderr
-    assert "evicting" not in stderr, stderr
-    assert stdout.count("trained, average 1.0") == 2, stdout
+    both = f"{stderr}\n--- the workers' output ---\n{stdout}"
+    assert returncode == 0, both
+    assert "job succeeded: 2 of 2 workers succeeded" in stderr, both
+    assert "evicting" not in stderr, both
+    assert stdout.count("trained, average 1.0") == 2, both
 
 
 def test_a_teardown_that_hangs_after_success_is_stopped_and_the_job_succeeds(
@@ -391,7 +392,8 @@ def test_a_teardown_that_hangs_after_success_is_stopped_and_the_job_succeeds(
     driver stops it after the removal grace (30 s) and the job succeeds. Before, the job
     waited for that process forever."""
     returncode, stdout, stderr = run_plain_horovod(tmp_path, 3600, "-np", "1", "-H", "127.0.1.1:1")
-    assert returncode == 0, stderr
-    assert "reported SUCCESS and has not exited within 30 s (its teardown hangs)" in stderr, stderr
-    assert "job succeeded: 1 of 1 workers succeeded" in stderr, stderr
-    assert stdout.count("trained, average 1.0") == 1, stdout
+    both = f"{stderr}\n--- the workers' output ---\n{stdout}"
+    assert returncode == 0, both
+    assert "reported SUCCESS and has not exited within 30 s (its teardown hangs)" in stderr, both
+    assert "job succeeded: 1 of 1 workers succeeded" in stderr, both
+    assert stdout.count("trained, average 1.0") == 1, both

@@ -6,8 +6,11 @@ finds a joinable thread aborts the process), so a leaving process waits for them
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+
+logger = logging.getLogger(__name__)
 
 SETTLE_S = 5.0
 """How long a leaving process waits for lingering threads to end."""
@@ -31,4 +34,7 @@ def settle(timeout_s: float) -> bool:
         thread.join(max(0.0, deadline - time.monotonic()))
     with _lock:
         _threads[:] = [thread for thread in _threads if thread.is_alive()]
-        return not _threads
+        left = [thread.name for thread in _threads]
+    if left and timeout_s > 0:
+        logger.warning("after %.1f s, threads still in native code: %s", timeout_s, left)
+    return not left
