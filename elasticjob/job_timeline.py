@@ -93,7 +93,7 @@ def summarize(record: JobRecordData) -> Summary:
         start=datetime.datetime.fromtimestamp(start, datetime.UTC),
         duration_s=max(end - start, 0.0),
         goodput=record.goodput,
-        lost_seconds=dict(record.lost_seconds),
+        lost_seconds={cause.value: s for cause, s in record.state.lost_seconds.items()},
         rounds=kinds[EventKind.ROUND],
         failures=kinds[EventKind.FAILURE],
         blacklisted=kinds[EventKind.BLACKLISTED],

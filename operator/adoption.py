@@ -1,32 +1,25 @@
-"""Taking a job over after an operator restart, from what its status recorded: the round in
-force (so its workers train on undisturbed) and the blacklisted nodes (so they stay out until
-their recorded end); and which objects are the job's at all (:func:`ownership`): only those
-the job controls by ownerReference, never an object that merely carries its labels or name.
-Pure functions of the status, the objects and the clocks, and :func:`resume_job`, which hands
-what the status recorded to a new driver."""
+"""Taking a job over when its driver starts again (an operator restart, another replica
+that came to lead, a suspended job that resumes), from the job's record (``job_state.py``):
+the counts of resets and restarts, the account of lost time, the blacklisting in force until
+its recorded ends, and the round in force (so its workers train on undisturbed); and which
+objects are the job's at all (:func:`ownership`): only those the job controls by
+ownerReference, never an object that merely carries its labels or name. Pure functions of the
+record, the objects and the clocks, and :func:`resume_job`, which hands what the record holds
+to a new driver. The job's status is never read back: it is output."""
 
 from __future__ import annotations
 
-import datetime
 import enum
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from elasticjob.driver.blacklist import Blacklist
 from elasticjob.driver.driver import ElasticDriver
-from elasticjob.driver.goodput import LostTo
+from elasticjob.driver.job_record import JobRecordData
+from elasticjob.driver.job_state import BlacklistEntry, JobState
 from elasticjob.driver.slot_assignment import assign_slots
-from elasticjob.operator.api import (
-    KIND,
-    BlacklistedNode,
-    ConditionType,
-    ElasticJobStatus,
-    LostSeconds,
-    Phase,
-)
+from elasticjob.operator.api import KIND, ElasticJobStatus, Phase
 from elasticjob.wire.messages import SlotInfo, WorkerId
 
 logger = logging.getLogger(__name__)
@@ -60,7 +53,7 @@ def ownership(obj: Mapping[str, Any], job: Mapping[str, Any]) -> Ownership:
 
 @dataclass(frozen=True)
 class RecordedRound:
-    """The round a job's status records, as the driver adopts it."""
+    """The round a job's record holds, as the driver adopts it."""
 
     round: int
     slots: Mapping[WorkerId, SlotInfo]
@@ -70,109 +63,80 @@ class RecordedRound:
 
 
 def running_round(status: ElasticJobStatus) -> bool:
-    """Whether ``status`` records a round whose workers may be training (to take over, or to
-    suspend with their state saved)."""
+    """Whether ``status`` shows a round whose workers may be training (to suspend with their
+    state saved rather than at once)."""
     return status.phase is not Phase.SUSPENDED and bool(status.round and status.workers)
 
 
-def suspended_seconds(status: ElasticJobStatus, wall_now: float) -> float:
-    """The wall time the job of ``status`` has spent suspended up to ``wall_now``: what its
-    goodput recorded, and the suspension under way (since its Suspended condition turned
-    True), if any."""
-    total = status.goodput.suspended_seconds if status.goodput is not None else 0.0
-    if status.phase is Phase.SUSPENDED:
-        since = [c for c in status.conditions if c.type is ConditionType.SUSPENDED]
-        if since:
-            total += max(wall_now - since[0].last_transition_time.timestamp(), 0.0)
-    return total
-
-
-def recorded_round(status: ElasticJobStatus, slots_per_worker: int) -> RecordedRound | None:
-    """The round ``status`` records, or None when there is none or it does not fit the
+def recorded_round(state: JobState, slots_per_worker: int) -> RecordedRound | None:
+    """The round in force ``state`` holds, or None when there is none or it does not fit the
     pods' slots (then a new round is formed)."""
-    if not status.round or not status.workers:
+    in_force = state.round
+    if in_force is None or not in_force.members:
         return None
-    order = sorted(status.workers, key=lambda w: min(w.ranks or [0]))
-    slots = assign_slots([(w.pod, slots_per_worker) for w in order], min_np=1, max_np=None)
-    recorded = {(w.pod, rank) for w in status.workers for rank in w.ranks}
+    order = sorted(in_force.members, key=lambda m: min(m.ranks or (0,)))
+    slots = assign_slots([(m.host, slots_per_worker) for m in order], min_np=1, max_np=None)
+    recorded = {(m.host, rank) for m in in_force.members for rank in m.ranks}
     if {(worker.hostname, slot.rank) for worker, slot in slots.items()} != recorded:
-        logger.warning("the recorded round %d does not fit its pods; not adopted", status.round)
+        logger.warning("the recorded round %d does not fit its pods; not adopted", in_force.round)
         return None
-    return RecordedRound(status.round, slots, status.notice_seq, tuple(w.pod for w in order))
+    return RecordedRound(in_force.round, slots, in_force.notice_seq, tuple(m.host for m in order))
+
+
+class Restorable(Protocol):
+    """A blacklist that takes over recorded blacklistings (``blacklist.HostBlacklist``)."""
+
+    def restore(self, key: str, until: float, strikes: int = 1) -> None: ...
 
 
 def restore_blacklist(
-    blacklist: Blacklist[str], recorded: list[BlacklistedNode], wall_now: float, mono_now: float
+    blacklist: Restorable, recorded: tuple[BlacklistEntry, ...], wall_now: float, mono_now: float
 ) -> None:
-    """Blacklist the ``recorded`` nodes again until their recorded (wall-clock) ends, on the
+    """Blacklist the ``recorded`` keys again until their recorded (wall-clock) ends, on the
     blacklist's monotonic clock (``mono_now`` read from it at ``wall_now``), with their
     strikes. Ends already past are skipped."""
     for entry in recorded:
-        until = entry.until.timestamp() - wall_now + mono_now
+        until = entry.until - wall_now + mono_now
         if until > mono_now:
-            blacklist.restore(entry.node, until, entry.strikes)
-            logger.info("node %s stays blacklisted until %s", entry.node, entry.until)
-
-
-def blacklisted_nodes(
-    blacklist: Blacklist[str], wall_now: float, mono_now: float
-) -> list[BlacklistedNode]:
-    """The active blacklisting as the status records it: wall-clock ends (whole seconds,
-    rounded up so a restored end never comes early) and strikes."""
-    offset = wall_now - mono_now
-    return [
-        BlacklistedNode(
-            node=node,
-            until=datetime.datetime.fromtimestamp(math.ceil(until + offset), datetime.UTC),
-            strikes=max(1, blacklist.strikes(node)),
-        )
-        for node, until in sorted(blacklist.active().items())
-    ]
+            blacklist.restore(entry.key, until, entry.strikes)
+            logger.info("%s stays blacklisted for %.0f s", entry.key, until - mono_now)
 
 
 def resume_job(
     driver: ElasticDriver,
-    status: ElasticJobStatus,
+    record: JobRecordData,
     slots_per_worker: int,
     *,
     wall_now: float,
     mono_now: float,
-    node_blacklist: Blacklist[str] | None,
 ) -> RecordedRound | None:
-    """After an operator restart, give ``driver`` what ``status`` recorded: the counts of
-    resets and restarts (so ``resetLimit`` and ``maxRestarts`` count those before the
-    restart), the committed step (a durable
-    fallback counts its lost steps from it), the lost time (so goodput covers the whole job,
-    its time suspended left out),
-    the blacklisted nodes until their recorded ends (into ``node_blacklist``, with scope
-    Node), and the round in force, so its workers train on undisturbed; return that round
-    (None: none to adopt). ``wall_now`` and ``mono_now`` are the same moment on the wall
-    clock and on the driver's."""
-    driver.resume_resets(status.reset_count, status.restart_count, status.last_reset_reason)
-    if node_blacklist is not None:
-        restore_blacklist(node_blacklist, status.blacklisted_nodes, wall_now, mono_now)
-    recorded = recorded_round(status, slots_per_worker)
+    """When a job's driver starts again, give it what the job's ``record`` holds: the counts
+    of resets and restarts (so ``resetLimit`` and ``maxRestarts`` count those before), the
+    committed step (a durable fallback counts its lost steps from it), the lost time (so
+    goodput covers the whole job, its time suspended left out), the blacklisting in force
+    until its recorded ends (into the driver's blacklist), and the round in force, so its
+    workers train on undisturbed; return that round (None: none to adopt). ``wall_now`` and
+    ``mono_now`` are the same moment on the wall clock and on the driver's."""
+    state = record.state
+    driver.resume_resets(state.resets, state.restarts, state.last_reset_reason)
+    restore_blacklist(driver.hosts.blacklist, state.blacklist, wall_now, mono_now)
+    recorded = recorded_round(state, slots_per_worker)
     if recorded is not None:
         driver.adopt(recorded.round, recorded.slots, recorded.notice_seq)
-    running_for = None
-    if status.start_time is not None:
-        running_for = wall_now - status.start_time.timestamp() - suspended_seconds(status, wall_now)
-    lost = status.goodput.lost_seconds if status.goodput else LostSeconds()
-    driver.resume_account(
-        status.progress.committed_step if status.progress else None,
-        {cause: getattr(lost, cause.value) for cause in LostTo},
-        running_for,
-    )
+    running_for = state.running_seconds
+    if state.suspended_since is None:  # it ran on since the record was written
+        running_for += max(wall_now - record.written_at, 0.0)
+    driver.resume_account(state.committed_step, state.lost_seconds, running_for)
     return recorded
 
 
-def resumption_message(status: ElasticJobStatus, job_id: str, *, checkpoints: bool) -> str:
-    """What the event of a suspended job that resumes says (``status``: as recorded when it
-    was suspended; ``checkpoints``: its first round loads the newest checkpoint)."""
-    if not status.round:
+def resumption_message(state: JobState, job_id: str, *, checkpoints: bool) -> str:
+    """What the event of a suspended job that resumes says (``state``: as its record held it
+    when it was suspended; ``checkpoints``: its first round loads the newest checkpoint)."""
+    if not state.last_round:
         return f"job {job_id} started (it was suspended before it trained)"
     if checkpoints:
         return f"job {job_id} resumed from its newest checkpoint"
-    lost = status.progress.committed_step if status.progress else None
+    lost = state.committed_step
     steps = "" if lost is None else f" ({lost} committed steps lost)"
     return f"job {job_id} resumed without a checkpoint: training starts afresh{steps}"

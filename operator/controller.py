@@ -13,8 +13,9 @@ carries them out:
   goes through the ledger's one ``fail`` transition and is reported to the driver once, with
   its cause; the driver blacklists and tells the survivors, and the pod is announced and
   deleted as the driver's effects say (``elasticjob.driver.worker_exits``);
-- after an operator restart (``adoption``): the recorded round is adopted and the recorded
-  blacklisting restored; pods and the token Secret are the job's by ownerReference only;
+- after an operator restart (``adoption``): the round in force that the job's record holds is
+  adopted and its blacklisting restored (the record, never the status, is what a driver
+  resumes from); pods and the token Secret are the job's by ownerReference only;
 - objects the API server refuses for good (``kube_errors.permanent_error``) fail the job
   (InvalidSpec) once; the pods it made are deleted;
 - status (``status_observation`` and ``status_render``, from the driver's snapshot) and
@@ -37,16 +38,16 @@ from kubernetes.client.exceptions import ApiException
 from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.driver_types import Clock, DriverObserver, JobResult
 from elasticjob.driver.host_manager import HostManager
+from elasticjob.driver.job_record import JobRecordData
 from elasticjob.driver.job_snapshot import JobSnapshot
+from elasticjob.driver.job_state import JobState
 from elasticjob.driver.loop_lag import LoopLagWatch
 from elasticjob.event_waits import wait_event
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.adoption import (
-    blacklisted_nodes,
     resume_job,
     resumption_message,
     running_round,
-    suspended_seconds,
 )
 from elasticjob.operator.api import BlacklistScope, ElasticJobSpec, InvalidSpecError, Phase
 from elasticjob.operator.api.validation import name_errors
@@ -59,7 +60,7 @@ from elasticjob.operator.kube_errors import permanent_error
 from elasticjob.operator.pod_launcher import PodLauncher, driver_settings
 from elasticjob.operator.pod_reconciler import PodReconciler
 from elasticjob.operator.scaling import SpecReader, pods_to_clean
-from elasticjob.operator.status_observation import Observation, observe
+from elasticjob.operator.status_observation import Observation, blacklisted_nodes, observe
 from elasticjob.operator.status_writer import StatusWriter
 from elasticjob.operator.supervisor import Stopped
 from elasticjob.operator.token import RefusedJobError, ensure_token
@@ -108,9 +109,6 @@ class JobController:
         self.driver: ElasticDriver | None = None
         self.suspensions = 0
         """Times this controller saw the job suspended."""
-        self._suspended_s = 0.0
-        """The job's time suspended before its run under this controller (its status keeps
-        it)."""
 
     @property
     def phase(self) -> Phase:
@@ -247,9 +245,8 @@ class JobController:
             driver.observe(self._observer)
         saver = self._records.attach(body, driver, stored_record, self._wall_clock)
         driver.reachability.update(self._reachable, self._clock())
-        self._suspended_s = suspended_seconds(self._status.recorded(body), self._wall_clock())
-        adopted = self._adopt(body, spec, driver)
-        announce = self._resumption(body, driver) or (
+        adopted = stored_record is not None and self._adopt(spec, driver, stored_record)
+        announce = self._resumption(body, driver, stored_record) or (
             None if adopted else ("Created", f"job {self.job_id} started")
         )
         driver_task = asyncio.create_task(driver.run(), name=f"driver {self.job_id}")
@@ -283,29 +280,26 @@ class JobController:
             if not handed_over:
                 self._service.remove_job(self.job_id)
 
-    def _resumption(self, body: Mapping[str, Any], driver: ElasticDriver) -> tuple[str, str] | None:
-        """A suspended job resumes (its status says Suspended): its rounds are numbered on,
-        and the first one's rank 0 loads the newest checkpoint; return the event that says so
-        (None: the job was not suspended)."""
-        recorded = self._status.recorded(body)
-        if recorded.phase is not Phase.SUSPENDED:
+    def _resumption(
+        self, body: Mapping[str, Any], driver: ElasticDriver, stored: JobRecordData | None
+    ) -> tuple[str, str] | None:
+        """A suspended job resumes (its status says Suspended): its rounds are numbered on
+        after the newest its record holds, and the first one's rank 0 loads the newest
+        checkpoint; return the event that says so (None: the job was not suspended)."""
+        if self._status.recorded(body).phase is not Phase.SUSPENDED:
             return None
-        driver.continue_after(recorded.round)
+        state = JobState() if stored is None else stored.state
+        driver.continue_after(state.last_round)
         return "Resumed", resumption_message(
-            recorded, self.job_id, checkpoints=driver.settings.checkpoint_fallback
+            state, self.job_id, checkpoints=driver.settings.checkpoint_fallback
         )
 
-    def _adopt(self, body: Mapping[str, Any], spec: ElasticJobSpec, driver: ElasticDriver) -> bool:
-        """After an operator restart: carry on what the status recorded (``resume_job``).
-        Members of the recorded round whose pods are gone are reported failed."""
-        node_scope = spec.blacklist.scope is BlacklistScope.NODE
+    def _adopt(self, spec: ElasticJobSpec, driver: ElasticDriver, stored: JobRecordData) -> bool:
+        """When the job's driver starts again: carry on what its record holds
+        (``resume_job``). Members of the recorded round whose pods are gone are reported
+        failed."""
         recorded = resume_job(
-            driver,
-            self._status.recorded(body),
-            self.pods.slots,
-            wall_now=self._wall_clock(),
-            mono_now=self._clock(),
-            node_blacklist=self.pods.blacklist.keys if node_scope else None,
+            driver, stored, self.pods.slots, wall_now=self._wall_clock(), mono_now=self._clock()
         )
         if recorded is None:
             return False
@@ -349,12 +343,14 @@ class JobController:
         assert self.driver is not None
         nodes = []
         if spec.blacklist.scope is BlacklistScope.NODE:
-            nodes = blacklisted_nodes(self.pods.blacklist.keys, self._wall_clock(), self._clock())
+            nodes = blacklisted_nodes(self.driver.job_state().blacklist)
         clamp = None if self._spec.clamp is None else str(self._spec.clamp)
         draining = self.pods.ledger.draining.keys()
         snapshot = self.driver.snapshot()
-        history = history_of(self.driver.journal.record.events)
-        return observe(snapshot, spec, views, draining, nodes, clamp, self._suspended_s, history)
+        journal = self.driver.journal
+        history = history_of(journal.record.events)
+        suspended_s = journal.suspended_seconds
+        return observe(snapshot, spec, views, draining, nodes, clamp, suspended_s, history)
 
     async def _finish(
         self, body: Mapping[str, Any], spec: ElasticJobSpec, result: JobResult

@@ -107,6 +107,7 @@ class RecordKeeper:
             driver.journal,
             ConfigMapStore(self._api, self._namespace, job),
             self._clock,
+            driver.job_state,
             errors=(ApiException,),
         )
         return self.saver

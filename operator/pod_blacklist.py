@@ -80,6 +80,14 @@ class PodBlacklist:
         """Forget the cooldowns that have ended; return what they kept out."""
         return self.keys.expire()
 
+    def strikes(self, key: str) -> int:
+        """How many times the node or pod ``key`` was blacklisted."""
+        return self.keys.strikes(key)
+
+    def restore(self, key: str, until: float, strikes: int = 1) -> None:
+        """Keep the node or pod ``key`` out until ``until``, as the job's record says."""
+        self.keys.restore(key, until, strikes)
+
     def keeps_out(self, view: PodView) -> bool:
         """Whether the pod ``view`` is kept out now."""
         return is_blacklisted(view, self.scope, self.keys.active().keys())

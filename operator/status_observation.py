@@ -6,12 +6,14 @@ status of it."""
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from elasticjob.driver.driver_types import DriverPhase, JobResult
 from elasticjob.driver.goodput import LostTime
 from elasticjob.driver.job_snapshot import JobSnapshot
+from elasticjob.driver.job_state import BlacklistEntry
 from elasticjob.operator.api import (
     BlacklistedNode,
     CheckpointStatus,
@@ -178,6 +180,18 @@ def observe(
         replicas_clamped=replicas_clamped,
         history=history,
     )
+
+
+def blacklisted_nodes(entries: Sequence[BlacklistEntry]) -> list[BlacklistedNode]:
+    """The blacklisting in force (as the job's state holds it) as the status shows it."""
+    return [
+        BlacklistedNode(
+            node=entry.key,
+            until=datetime.datetime.fromtimestamp(entry.until, datetime.UTC),
+            strikes=entry.strikes,
+        )
+        for entry in entries
+    ]
 
 
 def stragglers_of(job: JobSnapshot) -> list[StragglerStatus]:

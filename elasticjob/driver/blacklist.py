@@ -81,9 +81,9 @@ class Blacklist(Generic[K]):
         return Exclusion(str(key), self.add(key))
 
     def restore(self, key: K, until: float, strikes: int = 1) -> None:
-        """Take over a blacklisting recorded elsewhere (an operator restart reads it from the
-        job's status): ``key`` stays out until ``until`` (or a later end it already has), and
-        counts at least ``strikes`` blacklistings."""
+        """Take over a blacklisting recorded elsewhere (a new driver of the job reads it from
+        the job's record): ``key`` stays out until ``until`` (or a later end it already has),
+        and counts at least ``strikes`` blacklistings."""
         self._strikes[key] = max(self._strikes.get(key, 0), strikes)
         self._until[key] = max(self._until.get(key, -math.inf), until)
 
@@ -128,3 +128,10 @@ class HostBlacklist(Protocol):
 
     def expire(self) -> list[str]:
         """Forget the cooldowns that have ended; return what they kept out."""
+
+    def strikes(self, key: str) -> int:
+        """How many times ``key`` (as :meth:`active` names it) was blacklisted."""
+
+    def restore(self, key: str, until: float, strikes: int = 1) -> None:
+        """Keep ``key`` (as :meth:`active` names it) out until ``until`` (monotonic), as a
+        previous driver of the job recorded it (see :meth:`Blacklist.restore`)."""

@@ -38,6 +38,7 @@ from elasticjob.driver.driver_types import (
 )
 from elasticjob.driver.host_manager import HostManager
 from elasticjob.driver.job_snapshot import JobSnapshot
+from elasticjob.driver.job_state import JobState, job_state
 from elasticjob.driver.journal import JobJournal
 from elasticjob.driver.liveness import Reachability
 from elasticjob.driver.loop_lag import LoopLagWatch
@@ -167,6 +168,17 @@ class ElasticDriver(DriverEvents):
             stragglers_found=self.journal.stragglers_found,
         )
 
+    def job_state(self) -> JobState:
+        """What the next driver of the job would resume from now (``job_state.py``)."""
+        journal = self.journal
+        return job_state(
+            self.snapshot(),
+            self.hosts.blacklist,
+            wall_now=journal.wall_clock(),
+            suspended_seconds=journal.suspended_seconds,
+            suspended_since=journal.suspended_since,
+        )
+
     def rank_of(self, worker: WorkerId) -> int | None:
         """The worker's rank in the round in force (None: it has none, left or failed)."""
         slot = self.slots.get(worker)
@@ -179,6 +191,7 @@ class ElasticDriver(DriverEvents):
         ``host``); the next round syncs state."""
         self._recovering = True
         self.rendezvous.post_notice(NoticeKind.ROUND_FAILED, (host,))
+        self.journal.state_changed()
 
     # ---- main loop -------------------------------------------------------------------------
 
@@ -290,6 +303,7 @@ class ElasticDriver(DriverEvents):
         )
         if decision.move is SuspendMove.NOTIFY:
             self.rendezvous.post_notice(NoticeKind.SUSPEND)
+            self.journal.state_changed()
             self._suspension = dataclasses.replace(progress, notified_round=self.round)
         elif decision.move is SuspendMove.REFORM:
             logger.info("workers stopped without saving their state: the next round is told")

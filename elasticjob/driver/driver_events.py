@@ -189,6 +189,7 @@ class DriverEvents(RendezvousListener, abc.ABC):
             self.rendezvous.post_notice(
                 NoticeKind.HOSTS_REMOVED, sorted({w.hostname for w in leaving})
             )
+            self.journal.state_changed()
 
     def suspend(self) -> None:
         """End the job's run without losing work (see ``suspension.py``): the round's members

@@ -4,7 +4,8 @@ The driver appends to it as things happen: rounds formed (with their world size)
 blacklisted hosts, progress samples (world size and samples/s), and the goodput account; the
 operator adds scale requests. It is kept in the cluster by the operator (so it outlives
 operator restarts) and written to a file by the local launcher (``--job-record``);
-``elasticjob timeline`` draws it (``elasticjob/job_timeline.py``).
+``elasticjob timeline`` draws it (``elasticjob/job_timeline.py``). It also holds the job's
+durable state (``job_state.py``), which the next driver of the job resumes from.
 
 Bounds: at most :data:`MAX_EVENTS` events (the oldest dropped first, but the first one, the
 job's start, kept) and :data:`MAX_SAMPLES` samples; when the samples are full, every other
@@ -15,10 +16,12 @@ grows. A full record stays well under 300 kB of JSON.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from elasticjob.driver.job_state import JobState
 
 MAX_EVENTS: Final = 400
 MAX_SAMPLES: Final = 1200
@@ -57,14 +60,30 @@ class EventKind(enum.StrEnum):
 
 
 class RecordChange(enum.IntEnum):
-    """What changed in a record since it was saved, in order of weight: an event outweighs
-    samples (false: nothing)."""
+    """What changed in a record since it was saved, in order of weight: a change of the
+    job's state outweighs an event, which outweighs samples (false: nothing)."""
 
     NONE = 0
     SAMPLES = 1
     """Only progress samples were added."""
     EVENTS = 2
     """An event was added (perhaps samples too)."""
+    STATE = 3
+    """What a new driver resumes from changed (``job_state.py``): a round was published or
+    failed, a notice posted, a host blacklisted, the run ended or was taken over."""
+
+
+STATE_EVENTS: Final = frozenset(
+    {
+        EventKind.ROUND,
+        EventKind.FAILURE,
+        EventKind.BLACKLISTED,
+        EventKind.ADOPTED,
+        EventKind.SUSPENDED,
+        EventKind.FINISHED,
+    }
+)
+"""The kinds of event that come with a change of the job's state."""
 
 
 class _Record(BaseModel):
@@ -101,8 +120,8 @@ class JobRecordData(_Record):
     job: str
     events: tuple[RecordEvent, ...] = ()
     samples: tuple[RecordSample, ...] = ()
-    lost_seconds: Mapping[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]] = {}
-    """Wall time lost by cause when the record was written (see ``goodput.py``)."""
+    state: JobState = JobState()
+    """What the next driver of the job resumes from (its lost time, for the timeline)."""
     goodput: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 1.0
     written_at: _Finite = 0.0
 
@@ -179,7 +198,11 @@ class JobRecord:
         )
         if len(self._events) > MAX_EVENTS:
             del self._events[1]
-        self._note(RecordChange.EVENTS)
+        self._note(RecordChange.STATE if kind in STATE_EVENTS else RecordChange.EVENTS)
+
+    def state_changed(self) -> None:
+        """The job's state changed with no event of the story (a notice was posted)."""
+        self._note(RecordChange.STATE)
 
     def sample(self, world_size: int, samples_per_second: float) -> None:
         """Record the world size and throughput now."""
@@ -206,13 +229,13 @@ class JobRecord:
         if self._on_change is not None:
             self._on_change(self._changed)
 
-    def data(self, lost_seconds: Mapping[str, float], goodput: float) -> JobRecordData:
-        """The record as stored, with the goodput account at this moment."""
+    def data(self, state: JobState, goodput: float) -> JobRecordData:
+        """The record as stored, with the job's ``state`` and goodput at this moment."""
         return JobRecordData(
             job=self.job,
             events=tuple(self._events),
             samples=tuple(self._samples),
-            lost_seconds={cause: round(s, 3) for cause, s in lost_seconds.items()},
+            state=state,
             goodput=round(min(max(goodput, 0.0), 1.0), 4),
             written_at=self._wall_clock(),
         )

@@ -28,6 +28,7 @@ from elasticjob.driver.goodput import (
     on_restored,
 )
 from elasticjob.driver.job_record import EventKind, JobRecord, JobRecordData, RecordChange
+from elasticjob.driver.job_state import JobState
 from elasticjob.driver.journal_events import (
     CheckpointRestored,
     HealthChecked,
@@ -52,9 +53,14 @@ class JobJournal:
         self._clock = clock
         self._listeners: list[JournalListener] = []
         self.observer: DriverObserver = Unobserved()
-        self.record = JobRecord("job", time.time, self._record_changed)
+        self.wall_clock: Callable[[], float] = time.time
+        self.record = JobRecord("job", self.wall_clock, self._record_changed)
         """Front ends start it with a name (:meth:`start_record`) or carry a stored one on
         (:meth:`resume_record`)."""
+        self.suspended_seconds = 0.0
+        """Wall time the job spent suspended before this run."""
+        self.suspended_since: float | None = None
+        """When this run ended suspended (wall time; None: it did not)."""
         self.lost_time = LostTime.start(clock())
         self._paused_in_round = 0
         """The round in which training last stopped (0: the job has not trained yet)."""
@@ -92,12 +98,21 @@ class JobJournal:
 
     def start_record(self, job: str, wall_clock: Callable[[], float], started: str) -> None:
         """Start the record of ``job``, its first event saying how it ``started``."""
+        self.wall_clock = wall_clock
         self.record = JobRecord(job, wall_clock, self._record_changed)
         self.record.event(EventKind.STARTED, started)
 
     def resume_record(self, data: JobRecordData, wall_clock: Callable[[], float]) -> None:
-        """Carry on a stored record (the operator restarted)."""
+        """Carry on a stored record (the operator restarted, or the suspended job resumes:
+        its suspension ends now)."""
+        self.wall_clock = wall_clock
         self.record = JobRecord.resumed(data, wall_clock, self._record_changed)
+        self.suspended_seconds = data.state.suspended_for(wall_clock())
+
+    def state_changed(self) -> None:
+        """What a new driver resumes from changed with no event of the job's story (a
+        notice was posted): the record is saved at once."""
+        self.record.state_changed()
 
     def scaled(self, old: int, new: int, round_number: int, world_size: int) -> None:
         """Someone asked for ``new`` worker pods instead of ``old``."""
@@ -105,11 +120,10 @@ class JobJournal:
             EventKind.SCALE, f"replicas {old} -> {new}", round=round_number, world_size=world_size
         )
 
-    def record_data(self) -> JobRecordData:
-        """The record as stored, with the goodput account now."""
-        now = self._clock()
-        lost = {cause.value: s for cause, s in self.lost_time.lost_seconds(now).items()}
-        return self.record.data(lost, self.lost_time.goodput(now))
+    def record_data(self, state: JobState) -> JobRecordData:
+        """The record as stored: its events and samples, the job's ``state`` now (built by
+        ``job_state.job_state``) and the goodput now."""
+        return self.record.data(state, self.lost_time.goodput(self._clock()))
 
     def adopted(self, round_number: int, world_size: int) -> None:
         """A new driver (its operator restarted, or another replica came to lead) took over
@@ -328,6 +342,7 @@ class JobJournal:
     def suspended(self, message: str, round_number: int) -> None:
         """The job's run ended suspended (``message`` says how it went)."""
         self._explain_failure()
+        self.suspended_since = self.wall_clock()
         self.record.event(EventKind.SUSPENDED, message, round=round_number)
         self.record.sample(0, 0.0)  # nobody trains until the job resumes
 

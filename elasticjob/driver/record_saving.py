@@ -4,19 +4,23 @@ they keep it (the operator in a ConfigMap, the local launcher in a file: a
 
 The journal pushes every change of the record (:class:`~elasticjob.driver.journal.
 RecordChanged`) to the job's :class:`RecordSaver`, which saves it once :func:`save_due`: at
-most every :data:`SAVE_INTERVAL_S` for a new event, every :data:`SAMPLES_SAVE_INTERVAL_S` for
-progress samples alone, and at once when the job ends (:meth:`RecordSaver.save_now`). Nothing
-is polled: the saver sleeps until a change makes a save due.
+once when the job's state changed (what a new driver resumes from, ``job_state.py``: a round,
+a failure, a notice, a blacklisting; rare), at most every :data:`SAVE_INTERVAL_S` for another
+event, every :data:`SAMPLES_SAVE_INTERVAL_S` for progress samples alone, and at once when the
+job ends (:meth:`RecordSaver.save_now`). Nothing is polled: the saver sleeps until a change
+makes a save due.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Final, Protocol
 
 from elasticjob.driver.driver_types import Clock
 from elasticjob.driver.job_record import JobRecordData, RecordChange
+from elasticjob.driver.job_state import JobState
 from elasticjob.driver.journal import JobJournal
 from elasticjob.driver.journal_events import JournalEvent, RecordChanged
 from elasticjob.event_waits import wait_event
@@ -37,7 +41,7 @@ def save_wait_s(changed: RecordChange, since_saved: float | None) -> float | Non
     changed, 0 when it is due now (a clock stepped back makes it due)."""
     if changed is RecordChange.NONE:
         return None
-    if since_saved is None or since_saved < 0:
+    if changed is RecordChange.STATE or since_saved is None or since_saved < 0:
         return 0.0
     interval = SAVE_INTERVAL_S if changed is RecordChange.EVENTS else SAMPLES_SAVE_INTERVAL_S
     return max(0.0, interval - since_saved)
@@ -67,10 +71,13 @@ class RecordSaver:
         journal: JobJournal,
         store: RecordStore,
         clock: Clock,
+        state: Callable[[], JobState],
         errors: tuple[type[BaseException], ...] = (OSError,),
     ) -> None:
-        """``errors``: what a failed save of ``store`` raises (logged; tried again later)."""
+        """``state``: the job's state now (``ElasticDriver.job_state``); ``errors``: what a
+        failed save of ``store`` raises (logged; tried again later)."""
         self._journal = journal
+        self._state = state
         self._store = store
         self._clock = clock
         self._errors = errors
@@ -120,7 +127,7 @@ class RecordSaver:
         if record.changed is RecordChange.NONE:
             return
         try:
-            await self._store.save(self._journal.record_data())
+            await self._store.save(self._journal.record_data(self._state()))
             record.saved()
         except self._errors as exc:
             logger.warning("could not save the record of job %s: %s", record.job, exc)

@@ -151,6 +151,7 @@ class RoundFormation:
             self._rendezvous.post_notice(
                 NoticeKind.HOSTS_ADDED, sorted({w.hostname for w in decision.newcomers})
             )
+            self._journal.state_changed()
 
     async def _launch(self, slots: Mapping[WorkerId, SlotInfo]) -> None:
         """Start the missing workers of ``slots`` (planned), then stop the newcomers that did

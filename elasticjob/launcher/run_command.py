@@ -117,7 +117,9 @@ async def run_job(args: argparse.Namespace) -> JobResult:
         saver = None
         if args.job_record:
             driver.start_record(args.job_name, time.time, " ".join(args.command))
-            saver = RecordSaver(driver.journal, RecordFile(Path(args.job_record)), time.monotonic)
+            saver = RecordSaver(
+                driver.journal, RecordFile(Path(args.job_record)), time.monotonic, driver.job_state
+            )
         # SIGUSR1 (a batch scheduler's warning before preemption or a time limit) suspends
         # the job: the workers save their last commit and exit; the same command resumes it.
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, driver.suspend)

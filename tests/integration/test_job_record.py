@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from elasticjob.driver.goodput import LostTo
 from elasticjob.driver.job_record import EventKind, JobRecordData
 from tests.support.job_runs import run_job
 
@@ -48,7 +49,8 @@ def test_a_failure_shows_in_the_record_and_its_timeline(tmp_path: Path) -> None:
     assert record.events[-1].message.startswith("succeeded")
     assert [e.t for e in record.events] == sorted(e.t for e in record.events)
     assert {s.world_size for s in record.samples} >= {4, 2}, "samples before and after"
-    assert record.lost_seconds["startup"] > 0 and record.lost_seconds["recovery"] > 0
+    lost = record.state.lost_seconds
+    assert lost[LostTo.STARTUP] > 0 and lost[LostTo.RECOVERY] > 0
     assert 0 < record.goodput < 1
 
     for picture in ("timeline.png", "timeline.html"):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from elasticjob.driver.goodput import LostTo
 from elasticjob.driver.job_record import EventKind, JobRecordData
 from tests.support.job_runs import assert_trained_exactly_once, run_job, worker_args
 
@@ -70,4 +71,5 @@ def test_every_worker_killed_resumes_from_the_newest_checkpoint_in_the_same_run(
     )
     assert lost is not None, restored
     assert not lost[1].isdigit() or int(lost[1]) < 8, restored
-    assert data.lost_seconds["recovery"] > 0 and data.lost_seconds["rollback"] > 0, data
+    lost = data.state.lost_seconds
+    assert lost[LostTo.RECOVERY] > 0 and lost[LostTo.ROLLBACK] > 0, data

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from elasticjob.driver.job_record import EventKind
+from elasticjob.driver.job_state import JobState
 from elasticjob.driver.journal import JobJournal
 
 Step = Callable[[JobJournal], None]
@@ -51,7 +52,7 @@ def test_a_failed_round_is_told_once(steps: list[Step], told: list[str]) -> None
     journal = JobJournal(lambda: 100.0)
     for step in steps:
         step(journal)
-    failures = [e for e in journal.record_data().events if e.kind is EventKind.FAILURE]
+    failures = [e for e in journal.record.events if e.kind is EventKind.FAILURE]
     assert [e.message for e in failures] == told
     assert all(e.round == 1 and e.world_size == 4 for e in failures)
 
@@ -62,7 +63,7 @@ def test_a_failure_of_the_next_round_is_told_again() -> None:
     journal.published(2, 2, 0, 2, 0.0)
     journal.collective_failed("a", 2, 2)
     journal.failed("a", 2, 2)
-    failures = [e for e in journal.record_data().events if e.kind is EventKind.FAILURE]
+    failures = [e for e in journal.record.events if e.kind is EventKind.FAILURE]
     assert [(e.round, e.message) for e in failures] == [
         (1, "a worker on b failed"),
         (2, "a worker on a failed"),
@@ -75,4 +76,4 @@ def test_a_fallback_drops_the_world_size_to_zero_until_the_next_round() -> None:
     journal.failed("a", 1, 4)
     journal.fell_back(1)
     journal.published(2, 2, 2, 0, 0.0)
-    assert [s.world_size for s in journal.record_data().samples] == [4, 0, 2]
+    assert [s.world_size for s in journal.record.data(JobState(), 1.0).samples] == [4, 0, 2]

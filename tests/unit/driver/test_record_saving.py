@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from elasticjob.driver.job_record import EventKind, JobRecordData, RecordChange
+from elasticjob.driver.job_state import JobState
 from elasticjob.driver.journal import JobJournal
 from elasticjob.driver.record_saving import (
     SAMPLES_SAVE_INTERVAL_S,
@@ -36,7 +37,7 @@ class Store:
         self.changed.set()
 
 
-E, S, N = RecordChange.EVENTS, RecordChange.SAMPLES, RecordChange.NONE
+T, E, S, N = RecordChange.STATE, RecordChange.EVENTS, RecordChange.SAMPLES, RecordChange.NONE
 
 
 @pytest.mark.parametrize(
@@ -48,6 +49,7 @@ E, S, N = RecordChange.EVENTS, RecordChange.SAMPLES, RecordChange.NONE
         (S, None, False, True),
         (E, 1.0, True, True),  # the job ends: at once
         (S, 1.0, True, True),
+        (T, 0.1, False, True),  # the job's state changed: at once, always
         (E, SAVE_INTERVAL_S - 0.1, False, False),  # an event: every SAVE_INTERVAL_S
         (E, SAVE_INTERVAL_S, False, True),
         (S, SAVE_INTERVAL_S, False, False),  # samples alone: every SAMPLES_SAVE_INTERVAL_S
@@ -69,6 +71,7 @@ def test_when_a_record_is_saved(
         (N, 3.0, None),
         (E, None, 0.0),
         (E, 4.0, SAVE_INTERVAL_S - 4.0),
+        (T, 4.0, 0.0),
         (S, 4.0, SAMPLES_SAVE_INTERVAL_S - 4.0),
         (E, SAVE_INTERVAL_S + 1.0, 0.0),
         (S, -1.0, 0.0),
@@ -83,7 +86,7 @@ def test_how_long_until_a_save_is_due(
 async def test_the_saver_saves_a_change_pushed_by_the_journal_without_being_asked() -> None:
     clock, store = FakeClock(1000.0), Store()
     journal = JobJournal(clock)
-    saver = RecordSaver(journal, store, clock)
+    saver = RecordSaver(journal, store, clock, JobState)
     running = asyncio.create_task(saver.run())
     try:
         journal.start_record("job", lambda: 1.0, "started")
@@ -98,10 +101,10 @@ async def test_the_saver_saves_a_change_pushed_by_the_journal_without_being_aske
 async def test_a_change_waits_for_its_interval_and_a_failed_save_is_tried_again() -> None:
     clock, store = FakeClock(1000.0), Store()
     journal = JobJournal(clock)
-    saver = RecordSaver(journal, store, clock)
+    saver = RecordSaver(journal, store, clock, JobState)
     journal.start_record("job", lambda: 1.0, "started")
     await saver.save_if_due()
-    journal.blacklisted("node-1", 10.0, 1)
+    journal.straggler("pod-1", 1, 2.5, 1)
     await saver.save_if_due()
     assert len(store.saved) == 1, "an event waits for its interval"
     assert saver.due_in() == SAVE_INTERVAL_S
@@ -112,13 +115,16 @@ async def test_a_change_waits_for_its_interval_and_a_failed_save_is_tried_again(
     store.down = False
     clock.now += SAVE_INTERVAL_S
     await saver.save_if_due()
-    assert [e.kind for e in store.saved[-1].events][-1] is EventKind.BLACKLISTED
+    assert [e.kind for e in store.saved[-1].events][-1] is EventKind.STRAGGLER
+    journal.blacklisted("node-1", 10.0, 1)
+    await saver.save_if_due()
+    assert [e.kind for e in store.saved[-1].events][-1] is EventKind.BLACKLISTED, "at once"
 
 
 async def test_save_now_saves_only_what_changed() -> None:
     clock, store = FakeClock(1000.0), Store()
     journal = JobJournal(clock)
-    saver = RecordSaver(journal, store, clock)
+    saver = RecordSaver(journal, store, clock, JobState)
     await saver.save_now()
     assert store.saved == [], "nothing changed"
     journal.record.sample(2, 10.0)

@@ -1,68 +1,44 @@
-"""Taking a job over after an operator restart: the recorded round and the recorded
-blacklisting."""
+"""Taking a job over when its driver starts again, from the job's record: the round in force
+and the blacklisting it holds, and the time suspended."""
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 import pytest
 
 from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
-from elasticjob.operator.adoption import (
-    blacklisted_nodes,
-    recorded_round,
-    restore_blacklist,
-    running_round,
-    suspended_seconds,
-)
-from elasticjob.operator.api import (
-    BlacklistedNode,
-    Condition,
-    ConditionStatus,
-    ConditionType,
-    ElasticJobStatus,
-    Goodput,
-    Phase,
-    WorkerStatus,
-)
+from elasticjob.driver.job_state import BlacklistEntry, JobState
+from elasticjob.operator.adoption import recorded_round, restore_blacklist, running_round
+from elasticjob.operator.api import ElasticJobStatus, Phase, WorkerStatus
 from elasticjob.wire.messages import WorkerId
 from tests.support.clock import FakeClock
 
 WALL_NOW = 1_800_000_000.0
-"""The wall clock when the new operator starts (2027-01-15T08:00:00Z)."""
+"""The wall clock when the new driver starts (2027-01-15T08:00:00Z)."""
 
 
-def at(offset_s: float) -> str:
-    moment = datetime.datetime.fromtimestamp(WALL_NOW + offset_s, datetime.UTC)
-    return moment.isoformat().replace("+00:00", "Z")
-
-
-def status(**fields: Any) -> ElasticJobStatus:
-    return ElasticJobStatus.model_validate(fields)
+def entries(*kept: tuple[str, float, int]) -> tuple[BlacklistEntry, ...]:
+    """Entries of a record: (key, seconds after WALL_NOW its cooldown ends, strikes)."""
+    return tuple(BlacklistEntry(key=k, until=WALL_NOW + s, strikes=n) for k, s, n in kept)
 
 
 @pytest.mark.parametrize(
     ("recorded", "kept_for"),
     [
-        ([{"node": "n1", "until": at(300)}], {"n1": 300.0}),
-        (
-            [{"node": "n1", "until": at(300)}, {"node": "n2", "until": at(10)}],
-            {"n1": 300, "n2": 10},
-        ),
-        ([{"node": "n1", "until": at(-5)}], {}),
-        ([], {}),
+        (entries(("n1", 300, 1)), {"n1": 300.0}),
+        (entries(("n1", 300, 1), ("n2", 10, 1)), {"n1": 300, "n2": 10}),
+        (entries(("n1", -5, 1)), {}),
+        ((), {}),
     ],
     ids=["one", "two", "already-over", "none"],
 )
 def test_restore_blacklist_keeps_nodes_out_until_their_recorded_end(
-    recorded: list[dict[str, Any]], kept_for: dict[str, float]
+    recorded: tuple[BlacklistEntry, ...], kept_for: dict[str, float]
 ) -> None:
     clock = FakeClock(5000.0)  # the new process's monotonic clock has its own origin
     blacklist = Blacklist[str](BlacklistPolicy(10, 600), clock)
-    restore_blacklist(
-        blacklist, status(blacklistedNodes=recorded).blacklisted_nodes, WALL_NOW, clock()
-    )
+    restore_blacklist(blacklist, recorded, WALL_NOW, clock())
     assert dict(blacklist.active()) == {n: 5000.0 + s for n, s in kept_for.items()}
     for node, seconds in kept_for.items():
         clock.now = 5000.0 + seconds - 1
@@ -74,72 +50,52 @@ def test_restore_blacklist_keeps_nodes_out_until_their_recorded_end(
 def test_restored_strikes_double_the_next_cooldown() -> None:
     clock = FakeClock(0.0)
     blacklist = Blacklist[str](BlacklistPolicy(10, 600), clock)
-    recorded = status(blacklistedNodes=[{"node": "n1", "until": at(1), "strikes": 3}])
-    restore_blacklist(blacklist, recorded.blacklisted_nodes, WALL_NOW, clock())
+    restore_blacklist(blacklist, entries(("n1", 1, 3)), WALL_NOW, clock())
     assert blacklist.strikes("n1") == 3
     clock.now = 2.0
     assert blacklist.add("n1") == 2.0 + 80  # the 4th blacklisting: 10 * 2**3
 
 
-def test_the_status_records_what_a_restart_restores() -> None:
-    clock = FakeClock(100.0)
-    blacklist = Blacklist[str](BlacklistPolicy(30, 600), clock)
-    blacklist.add("n1")
-    blacklist.add("n1")  # 60 s, strikes 2
-    clock.now = 100.5
-    written = blacklisted_nodes(blacklist, WALL_NOW, clock())
-    assert written == [
-        BlacklistedNode(
-            node="n1",
-            until=datetime.datetime.fromtimestamp(WALL_NOW + 60, datetime.UTC),
-            strikes=2,
-        )
-    ]
-    dumped = ElasticJobStatus(blacklisted_nodes=written).model_dump(
-        by_alias=True, exclude_none=True, mode="json"
-    )
-    assert dumped["blacklistedNodes"] == [{"node": "n1", "until": at(60), "strikes": 2}]
-    # A new operator, its monotonic clock elsewhere, 20 s later by the wall clock.
-    later = FakeClock(7.0)
-    restored = Blacklist[str](BlacklistPolicy(30, 600), later)
-    restore_blacklist(restored, status(**dumped).blacklisted_nodes, WALL_NOW + 20, later())
-    assert dict(restored.active()) == {"n1": 7.0 + 40}
-    assert restored.strikes("n1") == 2
+def state_of(round_in_force: dict[str, Any] | None) -> JobState:
+    return JobState.model_validate({"round": round_in_force})
 
 
 @pytest.mark.parametrize(
     ("fields", "slots", "expected"),
     [
-        ({}, 1, None),
-        ({"round": 3, "workers": []}, 1, None),
+        (None, 1, None),
+        ({"round": 3, "members": []}, 1, None),
         (
             {
                 "round": 3,
-                "noticeSeq": 7,
-                "workers": [{"pod": "b", "ranks": [1]}, {"pod": "a", "ranks": [0]}],
+                "notice_seq": 7,
+                "members": [{"host": "b", "ranks": [1]}, {"host": "a", "ranks": [0]}],
             },
             1,
             (3, 7, ("a", "b"), {("a", 0): 0, ("b", 0): 1}),
         ),
         (
-            {"round": 2, "workers": [{"pod": "a", "ranks": [0, 1]}, {"pod": "b", "ranks": [2, 3]}]},
+            {
+                "round": 2,
+                "members": [{"host": "a", "ranks": [0, 1]}, {"host": "b", "ranks": [2, 3]}],
+            },
             2,
             (2, 0, ("a", "b"), {("a", 0): 0, ("a", 1): 1, ("b", 0): 2, ("b", 1): 3}),
         ),
         (
-            {"round": 2, "workers": [{"pod": "a", "ranks": [0]}, {"pod": "b", "ranks": [1]}]},
+            {"round": 2, "members": [{"host": "a", "ranks": [0]}, {"host": "b", "ranks": [1]}]},
             2,
             None,
         ),
     ],
-    ids=["no-status", "no-workers", "one-slot", "two-slots", "slots-changed"],
+    ids=["none", "no-members", "one-slot", "two-slots", "slots-changed"],
 )
 def test_recorded_round(
-    fields: dict[str, Any],
+    fields: dict[str, Any] | None,
     slots: int,
     expected: tuple[int, int, tuple[str, ...], dict[tuple[str, int], int]] | None,
 ) -> None:
-    got = recorded_round(status(**fields), slots)
+    got = recorded_round(state_of(fields), slots)
     if expected is None:
         assert got is None
         return
@@ -151,35 +107,23 @@ def test_recorded_round(
 
 
 WORKER = WorkerStatus(pod="p-0", ranks=[0])
-SUSPENDED_AT = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
-
-
-def suspended_condition(status: ConditionStatus) -> Condition:
-    return Condition(type=ConditionType.SUSPENDED, status=status, last_transition_time=SUSPENDED_AT)
 
 
 @pytest.mark.parametrize(
-    ("status", "seconds"),
+    ("state", "seconds"),
     [
-        pytest.param(ElasticJobStatus(), 0.0, id="never-suspended"),
+        pytest.param(JobState(), 0.0, id="never-suspended"),
+        pytest.param(JobState(suspended_seconds=30.0), 30.0, id="running-again"),
         pytest.param(
-            ElasticJobStatus(goodput=Goodput(suspended_seconds=30.0)), 30.0, id="running-again"
+            JobState(suspended_seconds=30.0, suspended_since=WALL_NOW - 100), 130.0, id="now"
         ),
-        pytest.param(
-            ElasticJobStatus(
-                phase=Phase.SUSPENDED,
-                goodput=Goodput(suspended_seconds=30.0),
-                conditions=[suspended_condition(ConditionStatus.TRUE)],
-            ),
-            130.0,
-            id="suspended-now",
-        ),
+        pytest.param(JobState(suspended_since=WALL_NOW + 5), 0.0, id="a-wall-clock-stepped-back"),
     ],
 )
 def test_the_time_suspended_counts_the_suspension_under_way(
-    status: ElasticJobStatus, seconds: float
+    state: JobState, seconds: float
 ) -> None:
-    assert suspended_seconds(status, SUSPENDED_AT.timestamp() + 100) == seconds
+    assert state.suspended_for(WALL_NOW) == seconds
 
 
 @pytest.mark.parametrize(

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
 from elasticjob.driver.driver import ElasticDriver
-from elasticjob.driver.job_record import EventKind
+from elasticjob.driver.job_record import EventKind, JobRecordData
+from elasticjob.driver.job_state import BlacklistEntry, JobState, RoundInForce, RoundMember
 from elasticjob.operator.api import parse_spec
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.controller_settings import ControllerSettings
+from elasticjob.operator.job_records import record_config_map
 from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.supervisor import StopSignal
 from elasticjob.rendezvous.server import RendezvousService
@@ -199,27 +202,36 @@ async def test_a_scale_in_drains_the_newest_pod_and_the_driver_lets_it_leave() -
 
 
 async def test_a_restarted_operator_adopts_the_recorded_round_and_fails_its_missing_pods() -> None:
+    """The job's record is what a new driver resumes from; its status, output only, is not
+    read back (here it shows an older round and no blacklisting)."""
     kube = FakeKube()
     until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=5)
     body = kube.job_body("train", with_changes(replicas=2))
-    body["status"] = {
-        "phase": "Running",
-        "round": 4,
-        "workers": [
-            {"pod": "train-worker-a", "node": "n1", "ranks": [0]},
-            {"pod": "train-worker-b", "node": "n2", "ranks": [1]},
-        ],
-        "blacklistedNodes": [{"node": "n9", "until": until.isoformat(), "strikes": 2}],
-    }
+    body["status"] = {"phase": "Running", "round": 3, "workers": [{"pod": "x", "ranks": [0]}]}
+    state = JobState(
+        resets=3,
+        last_round=4,
+        round=RoundInForce(
+            round=4,
+            members=(
+                RoundMember(host="train-worker-a", ranks=(0,)),
+                RoundMember(host="train-worker-b", ranks=(1,)),
+            ),
+        ),
+        blacklist=(BlacklistEntry(key="n9", until=until.timestamp(), strikes=2),),
+    )
+    record = JobRecordData(job="ns.train", state=state, written_at=time.time())
+    await kube.apply_config_map("ns", record_config_map(body, record))
     kube.add_pod(adopted_pod(body, "train-worker-a"))
     kube.run_pod("train-worker-a", "n1")
     async with running(body, kube) as job:
         assert job.driver.round == 4, "the recorded round is adopted"
-        events = job.driver.journal.record.data({}, 1.0).events
+        events = job.driver.journal.record.events
         adopted = [e for e in events if e.kind is EventKind.ADOPTED]
         assert [(e.round, e.world_size) for e in adopted] == [(4, 2)], "the record marks it"
         assert (await job.notices()) == [(NoticeKind.ROUND_FAILED, ("train-worker-b",))]
         assert job.controller.pods.blacklist.keys.strikes("n9") == 2
+        assert job.driver.snapshot().reset_count >= 3
         await job.kube.wait_for(lambda: job.kube.statuses)
         assert "Created" not in job.kube.event_reasons()
 

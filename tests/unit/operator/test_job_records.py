@@ -10,6 +10,7 @@ from kubernetes.client.exceptions import ApiException
 
 from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.job_record import EventKind, JobRecordData
+from elasticjob.driver.job_state import JobState
 from elasticjob.driver.journal import JobJournal
 from elasticjob.driver.record_saving import SAMPLES_SAVE_INTERVAL_S, SAVE_INTERVAL_S, RecordSaver
 from elasticjob.operator.job_records import RecordKeeper, parse_record, record_config_map
@@ -36,6 +37,9 @@ class StubDriver:
 
     def scaled(self, old: int, new: int) -> None:
         self.journal.scaled(old, new, self.round, len(self.slots))
+
+    def job_state(self) -> JobState:
+        return JobState(resets=2)
 
 
 class FakeApi:
@@ -90,6 +94,7 @@ async def test_the_record_is_written_when_changed_at_most_every_interval() -> No
         (EventKind.SCALE, "replicas 4 -> 6"),
     ]
     assert data.events[1].world_size == 2 and data.events[1].round == 3
+    assert data.state == JobState(resets=2), "the driver's state, with the events"
 
 
 async def test_progress_samples_alone_are_saved_less_often_than_events() -> None:
@@ -112,11 +117,11 @@ async def test_a_restarted_operator_carries_the_stored_record_on() -> None:
     api, clock = FakeApi(), FakeClock(500.0)
     first = StubDriver(clock)
     first.journal.record.event(EventKind.FAILURE, "a worker on b failed")
-    api.maps["train-record"] = record_config_map(JOB, first.journal.record.data({}, 1.0))
+    api.maps["train-record"] = record_config_map(JOB, first.journal.record.data(JobState(), 1.0))
     records = keeper(api, clock)
     second = StubDriver(clock)
     records.attach(JOB, cast(ElasticDriver, second), await records.load(JOB), clock)
-    kinds = [e.kind for e in second.journal.record.data({}, 1.0).events]
+    kinds = [e.kind for e in second.journal.record.events]
     assert kinds == [EventKind.FAILURE], "no second start"
 
 
@@ -127,7 +132,9 @@ async def test_an_unreadable_record_starts_a_new_one_and_a_failed_write_is_retri
     driver = StubDriver(clock)
     stub = cast(ElasticDriver, driver)
     saver = records.attach(JOB, stub, await records.load(JOB), clock)
-    assert [e.kind for e in driver.journal.record.data({}, 1.0).events] == [EventKind.STARTED]
+    assert [e.kind for e in driver.journal.record.data(JobState(), 1.0).events] == [
+        EventKind.STARTED
+    ]
     driver.journal.record.event(EventKind.ROUND, round=1, world_size=2)
     api.down = True
     await saver.save_now()

@@ -9,7 +9,9 @@ import matplotlib.pyplot as plt
 import pytest
 
 from elasticjob.cli import main
+from elasticjob.driver.goodput import LostTo
 from elasticjob.driver.job_record import EventKind, JobRecordData, RecordEvent, RecordSample
+from elasticjob.driver.job_state import JobState
 from elasticjob.job_timeline import ROLLED_BACK, _figure, pauses, render, summarize
 
 T0 = 1_790_000_000.0
@@ -49,7 +51,14 @@ def record() -> JobRecordData:
         job="ns.train",
         events=events,
         samples=samples,
-        lost_seconds={"startup": 20.0, "recovery": 2.5, "rollback": 30.0, "resize": 30.0},
+        state=JobState(
+            lost_seconds={
+                LostTo.STARTUP: 20.0,
+                LostTo.RECOVERY: 2.5,
+                LostTo.ROLLBACK: 30.0,
+                LostTo.RESIZE: 30.0,
+            }
+        ),
         goodput=0.93,
         written_at=T0 + 1200,
     )
