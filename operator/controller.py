@@ -38,7 +38,7 @@ from kubernetes.client.exceptions import ApiException
 from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.driver_types import Clock, DriverObserver, JobResult
 from elasticjob.driver.host_manager import HostManager
-from elasticjob.driver.job_record import JobRecordData
+from elasticjob.driver.job_record import EventKind, JobRecordData
 from elasticjob.driver.job_snapshot import JobSnapshot
 from elasticjob.driver.job_state import JobState
 from elasticjob.driver.loop_lag import LoopLagWatch
@@ -53,8 +53,8 @@ from elasticjob.operator.api import BlacklistScope, ElasticJobSpec, InvalidSpecE
 from elasticjob.operator.api.validation import name_errors
 from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.disruption import DisruptionBudget
-from elasticjob.operator.job_history import history_of
 from elasticjob.operator.job_records import RecordKeeper
+from elasticjob.operator.job_story import history_of
 from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.kube_errors import permanent_error
 from elasticjob.operator.pod_launcher import PodLauncher, driver_settings
@@ -335,7 +335,7 @@ class JobController:
             await self._budget.ensure(body, spec.min_replicas)
         if clamp := self._spec.new_clamp():
             logger.warning("job %s: %s", self.job_id, clamp)
-            self.pods.events.add("ReplicasClamped", str(clamp), warning=True)
+            self.pods.note(EventKind.CLAMPED, str(clamp), "", True)
         await self._post_events(body)
         await self._status.write(body, self._observe(spec, views))
 

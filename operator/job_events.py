@@ -1,76 +1,17 @@
-"""The Kubernetes events of one job, queued as the facts are learnt and posted by the job's
-controller on its next pass: what the controller learns itself (a worker pod failed, a pod
-leaves) and what the driver's journal pushes (a round formed, a checkpoint restored, a node or
-pod blacklisted: :func:`event_of`). Nothing is found by comparing what was announced before.
-"""
+"""The Kubernetes events of one job, queued as they are recorded and posted by the job's
+controller on its next pass: each event added to the job's record (the journal pushes it,
+``journal_events.Recorded``) makes the event the one table of ``job_story.py`` says, whether
+the driver learnt the fact or the controller did (it tells the driver, which records it).
+Nothing is found by comparing what was announced before."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from elasticjob.driver.journal_events import (
-    CheckpointRestored,
-    HealthChecked,
-    HostBlacklisted,
-    JournalEvent,
-    RoundPublished,
-    StragglerFound,
-)
+from elasticjob.driver.job_record import RecordEvent
+from elasticjob.driver.journal_events import JournalEvent, Recorded
 from elasticjob.operator.api import BlacklistScope
-
-
-@dataclass(frozen=True)
-class JobEvent:
-    """A Kubernetes event on the ElasticJob."""
-
-    reason: str
-    message: str
-    warning: bool = False
-
-
-def event_of(event: JournalEvent, scope: BlacklistScope) -> JobEvent | None:
-    """The Kubernetes event a journal event makes (None: none); ``scope``: what the job
-    blacklists (nodes or pods)."""
-    if isinstance(event, RoundPublished):
-        hosts = ", ".join(event.hosts)
-        return JobEvent(
-            "RoundFormed", f"round {event.round}: {event.world_size} workers in {hosts}"
-        )
-    if isinstance(event, CheckpointRestored):
-        restore = event.restore
-        lost = "an unknown number of" if restore.steps_lost is None else restore.steps_lost
-        cause = "resumed after a suspension" if restore.resumed else "no worker survived"
-        return JobEvent(
-            "RestoredFromCheckpoint",
-            f"{cause}: round {restore.round} resumed from checkpoint "
-            f"{restore.checkpoint.name} (step {restore.checkpoint.step}); {lost} committed "
-            "steps are trained again",
-            warning=not restore.resumed or restore.steps_lost != 0,
-        )
-    if isinstance(event, StragglerFound):
-        return JobEvent(
-            "StragglerDetected",
-            f"rank {event.rank} in pod {event.host} is a straggler in round {event.round}: its "
-            f"steps keep it busy {event.slowdown:.2f}x as long as the other workers'",
-            warning=True,
-        )
-    if isinstance(event, HealthChecked):
-        took = "" if event.seconds is None else f" in {event.seconds:.1f} s"
-        where = f"pod {event.host}" + (f" on node {event.node}" if event.node else "")
-        if event.passed:
-            return JobEvent(
-                "HealthCheckPassed", f"{where} passed its health check{took}: {event.reason}"
-            )
-        return JobEvent(
-            "HealthCheckFailed",
-            f"{where} failed its health check{took}: {event.reason}; it is not admitted",
-            warning=True,
-        )
-    if isinstance(event, HostBlacklisted):
-        what = "node" if scope is BlacklistScope.NODE else "pod"
-        return JobEvent(f"{what.capitalize()}Blacklisted", f"{what} {event.host} blacklisted", True)
-    return None
+from elasticjob.operator.job_story import JobEvent, event_of
 
 
 class JobEvents:
@@ -82,13 +23,14 @@ class JobEvents:
         self._wake = wake
         self._queued: list[JobEvent] = []
 
-    def add(self, reason: str, message: str, *, warning: bool = False) -> None:
-        """Queue an event the controller learnt of."""
-        self._queued.append(JobEvent(reason, message, warning))
-        self._wake()
-
     def on_journal(self, event: JournalEvent) -> None:
-        """A subscriber of the driver's journal: queue the event ``event`` makes."""
+        """A subscriber of the driver's journal: queue the event a recorded event makes."""
+        if isinstance(event, Recorded):
+            self.told(event.event)
+
+    def told(self, event: RecordEvent) -> None:
+        """Queue the Kubernetes event ``event`` makes, if it makes one (the journal's, or one
+        the controller learnt while the job has no driver to record it)."""
         made = event_of(event, self.scope)
         if made is not None:
             self._queued.append(made)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -18,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from elasticjob.driver.blacklist import BlacklistPolicy
 from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.driver_types import Clock
+from elasticjob.driver.job_record import EventKind, RecordEvent
 from elasticjob.driver.journal_events import HealthChecked
 from elasticjob.driver.worker_exits import ExitCause, ExitEffects, decide_exit
 from elasticjob.operator import pods as podlib
@@ -147,11 +149,22 @@ class PodReconciler:
         )
         effects = self._exit_workers(failure.name, failure.exit_code, failure.cause)
         if effects.announce:
-            where = f"pod {failure.name} on {failure.node}"
-            self.events.add("WorkerFailed", f"{where}: {failure.reason}", warning=True)
+            where = f"{failure.name} on {failure.node}"
+            self.note(EventKind.WORKER_FAILED, f"{where}: {failure.reason}", failure.name, True)
         if effects.replace:
             self.ledger.delete_soon(failure.name, grace_s=0)
         self._wake.set()
+
+    def note(self, kind: EventKind, message: str, pod: str, warning: bool) -> None:
+        """Tell what was learnt of ``pod`` (``job_record.EventKind``): the driver records it,
+        which makes its event; with no driver (the job is suspended) only the event."""
+        if self.driver is not None:
+            self.driver.note(kind, message, host=pod, warning=warning)
+        else:
+            event = RecordEvent(
+                t=time.time(), kind=kind, message=message, host=pod, warning=warning
+            )
+            self.events.told(event)
 
     def _exit_workers(self, pod: str, exit_code: int, cause: ExitCause) -> ExitEffects:
         """Tell the driver that the workers of ``pod`` ended; return what follows (with no
@@ -254,7 +267,7 @@ class PodReconciler:
             self.ledger.forget(name)
         for name in plan.drain:
             self.ledger.drain(name, now)
-            self.events.add("ScalingIn", f"pod {name} leaves the job")
+            self.note(EventKind.LEAVING, f"{name} leaves the job", name, False)
         self._push_hosts(plan.hosts)
         avoid = self.blacklist.active() if spec.blacklist.scope is BlacklistScope.NODE else {}
         # No new pod for a job being suspended, or finishing (a new pod would only find the

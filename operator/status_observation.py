@@ -87,7 +87,7 @@ class Observation:
     restored: RestoreStatus | None = None
     """The latest durable fallback (its ``time`` is set when the status first shows it)."""
     history: Sequence[str] = ()
-    """The job's story (``job_history.history_of``; empty: keep the one shown)."""
+    """The job's story (``job_story.history_of``; empty: keep the one shown)."""
     notice_seq: int = 0
     invalid_spec: str | None = None
     replicas_clamped: str | None = None
@@ -141,7 +141,7 @@ def observe(
 ) -> Observation:
     """What the driver (its snapshot ``job``) and the pods (``views``; ``leaving``: chosen to
     leave) say now; ``suspended_s``: the job's time suspended so far; ``history``: its story
-    (``job_history.py``)."""
+    (``job_story.py``)."""
     suspended = job.result is not None and job.result.suspended
     ranks = {} if suspended else job.ranks_by_host()  # a suspended job has no members
     running = {name for name, v in views.items() if v.state is PodState.RUNNING}

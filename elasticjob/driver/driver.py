@@ -343,7 +343,6 @@ class ElasticDriver(DriverEvents):
             len(publish.newcomers),
             len(publish.outgoing),
             self.progress.samples_per_second if self.progress else 0.0,
-            hosts=tuple(sorted({w.hostname for w in publish.slots})),
         )
         logger.info(
             "round %d: %d workers on %s (sync=%s, newcomers=%d, dismissed=%d)",

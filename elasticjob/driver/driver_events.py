@@ -29,7 +29,7 @@ from elasticjob.driver.driver_types import (
 )
 from elasticjob.driver.goodput import LostTo
 from elasticjob.driver.host_manager import HostManager
-from elasticjob.driver.job_record import JobRecordData
+from elasticjob.driver.job_record import EventKind, JobRecordData
 from elasticjob.driver.journal import JobJournal
 from elasticjob.driver.journal_events import HealthChecked, JournalListener
 from elasticjob.driver.liveness import Reachability
@@ -203,6 +203,12 @@ class DriverEvents(RendezvousListener, abc.ABC):
     def health_checked(self, checked: HealthChecked) -> None:
         """A new pod's health check ended (its front end runs the checks)."""
         self.journal.health_checked(checked, self.round)
+
+    def note(self, kind: EventKind, message: str, *, host: str = "", warning: bool) -> None:
+        """What the front end learnt about ``host`` that the job's record tells (kinds
+        ``WORKER_FAILED``, ``LEAVING``, ``CLAMPED``; see ``job_record.EventKind``);
+        ``warning``: it is bad news."""
+        self.journal.noted(kind, message, host=host, warning=warning)
 
     def discovery_failed(self, error: str) -> None:
         """The front end's host discovery failed with ``error``: the job ends if it never

@@ -54,6 +54,14 @@ class EventKind(enum.StrEnum):
     """A member was flagged as a straggler (consistently slower steps than the others)."""
     HEALTH_CHECK_FAILED = "health-check-failed"
     """A new pod failed its health check: it was not admitted, its node was blacklisted."""
+    HEALTH_CHECK_PASSED = "health-check-passed"
+    """A new pod passed its health check."""
+    WORKER_FAILED = "worker-failed"
+    """The front end saw a worker fail, and why (a pod's phase, an exit code, a lost node)."""
+    LEAVING = "leaving"
+    """A worker was chosen to leave the job (a scale-in); it leaves with its state."""
+    CLAMPED = "clamped"
+    """The job's requested size is out of its bounds; the job runs at the nearest bound."""
     SUSPENDED = "suspended"
     """The job was suspended: its run ended with its state saved, until it is resumed."""
     FINISHED = "finished"
@@ -104,6 +112,10 @@ class RecordEvent(_Record):
     trained from then to the failure is trained again in this round."""
     until: _Finite | None = None
     """On a ``BLACKLISTED`` event, when the host's cooldown ends."""
+    host: str = ""
+    """The host, node or pod the event concerns, if one."""
+    warning: bool = False
+    """The event is bad news for the job (a failure, lost work, a slow or unhealthy host)."""
 
 
 class RecordSample(_Record):
@@ -133,10 +145,11 @@ class JobRecord:
         self,
         job: str,
         wall_clock: Callable[[], float],
-        on_change: Callable[[RecordChange], None] | None = None,
+        on_change: Callable[[RecordChange, RecordEvent | None], None] | None = None,
     ) -> None:
-        """``on_change`` is told what changed after every addition (the journal passes it on
-        to its subscribers: whoever saves the record)."""
+        """``on_change`` is told what changed after every addition, and the event added if
+        one was (the journal passes both on to its subscribers: whoever saves the record,
+        whoever tells the job's events)."""
         self.job = job
         self._wall_clock = wall_clock
         self._on_change = on_change
@@ -149,7 +162,7 @@ class JobRecord:
         cls,
         data: JobRecordData,
         wall_clock: Callable[[], float],
-        on_change: Callable[[RecordChange], None] | None = None,
+        on_change: Callable[[RecordChange, RecordEvent | None], None] | None = None,
     ) -> JobRecord:
         """Carry on a stored record (an operator restarted)."""
         record = cls(data.job, wall_clock, on_change)
@@ -180,25 +193,29 @@ class JobRecord:
         world_size: int = 0,
         rolled_back_s: float | None = None,
         for_s: float | None = None,
+        host: str = "",
+        warning: bool = False,
     ) -> None:
-        """Record that ``kind`` happened now; ``rolled_back_s``: how long ago the training
-        that a failure threw away began (see :attr:`RecordEvent.rolled_back_from`);
-        ``for_s``: how long a blacklisting lasts (see :attr:`RecordEvent.until`)."""
+        """Record that ``kind`` happened now (to ``host``; ``warning``: as bad news);
+        ``rolled_back_s``: how long ago the training that a failure threw away began (see
+        :attr:`RecordEvent.rolled_back_from`); ``for_s``: how long a blacklisting lasts (see
+        :attr:`RecordEvent.until`)."""
         now = self._wall_clock()
-        self._events.append(
-            RecordEvent(
-                t=now,
-                kind=kind,
-                message=message,
-                round=round,
-                world_size=world_size,
-                rolled_back_from=None if rolled_back_s is None else now - rolled_back_s,
-                until=None if for_s is None else now + for_s,
-            )
+        event = RecordEvent(
+            t=now,
+            kind=kind,
+            message=message,
+            round=round,
+            world_size=world_size,
+            rolled_back_from=None if rolled_back_s is None else now - rolled_back_s,
+            until=None if for_s is None else now + for_s,
+            host=host,
+            warning=warning,
         )
+        self._events.append(event)
         if len(self._events) > MAX_EVENTS:
             del self._events[1]
-        self._note(RecordChange.STATE if kind in STATE_EVENTS else RecordChange.EVENTS)
+        self._note(RecordChange.STATE if kind in STATE_EVENTS else RecordChange.EVENTS, event)
 
     def state_changed(self) -> None:
         """The job's state changed with no event of the story (a notice was posted)."""
@@ -224,10 +241,10 @@ class JobRecord:
             self._samples = self._samples[::2] + ([sample] if len(self._samples) % 2 == 0 else [])
         self._note(RecordChange.SAMPLES)
 
-    def _note(self, change: RecordChange) -> None:
+    def _note(self, change: RecordChange, event: RecordEvent | None = None) -> None:
         self._changed = max(self._changed, change)
         if self._on_change is not None:
-            self._on_change(self._changed)
+            self._on_change(self._changed, event)
 
     def data(self, state: JobState, goodput: float) -> JobRecordData:
         """The record as stored, with the job's ``state`` and goodput at this moment."""

@@ -27,18 +27,21 @@ from elasticjob.driver.goodput import (
     on_resize,
     on_restored,
 )
-from elasticjob.driver.job_record import EventKind, JobRecord, JobRecordData, RecordChange
+from elasticjob.driver.job_record import (
+    EventKind,
+    JobRecord,
+    JobRecordData,
+    RecordChange,
+    RecordEvent,
+)
 from elasticjob.driver.job_state import JobState
 from elasticjob.driver.journal_events import (
-    CheckpointRestored,
     HealthChecked,
-    HostBlacklisted,
     JournalEvent,
     JournalListener,
     RecordChanged,
+    Recorded,
     Restore,
-    RoundPublished,
-    StragglerFound,
 )
 from elasticjob.wire.messages import CheckpointReport, ProgressRequest
 
@@ -93,7 +96,9 @@ class JobJournal:
         for listener in self._listeners:
             listener(event)
 
-    def _record_changed(self, change: RecordChange) -> None:
+    def _record_changed(self, change: RecordChange, event: RecordEvent | None) -> None:
+        if event is not None:
+            self._tell(Recorded(event))
         self._tell(RecordChanged(change))
 
     def start_record(self, job: str, wall_clock: Callable[[], float], started: str) -> None:
@@ -211,13 +216,15 @@ class JobJournal:
         self.restore = Restore(checkpoint, round_number, lost, resumed=self._resuming)
         self._resuming = False
         self.lost_time = on_restored(self.lost_time, self._checkpoint_times.get(checkpoint.name))
-        self._tell(CheckpointRestored(self.restore))
         steps = "an unknown number of" if lost is None else str(lost)
+        cause = "the job resumed after a suspension" if self.restore.resumed else "no survivor"
         self.record.event(
             EventKind.RESTORED,
-            f"{checkpoint.name} at step {checkpoint.step}: {steps} steps trained again",
+            f"{checkpoint.name} at step {checkpoint.step}: {steps} committed steps trained "
+            f"again ({cause})",
             round=round_number,
             world_size=world_size,
+            warning=not self.restore.resumed or lost != 0,
         )
 
     def fell_back(self, round_number: int) -> None:
@@ -287,10 +294,8 @@ class JobJournal:
         joined: int,
         left: int,
         samples_per_second: float,
-        *,
-        hosts: tuple[str, ...] = (),
     ) -> None:
-        """The next round was published, with ``world_size`` workers on ``hosts``."""
+        """The next round was published, with ``world_size`` workers."""
         self._explain_failure()
         if self._round_ended_at is not None:
             self.observer.round_formed(self._clock() - self._round_ended_at)
@@ -302,14 +307,17 @@ class JobJournal:
             world_size=world_size,
         )
         self.record.sample(world_size, samples_per_second)
-        self._tell(RoundPublished(round_number, world_size, hosts))
 
     def blacklisted(self, host: str, seconds: float, round_number: int) -> None:
         """``host`` is excluded for ``seconds``."""
         self.record.event(
-            EventKind.BLACKLISTED, f"{host} for {seconds:.0f} s", round=round_number, for_s=seconds
+            EventKind.BLACKLISTED,
+            f"{host} for {seconds:.0f} s",
+            round=round_number,
+            for_s=seconds,
+            host=host,
+            warning=True,
         )
-        self._tell(HostBlacklisted(host, seconds, round_number))
 
     def straggler(self, host: str, rank: int, slowdown: float, round_number: int) -> None:
         """Rank ``rank`` on ``host`` was flagged as a straggler."""
@@ -318,21 +326,29 @@ class JobJournal:
             EventKind.STRAGGLER,
             f"rank {rank} on {host}: steps {slowdown:.2f}x the others'",
             round=round_number,
+            host=host,
+            warning=True,
         )
-        self._tell(StragglerFound(host, rank, slowdown, round_number))
 
     def health_checked(self, checked: HealthChecked, round_number: int) -> None:
         """A new pod's health check ended (see :class:`HealthChecked`)."""
         if checked.seconds is not None:
             self.observer.health_checked(checked.seconds, passed=checked.passed)
-        if not checked.passed:
-            where = f" on {checked.node}" if checked.node else ""
-            self.record.event(
-                EventKind.HEALTH_CHECK_FAILED,
-                f"{checked.host}{where}: {checked.reason}",
-                round=round_number,
-            )
-        self._tell(checked)
+        where = f"{checked.host} on node {checked.node}" if checked.node else checked.host
+        took = "" if checked.seconds is None else f" in {checked.seconds:.1f} s"
+        self.record.event(
+            EventKind.HEALTH_CHECK_PASSED if checked.passed else EventKind.HEALTH_CHECK_FAILED,
+            f"{where} {'passed' if checked.passed else 'failed'} its health check{took}: "
+            f"{checked.reason}",
+            round=round_number,
+            host=checked.host,
+            warning=not checked.passed,
+        )
+
+    def noted(self, kind: EventKind, message: str, *, host: str, warning: bool) -> None:
+        """The front end learnt what ``kind`` says about ``host`` (a worker failed and why, a
+        worker leaves, the job's size is clamped): the record tells it."""
+        self.record.event(kind, message, host=host, warning=warning)
 
     def resuming(self) -> None:
         """The job resumes after a suspension: the checkpoint its first round loads is its

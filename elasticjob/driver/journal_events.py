@@ -1,12 +1,14 @@
 """What a job's journal (``journal.py``) pushes to its subscribers as it happens
-(:data:`JournalEvent`), and the durable fallback it keeps (:class:`Restore`)."""
+(:data:`JournalEvent`: an event recorded, the record changed), the durable fallback it keeps
+(:class:`Restore`), and how a new pod's health check ended (:class:`HealthChecked`, which the
+front end tells the driver)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from elasticjob.driver.job_record import RecordChange
+from elasticjob.driver.job_record import RecordChange, RecordEvent
 from elasticjob.wire.messages import CheckpointReport
 
 
@@ -26,28 +28,11 @@ class Restore:
 
 
 @dataclass(frozen=True)
-class RoundPublished:
-    """Round ``round`` was published: ``world_size`` workers on ``hosts`` (sorted)."""
+class Recorded:
+    """``event`` was added to the job's record: what happened, as the job's story, status
+    history and Kubernetes events tell it (``operator/job_story.py``)."""
 
-    round: int
-    world_size: int
-    hosts: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class CheckpointRestored:
-    """Training resumed from a durable checkpoint (:class:`Restore`)."""
-
-    restore: Restore
-
-
-@dataclass(frozen=True)
-class HostBlacklisted:
-    """``host`` (a host, node or pod) is kept out for ``seconds`` from round ``round`` on."""
-
-    host: str
-    seconds: float
-    round: int
+    event: RecordEvent
 
 
 @dataclass(frozen=True)
@@ -55,17 +40,6 @@ class RecordChanged:
     """The record has ``change`` (the heaviest kind of addition) since it was last saved."""
 
     change: RecordChange
-
-
-@dataclass(frozen=True)
-class StragglerFound:
-    """Rank ``rank`` of round ``round``, on ``host``, is a straggler: its steps keep it busy
-    ``slowdown`` times as long as the other members' (``stragglers.py``)."""
-
-    host: str
-    rank: int
-    slowdown: float
-    round: int
 
 
 @dataclass(frozen=True)
@@ -80,14 +54,7 @@ class HealthChecked:
     seconds: float | None
 
 
-JournalEvent = (
-    RoundPublished
-    | CheckpointRestored
-    | HostBlacklisted
-    | StragglerFound
-    | HealthChecked
-    | RecordChanged
-)
+JournalEvent = Recorded | RecordChanged
 """What the journal pushes to its subscribers."""
 
 JournalListener = Callable[[JournalEvent], None]

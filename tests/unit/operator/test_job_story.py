@@ -1,11 +1,12 @@
-"""The job's story in ``status.history``: which record events tell it, and how each reads."""
+"""The job's story in ``status.history``: which record events tell it, and how each reads
+(their Kubernetes events: ``test_job_events.py``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from elasticjob.driver.job_record import EventKind, RecordEvent
-from elasticjob.operator.job_history import history_of
+from elasticjob.operator.job_story import history_of
 
 T = 1_795_000_000.0  # 2026-11-18T11:06:40Z
 AT = "2026-11-18T11:06:40Z"
@@ -61,8 +62,10 @@ def event(kind: EventKind, message: str = "", **fields: object) -> RecordEvent:
             id="straggler",
         ),
         pytest.param(
-            event(EventKind.HEALTH_CHECK_FAILED, "p-d on node-3: compute 0.08x"),
-            "failed its health check, not admitted: p-d on node-3: compute 0.08x",
+            event(
+                EventKind.HEALTH_CHECK_FAILED, "p-d on node node-3 failed its health check: 0.08x"
+            ),
+            "not admitted: p-d on node node-3 failed its health check: 0.08x",
             id="health-check",
         ),
         pytest.param(
@@ -73,6 +76,20 @@ def event(kind: EventKind, message: str = "", **fields: object) -> RecordEvent:
         pytest.param(event(EventKind.FINISHED, "succeeded"), "job succeeded", id="end"),
         pytest.param(event(EventKind.CHECKPOINT, "step-40"), None, id="checkpoints-are-left-out"),
         pytest.param(event(EventKind.RESIZED, round=3), None, id="round-ends-are-left-out"),
+        pytest.param(
+            event(EventKind.CLAMPED, "replicas 9 is above maxReplicas 4"),
+            "replicas clamped: replicas 9 is above maxReplicas 4",
+            id="clamped",
+        ),
+        pytest.param(
+            event(EventKind.WORKER_FAILED, "p-b on n2: OOMKilled", host="p-b"),
+            None,
+            id="a-worker-failure-is-its-round's",
+        ),
+        pytest.param(event(EventKind.LEAVING, "p-c leaves"), None, id="leaving-is-an-event"),
+        pytest.param(
+            event(EventKind.HEALTH_CHECK_PASSED, "p-c passed"), None, id="passing-is-an-event"
+        ),
     ],
 )
 def test_each_event_of_the_story_reads_as_a_line_stamped_with_its_time(
