@@ -324,7 +324,8 @@ class JobJournal:
         self.stragglers_found += 1
         self.record.event(
             EventKind.STRAGGLER,
-            f"rank {rank} on {host}: steps {slowdown:.2f}x the others'",
+            f"rank {rank} on {host}: its steps keep it busy {slowdown:.2f}x as long as the "
+            "other workers'",
             round=round_number,
             host=host,
             warning=True,

@@ -129,7 +129,8 @@ class Negotiation:
         self._unnamed: collections.Counter[str] = collections.Counter()
         self._closed = threading.Event()
         self._sequence = 1
-        self._thread: threading.Thread | None = None
+        self._threads: tuple[threading.Thread, ...] = ()
+        """The following thread and the publishing thread, once the first call came."""
 
     @property
     def group(self) -> dist.ProcessGroup:
@@ -164,14 +165,15 @@ class Negotiation:
             self._carry_out(submitted, [call])
             return submitted
         with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._follow, name="collective-negotiation", daemon=True
+            if not self._threads:
+                self._threads = (
+                    threading.Thread(
+                        target=self._follow, name="collective-negotiation", daemon=True
+                    ),
+                    threading.Thread(target=self._publishing, name="collective-calls", daemon=True),
                 )
-                self._thread.start()
-                threading.Thread(
-                    target=self._publishing, name="collective-calls", daemon=True
-                ).start()
+                for thread in self._threads:
+                    thread.start()
         self._submitted.put(submitted)
         return submitted
 
@@ -179,16 +181,15 @@ class Negotiation:
         """End the round's negotiation: its threads stop (pending calls are failed by their
         round's end, as every collective of a broken or replaced round is). The following
         thread is woken through the store from a thread of its own (a store that stops
-        answering blocks that one only); :func:`settle` waits for them."""
+        answering blocks that one only); :func:`settle` waits for them all."""
         self._closed.set()
         self._group = None
-        thread = self._thread
-        if self._store is None or thread is None:
+        if self._store is None or not self._threads:
             return
         self._submitted.put(None)
         waker = threading.Thread(target=self._wake, name="negotiation-wake", daemon=True)
         waker.start()
-        lingering.track(thread, waker)
+        lingering.track(*self._threads, waker)
 
     def _wake(self) -> None:
         assert self._origin is not None
@@ -207,6 +208,10 @@ class Negotiation:
             except (RuntimeError, dist.DistError) as exc:
                 if not submitted.future.done():
                     submitted.future.set_exception(exc)
+            # Hold no call while waiting for the next: the last reference to a call (to its
+            # works) must not go from this thread if it wakes as the interpreter exits
+            # (freeing a work takes the GIL back, which then ends the thread mid-destructor).
+            del submitted
 
     def _verdict_key(self, rank: int, sequence: int) -> str:
         return f"verdict/{rank}/{sequence}"
@@ -267,11 +272,7 @@ class Negotiation:
             if verdict == _STOP or self._closed.is_set():
                 return
             self._sequence += 1
-            agreed = json.loads(verdict)
-            with self._lock:
-                submitted = self._by_key[agreed["key"]]
-            calls = [Call.decode(c) for c in agreed["calls"]]
-            self._carry_out(submitted, calls)
+            self._agreed_on(verdict)  # holds no call here once done (see _publishing)
             with self._lock:
                 spent, self._spent = [key, *self._spent], []
             try:  # while the collective's data moves
@@ -279,6 +280,13 @@ class Negotiation:
                     store.delete_key(done)
             except (RuntimeError, dist.DistError) as exc:
                 logger.debug("removing the keys of agreed collectives: %s", exc)
+
+    def _agreed_on(self, verdict: str) -> None:
+        """Carry out the call that ``verdict`` (every rank's call of it) agrees on."""
+        agreed = json.loads(verdict)
+        with self._lock:
+            submitted = self._by_key[agreed["key"]]
+        self._carry_out(submitted, [Call.decode(c) for c in agreed["calls"]])
 
     def _carry_out(self, submitted: NegotiatedCall, calls: Sequence[Call]) -> None:
         submitted.problem = mismatch(submitted.name, calls)

@@ -96,7 +96,10 @@ def restored(last_step: int | None, *, resumed: bool = False) -> Callable[[JobJo
             lambda j: j.straggler("p-b", 1, 2.5, 3),
             NODE,
             JobEvent(
-                "StragglerDetected", "straggler: rank 1 on p-b: steps 2.50x the others'", True
+                "StragglerDetected",
+                "straggler: rank 1 on p-b: its steps keep it busy 2.50x as long as the other "
+                "workers'",
+                True,
             ),
             id="straggler",
         ),
