@@ -19,7 +19,7 @@ from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.job_record import JobRecordData
 from elasticjob.driver.job_state import BlacklistEntry, JobState
 from elasticjob.driver.slot_assignment import assign_slots
-from elasticjob.operator.api import KIND, ElasticJobStatus, Phase
+from elasticjob.operator.api import KIND
 from elasticjob.wire.messages import SlotInfo, WorkerId
 
 logger = logging.getLogger(__name__)
@@ -60,12 +60,6 @@ class RecordedRound:
     notice_seq: int
     rank_order: tuple[str, ...]
     """Its pods by rank."""
-
-
-def running_round(status: ElasticJobStatus) -> bool:
-    """Whether ``status`` shows a round whose workers may be training (to suspend with their
-    state saved rather than at once)."""
-    return status.phase is not Phase.SUSPENDED and bool(status.round and status.workers)
 
 
 def recorded_round(state: JobState, slots_per_worker: int) -> RecordedRound | None:

@@ -47,7 +47,6 @@ from elasticjob.operator import pods as podlib
 from elasticjob.operator.adoption import (
     resume_job,
     resumption_message,
-    running_round,
 )
 from elasticjob.operator.api import BlacklistScope, ElasticJobSpec, InvalidSpecError, Phase
 from elasticjob.operator.api.validation import name_errors
@@ -157,11 +156,10 @@ class JobController:
             return
         try:
             while not stopped.is_set():
-                recorded, spec = self._status.recorded(body), self._spec.current(body["spec"])
-                if recorded.phase is Phase.SUSPENDED or (
-                    spec.suspend and not running_round(recorded)
-                ):
-                    await self._stay_suspended(body, spec, stopped)
+                stored, spec = await self._records.load(body), self._spec.current(body["spec"])
+                state = JobState() if stored is None else stored.state
+                if state.suspended_since is not None or (spec.suspend and state.round is None):
+                    await self._stay_suspended(body, spec, stopped, stored)
                     if stopped.is_set():
                         return
                 result = await self._run(body, self._spec.current(body["spec"]), stopped)
@@ -177,18 +175,23 @@ class JobController:
                 await self.pods.delete_pod(name)
 
     async def _stay_suspended(
-        self, body: Mapping[str, Any], spec: ElasticJobSpec, stopped: Stopped
+        self,
+        body: Mapping[str, Any],
+        spec: ElasticJobSpec,
+        stopped: Stopped,
+        stored: JobRecordData | None,
     ) -> None:
-        """The job is suspended (or to be, with no round to save): its last run's workers
-        exit on their own and its pods are deleted, the status says Suspended, and this waits
-        until ``spec.suspend`` is false and every pod is gone (their ends are not the next
-        run's), or the operator stops."""
+        """The job is suspended (its record, ``stored``, says so), or is to be with no round
+        to save: its last run's workers exit on their own and its pods are deleted, the
+        record and the status say Suspended, and this waits until ``spec.suspend`` is false
+        and every pod is gone (their ends are not the next run's), or the operator stops."""
         self.driver = None  # a suspended job has no run
-        recorded = self._status.recorded(body)
-        if recorded.phase is not Phase.SUSPENDED:
+        if stored is None or stored.state.suspended_since is None:
             self.suspensions += 1
             message = "suspended before a round trained: no pods run until spec.suspend is false"
-            await self._status.write(body, Observation.suspended(message, spec, recorded))
+            await self._records.suspended_without_a_run(body, stored, message, self._wall_clock)
+            state = JobState() if stored is None else stored.state
+            await self._status.write(body, Observation.suspended(message, spec, state))
             await self._event(body, "Suspended", message)
         await self.pods.relist()
         deadline_s = self._settings.removal_deadline_s
@@ -246,7 +249,7 @@ class JobController:
         saver = self._records.attach(body, driver, stored_record, self._wall_clock)
         driver.reachability.update(self._reachable, self._clock())
         adopted = stored_record is not None and self._adopt(spec, driver, stored_record)
-        announce = self._resumption(body, driver, stored_record) or (
+        announce = self._resumption(driver, stored_record) or (
             None if adopted else ("Created", f"job {self.job_id} started")
         )
         driver_task = asyncio.create_task(driver.run(), name=f"driver {self.job_id}")
@@ -281,14 +284,14 @@ class JobController:
                 self._service.remove_job(self.job_id)
 
     def _resumption(
-        self, body: Mapping[str, Any], driver: ElasticDriver, stored: JobRecordData | None
+        self, driver: ElasticDriver, stored: JobRecordData | None
     ) -> tuple[str, str] | None:
-        """A suspended job resumes (its status says Suspended): its rounds are numbered on
-        after the newest its record holds, and the first one's rank 0 loads the newest
-        checkpoint; return the event that says so (None: the job was not suspended)."""
-        if self._status.recorded(body).phase is not Phase.SUSPENDED:
+        """A suspended job resumes (its record, ``stored``, says it is suspended): its rounds
+        are numbered on after the newest the record holds, and the first one's rank 0 loads
+        the newest checkpoint; return the event that says so (None: it was not suspended)."""
+        if stored is None or stored.state.suspended_since is None:
             return None
-        state = JobState() if stored is None else stored.state
+        state = stored.state
         driver.continue_after(state.last_round)
         return "Resumed", resumption_message(
             state, self.job_id, checkpoints=driver.settings.checkpoint_fallback
@@ -372,14 +375,14 @@ class JobController:
     async def _suspended(
         self, body: Mapping[str, Any], spec: ElasticJobSpec, result: JobResult
     ) -> None:
-        """The run ended suspended: the status says Suspended (first: an operator taking over
-        from here finds the job suspended), the event is posted and the record saved; the pods
-        go while the job stays suspended (:meth:`_stay_suspended`)."""
+        """The run ended suspended: the record says so (first: an operator taking over from
+        here finds the job suspended), then the status, and the event is posted; the pods go
+        while the job stays suspended (:meth:`_stay_suspended`)."""
         self.suspensions += 1
-        await self._status.write(body, self._observe(spec, {}))
-        await self._event(body, "Suspended", result.message)
         if self._records.saver is not None:
             await self._records.saver.save_now()
+        await self._status.write(body, self._observe(spec, {}))
+        await self._event(body, "Suspended", result.message)
 
     async def _no_pod_running(self, stopped: Stopped, within_s: float) -> None:
         """Wait until no pod of the job runs (woken by their watch events), ``within_s`` at

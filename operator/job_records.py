@@ -15,7 +15,8 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from elasticjob.driver.driver import ElasticDriver
-from elasticjob.driver.job_record import JobRecordData
+from elasticjob.driver.job_record import EventKind, JobRecord, JobRecordData
+from elasticjob.driver.job_state import JobState
 from elasticjob.driver.record_saving import RecordSaver
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.kube import KubeApi
@@ -89,6 +90,25 @@ class RecordKeeper:
                 "job %s: the stored record is unreadable, a new one starts: %s", self._job_id, exc
             )
             return None
+
+    async def suspended_without_a_run(
+        self,
+        job: Mapping[str, Any],
+        stored: JobRecordData | None,
+        message: str,
+        wall_clock: Callable[[], float],
+    ) -> None:
+        """The job is suspended with no run to save (created suspended, or suspended while no
+        operator ran it): its record (``stored`` carried on, or a new one) says so, from now
+        (raises ``ApiException`` when it could not be saved)."""
+        if stored is None:
+            record, state, goodput = JobRecord(self._job_id, wall_clock), JobState(), 1.0
+        else:
+            record = JobRecord.resumed(stored, wall_clock)
+            state, goodput = stored.state, stored.goodput
+        record.event(EventKind.SUSPENDED, message)
+        suspended = state.model_copy(update={"suspended_since": wall_clock()})
+        await ConfigMapStore(self._api, self._namespace, job).save(record.data(suspended, goodput))
 
     def attach(
         self,

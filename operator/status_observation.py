@@ -13,12 +13,11 @@ from dataclasses import dataclass
 from elasticjob.driver.driver_types import DriverPhase, JobResult
 from elasticjob.driver.goodput import LostTime
 from elasticjob.driver.job_snapshot import JobSnapshot
-from elasticjob.driver.job_state import BlacklistEntry
+from elasticjob.driver.job_state import BlacklistEntry, JobState
 from elasticjob.operator.api import (
     BlacklistedNode,
     CheckpointStatus,
     ElasticJobSpec,
-    ElasticJobStatus,
     Goodput,
     LostSeconds,
     Progress,
@@ -94,23 +93,21 @@ class Observation:
     """Why spec.replicas is not what the job runs (it is out of range), if it is not."""
 
     @classmethod
-    def suspended(
-        cls, message: str, spec: ElasticJobSpec, recorded: ElasticJobStatus
-    ) -> Observation:
+    def suspended(cls, message: str, spec: ElasticJobSpec, state: JobState) -> Observation:
         """A job suspended with no round to save (created suspended, or suspended while no
-        operator ran it), whose status was ``recorded``; ``message`` says so."""
+        operator ran it), whose record holds ``state``; ``message`` says so."""
         return cls(
             driver_phase=DriverPhase.STARTING,
-            result=JobResult(False, message, recorded.round, recorded.reset_count, suspended=True),
+            result=JobResult(False, message, state.last_round, state.resets, suspended=True),
             recovering=False,
             desired=spec.replicas,
             min_replicas=spec.min_replicas,
             pods=PodCounts(),
-            round=recorded.round,
+            round=state.last_round,
             world_size=0,
-            reset_count=recorded.reset_count,
-            restart_count=recorded.restart_count,
-            last_reset_reason=recorded.last_reset_reason,
+            reset_count=state.resets,
+            restart_count=state.restarts,
+            last_reset_reason=state.last_reset_reason,
         )
 
     @classmethod

@@ -9,8 +9,7 @@ import pytest
 
 from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
 from elasticjob.driver.job_state import BlacklistEntry, JobState
-from elasticjob.operator.adoption import recorded_round, restore_blacklist, running_round
-from elasticjob.operator.api import ElasticJobStatus, Phase, WorkerStatus
+from elasticjob.operator.adoption import recorded_round, restore_blacklist
 from elasticjob.wire.messages import WorkerId
 from tests.support.clock import FakeClock
 
@@ -106,9 +105,6 @@ def test_recorded_round(
     assert all(isinstance(w, WorkerId) for w in got.slots)
 
 
-WORKER = WorkerStatus(pod="p-0", ranks=[0])
-
-
 @pytest.mark.parametrize(
     ("state", "seconds"),
     [
@@ -124,20 +120,3 @@ def test_the_time_suspended_counts_the_suspension_under_way(
     state: JobState, seconds: float
 ) -> None:
     assert state.suspended_for(WALL_NOW) == seconds
-
-
-@pytest.mark.parametrize(
-    ("status", "running"),
-    [
-        pytest.param(ElasticJobStatus(), False, id="new"),
-        pytest.param(ElasticJobStatus(round=3, workers=[WORKER]), True, id="training"),
-        pytest.param(ElasticJobStatus(round=3), False, id="no-member-recorded"),
-        pytest.param(
-            ElasticJobStatus(phase=Phase.SUSPENDED, round=3, workers=[WORKER]),
-            False,
-            id="suspended",
-        ),
-    ],
-)
-def test_running_round(status: ElasticJobStatus, running: bool) -> None:
-    assert running_round(status) is running

@@ -22,7 +22,7 @@ from elasticjob.driver.job_state import BlacklistEntry, JobState, RoundInForce, 
 from elasticjob.operator.api import parse_spec
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.controller_settings import ControllerSettings
-from elasticjob.operator.job_records import record_config_map
+from elasticjob.operator.job_records import parse_record, record_config_map
 from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.supervisor import StopSignal
 from elasticjob.rendezvous.server import RendezvousService
@@ -289,3 +289,26 @@ async def test_a_finishing_job_replaces_no_member_whose_pod_succeeded() -> None:
         await job.until(lambda: job.driver.finishing)
         await job.controller.pods.reconcile(job.body, parse_spec(job.body["spec"]))
         assert len(job.kube.pods) == created, "no replacement for a member that finished"
+
+
+async def test_a_job_created_suspended_is_suspended_by_its_record_and_resumes_from_it() -> None:
+    """The job's record, not its status, says that it is suspended: a job created suspended
+    gets a record that says so (and a Suspended status and event, no pod); resumed, its
+    driver starts from that record (a Resumed event, no Created)."""
+    kube = FakeKube()
+    job = Job(kube, kube.job_body("train", with_changes(replicas=2, suspend=True)))
+    task = asyncio.create_task(job.controller.run(job.body, StopSignal()))
+    try:
+        await kube.wait_for(lambda: "Suspended" in kube.event_reasons())
+        record = parse_record(kube.config_maps["train-record"])
+        assert record.state.suspended_since is not None
+        assert [e.kind for e in record.events] == [EventKind.SUSPENDED]
+        assert kube.statuses[-1]["phase"] == "Suspended" and not kube.pods
+        job.body["spec"]["suspend"] = False
+        job.controller.job_updated()
+        await kube.wait_for(lambda: "Resumed" in kube.event_reasons())
+        assert "Created" not in kube.event_reasons()
+        await job.pods(2)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -9,6 +9,7 @@ import pytest
 
 from elasticjob.driver.driver_types import DriverPhase, JobResult
 from elasticjob.driver.goodput import LostTime, on_commit, on_failure, on_first_step
+from elasticjob.driver.job_state import JobState
 from elasticjob.driver.slot_assignment import assign_slots
 from elasticjob.driver.stragglers import Straggler
 from elasticjob.operator.api import (
@@ -275,9 +276,10 @@ def test_a_suspension_is_a_condition_that_stays_false_once_resumed() -> None:
 
 
 def test_a_job_suspended_before_it_ran_keeps_its_recorded_counts() -> None:
-    recorded = ElasticJobStatus(round=4, reset_count=2, restart_count=1, last_reset_reason="x")
+    state = JobState(last_round=4, resets=2, restarts=1, last_reset_reason="x")
     spec = parse_spec(good_spec())
-    status = status_of(Observation.suspended("queued", spec, recorded), recorded, "sel", 1, T0)
+    previous = ElasticJobStatus(round=4)
+    status = status_of(Observation.suspended("queued", spec, state), previous, "sel", 1, T0)
     assert status.phase is Phase.SUSPENDED
     assert (status.round, status.reset_count, status.restart_count) == (4, 2, 1)
     assert status.last_reset_reason == "x" and not status.workers
