@@ -66,7 +66,8 @@ def test_every_worker_killed_resumes_from_the_newest_checkpoint_in_the_same_run(
     # seconds: in a run this short none may have arrived since the checkpoint's commit, and
     # then the figure is unknown rather than made up), less than two checkpoints apart.
     lost = re.fullmatch(
-        rf"{name} at step {loaded[0][2]}: (an unknown number of|\d+) steps trained again",
+        rf"{name} at step {loaded[0][2]}: (an unknown number of|\d+) committed steps trained "
+        r"again \(no survivor\)",
         restored.message,
     )
     assert lost is not None, restored
