@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import gc
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 
@@ -18,12 +19,7 @@ import torch.distributed as dist
 
 from elasticjob.worker_runtime.collectives import lingering
 from elasticjob.worker_runtime.collectives.call_descriptions import Call
-from elasticjob.worker_runtime.collectives.negotiation import (
-    Issued,
-    NegotiatedCall,
-    Negotiation,
-    describe,
-)
+from elasticjob.worker_runtime.collectives.negotiation import Issued, Negotiation, describe
 
 TIMEOUT = datetime.timedelta(seconds=30)
 DEADLINE_S = 30.0
@@ -56,6 +52,19 @@ def allreduce(tensor: torch.Tensor) -> tuple[Call, object]:
     return describe("allreduce", [tensor]), start
 
 
+def released(freed: list[threading.Event], deadline_s: float) -> bool:
+    """Whether every call was freed (its event set) within ``deadline_s``: a negotiation
+    thread may still be returning from the call it carried out when its caller has the
+    result, so the collector is run while waiting."""
+    give_up = time.monotonic() + deadline_s
+    for event in freed:
+        while not event.wait(0.05):
+            if time.monotonic() > give_up:
+                return False
+            gc.collect()
+    return True
+
+
 def test_a_call_carried_out_is_held_by_no_negotiation_thread_and_close_ends_them() -> None:
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
     ranks = groups(store)
@@ -63,24 +72,26 @@ def test_a_call_carried_out_is_held_by_no_negotiation_thread_and_close_ends_them
         Negotiation(dist.PrefixStore("calls", store.clone()), rank, 2, ranks[rank])  # type: ignore[attr-defined]
         for rank in range(2)
     ]
-    tensors = [torch.tensor([1.0]), torch.tensor([2.0])]
-    carried_out: list[weakref.ref[NegotiatedCall]] = []
-    for rank, negotiation in enumerate(negotiations):
-        call, start = allreduce(tensors[rank])
-        submitted = negotiation.submit("sum", call, start)  # type: ignore[arg-type]
-        carried_out.append(weakref.ref(submitted))
-        del submitted
-    for ref in carried_out:
-        submitted = ref()
-        assert submitted is not None
-        submitted.future.wait()
-        assert submitted.result().tolist() == [3.0]
-        del submitted
-    threads = [t for n in negotiations for t in n._threads]
-    assert len(threads) == 4 and all(t.is_alive() for t in threads), "waiting for more calls"
-    gc.collect()
-    assert [ref() for ref in carried_out] == [None, None], "a negotiation thread holds a call"
-    for negotiation in negotiations:
-        negotiation.close()
-    assert lingering.settle(DEADLINE_S), "a closed negotiation's thread did not end"
+    threads: list[threading.Thread] = []
+    try:
+        tensors = [torch.tensor([1.0]), torch.tensor([2.0])]
+        freed = [threading.Event(), threading.Event()]
+        pending = []
+        for rank, negotiation in enumerate(negotiations):
+            call, start = allreduce(tensors[rank])
+            submitted = negotiation.submit("sum", call, start)  # type: ignore[arg-type]
+            weakref.finalize(submitted, freed[rank].set)
+            pending.append(submitted)
+        for submitted in pending:
+            submitted.wait()
+        assert [t.tolist() for t in tensors] == [[3.0], [3.0]]
+        del pending, submitted
+        threads = [t for n in negotiations for t in n._threads]
+        assert len(threads) == 4 and all(t.is_alive() for t in threads), "waiting for more calls"
+        assert released(freed, DEADLINE_S), "a negotiation thread holds a call"
+    finally:  # a failed check leaves no thread behind
+        for negotiation in negotiations:
+            negotiation.close()
+        settled = lingering.settle(DEADLINE_S)
+    assert settled, "a closed negotiation's thread did not end"
     assert not any(t.is_alive() for t in threads)
