@@ -40,7 +40,7 @@ from elasticjob.driver.driver_types import Clock, DriverObserver, JobResult
 from elasticjob.driver.host_manager import HostManager
 from elasticjob.driver.job_record import EventKind, JobRecordData
 from elasticjob.driver.job_snapshot import JobSnapshot
-from elasticjob.driver.job_state import JobState
+from elasticjob.driver.job_state import JobState, blacklist_entries
 from elasticjob.driver.loop_lag import LoopLagWatch
 from elasticjob.event_waits import wait_event
 from elasticjob.operator import pods as podlib
@@ -186,11 +186,11 @@ class JobController:
         record and the status say Suspended, and this waits until ``spec.suspend`` is false
         and every pod is gone (their ends are not the next run's), or the operator stops."""
         self.driver = None  # a suspended job has no run
-        if stored is None or stored.state.suspended_since is None:
+        state = JobState() if stored is None else stored.state
+        if state.suspended_since is None:
             self.suspensions += 1
             message = "suspended before a round trained: no pods run until spec.suspend is false"
             await self._records.suspended_without_a_run(body, stored, message, self._wall_clock)
-            state = JobState() if stored is None else stored.state
             await self._status.write(body, Observation.suspended(message, spec, state))
             await self._event(body, "Suspended", message)
         await self.pods.relist()
@@ -346,7 +346,8 @@ class JobController:
         assert self.driver is not None
         nodes = []
         if spec.blacklist.scope is BlacklistScope.NODE:
-            nodes = blacklisted_nodes(self.driver.job_state().blacklist)
+            offset = self._wall_clock() - self._clock()
+            nodes = blacklisted_nodes(blacklist_entries(self.pods.blacklist, offset))
         clamp = None if self._spec.clamp is None else str(self._spec.clamp)
         draining = self.pods.ledger.draining.keys()
         snapshot = self.driver.snapshot()

@@ -112,7 +112,7 @@ class ElasticDriver(DriverEvents):
             self.rendezvous,
             self.journal,
             clock,
-            FormationMoves(self.on_worker_exit, self._blacklist, self._wake.set),
+            FormationMoves(self.on_worker_exit, self._blacklist, self._wake.set, self._post_notice),
         )
 
     # ---- queries -----------------------------------------------------------------------
@@ -190,8 +190,7 @@ class ElasticDriver(DriverEvents):
         """Tell the members that the round is broken (the first failure of the round, on
         ``host``); the next round syncs state."""
         self._recovering = True
-        self.rendezvous.post_notice(NoticeKind.ROUND_FAILED, (host,))
-        self.journal.state_changed()
+        self._post_notice(NoticeKind.ROUND_FAILED, (host,))
 
     # ---- main loop -------------------------------------------------------------------------
 
@@ -302,8 +301,7 @@ class ElasticDriver(DriverEvents):
             timeout_s=self.settings.suspend_timeout_s,
         )
         if decision.move is SuspendMove.NOTIFY:
-            self.rendezvous.post_notice(NoticeKind.SUSPEND)
-            self.journal.state_changed()
+            self._post_notice(NoticeKind.SUSPEND)
             self._suspension = dataclasses.replace(progress, notified_round=self.round)
         elif decision.move is SuspendMove.REFORM:
             logger.info("workers stopped without saving their state: the next round is told")

@@ -186,10 +186,13 @@ class DriverEvents(RendezvousListener, abc.ABC):
         if leaving:
             for worker in leaving:
                 self._workers[worker].departure = Departure.LEAVING
-            self.rendezvous.post_notice(
-                NoticeKind.HOSTS_REMOVED, sorted({w.hostname for w in leaving})
-            )
-            self.journal.state_changed()
+            self._post_notice(NoticeKind.HOSTS_REMOVED, sorted({w.hostname for w in leaving}))
+
+    def _post_notice(self, kind: NoticeKind, hosts: Iterable[str] = ()) -> None:
+        """Tell the round's members ``kind`` about ``hosts``: the one way the driver posts a
+        notice, so that the record's state (the newest notice) is saved with it."""
+        self.rendezvous.post_notice(kind, hosts)
+        self.journal.state_changed()
 
     def suspend(self) -> None:
         """End the job's run without losing work (see ``suspension.py``): the round's members

@@ -112,7 +112,6 @@ def job_state(
     ``suspended_since`` (None: it is not)."""
     now = snapshot.now
     lost = snapshot.lost_time
-    offset = wall_now - now
     over = snapshot.result is not None
     ranks = snapshot.ranks_by_host()
     in_force = None
@@ -134,10 +133,16 @@ def job_state(
         suspended_since=suspended_since,
         last_round=snapshot.round,
         round=in_force,
-        blacklist=tuple(
-            BlacklistEntry(
-                key=key, until=math.ceil(until + offset), strikes=max(1, blacklist.strikes(key))
-            )
-            for key, until in sorted(blacklist.active().items())
-        ),
+        blacklist=blacklist_entries(blacklist, wall_now - now),
+    )
+
+
+def blacklist_entries(blacklist: Blacklisted, wall_offset: float) -> tuple[BlacklistEntry, ...]:
+    """The blacklisting in force, by key, its monotonic ends moved to the wall clock by
+    ``wall_offset`` (wall time minus the blacklist's clock, now) and rounded up."""
+    return tuple(
+        BlacklistEntry(
+            key=key, until=math.ceil(until + wall_offset), strikes=max(1, blacklist.strikes(key))
+        )
+        for key, until in sorted(blacklist.active().items())
     )

@@ -41,6 +41,8 @@ class FormationMoves:
     """Keep these hosts out (their newcomers did not register in time)."""
     wake: Callable[[], None]
     """Step again soon (plan without the hosts just blacklisted)."""
+    post_notice: Callable[[NoticeKind, Iterable[str]], None]
+    """Tell the round's members of hosts added (the driver's one way to post a notice)."""
 
 
 class RoundFormation:
@@ -148,10 +150,9 @@ class RoundFormation:
             await self._launch({w: plan.slots[w] for w in decision.newcomers})
         elif decision.action is ScaleOutAction.ANNOUNCE:
             self._announced = True
-            self._rendezvous.post_notice(
+            self._moves.post_notice(
                 NoticeKind.HOSTS_ADDED, sorted({w.hostname for w in decision.newcomers})
             )
-            self._journal.state_changed()
 
     async def _launch(self, slots: Mapping[WorkerId, SlotInfo]) -> None:
         """Start the missing workers of ``slots`` (planned), then stop the newcomers that did
