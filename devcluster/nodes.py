@@ -2,8 +2,9 @@
 
 Each node has a directory ``<run_dir>/nodes/<node>/`` with:
 
-- ``containerd/``: ``config.toml``, ``root/`` (content, snapshots: kept across ``up`` runs, so
-  images are imported once per run directory), ``state/`` (socket, shim state, runc state, the
+- ``containerd/``: ``config.toml``, ``root/`` (content, snapshots: planted from the image seed
+  of :mod:`devcluster.nodeseed`, kept across ``up`` runs while the images stay the same),
+  ``state/`` (socket, shim state, runc state, the
   pods' network namespace files: ``netns_mounts_under_state_dir``);
 - ``cni/``: the CNI configuration (bridge ``cni0`` + host-local on the node's pod CIDR,
   portmap) and host-local's allocations;
@@ -37,8 +38,6 @@ import json
 import logging
 import os
 import subprocess
-import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +93,11 @@ class RealNode:
     def containerd_dir(self) -> Path:
         """containerd's configuration, root and state."""
         return self.dir / "containerd"
+
+    @property
+    def containerd_root(self) -> Path:
+        """containerd's root: content, snapshots, metadata (planted from the image seed)."""
+        return self.containerd_dir / "root"
 
     @property
     def socket(self) -> Path:
@@ -317,26 +321,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         """True when containerd answers on its socket."""
         return self.socket.exists() and self.ctr("version", timeout=10).returncode == 0
 
-    def import_image(self, archive: Path) -> float:
-        """Import an image archive unless already imported; returns seconds spent.
-
-        Only the content is stored: containerd's CRI unpacks an image into a snapshot when
-        the node first creates a container from it (as after a pull), so ``up`` does not
-        unpack the worker image on nodes that never run it.
-        """
-        stamp = self.containerd_dir / "imported.json"
-        done: dict[str, str] = json.loads(stamp.read_text()) if stamp.exists() else {}
-        st = archive.stat()
-        key = f"{st.st_size}:{st.st_mtime_ns}"
-        if done.get(str(archive)) == key:
-            return 0.0
-        started = time.monotonic()
-        result = self.ctr("images", "import", "--no-unpack", str(archive))
+    def import_image(self, archive: Path) -> None:
+        """Import an image archive and unpack it into overlayfs snapshots (the CRI's
+        snapshotter), as :mod:`devcluster.nodeseed` does once for every node."""
+        result = self.ctr("images", "import", "--snapshotter", "overlayfs", str(archive))
         if result.returncode != 0:
             raise RuntimeError(f"{self.name}: ctr images import {archive}: {result.stderr.strip()}")
-        done[str(archive)] = key
-        stamp.write_text(json.dumps(done, indent=1))
-        return time.monotonic() - started
 
 
 def real_nodes(cfg: ClusterConfig) -> list[RealNode]:
@@ -350,22 +340,6 @@ def node_by_name(cfg: ClusterConfig, name: str) -> RealNode:
         if node.name == name:
             return node
     raise KeyError(f"no node {name!r}")
-
-
-def import_images(nodes: list[RealNode], archives: list[Path]) -> float:
-    """Import every archive into every node's containerd (nodes in parallel); wall seconds."""
-    started = time.monotonic()
-
-    def one(node: RealNode) -> None:
-        for archive in archives:
-            took = node.import_image(archive)
-            if took:
-                logger.debug("%s: imported %s in %.1f s", node.name, archive.name, took)
-
-    with ThreadPoolExecutor(max_workers=len(nodes) or 1) as pool:
-        for future in [pool.submit(one, node) for node in nodes]:
-            future.result()
-    return time.monotonic() - started
 
 
 def advertise_extended_resources(host: ProcessHost, nodes: list[str] | None = None) -> None:

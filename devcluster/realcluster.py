@@ -2,8 +2,9 @@
 
 ``up``: images (built or found in the cache by :mod:`devcluster.imagebuild`), the node
 network (:mod:`devcluster.realnet`), the control plane with the API server on the host bridge,
-cluster DNS (:mod:`devcluster.clusterdns`), then per node containerd, the images imported into
-it, kubelet and kube-proxy (:mod:`devcluster.nodes`); it returns when every node is Ready.
+cluster DNS (:mod:`devcluster.clusterdns`), then per node its containerd root planted from the
+image seed (:mod:`devcluster.nodeseed`, made first if the images changed), containerd, kubelet
+and kube-proxy (:mod:`devcluster.nodes`); it returns when every node is Ready.
 How long each step took is written to ``<run_dir>/timings.json``.
 
 ``down``: kubelets and kube-proxies first (so nothing restarts a container), every container
@@ -19,6 +20,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +31,8 @@ from devcluster.config import ClusterConfig
 from devcluster.faults import Faults
 from devcluster.imagebuild import PAUSE_IMAGE, BuiltImage, ensure_images
 from devcluster.noderuntime import NodeStart, ProcessHost
-from devcluster.nodes import RealNode, advertise_extended_resources, import_images, real_nodes
+from devcluster.nodes import RealNode, advertise_extended_resources, real_nodes
+from devcluster.nodeseed import NodeSeed
 from devcluster.realfaults import RealFaults
 
 logger = logging.getLogger(__name__)
@@ -131,14 +134,19 @@ class _NodesStart:
         for node in nodes:
             self._reset_node_state(node)
             node.write_configs(PAUSE_IMAGE)
+        seed = NodeSeed(cfg.cache_dir, [image.archive for image in self.images])
+        with seed.locked():
+            if not seed.exists():
+                self._make_seed(seed, nodes[0], left)
+                t = lap("image_seed_s", t)
+            for node in nodes:
+                seed.plant(node.containerd_root)
+        t = lap("image_plant_s", t)
+        for node in nodes:
             host.spawn(node.component("containerd"), node.containerd_argv())
         for node in nodes:
-            cp.wait_for(
-                f"containerd of {node.name}", node.containerd_ready, left(), host.dead_component
-            )
+            self._wait_containerd(node, left)
         t = lap("containerd_s", t)
-        import_images(nodes, [image.archive for image in self.images])
-        t = lap("image_import_s", t)
         nodeclean.save_kernel_tunables(cfg)
         for node in nodes:
             start_kubelet(host, node, self.node_bins)
@@ -151,6 +159,27 @@ class _NodesStart:
         lap("nodes_ready_s", t)
         self.timings["up_s"] = time.monotonic() - started + self.timings.get("images_s", 0.0)
         timings_path(cfg).write_text(json.dumps(self.timings, indent=1))
+
+    def _make_seed(self, seed: NodeSeed, node: RealNode, left: Callable[[], float]) -> None:
+        """Import and unpack every image with ``node``'s containerd, then keep its root as
+        the seed."""
+        logger.info("importing and unpacking the images once, for every node (%s)", seed.key)
+        shutil.rmtree(node.containerd_root, ignore_errors=True)
+        node.containerd_root.mkdir(parents=True)
+        component = node.component("containerd")
+        self.host.spawn(component, node.containerd_argv())
+        try:
+            self._wait_containerd(node, left)
+            for archive in seed.archives:
+                node.import_image(archive)
+        finally:
+            self.host.stop_component(component)
+        seed.keep(node.containerd_root)
+
+    def _wait_containerd(self, node: RealNode, left: Callable[[], float]) -> None:
+        cp.wait_for(
+            f"containerd of {node.name}", node.containerd_ready, left(), self.host.dead_component
+        )
 
     def _reset_node_state(self, node: RealNode) -> None:
         """Forget the previous run's pods (containerd's content and snapshots stay)."""

@@ -4,13 +4,14 @@
 #   - the real-node suites (tests/devcluster/real_nodes, tests/e2e): one cluster of real nodes
 #     for the session, mostly waiting on kubelets, containers and pods; output in
 #     .logs/cluster-suites.log, printed when all is done;
-#   - the lint step (make lint): output in .logs/lint.log, printed when all is done;
-#   - unit and integration (tests/unit, tests/integration): CPU-bound, no cluster; at a lower
-#     priority (nice), so that the real nodes' kubelets, operator and pods get the CPU when
-#     they need it and these tests fill the rest; then the rest of tests/devcluster (on
-#     process nodes, the images, a real-node cluster of its own brought down after a crash)
-#     and the chart's template tests: their clusters live only while they run.
-# A test marked quiet runs while the other session's tests wait (its checks depend on the
+#   - unit and integration (tests/unit, tests/integration): CPU-bound, no cluster;
+#   - the rest of tests/devcluster (on process nodes, the images, a real-node cluster of its
+#     own brought down after a crash) and the chart's template tests: mostly waiting on their
+#     clusters and builds; output in .logs/devcluster.log, printed when all is done;
+#   - the lint step (make lint): output in .logs/lint.log, printed when all is done.
+# All but the real-node suites run at a lower priority (nice), so that the real nodes'
+# kubelets, operator and pods get the CPU when they need it and the others fill the rest.
+# A test marked quiet runs while the other sessions' tests wait (its checks depend on the
 # machine's load). Each pytest session tears its clusters down when it ends, prints its slowest
 # tests and writes every test's time to .logs/<suite>.xml (JUnit XML); the script fails if
 # any step fails.
@@ -20,6 +21,7 @@ PY=${PY:-.venv/bin/python}
 mkdir -p .logs
 CLUSTER_LOG=.logs/cluster-suites.log
 LINT_LOG=.logs/lint.log
+DEVCLUSTER_LOG=.logs/devcluster.log
 REST_OF_DEVCLUSTER=(tests/devcluster --ignore=tests/devcluster/real_nodes tests/e2e/test_helm_chart.py)
 started=$(date +%s)
 # Tests marked quiet run while the other session's tests wait (tests/support/quiet_gate.py).
@@ -32,26 +34,31 @@ since() { echo "$(( $(date +%s) - started )) s"; }
     tests/devcluster/real_nodes tests/e2e --ignore=tests/e2e/test_helm_chart.py "$@" \
     >"$CLUSTER_LOG" 2>&1 &
 clusters=$!
-make --no-print-directory lint >"$LINT_LOG" 2>&1 &
+nice -n 10 "$PY" -m pytest -q --durations=5 --junitxml=.logs/devcluster.xml \
+    "${REST_OF_DEVCLUSTER[@]}" "$@" >"$DEVCLUSTER_LOG" 2>&1 &
+devcluster_rest=$!
+nice -n 10 make --no-print-directory lint >"$LINT_LOG" 2>&1 &
 lint=$!
 
 nice -n 10 "$PY" -m pytest -q --durations=10 --junitxml=.logs/unit-integration.xml \
     tests/unit tests/integration "$@"
 units=$?
 echo "==> unit and integration: exit $units after $(since)"
-"$PY" -m pytest -q --durations=5 --junitxml=.logs/devcluster.xml "${REST_OF_DEVCLUSTER[@]}" "$@"
-devcluster_rest=$?
-echo "==> the rest of tests/devcluster and the chart: exit $devcluster_rest after $(since)"
 
 wait "$lint"
 lint_status=$?
 echo "==> lint ($LINT_LOG):"
 cat "$LINT_LOG"
 echo "==> lint: exit $lint_status"
+wait "$devcluster_rest"
+devcluster_status=$?
+echo "==> the rest of tests/devcluster and the chart ($DEVCLUSTER_LOG):"
+cat "$DEVCLUSTER_LOG"
+echo "==> the rest of tests/devcluster and the chart: exit $devcluster_status after $(since)"
 wait "$clusters"
 cluster_status=$?
 echo "==> the real-node suites (tests/devcluster/real_nodes, tests/e2e; $CLUSTER_LOG):"
 cat "$CLUSTER_LOG"
 echo "==> the real-node suites: exit $cluster_status after $(since)"
-[ "$units" -eq 0 ] && [ "$devcluster_rest" -eq 0 ] && [ "$lint_status" -eq 0 ] \
+[ "$units" -eq 0 ] && [ "$devcluster_status" -eq 0 ] && [ "$lint_status" -eq 0 ] \
     && [ "$cluster_status" -eq 0 ]
