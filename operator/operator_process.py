@@ -187,6 +187,10 @@ class OperatorRuntime:
         self._election_task = asyncio.create_task(self._elector.run(), name="leader election")
 
     async def stop(self) -> None:
+        """Stop serving: the election (releasing the Lease), the jobs, the services. The stop
+        flag is set first, also when a signal stopped the operator: kopf waits 5 s for every
+        task still running after its cleanup, its own wait on the flag included."""
+        self.stop_flag.set()
         if self._own_pod_task is not None:
             self._own_pod_task.cancel()
         if self._elector is not None and self._election_task is not None:

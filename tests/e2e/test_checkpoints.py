@@ -21,7 +21,13 @@ from tests.support.elastic_jobs import (
     wait_status,
 )
 from tests.support.kube import Kube
-from tests.support.operator_release import RELEASE, SYSTEM_NS, operator_pods, wait_operator_serving
+from tests.support.operator_release import (
+    RELEASE,
+    SYSTEM_NS,
+    operator_pods,
+    running_operator_pods,
+    wait_operator_serving,
+)
 
 WORKERS = "elasticjob.dev/job-name"
 
@@ -81,7 +87,7 @@ def test_an_operator_restart_that_finds_no_worker_pod_resumes_from_the_checkpoin
         before = training_with_a_checkpoint(kube, "orphaned")
         old = {p["metadata"]["name"] for p in operator_pods(operator)}
         operator.kubectl(*deployment, "--replicas=0")
-        kube.wait("the operator gone", lambda: not operator_pods(operator), timeout=180)
+        kube.wait("no operator running", lambda: not running_operator_pods(operator), timeout=180)
         kube.kubectl("delete", "pod", "-l", f"{WORKERS}=orphaned", "--grace-period=0", "--force")
         kube.wait("no worker pod left", lambda: not kube.pods(f"{WORKERS}=orphaned"), timeout=120)
         operator.kubectl(*deployment, "--replicas=1")

@@ -37,6 +37,7 @@ from tests.support.operator_release import (
     leader_pod,
     operator_pods,
     ready_operator_pods,
+    running_operator_pods,
     wait_handover,
 )
 
@@ -264,7 +265,7 @@ def test_a_helm_upgrade_rolls_both_replicas_while_a_job_trains(
         kube.wait(
             "both replicas replaced",
             lambda: (
-                not before & {p["metadata"]["name"] for p in operator_pods(operator)}
+                not before & running_operator_pods(operator)
                 and len(ready_operator_pods(operator)) == 2
             ),
             timeout=300,

@@ -26,7 +26,7 @@ from elasticjob.rendezvous.server import RendezvousService
 from tests.support.elastic_jobs import job_manifest
 from tests.support.job_runs import JobRun, kill_leftovers, read_events
 from tests.support.kube import Kube
-from tests.support.operator_release import CHART, delete_webhook, operator_pods
+from tests.support.operator_release import CHART, delete_webhook, running_operator_pods
 
 CRD = CHART / "crds" / "elasticjob.dev_elasticjobs.yaml"
 ROUND_TIMEOUT_S = 180.0  # cold imports of torch in the worker pods on a loaded machine
@@ -100,7 +100,7 @@ async def test_the_first_round_forms_though_the_watch_misses_the_running_pods(
 ) -> None:
     # A helm-installed operator would run the job too: none runs (``no_operator``).
     cluster = no_operator
-    assert not operator_pods(cluster)
+    assert not running_operator_pods(cluster)
     delete_webhook(cluster)
     cluster.kubectl("apply", "-f", str(CRD))
     cluster.kubectl("wait", "--for=condition=Established", "crd/elasticjobs.elasticjob.dev")

@@ -88,14 +88,11 @@ class OperatorRelease:
         self.installed = False
 
     def uninstall(self) -> None:
-        """Uninstall the release and wait until its operator pods are gone (they would still
-        answer the webhook and the workers)."""
+        """Uninstall the release and wait until no operator runs (it would still answer the
+        webhook and the workers)."""
         self.cluster.helm("uninstall", RELEASE, "-n", SYSTEM_NS, check=False, timeout=60)
-        self.cluster.kubectl(
-            *("-n", SYSTEM_NS, "wait", "--for=delete", "pod", "-l", OPERATOR_PODS),
-            "--timeout=120s",
-            check=False,
-            timeout=150,
+        Kube(self.cluster, SYSTEM_NS).wait(
+            "no operator running", lambda: not running_operator_pods(self.cluster), timeout=150
         )
         self.installed = False
 
@@ -104,6 +101,18 @@ def operator_pods(cluster: Cluster) -> list[dict[str, Any]]:
     found = cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-l", OPERATOR_PODS, "-o", "json")
     pods: list[dict[str, Any]] = json.loads(found.stdout)["items"]
     return pods
+
+
+def running_operator_pods(cluster: Cluster) -> set[str]:
+    """The operator pods whose containers have not all exited. A deleted pod stays listed for
+    10 s or more after its container exited (a 1.20 kubelet deletes it at its next batch of
+    status updates), but it no longer answers anything."""
+    return {p["metadata"]["name"] for p in operator_pods(cluster) if not _exited(p)}
+
+
+def _exited(pod: dict[str, Any]) -> bool:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return bool(statuses) and all("terminated" in (c.get("state") or {}) for c in statuses)
 
 
 def leader_pod(cluster: Cluster) -> dict[str, Any] | None:
@@ -188,13 +197,13 @@ def wait_handover(
 
 
 def restart_operator(kube: Kube) -> None:
-    """Delete the operator's pod, wait until it is gone (a real kubelet may take most of its
-    grace period on a loaded machine) and until its replacement serves."""
+    """Delete the operator's pod, wait until it no longer runs (a real kubelet may take most
+    of its grace period on a loaded machine) and until its replacement serves."""
     old = {p["metadata"]["name"] for p in operator_pods(kube.cluster)}
     kube.cluster.kubectl("-n", SYSTEM_NS, "delete", "pod", "-l", OPERATOR_PODS, "--wait=false")
     kube.wait(
-        "the old operator pod gone",
-        lambda: not old & {p["metadata"]["name"] for p in operator_pods(kube.cluster)},
+        "the old operator pod stopped",
+        lambda: not old & running_operator_pods(kube.cluster),
         timeout=180,
     )
     wait_operator_serving(kube, old)

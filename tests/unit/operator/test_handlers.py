@@ -87,6 +87,17 @@ async def test_a_node_event_updates_the_not_ready_nodes_on_the_event_loop() -> N
     assert recording.threads == [threading.get_ident()], "the handler ran in another thread"
 
 
+async def test_the_cleanup_ends_every_wait_on_the_stop_flag() -> None:
+    """A signal stops kopf without the stop flag; kopf then waits 5 s for its own task that
+    waits on the flag (a pod deletion took 5 s longer): the cleanup sets it."""
+    runtime = OperatorRuntime(OperatorConfig(rendezvous_url="http://127.0.0.1:1"))
+    waiter = asyncio.create_task(runtime.stop_flag.wait(), name="stop-flag waiter")
+    await invoke(
+        handlers.stop, settings=kopf.OperatorSettings(), kwargs={"memo": kopf.Memo(runtime=runtime)}
+    )
+    await asyncio.wait_for(waiter, timeout=5)
+
+
 # --- the job supervisor ------------------------------------------------------------------------
 
 
