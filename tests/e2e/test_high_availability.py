@@ -37,6 +37,7 @@ from tests.support.operator_release import (
     leader_pod,
     operator_pods,
     ready_operator_pods,
+    replicas_on_two_nodes,
     running_operator_pods,
     wait_handover,
 )
@@ -164,7 +165,7 @@ def test_a_leader_whose_node_goes_not_ready_steps_down_for_the_standby(
     marked not ready and the Service would no longer route to it, so it steps down, releasing
     the Lease, and the standby leads at once and adopts the job without a reset. Training never
     waits for the operator. The old process runs on until its pod is deleted, then stops."""
-    leader = both_replicas_ready(kube)
+    leader = replicas_on_two_nodes(kube)
     old, node = leader["metadata"]["name"], leader["spec"]["nodeName"]
     log_dir, stop_file = tmp_path / "events", tmp_path / "stop"
     manifest = job_manifest("handover", log_dir, stop_file, replicas=2, minReplicas=2)

@@ -38,13 +38,13 @@ from tests.support.operator_release import (
     RENDEZVOUS_HOST,
     RENDEZVOUS_PORT,
     SYSTEM_NS,
+    both_replicas_ready,
     operator_ip,
     rendezvous_status,
     restart_operator,
 )
 
 TLS_SECRET = f"{RELEASE}-rendezvous-tls"
-OPERATOR_PODS = "app.kubernetes.io/name=elasticjob-operator"
 
 
 def kept_ca(kube: Kube) -> str:
@@ -102,11 +102,7 @@ def test_a_job_trains_over_verified_tls_and_plain_http_gets_nothing(
         )
         before = read_events(log_dir)
         restart_operator(kube)
-        kube.cluster.kubectl(
-            *("-n", SYSTEM_NS, "wait", "--for=condition=Ready", "pod", "-l", OPERATOR_PODS),
-            "--timeout=120s",
-            timeout=150,
-        )
+        both_replicas_ready(kube)
         assert kept_ca(kube) == ca
         assert rendezvous_status(kube, path, token, ca) == 200
         wait_status(

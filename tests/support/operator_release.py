@@ -159,6 +159,30 @@ def ready_operator_pods(cluster: Cluster) -> list[dict[str, Any]]:
     ]
 
 
+def replicas_on_two_nodes(kube: Kube) -> dict[str, Any]:
+    """Wait until two replicas are ready on two nodes and one of them leads; the leader. The
+    chart only prefers replicas on different nodes: replacements made while the replicas they
+    replace still exist (terminating) can both land on the one node that has none. The standby
+    is then deleted until its replacement lands on another node than the leader's."""
+    for _ in range(3):
+        leader = both_replicas_ready(kube)
+        standby = next(
+            p
+            for p in ready_operator_pods(kube.cluster)
+            if p["metadata"]["name"] != leader["metadata"]["name"]
+        )
+        if standby["spec"]["nodeName"] != leader["spec"]["nodeName"]:
+            return leader
+        deleted = {standby["metadata"]["name"]}
+        kube.cluster.kubectl("-n", SYSTEM_NS, "delete", "pod", *deleted, "--wait=false")
+        kube.wait(
+            "the standby stopped",
+            lambda deleted=deleted: not deleted & running_operator_pods(kube.cluster),
+            timeout=120,
+        )
+    raise AssertionError("the operator's replicas kept landing on one node")
+
+
 def both_replicas_ready(kube: Kube) -> dict[str, Any]:
     """Wait until two replicas are ready and one of them leads; the leader."""
     kube.wait(
