@@ -19,7 +19,6 @@ change to the project's sources rebuilds only the layers after its ``COPY``.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import io
 import json
@@ -43,6 +42,7 @@ from devcluster.buildah import (
     debootstrap_rootfs,
 )
 from devcluster.config import REPO_ROOT
+from devcluster.filelock import waiting_lock
 from devcluster.pipconf import PipSettings, pip_settings
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,6 @@ BUILDER_VERSION = 2
 IGNORED_DIRS = frozenset({"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 IGNORED_SUFFIXES = (".pyc", ".pyo")
 #: Seconds between two tries to take the build lock.
-LOCK_POLL_S = 0.5
 BASE_CONFIG = (
     "--env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "--env", "LANG=C.UTF-8",
@@ -291,26 +290,8 @@ class ImageBuilder:
 def build_lock(cache_dir: Path, timeout: float = BUILD_TIMEOUT) -> Iterator[None]:
     """Hold the cache's image build lock: one build at a time (several checkouts, tests and
     clusters may share a cache); a second caller waits, then finds the images cached."""
-    root = cache_dir / "images"
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / ".lock").open("w") as lock:
-        deadline = time.monotonic() + timeout
-        logged = False
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise ImageBuildError(f"another image build held {root} too long") from None
-                if not logged:
-                    logger.info("waiting for another image build in %s", root)
-                    logged = True
-                time.sleep(LOCK_POLL_S)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with waiting_lock(cache_dir / "images" / ".lock", timeout, "an image build", ImageBuildError):
+        yield
 
 
 def ensure_images(cache_dir: Path, *, rebuild: bool = False) -> list[BuiltImage]:

@@ -18,16 +18,16 @@ Where the cache and the run directory are on different file systems, the seed is
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import logging
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
+
+from devcluster.filelock import waiting_lock
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,6 @@ IMAGE_FILES: Final = (
 PLANTED_FILE: Final = "seed"
 #: How long an ``up`` waits for another one making the same seed.
 LOCK_TIMEOUT_S: Final = 900.0
-LOCK_POLL_S: Final = 0.5
 
 
 class SeedError(RuntimeError):
@@ -73,21 +72,8 @@ class NodeSeed:
     @contextlib.contextmanager
     def locked(self, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
         """Hold the seeds' lock: one ``up`` makes a seed while another waits for it."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with (self.dir / ".lock").open("w") as lock:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise SeedError(f"another cluster held {self.dir} too long") from None
-                    time.sleep(LOCK_POLL_S)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        with waiting_lock(self.dir / ".lock", timeout, "the image seed", SeedError):
+            yield
 
     def keep(self, root: Path) -> None:
         """Make the seed from ``root``, a containerd root its containerd (now stopped) imported
