@@ -328,6 +328,22 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         if result.returncode != 0:
             raise RuntimeError(f"{self.name}: ctr images import {archive}: {result.stderr.strip()}")
 
+    def collect_garbage(self) -> None:
+        """Remove the content and snapshots no image refers to any more (the layers of the
+        images that imports replaced). containerd collects synchronously when an image is
+        deleted with ``--sync``, so a throwaway tag of an image is made and deleted."""
+        names = self.ctr("images", "list", "--quiet")
+        if names.returncode != 0 or not names.stdout.split():
+            raise RuntimeError(f"{self.name}: ctr images list: {names.stderr.strip()}")
+        throwaway = "devcluster.local/collect-garbage:latest"
+        for argv in (
+            ("images", "tag", "--force", names.stdout.split()[0], throwaway),
+            ("images", "delete", "--sync", throwaway),
+        ):
+            result = self.ctr(*argv)
+            if result.returncode != 0:
+                raise RuntimeError(f"{self.name}: ctr {' '.join(argv)}: {result.stderr.strip()}")
+
 
 def real_nodes(cfg: ClusterConfig) -> list[RealNode]:
     """Every node of a real-node cluster."""

@@ -13,6 +13,11 @@ its own upper directory; removing an image unlinks only the node's links), so th
 share them. Planting takes about a second; importing the images into three nodes took a minute
 on a 2-core machine, and each node's first worker pod spent 20 s unpacking the worker image.
 Where the cache and the run directory are on different file systems, the seed is copied.
+
+A new seed starts from the newest earlier one (planted the same way), so that only the layers
+that changed are written and unpacked: a change to the project's code rebuilds the top layers
+of its images, never the base or torch layers below them. What the new images no longer refer
+to is then collected by containerd before the seed is kept.
 """
 
 from __future__ import annotations
@@ -75,6 +80,30 @@ class NodeSeed:
         with waiting_lock(self.dir / ".lock", timeout, "the image seed", SeedError):
             yield
 
+    def earlier(self) -> Path | None:
+        """The newest seed made for other archives, if any (the one a new seed starts from)."""
+        if not self.dir.is_dir():
+            return None
+        seeds = [
+            path
+            for path in self.dir.iterdir()
+            if path.is_dir() and not path.name.startswith(".") and path != self.root
+        ]
+        return max(seeds, key=lambda path: path.stat().st_mtime, default=None)
+
+    def begin(self, root: Path) -> bool:
+        """Prepare ``root`` (node-1's containerd root, containerd stopped) for making the seed:
+        planted from the newest earlier seed, whose unchanged layers the imports then find
+        in place, or empty when there is none; True when it was planted."""
+        shutil.rmtree(root, ignore_errors=True)
+        earlier = self.earlier()
+        if earlier is None:
+            root.mkdir(parents=True)
+            return False
+        logger.info("starting the seed from the earlier seed %s", earlier.name)
+        _plant(earlier, root)
+        return True
+
     def keep(self, root: Path) -> None:
         """Make the seed from ``root``, a containerd root its containerd (now stopped) imported
         and unpacked the archives into; ``root`` is left empty. Older seeds are removed."""
@@ -99,16 +128,22 @@ class NodeSeed:
             return False
         shutil.rmtree(root, ignore_errors=True)
         stamp.unlink(missing_ok=True)
-        try:
-            _copy_tree(self.root, root, link=True)
-        except SeedError as err:
-            logger.warning("%s; copying the seed instead of linking it", err)
-            shutil.rmtree(root, ignore_errors=True)
-            _copy_tree(self.root, root, link=False)
-        else:
-            _own_copies(root)
+        _plant(self.root, root)
         stamp.write_text(self.key)
         return True
+
+
+def _plant(seed: Path, root: Path) -> None:
+    """Fill ``root`` from the seed root ``seed``: image files linked, the rest copied (all
+    copied where links cannot be made)."""
+    try:
+        _copy_tree(seed, root, link=True)
+    except SeedError as err:
+        logger.warning("%s; copying the seed instead of linking it", err)
+        shutil.rmtree(root, ignore_errors=True)
+        _copy_tree(seed, root, link=False)
+    else:
+        _own_copies(root)
 
 
 def _copy_tree(source: Path, target: Path, *, link: bool) -> None:

@@ -164,14 +164,19 @@ class _NodesStart:
         """Import and unpack every image with ``node``'s containerd, then keep its root as
         the seed."""
         logger.info("importing and unpacking the images once, for every node (%s)", seed.key)
-        shutil.rmtree(node.containerd_root, ignore_errors=True)
-        node.containerd_root.mkdir(parents=True)
+        from_earlier = seed.begin(node.containerd_root)
         component = node.component("containerd")
         self.host.spawn(component, node.containerd_argv())
         try:
             self._wait_containerd(node, left)
             for archive in seed.archives:
+                began = time.monotonic()
                 node.import_image(archive)
+                logger.debug("imported %s in %.1f s", archive.name, time.monotonic() - began)
+            if from_earlier:
+                began = time.monotonic()
+                node.collect_garbage()
+                logger.debug("collected garbage in %.1f s", time.monotonic() - began)
         finally:
             self.host.stop_component(component)
         seed.keep(node.containerd_root)

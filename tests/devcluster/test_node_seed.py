@@ -103,3 +103,26 @@ def test_overlay_whiteouts_and_opaque_directories_survive_planting(tmp_path: Pat
     assert os.major(whiteout.st_rdev) == 0 and os.minor(whiteout.st_rdev) == 0
     assert (whiteout.st_mode & 0o170000) == 0o20000
     assert os.getxattr(root / OPAQUE_DIR, "trusted.overlay.opaque") == b"y"
+
+
+def test_a_new_seed_starts_from_the_newest_earlier_one(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = NodeSeed(cache, _archives(tmp_path, "aaaa"))
+    root = tmp_path / "node-1" / "root"
+    assert first.earlier() is None
+    assert not first.begin(root)
+    assert root.is_dir() and not any(root.iterdir())
+    first.keep(_imported_root(root))
+
+    second = NodeSeed(cache, _archives(tmp_path / "new", "bbbb"))
+    assert second.earlier() == first.root
+    assert second.begin(root)
+
+    # The earlier seed's image files are in place (linked), its databases node-1's own.
+    assert (root / LAYER_FILE).stat().st_ino == (first.root / LAYER_FILE).stat().st_ino
+    assert (root / DATABASE).stat().st_ino != (first.root / DATABASE).stat().st_ino
+    (root / DATABASE).write_text("the new images")
+    second.keep(root)
+    assert not first.exists()
+    assert (second.root / DATABASE).read_text() == "the new images"
+    assert (second.root / LAYER_FILE).read_text() == "code"
