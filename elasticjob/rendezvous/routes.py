@@ -149,6 +149,15 @@ def _bearer_token(request: web.Request) -> str:
 
 
 async def _read_body(request: web.Request) -> bytes:
+    """The request's body; a client that goes away before sending all of it (a worker
+    process that exits with a report in flight) is a 400, not a failure of the service."""
+    try:
+        return await _read_whole_body(request)
+    except ConnectionResetError as exc:
+        raise ApiError(400, f"the request body ended early: {exc}") from None
+
+
+async def _read_whole_body(request: web.Request) -> bytes:
     too_large = ApiError(413, f"request body is larger than {MAX_BODY_BYTES} bytes")
     if request.content_length is not None:
         if request.content_length > MAX_BODY_BYTES:

@@ -463,6 +463,33 @@ async def test_malformed_http_is_one_warning_line_without_the_token(
     assert any("bad HTTP request" in r.getMessage() for r in records)
 
 
+async def test_a_client_gone_before_its_body_ended_is_a_400_without_a_traceback(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker process that exits with a heartbeat in flight: the service answers the
+    broken request 400 (to nobody) and logs one line, no error with a traceback."""
+    caplog.set_level(logging.INFO, logger="elasticjob.rendezvous.routes")
+
+    def half_a_body() -> None:
+        with socket.create_connection(("127.0.0.1", port_of(cluster.service)), timeout=8) as sock:
+            sock.sendall(
+                b"POST /v1/jobs/job-a/heartbeat HTTP/1.1\r\nHost: x\r\n"
+                + f"Authorization: Bearer {TOKEN_A}\r\n".encode()
+                + f"{PROTOCOL_HEADER}: {PROTOCOL_VERSION}\r\n".encode()
+                + b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                + b'{"hostname": '
+            )
+
+    await asyncio.wait_for(asyncio.to_thread(half_a_body), DEADLINE)
+    deadline = time.monotonic() + DEADLINE
+    while not any("heartbeat -> 400" in r.getMessage() for r in caplog.records):
+        assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+        await asyncio.sleep(0.05)
+    assert all(r.levelno < logging.WARNING and r.exc_info is None for r in caplog.records), [
+        r.getMessage() for r in caplog.records
+    ]
+
+
 async def test_an_encoded_newline_in_the_path_stays_on_one_log_line(
     cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -19,6 +19,7 @@ from elasticjob.worker_runtime.elastic.state_handlers import (
     ObjectStateHandler,
     OptimizerStateHandler,
     SamplerStateHandler,
+    StatefulHandler,
     StateHandler,
 )
 
@@ -43,6 +44,7 @@ __all__ = [
     "SnapshotState",
     "State",
     "StateHandler",
+    "StatefulHandler",
     "TorchState",
     "run",
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import abc
 import copy
+import pickle
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -44,6 +45,10 @@ class StateHandler(abc.ABC):
 
     def on_reset(self) -> None:  # noqa: B027 (optional hook)
         """Called after every reset, before the user's reset callbacks."""
+
+    def check(self, name: str) -> None:  # noqa: B027 (optional check)
+        """Raise :class:`TypeError`, naming the attribute ``name``, when the value cannot be
+        committed or synced (called when the state is made, not at a later sync)."""
 
 
 class ModelStateHandler(StateHandler):
@@ -181,7 +186,37 @@ class SamplerStateHandler(StateHandler):
         self.value.reset()
 
 
+class StatefulHandler(StateHandler):
+    """An object with ``state_dict()`` and ``load_state_dict()`` (a learning-rate scheduler,
+    a ``torch.amp.GradScaler``, a script's own), kept through its state dict: restored and
+    synced in place, so the object stays the script's and stays bound to what it refers to
+    (a scheduler to the state's live optimizer, not to a copy of it)."""
+
+    def state_dict(self) -> Any:
+        return self.value.state_dict()
+
+    def load_state_dict(self, saved: Any) -> None:
+        self.value.load_state_dict(copy.deepcopy(saved))
+
+    def sync(self) -> None:
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0))
+
+    def check(self, name: str) -> None:
+        _check_picklable(name, self.value.state_dict(), f"its state_dict() ({type(self.value)})")
+
+
+def has_state_dict(value: Any) -> bool:
+    """Whether ``value`` offers ``state_dict()`` and ``load_state_dict()`` (an object, not a
+    class)."""
+    return not isinstance(value, type) and all(
+        callable(getattr(value, method, None)) for method in ("state_dict", "load_state_dict")
+    )
+
+
 class ObjectStateHandler(StateHandler):
+    """Any other value (numbers, strings, containers, picklable objects): deep-copied at a
+    commit, replaced by the copy at a rollback, pickled from rank 0 at a sync."""
+
     def state_dict(self) -> Any:
         return self.value
 
@@ -191,10 +226,26 @@ class ObjectStateHandler(StateHandler):
     def sync(self) -> None:
         self.value = broadcast_object(self.value, root_rank=0)
 
+    def check(self, name: str) -> None:
+        _check_picklable(name, self.value, f"the value ({type(self.value)})")
+
+
+def _check_picklable(name: str, value: Any, what: str) -> None:
+    try:
+        pickle.dumps(value)
+    except Exception as exc:  # pickle raises many kinds (PicklingError, TypeError...)
+        raise TypeError(
+            f"state attribute {name!r} cannot be committed and synced: {what} cannot be "
+            f"pickled ({exc}). Keep what it holds in picklable values or tensors, give it "
+            "state_dict() and load_state_dict(), or register a handler for its type "
+            "(register_handler)"
+        ) from exc
+
 
 class HandledAttributes:
     """A state's attributes given as keyword arguments, each kept by the
-    :class:`StateHandler` of its type (the registry's first match, else an object's):
+    :class:`StateHandler` of its type (the registry's first match, else a stateful object's
+    where it has ``state_dict()`` and ``load_state_dict()``, else an object's):
     ``state.name`` reads and writes the handler's value."""
 
     handler_registry: ClassVar[list[tuple[type, type[StateHandler]]]] = [
@@ -217,13 +268,18 @@ class HandledAttributes:
         for kind, handler in cls.handler_registry:
             if isinstance(value, kind):
                 return handler(value)
+        if has_state_dict(value):
+            return StatefulHandler(value)
         return ObjectStateHandler(value)
 
     def _keep_attributes(self, values: Mapping[str, Any]) -> list[Callable[[], None]]:
         """Keep ``values`` as attributes; return their handlers' reset hooks (the state's
         first reset callbacks)."""
-        self.__dict__["_handlers"] = {name: self.handler_for(v) for name, v in values.items()}
-        return [handler.on_reset for handler in self._handlers.values()]
+        handlers = {name: self.handler_for(v) for name, v in values.items()}
+        for name, handler in handlers.items():
+            handler.check(name)
+        self.__dict__["_handlers"] = handlers
+        return [handler.on_reset for handler in handlers.values()]
 
     def _attribute_states(self) -> dict[str, Any]:
         """Each attribute's ``state_dict()``, by name (tensors live)."""

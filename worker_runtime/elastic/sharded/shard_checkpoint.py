@@ -12,7 +12,11 @@ way) is a plain DCP checkpoint of the state dict ::
     {"model": get_model_state_dict(model),
      "optimizer": get_optimizer_state_dict(model, optimizer),
      "extras": {attribute: its state dict},   # the sampler, epoch, ...
-     "meta": {"epoch": .., "step": .., "round": .., "commit": ..}}
+     "meta": {"epoch": .., "step": .., "round": .., "commit": .., "optimizer_started": 1}}
+
+A checkpoint of an optimizer that has not taken a step yet holds no optimizer state (torch's
+``get_optimizer_state_dict`` would give it one by stepping it on zero gradients) but its
+groups' hyperparameters, ``"optimizer_groups"``, and ``optimizer_started`` 0.
 
 which standard tools load onto any world size (``dcp.load`` then ``set_state_dict``). It is
 written as ``<name>.tmp`` and renamed by rank 0 once ``dcp.save`` returned on every rank (its
@@ -37,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -60,6 +65,11 @@ from elasticjob.worker_runtime.elastic.checkpoint_files import (
     to_prune,
 )
 from elasticjob.worker_runtime.elastic.sharded.shard_commits import Commit
+from elasticjob.worker_runtime.elastic.sharded.shard_snapshot import (
+    optimizer_groups,
+    optimizer_started,
+    set_optimizer_groups,
+)
 
 if TYPE_CHECKING:
     from elasticjob.worker_runtime.runtime import Runtime
@@ -187,12 +197,16 @@ class ShardCheckpointer:
         tried again at a later commit (None)."""
         started = time.monotonic()
         tmp = self.folder / f"{name}{TMP_SUFFIX}"
-        state = {
+        started = optimizer_started(optimizer)
+        state: dict[str, Any] = {
             "model": get_model_state_dict(model),
-            "optimizer": get_optimizer_state_dict(model, optimizer),
             "extras": extras,
-            "meta": meta,
+            "meta": {**meta, "optimizer_started": int(started)},
         }
+        if started:
+            state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+        else:
+            state["optimizer_groups"] = optimizer_groups(optimizer)
         try:
             dcp_save(state, checkpoint_id=tmp)
         except CheckpointException:
@@ -270,19 +284,26 @@ def _load(
 ) -> tuple[dict[str, Any], dict[str, int]]:
     if not (path / DCP_METADATA).is_file():
         raise CheckpointError(f"no {DCP_METADATA}: not a torch.distributed.checkpoint")
-    state: dict[str, Any] = {
-        "model": get_model_state_dict(model),
-        "optimizer": get_optimizer_state_dict(model, optimizer),
-        "extras": dict(extras),
-        "meta": {"epoch": 0, "step": 0, "round": 0, "commit": 0},
-    }
-    try:
+    meta = {"epoch": 0, "step": 0, "round": 0, "commit": 0, "optimizer_started": 1}
+    try:  # the meta first: whether the checkpoint holds an optimizer state
+        dcp_load(
+            {"meta": meta}, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True)
+        )
+        started = bool(meta.pop("optimizer_started"))
+        state: dict[str, Any] = {"model": get_model_state_dict(model), "extras": dict(extras)}
+        if started:
+            state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+        else:
+            state["optimizer_groups"] = optimizer_groups(optimizer)
         dcp_load(state, checkpoint_id=path)
     except (CheckpointException, OSError, KeyError, ValueError) as exc:
         raise CheckpointError(f"unreadable: {type(exc).__name__}: {exc}") from exc
     set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, optimizer, state["optimizer"])
-    return state["extras"], state["meta"]
+    if started:
+        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    else:
+        set_optimizer_groups(optimizer, state["optimizer_groups"])
+    return state["extras"], meta
 
 
 def _size_of(path: Path) -> int:

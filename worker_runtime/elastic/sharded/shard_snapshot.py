@@ -10,6 +10,7 @@ freshly sharded over the new world. Nothing here ever gathers a whole tensor.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -18,7 +19,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
+    get_model_state_dict,
     get_state_dict,
+    set_model_state_dict,
     set_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh
@@ -28,6 +31,37 @@ FLAT: Final = StateDictOptions(flatten_optimizer_state_dict=True)
 """State dicts by flat name (``state.<param>.exp_avg``), so every entry is one tensor."""
 
 MODEL, OPTIMIZER = "model", "optimizer"
+GROUPS: Final = ("optimizer-groups", "")
+"""The replicated entry of a snapshot taken before the optimizer's first step: its groups'
+hyperparameters (it has no state yet, and the optimizer it is loaded into gets none)."""
+
+
+def optimizer_started(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` took a step (has state). torch's ``get_state_dict`` and
+    ``get_optimizer_state_dict`` give an optimizer that has not a state by taking a step on
+    zero gradients, which AdamW counts: the run would then follow another trajectory than
+    the same loop without elasticity. Never ask them for an optimizer that has not started."""
+    return bool(optimizer.state)
+
+
+def optimizer_groups(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """The hyperparameters of ``optimizer``'s groups (everything but their parameters)."""
+    return [
+        {key: copy.deepcopy(value) for key, value in group.items() if key != "params"}
+        for group in optimizer.param_groups
+    ]
+
+
+def set_optimizer_groups(optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]]) -> None:
+    """Give ``optimizer``'s groups the hyperparameters ``groups`` (of an optimizer with the
+    same groups)."""
+    if len(groups) != len(optimizer.param_groups):
+        raise ValueError(
+            f"the committed optimizer had {len(groups)} parameter groups, the one built "
+            f"now has {len(optimizer.param_groups)}"
+        )
+    for group, saved in zip(optimizer.param_groups, groups, strict=True):
+        group.update(copy.deepcopy(saved))
 
 
 @dataclass(frozen=True)
@@ -69,8 +103,12 @@ def take_snapshot(
     """Copy ``model``'s and ``optimizer``'s live state to host memory (this rank's shards of
     the sharded tensors; the rest as it is). Raises :class:`TypeError` for a tensor sharded
     otherwise than FSDP2 shards (dimension 0 over one mesh dimension)."""
-    model_state, optimizer_state = get_state_dict(model, optimizer, options=FLAT)
     snapshot = ShardSnapshot(world, rank)
+    if optimizer_started(optimizer):
+        model_state, optimizer_state = get_state_dict(model, optimizer, options=FLAT)
+    else:
+        model_state, optimizer_state = get_model_state_dict(model, options=FLAT), {}
+        snapshot.replicated[GROUPS] = optimizer_groups(optimizer)
     for kind, state in ((MODEL, model_state), (OPTIMIZER, optimizer_state)):
         for name, value in state.items():
             key = (kind, name)
@@ -98,8 +136,12 @@ def load_shards(
     replicated: Mapping[tuple[str, str], Any],
 ) -> None:
     """Load this rank's new shards ``locals_`` (of tensors of global ``shapes``) and the
-    ``replicated`` entries into ``model`` and ``optimizer``, freshly sharded over ``mesh``."""
+    ``replicated`` entries into ``model`` and ``optimizer``, freshly sharded over ``mesh``.
+    An optimizer committed before its first step is given its groups' hyperparameters and
+    no state."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    replicated = dict(replicated)
+    groups = replicated.pop(GROUPS, None)
     states: dict[str, dict[str, Any]] = {MODEL: {}, OPTIMIZER: {}}
     for (kind, name), local in locals_.items():
         shape = torch.Size(shapes[(kind, name)])
@@ -109,6 +151,10 @@ def load_shards(
         )
     for (kind, name), value in replicated.items():
         states[kind][name] = value.clone() if isinstance(value, torch.Tensor) else value
+    if groups is not None:
+        set_model_state_dict(model, states[MODEL], options=FLAT)
+        set_optimizer_groups(optimizer, groups)
+        return
     set_state_dict(
         model,
         optimizer,

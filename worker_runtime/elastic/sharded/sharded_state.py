@@ -60,8 +60,15 @@ __all__ = ["Build", "ShardedState", "ShardsLostError", "SyncTimes"]
 
 logger = get_logger(__name__)
 
-Build = Callable[[DeviceMesh], tuple[torch.nn.Module, torch.optim.Optimizer]]
-"""Makes the model sharded with ``fully_shard`` over the mesh, and its optimizer."""
+Build = Callable[
+    [DeviceMesh],
+    tuple[torch.nn.Module, torch.optim.Optimizer]
+    | tuple[torch.nn.Module, torch.optim.Optimizer, Any],
+]
+"""Makes the model sharded with ``fully_shard`` over the mesh, and its optimizer; and, where
+the script has one, the learning-rate scheduler of that optimizer."""
+SCHEDULER = "scheduler"
+"""The attribute under which the scheduler ``build`` returns is kept."""
 
 
 class ShardedState(HandledAttributes, State):
@@ -69,7 +76,10 @@ class ShardedState(HandledAttributes, State):
 
     ``build(mesh)`` returns ``(model, optimizer)``, the model sharded with ``fully_shard``
     over ``mesh`` (parameters may stay uninitialized, on the meta device then ``to_empty``,
-    when ``state.restoring`` is true: the committed state replaces them). ``redundancy``:
+    when ``state.restoring`` is true: the committed state replaces them), or
+    ``(model, optimizer, scheduler)``: a learning-rate scheduler of that optimizer (or any
+    object with ``state_dict()`` and ``load_state_dict()``), made anew with it every round
+    and given the committed schedule, ``state.scheduler``. ``redundancy``:
     how many other ranks keep a copy of each rank's committed shards (0: none; a rank's
     failure then loses the job's state). Other keyword arguments are attributes kept as in
     a ``TorchState``. ``state.model`` and ``state.optimizer`` exist once ``elastic.run``
@@ -81,6 +91,13 @@ class ShardedState(HandledAttributes, State):
         super().__init__()
         if redundancy < 0:
             raise ValueError(f"redundancy must be >= 0, got {redundancy}")
+        for name, value in kwargs.items():
+            if name == SCHEDULER or isinstance(value, torch.optim.lr_scheduler.LRScheduler):
+                raise TypeError(
+                    f"ShardedState attribute {name!r}: a sharded state's optimizer is made "
+                    "anew every round, so its learning-rate scheduler must be too: return "
+                    "it from build(mesh) as (model, optimizer, scheduler)"
+                )
         self._build = build
         self.redundancy = redundancy
         self.model: torch.nn.Module | None = None
@@ -182,14 +199,18 @@ class ShardedState(HandledAttributes, State):
         exchanged = time.monotonic()
         self.restoring = chosen is not None or bool(checkpoints)
         try:
-            model, optimizer = self._build(mesh)
+            model, optimizer, *scheduler = self._build(mesh)
         finally:
             self.restoring = False
         self.model, self.optimizer = model, optimizer
-        optimizer.register_step_post_hook(lambda *_: runtime.count_step())
+        if scheduler:
+            self._keep_scheduler(scheduler[0], held)
         built = time.monotonic()
         world = NewWorld(runtime, mesh, host, model, optimizer)
         reshard_s, load_s = self._load(world, chosen, held, checkpoints)
+        # Counted from here: loading a commit may step the fresh optimizer on zero
+        # gradients (torch's way of giving it a state to load into), which is not training.
+        optimizer.register_step_post_hook(lambda *_: runtime.count_step())
         self._sync_attributes()
         loaded = time.monotonic()
         self.save()
@@ -200,6 +221,16 @@ class ShardedState(HandledAttributes, State):
             load_s=load_s,
             commit_s=time.monotonic() - loaded,
         )
+
+    def _keep_scheduler(self, scheduler: Any, held: Commit | None) -> None:
+        """Keep the round's new ``scheduler`` as the ``scheduler`` attribute, with the
+        schedule of ``held`` (this rank's commit, if it holds one; a newcomer's comes from
+        rank 0 in the sync of the attributes)."""
+        handler = self.handler_for(scheduler)
+        handler.check(SCHEDULER)
+        self._handlers[SCHEDULER] = handler
+        if held is not None and SCHEDULER in held.extras:
+            handler.load_state_dict(held.extras[SCHEDULER])
 
     def _load(
         self, world: NewWorld, chosen: Chosen | None, held: Commit | None, checkpoints: list[str]

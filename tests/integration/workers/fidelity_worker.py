@@ -1,0 +1,328 @@
+"""Training script of the fidelity tests: the same small training loop written twice, once
+with plain torch (``--mode plain``: ``init_process_group``, torch's DDP or FSDP2, no
+elasticjob) and once with elasticjob's elastic state (``--mode elastic``, under the
+launcher), so that the tests can compare their ends bit for bit.
+
+Families:
+- ``torch``: four MLPs trained side by side on the same batches: AdamW (weight decay) and SGD
+  (momentum), each once under ``hvd.DistributedOptimizer`` and once under the elastic
+  ``DistributedDataParallel``, all in one ``TorchState``; the plain loop wraps all four in
+  torch's DDP;
+- ``sharded``: two MLPs sharded with FSDP2, one in fp32 and one with a bf16
+  ``MixedPrecisionPolicy``, one optimizer (``--optimizer``), a ``ShardedState``.
+
+Every rank takes the batch of the step and rank (``batch_of``), in both modes. With
+``--scheduler`` a learning-rate schedule is kept (in the ``TorchState``, or returned by the
+sharded ``build``) and every rank logs the live learning rate at every step; ``--fail
+STEP:RANK`` SIGKILLs a rank once it reaches a step. At the end every rank writes its
+parameters (its shards) and optimizer state to ``<log-dir>/<mode>-rank-<rank>.pt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+FEATURES, HIDDEN, OUTPUTS, BATCH, SAMPLES = 8, 24, 3, 4, 96
+TORCH_MODELS = ("distopt-adamw", "distopt-sgd", "ddp-adamw", "ddp-sgd")
+SHARDED_MODELS = ("fp32", "bf16")
+LR = {"adamw": 0.01, "sgd": 0.05}
+GAMMA = 0.9
+SCHEDULES = dict(zip(TORCH_MODELS, ("step", "lambda", "onecycle", "sequential"), strict=True))
+"""With ``--scheduler mixed``, each torch-family model's schedule: one job keeps all four."""
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--log-dir", type=Path, required=True)
+    parser.add_argument("--mode", choices=("plain", "elastic"), required=True)
+    parser.add_argument("--family", choices=("torch", "sharded"), required=True)
+    parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--commit-every", type=int, default=3)
+    parser.add_argument("--scheduler", choices=("none", "mixed", *SCHEDULES.values()))
+    parser.add_argument("--grad-scaler", action="store_true", help="a GradScaler in the state")
+    parser.add_argument("--fail", default="", help="STEP:RANK: SIGKILL that rank at that step")
+    return parser.parse_args()
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return (
+        torch.randn(SAMPLES, FEATURES, generator=generator),
+        torch.randn(SAMPLES, OUTPUTS, generator=generator),
+    )
+
+
+def batch_of(step: int, rank: int, world: int) -> torch.Tensor:
+    """The sample indices of ``rank``'s batch at ``step`` (the same in both modes)."""
+    start = (step * world + rank) * BATCH
+    return torch.arange(start, start + BATCH) % SAMPLES
+
+
+def mlp(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, OUTPUTS)
+    )
+
+
+def make_optimizer(kind: str, params: Any) -> torch.optim.Optimizer:
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=LR["adamw"], weight_decay=0.05)
+    return torch.optim.SGD(params, lr=LR["sgd"], momentum=0.9, weight_decay=0.01)
+
+
+def schedule_of(model: str, scheduler: str) -> str:
+    """The schedule ``model`` follows under ``--scheduler``."""
+    return SCHEDULES.get(model, "sequential") if scheduler == "mixed" else scheduler
+
+
+def make_scheduler(kind: str, optimizer: torch.optim.Optimizer, steps: int) -> Any:
+    sched = torch.optim.lr_scheduler
+    if kind == "step":
+        return sched.StepLR(optimizer, 1, GAMMA)
+    if kind == "lambda":
+        return sched.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    if kind == "onecycle":
+        lr = optimizer.param_groups[0]["lr"]
+        return sched.OneCycleLR(optimizer, max_lr=lr * 4, total_steps=steps + 1)
+    warmup = sched.LinearLR(optimizer, start_factor=0.25, total_iters=3)
+    return sched.SequentialLR(
+        optimizer, [warmup, sched.StepLR(optimizer, 1, GAMMA)], milestones=[3]
+    )
+
+
+def build_sharded(
+    mesh: DeviceMesh, optimizer_kind: str, scheduler: str, steps: int
+) -> tuple[torch.nn.Module, torch.optim.Optimizer] | tuple[Any, ...]:
+    models = torch.nn.ModuleDict({"fp32": mlp(1), "bf16": mlp(2)})
+    policies = {
+        "fp32": MixedPrecisionPolicy(),
+        "bf16": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+    }
+    for name, model in models.items():
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh, mp_policy=policies[name])
+        fully_shard(model, mesh=mesh, mp_policy=policies[name])
+    optimizer = make_optimizer(optimizer_kind, models.parameters())
+    if scheduler != "none":
+        return models, optimizer, make_scheduler(scheduler, optimizer, steps)
+    return models, optimizer
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    value = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return value.detach().clone()
+
+
+def dump(path: Path, models: dict[str, torch.nn.Module], optimizers: dict[str, Any]) -> None:
+    """Each model's parameters (this rank's shards) and its optimizer's state, by name."""
+    out: dict[str, Any] = {}
+    for name, model in models.items():
+        optimizer = optimizers[name]
+        params = dict(model.named_parameters())
+        out[name] = {
+            "params": {n: local(p) for n, p in params.items()},
+            "optimizer": {
+                f"{n}.{key}": local(value) if isinstance(value, torch.Tensor) else value
+                for n, p in params.items()
+                for key, value in optimizer.state.get(p, {}).items()
+            },
+            "lr": [group["lr"] for group in optimizer.param_groups],
+        }
+    torch.save(out, path)
+
+
+class Events:
+    def __init__(self, log_dir: Path, rank: int) -> None:
+        self._path = log_dir / f"events-{rank}-{os.getpid()}.jsonl"
+
+    def write(self, event: str, **fields: Any) -> None:
+        with self._path.open("a") as f:
+            f.write(json.dumps({"ev": event, "pid": os.getpid(), "time": time.time(), **fields}))
+            f.write("\n")
+
+
+def step_models(
+    models: dict[str, Any],
+    optimizers: dict[str, Any],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    scaler: torch.amp.GradScaler | None = None,
+) -> None:
+    """One step of each model; with ``scaler``, the DDP model with SGD takes its step through
+    it (a loss scale that grows every other step: its scale is checked, not its math)."""
+    for name, model in models.items():
+        optimizers[name].zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if scaler is not None and name == "ddp-sgd":
+            scaler.scale(loss).backward()
+            scaler.step(optimizers[name])
+            scaler.update()
+        else:
+            loss.backward()
+            optimizers[name].step()
+
+
+def plain(args: argparse.Namespace) -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    features, targets = data()
+    schedulers: list[Any] = []
+    if args.family == "torch":
+        modules = {name: mlp(i) for i, name in enumerate(TORCH_MODELS)}
+        models: dict[str, Any] = {name: TorchDDP(m) for name, m in modules.items()}
+        optimizers = {
+            name: make_optimizer(name.split("-")[1], m.parameters()) for name, m in modules.items()
+        }
+        if args.scheduler != "none":
+            schedulers = [
+                make_scheduler(schedule_of(name, args.scheduler), o, args.steps)
+                for name, o in optimizers.items()
+            ]
+        dumped, dumped_optimizers = modules, optimizers
+    else:
+        mesh = init_device_mesh("cpu", (world,))
+        model, optimizer, *schedulers = build_sharded(
+            mesh, args.optimizer, schedule_of("sharded", args.scheduler), args.steps
+        )
+        models = {"sharded": model}
+        optimizers = {"sharded": optimizer}
+        dumped = {name: model[name] for name in SHARDED_MODELS}
+        dumped_optimizers = dict.fromkeys(SHARDED_MODELS, optimizer)
+    for step in range(args.steps):
+        indices = batch_of(step, rank, world)
+        if args.family == "sharded":
+            loss = sum(
+                torch.nn.functional.mse_loss(m(features[indices]), targets[indices])
+                for m in dumped.values()
+            )
+            optimizer.zero_grad()
+            loss.backward()  # type: ignore[union-attr]
+            optimizer.step()
+        else:
+            step_models(models, optimizers, features[indices], targets[indices])
+        for scheduler in schedulers:
+            scheduler.step()
+    dump(args.log_dir / f"plain-rank-{rank}.pt", dumped, dumped_optimizers)
+    dist.destroy_process_group()
+
+
+def elastic(args: argparse.Namespace) -> None:
+    # Imported here: the plain loop runs without elasticjob in its process.
+    import elasticjob.worker_runtime as hvd  # noqa: PLC0415
+
+    hvd.init()
+    features, targets = data()
+    events = Events(args.log_dir, hvd.rank())
+    fail_step, fail_rank = (int(v) for v in args.fail.split(":")) if args.fail else (-1, -1)
+    fired = args.log_dir / "fired"
+    if args.family == "torch":
+        modules = {name: mlp(i) for i, name in enumerate(TORCH_MODELS)}
+        models: dict[str, Any] = {}
+        optimizers: dict[str, Any] = {}
+        for name, module in modules.items():
+            optimizer = make_optimizer(name.split("-")[1], module.parameters())
+            if name.startswith("distopt"):
+                models[name] = module
+                optimizers[name] = hvd.DistributedOptimizer(
+                    optimizer, named_parameters=module.named_parameters()
+                )
+            else:
+                models[name] = hvd.elastic.DistributedDataParallel(module)
+                optimizers[name] = optimizer
+        kept: dict[str, Any] = {f"model_{n}": m for n, m in models.items()}
+        kept.update({f"optimizer_{n}": o for n, o in optimizers.items()})
+        if args.scheduler != "none":
+            for name, optimizer in optimizers.items():
+                kind = schedule_of(name, args.scheduler)
+                kept[f"scheduler_{name}"] = make_scheduler(kind, optimizer, args.steps)
+        if args.grad_scaler:
+            kept["scaler"] = torch.amp.GradScaler("cpu", init_scale=4.0, growth_interval=2)
+        state: Any = hvd.elastic.TorchState(step=0, **kept)
+    else:
+
+        def build(mesh: DeviceMesh) -> Any:
+            kind = schedule_of("sharded", args.scheduler)
+            return build_sharded(mesh, args.optimizer, kind, args.steps)
+
+        state = hvd.elastic.ShardedState(build, step=0)
+
+    def live() -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
+        """The models, optimizers and schedulers the state holds now (a sharded state
+        builds new ones every round)."""
+        if args.family == "torch":
+            if args.scheduler == "none":
+                return models, optimizers, []
+            return models, optimizers, [getattr(state, f"scheduler_{n}") for n in TORCH_MODELS]
+        schedulers = [state.scheduler] if args.scheduler != "none" else []
+        return {"sharded": state.model}, {"sharded": state.optimizer}, schedulers
+
+    @hvd.elastic.run
+    def train(state: Any) -> None:
+        while state.step < args.steps:
+            if state.step == fail_step and hvd.rank() == fail_rank and not fired.exists():
+                fired.touch()
+                os.kill(os.getpid(), signal.SIGKILL)
+            now_models, now_optimizers, schedulers = live()
+            indices = batch_of(state.step, hvd.rank(), hvd.size())
+            x, y = features[indices], targets[indices]
+            if args.family == "sharded":
+                model, optimizer = now_models["sharded"], now_optimizers["sharded"]
+                loss = sum(torch.nn.functional.mse_loss(model[n](x), y) for n in SHARDED_MODELS)
+                optimizer.zero_grad()
+                loss.backward()  # type: ignore[union-attr]
+                optimizer.step()
+            else:
+                scaler = state.scaler if args.grad_scaler else None
+                step_models(now_models, now_optimizers, x, y, scaler)
+            for scheduler in schedulers:
+                scheduler.step()
+            events.write(
+                "step",
+                step=state.step,
+                rank=hvd.rank(),
+                size=hvd.size(),
+                round=hvd.current_round(),
+                lr=[o.param_groups[0]["lr"] for o in now_optimizers.values()],
+                scale=state.scaler.get_scale() if args.grad_scaler else None,
+            )
+            state.step += 1
+            if state.step % args.commit_every == 0:
+                state.commit()
+
+    train(state)
+    final_models, final_optimizers, _ = live()
+    if args.family == "sharded":
+        model = final_models["sharded"]
+        final_models = {name: model[name] for name in SHARDED_MODELS}
+        final_optimizers = dict.fromkeys(SHARDED_MODELS, final_optimizers["sharded"])
+    else:
+        final_models = {n: getattr(m, "module", m) for n, m in final_models.items()}
+    dump(args.log_dir / f"elastic-rank-{hvd.rank()}.pt", final_models, final_optimizers)
+
+
+def main() -> None:
+    args = parse_args()
+    args.scheduler = args.scheduler or "none"
+    torch.set_num_threads(1)
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    (plain if args.mode == "plain" else elastic)(args)
+
+
+if __name__ == "__main__":
+    main()
