@@ -14,8 +14,13 @@ Families:
 Every rank takes the batch of the step and rank (``batch_of``), in both modes. With
 ``--scheduler`` a learning-rate schedule is kept (in the ``TorchState``, or returned by the
 sharded ``build``) and every rank logs the live learning rate at every step; ``--fail
-STEP:RANK`` SIGKILLs a rank once it reaches a step. At the end every rank writes its
-parameters (its shards) and optimizer state to ``<log-dir>/<mode>-rank-<rank>.pt``.
+STEP:RANK`` SIGKILLs a rank once it reaches a step; with ``--epoch-file`` rank 0 writes the
+step it is at there, for a host discovery that scales the job out at a step. At the end
+every rank writes its parameters (its shards) and optimizer state to
+``<log-dir>/elastic-rank-<rank>.pt``, or ``plain-<world>-from-<step>-rank-<rank>.pt``. An
+elastic run saves the commit of step ``--save-commit`` to ``<log-dir>/commit`` (and writes it
+as ``commit-rank-<rank>.pt``), and a plain run restarts from it with ``--resume-from`` (at
+``--start-step``), on a world of its own.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -55,6 +62,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--scheduler", choices=("none", "mixed", *SCHEDULES.values()))
     parser.add_argument("--grad-scaler", action="store_true", help="a GradScaler in the state")
     parser.add_argument("--fail", default="", help="STEP:RANK: SIGKILL that rank at that step")
+    parser.add_argument("--save-commit", type=int, help="elastic: save the commit of this step")
+    parser.add_argument("--resume-from", type=Path, help="plain: start from a saved commit")
+    parser.add_argument("--start-step", type=int, default=0, help="plain: its step")
+    parser.add_argument("--epoch-file", type=Path, help="rank 0 writes its step here (discovery)")
+    parser.add_argument(
+        "--await-size", default="", help="STEP:SIZE: at that step, wait for a world that large"
+    )
     return parser.parse_args()
 
 
@@ -182,44 +196,76 @@ def plain(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     features, targets = data()
-    schedulers: list[Any] = []
     if args.family == "torch":
         modules = {name: mlp(i) for i, name in enumerate(TORCH_MODELS)}
-        models: dict[str, Any] = {name: TorchDDP(m) for name, m in modules.items()}
         optimizers = {
             name: make_optimizer(name.split("-")[1], m.parameters()) for name, m in modules.items()
         }
-        if args.scheduler != "none":
-            schedulers = [
-                make_scheduler(schedule_of(name, args.scheduler), o, args.steps)
-                for name, o in optimizers.items()
-            ]
+        if args.resume_from is not None:
+            load_commit(args.resume_from, modules, optimizers)
+        models: dict[str, Any] = {name: TorchDDP(m) for name, m in modules.items()}
         dumped, dumped_optimizers = modules, optimizers
     else:
         mesh = init_device_mesh("cpu", (world,))
-        model, optimizer, *schedulers = build_sharded(
-            mesh, args.optimizer, schedule_of("sharded", args.scheduler), args.steps
-        )
-        models = {"sharded": model}
-        optimizers = {"sharded": optimizer}
+        model, optimizer = build_sharded(mesh, args.optimizer, "none", args.steps)
+        if args.resume_from is not None:
+            load_commit(args.resume_from, {"sharded": model}, {"sharded": optimizer})
         dumped = {name: model[name] for name in SHARDED_MODELS}
         dumped_optimizers = dict.fromkeys(SHARDED_MODELS, optimizer)
-    for step in range(args.steps):
+    for step in range(args.start_step, args.steps):
         indices = batch_of(step, rank, world)
         if args.family == "sharded":
-            loss = sum(
-                torch.nn.functional.mse_loss(m(features[indices]), targets[indices])
-                for m in dumped.values()
-            )
-            optimizer.zero_grad()
-            loss.backward()  # type: ignore[union-attr]
-            optimizer.step()
+            sharded_step(model, optimizer, features[indices], targets[indices])
         else:
             step_models(models, optimizers, features[indices], targets[indices])
-        for scheduler in schedulers:
-            scheduler.step()
-    dump(args.log_dir / f"plain-rank-{rank}.pt", dumped, dumped_optimizers)
+    name = f"plain-{world}-from-{args.start_step}-rank-{rank}.pt"
+    dump(args.log_dir / name, dumped, dumped_optimizers)
     dist.destroy_process_group()
+
+
+def sharded_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> None:
+    loss = sum(torch.nn.functional.mse_loss(model[n](x), y) for n in SHARDED_MODELS)
+    optimizer.zero_grad()
+    loss.backward()  # type: ignore[union-attr]
+    optimizer.step()
+
+
+def save_commit(path: Path, models: dict[str, Any], optimizers: dict[str, Any]) -> None:
+    """The state just committed, for a plain run that restarts from it: the torch family's
+    (whole on every rank) by rank 0 with ``torch.save``, the sharded one's by every rank with
+    ``torch.distributed.checkpoint`` (a plain restart reshards it onto its own world)."""
+    if "sharded" in models:
+        model_state, optimizer_state = get_state_dict(models["sharded"], optimizers["sharded"])
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
+    elif dist.get_rank() == 0:
+        saved = {
+            name: {
+                "model": getattr(model, "module", model).state_dict(),
+                "optimizer": optimizers[name].state_dict(),
+            }
+            for name, model in models.items()
+        }
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save(saved, path / "state.pt")
+
+
+def load_commit(path: Path, models: dict[str, Any], optimizers: dict[str, Any]) -> None:
+    """Load what :func:`save_commit` wrote into the plain run's models and optimizers."""
+    if "sharded" in models:
+        model, optimizer = models["sharded"], optimizers["sharded"]
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        )
+        return
+    saved = torch.load(path / "state.pt")
+    for name, model in models.items():
+        model.load_state_dict(saved[name]["model"])
+        optimizers[name].load_state_dict(saved[name]["optimizer"])
 
 
 def elastic(args: argparse.Namespace) -> None:
@@ -231,6 +277,9 @@ def elastic(args: argparse.Namespace) -> None:
     events = Events(args.log_dir, hvd.rank())
     fail_step, fail_rank = (int(v) for v in args.fail.split(":")) if args.fail else (-1, -1)
     fired = args.log_dir / "fired"
+    await_step, await_size = (
+        (int(v) for v in args.await_size.split(":")) if args.await_size else (-1, 0)
+    )
     if args.family == "torch":
         modules = {name: mlp(i) for i, name in enumerate(TORCH_MODELS)}
         models: dict[str, Any] = {}
@@ -278,20 +327,20 @@ def elastic(args: argparse.Namespace) -> None:
             if state.step == fail_step and hvd.rank() == fail_rank and not fired.exists():
                 fired.touch()
                 os.kill(os.getpid(), signal.SIGKILL)
+            if state.step == await_step:
+                wait_for_world(state, await_size)
             now_models, now_optimizers, schedulers = live()
             indices = batch_of(state.step, hvd.rank(), hvd.size())
             x, y = features[indices], targets[indices]
             if args.family == "sharded":
-                model, optimizer = now_models["sharded"], now_optimizers["sharded"]
-                loss = sum(torch.nn.functional.mse_loss(model[n](x), y) for n in SHARDED_MODELS)
-                optimizer.zero_grad()
-                loss.backward()  # type: ignore[union-attr]
-                optimizer.step()
+                sharded_step(now_models["sharded"], now_optimizers["sharded"], x, y)
             else:
                 scaler = state.scaler if args.grad_scaler else None
                 step_models(now_models, now_optimizers, x, y, scaler)
             for scheduler in schedulers:
                 scheduler.step()
+            if hvd.rank() == 0 and args.epoch_file is not None:
+                args.epoch_file.write_text(str(state.step))
             events.write(
                 "step",
                 step=state.step,
@@ -304,16 +353,43 @@ def elastic(args: argparse.Namespace) -> None:
             state.step += 1
             if state.step % args.commit_every == 0:
                 state.commit()
+                if state.step == args.save_commit:
+                    save_commit(args.log_dir / "commit", now_models, now_optimizers)
+                    dump(
+                        args.log_dir / f"commit-rank-{hvd.rank()}.pt",
+                        *by_model(now_models, now_optimizers),
+                    )
 
     train(state)
     final_models, final_optimizers, _ = live()
-    if args.family == "sharded":
-        model = final_models["sharded"]
-        final_models = {name: model[name] for name in SHARDED_MODELS}
-        final_optimizers = dict.fromkeys(SHARDED_MODELS, final_optimizers["sharded"])
-    else:
-        final_models = {n: getattr(m, "module", m) for n, m in final_models.items()}
-    dump(args.log_dir / f"elastic-rank-{hvd.rank()}.pt", final_models, final_optimizers)
+    dump(args.log_dir / f"elastic-rank-{hvd.rank()}.pt", *by_model(final_models, final_optimizers))
+
+
+def wait_for_world(state: Any, size: int, deadline_s: float = 120.0) -> None:
+    """Check for host updates until the world has at least ``size`` ranks (the host update
+    ends the round: the loop resumes at this step in the larger world)."""
+    import elasticjob.worker_runtime as hvd  # noqa: PLC0415 (see elastic())
+
+    deadline = time.monotonic() + deadline_s
+    while hvd.size() < size:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"world size {hvd.size()} never reached {size}")
+        state.check_host_updates()
+        time.sleep(0.02)
+
+
+def by_model(
+    models: dict[str, Any], optimizers: dict[str, Any]
+) -> tuple[dict[str, torch.nn.Module], dict[str, Any]]:
+    """The modules to dump and their optimizers, by model name (the sharded family's two
+    MLPs share one optimizer; a DDP wrapper is dumped as its module)."""
+    if "sharded" in models:
+        model = models["sharded"]
+        return (
+            {name: model[name] for name in SHARDED_MODELS},
+            dict.fromkeys(SHARDED_MODELS, optimizers["sharded"]),
+        )
+    return {n: getattr(m, "module", m) for n, m in models.items()}, optimizers
 
 
 def main() -> None:
