@@ -168,24 +168,6 @@ def copy_optimizer_state(optimizer: torch.optim.Optimizer, saved: Any) -> bool:
     return True
 
 
-class SamplerStateHandler(StateHandler):
-    value: ElasticSampler
-
-    def state_dict(self) -> Any:
-        return self.value.state_dict()
-
-    def load_state_dict(self, saved: Any) -> None:
-        self.value.load_state_dict(copy.deepcopy(saved))
-
-    def sync(self) -> None:
-        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0))
-
-    def on_reset(self) -> None:
-        # Repartition what is left of the epoch over the new world, also when no sync follows
-        # (a graceful removal): no sample is repeated or lost.
-        self.value.reset()
-
-
 class StatefulHandler(StateHandler):
     """An object with ``state_dict()`` and ``load_state_dict()`` (a learning-rate scheduler,
     a ``torch.amp.GradScaler``, a script's own), kept through its state dict: restored and
@@ -203,6 +185,15 @@ class StatefulHandler(StateHandler):
 
     def check(self, name: str) -> None:
         _check_picklable(name, self.value.state_dict(), f"its state_dict() ({type(self.value)})")
+
+
+class SamplerStateHandler(StatefulHandler):
+    value: ElasticSampler
+
+    def on_reset(self) -> None:
+        # Repartition what is left of the epoch over the new world, also when no sync follows
+        # (a graceful removal): no sample is repeated or lost.
+        self.value.reset()
 
 
 def has_state_dict(value: Any) -> bool:
