@@ -51,6 +51,9 @@ def job_manifest(
             "maxReplicas": 5,
             "backend": "gloo",
             "blacklist": {"cooldownSeconds": {"min": 300, "max": 600}},
+            # Twice the default: under the suites' load on a 2-core machine a starting worker
+            # once sent no heartbeat for 5.4 s. Tests of silent workers set their own.
+            "heartbeatTimeoutSeconds": 10,
             "template": {
                 "spec": {
                     "terminationGracePeriodSeconds": 30,
