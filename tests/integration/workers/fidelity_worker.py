@@ -30,6 +30,7 @@ import json
 import os
 import signal
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--grad-scaler", action="store_true", help="a GradScaler in the state")
     parser.add_argument("--fail", default="", help="STEP:RANK: SIGKILL that rank at that step")
     parser.add_argument("--save-commit", type=int, help="elastic: save the commit of this step")
+    parser.add_argument("--store", type=Path, help="plain: the file store the processes meet at")
     parser.add_argument("--resume-from", type=Path, help="plain: start from a saved commit")
     parser.add_argument("--start-step", type=int, default=0, help="plain: its step")
     parser.add_argument("--epoch-file", type=Path, help="rank 0 writes its step here (discovery)")
@@ -193,7 +195,13 @@ def step_models(
 
 
 def plain(args: argparse.Namespace) -> None:
-    dist.init_process_group("gloo")
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{args.store}",
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timedelta(seconds=60),
+    )
     rank, world = dist.get_rank(), dist.get_world_size()
     features, targets = data()
     if args.family == "torch":
