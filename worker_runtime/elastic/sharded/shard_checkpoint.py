@@ -197,13 +197,13 @@ class ShardCheckpointer:
         tried again at a later commit (None)."""
         started = time.monotonic()
         tmp = self.folder / f"{name}{TMP_SUFFIX}"
-        started = optimizer_started(optimizer)
+        has_state = optimizer_started(optimizer)
         state: dict[str, Any] = {
             "model": get_model_state_dict(model),
             "extras": extras,
-            "meta": {**meta, "optimizer_started": int(started)},
+            "meta": {**meta, "optimizer_started": int(has_state)},
         }
-        if started:
+        if has_state:
             state["optimizer"] = get_optimizer_state_dict(model, optimizer)
         else:
             state["optimizer_groups"] = optimizer_groups(optimizer)
