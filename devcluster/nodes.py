@@ -40,6 +40,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from devcluster import pki
 from devcluster.build import NodeBinaries
@@ -60,6 +61,10 @@ NODE_PRIVATE_DIRS = (
     # The device manager's socket (kubelet.sock), its checkpoint, the device plugins' sockets.
     ("kubelet/device-plugins", Path("/var/lib/kubelet/device-plugins")),
 )
+
+
+#: The prefix of the second names :meth:`RealNode.hold_images` gives the images.
+HELD_PREFIX: Final = "devcluster.local/held/"
 
 
 @dataclass(frozen=True)
@@ -328,21 +333,31 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         if result.returncode != 0:
             raise RuntimeError(f"{self.name}: ctr images import {archive}: {result.stderr.strip()}")
 
-    def collect_garbage(self) -> None:
-        """Remove the content and snapshots no image refers to any more (the layers of the
-        images that imports replaced). containerd collects synchronously when an image is
-        deleted with ``--sync``, so a throwaway tag of an image is made and deleted."""
-        names = self.ctr("images", "list", "--quiet")
-        if names.returncode != 0 or not names.stdout.split():
-            raise RuntimeError(f"{self.name}: ctr images list: {names.stderr.strip()}")
-        throwaway = "devcluster.local/collect-garbage:latest"
-        for argv in (
-            ("images", "tag", "--force", names.stdout.split()[0], throwaway),
-            ("images", "delete", "--sync", throwaway),
-        ):
-            result = self.ctr(*argv)
-            if result.returncode != 0:
-                raise RuntimeError(f"{self.name}: ctr {' '.join(argv)}: {result.stderr.strip()}")
+    def hold_images(self) -> None:
+        """Give every image a second name (under :data:`HELD_PREFIX`), so that each layer
+        stays referred to while imports move the first names to new images. Otherwise
+        containerd's background collection may remove a layer an import found in place,
+        before the import unpacked the layer above it ("parent snapshot ... does not exist"),
+        or remove the shared lower layers of a replaced image, to be unpacked again."""
+        for name in self._image_names():
+            if not name.startswith(HELD_PREFIX):
+                self._ctr_checked("images", "tag", "--force", name, HELD_PREFIX + name)
+
+    def release_images(self) -> None:
+        """Drop the second names of :meth:`hold_images` and collect, synchronously, the
+        content and snapshots no image refers to any more (the replaced images' layers)."""
+        held = [name for name in self._image_names() if name.startswith(HELD_PREFIX)]
+        if held:
+            self._ctr_checked("images", "delete", "--sync", *held)
+
+    def _image_names(self) -> list[str]:
+        return self._ctr_checked("images", "list", "--quiet").split()
+
+    def _ctr_checked(self, *args: str) -> str:
+        result = self.ctr(*args)
+        if result.returncode != 0:
+            raise RuntimeError(f"{self.name}: ctr {' '.join(args)}: {result.stderr.strip()}")
+        return result.stdout
 
 
 def real_nodes(cfg: ClusterConfig) -> list[RealNode]:

@@ -16,8 +16,10 @@ Where the cache and the run directory are on different file systems, the seed is
 
 A new seed starts from the newest earlier one (planted the same way), so that only the layers
 that changed are written and unpacked: a change to the project's code rebuilds the top layers
-of its images, never the base or torch layers below them. What the new images no longer refer
-to is then collected by containerd before the seed is kept.
+of its images, never the base or torch layers below them. The earlier images keep second names
+while the new ones are imported (an import moves an image's name to the new image, and a
+layer no image refers to may be collected in the middle of the import), then containerd
+collects what the new images no longer refer to before the seed is kept.
 """
 
 from __future__ import annotations

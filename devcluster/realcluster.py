@@ -169,14 +169,16 @@ class _NodesStart:
         self.host.spawn(component, node.containerd_argv())
         try:
             self._wait_containerd(node, left)
+            if from_earlier:
+                node.hold_images()
             for archive in seed.archives:
                 began = time.monotonic()
                 node.import_image(archive)
                 logger.debug("imported %s in %.1f s", archive.name, time.monotonic() - began)
             if from_earlier:
                 began = time.monotonic()
-                node.collect_garbage()
-                logger.debug("collected garbage in %.1f s", time.monotonic() - began)
+                node.release_images()
+                logger.debug("released the earlier images in %.1f s", time.monotonic() - began)
         finally:
             self.host.stop_component(component)
         seed.keep(node.containerd_root)

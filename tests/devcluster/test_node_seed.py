@@ -4,11 +4,23 @@ test does."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import os
+import platform
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from devcluster.config import ClusterConfig
+from devcluster.nodes import RealNode
 from devcluster.nodeseed import IMAGE_FILES, NodeSeed
 
 BLOB = IMAGE_FILES[0] / "sha256" / "ab12"
@@ -126,3 +138,118 @@ def test_a_new_seed_starts_from_the_newest_earlier_one(tmp_path: Path) -> None:
     assert not first.exists()
     assert (second.root / DATABASE).read_text() == "the new images"
     assert (second.root / LAYER_FILE).read_text() == "code"
+
+
+def _layer(name: str) -> tuple[str, bytes]:
+    """A layer tar holding one file, and its diff id."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        data = name.encode()
+        info = tarfile.TarInfo(f"{name}.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    blob = buffer.getvalue()
+    return f"sha256:{hashlib.sha256(blob).hexdigest()}", blob
+
+
+def _docker_archive(path: Path, tag: str, layers: list[tuple[str, bytes]]) -> Path:
+    """A ``docker save`` archive of an image made of ``layers``."""
+    config = json.dumps(
+        {
+            "architecture": {"x86_64": "amd64", "aarch64": "arm64"}[platform.machine()],
+            "os": "linux",
+            "rootfs": {"type": "layers", "diff_ids": [diff for diff, _ in layers]},
+            "config": {},
+        }
+    ).encode()
+    members = {f"{diff[7:]}/layer.tar": blob for diff, blob in layers}
+    members["config.json"] = config
+    manifest = [{"Config": "config.json", "RepoTags": [tag], "Layers": list(members)[:-1]}]
+    members["manifest.json"] = json.dumps(manifest).encode()
+    with tarfile.open(path, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _chain_ids(layers: list[tuple[str, bytes]]) -> list[str]:
+    chain = [layers[0][0]]
+    for diff, _ in layers[1:]:
+        chain.append(f"sha256:{hashlib.sha256(f'{chain[-1]} {diff}'.encode()).hexdigest()}")
+    return chain
+
+
+@pytest.fixture
+def containerd_node() -> Iterator[RealNode]:
+    """A real containerd (no CRI) serving node-1 of a throwaway run directory."""
+    if os.geteuid() != 0 or shutil.which("containerd") is None:
+        pytest.skip("needs root and containerd")
+    run_dir = Path(tempfile.mkdtemp(prefix="ejseed-"))  # short: the socket's path
+    node = RealNode(ClusterConfig(run_dir=run_dir, runtime="containerd", nodes=1), 1)
+    node.socket.parent.mkdir(parents=True)
+    config = node.containerd_dir / "config.toml"
+    config.write_text(
+        f'version = 2\nroot = "{node.containerd_root}"\nstate = "{node.socket.parent}"\n'
+        'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
+        f'[grpc]\n  address = "{node.socket}"\n'
+    )
+    log = (node.containerd_dir / "containerd.log").open("w")
+    daemon = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 30
+        while node.ctr("version").returncode != 0:
+            assert daemon.poll() is None and time.monotonic() < deadline, "containerd not up"
+            time.sleep(0.1)
+        yield node
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)
+        log.close()
+        shutil.rmtree(run_dir)
+
+
+def _snapshots(node: RealNode) -> set[str]:
+    listed = node.ctr("snapshots", "--snapshotter", "overlayfs", "list")
+    return {line.split()[0] for line in listed.stdout.splitlines()[1:]}
+
+
+def _collect(node: RealNode) -> None:
+    """containerd's garbage collection, now (as its scheduler may run it at any time)."""
+    for argv in (
+        ("images", "tag", "--force", TAG, "devcluster.test/collect:now"),
+        ("images", "delete", "--sync", "devcluster.test/collect:now"),
+    ):
+        assert node.ctr(*argv).returncode == 0
+
+
+TAG = "devcluster.test/image:1"
+
+
+def test_held_images_keep_their_layers_while_imports_replace_them(
+    containerd_node: RealNode, tmp_path: Path
+) -> None:
+    node = containerd_node
+    base, one, two = (_layer(name) for name in ("base", "one", "two"))
+    node.import_image(_docker_archive(tmp_path / "v1.tar", TAG, [base, one]))
+    v1_chain, v2_chain = _chain_ids([base, one]), _chain_ids([base, two])
+    assert set(v1_chain) <= _snapshots(node)
+
+    node.hold_images()
+    # The import moves the name to the new image before it unpacks its layers; a collection
+    # in between would remove the old image's layers, the shared base among them.
+    moved = node.ctr(
+        "images",
+        "import",
+        "--no-unpack",
+        str(_docker_archive(tmp_path / "v2.tar", TAG, [base, two])),
+    )
+    assert moved.returncode == 0, moved.stderr
+    _collect(node)
+    assert set(v1_chain) <= _snapshots(node)
+
+    node.import_image(tmp_path / "v2.tar")
+    node.release_images()
+    assert _snapshots(node) == set(v2_chain)
+    assert node.ctr("images", "list", "--quiet").stdout.split() == [TAG]
