@@ -14,7 +14,8 @@ the step weights say was trained. Two jobs:
   timeout; the DDP is rebuilt on each round's group; the committed trajectory is still exact
   and the model equals its replay.
 
-And the torchrun-style example, ``examples/ddp_digits/train.py``, under the launcher.
+And the torchrun-style example, ``examples/ddp_digits/train.py``, and its fixed-global-batch
+variant, under the launcher.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).parents[2]
 WORKER = Path(__file__).parent / "workers" / "ddp_worker.py"
 EXAMPLE = ROOT / "examples" / "ddp_digits" / "train.py"
+GLOBAL_BATCH_EXAMPLE = ROOT / "examples" / "ddp_digits" / "train_global_batch.py"
 EPOCHS = 3
 KILL_COLLECTIVE_TIMEOUT_S = 60
 RAISED_WITHIN_S = 10.0
@@ -199,3 +201,19 @@ def test_torchrun_style_example_trains_under_the_launcher(tmp_path: Path) -> Non
     epochs = [line for line in stdout.splitlines() if "<stdout>:epoch " in line]
     assert len(epochs) == 2, explain
     assert all("2 workers" in line and "each sample trained once: True" in line for line in epochs)
+
+
+def test_the_global_batch_example_trains_under_the_launcher(tmp_path: Path) -> None:
+    """Three workers split each global batch of 128 unevenly (43, 43, 42 samples, two
+    micro-batches each): 15 steps an epoch, every sample once."""
+    command = launcher(
+        *("-np", "3", "-H", "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1"),
+        *(sys.executable, str(GLOBAL_BATCH_EXAMPLE), "--epochs", "2"),
+    )
+    returncode, stdout, stderr = run_to_end(command, tmp_path, worker_env(), 240.0)
+    explain = f"exit {returncode}\n{stderr[-4000:]}\n{stdout[-4000:]}"
+    assert returncode == 0, explain
+    epochs = [line for line in stdout.splitlines() if "<stdout>:epoch " in line]
+    assert len(epochs) == 2, explain
+    assert all("3 workers" in line and "each sample trained once: True" in line for line in epochs)
+    assert "15 steps" in epochs[0] and "30 steps" in epochs[1], explain

@@ -27,7 +27,7 @@ from tests.integration.workers.fidelity_worker import (
     make_scheduler,
     schedule_of,
 )
-from tests.support.job_runs import WORKERS, JobRun, run_job
+from tests.support.job_runs import WORKERS, JobRun, loopback_hosts, run_job
 
 pytestmark = pytest.mark.integration
 
@@ -62,11 +62,6 @@ def run_plain(tmp_path: Path, world: int, *worker_args: str) -> None:
     assert all(p.returncode == 0 for p in processes), "\n".join(outputs)
 
 
-def hosts(count: int) -> str:
-    """``count`` loopback hosts of one slot each."""
-    return ",".join(f"127.0.1.{i}:1" for i in range(1, count + 1))
-
-
 def run_elastic(
     tmp_path: Path,
     world: int,
@@ -80,7 +75,7 @@ def run_elastic(
     if schedule is not None:
         launcher = ["-np", str(world), "--min-np", str(min_np), "--max-np", "8"]
     elif min_np:
-        launcher = ["-np", str(world), "--min-np", str(min_np), "-H", hosts(world)]
+        launcher = ["-np", str(world), "--min-np", str(min_np), "-H", loopback_hosts(world)]
     else:
         launcher = ["-np", str(world), "-H", f"127.0.1.1:{world}"]
     run = run_job(
@@ -209,7 +204,7 @@ def kill_and_scale_out(tmp_path: Path, *worker_args: str) -> list[dict[str, Any]
     run = run_elastic(
         tmp_path, 3, *worker_args, "--steps", str(SCHEDULE_STEPS),
         "--commit-every", str(COMMIT_EVERY), "--fail", "7:1", "--await-size", "12:3",
-        min_np=2, schedule={0: hosts(3), 10: hosts(4)},
+        min_np=2, schedule={0: loopback_hosts(3), 10: loopback_hosts(4)},
     )  # fmt: skip
     steps = run.of("step")
     first_round = {e["pid"] for e in steps if e["round"] == 1}

@@ -49,6 +49,11 @@ class JobRun:
         }
 
 
+def loopback_hosts(count: int) -> str:
+    """``count`` loopback hosts of one slot each, for ``-H``."""
+    return ",".join(f"127.0.1.{i}:1" for i in range(1, count + 1))
+
+
 def write_discovery(tmp_path: Path, schedule: dict[int, str]) -> tuple[Path, Path]:
     """A discovery script following ``schedule`` (epoch -> hosts) and its epoch file."""
     schedule_file = tmp_path / "schedule.json"

@@ -8,8 +8,10 @@ for (nor its effects: a worker dismissed from a job then ends with SIGABRT).
 import importlib
 from typing import TYPE_CHECKING
 
+from elasticjob.worker_runtime.elastic.batch_plan import MicroBatch
 from elasticjob.worker_runtime.elastic.checkpoint_files import CheckpointError
 from elasticjob.worker_runtime.elastic.ddp import DistributedDataParallel
+from elasticjob.worker_runtime.elastic.global_batch import GlobalBatchSampler, accumulate
 from elasticjob.worker_runtime.elastic.run import run
 from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
 from elasticjob.worker_runtime.elastic.state import ObjectState, SnapshotState, State, TorchState
@@ -34,6 +36,8 @@ __all__ = [
     "DistributedDataParallel",
     "DistributedDataParallelStateHandler",
     "ElasticSampler",
+    "GlobalBatchSampler",
+    "MicroBatch",
     "ModelStateHandler",
     "ObjectState",
     "ObjectStateHandler",
@@ -46,6 +50,7 @@ __all__ = [
     "StateHandler",
     "StatefulHandler",
     "TorchState",
+    "accumulate",
     "run",
 ]
 

@@ -15,9 +15,9 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import Any
 
-import torch
 from torch.utils.data import Sampler
 
+from elasticjob.worker_runtime.elastic.epoch_order import Progress, epoch_order
 from elasticjob.worker_runtime.training import step_weight
 
 logger = logging.getLogger(__name__)
@@ -25,10 +25,8 @@ logger = logging.getLogger(__name__)
 RankAndSize = Callable[[], tuple[int, int]]
 """Returns ``(rank, world_size)`` of the calling worker in the current round."""
 
-_STATE_KEYS = ("epoch", "processed_num", "seed", "shuffle")
 
-
-def _runtime_rank_and_size() -> tuple[int, int]:
+def runtime_rank_and_size() -> tuple[int, int]:
     """Asks the worker runtime for this worker's rank and the world size."""
     runtime = importlib.import_module("elasticjob.worker_runtime")
     return int(runtime.rank()), int(runtime.size())
@@ -59,13 +57,6 @@ def batch_weight(real: int, padding: int, batch_size: int, batch: int) -> float:
     if batch >= steps:
         return 1.0
     return min(max(real - batch * batch_size, 0), batch_size) / batch_size
-
-
-def _require_int(state: Mapping[str, Any], key: str) -> int:
-    value = state[key]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"sampler state {key!r} must be an int, got {value!r}")
-    return value
 
 
 class ElasticSampler(Sampler[int]):
@@ -132,7 +123,7 @@ class ElasticSampler(Sampler[int]):
         self._batch_size = batch_size
         self._shuffle = shuffle
         self._seed = seed
-        self._rank_and_size: RankAndSize = rank_and_size or _runtime_rank_and_size
+        self._rank_and_size: RankAndSize = rank_and_size or runtime_rank_and_size
         self._epoch = 0
         self._order: list[int] = []
         # Samples of the epoch processed before the current round started.
@@ -302,12 +293,7 @@ class ElasticSampler(Sampler[int]):
 
     def state_dict(self) -> dict[str, int | bool]:
         """The sampler's progress; JSON-serialisable and identical on all ranks."""
-        return {
-            "epoch": self._epoch,
-            "processed_num": self.processed_num,
-            "seed": self._seed,
-            "shuffle": self._shuffle,
-        }
+        return Progress(self._epoch, self.processed_num, self._seed, self._shuffle).state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores progress saved by :meth:`state_dict`, then :meth:`reset`.
@@ -316,35 +302,13 @@ class ElasticSampler(Sampler[int]):
             ValueError: a key is missing, a value has the wrong type, or ``processed_num`` does
                 not fit the dataset.
         """
-        missing = [key for key in _STATE_KEYS if key not in state]
-        if missing:
-            raise ValueError(f"sampler state lacks {missing!r}")
-        epoch = _require_int(state, "epoch")
-        processed_num = _require_int(state, "processed_num")
-        seed = _require_int(state, "seed")
-        shuffle = state["shuffle"]
-        if not isinstance(shuffle, bool):
-            raise ValueError(f"sampler state 'shuffle' must be a bool, got {shuffle!r}")
-        size = len(self._dataset)
-        if not 0 <= processed_num <= size:
-            raise ValueError(
-                f"sampler state has processed_num {processed_num}, outside 0..{size} "
-                "for this dataset"
-            )
-        if (seed, shuffle) != (self._seed, self._shuffle):
-            logger.warning(
-                "sampler state uses seed %d, shuffle %s instead of seed %d, shuffle %s; "
-                "following the state",
-                seed,
-                shuffle,
-                self._seed,
-                self._shuffle,
-            )
-        self._seed = seed
-        self._shuffle = shuffle
-        self._epoch = epoch
+        progress = Progress.read(state, len(self._dataset))
+        progress.warn_if_order_differs(self._seed, self._shuffle)
+        self._seed = progress.seed
+        self._shuffle = progress.shuffle
+        self._epoch = progress.epoch
         self._build_order()
-        self._processed_at_reset = processed_num
+        self._processed_at_reset = progress.processed_num
         self._local_done = 0
         self._round_size = 0
         self.reset()
@@ -358,13 +322,7 @@ class ElasticSampler(Sampler[int]):
         return self.num_samples - self._local_done
 
     def _build_order(self) -> None:
-        size = len(self._dataset)
-        if self._shuffle:
-            generator = torch.Generator()
-            generator.manual_seed(self._seed + self._epoch)
-            self._order = torch.randperm(size, generator=generator).tolist()
-        else:
-            self._order = list(range(size))
+        self._order = epoch_order(len(self._dataset), self._shuffle, self._seed, self._epoch)
 
     @staticmethod
     def _check_batch(batch_idx: int, batch_size: int) -> None:

@@ -19,6 +19,7 @@ from elasticjob.worker_runtime.collectives.round_syncs import (
     sync_optimizer_state,
 )
 from elasticjob.worker_runtime.elastic.ddp import DistributedDataParallel
+from elasticjob.worker_runtime.elastic.global_batch import GlobalBatchSampler
 from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
 from elasticjob.worker_runtime.training.optimizer import DistributedMixin
 
@@ -64,6 +65,10 @@ class ModelStateHandler(StateHandler):
 
     def load_state_dict(self, saved: Any) -> None:
         self.module.load_state_dict(saved)  # copies into the module's tensors
+        # A rollback drops the gradients of the step it undoes (accumulated micro-batches, a
+        # backward pass a failure cut short): the step is trained again from none.
+        for param in self.module.parameters():
+            param.grad = None
 
     def sync(self) -> None:
         broadcast_parameters(self.module.state_dict(), root_rank=0)
@@ -188,7 +193,10 @@ class StatefulHandler(StateHandler):
 
 
 class SamplerStateHandler(StatefulHandler):
-    value: ElasticSampler
+    """An ``ElasticSampler`` or a ``GlobalBatchSampler``: its progress, and a new split of
+    what is left of the epoch after every reset."""
+
+    value: ElasticSampler | GlobalBatchSampler
 
     def on_reset(self) -> None:
         # Repartition what is left of the epoch over the new world, also when no sync follows
@@ -244,6 +252,7 @@ class HandledAttributes:
         (DistributedDataParallel, DistributedDataParallelStateHandler),
         (torch.optim.Optimizer, OptimizerStateHandler),
         (ElasticSampler, SamplerStateHandler),
+        (GlobalBatchSampler, SamplerStateHandler),
     ]
     _handlers: dict[str, StateHandler]
 
