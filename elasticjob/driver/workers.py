@@ -214,7 +214,8 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
         self, slots: Mapping[WorkerId, SlotInfo], round_number: int, max_age_s: float
     ) -> None:
         """Kill the members of round ``round_number`` that their peers report unreachable
-        (see ``partition.py``); each exit is then classified like any other."""
+        (see ``partition.py``), not a process started since on such a member's slot; each
+        exit is then classified like any other."""
         awaited = self.heartbeats()
         reports = {
             w: r.probe_report
@@ -227,6 +228,10 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
         for verdict in found:
             record = self._records.get(verdict.worker)
             if record is None or record.stop_requested or verdict.worker not in awaited:
+                continue
+            if record.last_round != round_number:
+                # A fresh process on the slot of a member that died: the reports are about
+                # the dead one (its survivors report the round in force until the next).
                 continue
             reporters = ", ".join(map(str, verdict.reported_by))
             logger.error(

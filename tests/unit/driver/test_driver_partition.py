@@ -142,3 +142,30 @@ async def test_silence_does_not_count_across_a_late_event_loop() -> None:
     job.clock.now += 2
     await job.step()
     assert job.launcher.stopped == [B0], "b never beat after the lag: evicted; a beat: kept"
+
+
+async def test_a_fresh_process_on_a_dead_members_slot_is_not_the_one_its_peers_reported() -> None:
+    """A job of two at its min_np: b is SIGKILLed while a's collective waits on it, and a,
+    waiting for the next round, keeps reporting b unreachable in round 1 (the round in force:
+    the next cannot form without a second slot). b's cooldown ends and a fresh process starts
+    on its slot: the report is about the dead one. It used to kill every fresh b as it
+    started, the job never forming its next round (found by bench/convergence.py)."""
+    job = Job({"a": 1, "b": 1}, settings(min_np=2, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S))
+    await job.start_round_1(A0, B0)
+    beat(job, A0, 1, B0)
+    job.launcher.end(B0, -9)
+    await job.ask(A0, 1)
+    await job.step()
+    assert job.driver.round == 1 and "b" in job.hosts.blacklist
+    job.clock.now += 10.5  # b's cooldown
+    await job.discover()
+    beat(job, A0, 1, B0)
+    await job.step()
+    assert job.launcher.started == [A0, B0, B0], "a fresh b"
+    beat(job, A0, 1, B0)
+    await job.ask(B0)
+    await job.step()
+    assert job.launcher.stopped == [], "the fresh b is not killed for the dead one"
+    await job.ask(A0, 1)
+    await job.step()
+    assert job.driver.round == 2 and list(job.driver.slots) == [A0, B0]
