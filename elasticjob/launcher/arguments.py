@@ -128,6 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: $HOROVOD_START_TIMEOUT, else 120)",
     )
     parser.add_argument(
+        "--removal-grace",
+        type=float,
+        default=DriverSettings.removal_grace_s,
+        metavar="SECONDS",
+        help="how long a worker on its way out (dismissed, or done and tearing down) may "
+        "take to exit before it is stopped (default %(default)g)",
+    )
+    parser.add_argument(
         "--heartbeat-timeout",
         type=float,
         default=DEFAULT_HEARTBEAT_TIMEOUT_S,
@@ -244,6 +252,8 @@ def _argument_errors(args: argparse.Namespace) -> Iterator[str]:
         yield f"--elastic-timeout must be >= 0 seconds, got {args.elastic_timeout}"
     if not _finite(args.start_timeout, positive=True):
         yield f"--start-timeout must be > 0 seconds, got {args.start_timeout}"
+    if not _finite(args.removal_grace, positive=True):
+        yield f"--removal-grace must be > 0 seconds, got {args.removal_grace}"
     if not _finite(args.heartbeat_timeout):
         yield f"--heartbeat-timeout must be >= 0 seconds, got {args.heartbeat_timeout}"
     low, high = args.blacklist_cooldown_range
@@ -380,6 +390,7 @@ def driver_settings(
             restart_limit=job.restart_limit,
             elastic_timeout_s=args.elastic_timeout,
             start_timeout_s=args.start_timeout,
+            removal_grace_s=args.removal_grace,
             heartbeat_timeout_s=args.heartbeat_timeout or None,
             checkpoint_fallback=job.checkpoint_fallback,
         )

@@ -389,11 +389,13 @@ def test_a_teardown_that_hangs_after_success_is_stopped_and_the_job_succeeds(
 ) -> None:
     """One worker's interpreter never finishes tearing down (a finalizer that blocks, as a
     communicator's shutdown can): it told the driver it succeeded and stopped beating, so the
-    driver stops it after the removal grace (30 s) and the job succeeds. Before, the job
-    waited for that process forever."""
-    returncode, stdout, stderr = run_plain_horovod(tmp_path, 3600, "-np", "1", "-H", "127.0.1.1:1")
+    driver stops it after the removal grace (``--removal-grace``, 30 s by default, 3 here)
+    and the job succeeds. Before, the job waited for that process forever."""
+    returncode, stdout, stderr = run_plain_horovod(
+        tmp_path, 3600, "-np", "1", "-H", "127.0.1.1:1", "--removal-grace", "3"
+    )
     both = f"{stderr}\n--- the workers' output ---\n{stdout}"
     assert returncode == 0, both
-    assert "reported SUCCESS and has not exited within 30 s (its teardown hangs)" in stderr, both
+    assert "reported SUCCESS and has not exited within 3 s (its teardown hangs)" in stderr, both
     assert "job succeeded: 1 of 1 workers succeeded" in stderr, both
     assert stdout.count("trained, average 1.0") == 1, both

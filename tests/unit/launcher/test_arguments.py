@@ -51,6 +51,7 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
         (["--elastic-timeout", "nan", "true"], "--elastic-timeout must be >= 0 seconds"),
         (["--start-timeout", "0", "true"], "--start-timeout must be > 0 seconds"),
         (["--start-timeout", "inf", "true"], "--start-timeout must be > 0 seconds"),
+        (["--removal-grace", "0", "true"], "--removal-grace must be > 0 seconds"),
         (["--heartbeat-timeout", "-1", "true"], "--heartbeat-timeout must be >= 0 seconds"),
         (
             ["--blacklist-cooldown-range", "0", "10", "true"],
