@@ -1,8 +1,8 @@
 """Elasticity does not change the training: the same loop (``workers/fidelity_worker.py``)
 written with plain torch and with elasticjob's elastic state ends with the same parameters
 and optimizer state, before a failure and after its rollback, with real processes over Gloo
-on loopback; schedules and loss scales kept in the state follow their plan through a SIGKILL
-and a scale-out.
+on loopback. (Schedules and loss scales kept in a state are followed through a SIGKILL and a
+scale-out in ``test_global_batch.py``.)
 
 Where the two cannot be equal bit for bit by construction (a DDP or ``DistributedOptimizer``
 average over three ranks: torch's DDP multiplies each gradient by 1/3 before its allreduce,
@@ -21,12 +21,6 @@ from typing import Any
 import pytest
 import torch
 
-from tests.integration.workers.fidelity_worker import (
-    TORCH_MODELS,
-    make_optimizer,
-    make_scheduler,
-    schedule_of,
-)
 from tests.support.job_runs import WORKERS, JobRun, loopback_hosts, run_job
 
 pytestmark = pytest.mark.integration
@@ -62,27 +56,14 @@ def run_plain(tmp_path: Path, world: int, *worker_args: str) -> None:
     assert all(p.returncode == 0 for p in processes), "\n".join(outputs)
 
 
-def run_elastic(
-    tmp_path: Path,
-    world: int,
-    *worker_args: str,
-    min_np: int = 0,
-    schedule: dict[int, str] | None = None,
-) -> JobRun:
-    """The elastic loop under the launcher: ``world`` slots on one host, or with ``min_np``
-    one slot on each of ``world`` hosts (a failure blacklists its host), found by a host
-    discovery that follows ``schedule`` (step -> hosts) where one is given."""
-    if schedule is not None:
-        launcher = ["-np", str(world), "--min-np", str(min_np), "--max-np", "8"]
-    elif min_np:
-        launcher = ["-np", str(world), "--min-np", str(min_np), "-H", loopback_hosts(world)]
-    else:
-        launcher = ["-np", str(world), "-H", f"127.0.1.1:{world}"]
+def run_elastic(tmp_path: Path, world: int, *worker_args: str, min_np: int) -> JobRun:
+    """The elastic loop under the launcher: one slot on each of ``world`` hosts (a failure
+    blacklists its host)."""
+    launcher = ["-np", str(world), "--min-np", str(min_np), "-H", loopback_hosts(world)]
     run = run_job(
         tmp_path,
         launcher_args=launcher,
         worker_args=["--mode", "elastic", *worker_args],
-        schedule=schedule,
         script=FIDELITY_WORKER,
     )
     assert run.returncode == 0, run.explain()
@@ -176,73 +157,3 @@ def test_the_elastic_state_trains_as_the_plain_loop_before_and_after_a_rollback(
     ):
         assert set(adamw_steps(end)) == ({STEPS} if optimizer != "sgd" else set()), rank
         assert not differences(plain, end, exact=True), rank
-
-
-def expected_lrs(kind: str, optimizer: str, steps: int) -> list[float]:
-    """The learning rate after each step's ``scheduler.step()``, from an uninterrupted
-    schedule."""
-    param = torch.nn.Parameter(torch.zeros(1))
-    opt = make_optimizer(optimizer, [param])
-    scheduler = make_scheduler(kind, opt, steps)
-    lrs = []
-    for _ in range(steps):
-        opt.step()
-        scheduler.step()
-        lrs.append(opt.param_groups[0]["lr"])
-    return lrs
-
-
-SCHEDULE_STEPS = 16
-"""Steps of the schedule tests: a kill at step 7, a fourth host from step 10, awaited at step
-12."""
-
-
-def kill_and_scale_out(tmp_path: Path, *worker_args: str) -> list[dict[str, Any]]:
-    """Three workers on three hosts, rank 1 SIGKILLed at step 7 (commits every 3), a fourth
-    host found from step 10 on and awaited at step 12: every step event, after checking that
-    the job rolled back and that a newcomer trained."""
-    run = run_elastic(
-        tmp_path, 3, *worker_args, "--steps", str(SCHEDULE_STEPS),
-        "--commit-every", str(COMMIT_EVERY), "--fail", "7:1", "--await-size", "12:3",
-        min_np=2, schedule={0: loopback_hosts(3), 10: loopback_hosts(4)},
-    )  # fmt: skip
-    steps = run.of("step")
-    first_round = {e["pid"] for e in steps if e["round"] == 1}
-    assert any(e["step"] == 6 and e["round"] > 1 for e in steps), run.explain()
-    newcomers = {e["pid"] for e in steps} - first_round
-    assert newcomers and max(e["size"] for e in steps) >= 3, run.explain()
-    assert {e["step"] for e in steps if e["pid"] in newcomers} >= {SCHEDULE_STEPS - 1}
-    return steps
-
-
-def test_schedules_and_loss_scales_kept_in_a_torch_state_survive_a_sigkill_and_a_scale_out(
-    tmp_path: Path,
-) -> None:
-    """A StepLR, a LambdaLR, a OneCycleLR and a SequentialLR (one per model) and a GradScaler:
-    through the rollback and on the newcomer, every optimizer's live learning rate follows
-    its schedule at every step, and the loss scale its growth (x2 every 2 steps). A restored
-    scheduler is the script's own, bound to the live optimizer (it used to be a copy bound to
-    a copy of the optimizer, whose live rate then never changed again; and a scheduler of a
-    ``DistributedOptimizer`` could not be synced at all: rank 0 failed to pickle it in every
-    round)."""
-    steps = kill_and_scale_out(tmp_path, "--family", "torch", "--scheduler", "mixed",
-                               "--grad-scaler")  # fmt: skip
-    lrs = [
-        expected_lrs(schedule_of(name, "mixed"), name.split("-")[1], SCHEDULE_STEPS)
-        for name in TORCH_MODELS
-    ]
-    for event in steps:
-        assert event["lr"] == [schedule[event["step"]] for schedule in lrs], event
-        assert event["scale"] == 4.0 * 2 ** ((event["step"] + 1) // 2), event
-
-
-def test_a_schedule_returned_by_the_sharded_build_survives_a_sigkill_and_a_scale_out(
-    tmp_path: Path,
-) -> None:
-    """``build(mesh)`` returns the scheduler of the optimizer it makes: every round's new one
-    gets the committed schedule, on the survivors of the resharded world and on the
-    newcomer."""
-    steps = kill_and_scale_out(tmp_path, "--family", "sharded", "--scheduler", "sequential")
-    lrs = expected_lrs("sequential", "adamw", SCHEDULE_STEPS)
-    for event in steps:
-        assert event["lr"] == [lrs[event["step"]]], event

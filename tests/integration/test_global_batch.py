@@ -2,8 +2,9 @@
 with real processes over Gloo on loopback: an optimizer step means the same at 2, 3 or 4
 workers, so an elastic run through a SIGKILL in the middle of a gradient accumulation and a
 scale-out ends where one process training the same global batches without elasticjob ends,
-within floating-point reordering; and every sample of an epoch is trained once in the
-committed trajectory."""
+within floating-point reordering; every sample of an epoch is trained once in the committed
+trajectory; and the learning-rate schedules and the loss scale kept in the state follow
+their plan at every step, on the survivors and on the newcomer."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from tests.integration.workers.fidelity_worker import (
     TORCH_MODELS,
     data,
     make_optimizer,
+    make_scheduler,
     mlp,
+    schedule_of,
 )
 from tests.support.job_runs import WORKERS, JobRun, loopback_hosts, run_job
 
@@ -53,8 +56,17 @@ def elastic_run(tmp_path: Path, family: str) -> JobRun:
     return run
 
 
-def reference(family: str) -> dict[str, Any]:
-    """One process, no elasticjob: each step's whole global batch in one backward pass."""
+def schedules(family: str, optimizers: dict[str, Any]) -> list[Any]:
+    """The worker's schedulers: one per torch-family model (``mixed``), or the sharded
+    ``build``'s ``SequentialLR``."""
+    if family == "torch":
+        return [make_scheduler(schedule_of(n, "mixed"), o, STEPS) for n, o in optimizers.items()]
+    return [make_scheduler("sequential", next(iter(optimizers.values())), STEPS)]
+
+
+def reference(family: str) -> tuple[dict[str, Any], list[list[float]]]:
+    """One process, no elasticjob: each step's whole global batch in one backward pass, the
+    same schedules. Returns the end, and the learning rates after each step."""
     features, targets = data()
     if family == "torch":
         models = {name: mlp(i) for i, name in enumerate(TORCH_MODELS)}
@@ -63,6 +75,8 @@ def reference(family: str) -> dict[str, Any]:
         models = {"fp32": mlp(1), "bf16": mlp(2)}
         shared = make_optimizer("adamw", [p for m in models.values() for p in m.parameters()])
         optimizers = dict.fromkeys(models, shared)
+    schedulers = schedules(family, optimizers)
+    lrs = []
     for epoch in range(EPOCHS):
         order = epoch_order(SAMPLES, True, SEED, epoch)
         start = 0
@@ -75,7 +89,10 @@ def reference(family: str) -> dict[str, Any]:
             for optimizer in {id(o): o for o in optimizers.values()}.values():
                 optimizer.step()
                 optimizer.zero_grad()
-    return {
+            for scheduler in schedulers:
+                scheduler.step()
+            lrs.append([o.param_groups[0]["lr"] for o in optimizers.values()])
+    end = {
         name: {
             "params": dict(model.named_parameters()),
             "optimizer": {
@@ -86,6 +103,7 @@ def reference(family: str) -> dict[str, Any]:
         }
         for name, model in models.items()
     }
+    return end, lrs
 
 
 def committed_steps(run: JobRun) -> dict[int, list[dict[str, Any]]]:
@@ -105,10 +123,14 @@ def test_a_fixed_global_batch_trains_as_one_process_through_a_sigkill_and_a_scal
     tmp_path: Path, family: str
 ) -> None:
     """The torch family: AdamW and SGD models under ``DistributedOptimizer`` and under the
-    elastic DDP (``no_sync`` on the accumulation micro-batches); the sharded one: FSDP2 in
-    fp32 (``set_requires_gradient_sync``), and in bf16 mixed precision, which trains but is
-    compared with nothing (bf16 arithmetic is not fp32's). A rollback used to keep the
-    gradients the survivors had accumulated in the step it undid."""
+    elastic DDP (``no_sync`` on the accumulation micro-batches), a StepLR, a LambdaLR, a
+    OneCycleLR and a SequentialLR (one per model) and a GradScaler in the ``TorchState``; the
+    sharded one: FSDP2 in fp32 (``set_requires_gradient_sync``) and in bf16 mixed precision
+    (it trains but is compared with nothing: bf16 arithmetic is not fp32's), and a
+    SequentialLR returned by ``build``. A rollback used to keep the gradients the survivors
+    had accumulated in the step it undid; a restored scheduler used to be a copy bound to a
+    copy of the optimizer, whose live rate then never changed again (and a scheduler of a
+    ``DistributedOptimizer`` could not be synced at all: rank 0 failed to pickle it)."""
     run = elastic_run(tmp_path, family)
     steps = committed_steps(run)
     assert sorted(steps) == list(range(STEPS)), run.explain()
@@ -126,8 +148,12 @@ def test_a_fixed_global_batch_trains_as_one_process_through_a_sigkill_and_a_scal
             assert trained == sorted(order[start : start + size]), (epoch, offset)
             start += size
 
+    expected, lrs = reference(family)
+    for event in run.of("step"):
+        assert event["lr"] == lrs[event["step"]], event
+        if family == "torch":  # x2 every 2 steps (no overflow here)
+            assert event["scale"] == 4.0 * 2 ** ((event["step"] + 1) // 2), event
     end = torch.load(tmp_path / "events" / "end.pt")
-    expected = reference(family)
     compared = [name for name in expected if name != "bf16"]
     assert compared and all(name in end for name in expected)
     for name in compared:

@@ -11,11 +11,9 @@ Families:
 - ``sharded``: two MLPs sharded with FSDP2, one in fp32 and one with a bf16
   ``MixedPrecisionPolicy``, one optimizer (``--optimizer``), a ``ShardedState``.
 
-Every rank takes the batch of the step and rank (``batch_of``), in both modes. With
-``--scheduler`` a learning-rate schedule is kept (in the ``TorchState``, or returned by the
-sharded ``build``) and every rank logs the live learning rate at every step; ``--fail
-STEP:RANK`` SIGKILLs a rank once it reaches a step; with ``--epoch-file`` rank 0 writes the
-step it is at there, for a host discovery that scales the job out at a step. At the end
+Every rank takes the batch of the step and rank (``batch_of``), in both modes. ``--fail
+STEP:RANK`` SIGKILLs a rank once it reaches a step. (``global_batch_worker.py`` trains these
+models with learning-rate schedules and a loss scale, from the helpers here.) At the end
 every rank writes its parameters (its shards) and optimizer state to
 ``<log-dir>/elastic-rank-<rank>.pt``, or ``plain-<world>-from-<step>-rank-<rank>.pt``. An
 elastic run saves the commit of step ``--save-commit`` to ``<log-dir>/commit`` (and writes it
@@ -49,7 +47,7 @@ SHARDED_MODELS = ("fp32", "bf16")
 LR = {"adamw": 0.01, "sgd": 0.05}
 GAMMA = 0.9
 SCHEDULES = dict(zip(TORCH_MODELS, ("step", "lambda", "onecycle", "sequential"), strict=True))
-"""With ``--scheduler mixed``, each torch-family model's schedule: one job keeps all four."""
+"""Each torch-family model's schedule where one job keeps all four (``schedule_of``)."""
 
 
 def parse_args() -> argparse.Namespace:
@@ -60,17 +58,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--commit-every", type=int, default=3)
-    parser.add_argument("--scheduler", choices=("none", "mixed", *SCHEDULES.values()))
-    parser.add_argument("--grad-scaler", action="store_true", help="a GradScaler in the state")
     parser.add_argument("--fail", default="", help="STEP:RANK: SIGKILL that rank at that step")
     parser.add_argument("--save-commit", type=int, help="elastic: save the commit of this step")
     parser.add_argument("--store", type=Path, help="plain: the file store the processes meet at")
     parser.add_argument("--resume-from", type=Path, help="plain: start from a saved commit")
     parser.add_argument("--start-step", type=int, default=0, help="plain: its step")
-    parser.add_argument("--epoch-file", type=Path, help="rank 0 writes its step here (discovery)")
-    parser.add_argument(
-        "--await-size", default="", help="STEP:SIZE: at that step, wait for a world that large"
-    )
     return parser.parse_args()
 
 
@@ -102,7 +94,8 @@ def make_optimizer(kind: str, params: Any) -> torch.optim.Optimizer:
 
 
 def schedule_of(model: str, scheduler: str) -> str:
-    """The schedule ``model`` follows under ``--scheduler``."""
+    """The schedule ``model`` follows where ``scheduler`` is ``mixed`` (one per model), else
+    ``scheduler``."""
     return SCHEDULES.get(model, "sequential") if scheduler == "mixed" else scheduler
 
 
@@ -174,24 +167,13 @@ class Events:
 
 
 def step_models(
-    models: dict[str, Any],
-    optimizers: dict[str, Any],
-    x: torch.Tensor,
-    y: torch.Tensor,
-    scaler: torch.amp.GradScaler | None = None,
+    models: dict[str, Any], optimizers: dict[str, Any], x: torch.Tensor, y: torch.Tensor
 ) -> None:
-    """One step of each model; with ``scaler``, the DDP model with SGD takes its step through
-    it (a loss scale that grows every other step: its scale is checked, not its math)."""
+    """One step of each model."""
     for name, model in models.items():
         optimizers[name].zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        if scaler is not None and name == "ddp-sgd":
-            scaler.scale(loss).backward()
-            scaler.step(optimizers[name])
-            scaler.update()
-        else:
-            loss.backward()
-            optimizers[name].step()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizers[name].step()
 
 
 def plain(args: argparse.Namespace) -> None:
@@ -285,9 +267,6 @@ def elastic(args: argparse.Namespace) -> None:
     events = Events(args.log_dir, hvd.rank())
     fail_step, fail_rank = (int(v) for v in args.fail.split(":")) if args.fail else (-1, -1)
     fired = args.log_dir / "fired"
-    await_step, await_size = (
-        (int(v) for v in args.await_size.split(":")) if args.await_size else (-1, 0)
-    )
     if args.family == "torch":
         modules = {name: mlp(i) for i, name in enumerate(TORCH_MODELS)}
         models: dict[str, Any] = {}
@@ -304,30 +283,20 @@ def elastic(args: argparse.Namespace) -> None:
                 optimizers[name] = optimizer
         kept: dict[str, Any] = {f"model_{n}": m for n, m in models.items()}
         kept.update({f"optimizer_{n}": o for n, o in optimizers.items()})
-        if args.scheduler != "none":
-            for name, optimizer in optimizers.items():
-                kind = schedule_of(name, args.scheduler)
-                kept[f"scheduler_{name}"] = make_scheduler(kind, optimizer, args.steps)
-        if args.grad_scaler:
-            kept["scaler"] = torch.amp.GradScaler("cpu", init_scale=4.0, growth_interval=2)
         state: Any = hvd.elastic.TorchState(step=0, **kept)
     else:
 
         def build(mesh: DeviceMesh) -> Any:
-            kind = schedule_of("sharded", args.scheduler)
-            return build_sharded(mesh, args.optimizer, kind, args.steps)
+            return build_sharded(mesh, args.optimizer, "none", args.steps)
 
         state = hvd.elastic.ShardedState(build, step=0)
 
-    def live() -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
-        """The models, optimizers and schedulers the state holds now (a sharded state
-        builds new ones every round)."""
+    def live() -> tuple[dict[str, Any], dict[str, Any]]:
+        """The models and optimizers the state holds now (a sharded state builds new ones
+        every round)."""
         if args.family == "torch":
-            if args.scheduler == "none":
-                return models, optimizers, []
-            return models, optimizers, [getattr(state, f"scheduler_{n}") for n in TORCH_MODELS]
-        schedulers = [state.scheduler] if args.scheduler != "none" else []
-        return {"sharded": state.model}, {"sharded": state.optimizer}, schedulers
+            return models, optimizers
+        return {"sharded": state.model}, {"sharded": state.optimizer}
 
     @hvd.elastic.run
     def train(state: Any) -> None:
@@ -335,29 +304,17 @@ def elastic(args: argparse.Namespace) -> None:
             if state.step == fail_step and hvd.rank() == fail_rank and not fired.exists():
                 fired.touch()
                 os.kill(os.getpid(), signal.SIGKILL)
-            if state.step == await_step:
-                wait_for_world(state, await_size)
-            now_models, now_optimizers, schedulers = live()
+            now_models, now_optimizers = live()
             indices = batch_of(state.step, hvd.rank(), hvd.size())
             x, y = features[indices], targets[indices]
             if args.family == "sharded":
                 sharded_step(now_models["sharded"], now_optimizers["sharded"], x, y)
             else:
-                scaler = state.scaler if args.grad_scaler else None
-                step_models(now_models, now_optimizers, x, y, scaler)
-            for scheduler in schedulers:
-                scheduler.step()
-            if hvd.rank() == 0 and args.epoch_file is not None:
-                args.epoch_file.write_text(str(state.step))
+                step_models(now_models, now_optimizers, x, y)
             events.write(
-                "step",
-                step=state.step,
-                rank=hvd.rank(),
-                size=hvd.size(),
+                "step", step=state.step, rank=hvd.rank(), size=hvd.size(),
                 round=hvd.current_round(),
-                lr=[o.param_groups[0]["lr"] for o in now_optimizers.values()],
-                scale=state.scaler.get_scale() if args.grad_scaler else None,
-            )
+            )  # fmt: skip
             state.step += 1
             if state.step % args.commit_every == 0:
                 state.commit()
@@ -369,7 +326,7 @@ def elastic(args: argparse.Namespace) -> None:
                     )
 
     train(state)
-    final_models, final_optimizers, _ = live()
+    final_models, final_optimizers = live()
     dump(args.log_dir / f"elastic-rank-{hvd.rank()}.pt", *by_model(final_models, final_optimizers))
 
 
@@ -402,7 +359,6 @@ def by_model(
 
 def main() -> None:
     args = parse_args()
-    args.scheduler = args.scheduler or "none"
     torch.set_num_threads(1)
     args.log_dir.mkdir(parents=True, exist_ok=True)
     (plain if args.mode == "plain" else elastic)(args)

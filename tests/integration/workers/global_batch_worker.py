@@ -3,10 +3,14 @@
 FSDP2) trained on a ``GlobalBatchSampler``: micro-batches accumulated with
 ``elastic.accumulate``, one optimizer step per global batch, whatever the world.
 
-``--fail STEP:RANK`` SIGKILLs a rank in the middle of that step's gradient accumulation
-(before its second micro-batch, or its only one); ``--await-size`` and ``--epoch-file`` are
-the fidelity worker's. Every step event says which samples the rank trained; at the end rank
-0 writes every model's whole parameters and optimizer state to ``<log-dir>/end.pt``.
+Learning-rate schedules and a loss scale are kept as the fidelity worker's ``--scheduler mixed
+--grad-scaler`` keep them (one schedule per torch-family model, the DDP model with SGD stepping
+through a ``GradScaler``; the sharded ``build`` returns a ``SequentialLR``), stepped once per
+global batch. ``--fail STEP:RANK`` SIGKILLs a rank in the middle of that step's gradient
+accumulation (before its second micro-batch, or its only one); ``--await-size`` and
+``--epoch-file`` are the fidelity worker's. Every step event says which samples the rank
+trained, the live learning rates and the loss scale; at the end rank 0 writes every model's
+whole parameters and optimizer state to ``<log-dir>/end.pt``.
 """
 
 from __future__ import annotations
@@ -25,14 +29,20 @@ from fidelity_worker import (  # beside this script (run by path)
     build_sharded,
     data,
     make_optimizer,
+    make_scheduler,
     mlp,
+    schedule_of,
     wait_for_world,
 )
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
 
+from elasticjob.worker_runtime.elastic.batch_plan import step_sizes
+
 SEED = 5  # the test's reference follows the same order
+SCALER = "ddp-sgd"
+"""The model whose steps go through the ``GradScaler``."""
 
 
 def parse_args() -> argparse.Namespace:
@@ -94,6 +104,7 @@ def main() -> None:
         dataset, args.global_batch, args.micro_batch, seed=SEED
     )
     loader = DataLoader(dataset, batch_sampler=batches)
+    steps = args.epochs * len(step_sizes(len(dataset), args.global_batch))
     events = Events(args.log_dir, hvd.rank())
     fail_step, fail_rank = split_pair(args.fail, (-1, -1))
     await_step, await_size = split_pair(args.await_size, (-1, 0))
@@ -115,21 +126,32 @@ def main() -> None:
                 optimizers[name] = optimizer
         kept = {f"model_{n}": m for n, m in models.items()}
         kept.update({f"optimizer_{n}": o for n, o in optimizers.items()})
+        for name, optimizer in optimizers.items():
+            schedule = make_scheduler(schedule_of(name, "mixed"), optimizer, steps)
+            kept[f"scheduler_{name}"] = schedule
+        kept["scaler"] = torch.amp.GradScaler("cpu", init_scale=4.0, growth_interval=2)
         state: Any = hvd.elastic.TorchState(step=0, epoch=0, batches=batches, **kept)
     else:
 
         def build(mesh: DeviceMesh) -> Any:
-            return build_sharded(mesh, "adamw", "none", 0)
+            return build_sharded(mesh, "adamw", "sequential", steps)
 
         state = hvd.elastic.ShardedState(build, step=0, epoch=0, batches=batches)
 
-    def live() -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
-        """Each model, its optimizer, and what reduces the gradients (a sharded state
-        builds new ones every round)."""
+    def live() -> tuple[dict[str, Any], dict[str, Any], list[Any], list[Any]]:
+        """Each model, its optimizer, what reduces the gradients, and the schedulers (a
+        sharded state builds new ones every round)."""
         if args.family == "torch":
-            return models, optimizers, list(reducers.values())
+            schedulers = [getattr(state, f"scheduler_{n}") for n in TORCH_MODELS]
+            return models, optimizers, list(reducers.values()), schedulers
         sharded = {name: state.model[name] for name in SHARDED_MODELS}
-        return sharded, dict.fromkeys(SHARDED_MODELS, state.optimizer), list(sharded.values())
+        optimizer = state.optimizer
+        return (
+            sharded,
+            dict.fromkeys(SHARDED_MODELS, optimizer),
+            list(sharded.values()),
+            [state.scheduler],
+        )
 
     @hvd.elastic.run
     def train(state: Any) -> None:
@@ -145,18 +167,24 @@ def main() -> None:
                     os.kill(os.getpid(), signal.SIGKILL)
                 if micro.first and state.step == await_step:
                     wait_for_world(state, await_size)
-                now_models, now_optimizers, now_reducers = live()
+                now_models, now_optimizers, now_reducers, schedulers = live()
+                scaler = state.scaler if args.family == "torch" else None
                 with hvd.elastic.accumulate(micro, *now_reducers):
-                    loss = sum(
-                        torch.nn.functional.mse_loss(model(x), y) for model in now_models.values()
-                    )
-                    (loss * micro.loss_scale).backward()  # type: ignore[union-attr]
+                    for name, model in now_models.items():
+                        loss = torch.nn.functional.mse_loss(model(x), y) * micro.loss_scale
+                        (scaler.scale(loss) if name == SCALER and scaler else loss).backward()
                 trained += indices[: micro.size].tolist()
                 if not micro.last:
                     continue
-                for optimizer in {id(o): o for o in now_optimizers.values()}.values():
-                    optimizer.step()
+                for name, optimizer in {id(o): (n, o) for n, o in now_optimizers.items()}.values():
+                    if name == SCALER and scaler is not None:
+                        scaler.step(optimizer)
+                        scaler.update()
+                    else:
+                        optimizer.step()
                     optimizer.zero_grad()
+                for scheduler in schedulers:
+                    scheduler.step()
                 batches.record_step()
                 if hvd.rank() == 0 and args.epoch_file is not None:
                     args.epoch_file.write_text(str(state.step))
@@ -169,6 +197,8 @@ def main() -> None:
                     round=hvd.current_round(),
                     micro_batches=micro.count,
                     samples=trained,
+                    lr=[o.param_groups[0]["lr"] for o in now_optimizers.values()],
+                    scale=scaler.get_scale() if scaler is not None else None,
                 )
                 trained = []
                 state.step += 1
@@ -178,7 +208,7 @@ def main() -> None:
             batches.set_epoch(state.epoch)
 
     train(state)
-    final_models, final_optimizers, _ = live()
+    final_models, final_optimizers, _, _ = live()
     path = args.log_dir / "end.pt" if hvd.rank() == 0 else None
     dump_whole(path, final_models, final_optimizers)
 
