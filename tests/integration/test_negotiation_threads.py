@@ -19,7 +19,8 @@ import torch.distributed as dist
 
 from elasticjob.worker_runtime.collectives import lingering
 from elasticjob.worker_runtime.collectives.call_descriptions import Call
-from elasticjob.worker_runtime.collectives.negotiation import Issued, Negotiation, describe
+from elasticjob.worker_runtime.collectives.negotiated_calls import Issued, describe
+from elasticjob.worker_runtime.collectives.negotiation import Negotiation
 
 TIMEOUT = datetime.timedelta(seconds=30)
 DEADLINE_S = 30.0

@@ -170,6 +170,21 @@ def test_barrier_and_join(world: list[Result]) -> None:
         assert got["join"] == [n - 1, 0]
 
 
+def test_a_joined_rank_serves_the_others_allreduces_with_zeros(world: list[Result]) -> None:
+    """Horovod's semantics (its ``test_horovod_join_allreduce`` / ``_allgather``): rank 0 has
+    joined; the others' average counts it with zeros; an allgather is refused on them; every
+    rank's join returns the same last rank, one of the others."""
+    n = len(world)
+    got = section(world, "join")
+    if n == 1:
+        assert got == [{"last": 0}], "alone, a rank's join returns at once"
+        return
+    assert len({g["last"] for g in got}) == 1 and got[0]["last"] != 0, got
+    for g in got[1:]:
+        assert g["averaged"] == pytest.approx([sum(q + 1 for q in range(1, n)) / n] * 3), g
+        assert "Allgather is not supported with Join" in g["refused"], g
+
+
 def test_sync_batch_norm_matches_batch_norm_on_the_whole_batch(world: list[Result]) -> None:
     for got in section(world, "sync_batch_norm"):
         assert got["batches_tracked"] == 1

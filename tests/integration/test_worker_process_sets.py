@@ -4,7 +4,8 @@
 hosts): the even ranks' set comes from ``init(process_sets=...)``, the odd ranks' from
 ``add_process_set``; both sets run every collective at once under the same names, each over its own
 members only (sums, averages, gathers in set-rank order, a broadcast from a global root rank, a
-reduce-scatter, an all-to-all, a grouped reduction, a barrier, a gradient). A non-member's call, a
+reduce-scatter, an all-to-all, a grouped reduction, a barrier, a gradient), and a
+``DistributedOptimizer`` over the even set steps on its members' average. A non-member's call, a
 duplicate set and a removed set are refused; a new round voids every set but the global one until it
 is registered again.
 """
@@ -54,6 +55,20 @@ def test_each_sets_collectives_run_over_its_members_only(ranks: list[Json]) -> N
         assert got["object"] == {"from": mine[-1]}, got
         assert got["objects"] == [f"rank {r}" for r in mine], got
     assert ranks[0]["global_str"] == f"ProcessSet(process_set_id=0, ranks={list(range(size))})"
+
+
+def test_a_distributed_optimizer_over_a_set_averages_over_its_members_only(
+    ranks: list[Json],
+) -> None:
+    """Every rank builds it (Horovod's ``test_optimizer_process_sets``); the even ranks
+    step on their set's average gradient, the others on their own, as Horovod's do."""
+    size = len(ranks)
+    even = members(0, size)
+    for found in ranks:
+        rank = found["rank"]
+        own = float((rank + 1) ** 2)
+        average = sum((r + 1) ** 2 for r in even) / len(even)
+        assert found["optimizer_over_even"] == -(average if rank in even else own), found
 
 
 def test_what_a_rank_may_not_do_with_a_set_is_refused_by_name(ranks: list[Json]) -> None:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.collectives.call_descriptions import Call
 from elasticjob.worker_runtime.collectives.issuing import start_broadcast_
-from elasticjob.worker_runtime.collectives.negotiation import Issued, describe
+from elasticjob.worker_runtime.collectives.negotiated_calls import Issued, describe
 from elasticjob.worker_runtime.collectives.operation_forms import (
     Operation,
     async_form,

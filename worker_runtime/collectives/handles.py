@@ -21,7 +21,8 @@ from typing import Any
 
 from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.collectives.call_descriptions import Call
-from elasticjob.worker_runtime.collectives.negotiation import Negotiation, Start
+from elasticjob.worker_runtime.collectives.negotiated_calls import Start
+from elasticjob.worker_runtime.collectives.negotiation import Negotiation
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 
 

@@ -23,6 +23,8 @@ without sending the call, and when every rank did so the verdict needs no call r
 Horovod's response cache spares repeated tensors their full negotiation). Each round's keys
 are removed once their collective is agreed (by the thread, while the data moves), so a long
 round does not grow the store.
+
+Horovod's ``join`` (:meth:`Negotiation.join`) is in the same sequence: see ``join_phase.py``.
 """
 
 from __future__ import annotations
@@ -32,27 +34,25 @@ import datetime
 import json
 import queue
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 from torch.distributed import Store
 
 from elasticjob.worker_runtime.collectives import lingering
-from elasticjob.worker_runtime.collectives.call_descriptions import Call, mismatch
+from elasticjob.worker_runtime.collectives.call_descriptions import Call
+from elasticjob.worker_runtime.collectives.join_phase import JoinPhase, serve
+from elasticjob.worker_runtime.collectives.negotiated_calls import (
+    JoinWork,
+    NegotiatedCall,
+    Start,
+    disagreement,
+    settle,
+)
 from elasticjob.worker_runtime.diagnostics.log import get_logger
-from elasticjob.worker_runtime.exceptions import CollectiveMismatchError
 
 logger = get_logger(__name__)
-
-Issued = tuple[Sequence[Any], Callable[[], Any]]
-"""The works of an issued collective, and the function that gives its output once they are
-done."""
-Start = Callable[[Sequence[Call], dist.ProcessGroup], Issued]
-"""Issues an agreed collective on the negotiated group, given every rank's call: returns its
-works and the function that gives its output once they are done."""
 
 WAKE_S = 3600.0
 """How long the thread waits for the next verdict before it waits again (it is woken when
@@ -62,41 +62,6 @@ _FRESH = 1 << 20
 called as last time is counted with 1 alone, and when every rank did so the verdict is made
 without reading any call (Horovod's response cache does the same for repeated tensors)."""
 _STOP = "stop"
-
-
-@dataclass(eq=False)
-class NegotiatedCall:
-    """A submitted collective: a work (for ``RoundGroup.wait``) that completes once the
-    agreed collective's data has moved, or at once with a mismatch."""
-
-    name: str
-    key: str
-    call: Call
-    start: Start
-    named: bool
-    """Named by the script (its calls are remembered: see :data:`_FRESH`)."""
-    previous: list[Call] | None = None
-    """Every rank's agreed call of this name last time, if the name has one."""
-    future: torch.futures.Future[object] = field(default_factory=torch.futures.Future)
-    problem: str | None = None
-    finish: Callable[[], Any] | None = None
-
-    def get_future(self) -> torch.futures.Future[object]:
-        return self.future
-
-    def wait(self) -> bool:
-        self.future.wait()
-        return True
-
-    def is_completed(self) -> bool:
-        return self.future.done()
-
-    def result(self) -> Any:
-        """The collective's output once :meth:`wait` returned; raises on a mismatch."""
-        if self.problem is not None:
-            raise CollectiveMismatchError(self.problem)
-        assert self.finish is not None
-        return self.finish()
 
 
 class Negotiation:
@@ -122,8 +87,8 @@ class Negotiation:
         self._outstanding: dict[str, NegotiatedCall] = {}
         self._by_key: dict[str, NegotiatedCall] = {}
         self._occurrences: collections.Counter[str] = collections.Counter()
-        self._agreed: dict[str, list[Call]] = {}
-        self._submitted: queue.SimpleQueue[NegotiatedCall | None] = queue.SimpleQueue()
+        self._agreed: dict[str, list[Call | None]] = {}
+        self._submitted: queue.SimpleQueue[NegotiatedCall | str | None] = queue.SimpleQueue()
         self._spent: list[str] = []
         """Store keys of collectives agreed on, which this rank's thread removes."""
         self._unnamed: collections.Counter[str] = collections.Counter()
@@ -131,6 +96,7 @@ class Negotiation:
         self._sequence = 1
         self._threads: tuple[threading.Thread, ...] = ()
         """The following thread and the publishing thread, once the first call came."""
+        self._joins = JoinPhase(size)
 
     @property
     def group(self) -> dist.ProcessGroup:
@@ -144,6 +110,7 @@ class Negotiation:
         """Submit this rank's ``call`` of the collective ``name`` (None: the next unnamed one
         of its kind); ``start`` issues it once every rank's call agrees."""
         with self._lock:
+            self._joins.refuse_calls()
             named = name is not None
             if name is None:
                 self._unnamed[call.kind] += 1
@@ -164,6 +131,25 @@ class Negotiation:
         if self._size == 1 or self._store is None:
             self._carry_out(submitted, [call])
             return submitted
+        self._start_threads()
+        self._submitted.put(submitted)
+        return submitted
+
+    def join(self) -> JoinWork:
+        """Join (Horovod's ``join``): this rank is out of data. Until every rank has joined
+        it takes part in the others' allreduces with zeros; the work completes once the last
+        rank joins (see the module's docstring). Its own collectives submitted before must
+        be done (waited for)."""
+        with self._lock:
+            work = self._joins.begin(self._outstanding)
+            if self._size == 1 or self._store is None:
+                self._joins.saw(self._rank)
+                return work
+        self._start_threads()
+        self._submitted.put(_JOIN)
+        return work
+
+    def _start_threads(self) -> None:
         with self._lock:
             if not self._threads:
                 self._threads = (
@@ -174,8 +160,6 @@ class Negotiation:
                 )
                 for thread in self._threads:
                     thread.start()
-        self._submitted.put(submitted)
-        return submitted
 
     def close(self) -> None:
         """End the round's negotiation: its threads stop (pending calls are failed by their
@@ -203,6 +187,13 @@ class Negotiation:
         own: a store that stops answering blocks this thread, never the caller, whose wait
         the round's abort ends. A call that cannot be published fails its collective."""
         while (submitted := self._submitted.get()) is not None:
+            if isinstance(submitted, str):  # this rank's join
+                try:
+                    self._publish_join()
+                except (RuntimeError, dist.DistError) as exc:
+                    with self._lock:
+                        self._joins.fail(exc)
+                continue
             try:
                 self._publish(submitted)
             except (RuntimeError, dist.DistError) as exc:
@@ -229,29 +220,63 @@ class Negotiation:
             line = f"{self._rank} {submitted.call.encode()}\n"
             store.append(f"calls/{key}", line)  # type: ignore[attr-defined]
             arrived = store.add(f"arrived/{key}", 1 + _FRESH)
-        if arrived % _FRESH == self._size:
-            calls = list(previous or [])
-            if arrived // _FRESH:
-                calls = self._gathered_calls(store, key, calls)
-            sequence = store.add("sequence", 1)
-            verdict = json.dumps({"key": key, "calls": [call.encode() for call in calls]})
-            keys = [self._verdict_key(rank, sequence) for rank in range(self._size)]
-            store.multi_set(keys, [verdict] * self._size)  # type: ignore[attr-defined]
-            with self._lock:
-                self._spent.append(f"arrived/{key}")
+        with self._lock:  # after the count: see _joined_now
+            joined = frozenset(self._joins.joined)
+        self._complete_if_due(store, submitted, arrived, joined)
 
-    def _gathered_calls(self, store: Store, key: str, previous: list[Call]) -> list[Call]:
+    def _complete_if_due(
+        self, store: Store, submitted: NegotiatedCall, arrived: int, joined: frozenset[int]
+    ) -> None:
+        """Publish the verdict of ``submitted``'s collective if every rank but the joined
+        ones has called it (``arrived``: its count), and remove its keys."""
+        if arrived % _FRESH + len(joined) != self._size:
+            return
+        key = submitted.key
+        if joined and not self._claimed(store, key):
+            return
+        calls: list[Call | None] = [None] * self._size
+        if submitted.previous:
+            calls = list(submitted.previous)
+        if arrived // _FRESH:
+            calls = self._gathered_calls(store, key, calls)
+        for rank in joined:
+            calls[rank] = None
+        if any(call is None for rank, call in enumerate(calls) if rank not in joined):
+            raise RuntimeError(f"negotiating {key}: ranks sent no call and none is known")
+        sequence = store.add("sequence", 1)
+        verdict = json.dumps(
+            {
+                "key": key,
+                "named": submitted.named,
+                "calls": [None if call is None else call.encode() for call in calls],
+            }
+        )
+        keys = [self._verdict_key(rank, sequence) for rank in range(self._size)]
+        store.multi_set(keys, [verdict] * self._size)  # type: ignore[attr-defined]
+        with self._lock:
+            self._spent.append(f"arrived/{key}")
+
+    def _publish_join(self) -> None:
+        """Tell every rank, in the sequence, that this rank has joined."""
+        store = self._store
+        assert store is not None
+        sequence = store.add("sequence", 1)
+        keys = [self._verdict_key(rank, sequence) for rank in range(self._size)]
+        entry = json.dumps({"join": self._rank})
+        store.multi_set(keys, [entry] * self._size)  # type: ignore[attr-defined]
+
+    def _gathered_calls(
+        self, store: Store, key: str, previous: list[Call | None]
+    ) -> list[Call | None]:
         """Every rank's call of ``key``: those sent in full, and for the others their call of
-        the name last time (``previous``)."""
+        the name last time (``previous``; None where none is known)."""
         sent = {}
         for line in store.get(f"calls/{key}").decode().splitlines():
             rank, encoded = line.split(" ", 1)
             sent[int(rank)] = Call.decode(encoded)
         with self._lock:
             self._spent.append(f"calls/{key}")
-        if len(sent) < self._size and len(previous) != self._size:
-            raise RuntimeError(f"negotiating {key}: ranks sent no call and none is known")
-        return [sent[rank] if rank in sent else previous[rank] for rank in range(self._size)]
+        return [sent.get(rank, previous[rank]) for rank in range(self._size)]
 
     def _follow(self) -> None:
         """Carry out the round's agreed collectives in their order, until the round ends."""
@@ -272,7 +297,7 @@ class Negotiation:
             if verdict == _STOP or self._closed.is_set():
                 return
             self._sequence += 1
-            self._agreed_on(verdict)  # holds no call here once done (see _publishing)
+            self._agreed_on(verdict, store)  # holds no call once done (see _publishing)
             with self._lock:
                 spent, self._spent = [key, *self._spent], []
             try:  # while the collective's data moves
@@ -281,15 +306,64 @@ class Negotiation:
             except (RuntimeError, dist.DistError) as exc:
                 logger.debug("removing the keys of agreed collectives: %s", exc)
 
-    def _agreed_on(self, verdict: str) -> None:
-        """Carry out the call that ``verdict`` (every rank's call of it) agrees on."""
+    def _agreed_on(self, verdict: str, store: Store) -> None:
+        """Carry out the entry ``verdict`` of the sequence: a rank's join, or the call that
+        every rank's call (None: a joined rank) agrees on."""
         agreed = json.loads(verdict)
+        if "join" in agreed:
+            self._joined_now(int(agreed["join"]), store)
+            return
+        key = agreed["key"]
+        calls = [None if c is None else Call.decode(c) for c in agreed["calls"]]
         with self._lock:
-            submitted = self._by_key[agreed["key"]]
-        self._carry_out(submitted, [Call.decode(c) for c in agreed["calls"]])
+            submitted = self._by_key.get(key)
+        if submitted is None:  # this rank has joined: it takes part with zeros
+            self._serve(key, bool(agreed["named"]), calls)
+            return
+        self._carry_out(submitted, calls)
 
-    def _carry_out(self, submitted: NegotiatedCall, calls: Sequence[Call]) -> None:
-        submitted.problem = mismatch(submitted.name, calls)
+    def _claimed(self, store: Store, key: str) -> bool:
+        """Both a rank's count and its following thread (at a join) may find a collective due,
+        on several ranks: the first to claim it publishes the verdict."""
+        if store.add(f"decided/{key}", 1) != 1:
+            return False
+        with self._lock:
+            self._joins.claims.append(f"decided/{key}")
+        return True
+
+    def _joined_now(self, rank: int, store: Store) -> None:
+        """``rank`` has joined: end the phase if it is the last, else complete this rank's
+        collectives that only the joined ranks kept from completing."""
+        with self._lock:
+            joined, claims = self._joins.saw(rank)
+            self._spent += claims
+            outstanding = list(self._outstanding.values())
+        if len(joined) == self._size:
+            return
+        for submitted in outstanding:  # after the join: see _publish
+            arrived = store.add(f"arrived/{submitted.key}", 0)
+            self._complete_if_due(store, submitted, arrived, joined)
+
+    def _serve(self, key: str, named: bool, calls: Sequence[Call | None]) -> None:
+        """Take part, as a joined rank, in the collective the others agreed on: zeros for an
+        allreduce; nothing where the others fail it. Keeps this rank's names and counts in
+        step with theirs."""
+        name, occurrence = key.rsplit("#", 1)
+        problem = disagreement(name, calls)
+        with self._lock:
+            self._occurrences[name] = int(occurrence) + 1
+            if not named:
+                kind, _, number = name.rpartition(".noname.")
+                self._unnamed[kind] = max(self._unnamed[kind], int(number))
+            elif problem is None:
+                self._agreed[name] = list(calls)
+            else:
+                self._agreed.pop(name, None)
+        if problem is None:
+            serve(key, next(call for call in calls if call is not None), self.group, self._device)
+
+    def _carry_out(self, submitted: NegotiatedCall, calls: Sequence[Call | None]) -> None:
+        submitted.problem = disagreement(submitted.name, calls)
         with self._lock:
             if submitted.named:
                 if submitted.problem is None:
@@ -302,12 +376,18 @@ class Negotiation:
             submitted.future.set_result(None)
             return
         try:
-            works, submitted.finish = submitted.start(calls, self.group)
+            # Only allreduces run with joined ranks, and their starts read no call.
+            present = [call for call in calls if call is not None]
+            works, submitted.finish = submitted.start(present, self.group)
         except (RuntimeError, dist.DistError) as exc:
             submitted.future.set_exception(exc)
             return
         done = torch.futures.collect_all([work.get_future() for work in works])
-        done.add_done_callback(lambda all_done: _settle(submitted.future, all_done))
+        done.add_done_callback(lambda all_done: settle(submitted.future, all_done))
+
+
+_JOIN = "join"
+"""What this rank queues for its publishing thread when it joins."""
 
 
 def _client(store: Store) -> Store:
@@ -315,24 +395,3 @@ def _client(store: Store) -> Store:
     this module's thread blocks in a wait."""
     clone: Store = store.clone()  # type: ignore[attr-defined]
     return clone
-
-
-def _settle(future: torch.futures.Future[object], done: torch.futures.Future[Any]) -> None:
-    try:
-        for part in done.value():
-            part.value()
-    except (RuntimeError, dist.DistError) as exc:
-        future.set_exception(exc)
-        return
-    future.set_result(None)
-
-
-def describe(kind: str, tensors: Sequence[torch.Tensor], **fields: Any) -> Call:
-    """This rank's :class:`Call` of the collective ``kind`` on ``tensors`` (a scalar counts
-    as one row)."""
-    return Call(
-        kind=kind,
-        dtypes=tuple(str(t.dtype).removeprefix("torch.") for t in tensors),
-        shapes=tuple(tuple(t.shape) if t.dim() else (1,) for t in tensors),
-        **fields,
-    )

@@ -30,7 +30,8 @@ import torch.distributed as dist
 
 from elasticjob.worker_runtime.collectives.call_descriptions import Call
 from elasticjob.worker_runtime.collectives.handles import negotiated, synchronize
-from elasticjob.worker_runtime.collectives.negotiation import Issued, Negotiation
+from elasticjob.worker_runtime.collectives.negotiated_calls import Issued
+from elasticjob.worker_runtime.collectives.negotiation import Negotiation
 from elasticjob.worker_runtime.collectives.reduction_ops import Compressor
 
 P = ParamSpec("P")

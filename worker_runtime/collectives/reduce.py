@@ -30,7 +30,7 @@ from elasticjob.worker_runtime.collectives.issuing import (
     start_allreduce_,
     unflatten_into,
 )
-from elasticjob.worker_runtime.collectives.negotiation import Issued, describe
+from elasticjob.worker_runtime.collectives.negotiated_calls import SERVERS, Issued, describe
 from elasticjob.worker_runtime.collectives.operation_forms import (
     Issue,
     Operation,
@@ -111,6 +111,22 @@ def _issue_grouped(
         return buffers
 
     return [pending.work for pending, _ in started], finish
+
+
+def _serve(call: Call, group: dist.ProcessGroup, device: torch.device | None) -> Issued:
+    """A joined rank's part of the others' allreduce ``call``: zeros of its dtypes and
+    shapes, reduced as they reduce theirs (``negotiation.SERVERS``)."""
+    zeros = [
+        torch.zeros(shape, dtype=getattr(torch, dtype), device=device)
+        for dtype, shape in zip(call.dtypes, call.shapes, strict=True)
+    ]
+    assert call.op is not None
+    reduction = ReduceArgs(ReduceOp(call.op), call.prescale, call.postscale, global_process_set)
+    issue = _issue if call.kind == "allreduce" else _issue_grouped
+    return issue(reduction, zeros, (), group)
+
+
+SERVERS.update(allreduce=_serve, grouped_allreduce=_serve)
 
 
 def _reduction(

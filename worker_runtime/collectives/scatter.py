@@ -32,7 +32,7 @@ from elasticjob.worker_runtime.collectives.gather import (
     allgather_operation,
     grouped_allgather_operation,
 )
-from elasticjob.worker_runtime.collectives.negotiation import Issued, describe
+from elasticjob.worker_runtime.collectives.negotiated_calls import Issued, describe
 from elasticjob.worker_runtime.collectives.operation_forms import (
     Operation,
     async_form,

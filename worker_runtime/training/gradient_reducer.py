@@ -37,6 +37,9 @@ import torch.distributed as dist
 
 from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.collectives import handles
+from elasticjob.worker_runtime.collectives.call_descriptions import Call
+from elasticjob.worker_runtime.collectives.negotiated_calls import Issued, describe
+from elasticjob.worker_runtime.collectives.process_sets import ProcessSet, negotiation_of
 from elasticjob.worker_runtime.collectives.reduction_ops import Compressor, ReduceOp, torch_op
 from elasticjob.worker_runtime.diagnostics.log import get_logger
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
@@ -104,7 +107,9 @@ class _Window:
 
 class GradientReducer:
     """Reduces the gradients of ``params`` (registration order) bucket by bucket as backward
-    produces them; one reduction per ``passes_per_step`` backward passes."""
+    produces them; one reduction per ``passes_per_step`` backward passes. Over the round's
+    group, in program order; or over ``process_set``'s, each bucket a named collective of
+    the set (``DistributedOptimizer.bucket.<b>``), negotiated as the set's others are."""
 
     def __init__(
         self,
@@ -113,9 +118,11 @@ class GradientReducer:
         reduction: Reduction,
         passes_per_step: int,
         sparse_as_dense: bool = False,
+        process_set: ProcessSet | None = None,
     ) -> None:
         if passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be > 0, got {passes_per_step}")
+        self.process_set = process_set
         self.params = list(params)
         self.plan = list(plan)
         self.reduction = reduction
@@ -250,7 +257,7 @@ class GradientReducer:
         extras: list[float] = []
         if self.reduction.op is ReduceOp.AVERAGE:
             extras += [window.weight, float(window.passes)]
-        vote = not window.voted and self.reduction.votes(bucket.dtype)
+        vote = self.process_set is None and not window.voted and self.reduction.votes(bucket.dtype)
         if vote:
             extras.append(float(runtime.host_update_vote()))
             window.voted = True
@@ -264,12 +271,23 @@ class GradientReducer:
             flat[:numel].mul_(1.0 / self.reduction.predivide)
         compression = self.reduction.compression
         wire, ctx = (flat, None) if compression is None else compression.compress(flat)
-        work = dist.all_reduce(wire, op=torch_op(self.reduction.op), async_op=True)
+        op = torch_op(self.reduction.op)
 
         def result() -> torch.Tensor:
             return wire if compression is None else compression.decompress(wire, ctx)
 
-        window.launched.append(_Launched(bucket, handles.issue([work], result), numel, vote))
+        if self.process_set is None:
+            handle = handles.issue([dist.all_reduce(wire, op=op, async_op=True)], result)
+        else:
+
+            def start(_calls: Sequence[Call], group: dist.ProcessGroup) -> Issued:
+                return [dist.all_reduce(wire, op=op, group=group, async_op=True)], result
+
+            call = describe("allreduce", [wire], op=self.reduction.op.value)
+            negotiation = negotiation_of(self.process_set)
+            name = f"DistributedOptimizer.bucket.{b}"
+            handle = handles.negotiated(negotiation, name, call, start)
+        window.launched.append(_Launched(bucket, handle, numel, vote))
 
     def _buffer(self, b: int, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         buffer = self._buffers.get(b)
@@ -296,7 +314,7 @@ class GradientReducer:
 
     def _finish(self, launched: _Launched, flat: torch.Tensor) -> None:
         runtime = current()
-        size = runtime.slot.size
+        size = runtime.slot.size if self.process_set is None else len(self.process_set.ranks)
         n = launched.numel
         grads = flat[:n]
         if self.reduction.op is ReduceOp.AVERAGE:

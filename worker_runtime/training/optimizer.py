@@ -218,26 +218,28 @@ def DistributedOptimizer(
     are reduced once, at the end of the last pass. A parameter whose gradient is None on a
     rank is reduced as zeros there; sparse gradients are reduced as dense ones.
     ``named_parameters`` is checked as Horovod checks it (pairs, unique names, naming every
-    parameter of the optimizer); the buckets are matched by order, not by these names.
+    parameter of the optimizer); the buckets are matched by order, not by these names. With a
+    ``process_set``, its members reduce over the set (each bucket a named collective of the
+    set); on a rank outside it the optimizer steps on the rank's own gradients, as Horovod's.
 
     Raises:
         ValueError: ``gradient_predivide_factor`` with an ``op`` other than Average,
             ``backward_passes_per_step`` < 1, or ``named_parameters`` that are not unique
             ``(name, parameter)`` pairs naming every parameter.
-        NotImplementedError: ``op=Adasum``, or a process set other than the global one.
+        ValueError: a process set not registered in this round.
+        NotImplementedError: ``op=Adasum``.
     """
     named = _named(optimizer, named_parameters)
-    if process_set is not global_process_set:
-        raise NotImplementedError(
-            f"DistributedOptimizer(process_set={process_set}): elasticjob's optimizer reduces "
-            "gradients over the whole round (its reduction overlaps backward on the round's "
-            "group); reduce a subset's gradients with hvd.grouped_allreduce(..., "
-            "process_set=...) instead"
+    if process_set is not global_process_set and process_set.included() is None:
+        raise ValueError(
+            f"DistributedOptimizer(process_set={process_set}): the set is not registered in "
+            "this round (hvd.add_process_set)"
         )
     torch_op(op)  # refuses Adasum by name now, not in the middle of a backward pass
     if gradient_predivide_factor != 1.0 and op is not ReduceOp.AVERAGE:
         raise ValueError("gradient_predivide_factor needs op=Average")
-    params = _parameters(optimizer)
+    # Outside the set the optimizer steps on this rank's own gradients (as Horovod's).
+    params = _parameters(optimizer) if process_set.included() is not False else []
     plan = plan_buckets(
         [ParamInfo(p.numel(), p.dtype) for p in params],
         int(bucket_cap_mb * 1024 * 1024),
@@ -250,7 +252,12 @@ def DistributedOptimizer(
         gradient_predivide_factor,
     )
     reducer = GradientReducer(
-        params, plan, reduction, backward_passes_per_step, sparse_as_dense=sparse_as_dense
+        params,
+        plan,
+        reduction,
+        backward_passes_per_step,
+        sparse_as_dense=sparse_as_dense,
+        process_set=None if process_set is global_process_set else process_set,
     )
     base = type(optimizer)
     optimizer.__class__ = type(base.__name__, (DistributedMixin, base), {})

@@ -173,6 +173,21 @@ def coordination_checks(r: int, n: int) -> Json:
     return {"barrier_waited_s": waited, "join": [first, second]}
 
 
+def join_checks(r: int) -> Json:
+    """Horovod's join: rank 0 joins at once, the others average a tensor (rank 0 adds zeros
+    and counts in the divisor), try an allgather (refused while a rank has joined), then
+    join; every join returns the rank that joined last."""
+    if r == 0:
+        return {"last": hvd.join()}
+    averaged = hvd.allreduce(torch.full((3,), float(r + 1)), name="after_join")
+    try:
+        hvd.allgather(torch.ones(2))
+        refused = None
+    except RuntimeError as exc:
+        refused = str(exc)
+    return {"averaged": averaged.tolist(), "refused": refused, "last": hvd.join()}
+
+
 def sync_batch_norm_checks(r: int, n: int) -> Json:
     generator = torch.Generator().manual_seed(7 + r)
     x = torch.randn(r + 2, 3, 4, generator=generator, dtype=torch.float64) * (r + 1) + r
@@ -271,6 +286,7 @@ def values_run(out: Path) -> None:
         "reducescatter": reducescatter_checks(r, n),
         "grouped_gather_scatter": grouped_gather_scatter_checks(r, n),
         "coordination": coordination_checks(r, n),
+        "join": join_checks(r),
         "sync_batch_norm": sync_batch_norm_checks(r, n),
         "process_set": process_set_checks(n),
         "capabilities": capability_checks(),

@@ -2,7 +2,8 @@
 
 The even ranks' set is registered by ``init(process_sets=...)``, the odd ranks' by
 ``add_process_set``. Each rank writes to ``<out>/rank-<rank>.json`` what its set's
-collectives gave (both sets run theirs at once, with the same names), the gradient of an
+collectives gave (both sets run theirs at once, with the same names), where a
+``DistributedOptimizer`` over the even set took its parameter, the gradient of an
 allreduce over its set, what was refused (a set's collective on a non-member, a duplicate
 set, a removed set), and what became of the sets when ``init()`` after ``shutdown()`` formed
 a new round: void until registered again.
@@ -66,6 +67,18 @@ def collectives(mine: hvd.ProcessSet, rank: int) -> dict[str, Any]:
     }
 
 
+def optimizer_step(process_set: hvd.ProcessSet, rank: int) -> float:
+    """One SGD step (lr 1) of a ``DistributedOptimizer`` over ``process_set``, built on every
+    rank, from 0 on the gradient ``(rank + 1) ** 2``: the parameter it ends at."""
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD([param], lr=1.0), named_parameters=[("p", param)], process_set=process_set
+    )
+    (param * float((rank + 1) ** 2)).sum().backward()
+    optimizer.step()
+    return param.item()
+
+
 def run() -> dict[str, Any]:
     """This rank's results (see the module docstring), from init to shutdown."""
     even = hvd.ProcessSet(range(0, int(os.environ["HOROVOD_SIZE"]), 2))  # set at start
@@ -75,6 +88,7 @@ def run() -> dict[str, Any]:
     mine, other = (even, odd) if rank % 2 == 0 else (odd, even)
     results: dict[str, Any] = {"rank": rank, "global_str": str(hvd.global_process_set)}
     results["collectives"] = collectives(mine, rank)
+    results["optimizer_over_even"] = optimizer_step(even, rank)
     results["not_a_member"] = refusal(lambda: hvd.allreduce(torch.ones(1), process_set=other))
     results["duplicate"] = refusal(lambda: hvd.add_process_set(list(even.ranks)))
     results["removed"] = hvd.remove_process_set(odd)
