@@ -190,30 +190,29 @@ def test_faulty_ddp_still_trains_each_sample_once_and_equals_one_process(faulty:
     assert faulty.result["size"] == 3
 
 
-def test_torchrun_style_example_trains_under_the_launcher(tmp_path: Path) -> None:
+def example_epochs(tmp_path: Path, example: Path, workers: int) -> tuple[list[str], str]:
+    """Run an example for 2 epochs on ``workers`` loopback hosts: rank 0's epoch lines, and
+    what explains a failure."""
+    hosts = ",".join(f"127.0.1.{i}:1" for i in range(1, workers + 1))
     command = launcher(
-        *("-np", "2", "-H", "127.0.1.1:1,127.0.1.2:1"),
-        *(sys.executable, str(EXAMPLE), "--epochs", "2"),
+        "-np", str(workers), "-H", hosts, sys.executable, str(example), "--epochs", "2"
     )
     returncode, stdout, stderr = run_to_end(command, tmp_path, worker_env(), 240.0)
     explain = f"exit {returncode}\n{stderr[-4000:]}\n{stdout[-4000:]}"
     assert returncode == 0, explain
     epochs = [line for line in stdout.splitlines() if "<stdout>:epoch " in line]
     assert len(epochs) == 2, explain
-    assert all("2 workers" in line and "each sample trained once: True" in line for line in epochs)
+    assert all(f"{workers} workers" in line for line in epochs), explain
+    assert all("each sample trained once: True" in line for line in epochs), explain
+    return epochs, explain
+
+
+def test_torchrun_style_example_trains_under_the_launcher(tmp_path: Path) -> None:
+    example_epochs(tmp_path, EXAMPLE, 2)
 
 
 def test_the_global_batch_example_trains_under_the_launcher(tmp_path: Path) -> None:
     """Three workers split each global batch of 128 unevenly (43, 43, 42 samples, two
     micro-batches each): 15 steps an epoch, every sample once."""
-    command = launcher(
-        *("-np", "3", "-H", "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1"),
-        *(sys.executable, str(GLOBAL_BATCH_EXAMPLE), "--epochs", "2"),
-    )
-    returncode, stdout, stderr = run_to_end(command, tmp_path, worker_env(), 240.0)
-    explain = f"exit {returncode}\n{stderr[-4000:]}\n{stdout[-4000:]}"
-    assert returncode == 0, explain
-    epochs = [line for line in stdout.splitlines() if "<stdout>:epoch " in line]
-    assert len(epochs) == 2, explain
-    assert all("3 workers" in line and "each sample trained once: True" in line for line in epochs)
+    epochs, explain = example_epochs(tmp_path, GLOBAL_BATCH_EXAMPLE, 3)
     assert "15 steps" in epochs[0] and "30 steps" in epochs[1], explain

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from elasticjob.worker_runtime.elastic.batch_plan import MicroBatch, plan_step, step_sizes
 from elasticjob.worker_runtime.elastic.global_batch import GlobalBatchSampler, accumulate
 from elasticjob.worker_runtime.elastic.sampler import ElasticSampler
+from tests.support.fixed_rank import FixedRank
 
 
 @pytest.mark.parametrize(
@@ -88,21 +88,10 @@ def test_step_sizes(remaining: int, global_batch: int, sizes: list[int]) -> None
     assert step_sizes(remaining, global_batch) == sizes
 
 
-@dataclass
-class Runtime:
-    """What the worker runtime would report to one rank: mutable between rounds."""
-
-    rank: int
-    size: int
-
-    def __call__(self) -> tuple[int, int]:
-        return self.rank, self.size
-
-
 def world_of(length: int, size: int, global_batch: int, micro: int) -> list[GlobalBatchSampler]:
     return [
         GlobalBatchSampler(
-            range(length), global_batch, micro, seed=3, rank_and_size=Runtime(r, size)
+            range(length), global_batch, micro, seed=3, rank_and_size=FixedRank(r, size)
         )
         for r in range(size)
     ]
@@ -127,7 +116,7 @@ def train_steps(samplers: list[GlobalBatchSampler], steps: int) -> list[list[int
 
 
 def test_a_global_batch_is_the_same_samples_at_every_world_size() -> None:
-    order = GlobalBatchSampler(range(96), 20, 4, seed=3, rank_and_size=Runtime(0, 1))
+    order = GlobalBatchSampler(range(96), 20, 4, seed=3, rank_and_size=FixedRank(0, 1))
     expected = [sorted(order._order[s * 20 : (s + 1) * 20]) for s in range(5)]
     for size in (1, 2, 3, 4, 7, 25):
         assert train_steps(world_of(96, size, 20, 4), 5) == expected, size
@@ -145,7 +134,7 @@ def test_resizes_mid_epoch_keep_the_global_batches_and_train_every_sample_once()
         sampler.load_state_dict(state)
     trained += train_steps(grown, 1)
     for rank, sampler in enumerate(grown[:2]):
-        sampler._rank_and_size = Runtime(rank, 2)
+        sampler._rank_and_size = FixedRank(rank, 2)
         sampler.reset()
     trained += train_steps(grown[:2], 2)
     assert trained == uninterrupted
@@ -157,7 +146,7 @@ def test_a_global_batch_cut_short_by_a_reset_is_trained_again_from_its_start() -
     sampler = world_of(40, 2, 20, 4)[0]
     first_pass = list(sampler)
     assert sampler.accumulation_steps == 3 and sampler.micro_batch(0).count == 3
-    sampler._rank_and_size = Runtime(0, 4)
+    sampler._rank_and_size = FixedRank(0, 4)
     sampler.reset()
     assert sampler.processed_num == 0 and sampler.accumulation_steps == 2
     # the global batch starts over, planned for the new world
@@ -186,7 +175,7 @@ def test_micro_batches_are_numbered_from_the_start_of_each_pass() -> None:
 
 def test_a_loader_yields_the_planned_micro_batches() -> None:
     dataset = TensorDataset(torch.arange(30) + 1000)
-    sampler = GlobalBatchSampler(dataset, 12, 4, rank_and_size=Runtime(1, 3))
+    sampler = GlobalBatchSampler(dataset, 12, 4, rank_and_size=FixedRank(1, 3))
     loader = DataLoader(dataset, batch_sampler=sampler)
     expected = list(sampler)
     got = [(batch - 1000).tolist() for (batch,) in loader]
@@ -203,7 +192,7 @@ def test_progress_round_trips_and_an_elastic_samplers_state_loads() -> None:
     other = world_of(96, 2, 20, 4)[1]
     other.load_state_dict(state)
     assert other.processed_num == 20 and other.steps_left == 4
-    elastic = ElasticSampler(range(96), seed=3, rank_and_size=Runtime(0, 1))
+    elastic = ElasticSampler(range(96), seed=3, rank_and_size=FixedRank(0, 1))
     elastic.record_batch(0, 40)
     other.load_state_dict(elastic.state_dict())
     assert other.processed_num == 40 and other.steps_left == 3
@@ -216,7 +205,7 @@ def test_progress_round_trips_and_an_elastic_samplers_state_loads() -> None:
 @pytest.mark.parametrize(("global_batch", "micro"), [(0, 1), (1, 0)])
 def test_a_non_positive_batch_is_refused(global_batch: int, micro: int) -> None:
     with pytest.raises(ValueError, match="must be >= 1"):
-        GlobalBatchSampler(range(4), global_batch, micro, rank_and_size=Runtime(0, 1))
+        GlobalBatchSampler(range(4), global_batch, micro, rank_and_size=FixedRank(0, 1))
 
 
 class Recorder:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -17,17 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import elasticjob.worker_runtime
 from elasticjob.worker_runtime.elastic.sampler import ElasticSampler, batch_weight, plan_share
 from elasticjob.worker_runtime.training import step_weight
-
-
-@dataclass
-class Runtime:
-    """What the worker runtime would report to one rank: mutable between rounds."""
-
-    rank: int
-    size: int
-
-    def __call__(self) -> tuple[int, int]:
-        return self.rank, self.size
+from tests.support.fixed_rank import FixedRank
 
 
 @pytest.fixture(autouse=True)
@@ -45,8 +34,8 @@ def make_sampler(
     shuffle: bool = True,
     seed: int = 0,
     batch_size: int | None = None,
-) -> tuple[ElasticSampler, Runtime]:
-    runtime = Runtime(rank, size)
+) -> tuple[ElasticSampler, FixedRank]:
+    runtime = FixedRank(rank, size)
     sampler = ElasticSampler(
         range(length), shuffle=shuffle, seed=seed, rank_and_size=runtime, batch_size=batch_size
     )
@@ -76,7 +65,7 @@ class Cluster(RuleBasedStateMachine):
         self.length = 0
         self.batch_size = 1
         self.planned = False
-        self.workers: list[tuple[ElasticSampler, Runtime]] = []
+        self.workers: list[tuple[ElasticSampler, FixedRank]] = []
         self.counts: list[int] = []
         self.steps = 0
         self.round_remaining: list[int] = []
@@ -109,7 +98,7 @@ class Cluster(RuleBasedStateMachine):
 
     def make(
         self, rank: int, size: int, *, shuffle: bool, seed: int
-    ) -> tuple[ElasticSampler, Runtime]:
+    ) -> tuple[ElasticSampler, FixedRank]:
         batch_size = self.batch_size if self.planned else None
         return make_sampler(
             self.length, rank, size, shuffle=shuffle, seed=seed, batch_size=batch_size
@@ -141,7 +130,7 @@ class Cluster(RuleBasedStateMachine):
                 sampler.record_batch(self.steps, self.batch_size)
         self.steps += 1
 
-    def reassign(self, new_size: int, order: list[int]) -> list[tuple[ElasticSampler, Runtime]]:
+    def reassign(self, new_size: int, order: list[int]) -> list[tuple[ElasticSampler, FixedRank]]:
         """Keeps some old workers in a new rank order, then tells every worker the new world."""
         survivors = [self.workers[i] for i in order[:new_size]]
         for rank, (_, runtime) in enumerate(survivors):
