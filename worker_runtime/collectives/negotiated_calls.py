@@ -30,23 +30,11 @@ SERVERS: dict[str, Server] = {}
 JOIN_SUPPORTED = ("allreduce", "grouped_allreduce")
 
 
-@dataclass(eq=False)
-class NegotiatedCall:
-    """A submitted collective: a work (for ``RoundGroup.wait``) that completes once the
-    agreed collective's data has moved, or at once with a mismatch."""
+@dataclass(eq=False, kw_only=True)
+class FutureWork:
+    """A work for ``RoundGroup.wait`` that completes with its future."""
 
-    name: str
-    key: str
-    call: Call
-    start: Start
-    named: bool
-    """Named by the script (its calls are remembered: see :data:`_FRESH`)."""
-    previous: list[Call | None] | None = None
-    """Every rank's agreed call of this name last time (None: a rank that had joined), if
-    the name has one."""
     future: torch.futures.Future[object] = field(default_factory=torch.futures.Future)
-    problem: str | None = None
-    finish: Callable[[], Any] | None = None
 
     def get_future(self) -> torch.futures.Future[object]:
         return self.future
@@ -57,6 +45,24 @@ class NegotiatedCall:
 
     def is_completed(self) -> bool:
         return self.future.done()
+
+
+@dataclass(eq=False)
+class NegotiatedCall(FutureWork):
+    """A submitted collective: a work (for ``RoundGroup.wait``) that completes once the
+    agreed collective's data has moved, or at once with a mismatch."""
+
+    name: str
+    key: str
+    call: Call
+    start: Start
+    named: bool
+    """Named by the script (its calls are remembered: see ``negotiation.py``)."""
+    previous: list[Call | None] | None = None
+    """Every rank's agreed call of this name last time (None: a rank that had joined), if
+    the name has one."""
+    problem: str | None = None
+    finish: Callable[[], Any] | None = None
 
     def result(self) -> Any:
         """The collective's output once :meth:`wait` returned; raises on a mismatch."""
@@ -67,22 +73,11 @@ class NegotiatedCall:
 
 
 @dataclass(eq=False)
-class JoinWork:
-    """This rank's join (a work for ``RoundGroup.wait``): completes once every rank has
-    joined; ``last`` is then the rank that joined last."""
+class JoinWork(FutureWork):
+    """This rank's join: completes once every rank has joined; ``last`` is then the rank
+    that joined last."""
 
-    future: torch.futures.Future[object] = field(default_factory=torch.futures.Future)
     last: int = -1
-
-    def get_future(self) -> torch.futures.Future[object]:
-        return self.future
-
-    def wait(self) -> bool:
-        self.future.wait()
-        return True
-
-    def is_completed(self) -> bool:
-        return self.future.done()
 
 
 def disagreement(name: str, calls: Sequence[Call | None]) -> str | None:
