@@ -110,3 +110,12 @@ def test_gradients_flow_through_the_collective(ranks: list[Json], case: str) -> 
 
 def test_outside_autograd_nothing_is_tracked(ranks: list[Json]) -> None:
     assert all(r["no_grad_output_tracked"] is False for r in ranks)
+
+
+def test_a_grouped_operations_outputs_can_be_backpropagated_one_at_a_time(
+    ranks: list[Json],
+) -> None:
+    """Its second output's backward used to fail ("backward through the graph a second
+    time": the operation saved its outputs whether or not it had any to save)."""
+    n = len(ranks)
+    assert all(r["grouped_outputs_alone"] == [[float(n)] * 2] * 2 for r in ranks)

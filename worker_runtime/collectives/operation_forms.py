@@ -132,13 +132,17 @@ class _Collective(torch.autograd.Function):
         found = outputs(operation)
         fixed = [t for t in found if not (t.is_floating_point() or t.is_complex())]
         ctx.mark_non_differentiable(*fixed)
-        ctx.save_for_backward(*fixed)
+        # Saved only where there is something to save: saved tensors are freed by the first
+        # backward pass, and a grouped operation's outputs may each be backpropagated alone.
+        ctx.fixed = bool(fixed)
+        if fixed:
+            ctx.save_for_backward(*fixed)
         ctx.gradient = operation.gradient
         return tuple(found)
 
     @staticmethod
     def backward(ctx: Any, *gradients: torch.Tensor) -> tuple[Any, ...]:
-        return None, *ctx.gradient(gradients, ctx.saved_tensors)
+        return None, *ctx.gradient(gradients, ctx.saved_tensors if ctx.fixed else ())
 
 
 def _tracked(tensors: Sequence[torch.Tensor]) -> bool:

@@ -72,6 +72,17 @@ def cases(rank: int, size: int) -> dict[str, Any]:
     return {name: run_case(rank, rows, case) for name, (rows, case) in table.items()}
 
 
+def grouped_outputs_alone() -> list[list[float]]:
+    """A grouped allreduce's outputs backpropagated one at a time (as Horovod's tests do):
+    the gradients of its two leaf inputs."""
+    a, b = (torch.ones(2, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    first, second = hvd.grouped_allreduce([a, b], op=hvd.Sum)
+    first.sum().backward()
+    second.sum().backward()
+    assert a.grad is not None and b.grad is not None
+    return [a.grad.tolist(), b.grad.tolist()]
+
+
 def run() -> dict[str, Any]:
     """This rank's results (see the module docstring), from init to shutdown."""
     hvd.init()
@@ -79,6 +90,7 @@ def run() -> dict[str, Any]:
     with torch.no_grad():  # outside autograd, nothing is tracked
         plain = hvd.allreduce(torch.ones(2, requires_grad=True))
     results = {"rank": rank, "size": size, "cases": cases(rank, size)}
+    results["grouped_outputs_alone"] = grouped_outputs_alone()
     results["no_grad_output_tracked"] = plain.requires_grad
     hvd.shutdown()
     return results
