@@ -352,24 +352,27 @@ class Negotiation:
         problem = disagreement(name, calls)
         with self._lock:
             self._occurrences[name] = int(occurrence) + 1
-            if not named:
+            if named:
+                self._remember(name, calls, problem)
+            else:
                 kind, _, number = name.rpartition(".noname.")
                 self._unnamed[kind] = max(self._unnamed[kind], int(number))
-            elif problem is None:
-                self._agreed[name] = list(calls)
-            else:
-                self._agreed.pop(name, None)
         if problem is None:
             serve(key, next(call for call in calls if call is not None), self.group, self._device)
+
+    def _remember(self, name: str, calls: Sequence[Call | None], problem: str | None) -> None:
+        """Keep every rank's agreed call of the named collective ``name`` for its next call
+        (see :data:`_FRESH`), or forget it where they did not agree (under the lock)."""
+        if problem is None:
+            self._agreed[name] = list(calls)
+        else:
+            self._agreed.pop(name, None)
 
     def _carry_out(self, submitted: NegotiatedCall, calls: Sequence[Call | None]) -> None:
         submitted.problem = disagreement(submitted.name, calls)
         with self._lock:
             if submitted.named:
-                if submitted.problem is None:
-                    self._agreed[submitted.name] = list(calls)
-                else:
-                    self._agreed.pop(submitted.name, None)
+                self._remember(submitted.name, calls, submitted.problem)
             del self._by_key[submitted.key]
             del self._outstanding[submitted.name]
         if submitted.problem is not None:

@@ -115,7 +115,7 @@ def _issue_grouped(
 
 def _serve(call: Call, group: dist.ProcessGroup, device: torch.device | None) -> Issued:
     """A joined rank's part of the others' allreduce ``call``: zeros of its dtypes and
-    shapes, reduced as they reduce theirs (``negotiation.SERVERS``)."""
+    shapes, reduced as they reduce theirs (``negotiated_calls.SERVERS``)."""
     zeros = [
         torch.zeros(shape, dtype=getattr(torch, dtype), device=device)
         for dtype, shape in zip(call.dtypes, call.shapes, strict=True)

@@ -66,6 +66,15 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def split_pair(text: str, default: tuple[int, int]) -> tuple[int, int]:
+    """``"A:B"`` (a ``--fail`` or ``--await-size``) as two ints (``default`` for an empty
+    text)."""
+    if not text:
+        return default
+    first, second = text.split(":")
+    return int(first), int(second)
+
+
 def data() -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
     return (
@@ -265,7 +274,7 @@ def elastic(args: argparse.Namespace) -> None:
     hvd.init()
     features, targets = data()
     events = Events(args.log_dir, hvd.rank())
-    fail_step, fail_rank = (int(v) for v in args.fail.split(":")) if args.fail else (-1, -1)
+    fail_step, fail_rank = split_pair(args.fail, (-1, -1))
     fired = args.log_dir / "fired"
     if args.family == "torch":
         modules = {name: mlp(i) for i, name in enumerate(TORCH_MODELS)}

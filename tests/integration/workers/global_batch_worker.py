@@ -32,6 +32,7 @@ from fidelity_worker import (  # beside this script (run by path)
     make_scheduler,
     mlp,
     schedule_of,
+    split_pair,
     wait_for_world,
 )
 from torch.distributed.device_mesh import DeviceMesh
@@ -57,14 +58,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--epoch-file", type=Path, help="rank 0 writes its step here (discovery)")
     parser.add_argument("--await-size", default="", help="STEP:SIZE: wait for that world")
     return parser.parse_args()
-
-
-def split_pair(text: str, default: tuple[int, int]) -> tuple[int, int]:
-    """``"A:B"`` as two ints (``default`` for an empty text)."""
-    if not text:
-        return default
-    first, second = text.split(":")
-    return int(first), int(second)
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:
