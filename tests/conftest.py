@@ -9,15 +9,23 @@ from collections.abc import Generator
 
 import pytest
 
-from tests.support.quiet_gate import QUIET_MARK, through_gate
+from tests.support.quiet_gate import QUIET_MARK, GateKeeper
 
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+
+
+_GATE = GateKeeper()
+
+
+def _quiet(item: pytest.Item | None) -> bool:
+    return item is not None and item.get_closest_marker(QUIET_MARK) is not None
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(
     item: pytest.Item, nextitem: pytest.Item | None
 ) -> Generator[None, object, object]:
-    """Run each test (setup, call and teardown) through the gate: a ``quiet`` test alone."""
-    with through_gate(item.get_closest_marker(QUIET_MARK) is not None):
+    """Run each test (setup, call and teardown) through the gate: consecutive ``quiet`` tests
+    alone, together."""
+    with _GATE.test(quiet=_quiet(item), next_quiet=_quiet(nextitem)):
         return (yield)

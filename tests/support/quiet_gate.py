@@ -46,3 +46,30 @@ def through_gate(quiet: bool) -> Iterator[None]:
         with _locked(directory / "turn", fcntl.LOCK_EX):
             held.enter_context(_locked(directory / "room", room))
         yield
+
+
+class GateKeeper:
+    """Takes each test of a session through the gate, holding it exclusively from the first of
+    consecutive quiet tests to the end of the last: they wait for the tests under way once,
+    not once each."""
+
+    def __init__(self) -> None:
+        self._quiet_run: contextlib.ExitStack | None = None
+
+    @contextlib.contextmanager
+    def test(self, *, quiet: bool, next_quiet: bool) -> Iterator[None]:
+        """Hold the gate for one test; ``next_quiet`` says whether the session's next test
+        is quiet too (the gate is then kept for it)."""
+        if not quiet:
+            with through_gate(quiet=False):
+                yield
+            return
+        if self._quiet_run is None:
+            self._quiet_run = contextlib.ExitStack()
+            self._quiet_run.enter_context(through_gate(quiet=True))
+        try:
+            yield
+        finally:
+            if not next_quiet:
+                self._quiet_run.close()
+                self._quiet_run = None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.quiet_gate import GATE_ENV, through_gate
+from tests.support.quiet_gate import GATE_ENV, GateKeeper, through_gate
 
 WITHIN_S = 10.0
 BLOCKED_S = 0.3
@@ -50,6 +50,29 @@ def test_a_quiet_test_runs_alone_and_is_not_starved(
     for thread in threads.values():
         thread.join(WITHIN_S)
     assert order == ["other in", "other out", "quiet in", "quiet out", "late in", "late out"]
+
+
+def test_consecutive_quiet_tests_keep_the_gate_between_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(GATE_ENV, str(tmp_path / "gate"))
+    keeper = GateKeeper()
+    other_in = threading.Event()
+
+    def other() -> None:
+        with through_gate(quiet=False):
+            other_in.set()
+
+    with keeper.test(quiet=True, next_quiet=True):
+        waiting = threading.Thread(target=other)
+        waiting.start()
+    assert not other_in.wait(BLOCKED_S), "the gate was let go between two quiet tests"
+    with keeper.test(quiet=True, next_quiet=False):
+        assert not other_in.wait(BLOCKED_S), "somebody ran beside the second quiet test"
+    assert other_in.wait(WITHIN_S), "the gate was kept after the last quiet test"
+    waiting.join(WITHIN_S)
+    with keeper.test(quiet=False, next_quiet=False), through_gate(quiet=False):
+        pass  # an ordinary test shares the gate
 
 
 def test_without_a_gate_nobody_waits(monkeypatch: pytest.MonkeyPatch) -> None:
