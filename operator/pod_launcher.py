@@ -43,7 +43,12 @@ class PodLauncher(WorkerLauncher):
 def job_recovery(spec: ElasticJobSpec) -> Recovery:
     """How the job of ``spec`` recovers (see :func:`~elasticjob.driver.driver_types.recovery`)."""
     checkpoints = spec.checkpoint is not None
-    return recovery(spec.mode, max_restarts=spec.max_restarts, checkpoints=checkpoints)
+    return recovery(
+        spec.mode,
+        max_restarts=spec.max_restarts,
+        checkpoints=checkpoints,
+        max_failed_rounds_without_commit=spec.max_failed_rounds_without_commit,
+    )
 
 
 def driver_settings(spec: ElasticJobSpec) -> DriverSettings:
@@ -57,6 +62,7 @@ def driver_settings(spec: ElasticJobSpec) -> DriverSettings:
         max_np=spec.max_replicas * slots,
         reset_limit=spec.reset_limit,
         restart_limit=job.restart_limit,
+        max_failed_rounds_without_commit=job.max_failed_rounds_without_commit,
         elastic_timeout_s=float(spec.elastic_timeout_seconds),
         heartbeat_timeout_s=float(spec.heartbeat_timeout_seconds) or None,
         checkpoint_fallback=job.checkpoint_fallback,

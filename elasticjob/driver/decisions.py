@@ -132,6 +132,8 @@ def decide_round(
     checkpoint_fallback: bool = False,
     restarts: int = 0,
     restart_limit: int | None = None,
+    failed_rounds_without_commit: int = 0,
+    max_failed_rounds_without_commit: int | None = None,
 ) -> Decision:
     """Decide what the driver does once the counted members (members not leaving) reported.
 
@@ -148,8 +150,12 @@ def decide_round(
     - no member is counted (all left gracefully): RESUME, the driver checks capacity;
     - otherwise the round resets: FAIL when ``resets + 1`` exceeds ``reset_limit``, or when
       the reset follows a failure and ``restarts + 1`` exceeds ``restart_limit`` (torchrun's
-      ``--max-restarts``; ``None`` is unlimited), else RESUME (the hosts of the failed members
-      were blacklisted as each failed: ``worker_exits.decide_exit``).
+      ``--max-restarts``; ``None`` is unlimited), or when the reset follows a failure and
+      this round makes ``failed_rounds_without_commit + 1`` rounds in a row that failed with
+      no new commit between them, ``max_failed_rounds_without_commit`` or more (a broken
+      script: it fails in every round, on one rank or some, before it commits anything),
+      else RESUME (the hosts of the failed members were blacklisted as each failed:
+      ``worker_exits.decide_exit``).
     """
     counted = records.members - records.leaving
     missing = [w for w in counted if w not in records.states]
@@ -197,6 +203,16 @@ def decide_round(
         return Decision(Action.FAIL, reason=f"reset limit {reset_limit} exceeded: {what}")
     if after_failure and restart_limit is not None and restarts + 1 > restart_limit:
         return Decision(Action.FAIL, reason=f"restart limit {restart_limit} exceeded: {what}")
+    stalled = failed_rounds_without_commit + 1
+    if (
+        after_failure
+        and max_failed_rounds_without_commit is not None
+        and stalled >= max_failed_rounds_without_commit
+    ):
+        reason = f"{stalled} rounds in a row failed with no new commit: {what}"
+        if scripts_failed and failed:  # what names the failed workers, not their scripts
+            reason += f"; the script failed on {_exits(records, counted)}"
+        return Decision(Action.FAIL, reason=reason)
     reason = f"reset {resets + 1}: {what}"
     if failed_hosts:
         reason += f"; blacklisting hosts {_names(failed_hosts)}"

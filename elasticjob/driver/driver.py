@@ -237,6 +237,10 @@ class ElasticDriver(DriverEvents):
             checkpoint_fallback=self.settings.checkpoint_fallback,
             restarts=self.registry.restart_count,
             restart_limit=self.settings.restart_limit,
+            failed_rounds_without_commit=self.registry.failed_rounds_without_commit(
+                self.journal.committed_step
+            ),
+            max_failed_rounds_without_commit=self.settings.max_failed_rounds_without_commit,
         )
         if decision.action is Action.WAIT:
             self._watch_stragglers()
@@ -247,7 +251,9 @@ class ElasticDriver(DriverEvents):
         elif decision.action is Action.FAIL:
             self._finish(False, self._with_worker_messages(decision.reason))
         else:
-            self.registry.count_reset(after_failure=decision.after_failure)
+            self.registry.count_reset(
+                after_failure=decision.after_failure, committed_step=self.journal.committed_step
+            )
             self.last_reset_reason = decision.reason or "hosts changed"
             self.journal.round_ended(self.round, len(self.slots))
             self.phase = DriverPhase.FORMING

@@ -126,6 +126,9 @@ class JobMode(enum.StrEnum):
 
 DEFAULT_MAX_RESTARTS: Final = 3
 """A restart-mode job's restart limit when it sets none."""
+DEFAULT_MAX_FAILED_ROUNDS_WITHOUT_COMMIT: Final = 3
+"""An elastic job fails once this many rounds in a row failed with no new commit between
+them, unless it sets another limit (0: none)."""
 
 
 @dataclass(frozen=True)
@@ -142,18 +145,34 @@ class Recovery:
     script_max_restarts: int | None
     """What the restart agent tells the script (``TORCHELASTIC_MAX_RESTARTS``); None in
     elastic mode, which has no agent."""
+    max_failed_rounds_without_commit: int | None
+    """``DriverSettings.max_failed_rounds_without_commit``: in elastic mode, the job's limit
+    (0: none), else :data:`DEFAULT_MAX_FAILED_ROUNDS_WITHOUT_COMMIT`; None in restart mode,
+    whose scripts commit nothing the driver hears of (its restart limit ends a broken one)."""
 
 
-def recovery(mode: JobMode, *, max_restarts: int | None, checkpoints: bool) -> Recovery:
-    """The recovery of a job in ``mode`` that set ``max_restarts`` (None: not set) and has a
-    checkpoint policy or not (``checkpoints``)."""
+def recovery(
+    mode: JobMode,
+    *,
+    max_restarts: int | None,
+    checkpoints: bool,
+    max_failed_rounds_without_commit: int | None = None,
+) -> Recovery:
+    """The recovery of a job in ``mode`` that set ``max_restarts`` and
+    ``max_failed_rounds_without_commit`` (None: not set) and has a checkpoint policy or not
+    (``checkpoints``)."""
     restart = mode is JobMode.RESTART
     if max_restarts is None and restart:
         max_restarts = DEFAULT_MAX_RESTARTS
+    if max_failed_rounds_without_commit is None:
+        max_failed_rounds_without_commit = DEFAULT_MAX_FAILED_ROUNDS_WITHOUT_COMMIT
     return Recovery(
         restart_limit=max_restarts,
         checkpoint_fallback=checkpoints or restart,
         script_max_restarts=max_restarts if restart else None,
+        max_failed_rounds_without_commit=None
+        if restart
+        else (max_failed_rounds_without_commit or None),
     )
 
 
@@ -169,6 +188,9 @@ class DriverSettings:
     restart_limit: int | None = None
     """Fail the job once it would reset after a failure more than this many times (torchrun's
     ``--max-restarts``: resets that only add or remove hosts do not count)."""
+    max_failed_rounds_without_commit: int | None = None
+    """Fail the job once this many rounds in a row failed with no new commit between them (a
+    broken script; None: never)."""
     elastic_timeout_s: float = 600.0
     """How long to wait while fewer than ``min_np`` slots are available."""
     start_timeout_s: float = 120.0

@@ -57,6 +57,9 @@ class WorkerRegistry:
         """How many times the job has reset (see :meth:`count_reset`)."""
         self.restart_count = 0
         """How many of those resets followed a failure (see :meth:`count_reset`)."""
+        self._failures_at_commit: tuple[int | None, int] | None = None
+        """The newest commit's step when the latest failed round ended, and how many failed
+        rounds in a row ended with it the newest (None: no round has failed)."""
 
     def _of_current_round(self) -> None:
         """Forget what was recorded for a round that is no longer in force."""
@@ -121,9 +124,21 @@ class WorkerRegistry:
             script_exits=MappingProxyType(dict(self._script_exits)),
         )
 
-    def count_reset(self, *, after_failure: bool) -> int:
-        """Count one more reset of the job, and one more restart if it follows a failure;
-        return the new :attr:`reset_count`."""
+    def failed_rounds_without_commit(self, committed_step: int | None) -> int:
+        """How many rounds in a row failed with ``committed_step`` (the newest commit's step,
+        None: nothing committed yet) the newest commit: 0 when a commit came after the last
+        failed round, or none failed."""
+        if self._failures_at_commit is None or self._failures_at_commit[0] != committed_step:
+            return 0
+        return self._failures_at_commit[1]
+
+    def count_reset(self, *, after_failure: bool, committed_step: int | None) -> int:
+        """Count one more reset of the job, and one more restart if it follows a failure
+        (one more failed round without a commit, if ``committed_step`` is still the step of
+        the newest commit when the last round failed); return the new :attr:`reset_count`."""
         self.reset_count += 1
         self.restart_count += after_failure
+        if after_failure:
+            failed = self.failed_rounds_without_commit(committed_step) + 1
+            self._failures_at_commit = (committed_step, failed)
         return self.reset_count

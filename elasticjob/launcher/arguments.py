@@ -1,6 +1,6 @@
 """``elasticjob-run``'s command line: horovodrun's flags that apply here (those that cannot
-apply are refused by name), their checks (a bad argument is a usage error naming it, never a
-traceback), and what the checked arguments mean for the driver and the workers.
+apply are refused by name) and their checks (a bad argument is a usage error naming it, never
+a traceback). What the checked arguments mean for the driver: ``job_settings.py``.
 """
 
 from __future__ import annotations
@@ -15,22 +15,13 @@ from pathlib import Path
 from pydantic import TypeAdapter, ValidationError
 
 from elasticjob.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
-from elasticjob.driver.blacklist import BlacklistPolicy
-from elasticjob.driver.discovery import (
-    MAX_SLOTS_PER_HOST,
-    FixedHosts,
-    HostDiscovery,
-    ScriptDiscovery,
-    parse_hosts,
-)
+from elasticjob.driver.discovery import MAX_SLOTS_PER_HOST, parse_hosts
 from elasticjob.driver.driver_types import (
+    DEFAULT_MAX_FAILED_ROUNDS_WITHOUT_COMMIT,
     DEFAULT_MAX_RESTARTS,
     DiscoveryError,
-    DriverError,
     DriverSettings,
     JobMode,
-    Recovery,
-    recovery,
 )
 from elasticjob.driver.liveness import DEFAULT_HEARTBEAT_TIMEOUT_S
 from elasticjob.launcher.horovodrun_flags import (
@@ -40,6 +31,7 @@ from elasticjob.launcher.horovodrun_flags import (
     add_refused_flags,
     parse_hostfile,
 )
+from elasticjob.launcher.job_settings import fixed_hosts, min_np
 from elasticjob.wire.messages import JobName
 
 
@@ -105,6 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="fail after N restarts that follow a failure (torchrun's --max-restarts; "
         f"default {DEFAULT_MAX_RESTARTS} in restart mode, else unlimited)",
+    )
+    parser.add_argument(
+        "--max-failed-rounds-without-commit",
+        type=int,
+        metavar="N",
+        default=DEFAULT_MAX_FAILED_ROUNDS_WITHOUT_COMMIT,
+        help="elastic mode: fail once N rounds in a row failed with no new commit between "
+        "them, a script that is broken rather than unlucky (default "
+        f"{DEFAULT_MAX_FAILED_ROUNDS_WITHOUT_COMMIT}; 0: never)",
     )
     parser.add_argument(
         "--no-warm-start",
@@ -239,15 +240,20 @@ def _argument_errors(args: argparse.Namespace) -> Iterator[str]:
     for flag, value in (("-np", args.np), ("--min-np", args.min_np), ("--max-np", args.max_np)):
         if value is not None and value < 1:
             yield f"{flag} must be >= 1, got {value}"
-    if args.max_np is not None and _min_np(args) > args.max_np:
+    if args.max_np is not None and min_np(args) > args.max_np:
         flag = "--min-np" if args.min_np is not None else "-np (the default --min-np)"
-        yield f"{flag} ({_min_np(args)}) must not exceed --max-np ({args.max_np})"
+        yield f"{flag} ({min_np(args)}) must not exceed --max-np ({args.max_np})"
     if not 1 <= args.slots <= MAX_SLOTS_PER_HOST:
         yield f"--slots must be from 1 to {MAX_SLOTS_PER_HOST}, got {args.slots}"
     if args.max_restarts is not None and args.max_restarts < 0:
         yield f"--max-restarts must be >= 0, got {args.max_restarts}"
     if args.reset_limit is not None and args.reset_limit < 0:
         yield f"--reset-limit must be >= 0, got {args.reset_limit}"
+    if args.max_failed_rounds_without_commit < 0:
+        yield (
+            "--max-failed-rounds-without-commit must be >= 0, "
+            f"got {args.max_failed_rounds_without_commit}"
+        )
     if not _finite(args.elastic_timeout):
         yield f"--elastic-timeout must be >= 0 seconds, got {args.elastic_timeout}"
     if not _finite(args.start_timeout, positive=True):
@@ -327,74 +333,14 @@ def parse_arguments(
         return args
     flag = "--hostfile" if args.hostfile else "-H"
     try:
-        fixed = parse_hosts(_fixed_hosts(args), args.slots)
+        fixed = parse_hosts(fixed_hosts(args), args.slots)
     except DiscoveryError as exc:
         parser.error(f"{flag}: {exc}")
-    min_np = _min_np(args)
-    if sum(fixed.values()) < min_np:
+    needed = min_np(args)
+    if sum(fixed.values()) < needed:
         parser.error(
-            f"the fixed hosts offer {sum(fixed.values())} slots ({_fixed_hosts(args)}), "
-            f"fewer than the {min_np} processes the job needs at least (--min-np, or -np): "
+            f"the fixed hosts offer {sum(fixed.values())} slots ({fixed_hosts(args)}), "
+            f"fewer than the {needed} processes the job needs at least (--min-np, or -np): "
             "they can never be enough"
         )
     return args
-
-
-def _fixed_hosts(args: argparse.Namespace) -> str:
-    """The ``-H`` (or ``--hostfile``) host list, or this machine with ``-np`` slots."""
-    return str(args.hosts or f"localhost:{args.np or 1}")
-
-
-def is_elastic(args: argparse.Namespace) -> bool:
-    """horovodrun's elastic mode: a discovery script or ``--min-np`` given."""
-    return bool(args.host_discovery_script) or args.min_np is not None
-
-
-def max_np(args: argparse.Namespace) -> int | None:
-    """``--max-np``, or horovodrun's default: unbounded (None) in elastic mode, else ``-np``
-    (horovodrun's static mode runs exactly ``-np`` processes)."""
-    if args.max_np is not None or is_elastic(args):
-        return int(args.max_np) if args.max_np is not None else None
-    return int(args.np) if args.np is not None else None
-
-
-def _min_np(args: argparse.Namespace) -> int:
-    return int(args.min_np if args.min_np is not None else (args.np or 1))
-
-
-def job_recovery(args: argparse.Namespace) -> Recovery:
-    """How the job of checked arguments recovers (see
-    :func:`~elasticjob.driver.driver_types.recovery`)."""
-    return recovery(
-        JobMode(args.mode), max_restarts=args.max_restarts, checkpoints=bool(args.checkpoint_dir)
-    )
-
-
-def driver_settings(
-    args: argparse.Namespace,
-) -> tuple[HostDiscovery, DriverSettings, BlacklistPolicy]:
-    """The job's host discovery, driver settings and blacklist policy from checked arguments
-    (raises :class:`DriverError` for settings the driver refuses)."""
-    discovery: HostDiscovery
-    if args.host_discovery_script:
-        discovery = ScriptDiscovery(args.host_discovery_script, default_slots=args.slots)
-    else:
-        discovery = FixedHosts(parse_hosts(_fixed_hosts(args), args.slots))
-    min_np = _min_np(args)
-    job = job_recovery(args)
-    try:
-        settings = DriverSettings(
-            min_np=min_np,
-            max_np=max_np(args),
-            reset_limit=args.reset_limit,
-            restart_limit=job.restart_limit,
-            elastic_timeout_s=args.elastic_timeout,
-            start_timeout_s=args.start_timeout,
-            removal_grace_s=args.removal_grace,
-            heartbeat_timeout_s=args.heartbeat_timeout or None,
-            checkpoint_fallback=job.checkpoint_fallback,
-        )
-        policy = BlacklistPolicy(*args.blacklist_cooldown_range)
-    except ValueError as exc:
-        raise DriverError(str(exc)) from exc
-    return discovery, settings, policy

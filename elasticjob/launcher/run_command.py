@@ -28,14 +28,9 @@ from elasticjob.driver.driver_types import DriverError, JobMode, JobResult
 from elasticjob.driver.host_manager import HostManager
 from elasticjob.driver.liveness import heartbeat_interval_s
 from elasticjob.driver.record_saving import RecordSaver
-from elasticjob.launcher.arguments import (
-    build_parser,
-    checkpoint_policy,
-    driver_settings,
-    job_recovery,
-    parse_arguments,
-)
+from elasticjob.launcher.arguments import build_parser, checkpoint_policy, parse_arguments
 from elasticjob.launcher.horovodrun_flags import python_log_level
+from elasticjob.launcher.job_settings import driver_settings, job_recovery
 from elasticjob.launcher.output_files import RankOutputFiles, rank_width, write_timeline
 from elasticjob.launcher.processes import (
     ORPHAN_TIMEOUT_S,

@@ -1,7 +1,8 @@
-"""The operator's own lifecycle on devcluster: a worker that dies while every operator replica
-restarts is recovered from (the survivors wait for the new operator instead of giving up), and
-after `helm uninstall` nothing the operator left blocks deleting the jobs or the CRD. A leader
-that fails while a standby runs: ``test_high_availability.py``."""
+"""The lifecycle of the operator and its jobs on devcluster: a worker that dies while every
+operator replica restarts is recovered from (the survivors wait for the new operator instead of
+giving up), a broken script ends its job instead of forming round after round, and after `helm
+uninstall` nothing the operator left blocks deleting the jobs or the CRD. A leader that fails
+while a standby runs: ``test_high_availability.py``."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ import yaml
 from devcluster.cluster import Cluster
 from tests.support.elastic_jobs import (
     STARTUP_S,
+    condition,
     job_manifest,
     sleeper,
     stop_workers,
     wait_status,
     worker_logs,
 )
-from tests.support.job_runs import read_events
+from tests.support.job_runs import WORKERS, read_events
 from tests.support.kube import Kube
 from tests.support.operator_release import (
     OPERATOR_PODS,
@@ -29,6 +31,31 @@ from tests.support.operator_release import (
     operator_pods,
     wait_operator_serving,
 )
+
+
+def test_a_script_that_raises_on_rank_0_in_every_round_fails_the_job_with_its_exception(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    """Rank 0 raises before its first commit, whichever pod holds it: the other workers roll
+    back and the job forms a new round without the failed pod, twice, then fails (its
+    ``maxFailedRoundsWithoutCommit``), its status saying why with the exception."""
+    log_dir = tmp_path / "events"
+    command = ["python", str(WORKERS / "broken_worker.py"), "--log-dir", str(log_dir)]
+    job = job_manifest("broken", log_dir, tmp_path / "stop", command, replicas=2, minReplicas=2)
+    job["spec"]["maxFailedRoundsWithoutCommit"] = 2
+    job["spec"]["blacklist"] = {"scope": "Pod"}  # a new pod may land on the failed one's node
+    kube.apply(job)
+    try:
+        failed = wait_status(
+            kube, "broken", "failed", lambda s: s.get("phase") == "Failed", STARTUP_S + 120
+        )
+        message = condition(failed, "Failed").get("message", "")
+        assert "2 rounds in a row failed with no new commit" in message, failed
+        assert "ValueError: broken on purpose at step 0 on rank 0" in message, failed
+        starts = [e for e in read_events(log_dir) if e["ev"] == "start"]
+        assert {e["round"] for e in starts} == {1, 2}, starts
+    finally:
+        stop_workers(kube, log_dir)
 
 
 def test_a_worker_lost_while_the_operator_restarts_is_recovered_from(

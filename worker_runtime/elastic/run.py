@@ -30,6 +30,11 @@ VERDICT_WAIT_S = 15.0
 itself, FSDP2's all-gathers among them) waits for the driver to say the round broke: a peer
 that died breaks the collective at once, and the driver's notice follows within moments."""
 
+FAILURE_REPORT_S = 2.0
+"""How long rank 0 waits, once the round failed around it, for the progress it has not sent
+yet to reach the driver: the driver judges whether failed rounds in a row made no progress
+by the newest commit it heard of."""
+
 SUSPEND_REPORT_S = 10.0
 """How long a rank leaving a suspended job waits for its last reports (rank 0's checkpoint)
 to reach the driver."""
@@ -101,6 +106,7 @@ def roll_back_or_fail(state: State, exc: Exception) -> None:
     is a collective failure (see :func:`is_collective_failure`), else tell the driver the
     worker failed and raise it."""
     runtime = current()
+    runtime.reports.flush(FAILURE_REPORT_S)
     if isinstance(exc, HorovodInternalError):
         logger.warning("%s; rolling back to the last commit", exc)
     else:

@@ -15,7 +15,7 @@ from pydantic.alias_generators import to_camel
 
 from elasticjob.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
 from elasticjob.driver.blacklist import BlacklistPolicy
-from elasticjob.driver.driver_types import JobMode
+from elasticjob.driver.driver_types import DEFAULT_MAX_FAILED_ROUNDS_WITHOUT_COMMIT, JobMode
 from elasticjob.driver.liveness import DEFAULT_HEARTBEAT_TIMEOUT_S
 from elasticjob.driver.stragglers import StragglerPolicy
 from elasticjob.operator.api.names import WORKER_CONTAINER
@@ -230,6 +230,13 @@ class ElasticJobSpec(_Spec):
     """The job fails after this many restarts that follow a failure (torchrun's
     ``--max-restarts``; a change of hosts does not count); when absent, 3 in restart mode,
     unlimited in elastic mode."""
+    max_failed_rounds_without_commit: Annotated[StrictInt, Field(ge=0, le=1000)] = (
+        DEFAULT_MAX_FAILED_ROUNDS_WITHOUT_COMMIT
+    )
+    """Elastic mode: the job fails once this many rounds in a row failed with no new commit
+    between them (a broken script, such as one that raises on one rank in every round), its
+    status giving the failing worker's exception; a failure with a commit since the one
+    before keeps the job going. 0: never."""
     warm_start: StrictBool = True
     """Restart mode: each agent keeps a spare interpreter with torch imported for the
     script's next start (``false``: every start is cold, as under torchrun)."""

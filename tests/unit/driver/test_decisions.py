@@ -73,6 +73,10 @@ class Case:
     next round)."""
     restarts: int = 0
     restart_limit: int | None = None
+    stalled: int = 0
+    """Rounds in a row that failed before with no new commit (``failed_rounds_without_commit``)."""
+    stall_limit: int | None = None
+    """``max_failed_rounds_without_commit``."""
 
 
 AB = frozenset({"a", "b"})
@@ -277,6 +281,55 @@ DECIDE_CASES = [
         restart_limit=1,
     ),
     Case(
+        "a-third-failed-round-without-a-commit-fails-with-the-exception",
+        {A0: F, A1: R, B0: R},
+        Action.FAIL,
+        (
+            "3 rounds in a row failed with no new commit: 1 of 3 workers failed (a[0])",
+            "the script failed on a[0] exit code 1",
+            "last lines of a[0]'s log:\nboom",
+        ),
+        rolled_back=(A1, B0),
+        script_exits=((A0, 1),),
+        stalled=2,
+        stall_limit=3,
+    ),
+    Case(
+        "a-script-failure-before-the-limit-resumes",
+        {A0: F, A1: R, B0: R},
+        Action.RESUME,
+        ("reset 1: 1 of 3 workers failed (a[0])", "blacklisting hosts a"),
+        failed_hosts=frozenset({"a"}),
+        script_exits=((A0, 1),),
+        stalled=1,
+        stall_limit=3,
+    ),
+    Case(
+        "rollbacks-without-a-commit-count-too",
+        {A0: R, A1: R, B0: R},
+        Action.FAIL,
+        ("2 rounds in a row failed with no new commit: a collective failed on a[1]",),
+        rolled_back=(A1,),
+        stalled=1,
+        stall_limit=2,
+    ),
+    Case(
+        "hosts-changing-without-a-commit-is-no-failed-round",
+        {A0: R, A1: R, B0: R},
+        Action.RESUME,
+        ("no worker failed",),
+        stalled=5,
+        stall_limit=3,
+    ),
+    Case(
+        "no-limit-on-failed-rounds-without-a-commit",
+        {A0: F, A1: R, B0: R},
+        Action.RESUME,
+        ("reset 1: 1 of 3 workers failed",),
+        failed_hosts=frozenset({"a"}),
+        stalled=50,
+    ),
+    Case(
         "one-lost-with-checkpoints-is-an-ordinary-reset",
         {A0: F, A1: R, B0: R},
         Action.RESUME,
@@ -300,6 +353,8 @@ def test_decide_round(case: Case) -> None:
         checkpoint_fallback=case.fallback,
         restarts=case.restarts,
         restart_limit=case.restart_limit,
+        failed_rounds_without_commit=case.stalled,
+        max_failed_rounds_without_commit=case.stall_limit,
     )
     assert decision.action is case.action
     if case.failed_hosts:  # blacklisted as each failed (``worker_exits``), named here

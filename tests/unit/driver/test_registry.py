@@ -96,7 +96,21 @@ def test_count_reset() -> None:
     rounds = Rounds()
     registry = rounds.registry
     assert (registry.reset_count, registry.restart_count) == (0, 0)
-    assert registry.count_reset(after_failure=False) == 1
+    assert registry.count_reset(after_failure=False, committed_step=None) == 1
     rounds.start_round(1, [A0])
-    assert registry.count_reset(after_failure=True) == 2
+    assert registry.count_reset(after_failure=True, committed_step=None) == 2
     assert (registry.reset_count, registry.restart_count) == (2, 1)
+
+
+def test_failed_rounds_in_a_row_are_counted_until_a_new_commit() -> None:
+    registry = Rounds().registry
+    assert registry.failed_rounds_without_commit(None) == 0
+    registry.count_reset(after_failure=True, committed_step=None)
+    registry.count_reset(after_failure=False, committed_step=None)  # hosts changed: no count
+    registry.count_reset(after_failure=True, committed_step=None)
+    assert registry.failed_rounds_without_commit(None) == 2
+    assert registry.failed_rounds_without_commit(10) == 0, "a commit since: none in a row"
+    registry.count_reset(after_failure=True, committed_step=10)
+    assert registry.failed_rounds_without_commit(10) == 1
+    registry.count_reset(after_failure=True, committed_step=10)
+    assert registry.failed_rounds_without_commit(10) == 2

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from elasticjob.driver.driver_types import DEFAULT_MAX_RESTARTS
-from elasticjob.launcher.arguments import build_parser, driver_settings, parse_arguments
+from elasticjob.launcher.arguments import build_parser, parse_arguments
+from elasticjob.launcher.job_settings import driver_settings
 from elasticjob.launcher.run_command import main
 
 CLI_TIMEOUT_S = 60.0

@@ -8,12 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from elasticjob.launcher.arguments import (
-    build_parser,
-    checkpoint_policy,
-    driver_settings,
-    parse_arguments,
-)
+from elasticjob.launcher.arguments import build_parser, checkpoint_policy, parse_arguments
+from elasticjob.launcher.job_settings import driver_settings
 from elasticjob.launcher.processes import WorkerEnvironment
 from elasticjob.wire.messages import WorkerId
 from elasticjob.worker_contract import (

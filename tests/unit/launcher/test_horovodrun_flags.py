@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from elasticjob.launcher.arguments import build_parser, max_np, parse_arguments
+from elasticjob.launcher.arguments import build_parser, parse_arguments
 from elasticjob.launcher.horovodrun_flags import (
     IGNORED,
     REFUSED,
@@ -19,6 +19,7 @@ from elasticjob.launcher.horovodrun_flags import (
     parse_hostfile,
     python_log_level,
 )
+from elasticjob.launcher.job_settings import max_np
 from elasticjob.launcher.output_files import RankOutputFiles, rank_width
 from elasticjob.launcher.run_command import main
 from elasticjob.wire.messages import WorkerId
