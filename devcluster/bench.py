@@ -15,7 +15,6 @@ import asyncio
 import logging
 import os
 import shutil
-import socket
 import statistics
 import tempfile
 import time
@@ -27,13 +26,6 @@ from devcluster.cluster import Cluster
 from devcluster.config import ClusterConfig, read_token
 
 logger = logging.getLogger(__name__)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -107,16 +99,7 @@ async def _measure(
 def run_bench(samples: int = 20, idle: int = 50, window: float = 30.0) -> dict[str, float]:
     """Start a private cluster, measure, stop it; return the numbers."""
     run_dir = Path(tempfile.mkdtemp(prefix="devcluster-bench-"))
-    cfg = ClusterConfig(
-        run_dir=run_dir,
-        net=88,
-        owner_pid=os.getpid(),
-        apiserver_port=_free_port(),
-        etcd_port=_free_port(),
-        etcd_peer_port=_free_port(),
-        controller_manager_port=_free_port(),
-        scheduler_port=_free_port(),
-    )
+    cfg = ClusterConfig.private(run_dir, 88, owner_pid=os.getpid())
     cluster = Cluster(cfg)
     t0 = time.monotonic()
     cluster.up()

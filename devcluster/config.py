@@ -15,7 +15,7 @@ import socket
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 logger = logging.getLogger(__name__)
 
@@ -181,8 +181,8 @@ class ClusterConfig:
             raise ValueError(f"runtime must be one of {RUNTIMES}, not {self.runtime!r}")
         if self.nodes == 0:
             self.nodes = DEFAULT_NODES[self.runtime]
-        if not 0 <= self.net <= 219:
-            raise ValueError(f"net must be in 0..219, not {self.net}")
+        if not 0 <= self.net < NETS:
+            raise ValueError(f"net must be in 0..{NETS - 1}, not {self.net}")
 
     @property
     def real(self) -> bool:
@@ -207,24 +207,9 @@ class ClusterConfig:
     @classmethod
     def private(cls, run_dir: Path, net: int, **fields: Any) -> ClusterConfig:
         """A cluster that runs beside any other on this machine: its own run directory,
-        address block 127.<net>.x.y and free ports for every component."""
-
-        def free_port() -> int:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port: int = s.getsockname()[1]
-                return port
-
-        ports = {
-            name: free_port()
-            for name in (
-                "apiserver_port",
-                "etcd_port",
-                "etcd_peer_port",
-                "controller_manager_port",
-                "scheduler_port",
-            )
-        }
+        address block 127.<net>.x.y and free ports for every component, from its net's
+        block (:func:`component_ports`)."""
+        ports = component_ports(net, real=fields.get("runtime") == "containerd")
         return cls(run_dir=run_dir, net=net, **{**ports, **fields})
 
     # ----- derived paths -------------------------------------------------
@@ -312,3 +297,45 @@ def read_token(cfg: ClusterConfig, user: str) -> str:
         if len(parts) >= 2 and parts[1] == user:
             return parts[0]
     raise KeyError(f"no token for {user!r}")
+
+
+PORTS_PER_NET: Final = 16
+FIRST_PORT: Final = 20000
+"""Where the ports of the process-node cluster of net 0 start; those of real-node clusters
+follow the 220 nets' blocks of process-node ones (see :func:`component_ports`)."""
+NETS: Final = 220
+"""Nets 0..219 (``ClusterConfig.net``)."""
+COMPONENT_PORTS: Final = (
+    "apiserver_port",
+    "etcd_port",
+    "etcd_peer_port",
+    "controller_manager_port",
+    "scheduler_port",
+)
+
+
+def component_ports(net: int, *, real: bool) -> dict[str, int]:
+    """A free port for each control-plane component of the cluster of ``net`` (on real nodes
+    or not: the two kinds' nets are chosen apart), from a block of :data:`PORTS_PER_NET`
+    ports of its own: below
+    the kernel's ephemeral range, from which ``bind(0)`` and every outgoing connection take
+    their ports, so that nothing else on the machine takes one between now and the moment
+    its component binds it (an image build may come between). Ports of the block that are
+    in use are passed over."""
+    start = FIRST_PORT + (net + (NETS if real else 0)) * PORTS_PER_NET
+    free = [port for port in range(start, start + PORTS_PER_NET) if _is_free(port)]
+    if len(free) < len(COMPONENT_PORTS):
+        raise RuntimeError(
+            f"ports {start}-{start + PORTS_PER_NET - 1} of net {net} are in use: choose another net"
+        )
+    return dict(zip(COMPONENT_PORTS, free, strict=False))
+
+
+def _is_free(port: int) -> bool:
+    """Whether nothing on this machine listens on or holds ``port`` (any address)."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", port))
+        except OSError:
+            return False
+    return True

@@ -53,8 +53,9 @@ def job_recovery(spec: ElasticJobSpec) -> Recovery:
 
 def driver_settings(spec: ElasticJobSpec) -> DriverSettings:
     """The driver's settings for ``spec``: its bounds in worker processes (pods times slots),
-    its reset and restart limits and timeouts (a heartbeat timeout of 0: silent workers are never
-    killed), the durable fallback (:func:`job_recovery`) and the straggler policy."""
+    its reset, restart and failed-rounds limits and timeouts (a heartbeat timeout of 0:
+    silent workers are never killed), the durable fallback (:func:`job_recovery`) and the
+    straggler policy."""
     slots = spec.slots_per_worker
     job = job_recovery(spec)
     return DriverSettings(
@@ -64,6 +65,7 @@ def driver_settings(spec: ElasticJobSpec) -> DriverSettings:
         restart_limit=job.restart_limit,
         max_failed_rounds_without_commit=job.max_failed_rounds_without_commit,
         elastic_timeout_s=float(spec.elastic_timeout_seconds),
+        start_timeout_s=float(spec.start_timeout_seconds),
         heartbeat_timeout_s=float(spec.heartbeat_timeout_seconds) or None,
         checkpoint_fallback=job.checkpoint_fallback,
         stragglers=spec.stragglers.policy(),

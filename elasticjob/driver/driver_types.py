@@ -126,6 +126,8 @@ class JobMode(enum.StrEnum):
 
 DEFAULT_MAX_RESTARTS: Final = 3
 """A restart-mode job's restart limit when it sets none."""
+DEFAULT_START_TIMEOUT_S: Final = 120.0
+"""How long a newly launched worker may take to register, unless the job says otherwise."""
 DEFAULT_MAX_FAILED_ROUNDS_WITHOUT_COMMIT: Final = 3
 """An elastic job fails once this many rounds in a row failed with no new commit between
 them, unless it sets another limit (0: none)."""
@@ -193,7 +195,7 @@ class DriverSettings:
     broken script; None: never)."""
     elastic_timeout_s: float = 600.0
     """How long to wait while fewer than ``min_np`` slots are available."""
-    start_timeout_s: float = 120.0
+    start_timeout_s: float = DEFAULT_START_TIMEOUT_S
     """How long a newly launched worker may take to register before it counts as failed."""
     removal_grace_s: float = 30.0
     """How long a worker on its way out may take to exit before it is stopped: a dismissed

@@ -19,6 +19,7 @@ from elasticjob.driver.discovery import MAX_SLOTS_PER_HOST, parse_hosts
 from elasticjob.driver.driver_types import (
     DEFAULT_MAX_FAILED_ROUNDS_WITHOUT_COMMIT,
     DEFAULT_MAX_RESTARTS,
+    DEFAULT_START_TIMEOUT_S,
     DiscoveryError,
     DriverSettings,
     JobMode,
@@ -124,9 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--start-timeout",
         type=float,
-        default=os.environ.get("HOROVOD_START_TIMEOUT", "120"),
+        default=os.environ.get("HOROVOD_START_TIMEOUT", f"{DEFAULT_START_TIMEOUT_S:g}"),
         help="seconds a new worker may take to register "
-        "(default: $HOROVOD_START_TIMEOUT, else 120)",
+        f"(default: $HOROVOD_START_TIMEOUT, else {DEFAULT_START_TIMEOUT_S:g})",
     )
     parser.add_argument(
         "--removal-grace",

@@ -15,7 +15,11 @@ from pydantic.alias_generators import to_camel
 
 from elasticjob.checkpoint_policy import DEFAULT_KEEP, CheckpointPolicy
 from elasticjob.driver.blacklist import BlacklistPolicy
-from elasticjob.driver.driver_types import DEFAULT_MAX_FAILED_ROUNDS_WITHOUT_COMMIT, JobMode
+from elasticjob.driver.driver_types import (
+    DEFAULT_MAX_FAILED_ROUNDS_WITHOUT_COMMIT,
+    DEFAULT_START_TIMEOUT_S,
+    JobMode,
+)
 from elasticjob.driver.liveness import DEFAULT_HEARTBEAT_TIMEOUT_S
 from elasticjob.driver.stragglers import StragglerPolicy
 from elasticjob.operator.api.names import WORKER_CONTAINER
@@ -246,6 +250,12 @@ class ElasticJobSpec(_Spec):
     (``kubectl scale``, a pod added or gone) caused it; unlimited when absent."""
     elastic_timeout_seconds: Annotated[StrictInt, Field(ge=1, le=86400)] = 600
     """Seconds to wait for minReplicas pods to be available before the job fails."""
+    start_timeout_seconds: Annotated[StrictInt, Field(ge=10, le=86400)] = int(
+        DEFAULT_START_TIMEOUT_S
+    )
+    """How long a new worker pod may take, from its creation to its worker's registration
+    with the rendezvous (its image pulled, its script started), before it counts as failed:
+    raise it for large images or slow nodes."""
     heartbeat_timeout_seconds: Annotated[StrictInt, Field(ge=0, le=3600)] = (
         DEFAULT_HEARTBEAT_TIMEOUT_S
     )

@@ -24,6 +24,7 @@ as ``commit-rank-<rank>.pt``), and a plain run restarts from it with ``--resume-
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -63,6 +64,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--store", type=Path, help="plain: the file store the processes meet at")
     parser.add_argument("--resume-from", type=Path, help="plain: start from a saved commit")
     parser.add_argument("--start-step", type=int, default=0, help="plain: its step")
+    parser.add_argument(
+        "--stacks-after", type=float, help="plain: write every thread's stack after this long"
+    )
     return parser.parse_args()
 
 
@@ -186,6 +190,8 @@ def step_models(
 
 
 def plain(args: argparse.Namespace) -> None:
+    if args.stacks_after is not None:
+        faulthandler.dump_traceback_later(args.stacks_after, exit=False)
     dist.init_process_group(
         "gloo",
         init_method=f"file://{args.store}",
@@ -195,6 +201,7 @@ def plain(args: argparse.Namespace) -> None:
     )
     rank, world = dist.get_rank(), dist.get_world_size()
     features, targets = data()
+    models: dict[str, Any] = {}
     if args.family == "torch":
         modules = {name: mlp(i) for i, name in enumerate(TORCH_MODELS)}
         optimizers = {
@@ -202,7 +209,7 @@ def plain(args: argparse.Namespace) -> None:
         }
         if args.resume_from is not None:
             load_commit(args.resume_from, modules, optimizers)
-        models: dict[str, Any] = {name: TorchDDP(m) for name, m in modules.items()}
+        models = {name: TorchDDP(m) for name, m in modules.items()}
         dumped, dumped_optimizers = modules, optimizers
     else:
         mesh = init_device_mesh("cpu", (world,))
@@ -219,6 +226,11 @@ def plain(args: argparse.Namespace) -> None:
             step_models(models, optimizers, features[indices], targets[indices])
     name = f"plain-{world}-from-{args.start_step}-rank-{rank}.pt"
     dump(args.log_dir / name, dumped, dumped_optimizers)
+    # torch's DDP wrappers go, and every rank is done with the group, before the group: a
+    # DDP reducer left to the end of this function once hung its process in 4 runs of 8,
+    # its peer already gone.
+    models.clear()
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -188,6 +188,16 @@ NVIDIA = "spec.template.spec.containers[0].resources"
             id="reset-limit-negative",
         ),
         pytest.param(
+            with_changes(maxFailedRoundsWithoutCommit=-1),
+            [("spec.maxFailedRoundsWithoutCommit", "greater than or equal to 0")],
+            id="failed-rounds-limit-negative",
+        ),
+        pytest.param(
+            with_changes(startTimeoutSeconds=5),
+            [("spec.startTimeoutSeconds", "greater than or equal to 10")],
+            id="start-timeout-too-short",
+        ),
+        pytest.param(
             with_changes(blacklist={"scope": "Cluster"}),
             [("spec.blacklist.scope", "'Node' or 'Pod'")],
             id="scope-enum",
@@ -350,6 +360,10 @@ def specs(draw: st.DrawFn, valid: bool = False) -> dict[str, Any]:
         "backend": either(valid, st.sampled_from(["gloo", "nccl", "auto"]), st.just("mpi")),
         "resetLimit": either(valid, st.none() | st.integers(0, 5), st.just(-1)),
         "elasticTimeoutSeconds": either(valid, st.integers(1, 86400), st.sampled_from([0, 86401])),
+        "startTimeoutSeconds": either(valid, st.integers(10, 86400), st.sampled_from([9, 86401])),
+        "maxFailedRoundsWithoutCommit": either(
+            valid, st.integers(0, 1000), st.sampled_from([-1, 1001, 2.5])
+        ),
         "blacklist": st.fixed_dictionaries(
             {},
             optional={

@@ -30,9 +30,19 @@ def settings(**fields: Any) -> DriverSettings:
             settings(min_np=2, max_np=8, heartbeat_timeout_s=5.0),
         ),
         (
-            {"resetLimit": 3, "elasticTimeoutSeconds": 60, "heartbeatTimeoutSeconds": 9},
+            {
+                "resetLimit": 3,
+                "elasticTimeoutSeconds": 60,
+                "heartbeatTimeoutSeconds": 9,
+                "startTimeoutSeconds": 600,
+            },
             settings(
-                min_np=2, max_np=5, reset_limit=3, elastic_timeout_s=60.0, heartbeat_timeout_s=9.0
+                min_np=2,
+                max_np=5,
+                reset_limit=3,
+                elastic_timeout_s=60.0,
+                heartbeat_timeout_s=9.0,
+                start_timeout_s=600.0,
             ),
         ),
         ({"heartbeatTimeoutSeconds": 0}, settings(min_np=2, max_np=5)),
