@@ -41,14 +41,20 @@ def test_a_script_that_raises_on_rank_0_in_every_round_fails_the_job_with_its_ex
     ``maxFailedRoundsWithoutCommit``), its status saying why with the exception."""
     log_dir = tmp_path / "events"
     command = ["python", str(WORKERS / "broken_worker.py"), "--log-dir", str(log_dir)]
+    command += ["--raise-on", "rank-0", "--at-step", "0"]
     job = job_manifest("broken", log_dir, tmp_path / "stop", command, replicas=2, minReplicas=2)
     job["spec"]["maxFailedRoundsWithoutCommit"] = 2
     job["spec"]["blacklist"] = {"scope": "Pod"}  # a new pod may land on the failed one's node
     kube.apply(job)
     try:
         failed = wait_status(
-            kube, "broken", "failed", lambda s: s.get("phase") == "Failed", STARTUP_S + 120
+            kube,
+            "broken",
+            "its end",
+            lambda s: s.get("phase") in ("Failed", "Succeeded"),
+            STARTUP_S + 120,
         )
+        assert failed["phase"] == "Failed", failed
         message = condition(failed, "Failed").get("message", "")
         assert "2 rounds in a row failed with no new commit" in message, failed
         assert "ValueError: broken on purpose at step 0 on rank 0" in message, failed
