@@ -257,7 +257,7 @@ def test_a_helm_upgrade_rolls_both_replicas_while_a_job_trains(
             "-n",
             SYSTEM_NS,
             "--reuse-values",
-            "--set",
+            "--set-string",  # a hex string of digits only would be a number to --set
             f"podAnnotations.rolled={uuid.uuid4().hex[:8]}",
             "--wait",
             "--timeout",
