@@ -317,11 +317,10 @@ COMPONENT_PORTS: Final = (
 def component_ports(net: int, *, real: bool) -> dict[str, int]:
     """A free port for each control-plane component of the cluster of ``net`` (on real nodes
     or not: the two kinds' nets are chosen apart), from a block of :data:`PORTS_PER_NET`
-    ports of its own: below
-    the kernel's ephemeral range, from which ``bind(0)`` and every outgoing connection take
-    their ports, so that nothing else on the machine takes one between now and the moment
-    its component binds it (an image build may come between). Ports of the block that are
-    in use are passed over."""
+    ports of its own: below the kernel's ephemeral range, from which ``bind(0)`` and every
+    outgoing connection take their ports, so that nothing else on the machine takes one
+    between now and the moment its component binds it (an image build may come between).
+    Ports of the block that are in use are passed over."""
     start = FIRST_PORT + (net + (NETS if real else 0)) * PORTS_PER_NET
     free = [port for port in range(start, start + PORTS_PER_NET) if _is_free(port)]
     if len(free) < len(COMPONENT_PORTS):
