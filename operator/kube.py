@@ -233,30 +233,34 @@ class KubeApi:
             )
             return list(found["items"])
         jobs: list[dict[str, Any]] = []
+        list_in = self.custom.list_namespaced_custom_object
         for namespace in namespaces:
             found = await self._transport.call(
-                "list jobs",
-                self.custom.list_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                namespace,
-                PLURAL,
+                "list jobs", list_in, GROUP, VERSION, namespace, PLURAL
             )
             jobs.extend(found["items"])
         return jobs
 
     async def read_job(self, namespace: str, name: str) -> dict[str, Any]:
         """The stored ElasticJob."""
+        read = self.custom.get_namespaced_custom_object
         job: Any = await self._transport.call(
-            "read job",
-            self.custom.get_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            namespace,
-            PLURAL,
-            name,
+            "read job", read, GROUP, VERSION, namespace, PLURAL, name
         )
         return dict(job)
+
+    async def delete_job(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the ElasticJob ``name`` if its uid is ``uid`` (done when it is gone, or is
+        another job of that name); what it owns goes with it."""
+        body = {"preconditions": {"uid": uid}, "propagationPolicy": "Background"}
+        delete = self.custom.delete_namespaced_custom_object
+        try:
+            await self._transport.call_json(
+                "delete job", delete, GROUP, VERSION, namespace, PLURAL, name, body=body
+            )
+        except ApiException as exc:
+            if api_outcome(exc) not in (ApiOutcome.NOT_FOUND, ApiOutcome.CONFLICT):
+                raise
 
     async def openapi_v2(self) -> dict[str, Any]:
         """The API server's OpenAPI v2 document (``/openapi/v2``: several megabytes)."""
@@ -332,15 +336,9 @@ class KubeApi:
 
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Set the ElasticJob's status (the status subresource, merged)."""
+        patch = self.custom.patch_namespaced_custom_object_status
         await self._transport.call(
-            "patch status",
-            self.custom.patch_namespaced_custom_object_status,
-            GROUP,
-            VERSION,
-            namespace,
-            PLURAL,
-            name,
-            {"status": status},
+            "patch status", patch, GROUP, VERSION, namespace, PLURAL, name, {"status": status}
         )
 
     async def event(

@@ -25,8 +25,9 @@ from kubernetes.client.exceptions import ApiException
 
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.api import LABEL_OPERATOR_LEADER
+from elasticjob.operator.finished_jobs import ended
 from elasticjob.operator.kube import KubeApi
-from elasticjob.operator.supervisor import ENDED_PHASES, JobSupervisor
+from elasticjob.operator.supervisor import JobSupervisor
 from elasticjob.rendezvous.server import RendezvousService
 
 logger = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ class OperatorLeadership:
         self._service().also_expect(
             podlib.job_id(job["metadata"]["namespace"], job["metadata"]["name"])
             for job in listed
-            if (job.get("status") or {}).get("phase") not in ENDED_PHASES
+            if not ended(job)
         )
 
     async def _relabel(self, pod: str, value: str | None, *, tries: int | None = None) -> None:

@@ -29,6 +29,7 @@ from elasticjob.operator.certs import (
 )
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.controller_settings import ControllerSettings
+from elasticjob.operator.finished_jobs import FinishedJobs, ended
 from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.kube_transport import KubeTransport, load_config
 from elasticjob.operator.leader_lease import LeaderElector, new_identity
@@ -36,7 +37,7 @@ from elasticjob.operator.leadership import OperatorLeadership
 from elasticjob.operator.metrics import CONTENT_TYPE, OperatorMetrics
 from elasticjob.operator.operator_config import OperatorConfig, WebhookConfig
 from elasticjob.operator.ownpod import follow_own_pod
-from elasticjob.operator.supervisor import ENDED_PHASES, JobSupervisor, StopSignal
+from elasticjob.operator.supervisor import JobSupervisor, StopSignal
 from elasticjob.operator.webhook import ServiceWebhookServer, serves_this_server
 from elasticjob.rendezvous.server import RendezvousService
 
@@ -82,7 +83,10 @@ class OperatorRuntime:
     (a renewal never queues behind the jobs' calls)."""
 
     def __post_init__(self) -> None:
-        self.jobs = JobSupervisor(self.run_job, updated=self._job_updated, leading=False)
+        finished = FinishedJobs(self._delete_job)
+        self.jobs = JobSupervisor(
+            self.run_job, updated=self._job_updated, leading=False, finished=finished
+        )
         self.metrics = OperatorMetrics(self.controllers.values, lambda: self.service.stats)
         self.reachable = self.config.own_pod is None
         election = self.config.leader_election
@@ -167,7 +171,7 @@ class OperatorRuntime:
             expected = [
                 podlib.job_id(job["metadata"]["namespace"], job["metadata"]["name"])
                 for job in jobs
-                if (job.get("status") or {}).get("phase") not in ENDED_PHASES
+                if not ended(job)
             ]
             await self.leadership.lead(expected)
             return
@@ -255,6 +259,9 @@ class OperatorRuntime:
             self._admission_registered = True
             logger.info("the API server sends admission reviews to this operator (%s)", name)
         return "serving"
+
+    async def _delete_job(self, namespace: str, name: str, uid: str) -> None:
+        await self.api.delete_job(namespace, name, uid)
 
     def _job_updated(self, namespace: str, name: str) -> None:
         controller = self.controllers.get((namespace, name))

@@ -66,6 +66,9 @@ def driver_settings(spec: ElasticJobSpec) -> DriverSettings:
         max_failed_rounds_without_commit=job.max_failed_rounds_without_commit,
         elastic_timeout_s=float(spec.elastic_timeout_seconds),
         start_timeout_s=float(spec.start_timeout_seconds),
+        active_deadline_s=(
+            None if spec.active_deadline_seconds is None else float(spec.active_deadline_seconds)
+        ),
         heartbeat_timeout_s=float(spec.heartbeat_timeout_seconds) or None,
         checkpoint_fallback=job.checkpoint_fallback,
         stragglers=spec.stragglers.policy(),

@@ -261,12 +261,13 @@ def view(pod: Mapping[str, Any], *, not_ready_nodes: Iterable[str] = ()) -> PodV
     metadata, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
     node = spec.get("nodeName")
     phase = status.get("phase", "Pending")
-    exit_code = _exit_code(status)
+    exit_code, ended_for = _exit(status)
     state: PodState
     reason = status.get("reason", "")
     if phase == "Failed" or (exit_code not in (None, 0)):
         state = PodState.FAILED
-        reason = reason or f"worker exited with {exit_code}"
+        why = f" ({ended_for})" if ended_for not in (None, "Error", "Completed") else ""
+        reason = reason or f"worker exited with {exit_code}{why}"
     elif phase == "Succeeded":
         state = PodState.SUCCEEDED
     elif node is not None and node in set(not_ready_nodes):
@@ -296,12 +297,14 @@ def _unchecked(labels: Mapping[str, Any]) -> bool:
     return label is not None and label != HealthLabel.PASSED
 
 
-def _exit_code(status: Mapping[str, Any]) -> int | None:
+def _exit(status: Mapping[str, Any]) -> tuple[int | None, str | None]:
+    """The exit code of the pod's first ended container, and the kubelet's reason for its end
+    (``OOMKilled``, ``Error``...)."""
     for container in status.get("containerStatuses", []) or []:
         terminated = (container.get("state") or {}).get("terminated")
         if terminated is not None and terminated.get("exitCode") is not None:
-            return int(terminated["exitCode"])
-    return None
+            return int(terminated["exitCode"]), terminated.get("reason")
+    return None, None
 
 
 def _unschedulable(status: Mapping[str, Any]) -> str | None:

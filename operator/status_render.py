@@ -45,7 +45,8 @@ def phase_of(obs: Observation) -> tuple[Phase, str, str]:
             return Phase.SUSPENDED, "Suspended", obs.result.message
         if obs.result.success:
             return Phase.SUCCEEDED, "TrainingFinished", obs.result.message
-        return Phase.FAILED, "JobFailed", obs.result.message
+        reason = "DeadlineExceeded" if obs.result.deadline_exceeded else "JobFailed"
+        return Phase.FAILED, reason, obs.result.message
     if obs.driver_phase is DriverPhase.STARTING:
         if pods.unschedulable:
             return Phase.CREATED, "Unschedulable", unschedulable

@@ -16,6 +16,9 @@ task: a standby never acts on a job. When it comes to lead it starts the tasks o
 have not ended; when it stands down it stops them with ``stopped.handover`` set: the job goes on
 under another operator, so its controller lets the job's workers go to it rather than ending
 anything.
+
+A finished job with ``spec.ttlSecondsAfterFinished`` is deleted when its time is up, by the
+leader alone (``finished_jobs.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from elasticjob.event_waits import wait_event
-from elasticjob.operator.api import Phase
+from elasticjob.operator.finished_jobs import FinishedJobs, ended
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +62,6 @@ class Stopped(Protocol):
     def is_set(self) -> bool: ...
 
 
-ENDED_PHASES = frozenset({Phase.SUCCEEDED.value, Phase.FAILED.value})
-
-
 @dataclass
 class _Job:
     body: dict[str, Any]
@@ -72,8 +72,7 @@ class _Job:
 
     def runnable(self) -> bool:
         """Whether a leader runs a task for it: not running, not ended."""
-        phase = (self.body.get("status") or {}).get("phase")
-        return self.task is None and not self.ended and phase not in ENDED_PHASES
+        return self.task is None and not self.ended and not ended(self.body)
 
 
 class JobSupervisor:
@@ -87,8 +86,11 @@ class JobSupervisor:
         backoff_s: float = 5.0,
         cancellation_timeout_s: float = 10.0,
         leading: bool = True,
+        finished: FinishedJobs | None = None,
     ) -> None:
+        """``finished``: deletes finished jobs whose ttl is up (None: they stay)."""
         self._run_job = run_job
+        self._finished = finished
         self._updated = updated
         self._backoff_s = backoff_s
         self._cancellation_timeout_s = cancellation_timeout_s
@@ -103,10 +105,14 @@ class JobSupervisor:
         uid = str(metadata["uid"])
         job = self._jobs.get(uid)
         if event_type == "DELETED" or metadata.get("deletionTimestamp"):
+            if self._finished is not None:
+                self._finished.forget(uid)
             if job is not None:
                 await self._stop(job)
                 del self._jobs[uid]
             return
+        if self.leading and self._finished is not None:
+            self._finished.observe(body)
         if job is not None:
             job.body.clear()
             job.body.update(copy.deepcopy(dict(body)))
@@ -123,13 +129,15 @@ class JobSupervisor:
         return [
             (str(job.body["metadata"]["namespace"]), str(job.body["metadata"]["name"]))
             for job in self._jobs.values()
-            if not job.ended and (job.body.get("status") or {}).get("phase") not in ENDED_PHASES
+            if not job.ended and not ended(job.body)
         ]
 
     def lead(self) -> None:
         """Run every job that has not ended, and each new one from now on."""
         self.leading = True
         for job in self._jobs.values():
+            if self._finished is not None:
+                self._finished.observe(job.body)
             if job.runnable():
                 self._start(job)
 
@@ -139,6 +147,8 @@ class JobSupervisor:
         (None: the cancellation timeout) is cancelled; ``at_once``: without waiting (this
         operator lost its lease: another may act already)."""
         self.leading = False
+        if self._finished is not None:
+            await self._finished.stop()
         grace = 0.0 if at_once else grace_s
         await asyncio.gather(
             *(self._stop(job, handover=True, grace_s=grace) for job in self._jobs.values())

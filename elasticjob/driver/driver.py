@@ -52,6 +52,7 @@ from elasticjob.driver.suspension import (
     SuspendProgress,
     decide_suspension,
 )
+from elasticjob.driver.timeouts import past_active_deadline
 from elasticjob.driver.workers import WorkerProcesses
 from elasticjob.event_waits import wait_event
 from elasticjob.rendezvous.rendezvous_types import JobRendezvous, RendezvousListener
@@ -217,6 +218,10 @@ class ElasticDriver(DriverEvents):
         try:
             timeout = self.settings.heartbeat_timeout_s
             self._loop_lag.catch_up()
+            deadline = self.settings.active_deadline_s
+            if expired := past_active_deadline(self.journal.running_seconds(), deadline):
+                self._finish(False, expired, deadline_exceeded=True)
+                return
             counts_from = self.reachability.silence_counts_from()
             await self._workers.kill_unanswering(timeout, self.slots, self.round, counts_from)
             await self._workers.stop_overdue(self.settings.removal_grace_s, timeout, counts_from)
@@ -382,9 +387,12 @@ class ElasticDriver(DriverEvents):
     def _with_worker_messages(self, reason: str) -> str:
         return "\n".join([reason, *self._workers.messages()])
 
-    def _finish(self, success: bool, message: str) -> None:
+    def _finish(self, success: bool, message: str, *, deadline_exceeded: bool = False) -> None:
         if self._result is None:
-            self._result = JobResult(success, message, self.round, self.registry.reset_count)
+            resets = self.registry.reset_count
+            self._result = JobResult(
+                success, message, self.round, resets, deadline_exceeded=deadline_exceeded
+            )
             self.journal.finished(success, message, self.round)
             (logger.info if success else logger.error)(
                 "job %s: %s", "succeeded" if success else "failed", message

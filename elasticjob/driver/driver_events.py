@@ -285,6 +285,9 @@ class DriverEvents(RendezvousListener, abc.ABC):
     def on_progress(self, progress: ProgressRequest) -> None:
         self.journal.progress(progress, self.round, len(self.slots))
 
+    def on_incompatible_worker(self, message: str) -> None:
+        self._finish(False, f"a worker runs an image of another elasticjob release: {message}")
+
     def on_worker_heartbeat(
         self, worker: WorkerId, report: ProbeReport | None, pace: StepPace | None
     ) -> None:

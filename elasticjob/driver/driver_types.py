@@ -197,6 +197,8 @@ class DriverSettings:
     """How long to wait while fewer than ``min_np`` slots are available."""
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
     """How long a newly launched worker may take to register before it counts as failed."""
+    active_deadline_s: float | None = None
+    """Fail the job once it has run this long, its time suspended left out (None: never)."""
     removal_grace_s: float = 30.0
     """How long a worker on its way out may take to exit before it is stopped: a dismissed
     one, or one that reported how its process ends (its result) and hangs in its teardown."""
@@ -270,6 +272,8 @@ class JobResult:
     rounds: int
     resets: int
     suspended: bool = False
+    deadline_exceeded: bool = False
+    """It failed for its active deadline (``DriverSettings.active_deadline_s``)."""
 
 
 __all__ = [

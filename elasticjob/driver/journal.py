@@ -142,6 +142,10 @@ class JobJournal:
             world_size=world_size,
         )
 
+    def running_seconds(self) -> float:
+        """How long the job has run (its time suspended left out, earlier runs included)."""
+        return max(self._clock() - self.lost_time.started_at, 0.0)
+
     def resume_lost_time(self, lost: Mapping[LostTo, float], running_for_s: float) -> None:
         """Carry on the account of a job that had run ``running_for_s`` and lost ``lost``."""
         self.lost_time = self.lost_time.resumed(lost, running_for_s)

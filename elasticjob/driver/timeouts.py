@@ -77,3 +77,14 @@ def overdue_endings(
         and record.last_heartbeat is not None
         and now - max(record.ending_since, record.last_heartbeat, counts_from) >= grace_s
     )
+
+
+def past_active_deadline(running_s: float, deadline_s: float | None) -> str | None:
+    """Why a job that has run ``running_s`` (its time suspended left out) fails for its
+    active deadline ``deadline_s`` (None: it does not; ``deadline_s`` None: no deadline)."""
+    if deadline_s is None or running_s < deadline_s:
+        return None
+    return (
+        f"the job was active for {running_s:.0f} s, past its active deadline of "
+        f"{deadline_s:.0f} s: its workers were stopped"
+    )

@@ -384,6 +384,12 @@ class InMemoryJobRendezvous(JobRendezvous):
 
     # ---- listener ----------------------------------------------------------------------
 
+    def refuse_incompatible(self, message: str) -> None:
+        """A worker of the job was refused for its protocol version: the driver hears why."""
+        self._tell_listener(
+            "on_incompatible_worker", lambda: self._listener.on_incompatible_worker(message)
+        )
+
     def _tell_listener(self, what: str, call: Callable[[], None]) -> None:
         """Run one listener call; a failing listener is logged, never fails the request."""
         try:

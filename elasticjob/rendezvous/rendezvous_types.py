@@ -113,6 +113,10 @@ class RendezvousListener(Protocol):
     def on_progress(self, progress: ProgressRequest) -> None:
         """Rank 0 reported training progress."""
 
+    def on_incompatible_worker(self, message: str) -> None:
+        """A worker of the job (its token valid) speaks another rendezvous protocol: its
+        image is another release's, and the job cannot run as it is (``message`` says so)."""
+
     def on_worker_heartbeat(
         self, worker: WorkerId, report: ProbeReport | None, pace: StepPace | None
     ) -> None:

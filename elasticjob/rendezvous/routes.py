@@ -218,11 +218,11 @@ class _Api:
 
     def authorize(self, request: web.Request) -> InMemoryJobRendezvous:
         """The job named in the path, if the request speaks the service's protocol, carries the
-        job's token and is within the job's rate."""
+        job's token and is within the job's rate. A request of another protocol is refused
+        (426); when it carries the job's token, the job hears of it: its workers run an image
+        of another release, and it cannot run."""
         token = _bearer_token(request)
         refusal = protocol_refusal(request.headers.get(PROTOCOL_HEADER))
-        if refusal is not None:
-            raise refusal
         name = request.match_info["job"]
         job = self._jobs.get(name)
         if job is None and self._adopting():
@@ -233,7 +233,11 @@ class _Api:
                 headers=_retry_after(RETRY_AFTER_S),
             )
         if job is None or not job.check_token(token):
-            raise ApiError(403, f"the token is not valid for job {name!r}")
+            raise refusal or ApiError(403, f"the token is not valid for job {name!r}")
+        if refusal is not None:
+            if refusal.status == 426:  # one of the job's own workers, of another release
+                job.refuse_incompatible(refusal.error)
+            raise refusal
         wait = job.take_request()
         if wait > 0:
             raise ApiError(

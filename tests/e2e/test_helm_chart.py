@@ -16,19 +16,20 @@ import tomllib
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from devcluster.build import cached_helm
 from devcluster.config import default_cache_dir
 from elasticjob.operator.api import LABEL_ROLE, ROLE_WORKER
-from elasticjob.operator.controller import JobController
-from elasticjob.operator.metrics import OperatorMetrics
-from elasticjob.rendezvous.stats import RequestStats
-from tests.support.metrics_stubs import StubController, snapshot
+from tests.support.reference_docs import (
+    RELEASE_NAMESPACE,
+    rbac_table,
+    served_metrics,
+    table_in,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "elasticjob-operator"
@@ -50,7 +51,7 @@ Manifest = dict[str, Any]
 Grants = dict[tuple[str, str], set[str]]
 
 JOB_GRANTS: Grants = {
-    ("elasticjob.dev", "elasticjobs"): {"get", "list", "watch", "patch", "update"},
+    ("elasticjob.dev", "elasticjobs"): {"get", "list", "watch", "patch", "update", "delete"},
     ("elasticjob.dev", "elasticjobs/status"): {"get", "list", "watch", "patch", "update"},
     ("elasticjob.dev", "elasticjobs/scale"): {"get", "list", "watch", "patch", "update"},
     ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
@@ -882,8 +883,28 @@ def test_notes_show_how_to_use_the_operator(helm: Helm) -> None:
         "kubectl get ej",
         f"kubectl scale ej/{example['metadata']['name']} --replicas=5",
         RENDEZVOUS_URL,
+        f"ValidatingWebhookConfiguration {FULLNAME}.{NAMESPACE}.svc",
+        "`helm uninstall` removes the webhook configurations with the release",
     ):
         assert text in notes, text
+    values = ["--set", "rbac.create=false", "--set", "serviceAccount.name=operator"]
+    install = ["install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client"]
+    without_rbac = helm.run(*install, *values)
+    assert without_rbac.returncode == 0, without_rbac.stderr
+    notes = without_rbac.stdout.split("NOTES:", 1)[1]
+    assert f"mutatingwebhookconfiguration {FULLNAME}.{NAMESPACE}.svc" in notes, notes
+
+
+def test_the_readmes_rbac_table_is_what_the_chart_grants(helm: Helm) -> None:
+    """The chart README's table of rules is made from the chart (``reference_docs``)."""
+
+    def template(values: Mapping[str, Any]) -> list[Manifest]:
+        return helm.template(values)
+
+    assert NAMESPACE == RELEASE_NAMESPACE
+    assert table_in(CHART / "README.md", "rbac") == rbac_table(template), (
+        "the chart README's RBAC table is stale: run python -m tests.support.write_reference_docs"
+    )
 
 
 # ---- monitoring: a ServiceMonitor and the Grafana dashboard (off by default) ----------------
@@ -924,16 +945,7 @@ def test_the_service_monitor_scrapes_the_operators_metrics_port(helm: Helm) -> N
 
 def served_metric_names() -> set[str]:
     """The names of the samples the operator serves for a running job."""
-    stats = RequestStats()
-    stats.record("GET /v1/jobs/{job}/round", 200, 0.01)
-    controllers = [StubController("ns.job", job=snapshot())]
-    metrics = OperatorMetrics(lambda: cast(list[JobController], controllers), lambda: stats)
-    observer = metrics.job_observer("ns.job")
-    observer.recovered(1.0)
-    observer.round_formed(1.0)
-    observer.committed(1.0)
-    text = metrics.render().decode()
-    return {s.name for family in text_string_to_metric_families(text) for s in family.samples}
+    return {name for metric in served_metrics() for name in metric.samples}
 
 
 def test_the_dashboard_ships_in_a_configmap_and_queries_served_metrics_only(helm: Helm) -> None:

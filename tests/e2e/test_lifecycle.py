@@ -1,6 +1,7 @@
 """The lifecycle of the operator and its jobs on devcluster: a worker that dies while every
 operator replica restarts is recovered from (the survivors wait for the new operator instead of
-giving up), a broken script ends its job instead of forming round after round, and after `helm
+giving up), a broken script ends its job instead of forming round after round, a job past its
+active deadline fails and is deleted after its ttl, and after `helm
 uninstall` nothing the operator left blocks deleting the jobs or the CRD. A leader that fails
 while a standby runs: ``test_high_availability.py``."""
 
@@ -17,6 +18,7 @@ from tests.support.elastic_jobs import (
     condition,
     job_manifest,
     sleeper,
+    status,
     stop_workers,
     wait_status,
     worker_logs,
@@ -60,6 +62,30 @@ def test_a_script_that_raises_on_rank_0_in_every_round_fails_the_job_with_its_ex
         assert "ValueError: broken on purpose at step 0 on rank 0" in message, failed
         starts = [e for e in read_events(log_dir) if e["ev"] == "start"]
         assert {e["round"] for e in starts} == {1, 2}, starts
+    finally:
+        stop_workers(kube, log_dir)
+
+
+def test_a_job_past_its_active_deadline_fails_and_is_deleted_after_its_ttl(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    """``activeDeadlineSeconds`` fails the job (reason DeadlineExceeded) whatever it is doing
+    then; ``ttlSecondsAfterFinished`` then deletes it, and its pods go with it."""
+    log_dir = tmp_path / "events"
+    job = job_manifest("deadline", log_dir, tmp_path / "stop", replicas=2, minReplicas=2)
+    job["spec"].update(activeDeadlineSeconds=20, ttlSecondsAfterFinished=3)
+    kube.apply(job)
+    try:
+        failed = kube.wait(
+            "ElasticJob deadline: Failed",
+            lambda: (s := status(kube, "deadline")).get("phase") == "Failed" and s,
+            STARTUP_S,
+        )
+        ended = condition(failed, "Failed")
+        assert ended.get("reason") == "DeadlineExceeded", failed
+        assert "past its active deadline of 20 s" in ended.get("message", ""), failed
+        kube.wait_gone("ej", "deadline", timeout=60)
+        kube.wait("the job's pods to go", lambda: not kube.pods("elasticjob.dev/job-name"), 120)
     finally:
         stop_workers(kube, log_dir)
 

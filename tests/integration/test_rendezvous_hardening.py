@@ -181,12 +181,14 @@ async def test_progress_leaves_at_most_once_a_second_the_newest_last(cluster: Cl
 # ---- protocol version --------------------------------------------------------------------
 
 
-def unversioned_request(url: str, body: bytes) -> tuple[int, dict[str, object]]:
+def unversioned_request(
+    url: str, body: bytes, token: str = TOKEN_A
+) -> tuple[int, dict[str, object]]:
     """A worker's request without the protocol header, sent with the standard library."""
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=DEADLINE)
     try:
-        headers = {"Authorization": f"Bearer {TOKEN_A}", "Content-Type": "application/json"}
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         conn.request("POST", "/v1/jobs/job-a/rendezvous", body=body, headers=headers)
         response = conn.getresponse()
         return response.status, json.loads(response.read())
@@ -197,17 +199,25 @@ def unversioned_request(url: str, body: bytes) -> tuple[int, dict[str, object]]:
 async def test_a_worker_without_a_protocol_version_is_refused_naming_the_services(
     cluster: Cluster,
 ) -> None:
+    """Refused with 426; only a request with the job's token tells the job (its driver fails
+    it: its image is another release's), and nothing else of the job changes."""
     before = snapshot(cluster.job_a, cluster.listener_a)
     body = RendezvousRequest(
         hostname="host-a", local_rank=0, address="10.0.0.1", store_port=29500, wait_seconds=0
-    )
+    ).model_dump_json()
     status, answer = await asyncio.to_thread(
-        unversioned_request, cluster.service.url, body.model_dump_json().encode()
+        unversioned_request, cluster.service.url, body.encode(), "not-the-token"
     )
     assert status == 426
-    assert f"no {PROTOCOL_HEADER} header" in str(answer["error"]) and (
-        f"speaks {PROTOCOL_VERSION}" in str(answer["error"])
+    assert snapshot(cluster.job_a, cluster.listener_a) == before, "no token: nothing told"
+    status, answer = await asyncio.to_thread(
+        unversioned_request, cluster.service.url, body.encode()
     )
+    assert status == 426
+    error = str(answer["error"])
+    assert f"no {PROTOCOL_HEADER} header" in error and f"speaks {PROTOCOL_VERSION}" in error
+    assert cluster.listener_a.incompatible == [error]
+    cluster.listener_a.incompatible.clear()
     assert snapshot(cluster.job_a, cluster.listener_a) == before
 
 

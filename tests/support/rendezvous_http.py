@@ -105,4 +105,5 @@ def snapshot(job: InMemoryJobRendezvous, listener: RecordingListener) -> object:
         list(listener.results),
         list(listener.progress),
         list(listener.heartbeats),
+        list(listener.incompatible),
     )

@@ -32,6 +32,7 @@ class RecordingListener:
         self.heartbeats: list[WorkerId] = []
         self.reports: list[tuple[WorkerId, ProbeReport | None]] = []
         self.paces: list[tuple[WorkerId, StepPace | None]] = []
+        self.incompatible: list[str] = []
         self.ready_event = asyncio.Event()
         self.dismissed: set[WorkerId] = set()
         """The workers the driver dismissed (the job asks, :meth:`is_dismissed`)."""
@@ -58,6 +59,9 @@ class RecordingListener:
 
     def on_progress(self, progress: ProgressRequest) -> None:
         self.progress.append(progress)
+
+    def on_incompatible_worker(self, message: str) -> None:
+        self.incompatible.append(message)
 
     def on_worker_heartbeat(
         self, worker: WorkerId, report: ProbeReport | None, pace: StepPace | None

@@ -253,9 +253,20 @@ class ElasticJobSpec(_Spec):
     start_timeout_seconds: Annotated[StrictInt, Field(ge=10, le=86400)] = int(
         DEFAULT_START_TIMEOUT_S
     )
-    """How long a new worker pod may take, from its creation to its worker's registration
-    with the rendezvous (its image pulled, its script started), before it counts as failed:
-    raise it for large images or slow nodes."""
+    """How long a new worker may take, from the moment its pod runs to its registration with
+    the rendezvous (its script started, torch imported), before it counts as failed: raise it
+    for slow starts. A pod still pending (unschedulable, its image pulling) is not timed by it:
+    ``elasticTimeoutSeconds`` bounds a job left without ``minReplicas`` pods."""
+    active_deadline_seconds: Annotated[StrictInt, Field(ge=1)] | None = None
+    """How long the job may run before it fails (reason DeadlineExceeded), its workers stopped
+    and its pods cleaned up as ``cleanPodPolicy`` says, in seconds of its running time
+    (batch/v1 Job's field): from its start, time suspended left out (a job created suspended
+    starts counting when it is resumed; a suspended job resumes with the time it had left,
+    where a Job's timer starts afresh). No deadline when absent."""
+    ttl_seconds_after_finished: Annotated[StrictInt, Field(ge=0)] | None = None
+    """Delete the ElasticJob (its pods, Secret and record with it) this many seconds after it
+    Succeeded or Failed (batch/v1 Job's field; 0: at once); kept until deleted when absent. A
+    suspended job has not finished."""
     heartbeat_timeout_seconds: Annotated[StrictInt, Field(ge=0, le=3600)] = (
         DEFAULT_HEARTBEAT_TIMEOUT_S
     )

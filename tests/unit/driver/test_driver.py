@@ -329,6 +329,35 @@ async def test_elastic_timeout_ends_the_job() -> None:
     assert "min_np" in job.driver.result.message
 
 
+async def test_active_deadline_ends_the_job_counting_the_time_run_under_earlier_drivers() -> None:
+    """The deadline counts the job's running time, an earlier driver's included (an operator
+    restart, a resumed suspension): here 60 s before this driver started."""
+    job = Job({"a": 1, "b": 1}, settings(active_deadline_s=100.0))
+    job.driver.resume_account(None, {}, 60.0)
+    await job.start_round_1(A0, B0)
+    job.clock.now += 99.0 - job.driver.journal.running_seconds()
+    await job.step()
+    assert job.driver.result is None, "99 s run: within the deadline"
+    job.clock.now += 1.0
+    await job.step()
+    result = job.driver.result
+    assert result is not None and not result.success and result.deadline_exceeded, result
+    assert "past its active deadline of 100 s" in result.message
+    assert job.driver.journal.record.events[-1].kind is EventKind.FINISHED
+
+
+async def test_a_worker_of_another_release_fails_the_job_with_the_services_message() -> None:
+    job = Job({"a": 1, "b": 1}, settings())
+    await job.start_round_1(A0, B0)
+    job.driver.on_incompatible_worker("the worker speaks rendezvous protocol 0, this ...")
+    await job.step()
+    result = job.driver.result
+    assert result is not None and not result.success, result
+    assert "an image of another elasticjob release: the worker speaks rendezvous protocol 0" in (
+        result.message
+    )
+
+
 async def test_every_discovered_host_blacklisted_ends_the_job() -> None:
     job = Job({"a": 2}, settings())
     await job.start_round_1(A0, A1)

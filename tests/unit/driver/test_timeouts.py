@@ -7,7 +7,12 @@ import math
 import pytest
 
 from elasticjob.driver.driver_types import Departure
-from elasticjob.driver.timeouts import overdue_dismissals, overdue_endings, slow_starters
+from elasticjob.driver.timeouts import (
+    overdue_dismissals,
+    overdue_endings,
+    past_active_deadline,
+    slow_starters,
+)
 from elasticjob.driver.worker_record import WorkerRecord
 from elasticjob.wire.messages import WorkerId
 
@@ -103,3 +108,19 @@ def test_overdue_endings_are_judged_as_evictions_are(
         counts_from=counts_from,
     )
     assert found == ((C0,) if expected else ())
+
+
+@pytest.mark.parametrize(
+    ("running_s", "deadline_s", "past"),
+    [
+        pytest.param(99.0, 100.0, False, id="within"),
+        pytest.param(100.0, 100.0, True, id="at-the-deadline"),
+        pytest.param(250.0, 100.0, True, id="past"),
+        pytest.param(1e9, None, False, id="no-deadline"),
+    ],
+)
+def test_past_active_deadline(running_s: float, deadline_s: float | None, past: bool) -> None:
+    message = past_active_deadline(running_s, deadline_s)
+    assert (message is not None) is past
+    if message is not None:
+        assert f"active deadline of {deadline_s:.0f} s" in message, message

@@ -193,6 +193,16 @@ NVIDIA = "spec.template.spec.containers[0].resources"
             id="failed-rounds-limit-negative",
         ),
         pytest.param(
+            with_changes(activeDeadlineSeconds=0),
+            [("spec.activeDeadlineSeconds", "greater than or equal to 1")],
+            id="active-deadline-zero",
+        ),
+        pytest.param(
+            with_changes(ttlSecondsAfterFinished=-1),
+            [("spec.ttlSecondsAfterFinished", "greater than or equal to 0")],
+            id="ttl-negative",
+        ),
+        pytest.param(
             with_changes(startTimeoutSeconds=5),
             [("spec.startTimeoutSeconds", "greater than or equal to 10")],
             id="start-timeout-too-short",
@@ -361,6 +371,8 @@ def specs(draw: st.DrawFn, valid: bool = False) -> dict[str, Any]:
         "resetLimit": either(valid, st.none() | st.integers(0, 5), st.just(-1)),
         "elasticTimeoutSeconds": either(valid, st.integers(1, 86400), st.sampled_from([0, 86401])),
         "startTimeoutSeconds": either(valid, st.integers(10, 86400), st.sampled_from([9, 86401])),
+        "activeDeadlineSeconds": either(valid, st.integers(1, 10**6), st.sampled_from([0, -5])),
+        "ttlSecondsAfterFinished": either(valid, st.integers(0, 10**6), st.sampled_from([-1, 1.5])),
         "maxFailedRoundsWithoutCommit": either(
             valid, st.integers(0, 1000), st.sampled_from([-1, 1001, 2.5])
         ),

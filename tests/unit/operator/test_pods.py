@@ -411,6 +411,7 @@ def manifest(
     deleting: bool = False,
     conditions: list[dict[str, str]] | None = None,
     reason: str | None = None,
+    ended_for: str | None = None,
 ) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": "p", "creationTimestamp": "2026-01-01T00:00:00Z"}
     if deleting:
@@ -419,7 +420,8 @@ def manifest(
     if reason:
         status["reason"] = reason
     if exit_code is not None:
-        status["containerStatuses"] = [{"state": {"terminated": {"exitCode": exit_code}}}]
+        terminated = {"exitCode": exit_code, **({"reason": ended_for} if ended_for else {})}
+        status["containerStatuses"] = [{"state": {"terminated": terminated}}]
     return {"metadata": metadata, "spec": {"nodeName": node} if node else {}, "status": status}
 
 
@@ -437,6 +439,18 @@ DISRUPTED = {"type": "DisruptionTarget", "status": "True"}
     [
         (manifest("Failed", reason="Evicted"), PodState.FAILED, "Evicted", None),
         (manifest("Running", exit_code=137), PodState.FAILED, "worker exited with 137", None),
+        (
+            manifest("Failed", exit_code=137, ended_for="OOMKilled"),
+            PodState.FAILED,
+            "worker exited with 137 (OOMKilled)",
+            None,
+        ),
+        (
+            manifest("Failed", exit_code=1, ended_for="Error"),
+            PodState.FAILED,
+            "worker exited with 1",
+            None,
+        ),
         (manifest("Succeeded", exit_code=0), PodState.SUCCEEDED, "", None),
         (manifest("Running", node="down"), PodState.FAILED, "node down is not ready", None),
         (manifest(deleting=True), PodState.LEAVING, "deleted or preempted", None),
@@ -462,6 +476,8 @@ DISRUPTED = {"type": "DisruptionTarget", "status": "True"}
     ids=[
         "failed",
         "nonzero-exit",
+        "oom-killed",
+        "error",
         "succeeded",
         "node-not-ready",
         "deleting",

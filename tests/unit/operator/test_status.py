@@ -84,6 +84,11 @@ UNSCHEDULABLE = PodCounts(live=2, pending=1, unschedulable=1, scheduler_message=
         (obs(invalid_spec="spec.minReplicas: bad"), Phase.FAILED, "InvalidSpec"),
         (obs(result=JobResult(True, "done", 4, 0)), Phase.SUCCEEDED, "TrainingFinished"),
         (obs(result=JobResult(False, "boom", 4, 1)), Phase.FAILED, "JobFailed"),
+        (
+            obs(result=JobResult(False, "too long", 4, 1, deadline_exceeded=True)),
+            Phase.FAILED,
+            "DeadlineExceeded",
+        ),
         (obs(result=SUSPENDED), Phase.SUSPENDED, "Suspended"),
         (obs(driver_phase=DriverPhase.STARTING, round=0), Phase.CREATED, "Starting"),
         (
@@ -103,6 +108,7 @@ UNSCHEDULABLE = PodCounts(live=2, pending=1, unschedulable=1, scheduler_message=
         "invalid",
         "succeeded",
         "failed",
+        "deadline-exceeded",
         "suspended",
         "starting",
         "starting-unschedulable",

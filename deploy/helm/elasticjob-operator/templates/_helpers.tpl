@@ -89,6 +89,10 @@ namespace is watched, else in a Role per watched namespace.
 - apiGroups: ["elasticjob.dev"]
   resources: ["elasticjobs", "elasticjobs/status", "elasticjobs/scale"]
   verbs: ["get", "list", "watch", "patch", "update"]
+# A finished job is deleted once its spec.ttlSecondsAfterFinished has passed.
+- apiGroups: ["elasticjob.dev"]
+  resources: ["elasticjobs"]
+  verbs: ["delete"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
