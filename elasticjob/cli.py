@@ -1,4 +1,5 @@
-"""The ``elasticjob`` command: tools around jobs (``elasticjob timeline``)."""
+"""The ``elasticjob`` command: submit a script as a job and follow it (``submit``, ``status``,
+``logs``, ``delete``: ``elasticjob/submit/commands.py``), draw a job's ``timeline``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pydantic import ValidationError
 
 from elasticjob.driver.job_record import JobRecordData
 from elasticjob.job_timeline import PlotUnavailableError, render
+from elasticjob.submit.commands import add_commands, run, split_script_args
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     timeline.add_argument(
         "-n", "--namespace", help="the ElasticJob's namespace (default: the kubeconfig's)"
     )
+    timeline.set_defaults(run=_timeline)
+    add_commands(commands)
     return parser
 
 
@@ -46,7 +50,15 @@ def _read(source: str, namespace: str | None) -> JobRecordData:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns its exit code."""
-    args = _parser().parse_args(argv)
+    own, script_args = split_script_args(list(sys.argv[1:] if argv is None else argv))
+    args = _parser().parse_args(own)
+    args.script_args = script_args
+    if args.command == "timeline":
+        return _timeline(args)
+    return run(args)
+
+
+def _timeline(args: argparse.Namespace) -> int:
     try:
         record = _read(args.source, args.namespace)
     except (OSError, ValidationError, LookupError) as exc:

@@ -14,6 +14,8 @@ TESTS = REPO / "tests"
 SUPPORT = TESTS / "support"
 WORKER_SCRIPTS = TESTS / "integration" / "workers"
 """Programs the integration tests run (and the modules beside them that they import)."""
+USER_CODE = TESTS / "e2e" / "user_code"
+"""A user's own training code (a script and a module beside it), which e2e tests submit."""
 CLOCK = SUPPORT / "clock.py"
 PROBE = """
 import sys
@@ -70,6 +72,7 @@ def test_shared_code_lives_in_tests_support() -> None:
         and path.name not in ("conftest.py", "__init__.py")
         and SUPPORT not in path.parents
         and WORKER_SCRIPTS not in path.parents
+        and USER_CODE not in path.parents
     ]
     assert not misplaced, f"shared code outside tests/support/: {misplaced}"
 
