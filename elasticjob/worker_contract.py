@@ -97,9 +97,6 @@ SCRIPT_LAUNCH_ENV: Final = frozenset(launch_env("", 0))
 """The script variables known when a worker process starts (its host and slot)."""
 
 
-# --- the checkpoint policy's variables ----------------------------------------------------
-
-
 class _Checkpoints(Variable):
     """A :class:`CheckpointPolicy`: its folder in ``name`` and its frequencies and count in
     three more variables (see :func:`checkpoint_env`)."""
@@ -144,7 +141,8 @@ def checkpoint_from_env(environ: Mapping[str, str] = os.environ) -> CheckpointPo
     return CheckpointPolicy(folder, **{k: v for k, v in given.items() if v is not None})
 
 
-def _variable(field: FieldInfo) -> Variable:
+def variable_of(field: FieldInfo) -> Variable:
+    """The variable(s) a field of the contract is written to and read from."""
     (variable,) = (m for m in field.metadata if isinstance(m, Variable))
     return variable
 
@@ -157,7 +155,9 @@ class WorkerSettings(BaseModel):
     leaves unset (or sets to None) is not written, and the worker applies the default. (A
     writer whose values may be None builds it with ``model_validate``.)"""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", strict=True, use_attribute_docstrings=True
+    )
 
     rendezvous_url: Annotated[str, Variable(ENV_RENDEZVOUS_URL)]
     """The job's rendezvous service; its presence is what makes a process a worker of a job
@@ -166,7 +166,7 @@ class WorkerSettings(BaseModel):
     """The job's name on the rendezvous service."""
     rendezvous_ca: Annotated[str | None, Variable(ENV_RENDEZVOUS_CA)] = None
     """PEM text (not a path) of the CA certificate(s) an ``https://`` rendezvous URL is
-    verified against (None: the system's trusted CAs)."""
+    verified against (unset: the system's trusted CAs)."""
     backend: Annotated[str, Variable(ENV_BACKEND)] = "auto"
     """The torch.distributed backend: ``gloo``, ``nccl`` or ``auto`` (NCCL with CUDA)."""
     collective_timeout_s: Annotated[float, Seconds(ENV_COLLECTIVE_TIMEOUT)] = 60.0
@@ -190,17 +190,17 @@ class WorkerSettings(BaseModel):
     steps of 1,024 ranks stay well below it; a slow one only costs a few TCP connects."""
     timeline_dir: Annotated[str | None, Variable(ENV_TIMELINE_DIR)] = None
     """Folder where each worker process appends its timeline events (``--timeline-filename``
-    of ``elasticjob-run``; None: no timeline is recorded)."""
+    of ``elasticjob-run``; unset: no timeline is recorded)."""
     max_restarts: Annotated[int, Whole(ENV_MAX_RESTARTS)] = 0
     """Restart mode: the job's restart limit, which the script reads as
     ``TORCHELASTIC_MAX_RESTARTS`` (0, torchrun's default, when the job sets none)."""
     warm_start: Annotated[bool, Flag(ENV_WARM_START)] = True
     """Restart mode: the agent keeps a spare interpreter with torch imported for the
-    script's next start (``worker_runtime.warm_interpreter``); ``0``: every start is cold."""
+    script's next start; ``0``: every start is cold."""
     checkpoint: Annotated[CheckpointPolicy | None, _Checkpoints(ENV_CHECKPOINT_DIR)] = None
-    """The job's durable checkpoint policy (None: no checkpoints, no fallback): rank 0 writes
-    the committed state under its folder, and a new rank 0 without a survivor loads the
-    newest complete checkpoint there (``elasticjob.worker_runtime.elastic.checkpoint``)."""
+    """The job's durable checkpoint policy (unset: none, no fallback): its folder, how often
+    and how many are kept. Rank 0 writes the committed state there; a new rank 0 without a
+    survivor loads the newest complete checkpoint."""
 
     @model_validator(mode="before")
     @classmethod
@@ -214,17 +214,17 @@ class WorkerSettings(BaseModel):
         env: dict[str, str] = {}
         for name, field in type(self).model_fields.items():
             if name in self.model_fields_set:
-                env.update(_variable(field).write(getattr(self, name)))
+                env.update(variable_of(field).write(getattr(self, name)))
         return env
 
     @classmethod
     def _from_environ(cls, environ: Mapping[str, str]) -> dict[str, Any]:
         """The values of the variables given in ``environ``, by field."""
-        given = {name: _variable(field).read(environ) for name, field in cls.model_fields.items()}
+        given = {name: variable_of(field).read(environ) for name, field in cls.model_fields.items()}
         return {name: value for name, value in given.items() if value is not None}
 
 
-_DEFAULT_TO_HOST: Final = ("node", "bind_address")
+DEFAULT_TO_HOST: Final = ("node", "bind_address")
 """The fields of :class:`WorkerConfig` that default to its host name."""
 
 
@@ -249,7 +249,7 @@ class WorkerConfig(WorkerSettings):
     @classmethod
     def _binds_to_its_host(cls, data: Any) -> Any:
         if isinstance(data, dict) and "hostname" in data:
-            missing = [key for key in _DEFAULT_TO_HOST if data.get(key) is None]
+            missing = [key for key in DEFAULT_TO_HOST if data.get(key) is None]
             return {**data, **dict.fromkeys(missing, data["hostname"])}
         return data
 
@@ -290,9 +290,9 @@ class WorkerConfig(WorkerSettings):
             return None
         given = cls._from_environ(environ)
         missing = [
-            _variable(field).name
+            variable_of(field).name
             for name, field in cls.model_fields.items()
-            if field.is_required() and name not in given and name not in _DEFAULT_TO_HOST
+            if field.is_required() and name not in given and name not in DEFAULT_TO_HOST
         ]
         if missing:
             raise RuntimeError(f"{ENV_RENDEZVOUS_URL} is set but {', '.join(missing)} not")
@@ -363,12 +363,12 @@ def pod_env(settings: WorkerSettings, *, token: SecretKey) -> list[dict[str, Any
     address; slot 0 (the slots runner gives each further process its own)."""
     fields = WorkerConfig.model_fields
     from_pod: dict[str, PodField | SecretKey] = {
-        _variable(fields["token"]).name: token,
-        _variable(fields["hostname"]).name: PodField.NAME,
-        _variable(fields["node"]).name: PodField.NODE,
-        _variable(fields["bind_address"]).name: PodField.IP,
+        variable_of(fields["token"]).name: token,
+        variable_of(fields["hostname"]).name: PodField.NAME,
+        variable_of(fields["node"]).name: PodField.NODE,
+        variable_of(fields["bind_address"]).name: PodField.IP,
     }
-    local_rank = _variable(fields["local_rank"]).write(0)
+    local_rank = variable_of(fields["local_rank"]).write(0)
     env = {**settings.to_env(), **from_pod, **local_rank, **launch_env(PodField.NAME, 0)}
     return [_env_entry(name, value) for name, value in env.items()]
 
@@ -387,7 +387,7 @@ def _env_entry(name: str, value: str | PodField | SecretKey) -> dict[str, Any]:
 WORKER_ENV_PREFIX: Final = "ELASTICJOB_"
 """Prefix of every variable of the worker contract."""
 WORKER_CONTRACT_ENV: Final = frozenset(
-    {name for field in WorkerConfig.model_fields.values() for name in _variable(field).names}
+    {name for field in WorkerConfig.model_fields.values() for name in variable_of(field).names}
     | SCRIPT_LAUNCH_ENV
 )
 """Every variable the operator may set for its workers: a pod template must not set them

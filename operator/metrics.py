@@ -180,7 +180,9 @@ class _StateCollector(Collector):
 def _job_metrics(controllers: list[JobController]) -> Iterator[Metric]:
     phases = collections.Counter(c.phase for c in controllers)
     jobs = GaugeMetricFamily(
-        "elasticjob_jobs", "Jobs this operator runs, by phase.", labels=["phase"]
+        "elasticjob_jobs",
+        "Jobs this operator runs, by phase (Suspended among them).",
+        labels=["phase"],
     )
     for phase in Phase:
         jobs.add_metric([phase.value], phases.get(phase, 0))
@@ -203,7 +205,9 @@ def _job_metrics(controllers: list[JobController]) -> Iterator[Metric]:
         labels=["job", "cause"],
     )
     resets = CounterMetricFamily(
-        "elasticjob_resets", "Resets (failure recoveries and resizes).", labels=["job"]
+        "elasticjob_resets",
+        "Resets (failure recoveries and resizes) since the job started.",
+        labels=["job"],
     )
     created = CounterMetricFamily("elasticjob_pods_created", "Worker pods created.", labels=["job"])
     deleted = CounterMetricFamily("elasticjob_pods_deleted", "Worker pods deleted.", labels=["job"])
@@ -218,7 +222,9 @@ def _job_metrics(controllers: list[JobController]) -> Iterator[Metric]:
         labels=["job"],
     )
     suspensions = CounterMetricFamily(
-        "elasticjob_suspensions", "Times the job was suspended (spec.suspend).", labels=["job"]
+        "elasticjob_suspensions",
+        "Times this operator saw the job suspended (spec.suspend).",
+        labels=["job"],
     )
     for controller in controllers:
         job = [controller.job_id]
@@ -248,7 +254,8 @@ def _request_metrics(stats: RequestStats) -> Iterator[Metric]:
     )
     latency = HistogramMetricFamily(
         "elasticjob_rendezvous_request_seconds",
-        "Rendezvous request latency (long-polls left out).",
+        "Rendezvous request latency, long-polls left out (a rendezvous or notices request "
+        "that waits for news).",
         labels=["route"],
     )
     bounds = [str(b) for b in LATENCY_BUCKETS_S] + ["+Inf"]

@@ -1,8 +1,12 @@
 """Elastic training of a small MLP on scikit-learn's bundled digits (no download).
 
-Written against Horovod's elastic API; only the import line differs:
+Written against Horovod's elastic API, with the import line changed:
 
     import elasticjob.worker_runtime as hvd
+
+and three optional calls Horovod does not have: ``hvd.report_progress`` (the job's status
+shows the progress), ``hvd.current_round()`` (printed) and the sampler's ``num_real_samples``
+(the exactly-once check leaves the padding out).
 
 Run it under the local launcher (see docs/launcher.md), e.g.
 
