@@ -76,6 +76,7 @@ TOLD: Final[Mapping[EventKind, Telling]] = {
     EventKind.SCALE: Telling(lambda e: f"scale request: {e.message}"),
     EventKind.LEAVING: Telling(None, "ScalingIn", lambda e: f"pod {e.host} leaves the job"),
     EventKind.CLAMPED: Telling(lambda e: f"replicas clamped: {e.message}", "ReplicasClamped"),
+    EventKind.CREATE_REFUSED: Telling(lambda e: f"pods not created: {e.message}", "FailedCreate"),
     EventKind.CHECKPOINT: Telling(None),
     EventKind.RESTORED: Telling(
         lambda e: f"round {e.round} restored from checkpoint {e.message}",

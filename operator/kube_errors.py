@@ -77,7 +77,13 @@ def _status_of(exc: ApiException) -> dict[str, Any]:
     return status if isinstance(status, dict) else {}
 
 
-def _message(exc: ApiException) -> str:
+def refused_for_now(exc: ApiException) -> bool:
+    """Whether the API server refused an object that it may accept later (an exceeded
+    quota: pods may fit once others end)."""
+    return exc.status == 403 and api_outcome(exc) is ApiOutcome.OTHER
+
+
+def api_message(exc: ApiException) -> str:
     """The API server's message for ``exc`` (its HTTP reason when it sent no ``Status``)."""
     return str(_status_of(exc).get("message") or exc.reason or f"HTTP {exc.status}")
 
@@ -85,7 +91,7 @@ def _message(exc: ApiException) -> str:
 def api_outcome(exc: ApiException) -> ApiOutcome:
     """What ``exc`` means (:func:`classify` of its status and ``Status`` object)."""
     status = _status_of(exc)
-    return classify(exc.status, status.get("reason"), _message(exc))
+    return classify(exc.status, status.get("reason"), api_message(exc))
 
 
 def permanent_error(exc: ApiException) -> str | None:
@@ -94,4 +100,4 @@ def permanent_error(exc: ApiException) -> str | None:
     gone...), else None."""
     if api_outcome(exc) not in _PERMANENT:
         return None
-    return f"the API server refused the job's objects ({exc.status}): {_message(exc)}"
+    return f"the API server refused the job's objects ({exc.status}): {api_message(exc)}"

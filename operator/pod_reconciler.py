@@ -35,6 +35,7 @@ from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.health_gate import HealthGate
 from elasticjob.operator.job_events import JobEvents
 from elasticjob.operator.kube import KubeApi
+from elasticjob.operator.kube_errors import api_message, refused_for_now
 from elasticjob.operator.pod_blacklist import PodBlacklist
 from elasticjob.operator.pod_ledger import PodFailure, PodLedger, killed_reason
 from elasticjob.operator.podmap import PodChange
@@ -74,6 +75,8 @@ class PodReconciler:
         """The ElasticJob's metadata (whose pods are its own), once known."""
         self.ledger = PodLedger(clock)
         self.events = JobEvents(BlacklistScope.NODE, wake.set)
+        self._refused_for_now = False
+        """Pod creates were refused for now (a quota), told once until one succeeds."""
         self.blacklist = PodBlacklist(
             BlacklistScope.NODE, BlacklistPolicy(), clock, self.ledger.node_of
         )
@@ -310,6 +313,14 @@ class PodReconciler:
         for created in answers:
             if not isinstance(created, BaseException):
                 self.pods_created += 1
+                self._refused_for_now = False
                 self._merged(*self.ledger.merge_event("ADDED", created))
-        if errors := [a for a in answers if isinstance(a, BaseException)]:
-            raise errors[0]
+        errors = [a for a in answers if isinstance(a, BaseException)]
+        for_now = [e for e in errors if isinstance(e, ApiException) and refused_for_now(e)]
+        if for_now and not self._refused_for_now:
+            self._refused_for_now = True
+            message = api_message(for_now[0])
+            logger.warning("job %s: pods not created for now: %s", self.job_id, message)
+            self.note(EventKind.CREATE_REFUSED, message, "", True)
+        if others := [e for e in errors if e not in for_now]:
+            raise others[0]

@@ -62,6 +62,9 @@ class EventKind(enum.StrEnum):
     """A worker was chosen to leave the job (a scale-in); it leaves with its state."""
     CLAMPED = "clamped"
     """The job's requested size is out of its bounds; the job runs at the nearest bound."""
+    CREATE_REFUSED = "create-refused"
+    """The API server refused to create the job's pods for now (an exceeded quota): the
+    controller tries again at its next passes."""
     SUSPENDED = "suspended"
     """The job was suspended: its run ended with its state saved, until it is resumed."""
     FINISHED = "finished"

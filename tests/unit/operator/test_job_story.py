@@ -82,6 +82,11 @@ def event(kind: EventKind, message: str = "", **fields: object) -> RecordEvent:
             id="clamped",
         ),
         pytest.param(
+            event(EventKind.CREATE_REFUSED, "exceeded quota: q"),
+            "pods not created: exceeded quota: q",
+            id="create-refused",
+        ),
+        pytest.param(
             event(EventKind.WORKER_FAILED, "p-b on n2: OOMKilled", host="p-b"),
             None,
             id="a-worker-failure-is-its-round's",

@@ -9,7 +9,13 @@ import json
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from elasticjob.operator.kube_errors import ApiOutcome, api_outcome, classify, permanent_error
+from elasticjob.operator.kube_errors import (
+    ApiOutcome,
+    api_outcome,
+    classify,
+    permanent_error,
+    refused_for_now,
+)
 from elasticjob.operator.kube_transport import KubeTransport
 
 INVALID = 'Pod "x" is invalid: metadata.labels: Invalid value: "aaa": must be no more than 63'
@@ -162,3 +168,18 @@ async def test_a_call_pauses_as_its_backoff_says(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(OSError):
         await KubeTransport(attempts=4).call("read", fail)
     assert pauses == [0.2, 0.4, 0.8]
+
+
+@pytest.mark.parametrize(
+    ("exc", "for_now"),
+    [
+        pytest.param(
+            error(403, "Forbidden", "pods is forbidden: exceeded quota: q"), True, id="quota"
+        ),
+        pytest.param(error(403, "Forbidden", "violates PodSecurity"), False, id="forbidden"),
+        pytest.param(error(422, "Invalid", INVALID), False, id="invalid"),
+        pytest.param(error(500, "InternalError", "etcd"), False, id="server-error"),
+    ],
+)
+def test_refused_for_now(exc: ApiException, for_now: bool) -> None:
+    assert refused_for_now(exc) is for_now

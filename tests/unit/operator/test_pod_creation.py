@@ -1,13 +1,15 @@
 """A job's controller creates the pods it lacks at once: every create is in flight before
 the first answers, the pods created are merged even when another create fails, and that
-failure is raised."""
+failure is raised; a create refused for a quota is told once and tried again later."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from elasticjob.operator.api import parse_spec
 from elasticjob.operator.controller import JobController
@@ -65,3 +67,41 @@ async def test_the_missing_pods_are_created_at_once(refuse: int | None, created:
             await job.pods._create_pods(JOB, spec, 4, ())
     assert sorted(job.pods.ledger.pods.snapshot()) == created
     assert job.pods_created == len(created)
+
+
+class QuotaApi(KubeApi):
+    """Refuses every create for an exceeded quota while ``full``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.full = True
+        self.number = 0
+
+    async def create_pod(self, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
+        if self.full:
+            status = {"reason": "Forbidden", "message": 'pods "x" is forbidden: exceeded quota: q'}
+            refused = ApiException(status=403, reason="Forbidden")
+            refused.body = json.dumps(status)
+            raise refused
+        self.number += 1
+        meta = {**pod["metadata"], "name": f"job-worker-{self.number}", "uid": f"p{self.number}"}
+        return {**pod, "metadata": meta, "status": {"phase": "Pending"}}
+
+
+async def test_creates_refused_for_a_quota_are_told_once_and_tried_again_at_the_next_pass() -> None:
+    """Not raised (the controller goes on with the pods it has); a FailedCreate event once until
+    a create succeeds."""
+    api = QuotaApi()
+    job = controller(api)
+    spec = parse_spec(with_changes(replicas=2))
+    await job.pods._create_pods(JOB, spec, 2, ())
+    await job.pods._create_pods(JOB, spec, 2, ())
+    told = job.pods.events.take()
+    assert [(e.reason, e.warning) for e in told] == [("FailedCreate", True)], told
+    assert "exceeded quota" in told[0].message
+    api.full = False
+    await job.pods._create_pods(JOB, spec, 1, ())
+    assert job.pods_created == 1
+    api.full = True
+    await job.pods._create_pods(JOB, spec, 1, ())
+    assert [e.reason for e in job.pods.events.take()] == ["FailedCreate"], "told again"
