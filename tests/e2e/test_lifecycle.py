@@ -34,6 +34,9 @@ from tests.support.operator_release import (
     wait_operator_serving,
 )
 
+JOB_PODS = "elasticjob.dev/job-name=deadline"
+"""The pods of the job the deadline test runs."""
+
 
 def test_a_script_that_raises_on_rank_0_in_every_round_fails_the_job_with_its_exception(
     operator: Cluster, kube: Kube, tmp_path: Path
@@ -67,27 +70,28 @@ def test_a_script_that_raises_on_rank_0_in_every_round_fails_the_job_with_its_ex
 
 
 def test_a_job_past_its_active_deadline_fails_and_is_deleted_after_its_ttl(
-    operator: Cluster, kube: Kube, tmp_path: Path
+    operator: Cluster, kube: Kube
 ) -> None:
     """``activeDeadlineSeconds`` fails the job (reason DeadlineExceeded) whatever it is doing
-    then; ``ttlSecondsAfterFinished`` then deletes it, and its pods go with it."""
-    log_dir = tmp_path / "events"
-    job = job_manifest("deadline", log_dir, tmp_path / "stop", replicas=2, minReplicas=2)
-    job["spec"].update(activeDeadlineSeconds=20, ttlSecondsAfterFinished=3)
+    then (here: its pod never registers); ``ttlSecondsAfterFinished`` then deletes it, and its
+    pods are deleted with it."""
+    job = sleeper("deadline", replicas=1, minReplicas=1, maxReplicas=1)
+    job["spec"].update(activeDeadlineSeconds=10, ttlSecondsAfterFinished=2)
     kube.apply(job)
-    try:
-        failed = kube.wait(
-            "ElasticJob deadline: Failed",
-            lambda: (s := status(kube, "deadline")).get("phase") == "Failed" and s,
-            STARTUP_S,
-        )
-        ended = condition(failed, "Failed")
-        assert ended.get("reason") == "DeadlineExceeded", failed
-        assert "past its active deadline of 20 s" in ended.get("message", ""), failed
-        kube.wait_gone("ej", "deadline", timeout=60)
-        kube.wait("the job's pods to go", lambda: not kube.pods("elasticjob.dev/job-name"), 120)
-    finally:
-        stop_workers(kube, log_dir)
+    failed = kube.wait(
+        "ElasticJob deadline: Failed",
+        lambda: (s := status(kube, "deadline")).get("phase") == "Failed" and s,
+        STARTUP_S,
+    )
+    ended = condition(failed, "Failed")
+    assert ended.get("reason") == "DeadlineExceeded", failed
+    assert "past its active deadline of 10 s" in ended.get("message", ""), failed
+    kube.wait_gone("ej", "deadline", timeout=60)
+    kube.wait(
+        "the job's pods to be deleted",
+        lambda: all(p["metadata"].get("deletionTimestamp") for p in kube.pods(JOB_PODS)),
+        60,
+    )
 
 
 def test_a_worker_lost_while_the_operator_restarts_is_recovered_from(

@@ -34,19 +34,17 @@ def test_a_submitted_folder_trains_survives_a_killed_worker_and_is_followed_to_i
     output = tmp_path / "follow.log"
     with output.open("w") as out:
         follower = subprocess.Popen(
-            [*submit, "--follow", "--", "--epochs", "30", "--pace", "0.1"],
+            [*submit, "--follow", "--", "--epochs", "12", "--pace", "0.1"],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
         )
         try:
-            training = wait_status(
+            training = wait_status(  # (its progress is written every 10 s at most)
                 kube,
                 "fit",
-                "epoch 1 trained by 2 workers",
-                lambda s: (
-                    s.get("worldSize") == 2 and (s.get("progress") or {}).get("epoch", 0) >= 1
-                ),
+                "training on 2 workers",
+                lambda s: s.get("phase") == "Running" and s.get("worldSize") == 2,
                 STARTUP_S,
             )
             victim = next(w for w in training["workers"] if 0 not in w["ranks"])
@@ -58,8 +56,8 @@ def test_a_submitted_folder_trains_survives_a_killed_worker_and_is_followed_to_i
     assert code == 0, followed
     assert "elasticjob.dev/fit created" in followed, followed
     assert "round 2 formed" in followed, followed
-    assert "epoch 29: loss" in followed and "training done" in followed, followed
-    assert followed.count("epoch 29: loss") == 1, followed
+    assert "epoch 11: loss" in followed and "training done" in followed, followed
+    assert followed.count("epoch 11: loss") == 1, followed
     assert followed.rstrip().splitlines()[-1].startswith("[elasticjob] Succeeded"), followed
 
     shown = run(elasticjob(kube, "status", "fit"), env)

@@ -45,8 +45,8 @@ def test_a_script_that_raises_on_rank_0_in_every_round_ends_after_three_rounds(
     tmp_path: Path,
 ) -> None:
     """Round 1 on three hosts, round 2 on the two left, round 3 on one of them and the first
-    one back from its 10 s on the blacklist; each fails at once."""
-    run = run_broken(tmp_path, "--raise-on", "rank-0", "--at-step", "0")
+    one back from its 3 s on the blacklist; each fails at once."""
+    run = run_broken(tmp_path, "--raise-on", "rank-0", "--at-step", "0", cooldown_s=3)
     assert run.returncode != 0, run.explain()
     assert "[harness] stopped" not in run.stderr, run.explain()
     assert rounds(run) == {1, 2, 3}, run.explain()
