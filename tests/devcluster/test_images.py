@@ -77,11 +77,15 @@ def test_entrypoints_commands_and_users(images: dict[str, BuiltImage]) -> None:
 
 
 def run_in(image: str, *command: str) -> str:
-    """``command`` in a container of ``image`` (runc, as the image's user), its stdout."""
+    """``command`` in a container of ``image`` (runc, as the image's user), its stdout. No
+    network: buildah's default one is a CNI bridge (cni-podman0, 10.88.0.0/16) that it makes
+    once and leaves behind, in an address block of devcluster's."""
     buildah = Buildah(default_cache_dir() / "images" / "store")
     container = buildah.run("from", "--pull-never", image).strip()
     try:
-        return buildah.run("run", container, "--", *command, timeout=RUN_TIMEOUT)
+        return buildah.run(
+            "run", "--network", "none", container, "--", *command, timeout=RUN_TIMEOUT
+        )
     finally:
         buildah.run("rm", container)
 

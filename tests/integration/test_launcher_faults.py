@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -118,7 +119,7 @@ def test_later_discovery_failures_are_retried_and_the_last_is_in_the_final_messa
     [
         pytest.param(
             ["true"],
-            "job failed: worker 127.0.1.1[0] exited with status 0 before it joined the job",
+            "exited with status 0 before it joined the job",
             id="exits-0",
         ),
         pytest.param(
@@ -137,7 +138,8 @@ def test_a_command_that_never_joins_the_job_fails_it_and_points_at_the_recipe(
         [*LAUNCHER, "-np", "2", "-H", "127.0.1.1:2", *command], tmp_path, None, WORKERS_UP_S
     )
     assert returncode == 1, stderr
-    assert says in stderr, stderr
+    # Either slot may be the first to end.
+    assert re.search(rf"127\.0\.1\.1\[[01]\]:? {says}", stderr), stderr
     assert "torchrun / DDP recipe in docs/worker-runtime.md" in stderr, stderr
     assert "runs unchanged in restart mode (elasticjob-run --mode restart" in stderr, stderr
 
