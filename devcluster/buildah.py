@@ -135,14 +135,18 @@ class Buildah:
             capture=False,
         )  # fmt: skip
 
+    def push(self, image: str, destination: str, timeout: float = BUILD_TIMEOUT) -> None:
+        """Copy ``image`` to ``destination`` (a containers-image transport: ``oci:DIR:NAME``,
+        ``docker-archive:TAR:NAME``...)."""
+        self.run(
+            "push", "--signature-policy", str(self.policy), image, destination, timeout=timeout
+        )
+
     def export(self, image: str, archive: Path) -> None:
         """Write ``image`` to a docker-archive tar that ``ctr images import`` names ``image``."""
         tmp = archive.with_name(archive.name + ".tmp")
         tmp.unlink(missing_ok=True)
-        self.run(
-            "push", "--signature-policy", str(self.policy), image,
-            f"docker-archive:{tmp}:{image}", timeout=BUILD_TIMEOUT,
-        )  # fmt: skip
+        self.push(image, f"docker-archive:{tmp}:{image}")
         tmp.rename(archive)
 
     def load(self, archive: Path, image: str) -> None:

@@ -91,10 +91,7 @@ def load_image(cfg: ClusterConfig, context: Path, dockerfile: Path, name: str, b
         buildah.bud(context, dockerfile, name, [])
         rootfs: Any = buildah.inspect(base)["rootfs"]
         held = set(rootfs["diff_ids"])
-        buildah.run(
-            "push", "--signature-policy", str(buildah.policy), name, f"oci:{layout}:{name}",
-            timeout=600,
-        )  # fmt: skip
+        buildah.push(name, f"oci:{layout}:{name}", timeout=600)
         archive = cfg.run_dir / f"{name.replace('/', '_')}.tar"
         thin_archive(layout, name, held, archive)
     for node in real_nodes(cfg):

@@ -34,7 +34,6 @@ def _parser() -> argparse.ArgumentParser:
     timeline.add_argument(
         "-n", "--namespace", help="the ElasticJob's namespace (default: the kubeconfig's)"
     )
-    timeline.set_defaults(run=_timeline)
     add_commands(commands)
     return parser
 

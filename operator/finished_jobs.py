@@ -39,7 +39,7 @@ def deletion_due(body: Mapping[str, Any]) -> float | None:
     completed = (body.get("status") or {}).get("completionTime")
     if ttl is None or not completed or not ended(body):
         return None
-    at = datetime.datetime.fromisoformat(str(completed).replace("Z", "+00:00"))
+    at = datetime.datetime.fromisoformat(str(completed))
     return at.timestamp() + float(ttl)
 
 

@@ -4,7 +4,6 @@ what each prints); ``elasticjob/cli.py`` adds them to the ``elasticjob`` command
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -13,6 +12,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
 
 from elasticjob.driver.driver_types import JobMode
+from elasticjob.operator.kube_errors import api_message
 from elasticjob.submit import (
     BundleError,
     JobClient,
@@ -21,7 +21,7 @@ from elasticjob.submit import (
     SubmittedJob,
     build,
 )
-from elasticjob.submit.follow import follow, rank_pod
+from elasticjob.submit.follow import follow, phase_condition, rank_pod
 from elasticjob.submit.job_request import DEFAULT_IMAGE
 
 _EXAMPLE = """example:
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"elasticjob {args.command}: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, BundleError | RequestError) else 1
     except ApiException as exc:
-        message = f"{exc.status} {exc.reason}: {_api_message(exc)}"
+        message = f"{exc.status} {exc.reason}: {api_message(exc)}"
         print(f"elasticjob {args.command}: {message}", file=sys.stderr)
         return 1
     return code
@@ -161,12 +161,10 @@ def describe(job: Mapping[str, Any]) -> list[str]:
     status = job.get("status") or {}
     spec = job.get("spec") or {}
     phase = status.get("phase") or "Pending"
-    condition: Mapping[str, Any] = next(
-        (c for c in status.get("conditions") or [] if c.get("type") == phase), {}
-    )
+    reason, message = phase_condition(status, phase)
     lines = [f"{job['metadata']['name']}: {phase}"]
-    if condition.get("message"):
-        lines[0] += f" ({condition.get('reason')}): {condition['message']}"
+    if message:
+        lines[0] += f" ({reason}): {message}"
     lines.append(
         f"round {status.get('round', 0)}: {status.get('worldSize', 0)} workers; "
         f"{status.get('replicas', 0)} pods of {spec.get('replicas')} wanted "
@@ -208,10 +206,3 @@ def _delete(args: argparse.Namespace) -> int:
     SubmittedJob(_client(args), args.name).delete()
     print(f"elasticjob.dev/{args.name} deleted")
     return 0
-
-
-def _api_message(exc: ApiException) -> str:
-    try:
-        return str(json.loads(exc.body or "{}").get("message") or exc.body)
-    except ValueError:
-        return str(exc.body)

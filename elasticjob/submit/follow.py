@@ -14,11 +14,11 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from elasticjob.operator.finished_jobs import ENDED_PHASES
 from elasticjob.submit.job_client import JobClient
 
 logger = logging.getLogger(__name__)
 
-ENDED: Final = frozenset({"Succeeded", "Failed"})
 PREFIX: Final = "[elasticjob]"
 """What starts the lines that tell the job's story rather than rank 0's log."""
 
@@ -51,13 +51,14 @@ def news(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> list[str
     lines = [f"{PREFIX} {line}" for line in after.get("history") or [] if line not in seen]
     phase = after.get("phase")
     if phase and phase != before.get("phase"):
-        reason, message = _phase_condition(after, str(phase))
+        reason, message = phase_condition(after, str(phase))
         told = f" ({reason})" if reason else ""
         lines.append(f"{PREFIX} {phase}{told}" + (f": {message}" if message else ""))
     return lines
 
 
-def _phase_condition(status: Mapping[str, Any], phase: str) -> tuple[str | None, str | None]:
+def phase_condition(status: Mapping[str, Any], phase: str) -> tuple[str | None, str | None]:
+    """The reason and message of the condition of ``phase``, True in ``status``."""
     for condition in status.get("conditions") or []:
         if condition.get("type") == phase and condition.get("status") == "True":
             return condition.get("reason"), condition.get("message")
@@ -67,7 +68,7 @@ def _phase_condition(status: Mapping[str, Any], phase: str) -> tuple[str | None,
 def exit_code(status: Mapping[str, Any]) -> int | None:
     """The command's exit code for the job's status: 0 Succeeded, 1 Failed, None running."""
     phase = status.get("phase")
-    return None if phase not in ENDED else 0 if phase == "Succeeded" else 1
+    return None if phase not in ENDED_PHASES else 0 if phase == "Succeeded" else 1
 
 
 class _LogTail:

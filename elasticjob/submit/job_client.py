@@ -13,6 +13,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from elasticjob.operator.api import GROUP, PLURAL, VERSION, WORKER_CONTAINER
+from elasticjob.operator.kube_errors import ApiOutcome, api_outcome
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +101,8 @@ class JobClient:
                 ),
             )
         except ApiException as exc:
-            if exc.status == 404:
-                raise JobNotFoundError(f"no ElasticJob {name} in {self.namespace}") from None
+            if api_outcome(exc) is ApiOutcome.NOT_FOUND:
+                raise self._not_found(name) from None
             raise
         return job
 
@@ -127,9 +128,12 @@ class JobClient:
                 GROUP, VERSION, self.namespace, PLURAL, name, propagation_policy="Background"
             )
         except ApiException as exc:
-            if exc.status == 404:
-                raise JobNotFoundError(f"no ElasticJob {name} in {self.namespace}") from None
+            if api_outcome(exc) is ApiOutcome.NOT_FOUND:
+                raise self._not_found(name) from None
             raise
+
+    def _not_found(self, name: str) -> JobNotFoundError:
+        return JobNotFoundError(f"no ElasticJob {name} in {self.namespace}")
 
     def log_lines(
         self, pod: str, *, follow: bool, since_s: int | None = None
