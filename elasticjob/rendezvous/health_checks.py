@@ -20,7 +20,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from elasticjob.rendezvous.health_rule import PEERS_KEPT, HealthPolicy, decide_gather, judge_cohort
+from elasticjob.rendezvous.health_rule import (
+    PEERS_KEPT,
+    HealthPolicy,
+    decide_gather,
+    judge_cohort,
+    kept_as_peers,
+)
 from elasticjob.rendezvous.rendezvous_types import Refusal, RequestRefused
 from elasticjob.rendezvous.wakeup import LongPolls, Wakeup
 from elasticjob.wire.health import (
@@ -277,6 +283,7 @@ class HealthChecks:
             self.policy,
             gone=gone,
         )
+        self._history.extend(kept_as_peers(cohort.reports, verdicts, list(self._history)))
         for host, verdict in verdicts.items():
             self._cohort_of.pop(host, None)
             report = cohort.reports.get(host)
@@ -292,8 +299,6 @@ class HealthChecks:
             figures = None if report is None else report.figures
             if verdict.status is VerdictStatus.PASSED:
                 self._admitting.add(host)
-                if figures is not None:
-                    self._history.append(figures)
             seconds = None if report is None else report.seconds
             self._listener.on_health_verdict(host, verdict, seconds, figures)
 

@@ -19,6 +19,7 @@ from elasticjob.rendezvous.health_rule import HealthPolicy
 from elasticjob.rendezvous.job_token import JobToken, check_job_name
 from elasticjob.rendezvous.limits import (
     DEFAULT_MAX_WORKERS,
+    InFlight,
     JobLimits,
     TokenBucket,
 )
@@ -79,6 +80,7 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._listener = listener
         self._bucket = TokenBucket(self.limits.requests_per_s, self.limits.burst, clock)
         self._polls = LongPolls(self.limits.long_polls, lambda: self._closing)
+        self.bodies = InFlight(self.limits.bodies)
         self._workers = AdmittedWorkers(job)
         self._round: PublishedRound | None = None
         self._numbered_after = 0

@@ -1,31 +1,45 @@
-"""Per-job bounds of the rendezvous service, sized from the job's maximum worker count.
+"""Per-job bounds of the rendezvous service, sized from the job's maximum worker count and
+capped by the service's own capacity.
 
 One service serves every job of an operator, so no job may take more than its share of it.
 The bounds follow from a worker's normal traffic (:data:`NORMAL_REQUESTS_PER_WORKER_S`):
 one heartbeat per second at most, one notices long-poll re-issued at most once a second,
 rendezvous long-polls around a round change, a result at its end and, from rank 0, progress
 at most once a second; that is at most 3 requests a second and 2 long-polls held at once per
-worker. Every bound gives :data:`HEADROOM` times that:
+worker. Every bound gives :data:`HEADROOM` times that, and no job's sustained rate exceeds
+:data:`MAX_JOB_SHARE` of what the service answers (:data:`SERVICE_REQUESTS_PER_S`), however
+large the job: one job at its rate leaves the other half of the service to every other job.
 
 ================================  =======================================  =============
 bound                             formula                                  1,024 workers
 ================================  =======================================  =============
-requests per second (sustained)   max(100, 3 x 10 x max_workers)           30,720
-burst (requests at once)          2 s of the sustained rate                61,440
+requests per second (sustained)   min(max(100, 3 x 10 x max_workers),      1,400
+                                  0.5 x 2,800)
+burst (requests at once)          max(2 s of the sustained rate,           4,096
+                                  4 x max_workers)
 long-polls held at once           max(20, 2 x 10 x max_workers)            20,480
+request bodies being read         min(max(16, 2 x max_workers), 256)       256
 rendezvous rounds kept per worker :data:`ANNOUNCED_ROUNDS_PER_WORKER`      16
 ================================  =======================================  =============
 
+The burst covers a failure of the largest job (about 3 requests per survivor within a
+second, ``docs/scale.md``). A request whose body is still arriving holds a connection and a
+handler without being a long-poll: a job may have :attr:`JobLimits.bodies` of them at once,
+each for at most ``request_bodies.BODY_TIMEOUT_S``.
+
 Everything else a job keeps is bounded by the workers its driver launched (registrations and
 results of other workers are refused), by :data:`~elasticjob.rendezvous.notice_log.MAX_NOTICES`
-notices, and by the largest request body (``routes.MAX_BODY_BYTES``).
+notices, and by the largest request body (``request_bodies.MAX_BODY_BYTES``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
+
+from elasticjob.rendezvous.rendezvous_types import Refusal, RequestRefused
 
 HEADROOM: Final = 10
 """How many times a job's normal traffic its bounds allow."""
@@ -38,7 +52,21 @@ MIN_REQUESTS_PER_S: Final = 100.0
 MIN_LONG_POLLS: Final = 20
 """Long-polls a job of a few workers may hold at least."""
 BURST_SECONDS: Final = 2.0
-"""A job may send this many seconds of its sustained rate at once."""
+"""A job may send this many seconds of its sustained rate at once..."""
+BURST_REQUESTS_PER_WORKER: Final = 4
+"""... or this many requests per worker, if more: a failure costs every survivor about 3."""
+SERVICE_REQUESTS_PER_S: Final = 2_800.0
+"""Requests a second the service's event loop answers (about 0.35 ms of CPU each, measured
+by ``bench/scale.py``, ``docs/scale.md``)."""
+MAX_JOB_SHARE: Final = 0.5
+"""The largest share of :data:`SERVICE_REQUESTS_PER_S` one job's sustained rate may be."""
+BODIES_PER_WORKER: Final = 2
+"""Request bodies one worker sends at once at most (a heartbeat beside a result or a
+rendezvous request)."""
+MIN_BODIES: Final = 16
+"""Bodies a job of a few workers may have in flight at least."""
+MAX_BODIES: Final = 256
+"""Bodies any job may have in flight at most."""
 ANNOUNCED_ROUNDS_PER_WORKER: Final = 16
 """How many of a worker's ``after_round`` values a job remembers (to tell its driver about
 each once); older ones are forgotten first."""
@@ -53,17 +81,21 @@ class JobLimits:
     requests_per_s: float
     burst: float
     long_polls: int
+    bodies: int
+    """Requests whose body is still being read, at once."""
 
     @classmethod
     def for_workers(cls, max_workers: int) -> JobLimits:
         """The bounds of a job of at most ``max_workers`` workers (at least 1)."""
         if max_workers < 1:
             raise ValueError(f"a job's maximum worker count must be >= 1, got {max_workers}")
-        rate = max(MIN_REQUESTS_PER_S, NORMAL_REQUESTS_PER_WORKER_S * HEADROOM * max_workers)
+        wanted = max(MIN_REQUESTS_PER_S, NORMAL_REQUESTS_PER_WORKER_S * HEADROOM * max_workers)
+        rate = min(wanted, MAX_JOB_SHARE * SERVICE_REQUESTS_PER_S)
         return cls(
             requests_per_s=rate,
-            burst=rate * BURST_SECONDS,
+            burst=max(rate * BURST_SECONDS, BURST_REQUESTS_PER_WORKER * max_workers),
             long_polls=max(MIN_LONG_POLLS, LONG_POLLS_PER_WORKER * HEADROOM * max_workers),
+            bodies=min(max(MIN_BODIES, BODIES_PER_WORKER * max_workers), MAX_BODIES),
         )
 
 
@@ -87,3 +119,25 @@ class TokenBucket:
             self._tokens -= 1.0
             return 0.0
         return (1.0 - self._tokens) / self._rate
+
+
+class InFlight:
+    """Counts what a job holds at once (its request bodies being read), refusing beyond
+    ``limit`` (:attr:`Refusal.TOO_MANY_BODIES`, before anything is held)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self.held = 0
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Hold one for the ``with`` block."""
+        if self.held >= self._limit:
+            raise RequestRefused(
+                Refusal.TOO_MANY_BODIES, f"the job has {self.held} request bodies in flight"
+            )
+        self.held += 1
+        try:
+            yield
+        finally:
+            self.held -= 1

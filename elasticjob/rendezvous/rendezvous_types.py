@@ -58,6 +58,8 @@ class Refusal(enum.Enum):
     """The worker's process already reported its result."""
     TOO_MANY_WAITS = "too many waits"
     """The job holds as many long-polls as its bounds allow."""
+    TOO_MANY_BODIES = "too many bodies"
+    """The job has as many request bodies being read as its bounds allow."""
     INVALID_REPORT = "invalid report"
     """A probe report names a peer the worker does not probe in that round."""
 

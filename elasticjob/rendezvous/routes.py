@@ -11,12 +11,15 @@ the job is called, so a rejected request never changes any job's state:
    be probed; 503 with ``Retry-After`` for a job not served yet while the service takes its
    jobs back after a restart);
 4. the job's rate (429 with ``Retry-After``, see ``limits.py``);
-5. its query or body (400 for malformed JSON or a repeated key, 413 over
-   :data:`MAX_BODY_BYTES`, 422 for a value the strict wire model refuses);
+5. its query or body (400 for malformed JSON, a repeated key or a body that ended early,
+   408 for one not received in time, 413 for one too large, 422 for a value the strict wire
+   model refuses, 429 beyond the job's bodies in flight: ``request_bodies.py``);
 6. what the job refuses (:class:`~elasticjob.rendezvous.rendezvous_types.RequestRefused`: 403
    for a worker its driver did not launch (503 with ``Retry-After`` before the job's first own
    round), 409 for a round not published yet, another store endpoint for the same round or a
    repeated result, 429 beyond the job's long-polls).
+
+A client that goes away is answered like any other (to nobody) and logged as one line.
 
 A connection is kept alive after an answered request (a worker sends its heartbeats and other
 short requests over one connection, see ``transport.py`` for its bounds); a refused request's
@@ -26,7 +29,6 @@ connection open and an unread body is never left on a connection.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -39,23 +41,24 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from elasticjob.rendezvous.health_checks import HealthChecks
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.rendezvous_types import Refusal, RequestRefused
+from elasticjob.rendezvous.request_bodies import (
+    BODY_TIMEOUT_S,
+    ApiError,
+    invalid,
+    json_response,
+    parse_body,
+)
 from elasticjob.rendezvous.stats import RequestStats
 from elasticjob.wire.health import CohortRequest, HealthReport
 from elasticjob.wire.messages import (
-    ErrorResponse,
     HeartbeatRequest,
     ProgressRequest,
     RendezvousRequest,
     ResultRequest,
 )
 from elasticjob.wire.protocol import API_PREFIX, PROTOCOL_HEADER, PROTOCOL_VERSION
-from elasticjob.wire.strict_json import DuplicateKeyError, parse_json
 
 logger = logging.getLogger(__name__)
-
-MAX_BODY_BYTES: Final = 64 * 1024
-"""Largest request body accepted; larger ones get 413. The largest valid body, a result with
-a 4,096-character message of 4-byte characters, is about 16 KiB."""
 
 _REFUSAL_STATUS: Final = {
     Refusal.UNKNOWN_WORKER: 403,
@@ -64,8 +67,11 @@ _REFUSAL_STATUS: Final = {
     Refusal.ENDPOINT_CHANGED: 409,
     Refusal.RESULT_REPEATED: 409,
     Refusal.TOO_MANY_WAITS: 429,
+    Refusal.TOO_MANY_BODIES: 429,
     Refusal.INVALID_REPORT: 422,
 }
+
+_Model = TypeVar("_Model", bound=BaseModel)
 
 _LONG_POLL: Final = web.RequestKey("elasticjob.long_poll", bool)
 """Request key a handler sets when the request may wait for news (left out of the latency)."""
@@ -73,31 +79,6 @@ _LONG_POLL: Final = web.RequestKey("elasticjob.long_poll", bool)
 RETRY_AFTER_S: Final = 1
 """``Retry-After`` of the 503 answered for a job that is not served yet while the service's
 owner is still adopting its jobs (after a restart)."""
-
-_Model = TypeVar("_Model", bound=BaseModel)
-
-
-class ApiError(Exception):
-    """An error answered to the client as a JSON
-    :class:`~elasticjob.wire.messages.ErrorResponse`."""
-
-    def __init__(
-        self,
-        status: int,
-        error: str,
-        detail: list[dict[str, object]] | str | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(error)
-        self.status = status
-        self.error = error
-        self.detail = detail
-        self.headers = dict(headers or {})
-
-    def response(self) -> web.Response:
-        """The JSON response that carries this error."""
-        body = ErrorResponse(error=self.error, detail=self.detail)
-        return _json(body, status=self.status, headers=self.headers)
 
 
 class _NoticesQuery(BaseModel):
@@ -107,33 +88,6 @@ class _NoticesQuery(BaseModel):
 
     after: Annotated[str, Field(pattern=r"^[0-9]{1,19}$")] = "0"
     wait: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.0
-
-
-def _json(
-    model: BaseModel,
-    *,
-    status: int = 200,
-    headers: Mapping[str, str] | None = None,
-) -> web.Response:
-    return web.Response(
-        body=model.model_dump_json().encode(),
-        status=status,
-        headers=headers,
-        content_type="application/json",
-    )
-
-
-def _where(err: Mapping[str, object], what: str) -> str:
-    loc = err.get("loc")
-    parts = [str(part) for part in loc] if isinstance(loc, list) else []
-    return ".".join(parts) or what
-
-
-def _invalid(what: str, exc: ValidationError) -> ApiError:
-    detail: list[dict[str, object]] = json.loads(exc.json(include_url=False, include_input=False))
-    fields = "; ".join(f"{_where(err, what)}: {err.get('msg')}" for err in detail[:5])
-    status = 400 if any(err.get("type") == "json_invalid" for err in detail) else 422
-    return ApiError(status, f"invalid {what}: {fields}", detail)
 
 
 def _bearer_token(request: web.Request) -> str:
@@ -146,29 +100,6 @@ def _bearer_token(request: web.Request) -> str:
             headers={hdrs.WWW_AUTHENTICATE: "Bearer"},
         )
     return token
-
-
-async def _read_body(request: web.Request) -> bytes:
-    """The request's body; a client that goes away before sending all of it (a worker
-    process that exits with a report in flight) is a 400, not a failure of the service."""
-    try:
-        return await _read_whole_body(request)
-    except ConnectionResetError as exc:
-        raise ApiError(400, f"the request body ended early: {exc}") from None
-
-
-async def _read_whole_body(request: web.Request) -> bytes:
-    too_large = ApiError(413, f"request body is larger than {MAX_BODY_BYTES} bytes")
-    if request.content_length is not None:
-        if request.content_length > MAX_BODY_BYTES:
-            raise too_large
-        return await request.read()  # the parser stops at Content-Length
-    body = bytearray()
-    while chunk := await request.content.readany():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise too_large
-    return bytes(body)
 
 
 def protocol_refusal(sent: str | None) -> ApiError | None:
@@ -211,10 +142,20 @@ class _Api:
     """The request handlers, over a live view of the service's jobs."""
 
     def __init__(
-        self, jobs: Mapping[str, InMemoryJobRendezvous], adopting: Callable[[], bool]
+        self,
+        jobs: Mapping[str, InMemoryJobRendezvous],
+        adopting: Callable[[], bool],
+        body_timeout: float,
     ) -> None:
         self._jobs = jobs
         self._adopting = adopting
+        self._body_timeout = body_timeout
+
+    async def body(
+        self, request: web.Request, job: InMemoryJobRendezvous, model: type[_Model]
+    ) -> _Model:
+        """The request's body as ``model`` (see ``request_bodies.parse_body``)."""
+        return await parse_body(request, job, model, self._body_timeout)
 
     def authorize(self, request: web.Request) -> InMemoryJobRendezvous:
         """The job named in the path, if the request speaks the service's protocol, carries the
@@ -250,9 +191,9 @@ class _Api:
 
     async def rendezvous(self, request: web.Request) -> web.Response:
         job = self.authorize(request)
-        body = await _parse_body(request, RendezvousRequest)
+        body = await self.body(request, job, RendezvousRequest)
         request[_LONG_POLL] = body.wait_seconds > 0
-        return _json(await job.rendezvous(body))
+        return json_response(await job.rendezvous(body))
 
     async def notices(self, request: web.Request) -> web.Response:
         job = self.authorize(request)
@@ -262,58 +203,48 @@ class _Api:
         try:
             query = _NoticesQuery.model_validate(dict(request.query))
         except ValidationError as exc:
-            raise _invalid("query", exc) from exc
+            raise invalid("query", exc) from exc
         request[_LONG_POLL] = query.wait > 0
-        return _json(await job.notices(int(query.after), query.wait))
+        return json_response(await job.notices(int(query.after), query.wait))
 
     async def results(self, request: web.Request) -> web.Response:
         job = self.authorize(request)
-        job.report_result(await _parse_body(request, ResultRequest))
+        job.report_result(await self.body(request, job, ResultRequest))
         return web.Response(status=204)
 
     async def progress(self, request: web.Request) -> web.Response:
         job = self.authorize(request)
-        job.report_progress(await _parse_body(request, ProgressRequest))
+        job.report_progress(await self.body(request, job, ProgressRequest))
         return web.Response(status=204)
 
     async def heartbeat(self, request: web.Request) -> web.Response:
         job = self.authorize(request)
-        job.report_heartbeat(await _parse_body(request, HeartbeatRequest))
+        job.report_heartbeat(await self.body(request, job, HeartbeatRequest))
         return web.Response(status=204)
 
     async def round(self, request: web.Request) -> web.Response:
-        return _json(self.authorize(request).round_info())
+        return json_response(self.authorize(request).round_info())
 
     async def plan(self, request: web.Request) -> web.Response:
-        return _json(self.authorize(request).planned_round())
+        return json_response(self.authorize(request).planned_round())
 
-    def _health_checks(self, request: web.Request) -> HealthChecks:
+    def _health_checks(self, request: web.Request) -> tuple[InMemoryJobRendezvous, HealthChecks]:
         job = self.authorize(request)
         if job.health_checks is None:
             raise ApiError(404, f"job {job.job!r} runs no health checks")
-        return job.health_checks
+        return job, job.health_checks
 
     async def health_cohort(self, request: web.Request) -> web.Response:
-        checks = self._health_checks(request)
-        body = await _parse_body(request, CohortRequest)
+        job, checks = self._health_checks(request)
+        body = await self.body(request, job, CohortRequest)
         request[_LONG_POLL] = body.wait_seconds > 0
-        return _json(await checks.join(body))
+        return json_response(await checks.join(body))
 
     async def health_report(self, request: web.Request) -> web.Response:
-        checks = self._health_checks(request)
-        body = await _parse_body(request, HealthReport)
+        job, checks = self._health_checks(request)
+        body = await self.body(request, job, HealthReport)
         request[_LONG_POLL] = body.wait_seconds > 0
-        return _json(await checks.report(body))
-
-
-async def _parse_body(request: web.Request, model: type[_Model]) -> _Model:
-    body = await _read_body(request)
-    try:
-        return parse_json(model, body)
-    except ValidationError as exc:
-        raise _invalid("request body", exc) from exc
-    except DuplicateKeyError as exc:
-        raise ApiError(400, f"invalid request body: {exc}") from exc
+        return json_response(await checks.report(body))
 
 
 def _stats_and_errors(stats: RequestStats) -> typedefs.Middleware:
@@ -354,16 +285,19 @@ def create_app(
     jobs: Mapping[str, InMemoryJobRendezvous],
     stats: RequestStats,
     adopting: Callable[[], bool],
+    *,
+    body_timeout: float = BODY_TIMEOUT_S,
 ) -> web.Application:
     """The aiohttp application serving ``jobs`` (a live mapping: jobs added to or removed
     from it later are served or not accordingly) and counting requests in ``stats``.
 
-    While ``adopting()`` is true, a request for a job that is not in ``jobs`` gets 503 with
+    A request's body must arrive within ``body_timeout`` seconds of its headers (408). While
+    ``adopting()`` is true, a request for a job that is not in ``jobs`` gets 503 with
     ``Retry-After`` instead of 403.
 
     On application shutdown every job's pending long-polls are answered at once.
     """
-    api = _Api(jobs, adopting)
+    api = _Api(jobs, adopting, body_timeout)
     app = web.Application(middlewares=[_stats_and_errors(stats)])
     job_path = f"{API_PREFIX}/jobs/{{job}}"
     # The router tries routes in this order: the most frequent first (every worker beats

@@ -18,6 +18,7 @@ from aiohttp import web
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS, JobLimits
 from elasticjob.rendezvous.rendezvous_types import RendezvousListener
+from elasticjob.rendezvous.request_bodies import BODY_TIMEOUT_S
 from elasticjob.rendezvous.routes import create_app
 from elasticjob.rendezvous.stats import RequestStats
 from elasticjob.rendezvous.transport import (
@@ -53,6 +54,7 @@ class RendezvousService:
         *,
         shutdown_timeout: float = SHUTDOWN_TIMEOUT_S,
         header_timeout: float = HEADER_TIMEOUT_S,
+        body_timeout: float = BODY_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._jobs: dict[str, InMemoryJobRendezvous] = {}
@@ -61,7 +63,7 @@ class RendezvousService:
         self._expected: set[str] = set()
         self._expected_until = 0.0
         self._standing_by = False
-        self._app = create_app(self._jobs, self._stats, self.adopting)
+        self._app = create_app(self._jobs, self._stats, self.adopting, body_timeout=body_timeout)
         self._shutdown_timeout = shutdown_timeout
         self._header_timeout = header_timeout
         self._scheme = "http"

@@ -13,14 +13,18 @@ and answers each pod its :class:`HealthVerdict`.
 from __future__ import annotations
 
 import enum
-from typing import Annotated
+from typing import Annotated, Final
 
 from pydantic import Field, StringConstraints, model_validator
 
 from elasticjob.wire.messages import HostName, Port
 from elasticjob.wire.strict_json import StrictModel
 
-_Positive = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
+MAX_COMPUTE_GFLOPS: Final = 1e7
+"""Largest compute figure a pod may report: 10 PFLOP/s, ten times today's fastest single
+accelerator in its densest format."""
+MAX_COPY_GBPS: Final = 1e5
+"""Largest copy bandwidth a pod may report: 100 TB/s, twenty times today's fastest memory."""
 _Seconds = Annotated[float, Field(strict=True, ge=0, le=86400, allow_inf_nan=False)]
 _Wait = Annotated[float, Field(strict=True, ge=0, le=60, allow_inf_nan=False)]
 CohortNumber = Annotated[int, Field(strict=True, ge=1)]
@@ -64,12 +68,14 @@ class HealthProblem(enum.StrEnum):
 
 class HealthFigures(StrictModel):
     """What a pod measured: its compute (a matrix multiply) and copy bandwidth on its
-    ``device`` kind, and how long its cohort's collective took (None: a cohort of one runs
-    none)."""
+    ``device`` kind, each capped (:data:`MAX_COMPUTE_GFLOPS`, :data:`MAX_COPY_GBPS`), and how
+    long its cohort's collective took (None: a cohort of one runs none)."""
 
     device: Annotated[str, StringConstraints(pattern=r"^(cpu|cuda)$")]
-    compute_gflops: _Positive
-    copy_gbps: _Positive
+    compute_gflops: Annotated[
+        float, Field(strict=True, gt=0, le=MAX_COMPUTE_GFLOPS, allow_inf_nan=False)
+    ]
+    copy_gbps: Annotated[float, Field(strict=True, gt=0, le=MAX_COPY_GBPS, allow_inf_nan=False)]
     collective_s: _Seconds | None = None
 
 

@@ -52,11 +52,17 @@ from tests.support.rendezvous_jobs import W0, RecordingListener, slots_for
 from tests.support.tls import make_ca, server_context
 
 DEADLINE = 10.0
+HEARTBEAT_W0 = {"hostname": W0.hostname, "local_rank": W0.local_rank}
+
+
+BODY_TIMEOUT_S = 1.0
 
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[Cluster]:
-    async with started_cluster(header_timeout=1.0, client_timeout_s=30) as started:
+    async with started_cluster(
+        header_timeout=1.0, body_timeout=BODY_TIMEOUT_S, client_timeout_s=30
+    ) as started:
         yield started
 
 
@@ -498,6 +504,73 @@ async def test_a_client_gone_before_its_body_ended_is_a_400_without_a_traceback(
     assert all(r.levelno < logging.WARNING and r.exc_info is None for r in caplog.records), [
         r.getMessage() for r in caplog.records
     ]
+
+
+def heartbeat_head(token: str = TOKEN_A, job: str = "job-a") -> bytes:
+    """A heartbeat's request line and headers, announcing a 100-byte body."""
+    return (
+        f"POST /v1/jobs/{job}/heartbeat HTTP/1.1\r\nHost: x\r\n".encode()
+        + f"Authorization: Bearer {token}\r\n".encode()
+        + f"{PROTOCOL_HEADER}: {PROTOCOL_VERSION}\r\n".encode()
+        + b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    )
+
+
+def held_body(port: int, wait_s: float) -> tuple[bytes, float]:
+    """Send a heartbeat's headers and the start of its body, never the rest: the answer's
+    status line and how long it took (b"" if none came within ``wait_s``)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as sock:
+        started = time.monotonic()
+        sock.sendall(heartbeat_head() + b'{"hostname": ')
+        try:
+            answer = sock.recv(200)
+        except TimeoutError:
+            answer = b""
+        return answer.split(b"\r\n", 1)[0], time.monotonic() - started
+
+
+async def test_a_body_that_never_ends_is_408_within_its_deadline_and_changes_nothing(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="elasticjob.rendezvous")
+    before = snapshot(cluster.job_a, cluster.listener_a)
+    line, elapsed = await asyncio.wait_for(
+        asyncio.to_thread(held_body, port_of(cluster.service), 8.0), DEADLINE
+    )
+    assert line.split(b" ")[1:2] == [b"408"], line
+    assert BODY_TIMEOUT_S <= elapsed < BODY_TIMEOUT_S + 2.0, elapsed
+    assert snapshot(cluster.job_a, cluster.listener_a) == before
+    assert cluster.job_a.bodies.held == 0
+    assert all(r.exc_info is None and r.levelno < logging.WARNING for r in caplog.records)
+
+
+async def test_a_job_holding_its_bound_of_bodies_is_refused_more_and_other_jobs_are_not() -> None:
+    async with started_cluster(body_timeout=DEADLINE) as cluster:
+        bound = cluster.job_a.limits.bodies
+        port = port_of(cluster.service)
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(bound)]
+        try:
+            for sock in held:
+                sock.sendall(heartbeat_head() + b'{"hostname": ')
+            deadline = time.monotonic() + DEADLINE
+            while cluster.job_a.bodies.held < bound:
+                assert time.monotonic() < deadline, f"{cluster.job_a.bodies.held} bodies held"
+                await asyncio.sleep(0.01)
+            line, _ = await asyncio.wait_for(asyncio.to_thread(held_body, port, 5.0), DEADLINE)
+            assert line.split(b" ")[1:2] == [b"429"], line
+            status, _ = await cluster.call(
+                "POST", "/v1/jobs/job-b/heartbeat", token=TOKEN_B, json=HEARTBEAT_W0
+            )
+            assert status == 204, "another job's bodies are its own"
+        finally:
+            for sock in held:
+                sock.close()
+        deadline = time.monotonic() + DEADLINE
+        while cluster.job_a.bodies.held:
+            assert time.monotonic() < deadline, "a closed connection's body is let go"
+            await asyncio.sleep(0.01)
+        status, _ = await cluster.call("POST", "/v1/jobs/job-a/heartbeat", json=HEARTBEAT_W0)
+        assert status == 204
 
 
 async def test_an_encoded_newline_in_the_path_stays_on_one_log_line(

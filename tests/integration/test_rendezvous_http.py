@@ -12,7 +12,7 @@ import pytest
 import yaml  # type: ignore[import-untyped]
 from pydantic import BaseModel
 
-from elasticjob.rendezvous.routes import MAX_BODY_BYTES
+from elasticjob.rendezvous.request_bodies import MAX_BODY_BYTES
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire.health import (
     CohortRequest,

@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
+from elasticjob.rendezvous.request_bodies import BODY_TIMEOUT_S
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.rendezvous.transport import HEADER_TIMEOUT_S
 from elasticjob.wire.messages import RendezvousResponse, WorkerId
@@ -22,11 +23,15 @@ TOKEN_B = "token-of-job-b"
 
 @contextlib.asynccontextmanager
 async def started_cluster(
-    *, header_timeout: float = HEADER_TIMEOUT_S, client_timeout_s: float = 90.0
+    *,
+    header_timeout: float = HEADER_TIMEOUT_S,
+    body_timeout: float = BODY_TIMEOUT_S,
+    client_timeout_s: float = 90.0,
 ) -> AsyncIterator[Cluster]:
-    """A :class:`Cluster` on a service started on loopback (with ``header_timeout``), stopped
-    afterwards; the client gives up on a request after ``client_timeout_s``."""
-    service = RendezvousService(header_timeout=header_timeout)
+    """A :class:`Cluster` on a service started on loopback (with ``header_timeout`` and
+    ``body_timeout``), stopped afterwards; the client gives up on a request after
+    ``client_timeout_s``."""
+    service = RendezvousService(header_timeout=header_timeout, body_timeout=body_timeout)
     await service.start("127.0.0.1", 0)
     try:
         timeout = aiohttp.ClientTimeout(total=client_timeout_s)

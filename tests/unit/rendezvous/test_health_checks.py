@@ -239,3 +239,31 @@ async def test_a_closed_job_judges_nothing_more(clock: FakeClock) -> None:
     clock.advance(60.0)
     checks.tick()
     assert verdicts.heard == {}
+
+
+async def test_a_pod_that_reports_the_cap_alone_sets_no_bar_for_later_pods(
+    checks: HealthChecks,
+) -> None:
+    checks.expect(["x"])  # alone: compared with no one, so its figures are not kept
+    assert (await checks.join(asking("x"))).cohort == 1
+    assert (await checks.report(measured("x", 1, compute=1e7))).status is VerdictStatus.PASSED
+    checks.expect(["y"])
+    assert (await checks.join(asking("y"))).cohort == 2
+    honest = await checks.report(measured("y", 2, compute=50.0))
+    assert honest.status is VerdictStatus.PASSED, honest.reason
+
+
+async def test_an_outlier_of_a_cohort_passes_but_later_pods_meet_the_others_figures(
+    checks: HealthChecks,
+) -> None:
+    checks.expect(["a", "b", "x"])
+    for host in "abx":
+        await checks.join(asking(host))
+    await checks.report(measured("a", 1, compute=50.0))
+    await checks.report(measured("b", 1, compute=55.0))
+    assert (await checks.report(measured("x", 1, compute=1e7))).status is VerdictStatus.PASSED
+    checks.expect(["y"])
+    assert (await checks.join(asking("y"))).cohort == 2
+    verdict = await checks.report(measured("y", 2, compute=40.0))
+    assert verdict.status is VerdictStatus.PASSED, verdict.reason
+    assert verdict.reason.startswith("compute 0.80x, copy 1.00x of its 2 peers' median")

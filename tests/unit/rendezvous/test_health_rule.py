@@ -5,9 +5,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import pytest
+from pydantic import ValidationError
 
-from elasticjob.rendezvous.health_rule import HealthPolicy, decide_gather, judge_cohort
-from elasticjob.wire.health import HealthFigures, HealthProblem, HealthReport, VerdictStatus
+from elasticjob.rendezvous.health_rule import (
+    HealthPolicy,
+    decide_gather,
+    judge_cohort,
+    kept_as_peers,
+)
+from elasticjob.wire.health import (
+    HealthFigures,
+    HealthProblem,
+    HealthReport,
+    HealthVerdict,
+    VerdictStatus,
+)
 
 P, F, R = VerdictStatus.PASSED, VerdictStatus.FAILED, VerdictStatus.RETRY
 POLICY = HealthPolicy(min_relative=0.5, timeout_s=60.0, max_attempts=2)
@@ -86,6 +98,33 @@ COLLECTIVE, BENCHMARK = HealthProblem.COLLECTIVE, HealthProblem.BENCHMARK
             (),
             {"a": F},
             id="alone, below the job's earlier pods: fails",
+        ),
+        pytest.param(
+            "a",
+            {"a": measured("a", 4.0)},
+            [figures()],
+            {},
+            (),
+            {"a": P},
+            id="alone, one earlier pod: too few to set the bar, passes",
+        ),
+        pytest.param(
+            "ab",
+            {"a": measured("a", 4.0), "b": measured("b", 5.0)},
+            [figures()],
+            {},
+            (),
+            {"a": P, "b": P},
+            id="one earlier pod: compared within the cohort only",
+        ),
+        pytest.param(
+            "abc",
+            {"a": measured("a", 50.0), "b": measured("b", 45.0), "c": measured("c", 1e7)},
+            [],
+            {},
+            (),
+            {"a": P, "b": P, "c": P},
+            id="one member reports the cap: the median of the others holds the bar",
         ),
         pytest.param(
             "a",
@@ -175,4 +214,95 @@ def test_a_failure_says_which_figure_fell_short_and_by_how_much() -> None:
         POLICY,
     )
     assert verdicts["c"].reason.startswith("compute 0.20x of its peers' median (2 vs 10 GFLOP/s")
-    assert verdicts["a"].reason == "compute 1.67x, copy 1.00x of its 2 peers' median"
+    lower_median = "compute 5.00x, copy 1.00x of its 2 peers' median"
+    assert verdicts["a"].reason == lower_median
+
+
+@pytest.mark.parametrize(
+    ("reports", "failed", "history", "kept"),
+    [
+        pytest.param({"a": measured("a")}, "", [], "", id="a cohort of one: nothing kept"),
+        pytest.param(
+            {"a": measured("a")},
+            "",
+            [figures(), figures()],
+            "",
+            id="alone though compared with the history: nothing kept",
+        ),
+        pytest.param(
+            {"a": measured("a"), "b": measured("b", 12.0)},
+            "",
+            [],
+            "ab",
+            id="two alike: both kept",
+        ),
+        pytest.param(
+            {"a": measured("a"), "b": measured("b", 4.0)},
+            "b",
+            [],
+            "a",
+            id="a failed pod's figures are not kept",
+        ),
+        pytest.param(
+            {"a": measured("a"), "b": measured("b", 30.0)},
+            "",
+            [],
+            "ab",
+            id="three times faster: within the factor, kept",
+        ),
+        pytest.param(
+            {"a": measured("a"), "b": measured("b", 1e7)},
+            "a",
+            [],
+            "",
+            id="a reported figure far above its peers: passes, not kept",
+        ),
+        pytest.param(
+            {"a": measured("a"), "b": measured("b", 45.0)},
+            "",
+            [figures(), figures(), figures()],
+            "a",
+            id="above the history and cohort's median by more than the factor: not kept",
+        ),
+        pytest.param(
+            {"a": measured("a"), "b": measured("b", copy=25.0)},
+            "",
+            [],
+            "",
+            id="one figure out of the factor is enough: copy 5x, neither kept",
+        ),
+        pytest.param(
+            {"a": measured("a"), "b": broken("b", COLLECTIVE)},
+            "b",
+            [figures(), figures()],
+            "",
+            id="one measured member: nothing kept",
+        ),
+    ],
+)
+def test_only_a_passed_pod_within_the_factor_of_a_cohort_of_two_or_more_joins_the_history(
+    reports: Mapping[str, HealthReport],
+    failed: str,
+    history: list[HealthFigures],
+    kept: str,
+) -> None:
+    verdicts = {
+        host: HealthVerdict(status=F if host in failed else P, reason="judged") for host in reports
+    }
+    expected = [reports[host].figures for host in kept]
+    assert kept_as_peers(reports, verdicts, history) == expected
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        pytest.param("compute_gflops", 1e300, id="compute 1e300"),
+        pytest.param("compute_gflops", 1.1e7, id="compute over 10 PFLOP/s"),
+        pytest.param("copy_gbps", 1.1e5, id="copy over 100 TB/s"),
+        pytest.param("copy_gbps", 0.0, id="copy zero"),
+    ],
+)
+def test_a_figure_beyond_its_cap_is_refused_by_the_wire_model(field: str, value: float) -> None:
+    raw = {"device": "cpu", "compute_gflops": 10.0, "copy_gbps": 5.0, field: value}
+    with pytest.raises(ValidationError, match=field):
+        HealthFigures.model_validate(raw)

@@ -7,31 +7,57 @@ import pytest
 from elasticjob.rendezvous.limits import (
     HEADROOM,
     LONG_POLLS_PER_WORKER,
-    NORMAL_REQUESTS_PER_WORKER_S,
+    MAX_JOB_SHARE,
+    SERVICE_REQUESTS_PER_S,
+    InFlight,
     JobLimits,
     TokenBucket,
 )
+from elasticjob.rendezvous.rendezvous_types import Refusal, RequestRefused
 from tests.support.clock import FakeClock
 
 
 @pytest.mark.parametrize(
-    ("max_workers", "rate", "long_polls"),
-    [(1, 100.0, 20), (2, 100.0, 40), (4, 120.0, 80), (1024, 30720.0, 20480)],
+    ("max_workers", "rate", "burst", "long_polls", "bodies"),
+    [
+        pytest.param(1, 100.0, 200.0, 20, 16, id="one worker: the minimums"),
+        pytest.param(2, 100.0, 200.0, 40, 16, id="two"),
+        pytest.param(4, 120.0, 240.0, 80, 16, id="four: ten times their traffic"),
+        pytest.param(32, 960.0, 1920.0, 640, 64, id="32: two bodies each"),
+        pytest.param(64, 1400.0, 2800.0, 1280, 128, id="64: the rate at half the service"),
+        pytest.param(1024, 1400.0, 4096.0, 20480, 256, id="1,024: burst of 4 each, bodies cap"),
+    ],
 )
-def test_bounds_follow_the_maximum_worker_count(
-    max_workers: int, rate: float, long_polls: int
+def test_bounds_follow_the_maximum_worker_count_up_to_a_share_of_the_service(
+    max_workers: int, rate: float, burst: float, long_polls: int, bodies: int
 ) -> None:
     limits = JobLimits.for_workers(max_workers)
-    assert (limits.requests_per_s, limits.long_polls) == (rate, long_polls)
-    assert limits.burst == 2 * rate
+    assert (limits.requests_per_s, limits.burst) == (rate, burst)
+    assert (limits.long_polls, limits.bodies) == (long_polls, bodies)
 
 
-def test_a_1024_worker_job_has_ten_times_its_normal_traffic() -> None:
+def test_no_job_takes_more_than_half_the_service_however_large() -> None:
+    for max_workers in (64, 1024, 100_000):
+        limits = JobLimits.for_workers(max_workers)
+        assert limits.requests_per_s == MAX_JOB_SHARE * SERVICE_REQUESTS_PER_S
+
+
+def test_a_1024_worker_job_keeps_its_normal_traffic_and_a_failures_burst() -> None:
     limits = JobLimits.for_workers(1024)
-    # every worker: a heartbeat a second, a notices poll a second, one more request a second
-    normal_rate = 1024 * NORMAL_REQUESTS_PER_WORKER_S
-    assert limits.requests_per_s >= HEADROOM * normal_rate
+    # every worker: a heartbeat a second, progress from rank 0 (docs/scale.md, idle)
+    assert limits.requests_per_s >= 1024 + 1
+    # a failure: about 3 requests per survivor at once
+    assert limits.burst >= 3 * 1023
     assert limits.long_polls >= HEADROOM * 1024 * LONG_POLLS_PER_WORKER
+
+
+def test_in_flight_refuses_beyond_its_limit_and_lets_go() -> None:
+    bodies = InFlight(2)
+    with bodies.hold(), bodies.hold():
+        with pytest.raises(RequestRefused) as refused, bodies.hold():
+            pass
+        assert refused.value.refusal is Refusal.TOO_MANY_BODIES and bodies.held == 2
+    assert bodies.held == 0
 
 
 def test_no_workers_is_refused() -> None:
@@ -68,15 +94,18 @@ def test_token_bucket_refills_to_its_burst_only() -> None:
     assert served == 4
 
 
-def test_ten_times_the_normal_traffic_of_1024_workers_passes_the_rate() -> None:
-    """10 s of 1,024 workers each sending 30 requests a second (10x a heartbeat, a notices
-    poll and one more request a second), evenly spread: none is refused."""
+def test_the_normal_traffic_of_1024_workers_and_a_failure_pass_the_rate() -> None:
+    """10 s of 1,024 workers each beating once a second and rank 0's progress, evenly spread,
+    with a failure at 5 s (3 requests from each of the 1,023 survivors at once): none is
+    refused."""
     clock = FakeClock(50.0)
     limits = JobLimits.for_workers(1024)
     bucket = TokenBucket(limits.requests_per_s, limits.burst, clock)
-    per_second = HEADROOM * NORMAL_REQUESTS_PER_WORKER_S * 1024
+    per_second = 1024 + 1
     refused = 0
-    for _ in range(10):
+    for second in range(10):
+        if second == 5:
+            refused += sum(bucket.take() > 0 for _ in range(3 * 1023))
         for _ in range(per_second):
             clock.now += 1.0 / per_second
             refused += bucket.take() > 0
