@@ -49,7 +49,7 @@ from elasticjob.operator.adoption import (
     resumption_message,
 )
 from elasticjob.operator.api import BlacklistScope, ElasticJobSpec, InvalidSpecError, Phase
-from elasticjob.operator.api.validation import name_errors
+from elasticjob.operator.api.validation import name_errors, namespace_errors
 from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.disruption import DisruptionBudget
 from elasticjob.operator.job_records import RecordKeeper
@@ -148,7 +148,8 @@ class JobController:
         waits here until it is resumed (``suspension`` in the module docstring)."""
         self.pods.job = {"metadata": dict(body["metadata"])}
         try:
-            if errors := name_errors(self.name):
+            where = namespace_errors(self.namespace, self._settings.operator_namespace)
+            if errors := [*name_errors(self.name), *where]:
                 raise InvalidSpecError(errors)
             spec = self._spec.first(body["spec"])
         except InvalidSpecError as exc:

@@ -21,3 +21,5 @@ class ControllerSettings:
     """The controller runs a pass at least this often, even when nothing wakes it."""
     pod_schema: PodSchema | None = None
     """The API server's Pod schema: a pod template field a pod does not have is invalid."""
+    operator_namespace: str | None = None
+    """The operator's own namespace, where it runs no job (None: not known)."""

@@ -12,7 +12,8 @@ import kopf
 
 from elasticjob.operator import pods as podlib
 from elasticjob.operator.api import GROUP, LABEL_ROLE, PLURAL, ROLE_WORKER, VERSION, validate
-from elasticjob.operator.api.validation import FieldError, name_errors, suspend_errors
+from elasticjob.operator.api.field_error import FieldError
+from elasticjob.operator.api.validation import name_errors, namespace_errors, suspend_errors
 from elasticjob.operator.api.validation import validate_scale as scale_errors
 from elasticjob.operator.operator_process import OperatorRuntime
 
@@ -53,14 +54,18 @@ async def probe_rendezvous(memo: Any, **_: Any) -> str:
     operations=["CREATE", "UPDATE"],
     persistent=True,
 )
-async def validate_job(spec: kopf.Spec, name: str | None, memo: Any, **kwargs: Any) -> None:
+async def validate_job(
+    spec: kopf.Spec, name: str | None, namespace: str | None, memo: Any, **kwargs: Any
+) -> None:
     """Refuse specs that break rules the CRD schema cannot express (min <= replicas <= max,
     a worker container, no unknown pod template fields...), names too long to label the
-    job's pods, and a suspension that would lose a trained job's work unconfirmed, naming
-    the field."""
-    errors = validate(dict(spec), _runtime(memo).pod_schema)
+    job's pods, a job in the operator's own namespace, and a suspension that would lose a
+    trained job's work unconfirmed, naming the field."""
+    runtime = _runtime(memo)
+    errors = validate(dict(spec), runtime.pod_schema)
     old = kwargs.get("old")  # the stored job, on an update (kopf's typing leaves it out)
-    _refuse([*name_errors(name), *errors, *suspend_errors(dict(spec), old)])
+    where = namespace_errors(namespace, runtime.operator_namespace)
+    _refuse([*name_errors(name), *where, *errors, *suspend_errors(dict(spec), old)])
 
 
 @kopf.on.validate(

@@ -111,11 +111,17 @@ class OperatorRuntime:
         return self._service
 
     @property
+    def operator_namespace(self) -> str | None:
+        """The namespace of the operator's own pod, where it runs no job (None: not known)."""
+        return self.config.own_pod[0] if self.config.own_pod else None
+
+    @property
     def controller_settings(self) -> ControllerSettings:
         return ControllerSettings(
             rendezvous_url=self.config.rendezvous_url,
             rendezvous_ca=self.rendezvous_ca,
             pod_schema=self.pod_schema,
+            operator_namespace=self.operator_namespace,
         )
 
     async def start(self, settings: kopf.OperatorSettings) -> None:

@@ -8,8 +8,8 @@ the job is called, so a rejected request never changes any job's state:
 2. its protocol version (:data:`~elasticjob.wire.protocol.PROTOCOL_HEADER`: 426, naming both
    versions, for none or one other than the service's; 400 for one that is not a number);
 3. the token (403 for an unknown job and for another job's token alike, so job names cannot
-   be probed; 503 with ``Retry-After`` for a job not served yet while the service takes its
-   jobs back after a restart);
+   be probed; while the service takes its jobs back after a restart, 503 with ``Retry-After``
+   for both alike: a job not served yet may be one of them);
 4. the job's rate (429 with ``Retry-After``, see ``limits.py``);
 5. its query or body (400 for malformed JSON, a repeated key or a body that ended early,
    408 for one not received in time, 413 for one too large, 422 for a value the strict wire
@@ -166,14 +166,14 @@ class _Api:
         refusal = protocol_refusal(request.headers.get(PROTOCOL_HEADER))
         name = request.match_info["job"]
         job = self._jobs.get(name)
-        if job is None and self._adopting():
-            raise ApiError(
-                503,
-                f"job {name!r} is not served yet (the service is taking its jobs back "
-                "after a restart): retry",
-                headers=_retry_after(RETRY_AFTER_S),
-            )
         if job is None or not job.check_token(token):
+            if self._adopting():  # the same answer for a job not served yet and a wrong token
+                raise ApiError(
+                    503,
+                    f"job {name!r} is not served yet (the service is taking its jobs back "
+                    "after a restart): retry",
+                    headers=_retry_after(RETRY_AFTER_S),
+                )
             raise refusal or ApiError(403, f"the token is not valid for job {name!r}")
         if refusal is not None:
             if refusal.status == 426:  # one of the job's own workers, of another release

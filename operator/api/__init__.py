@@ -5,6 +5,7 @@ labels; ``validation`` checks a spec, naming the field of each error; ``crd`` ge
 CustomResourceDefinition from the models.
 """
 
+from elasticjob.operator.api.field_error import FieldError
 from elasticjob.operator.api.models.job_status import (
     BlacklistedNode,
     CheckpointStatus,
@@ -55,7 +56,7 @@ from elasticjob.operator.api.names import (
     worker_labels,
     worker_selector,
 )
-from elasticjob.operator.api.validation import FieldError, InvalidSpecError, parse_spec, validate
+from elasticjob.operator.api.validation import InvalidSpecError, parse_spec, validate
 
 __all__ = [
     "API_VERSION",

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from elasticjob.operator.api.validation import FieldError
+from elasticjob.operator.api.field_error import FieldError
 
 POD_TEMPLATE = "io.k8s.api.core.v1.PodTemplateSpec"
 """The definition a pod template is checked against."""

@@ -13,7 +13,8 @@ express, a spec must satisfy these rules, which a Kubernetes 1.20 schema cannot 
   Fewer slots than GPUs is allowed (a process may use several); no GPU asked, no rule.
 
 - the pod template leaves the operator's part alone: no ``metadata`` name, generateName,
-  namespace, finalizers or ownerReferences (the operator names and owns the pods), and no
+  namespace, finalizers or ownerReferences (the operator names and owns the pods), no label
+  of the operator's own (``elasticjob.dev/...``), and no
   container sets a variable of the worker contract
   (``elasticjob.worker_contract.WORKER_CONTRACT_ENV``, any ``ELASTICJOB_*``) in ``env``, nor
   imports one through an ``envFrom`` prefix;
@@ -23,9 +24,9 @@ express, a spec must satisfy these rules, which a Kubernetes 1.20 schema cannot 
   exactly one of ``everyCommits`` and ``intervalSeconds`` is given.
 
 Apart from the spec, a job's name must fit a label value (:func:`name_errors`): it labels the
-job's pods; and suspending a job that has trained, in elastic mode with no ``checkpoint``
-policy, would lose its training, so it needs ``allowSuspendWithoutCheckpoint: true``
-(:func:`suspend_errors`).
+job's pods; a job is not run in the operator's own namespace (:func:`namespace_errors`); and
+suspending a job that has trained, in elastic mode with no ``checkpoint`` policy, would lose
+its training, so it needs ``allowSuspendWithoutCheckpoint: true`` (:func:`suspend_errors`).
 
 Given the API server's Pod schema (:class:`~elasticjob.operator.api.podschema.PodSchema`), a
 field of the pod template that a pod does not have (a typo such as ``resource:``) is an error
@@ -39,19 +40,15 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from elasticjob.driver.driver_types import JobMode
+from elasticjob.operator.api.field_error import FieldError
 from elasticjob.operator.api.models.spec import Container, ElasticJobSpec
 from elasticjob.operator.api.names import GPU_RESOURCE, LABEL_JOB_NAME, WORKER_CONTAINER
-from elasticjob.worker_contract import (
-    WORKER_CONTRACT_ENV,
-    WORKER_ENV_PREFIX,
-    is_worker_contract_env,
-)
+from elasticjob.operator.api.template_rules import template_errors
 
 if TYPE_CHECKING:
     from elasticjob.operator.api.podschema import PodSchema
@@ -59,20 +56,6 @@ if TYPE_CHECKING:
 _WHOLE_NUMBER = re.compile(r"[0-9]+")
 LABEL_VALUE_MAX = 63
 """The longest label value Kubernetes accepts: the longest job name."""
-OPERATOR_METADATA = ("name", "generateName", "namespace", "finalizers", "ownerReferences")
-"""Template metadata fields the operator sets on every worker pod itself."""
-_CONTAINER_LISTS = ("containers", "initContainers")
-
-
-@dataclass(frozen=True)
-class FieldError:
-    """A rule a spec breaks: the field's path (``spec.minReplicas``) and what is wrong."""
-
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.message}"
 
 
 class InvalidSpecError(ValueError):
@@ -96,7 +79,7 @@ def parse_spec(spec: Mapping[str, Any], pod_schema: PodSchema | None = None) -> 
         *_replica_errors(model),
         *_cooldown_errors(model),
         *_container_errors(model),
-        *_template_errors(spec["template"]),
+        *template_errors(spec["template"]),
         *_checkpoint_errors(model),
     ]
     if pod_schema is not None:
@@ -126,6 +109,22 @@ def name_errors(name: str | None) -> list[FieldError]:
             )
         ]
     return []
+
+
+def namespace_errors(namespace: str | None, operator_namespace: str | None) -> list[FieldError]:
+    """What is wrong with running a job in ``namespace`` under an operator in
+    ``operator_namespace`` (None: not known): there, the job's pods would share the operator's
+    service account, and its Role and Service would reach them."""
+    if namespace is None or namespace != operator_namespace:
+        return []
+    return [
+        FieldError(
+            "metadata.namespace",
+            f"{namespace} is the operator's own namespace, where it runs no job (its pods "
+            "would share the operator's service account, Role and Service): create the job "
+            "in another namespace",
+        )
+    ]
 
 
 def suspend_errors(spec: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[FieldError]:
@@ -322,66 +321,3 @@ def _whole_number(amount: object) -> int | None:
     if isinstance(amount, str) and _WHOLE_NUMBER.fullmatch(amount):
         return int(amount)
     return None
-
-
-def _template_errors(template: Mapping[str, Any]) -> list[FieldError]:
-    """The operator's part of the pod template that the template sets, and missing images."""
-    errors = [
-        FieldError(
-            f"spec.template.metadata.{key}",
-            "must not be set: the operator names and owns the worker pods",
-        )
-        for key in OPERATOR_METADATA
-        if key in (template.get("metadata") or {})
-    ]
-    pod_spec = template["spec"]
-    for kind in _CONTAINER_LISTS:
-        containers = pod_spec.get(kind) or []
-        if not isinstance(containers, Sequence):
-            continue
-        for index, container in enumerate(containers):
-            if isinstance(container, Mapping):
-                where = f"spec.template.spec.{kind}[{index}]"
-                errors.extend(_image_errors(container, where))
-                errors.extend(_env_errors(container, where))
-    return errors
-
-
-def _image_errors(container: Mapping[str, Any], where: str) -> list[FieldError]:
-    image = container.get("image")
-    if isinstance(image, str) and image.strip():
-        return []
-    return [FieldError(f"{where}.image", f"must be a container image name, got {image!r}")]
-
-
-def _env_errors(container: Mapping[str, Any], where: str) -> list[FieldError]:
-    errors = []
-    env = container.get("env") or []
-    for index, variable in enumerate(env if isinstance(env, Sequence) else []):
-        name = variable.get("name") if isinstance(variable, Mapping) else None
-        if isinstance(name, str) and is_worker_contract_env(name):
-            errors.append(
-                FieldError(
-                    f"{where}.env[{index}].name",
-                    f"{name} is a variable of the worker contract, which the operator sets "
-                    f"(every {WORKER_ENV_PREFIX}* name is reserved)",
-                )
-            )
-    sources = container.get("envFrom") or []
-    for index, source in enumerate(sources if isinstance(sources, Sequence) else []):
-        prefix = source.get("prefix") if isinstance(source, Mapping) else None
-        if isinstance(prefix, str) and prefix and _may_import_contract(prefix):
-            errors.append(
-                FieldError(
-                    f"{where}.envFrom[{index}].prefix",
-                    f"{prefix!r} could import a variable of the worker contract, which the "
-                    f"operator sets (every {WORKER_ENV_PREFIX}* name is reserved)",
-                )
-            )
-    return errors
-
-
-def _may_import_contract(prefix: str) -> bool:
-    """Whether keys under ``prefix`` can make a name of the worker contract."""
-    names = (*WORKER_CONTRACT_ENV, WORKER_ENV_PREFIX)
-    return is_worker_contract_env(prefix) or any(n.startswith(prefix) for n in names)

@@ -26,7 +26,7 @@ from tests.support.elastic_jobs import (
     wait_status,
 )
 from tests.support.kube import Kube, pod_manifest
-from tests.support.operator_release import operator_logs
+from tests.support.operator_release import SYSTEM_NS, operator_logs
 
 REPO = Path(__file__).resolve().parents[2]
 LONG_NAME = "a" * 64
@@ -120,6 +120,11 @@ def apply_refused(kube: Kube, manifest: dict[str, Any]) -> str:
         pytest.param(
             lambda m: {**m, "metadata": {"name": LONG_NAME}}, "metadata.name", id="long-name"
         ),
+        pytest.param(
+            lambda m: with_template_metadata(m, labels={"elasticjob.dev/job-name": "other"}),
+            "spec.template.metadata.labels[elasticjob.dev/job-name]",
+            id="operator-label",
+        ),
     ],
 )
 def test_hostile_templates_are_refused_at_admission_naming_the_field(
@@ -128,6 +133,18 @@ def test_hostile_templates_are_refused_at_admission_naming_the_field(
     manifest = change(job_manifest("hostile", tmp_path, tmp_path / "stop"))
     message = apply_refused(kube, manifest)
     assert field in message, message
+
+
+def test_a_job_in_the_operators_own_namespace_is_refused(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    """There its pods would share the operator's service account and match its Service."""
+    manifest = job_manifest("inside", tmp_path, tmp_path / "stop")
+    result = operator.kubectl(
+        "-n", SYSTEM_NS, "apply", "-f", "-", input=yaml.safe_dump(manifest), check=False
+    )
+    assert result.returncode != 0 and "metadata.namespace" in result.stderr, result.stderr
+    assert "the operator's own namespace" in result.stderr
 
 
 def test_the_restricted_profile_example_is_admitted(operator: Cluster, kube: Kube) -> None:

@@ -39,18 +39,25 @@ async def service() -> AsyncIterator[RendezvousService]:
         await service.stop()
 
 
-async def get_round(service: RendezvousService, job: str) -> tuple[int, str | None]:
+async def answer(
+    service: RendezvousService, job: str, token: str = TOKEN
+) -> tuple[int, str | None, bytes]:
     async with (
         aiohttp.ClientSession() as session,
         session.get(
             f"{service.url}/v1/jobs/{job}/round",
             headers={
-                "Authorization": f"Bearer {TOKEN}",
+                "Authorization": f"Bearer {token}",
                 PROTOCOL_HEADER: str(PROTOCOL_VERSION),
             },
         ) as response,
     ):
-        return response.status, response.headers.get("Retry-After")
+        return response.status, response.headers.get("Retry-After"), await response.read()
+
+
+async def get_round(service: RendezvousService, job: str) -> tuple[int, str | None]:
+    status, retry_after, _ = await answer(service, job)
+    return status, retry_after
 
 
 async def test_a_job_expected_back_gets_503_with_retry_after_until_it_is_served(
@@ -65,6 +72,20 @@ async def test_a_job_expected_back_gets_503_with_retry_after_until_it_is_served(
     assert (await get_round(service, "ns.b"))[0] == 503, "ns.b is not back yet"
     service.add_job("ns.b", TOKEN, RecordingListener())
     assert (await get_round(service, "ns.other"))[0] == 403, "every expected job is back"
+
+
+async def test_while_jobs_are_taken_back_a_wrong_token_is_answered_as_an_unknown_job(
+    service: RendezvousService,
+) -> None:
+    """Which jobs are served already does not leak: a served job asked with another token
+    gets the very answer of a job that is not served (yet)."""
+    service.add_job("ns.a", TOKEN, RecordingListener())
+    service.expect_jobs(["ns.a", "ns.b"], within_s=60)
+    served = await answer(service, "ns.a", token="a-guess")
+    unknown = await answer(service, "ns.c", token="a-guess")
+    assert served[:2] == unknown[:2] == (503, str(RETRY_AFTER_S))
+    assert served[2] == unknown[2].replace(b"ns.c", b"ns.a")
+    assert (await get_round(service, "ns.a"))[0] == 200, "its own token is served"
 
 
 async def test_the_window_closes_after_its_bound() -> None:

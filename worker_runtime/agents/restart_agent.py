@@ -65,6 +65,7 @@ from elasticjob.worker_runtime.agents.script_process import (
     warm_start,
 )
 from elasticjob.worker_runtime.agents.start_keys import EXIT_BARRIER_S, StartKeys
+from elasticjob.worker_runtime.agents.undumpable import make_undumpable
 from elasticjob.worker_runtime.diagnostics.log import CONTEXT, get_logger
 from elasticjob.worker_runtime.exceptions import WorkerRemoved
 from elasticjob.worker_runtime.link.notices import NoticeWatcher
@@ -353,6 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    make_undumpable()  # the script, of the same user, cannot read the token from /proc
     agent = RestartAgent(config, args)
     signal.signal(signal.SIGTERM, lambda _signum, _frame: agent.terminate())
     return agent.run()

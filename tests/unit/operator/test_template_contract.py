@@ -12,7 +12,7 @@ import yaml
 
 from elasticjob.driver.driver_types import JobMode
 from elasticjob.operator.api import FieldError, parse_spec, validate
-from elasticjob.operator.api.validation import name_errors
+from elasticjob.operator.api.validation import name_errors, namespace_errors
 from elasticjob.operator.pods import worker_pod
 from elasticjob.worker_contract import (
     ENV_GLOO_SOCKET_IFNAME,
@@ -112,6 +112,47 @@ def test_template_metadata_the_operator_sets_is_refused(key: str) -> None:
             "must not be set: the operator names and owns the worker pods",
         )
     ]
+
+
+@pytest.mark.parametrize(
+    ("labels", "refused"),
+    [
+        pytest.param({"team": "a", "app.kubernetes.io/name": "trainer"}, [], id="the user's"),
+        pytest.param({"elasticjob.dev/job-name": "other"}, ["elasticjob.dev/job-name"], id="job"),
+        pytest.param({"elasticjob.dev/health-check": "Passed"}, ["elasticjob.dev/health-check"]),
+        pytest.param({"elasticjob.dev/operator-leader": "x"}, ["elasticjob.dev/operator-leader"]),
+        pytest.param({"elasticjob.dev.io/x": "y", "my.elasticjob.dev/x": "y"}, [], id="lookalikes"),
+    ],
+)
+def test_the_operators_own_labels_are_refused_in_the_template(
+    labels: dict[str, str], refused: list[str]
+) -> None:
+    spec = with_changes(
+        template={
+            "metadata": {"labels": labels},
+            "spec": {"containers": [{"name": "worker", "image": "img"}]},
+        }
+    )
+    errors = validate(spec)
+    assert [e.field for e in errors] == [f"spec.template.metadata.labels[{k}]" for k in refused]
+    assert all("are the operator's own" in e.message for e in errors)
+
+
+@pytest.mark.parametrize(
+    ("namespace", "operator_namespace", "refused"),
+    [
+        pytest.param("ml", "elasticjob-system", False, id="another namespace"),
+        pytest.param("elasticjob-system", "elasticjob-system", True, id="the operator's"),
+        pytest.param("ml", None, False, id="the operator's not known"),
+        pytest.param(None, "elasticjob-system", False, id="no namespace yet"),
+    ],
+)
+def test_no_job_runs_in_the_operators_own_namespace(
+    namespace: str | None, operator_namespace: str | None, refused: bool
+) -> None:
+    errors = namespace_errors(namespace, operator_namespace)
+    assert [e.field for e in errors] == (["metadata.namespace"] if refused else [])
+    assert all("the operator's own namespace" in e.message for e in errors)
 
 
 @pytest.mark.parametrize("image", [123, "", "  ", None, ...])
