@@ -19,6 +19,17 @@ CLI_TIMEOUT_S = 60.0
 """Every case ends at once; a launcher still running after this is a failure."""
 
 
+def usage_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """What ``elasticjob-run args`` writes to stderr, run in this process: it must end with
+    exit status 2 (a usage error) before it starts anything."""
+    try:
+        status = main(args)
+    except SystemExit as exited:
+        status = exited.code  # type: ignore[assignment]
+    assert status == 2, capsys.readouterr().err
+    return capsys.readouterr().err
+
+
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "elasticjob.launcher.run_command", *args],
@@ -69,11 +80,20 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
         (["--num-proc", "two", "true"], "argument -np/--num-proc: invalid int value: 'two'"),
     ],
 )
-def test_a_bad_argument_is_a_usage_error(args: list[str], message: str) -> None:
-    result = run_cli(*args)
+def test_a_bad_argument_is_a_usage_error(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = usage_error(args, capsys)
+    assert "usage: elasticjob-run" in err
+    assert f"elasticjob-run: error: {message}" in err
+
+
+def test_the_command_exits_2_with_its_usage_and_no_traceback() -> None:
+    """The command as users run it (a process of its own) for one case of the table above."""
+    result = run_cli("--slots", "0", "true")
     assert result.returncode == 2, result.stderr
     assert "usage: elasticjob-run" in result.stderr
-    assert f"elasticjob-run: error: {message}" in result.stderr
+    assert "elasticjob-run: error: --slots must be from 1 to 1024, got 0" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -92,13 +112,12 @@ def test_a_bad_argument_is_a_usage_error(args: list[str], message: str) -> None:
     ],
 )
 def test_fixed_hosts_that_can_never_reach_min_np_fail_at_once(
-    args: list[str], message: str
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Not after the elastic timeout (600 s by default): fixed hosts never gain slots."""
-    result = run_cli(*args)
-    assert result.returncode == 2, result.stderr
-    assert f"elasticjob-run: error: {message}" in result.stderr
-    assert "can never be enough" in result.stderr
+    err = usage_error(args, capsys)
+    assert f"elasticjob-run: error: {message}" in err
+    assert "can never be enough" in err
 
 
 def test_a_missing_worker_command_is_named(capsys: pytest.CaptureFixture[str]) -> None:
