@@ -165,7 +165,8 @@ def rss_kib() -> int:
 
 def job_state(job: InMemoryJobRendezvous, listener: Listener) -> object:
     """Everything a job keeps, as a comparable value."""
-    skip = ("_bucket", "_round_changed", "_notices", "_token", "_polls", "_listener", "limits")
+    skip = ("_bucket", "_round_changed", "_notices", "_token", "_polls", "bodies", "_listener",
+            "limits")  # fmt: skip
     kept = {k: copy.deepcopy(v) for k, v in vars(job).items() if k not in skip}
     notices = (job._notices.latest_seq, job._notices.after(0))  # the token never changes
     return (job.round_info(), job.long_polls, kept, notices, dict(listener.calls))

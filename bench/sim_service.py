@@ -13,6 +13,9 @@ Commands: ``add_job`` (job, token, hosts, settings), ``set_hosts`` (job, hosts),
 ``stop`` / ``kill`` (job, host, local_rank), ``discovered`` (job, t), ``published`` (job,
 round, size, t), ``ended`` (job, success, message), ``stats`` (cpu_s, maxrss_kib, rss_kib,
 requests, connections accepted).
+
+With ``SIM_UNCAPPED_RATE`` set, every job gets the bounds the service gave jobs before it
+capped any job's rate at a share of the service (:func:`uncapped`, for ``fair_share.py``).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from elasticjob.driver.blacklist import Blacklist, BlacklistPolicy
 from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.driver_types import DriverSettings, WorkerLauncher
 from elasticjob.driver.host_manager import HostManager
-from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS
+from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS, JobLimits
 from elasticjob.rendezvous.rendezvous_types import JobRendezvous, RendezvousListener
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire.messages import SlotInfo, WorkerId
@@ -41,6 +44,15 @@ from elasticjob.wire.messages import SlotInfo, WorkerId
 logger = logging.getLogger("sim_service")
 
 Event = dict[str, Any]
+UNCAPPED_ENV = "SIM_UNCAPPED_RATE"
+
+
+def uncapped(max_workers: int) -> JobLimits:
+    """A job's bounds as the service sized them before it capped any job's rate: 30
+    requests a second per worker (30,720 at 1,024), a burst of 2 s, no bound on bodies."""
+    rate = max(100.0, 30.0 * max_workers)
+    return JobLimits(requests_per_s=rate, burst=2 * rate, long_polls=max(20, 20 * max_workers),
+                     bodies=10**9)  # fmt: skip
 
 
 _GC_SECONDS = [0.0, 0.0]
@@ -210,6 +222,8 @@ class SimOperator:
 
 async def serve() -> None:
     gc.callbacks.append(_time_gc)
+    if os.environ.get(UNCAPPED_ENV):
+        JobLimits.for_workers = uncapped  # type: ignore[method-assign]
     loop = asyncio.get_running_loop()
     emitter = Emitter(loop)
     service = RendezvousService()

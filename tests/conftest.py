@@ -1,5 +1,6 @@
 """What every suite shares: the gate between pytest sessions run side by side
-(``tests/support/quiet_gate.py``), and Python tracebacks from any process a test starts that
+(``tests/support/quiet_gate.py``), the CPU each test costs (``tests/support/cpu_report.py``),
+and Python tracebacks from any process a test starts that
 dies of a native fault (SIGABRT, SIGSEGV): a worker's crash names where it happened."""
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import pytest
 from tests.support.quiet_gate import QUIET_MARK, GateKeeper
 
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+
+pytest_plugins = ["tests.support.cpu_report"]
 
 
 _GATE = GateKeeper()

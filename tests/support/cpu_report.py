@@ -1,0 +1,42 @@
+"""The CPU each test costs, beside the wall time ``--durations`` reports: on a 2-core machine
+running the suites side by side, CPU is what one suite takes from the others.
+
+A test's CPU is that of the pytest process and of every process it started and waited for
+(their children too, once reaped): launchers and their workers, CLIs, builds; not pods, whose
+processes are the kubelets'. The session's most expensive tests are listed at its end."""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Generator
+
+import pytest
+
+CPU_SHOWN = 10
+"""How many of the most expensive tests a session lists."""
+
+_COST: dict[str, float] = {}
+
+
+def _cpu_s() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    started = _cpu_s()
+    try:
+        return (yield)
+    finally:
+        _COST[item.nodeid] = _cpu_s() - started
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _COST:
+        return
+    total = sum(_COST.values())
+    terminalreporter.write_sep("=", f"most CPU ({total:.0f} CPU-s in all tests)")
+    for nodeid, seconds in sorted(_COST.items(), key=lambda kv: -kv[1])[:CPU_SHOWN]:
+        terminalreporter.write_line(f"{seconds:7.2f}s cpu  {nodeid}")
