@@ -335,7 +335,7 @@ def test_a_straggler_is_found_replaced_and_the_job_speeds_up_again(
     if operator.config.runtime == "process":
         pytest.skip("process nodes' pods have no cgroup of their own to throttle")
     log_dir, stop_file = tmp_path / "events", tmp_path / "stop"
-    job = job_manifest("laggard", log_dir, stop_file, replicas=3, minReplicas=2)
+    job = job_manifest("laggard", log_dir, stop_file, step_time_s=0.05, replicas=3, minReplicas=2)
     job["spec"]["stragglers"] = {"slowdown": 1.5, "forSeconds": 5, "action": "Replace"}
     kube.apply(job)
     try:
