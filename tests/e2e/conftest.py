@@ -18,6 +18,7 @@ from devcluster.cluster import Cluster
 from tests.support.elastic_jobs import worker_logs
 from tests.support.kube import Kube
 from tests.support.operator_release import SYSTEM_NS, OperatorRelease, operator_logs
+from tests.support.quiet_gate import QUIET_MARK
 
 CLUSTER_FIXTURES = "tests.support.cluster_fixtures"
 E2E_RUNTIME_ENV = "ELASTICJOB_E2E_RUNTIME"
@@ -62,12 +63,16 @@ def _runs_after(item: pytest.Item) -> int:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the suite's tests; run the one that uninstalls the operator, then those that
     remove its webhook (installing it once more), then those that want no operator, after
-    every other (a stable sort)."""
+    every other (a stable sort). Among the tests that leave the operator as they found it,
+    the quiet ones (``tests/support/quiet_gate.py``) come last: the other sessions' tests
+    wait while one runs, and by then those sessions have usually ended."""
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.devcluster)
-    items.sort(key=_runs_after)
+    items.sort(
+        key=lambda item: (_runs_after(item), item.get_closest_marker(QUIET_MARK) is not None)
+    )
 
 
 @pytest.hookimpl(wrapper=True)
