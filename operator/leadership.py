@@ -5,7 +5,10 @@
   for the adoption window: those its watch saw, and those a list of the jobs finds), the job
   supervisor starts every job's controller (each adopts its recorded round, as after a
   restart), and the replica routes the workers to itself: it puts the leader label on its pod
-  (the rendezvous Service selects it) and takes it off every other operator pod that has it.
+  (the rendezvous Service selects it) and takes it off every other operator pod that has it,
+  and checks both again every :data:`ROUTE_CHECK_S` while it leads (a label taken off or put on
+  by anyone else, by hand or by a former leader that missed its stand-down, is put right
+  within that: the workers would otherwise reach a standby, or no operator).
 - **Stand down.** Its rendezvous service answers every job 503 (its workers retry and reach
   the leader), the controllers stop and hand their jobs over within the stop grace (nothing
   ends, no pod is touched), and the label comes off its pod.
@@ -35,6 +38,8 @@ logger = logging.getLogger(__name__)
 ADOPTION_WINDOW_S: Final = 60.0
 """After it comes to lead, how long the rendezvous service answers 503 (retry) rather than 403
 for jobs that existed before and have not been taken back yet."""
+ROUTE_CHECK_S: Final = 5.0
+"""How often the leader checks that the leader label is on its pod and on no other."""
 LABEL_TIMEOUT_S: Final = 2.0
 """One try of a label change on an operator pod."""
 LABEL_RETRY_S: Final = 0.5
@@ -56,6 +61,7 @@ class OperatorLeadership:
         namespaces: tuple[str, ...] = (),
         stop_grace_s: float | None = None,
         on_change: Callable[[bool], None] = lambda _leading: None,
+        route_check_s: float = ROUTE_CHECK_S,
     ) -> None:
         self._api = api
         self._service = service
@@ -67,6 +73,7 @@ class OperatorLeadership:
         supervisor's cancellation timeout); with an election, well within the Lease's
         duration, so that no successor acts before they stopped."""
         self._on_change = on_change
+        self._route_check_s = route_check_s
         self._routing: asyncio.Task[None] | None = None
         self.leading = False
 
@@ -101,12 +108,24 @@ class OperatorLeadership:
 
     async def _take_over(self) -> None:
         """Expect back the jobs a list finds (the watch may not have shown them all yet), and
-        route the workers here: label its own pod, unlabel every other operator pod."""
+        route the workers here, checking the route again every ``route_check_s``."""
         await self._expect_listed_jobs()
         if self._own_pod is None:
             return
+        await self._route_here(taking_over=True)
+        logger.info(
+            "the rendezvous Service routes workers to this operator (pod %s)", self._own_pod[1]
+        )
+        while True:
+            await asyncio.sleep(self._route_check_s)
+            await self._route_here(taking_over=False)
+
+    async def _route_here(self, *, taking_over: bool) -> None:
+        """The leader label on its own pod and on no other (taking over: put on at once)."""
+        assert self._own_pod is not None
         namespace, me = self._own_pod
-        await self._relabel(me, "true")
+        if taking_over:
+            await self._relabel(me, "true")
         while True:
             try:
                 labelled = await self._api().list_pods(namespace, f"{LABEL_OPERATOR_LEADER}=true")
@@ -114,9 +133,14 @@ class OperatorLeadership:
             except (ApiException, OSError) as exc:
                 logger.warning("could not list the operator pods labelled as leader: %s", exc)
             await asyncio.sleep(LABEL_RETRY_S)
-        others = [p["metadata"]["name"] for p in labelled.items if p["metadata"]["name"] != me]
+        names = {p["metadata"]["name"] for p in labelled.items}
+        if me not in names and not taking_over:
+            logger.warning("the leader label was off this operator's pod %s: put back", me)
+            await self._relabel(me, "true")
+        others = sorted(names - {me})
+        if others and not taking_over:
+            logger.warning("the leader label was on other pods (%s): taken off", ", ".join(others))
         await asyncio.gather(*(self._relabel(pod, None) for pod in others))
-        logger.info("the rendezvous Service routes workers to this operator (pod %s)", me)
 
     async def _expect_listed_jobs(self) -> None:
         while True:

@@ -84,3 +84,28 @@ async def test_leading_serves_runs_and_routes_here_and_standing_down_undoes_it()
 async def _until(check: Any) -> None:
     while not check():
         await asyncio.sleep(0.01)
+
+
+async def test_the_leader_puts_the_route_right_when_someone_changes_the_labels() -> None:
+    """Its label taken off its pod and put on another by hand: within a check, the label is
+    on its pod again and on no other; a standby checks nothing."""
+    labels, service = Labels(set(), []), RendezvousService()
+    jobs = JobSupervisor(run_until_stopped, leading=False)
+    replica = OperatorLeadership(
+        lambda: cast(KubeApi, labels),
+        lambda: service,
+        jobs,
+        ("system", "op-b"),
+        route_check_s=0.01,
+    )
+    await replica.lead()
+    await asyncio.wait_for(_until(lambda: labels.labelled == {"op-b"}), DEADLINE_S)
+    labels.labelled.clear()
+    labels.labelled.add("op-c")
+    await asyncio.wait_for(_until(lambda: labels.labelled == {"op-b"}), DEADLINE_S)
+    await asyncio.wait_for(replica.stand_down(lost=False), DEADLINE_S)
+    labels.labelled.add("op-c")
+    labels.changes.clear()
+    await asyncio.sleep(0.05)  # several checks' worth: none runs once it stood down
+    assert labels.changes == [] and labels.labelled == {"op-c"}
+    await jobs.stop_all()
