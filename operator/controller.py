@@ -51,11 +51,11 @@ from elasticjob.operator.adoption import (
 from elasticjob.operator.api import BlacklistScope, ElasticJobSpec, InvalidSpecError, Phase
 from elasticjob.operator.api.validation import name_errors, namespace_errors
 from elasticjob.operator.controller_settings import ControllerSettings
-from elasticjob.operator.disruption import DisruptionBudget
 from elasticjob.operator.job_records import RecordKeeper
 from elasticjob.operator.job_story import history_of
 from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.kube_errors import permanent_error
+from elasticjob.operator.pod_guards import PodGuards
 from elasticjob.operator.pod_launcher import PodLauncher, driver_settings
 from elasticjob.operator.pod_reconciler import PodReconciler
 from elasticjob.operator.scaling import SpecReader, pods_to_clean
@@ -102,7 +102,7 @@ class JobController:
         )
         """The job's worker pods (their one owner)."""
         self._status = StatusWriter(api, namespace, name, wall_clock)
-        self._budget = DisruptionBudget(api, namespace)
+        self._guards = PodGuards(api, namespace, network_policy=settings.worker_network_policy)
         self._records = RecordKeeper(api, namespace, self.job_id, clock)
         self._spec = SpecReader(self.job_id, settings.pod_schema)
         self.driver: ElasticDriver | None = None
@@ -336,7 +336,7 @@ class JobController:
         try:
             views = await self.pods.reconcile(body, spec)
         finally:  # a create refused (a full quota): the running pods keep their budget
-            await self._budget.ensure(body, spec.min_replicas)
+            await self._guards.ensure(body, spec.min_replicas)
         if clamp := self._spec.new_clamp():
             logger.warning("job %s: %s", self.job_id, clamp)
             self.pods.note(EventKind.CLAMPED, str(clamp), "", True)

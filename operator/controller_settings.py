@@ -23,3 +23,6 @@ class ControllerSettings:
     """The API server's Pod schema: a pod template field a pod does not have is invalid."""
     operator_namespace: str | None = None
     """The operator's own namespace, where it runs no job (None: not known)."""
+    worker_network_policy: bool = True
+    """Give each job a NetworkPolicy that admits only its own pods to its workers
+    (``pod_guards.py``)."""

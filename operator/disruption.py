@@ -26,8 +26,9 @@ POLICY_VERSIONS: Final = ("policy/v1", "policy/v1beta1")
 """The PodDisruptionBudget API versions the operator uses, the preferred one first."""
 
 
-def budget_name(job_name: str) -> str:
-    """The name of the job's PodDisruptionBudget."""
+def guard_name(job_name: str) -> str:
+    """The name of the job's PodDisruptionBudget, and of its NetworkPolicy
+    (``pod_guards.py``)."""
     return f"{job_name}-workers"
 
 
@@ -39,7 +40,7 @@ def disruption_budget(
     return {
         "apiVersion": api_version,
         "kind": "PodDisruptionBudget",
-        "metadata": podlib.owned_metadata(job, budget_name(name)),
+        "metadata": podlib.owned_metadata(job, guard_name(name)),
         "spec": {"minAvailable": min_available, "selector": {"matchLabels": worker_labels(name)}},
     }
 
@@ -63,8 +64,10 @@ class DisruptionBudget:
             self._applied = min_available
             return
         try:
-            await self._api.apply_disruption_budget(
-                self._namespace, disruption_budget(job, min_available, version)
+            await self._api.apply_owned(
+                self._namespace,
+                disruption_budget(job, min_available, version),
+                "poddisruptionbudgets",
             )
         except ApiException as exc:
             # The job runs without it (e.g. the operator's role lacks the permission); tried
@@ -72,7 +75,7 @@ class DisruptionBudget:
             logger.warning(
                 "could not make the PodDisruptionBudget %s/%s: %s %s",
                 self._namespace,
-                budget_name(job["metadata"]["name"]),
+                guard_name(job["metadata"]["name"]),
                 exc.status,
                 exc.reason,
             )
@@ -81,7 +84,7 @@ class DisruptionBudget:
         logger.info(
             "PodDisruptionBudget %s/%s keeps %d worker pods",
             self._namespace,
-            budget_name(job["metadata"]["name"]),
+            guard_name(job["metadata"]["name"]),
             min_available,
         )
         self._applied = min_available

@@ -281,18 +281,20 @@ class KubeApi:
             self._policy_versions = frozenset(str(v) for v in served if v)
         return next((v for v in candidates if v in self._policy_versions), None)
 
-    async def apply_disruption_budget(self, namespace: str, budget: dict[str, Any]) -> None:
-        """Create ``budget`` (a PodDisruptionBudget), or set its spec if it exists."""
-        base = f"/apis/{budget['apiVersion']}/namespaces/{namespace}/poddisruptionbudgets"
+    async def apply_owned(self, namespace: str, obj: dict[str, Any], plural: str) -> None:
+        """Create ``obj``, an object of a named API group (``plural``: its resource, such as
+        ``poddisruptionbudgets``), or set its spec if it exists."""
+        kind = obj["kind"]
+        base = f"/apis/{obj['apiVersion']}/namespaces/{namespace}/{plural}"
         request = self._transport.request
         await upsert(
-            functools.partial(request, "create PodDisruptionBudget", "POST", base, budget),
+            functools.partial(request, f"create {kind}", "POST", base, obj),
             functools.partial(
                 request,
-                "update PodDisruptionBudget",
+                f"update {kind}",
                 "PATCH",
-                f"{base}/{budget['metadata']['name']}",
-                {"spec": budget["spec"]},
+                f"{base}/{obj['metadata']['name']}",
+                {"spec": obj["spec"]},
                 content_type="application/merge-patch+json",
             ),
         )

@@ -99,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.retry_period_s,
         help="seconds between two reads (and renewals) of the Lease",
     )
+    parser.add_argument(
+        "--no-worker-network-policy",
+        dest="worker_network_policy",
+        action="store_false",
+        help="make no NetworkPolicy per job (by default, one admits only the job's own pods "
+        "to its workers)",
+    )
     parser.add_argument("--webhook-port", type=int, default=8443)
     parser.add_argument("--rendezvous-port", type=int, default=8470)
     parser.add_argument("--metrics-port", type=int, default=8471)
@@ -163,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rendezvous_tls=tls,
         own_pod=_own_pod(os.environ),
         leader_election=election,
+        worker_network_policy=args.worker_network_policy,
     )
     runtime = OperatorRuntime(config)
     memo = kopf.Memo(runtime=runtime)

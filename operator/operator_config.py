@@ -36,6 +36,8 @@ class OperatorConfig:
     it runs outside a pod, or is not told its name)."""
     leader_election: LeaderElectionConfig | None = None
     """Lead only while holding this Lease (None: lead from the start, alone)."""
+    worker_network_policy: bool = True
+    """Give each job a NetworkPolicy admitting only its own pods to its workers."""
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,7 @@ class OperatorRuntime:
             rendezvous_ca=self.rendezvous_ca,
             pod_schema=self.pod_schema,
             operator_namespace=self.operator_namespace,
+            worker_network_policy=self.config.worker_network_policy,
         )
 
     async def start(self, settings: kopf.OperatorSettings) -> None:

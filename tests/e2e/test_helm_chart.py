@@ -59,6 +59,7 @@ JOB_GRANTS: Grants = {
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
     ("policy", "poddisruptionbudgets"): {"create", "patch"},
+    ("networking.k8s.io", "networkpolicies"): {"create", "patch"},
     ("", "configmaps"): {"get", "create", "patch"},
 }
 CLUSTER_GRANTS: Grants = {
@@ -502,6 +503,12 @@ def test_no_disruption_budget_for_one_replica_or_when_disabled(
     helm: Helm, values: dict[str, Any]
 ) -> None:
     assert not of_kind(helm.template(values), "PodDisruptionBudget")
+
+
+def test_the_per_job_network_policy_is_on_unless_switched_off(helm: Helm) -> None:
+    assert "--no-worker-network-policy" not in container(helm.template({}))["args"]
+    args = container(helm.template({"workerNetworkPolicy": {"enabled": False}}))["args"]
+    assert "--no-worker-network-policy" in args
 
 
 def test_the_election_timing_reaches_the_operator(helm: Helm) -> None:

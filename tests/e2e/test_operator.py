@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devcluster.cluster import Cluster
 from elasticjob.driver.job_record import EventKind, JobRecordData
+from elasticjob.operator.api import worker_labels
 from elasticjob.worker_contract import ENV_RENDEZVOUS_CA
 from tests.support.elastic_jobs import (
     STARTUP_S,
@@ -262,7 +263,9 @@ def test_voluntary_evictions_keep_the_job_at_its_minimum(
     operator: Cluster, kube: Kube, tmp_path: Path
 ) -> None:
     """The job's PodDisruptionBudget (owned by it, minAvailable = minReplicas) makes the
-    Eviction API refuse to take a job at its minimum below it, and follows minReplicas."""
+    Eviction API refuse to take a job at its minimum below it, and follows minReplicas; its
+    NetworkPolicy admits only its worker pods to them (devcluster's network enforces none:
+    the object is checked)."""
     kube.apply(
         job_manifest("pdb", tmp_path / "events", tmp_path / "stop", replicas=2, minReplicas=2)
     )
@@ -271,6 +274,11 @@ def test_voluntary_evictions_keep_the_job_at_its_minimum(
         budget = kube.wait("the job's PodDisruptionBudget", lambda: kube.get("pdb", "pdb-workers"))
         assert budget["spec"]["minAvailable"] == 2
         assert budget["metadata"]["ownerReferences"][0]["name"] == "pdb"
+        policy = kube.wait("the job's NetworkPolicy", lambda: kube.get("netpol", "pdb-workers"))
+        workers = {"matchLabels": worker_labels("pdb")}
+        assert policy["spec"]["podSelector"] == workers
+        assert policy["spec"]["ingress"] == [{"from": [{"podSelector": workers}]}]
+        assert policy["metadata"]["ownerReferences"][0]["name"] == "pdb"
         pod = running["workers"][0]["pod"]
         eviction = {
             "apiVersion": "policy/v1beta1",

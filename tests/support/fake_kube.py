@@ -53,6 +53,7 @@ class FakeKube:
         self.secrets: dict[str, dict[str, Any]] = {}
         self.config_maps: dict[str, dict[str, Any]] = {}
         self.budgets: dict[str, dict[str, Any]] = {}
+        self.network_policies: dict[str, dict[str, Any]] = {}
         self.statuses: list[dict[str, Any]] = []
         """Every status the operator wrote, oldest first."""
         self.events: list[PostedEvent] = []
@@ -195,8 +196,9 @@ class FakeKube:
     async def policy_version(self, candidates: tuple[str, ...]) -> str | None:
         return candidates[0]
 
-    async def apply_disruption_budget(self, namespace: str, budget: dict[str, Any]) -> None:
-        self.budgets[budget["metadata"]["name"]] = copy.deepcopy(budget)
+    async def apply_owned(self, namespace: str, obj: dict[str, Any], plural: str) -> None:
+        kept = self.budgets if plural == "poddisruptionbudgets" else self.network_policies
+        kept[obj["metadata"]["name"]] = copy.deepcopy(obj)
 
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.statuses.append(copy.deepcopy(status))

@@ -33,10 +33,10 @@ class FakeApi:
     async def policy_version(self, candidates: tuple[str, ...]) -> str | None:
         return next((v for v in candidates if v in self.served), None)
 
-    async def apply_disruption_budget(self, namespace: str, budget: dict[str, Any]) -> None:
+    async def apply_owned(self, namespace: str, obj: dict[str, Any], plural: str) -> None:
         if self.fail is not None:
             raise ApiException(status=self.fail, reason="Forbidden")
-        self.applied.append(budget)
+        self.applied.append(obj)
 
 
 @pytest.mark.parametrize(

@@ -159,8 +159,13 @@ async def test_an_existing_budget_gets_the_new_spec() -> None:
     transport = ScriptedTransport(
         {"create PodDisruptionBudget": [EXISTS], "update PodDisruptionBudget": [{}]}
     )
-    budget = {"apiVersion": "policy/v1", "metadata": {"name": "b"}, "spec": {"minAvailable": 2}}
-    await KubeApi(transport).apply_disruption_budget("ns", budget)
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "b"},
+        "spec": {"minAvailable": 2},
+    }
+    await KubeApi(transport).apply_owned("ns", budget, "poddisruptionbudgets")
     base = "/apis/policy/v1/namespaces/ns/poddisruptionbudgets"
     assert transport.calls == [
         ("create PodDisruptionBudget", ("POST", base, budget)),

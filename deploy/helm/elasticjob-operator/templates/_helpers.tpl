@@ -112,6 +112,11 @@ namespace is watched, else in a Role per watched namespace.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["create", "patch"]
+# Each job's NetworkPolicy: only its own worker pods reach its workers; garbage-collected with
+# the job.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create", "patch"]
 # A job's record (ConfigMap <job>-record: its timeline), kept across operator restarts and
 # garbage-collected with the job.
 - apiGroups: [""]
