@@ -41,6 +41,7 @@ from elasticjob.driver.host_manager import HostManager
 from elasticjob.driver.job_record import EventKind, JobRecordData
 from elasticjob.driver.job_snapshot import JobSnapshot
 from elasticjob.driver.job_state import JobState, blacklist_entries
+from elasticjob.driver.liveness import heartbeat_interval_s
 from elasticjob.driver.loop_lag import LoopLagWatch
 from elasticjob.event_waits import wait_event
 from elasticjob.operator import pods as podlib
@@ -215,20 +216,20 @@ class JobController:
     ) -> JobResult | None:
         """Run the job's driver until the job ends or is suspended (its result), or the
         operator stops (None)."""
-        # Three independent calls at once: a new job waits for one round trip, not three.
-        # The driver comes after them: the job joins the rendezvous service with it, and
-        # adopts its recorded round right after, with no API call in between.
+        # Three independent calls at once (one round trip, not three); then the driver: the job
+        # joins the service with it and adopts its recorded round, no API call in between.
         token, stored_record, _ = await asyncio.gather(
             ensure_token(self._api, self.namespace, body),
             self._records.load(body),
             self.pods.relist(),
         )
         self.pods.configure(spec)
-        slots = spec.slots_per_worker
 
         def join_service(listener: RendezvousListener) -> JobRendezvous:
+            workers = spec.max_replicas * spec.slots_per_worker
+            beat = heartbeat_interval_s(driver_settings(spec).heartbeat_timeout_s)
             job = self._service.add_job(
-                self.job_id, token, listener, max_workers=spec.max_replicas * slots
+                self.job_id, token, listener, max_workers=workers, heartbeat_interval_s=beat
             )
             health = self.pods.health
             check = spec.health_check

@@ -104,7 +104,11 @@ async def run_job(args: argparse.Namespace) -> JobResult:
             HostManager(Blacklist[str](policy)),
             make_launcher,
             lambda listener: service.add_job(
-                args.job_name, token, listener, max_workers=settings.max_np or DEFAULT_MAX_WORKERS
+                args.job_name,
+                token,
+                listener,
+                max_workers=settings.max_np or DEFAULT_MAX_WORKERS,
+                heartbeat_interval_s=heartbeat_interval_s(settings.heartbeat_timeout_s),
             ),
             settings,
             time.monotonic,

@@ -8,13 +8,16 @@ rendezvous long-polls around a round change, a result at its end and, from rank 
 at most once a second; that is at most 3 requests a second and 2 long-polls held at once per
 worker. Every bound gives :data:`HEADROOM` times that, and no job's sustained rate exceeds
 :data:`MAX_JOB_SHARE` of what the service answers (:data:`SERVICE_REQUESTS_PER_S`), however
-large the job: one job at its rate leaves the other half of the service to every other job.
+large the job, unless its workers' heartbeats alone need more (``beats``: workers times beats
+a second, with :data:`BEAT_HEADROOM`; the table's figure is at one beat a second): one job at
+its rate leaves the other half of the service to every other job, and a large job's own
+heartbeats are never refused (a worker that cannot beat would be taken for dead).
 
 ================================  =======================================  =============
 bound                             formula                                  1,024 workers
 ================================  =======================================  =============
-requests per second (sustained)   min(max(100, 3 x 10 x max_workers),      1,400
-                                  0.5 x 2,800)
+requests per second (sustained)   min(max(100, 3 x 10 x max_workers),      1,536
+                                  max(0.5 x 2,800, 1.5 x beats))
 burst (requests at once)          max(2 s of the sustained rate,           4,096
                                   4 x max_workers)
 long-polls held at once           max(20, 2 x 10 x max_workers)            20,480
@@ -59,7 +62,10 @@ SERVICE_REQUESTS_PER_S: Final = 2_800.0
 """Requests a second the service's event loop answers (about 0.35 ms of CPU each, measured
 by ``bench/scale.py``, ``docs/scale.md``)."""
 MAX_JOB_SHARE: Final = 0.5
-"""The largest share of :data:`SERVICE_REQUESTS_PER_S` one job's sustained rate may be."""
+"""The largest share of :data:`SERVICE_REQUESTS_PER_S` one job's sustained rate may be, unless
+its heartbeats need more."""
+BEAT_HEADROOM: Final = 1.5
+"""A job's sustained rate is at least this many times its workers' heartbeats a second."""
 BODIES_PER_WORKER: Final = 2
 """Request bodies one worker sends at once at most (a heartbeat beside a result or a
 rendezvous request)."""
@@ -85,12 +91,15 @@ class JobLimits:
     """Requests whose body is still being read, at once."""
 
     @classmethod
-    def for_workers(cls, max_workers: int) -> JobLimits:
-        """The bounds of a job of at most ``max_workers`` workers (at least 1)."""
+    def for_workers(cls, max_workers: int, heartbeat_interval_s: float | None = 1.0) -> JobLimits:
+        """The bounds of a job of at most ``max_workers`` workers (at least 1) that beat every
+        ``heartbeat_interval_s`` (None: they do not beat)."""
         if max_workers < 1:
             raise ValueError(f"a job's maximum worker count must be >= 1, got {max_workers}")
         wanted = max(MIN_REQUESTS_PER_S, NORMAL_REQUESTS_PER_WORKER_S * HEADROOM * max_workers)
-        rate = min(wanted, MAX_JOB_SHARE * SERVICE_REQUESTS_PER_S)
+        beats = max_workers / heartbeat_interval_s if heartbeat_interval_s else 0.0
+        share = max(MAX_JOB_SHARE * SERVICE_REQUESTS_PER_S, BEAT_HEADROOM * beats)
+        rate = min(wanted, share)
         return cls(
             requests_per_s=rate,
             burst=max(rate * BURST_SECONDS, BURST_REQUESTS_PER_WORKER * max_workers),

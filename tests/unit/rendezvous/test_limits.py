@@ -25,7 +25,7 @@ from tests.support.clock import FakeClock
         pytest.param(4, 120.0, 240.0, 80, 16, id="four: ten times their traffic"),
         pytest.param(32, 960.0, 1920.0, 640, 64, id="32: two bodies each"),
         pytest.param(64, 1400.0, 2800.0, 1280, 128, id="64: the rate at half the service"),
-        pytest.param(1024, 1400.0, 4096.0, 20480, 256, id="1,024: burst of 4 each, bodies cap"),
+        pytest.param(1024, 1536.0, 4096.0, 20480, 256, id="1,024: beats 1.5x, burst 4 each"),
     ],
 )
 def test_bounds_follow_the_maximum_worker_count_up_to_a_share_of_the_service(
@@ -36,10 +36,21 @@ def test_bounds_follow_the_maximum_worker_count_up_to_a_share_of_the_service(
     assert (limits.long_polls, limits.bodies) == (long_polls, bodies)
 
 
-def test_no_job_takes_more_than_half_the_service_however_large() -> None:
-    for max_workers in (64, 1024, 100_000):
-        limits = JobLimits.for_workers(max_workers)
-        assert limits.requests_per_s == MAX_JOB_SHARE * SERVICE_REQUESTS_PER_S
+@pytest.mark.parametrize(
+    ("max_workers", "interval_s", "rate"),
+    [
+        pytest.param(64, 1.0, MAX_JOB_SHARE * SERVICE_REQUESTS_PER_S, id="64 at 1 s: half"),
+        pytest.param(512, 2.0, MAX_JOB_SHARE * SERVICE_REQUESTS_PER_S, id="512 at 2 s: half"),
+        pytest.param(512, None, MAX_JOB_SHARE * SERVICE_REQUESTS_PER_S, id="no beats: half"),
+        pytest.param(1024, 0.4, 1.5 * 1024 / 0.4, id="1,024 at 0.4 s: their beats, 1.5x"),
+        pytest.param(100_000, 2.0, 1.5 * 100_000 / 2.0, id="100,000 at 2 s: their beats"),
+    ],
+)
+def test_no_job_takes_more_than_half_the_service_unless_its_heartbeats_need_it(
+    max_workers: int, interval_s: float | None, rate: float
+) -> None:
+    limits = JobLimits.for_workers(max_workers, interval_s)
+    assert limits.requests_per_s == pytest.approx(rate)
 
 
 def test_a_1024_worker_job_keeps_its_normal_traffic_and_a_failures_burst() -> None:
@@ -94,14 +105,15 @@ def test_token_bucket_refills_to_its_burst_only() -> None:
     assert served == 4
 
 
-def test_the_normal_traffic_of_1024_workers_and_a_failure_pass_the_rate() -> None:
-    """10 s of 1,024 workers each beating once a second and rank 0's progress, evenly spread,
-    with a failure at 5 s (3 requests from each of the 1,023 survivors at once): none is
-    refused."""
+@pytest.mark.parametrize("interval_s", [2.0, 1.0, 0.4, 0.1])
+def test_the_normal_traffic_of_1024_workers_and_a_failure_pass_the_rate(interval_s: float) -> None:
+    """10 s of 1,024 workers each beating every ``interval_s`` and rank 0's progress, evenly
+    spread, with a failure at 5 s (3 requests from each of the 1,023 survivors at once): none
+    is refused (a worker whose beats are refused would be taken for dead)."""
     clock = FakeClock(50.0)
-    limits = JobLimits.for_workers(1024)
+    limits = JobLimits.for_workers(1024, interval_s)
     bucket = TokenBucket(limits.requests_per_s, limits.burst, clock)
-    per_second = 1024 + 1
+    per_second = round(1024 / interval_s) + 1
     refused = 0
     for second in range(10):
         if second == 5:
