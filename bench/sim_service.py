@@ -47,9 +47,10 @@ Event = dict[str, Any]
 UNCAPPED_ENV = "SIM_UNCAPPED_RATE"
 
 
-def uncapped(max_workers: int) -> JobLimits:
+def uncapped(max_workers: int, heartbeat_interval_s: float | None = 1.0) -> JobLimits:
     """A job's bounds as the service sized them before it capped any job's rate: 30
-    requests a second per worker (30,720 at 1,024), a burst of 2 s, no bound on bodies."""
+    requests a second per worker (30,720 at 1,024), a burst of 2 s, no bound on bodies (its
+    workers' heartbeats made no difference)."""
     rate = max(100.0, 30.0 * max_workers)
     return JobLimits(requests_per_s=rate, burst=2 * rate, long_polls=max(20, 20 * max_workers),
                      bodies=10**9)  # fmt: skip
