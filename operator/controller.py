@@ -41,7 +41,6 @@ from elasticjob.driver.host_manager import HostManager
 from elasticjob.driver.job_record import EventKind, JobRecordData
 from elasticjob.driver.job_snapshot import JobSnapshot
 from elasticjob.driver.job_state import JobState, blacklist_entries
-from elasticjob.driver.liveness import heartbeat_interval_s
 from elasticjob.driver.loop_lag import LoopLagWatch
 from elasticjob.event_waits import wait_event
 from elasticjob.operator import pods as podlib
@@ -227,7 +226,7 @@ class JobController:
 
         def join_service(listener: RendezvousListener) -> JobRendezvous:
             workers = spec.max_replicas * spec.slots_per_worker
-            beat = heartbeat_interval_s(driver_settings(spec).heartbeat_timeout_s)
+            beat = driver_settings(spec).heartbeat_interval_s
             job = self._service.add_job(
                 self.job_id, token, listener, max_workers=workers, heartbeat_interval_s=beat
             )

@@ -121,11 +121,10 @@ class OperatorLeadership:
             await self._route_here(taking_over=False)
 
     async def _route_here(self, *, taking_over: bool) -> None:
-        """The leader label on its own pod and on no other (taking over: put on at once)."""
+        """The leader label on its own pod (first) and on no other; a label found wrong is
+        logged, unless it is taking over (then it is not on its pod yet)."""
         assert self._own_pod is not None
         namespace, me = self._own_pod
-        if taking_over:
-            await self._relabel(me, "true")
         while True:
             try:
                 labelled = await self._api().list_pods(namespace, f"{LABEL_OPERATOR_LEADER}=true")
@@ -134,8 +133,9 @@ class OperatorLeadership:
                 logger.warning("could not list the operator pods labelled as leader: %s", exc)
             await asyncio.sleep(LABEL_RETRY_S)
         names = {p["metadata"]["name"] for p in labelled.items}
-        if me not in names and not taking_over:
-            logger.warning("the leader label was off this operator's pod %s: put back", me)
+        if me not in names:
+            if not taking_over:
+                logger.warning("the leader label was off this operator's pod %s: put back", me)
             await self._relabel(me, "true")
         others = sorted(names - {me})
         if others and not taking_over:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from elasticjob.driver.driver_types import JobMode
-from elasticjob.driver.liveness import heartbeat_interval_s
 from elasticjob.operator.api import (
     API_VERSION,
     KIND,
@@ -170,7 +169,7 @@ def _runtime_env(
             "defer_sigterm": True,
             "collective_timeout_s": spec.collective_timeout_seconds,
             "round_wait_s": spec.round_wait_seconds,
-            "heartbeat_interval_s": heartbeat_interval_s(driver_settings(spec).heartbeat_timeout_s),
+            "heartbeat_interval_s": driver_settings(spec).heartbeat_interval_s,
             "checkpoint": spec.checkpoint.policy() if spec.checkpoint is not None else None,
             "max_restarts": job_recovery(spec).script_max_restarts,
             "warm_start": spec.warm_start if spec.mode is JobMode.RESTART else None,

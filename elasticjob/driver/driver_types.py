@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from elasticjob.driver.liveness import heartbeat_interval_s
 from elasticjob.driver.stragglers import StragglerPolicy
 from elasticjob.wire.messages import SlotInfo, WorkerId
 
@@ -221,6 +222,12 @@ class DriverSettings:
             raise ValueError(f"min_np must be >= 1, got {self.min_np}")
         if self.max_np is not None and self.max_np < self.min_np:
             raise ValueError(f"max_np ({self.max_np}) must be >= min_np ({self.min_np})")
+
+    @property
+    def heartbeat_interval_s(self) -> float | None:
+        """How often the workers beat for ``heartbeat_timeout_s`` (None: they need not;
+        ``liveness.heartbeat_interval_s``)."""
+        return heartbeat_interval_s(self.heartbeat_timeout_s)
 
 
 class DriverObserver(Protocol):

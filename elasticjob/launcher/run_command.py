@@ -26,7 +26,6 @@ from elasticjob.driver.discovery import discover_once, poll_hosts
 from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.driver_types import DriverError, JobMode, JobResult
 from elasticjob.driver.host_manager import HostManager
-from elasticjob.driver.liveness import heartbeat_interval_s
 from elasticjob.driver.record_saving import RecordSaver
 from elasticjob.launcher.arguments import build_parser, checkpoint_policy, parse_arguments
 from elasticjob.launcher.horovodrun_flags import python_log_level
@@ -78,7 +77,7 @@ async def run_job(args: argparse.Namespace) -> JobResult:
                 "rendezvous_url": service.url,
                 "job": args.job_name,
                 "backend": args.backend,
-                "heartbeat_interval_s": heartbeat_interval_s(settings.heartbeat_timeout_s),
+                "heartbeat_interval_s": settings.heartbeat_interval_s,
                 "orphan_timeout_s": ORPHAN_TIMEOUT_S,
                 "timeline_dir": timeline_dir,
                 "checkpoint": checkpoint,
@@ -108,7 +107,7 @@ async def run_job(args: argparse.Namespace) -> JobResult:
                 token,
                 listener,
                 max_workers=settings.max_np or DEFAULT_MAX_WORKERS,
-                heartbeat_interval_s=heartbeat_interval_s(settings.heartbeat_timeout_s),
+                heartbeat_interval_s=settings.heartbeat_interval_s,
             ),
             settings,
             time.monotonic,

@@ -275,15 +275,11 @@ class HealthChecks:
 
     def _judge(self, cohort: _Cohort) -> None:
         gone = {m for m in cohort.members if m not in self._expected}
+        history = list(self._history)
         verdicts = judge_cohort(
-            cohort.members,
-            cohort.reports,
-            list(self._history),
-            self._attempts,
-            self.policy,
-            gone=gone,
+            cohort.members, cohort.reports, history, self._attempts, self.policy, gone=gone
         )
-        self._history.extend(kept_as_peers(cohort.reports, verdicts, list(self._history)))
+        self._history.extend(kept_as_peers(cohort.reports, verdicts, history))
         for host, verdict in verdicts.items():
             self._cohort_of.pop(host, None)
             report = cohort.reports.get(host)

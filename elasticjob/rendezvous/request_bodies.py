@@ -12,7 +12,7 @@ from typing import Final, TypeVar
 from aiohttp import ClientPayloadError, http_exceptions, web
 from pydantic import BaseModel, ValidationError
 
-from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
+from elasticjob.rendezvous.limits import InFlight
 from elasticjob.wire.messages import ErrorResponse
 from elasticjob.wire.strict_json import DuplicateKeyError, parse_json
 
@@ -78,12 +78,12 @@ def invalid(what: str, exc: ValidationError) -> ApiError:
     return ApiError(status, f"invalid {what}: {fields}", detail)
 
 
-async def _read_body(request: web.Request, job: InMemoryJobRendezvous, timeout: float) -> bytes:
-    """The request's body, read within ``timeout`` seconds (408) as one of the job's bodies
-    in flight; a client that goes away before sending all of it (a worker process that exits
-    with a report in flight) is a 400, not a failure of the service."""
+async def _read_body(request: web.Request, bodies: InFlight, timeout: float) -> bytes:
+    """The request's body, read within ``timeout`` seconds (408) as one of ``bodies``, the
+    job's bodies in flight; a client that goes away before sending all of it (a worker
+    process that exits with a report in flight) is a 400, not a failure of the service."""
     try:
-        with job.bodies.hold():
+        with bodies.hold():
             async with asyncio.timeout(timeout):
                 return await _read_whole_body(request)
     except TimeoutError:
@@ -107,11 +107,11 @@ async def _read_whole_body(request: web.Request) -> bytes:
 
 
 async def parse_body(
-    request: web.Request, job: InMemoryJobRendezvous, model: type[_Model], timeout: float
+    request: web.Request, bodies: InFlight, model: type[_Model], timeout: float
 ) -> _Model:
     """The request's body as ``model``, read within ``timeout`` seconds of its headers (see
     :func:`_read_body`); every failure an :class:`ApiError`."""
-    body = await _read_body(request, job, timeout)
+    body = await _read_body(request, bodies, timeout)
     try:
         return parse_json(model, body)
     except ValidationError as exc:

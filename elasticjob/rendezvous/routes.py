@@ -155,7 +155,7 @@ class _Api:
         self, request: web.Request, job: InMemoryJobRendezvous, model: type[_Model]
     ) -> _Model:
         """The request's body as ``model`` (see ``request_bodies.parse_body``)."""
-        return await parse_body(request, job, model, self._body_timeout)
+        return await parse_body(request, job.bodies, model, self._body_timeout)
 
     def authorize(self, request: web.Request) -> InMemoryJobRendezvous:
         """The job named in the path, if the request speaks the service's protocol, carries the

@@ -23,15 +23,16 @@ _CONTAINER_LISTS = ("containers", "initContainers")
 
 def template_errors(template: Mapping[str, Any]) -> list[FieldError]:
     """The operator's part of the pod template that the template sets, and missing images."""
+    metadata = template.get("metadata") or {}
     errors = [
         FieldError(
             f"spec.template.metadata.{key}",
             "must not be set: the operator names and owns the worker pods",
         )
         for key in OPERATOR_METADATA
-        if key in (template.get("metadata") or {})
+        if key in metadata
     ]
-    labels = (template.get("metadata") or {}).get("labels") or {}
+    labels = metadata.get("labels") or {}
     errors.extend(
         FieldError(
             f"spec.template.metadata.labels[{key}]",
