@@ -62,11 +62,19 @@ def silent_peer(group: RoundGroup) -> Iterator[subprocess.Popen[str]]:
         [sys.executable, "-c", PEER, str(store.port)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # torch's warnings (a store retried on a busy machine)
         text=True,
     )
     try:
         group.configure(store, "round-1/", 0, 2, SILENT_PEER_TIMEOUT)
-        assert peer.stdout is not None and peer.stdout.readline().strip() == "formed"
+        assert peer.stdout is not None
+        said: list[str] = []
+        for line in peer.stdout:
+            if line.strip() == "formed":
+                break
+            said.append(line)
+        else:
+            raise AssertionError(f"the peer never formed the group:\n{''.join(said)}")
         yield peer
     finally:
         peer.kill()
