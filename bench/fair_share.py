@@ -4,7 +4,7 @@ asserts nothing).
 
 One service process (``sim_service.py``: the real service, one real driver per job) serves a
 victim job of simulated workers (``sim_worker.py``) and a flood job with no worker whose
-token a flood process (:func:`flood`, a process of its own) uses to send ``GET round`` on
+reader token a flood process (:func:`flood`, a process of its own) uses to send ``GET round`` on
 many kept-alive connections, at most at the job's sustained rate. A worker of the victim is
 killed; its recovery is the time from the kill until every survivor has its slot in the next
 round. Three cases, each in fresh processes, in one run:
@@ -126,7 +126,7 @@ async def recovery(case: str, hosts: int, slots: int, flood_workers: int,
             svc.add_job("flood", {}, max_np=flood_workers)
             rate = (uncapped(flood_workers) if case == "before" else JobLimits.for_workers(
                 flood_workers)).requests_per_s  # fmt: skip
-            flooding = FloodProcess(svc.url, fleet.tokens["flood"], rate)
+            flooding = FloodProcess(svc.url, fleet.keys["flood"].reader_token(), rate)
         await asyncio.sleep(SETTLE_S)
         victim = ("victim", "v00001", 0)
         survivors = [w for w in fleet.running("victim") if w.host != victim[1]]

@@ -6,15 +6,17 @@ see no valid traffic, so any change of their state is caused by a rejected reque
 all along: the latency of their requests is measured under the load) and ``job-flood`` (sized
 for one worker: floods over its rate and its long-poll bound).
 
-Request classes: unknown workers, future rounds, huge values, lax values, repeated keys,
-malformed JSON, oversized bodies, other jobs' tokens, unknown jobs, wrong protocol versions,
+Request classes: unknown workers, a worker speaking for another (with its own credential or
+the reader token), future rounds, huge values, lax values, repeated keys, malformed JSON,
+oversized bodies, other jobs' credentials, unknown jobs, wrong protocol versions,
 floods over the rate, long-polls over the bound; plus slow clients that dribble their
 headers over raw sockets.
 
 Figures: requests sent, answers by status, 5xx count (a 503 with Retry-After is a deliberate
 retry-later, counted apart), state changes caused by rejected
 requests (each class's target jobs snapshotted before and after it), cross-job leaks (a 2xx
-answer to another job's token or an unknown job, or a body naming another job's data), RSS
+answer to another job's credential or an unknown job, or a body holding a key or a reader
+token), RSS
 before, after each of two passes of the hostile classes and at the end (one process: the
 clients' memory is in it too), p50/p99 latency of valid requests under load (client and
 service share one event loop, so this is an upper bound), long-polls held at once, and how
@@ -44,6 +46,7 @@ from typing import Any
 
 import aiohttp
 
+from elasticjob.rendezvous.job_credentials import JobKey
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.rendezvous_types import ProbeReport
 from elasticjob.rendezvous.server import RendezvousService
@@ -59,8 +62,23 @@ from elasticjob.wire.messages import (
 )
 from elasticjob.wire.protocol import API_PREFIX, PROTOCOL_HEADER, PROTOCOL_VERSION
 
-TOKENS = {"job-a": "token-a-5f1e", "job-b": "token-b-77c2", "job-live": "token-live-0d9a",
-          "job-flood": "token-flood-31b8"}  # fmt: skip
+KEYS = {"job-a": "key-a-5f1e", "job-b": "key-b-77c2", "job-live": "key-live-0d9a",
+        "job-flood": "key-flood-31b8"}  # fmt: skip
+
+
+def credential(job: str, host: str) -> str:
+    """The credential of ``host``'s worker(s) of ``job``."""
+    return JobKey(KEYS[job]).worker_credential(host)
+
+
+def reader(job: str) -> str:
+    """``job``'s reader token."""
+    return JobKey(KEYS[job]).reader_token()
+
+
+SECRETS = [*KEYS.values(), *(reader(job) for job in KEYS)]
+"""What an answer must never hold: a key, or a reader token (a worker credential names its
+host, which answers do)."""
 LIVE_WORKERS = 16
 HEADER_TIMEOUT_S = 2.0
 PASSES = 2
@@ -113,7 +131,8 @@ class Probe:
     data: bytes | None = None
     protocol: str | None = str(PROTOCOL_VERSION)
     cross: bool = False
-    """Sent with a token that is not the path job's own (or to a job that does not exist)."""
+    """Sent with a credential that is not the path job's own (or to a job that does not
+    exist)."""
     hostile: bool = True
     """Whether any 2xx answer to it is a hole (a flood's requests are valid but too many)."""
 
@@ -165,10 +184,10 @@ def rss_kib() -> int:
 
 def job_state(job: InMemoryJobRendezvous, listener: Listener) -> object:
     """Everything a job keeps, as a comparable value."""
-    skip = ("_bucket", "_round_changed", "_notices", "_token", "_polls", "bodies", "_listener",
+    skip = ("_bucket", "_round_changed", "_notices", "key", "_polls", "bodies", "_listener",
             "limits")  # fmt: skip
     kept = {k: copy.deepcopy(v) for k, v in vars(job).items() if k not in skip}
-    notices = (job._notices.latest_seq, job._notices.after(0))  # the token never changes
+    notices = (job._notices.latest_seq, job._notices.after(0))  # the key never changes
     return (job.round_info(), job.long_polls, kept, notices, dict(listener.calls))
 
 
@@ -183,7 +202,7 @@ def rendezvous_fields(host: str = "host-a", rank: int = 0) -> dict[str, object]:
 
 def probes(rng: random.Random) -> dict[str, Callable[[], Probe]]:
     """Generators of hostile requests by class."""
-    token = TOKENS["job-a"]
+    token = credential("job-a", "host-a")  # job-a's worker on host-a, rank 0 of round 1
 
     def planted() -> Probe:
         host = f"planted-{rng.randrange(10**9)}"
@@ -192,7 +211,18 @@ def probes(rng: random.Random) -> dict[str, Callable[[], Probe]]:
             ("results", body(hostname=host, local_rank=0, state="FAILURE", message="x" * 4000)),
             ("heartbeat", body(hostname=host, local_rank=rng.randrange(1024))),
         ])  # fmt: skip
-        return Probe("unknown worker", "POST", "job-a", route, token, data)
+        return Probe("unknown worker", "POST", "job-a", route, credential("job-a", host), data)
+
+    def another_worker() -> Probe:
+        speaker = rng.choice([credential("job-a", f"pod-{rng.randrange(10**9)}"), reader("job-a")])
+        route, data = rng.choice([
+            ("rendezvous", body(**(rendezvous_fields() | {"address": "127.0.1.99"}))),
+            ("rendezvous", body(**(rendezvous_fields() | {"suspended": True}))),
+            ("results", body(hostname="host-a", local_rank=0, state="SUCCESS")),
+            ("heartbeat", body(hostname="host-a", local_rank=0)),
+            ("progress", body(round=1, epoch=12345, step=0)),
+        ])  # fmt: skip
+        return Probe("another worker", "POST", "job-a", route, speaker, data)
 
     def future_round() -> Probe:
         after = rng.choice([2, 3, 10**6, 2**62])  # job-a is at round 1
@@ -232,11 +262,12 @@ def probes(rng: random.Random) -> dict[str, Callable[[], Probe]]:
 
     def other_token() -> Probe:
         route = rng.choice(["round", "notices"])
-        return Probe("other job's token", "GET", "job-a", route, TOKENS["job-b"], cross=True)
+        speaker = rng.choice([reader("job-b"), credential("job-b", "host-a"), KEYS["job-a"]])
+        return Probe("other job's token", "GET", "job-a", route, speaker, cross=True)
 
     def unknown_job() -> Probe:
         job = rng.choice(["job-c", "job-live-2", "kube-system.x", "a" * 253])
-        return Probe("unknown job", "GET", job, "round", TOKENS["job-a"], cross=True)
+        return Probe("unknown job", "GET", job, "round", reader("job-a"), cross=True)
 
     def protocol() -> Probe:
         newer = str(PROTOCOL_VERSION + 1)
@@ -245,7 +276,8 @@ def probes(rng: random.Random) -> dict[str, Callable[[], Probe]]:
         probe.protocol = version
         return probe
 
-    return {"unknown worker": planted, "future round": future_round, "huge value": huge,
+    return {"unknown worker": planted, "another worker": another_worker,
+            "future round": future_round, "huge value": huge,
             "lax value": lax, "repeated key": repeated_key, "malformed JSON": malformed,
             "oversized body": oversized, "other job's token": other_token,
             "unknown job": unknown_job, "protocol version": protocol}  # fmt: skip
@@ -257,12 +289,12 @@ class Campaign:
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)
         self.service = RendezvousService(header_timeout=HEADER_TIMEOUT_S)
-        self.listeners = {job: Listener() for job in TOKENS}
+        self.listeners = {job: Listener() for job in KEYS}
         self.jobs = {
             job: self.service.add_job(
-                job, token, self.listeners[job], max_workers=1 if job == "job-flood" else 1024
+                job, key, self.listeners[job], max_workers=1 if job == "job-flood" else 1024
             )
-            for job, token in TOKENS.items()
+            for job, key in KEYS.items()
         }
         self.live = [WorkerId(f"live-{i}", 0) for i in range(LIVE_WORKERS)]
         self.jobs["job-live"].readmit(self.live)
@@ -302,7 +334,7 @@ class Campaign:
             self.report.accepted_hostile.append(f"{probe.kind}: {probe.route} {response.status}")
             if probe.cross:
                 self.report.cross_job_leaks += 1
-        if probe.token and any(t in text for t in TOKENS.values()):
+        if probe.token and any(t in text for t in SECRETS):
             self.report.cross_job_leaks += 1
 
     async def run_class(
@@ -334,7 +366,7 @@ class Campaign:
             sent += 64
             await asyncio.gather(*(
                 self.send(session, Probe("flood over the rate", "GET", "job-flood", "round",
-                                         TOKENS["job-flood"], hostile=False))
+                                         reader("job-flood"), hostile=False))
                 for _ in range(64)
             ))  # fmt: skip
         if job_state(self.jobs["job-flood"], self.listeners["job-flood"]) != before:
@@ -354,7 +386,7 @@ class Campaign:
 
         async def poll(job: str) -> None:
             url = self.url(job, "notices") + "?after=0&wait=20"
-            headers = self.headers(TOKENS[job], str(PROTOCOL_VERSION))
+            headers = self.headers(reader(job), str(PROTOCOL_VERSION))
             async with session.get(url, headers=headers) as response:
                 outcomes[response.status] += 1
                 await response.read()
@@ -382,7 +414,8 @@ class Campaign:
             started = time.perf_counter()
             async with session.request(
                 method, self.url("job-live", route), data=data,
-                headers=self.headers(TOKENS["job-live"], str(PROTOCOL_VERSION)),
+                headers=self.headers(credential("job-live", worker.hostname),
+                                     str(PROTOCOL_VERSION)),
             ) as response:  # fmt: skip
                 await response.read()
             self.latencies.append(time.perf_counter() - started)

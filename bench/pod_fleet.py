@@ -88,7 +88,7 @@ async def serve(spool: Path, address: str) -> None:
                     float(interval) if interval else None,
                 )
             key = (env[ENV_JOB], env[ENV_HOSTNAME], 0)
-            fleet.tokens[key[0]] = env[ENV_TOKEN]
+            fleet.credentials[key[:2]] = env[ENV_TOKEN]
             pids[key] = int(env["PID"])
             fleet.start(key)
         for key, pid in list(pids.items()):

@@ -16,6 +16,7 @@ from typing import Any
 
 from bench.sim_worker import Fleet, Key, SimWorker
 from elasticjob.driver.liveness import heartbeat_interval_s
+from elasticjob.rendezvous.job_credentials import JobKey
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -105,8 +106,8 @@ class ServiceProcess:
         self, job: str, hosts: dict[str, int], max_np: int, start_timeout_s: float = 120.0
     ) -> None:
         assert self.fleet is not None
-        token = secrets.token_urlsafe(16)
-        self.fleet.tokens[job] = token
+        token = secrets.token_urlsafe(16)  # the job's key
+        self.fleet.keys[job] = JobKey(token)
         settings = {"min_np": 1, "max_np": max_np, "heartbeat_timeout_s": self._heartbeat_timeout_s,
                     "start_timeout_s": start_timeout_s}  # fmt: skip
         self.send({"op": "add_job", "job": job, "token": token, "hosts": hosts,

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from elasticjob.backoff import Backoff
+from elasticjob.rendezvous.job_credentials import JobKey
 from elasticjob.wire.protocol import API_PREFIX, PROTOCOL_HEADER, PROTOCOL_VERSION
 
 logger = logging.getLogger("sim_worker")
@@ -323,7 +324,10 @@ class Fleet:
         self._url = url
         self._report_exit = report_exit
         self._heartbeat_s = heartbeat_interval_s
-        self.tokens: dict[str, str] = {}
+        self.keys: dict[str, JobKey] = {}
+        """Each job's key, from which its workers' credentials derive (a simulated job's)."""
+        self.credentials: dict[tuple[str, str], str] = {}
+        """A worker's own credential by (job, host), where it is handed one (a pod's)."""
         self.workers: dict[Key, SimWorker] = {}
         """The latest simulated worker of each key (running or not)."""
         self._tasks: dict[Key, asyncio.Task[int]] = {}
@@ -346,7 +350,9 @@ class Fleet:
         if key in self._tasks:
             logger.warning("%s started twice", key)
             return
-        worker = SimWorker(key, self.tokens[key[0]], self._http, self._heartbeat_s, self._notify)
+        job, host, _ = key
+        token = self.credentials.get((job, host)) or self.keys[job].worker_credential(host)
+        worker = SimWorker(key, token, self._http, self._heartbeat_s, self._notify)
         self.workers[key] = worker
         task = asyncio.create_task(worker.run(), name=f"sim {key}")
         self._tasks[key] = task

@@ -234,7 +234,8 @@ class WorkerConfig(WorkerSettings):
     (:data:`SCRIPT_LAUNCH_ENV`) follow from them."""
 
     token: Annotated[str, Field(repr=False), Variable(ENV_TOKEN)]
-    """The job's bearer token on the rendezvous service."""
+    """The worker's bearer credential on the rendezvous service: its host's own, which speaks
+    for that host only (``elasticjob.rendezvous.job_credentials``)."""
     hostname: Annotated[str, Variable(ENV_HOSTNAME)]
     """The host the process runs on, as the driver names it (a pod: its name)."""
     node: Annotated[str, Variable(ENV_NODE)]

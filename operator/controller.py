@@ -52,6 +52,7 @@ from elasticjob.operator.api import BlacklistScope, ElasticJobSpec, InvalidSpecE
 from elasticjob.operator.api.validation import name_errors, namespace_errors
 from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.job_records import RecordKeeper
+from elasticjob.operator.job_secret import PodCredentials, RefusedJobError, ensure_job_secret
 from elasticjob.operator.job_story import history_of
 from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.kube_errors import permanent_error
@@ -62,7 +63,6 @@ from elasticjob.operator.scaling import SpecReader, pods_to_clean
 from elasticjob.operator.status_observation import Observation, blacklisted_nodes, observe
 from elasticjob.operator.status_writer import StatusWriter
 from elasticjob.operator.supervisor import Stopped
-from elasticjob.operator.token import RefusedJobError, ensure_token
 from elasticjob.rendezvous.rendezvous_types import JobRendezvous, RendezvousListener
 from elasticjob.rendezvous.server import RendezvousService
 
@@ -217,18 +217,18 @@ class JobController:
         operator stops (None)."""
         # Three independent calls at once (one round trip, not three); then the driver: the job
         # joins the service with it and adopts its recorded round, no API call in between.
-        token, stored_record, _ = await asyncio.gather(
-            ensure_token(self._api, self.namespace, body),
+        secret, stored_record, _ = await asyncio.gather(
+            ensure_job_secret(self._api, self.namespace, body),
             self._records.load(body),
             self.pods.relist(),
         )
-        self.pods.configure(spec)
+        self.pods.configure(spec, PodCredentials(self._api, self.namespace, self.name, secret))
 
         def join_service(listener: RendezvousListener) -> JobRendezvous:
             workers = spec.max_replicas * spec.slots_per_worker
             beat = driver_settings(spec).heartbeat_interval_s
             job = self._service.add_job(
-                self.job_id, token, listener, max_workers=workers, heartbeat_interval_s=beat
+                self.job_id, secret.key, listener, max_workers=workers, heartbeat_interval_s=beat
             )
             health = self.pods.health
             check = spec.health_check

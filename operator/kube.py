@@ -12,7 +12,7 @@ import base64
 import datetime
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,11 +197,13 @@ class KubeApi:
                 raise
 
     async def fill_secret(
-        self, namespace: str, name: str, data: dict[str, str], resource_version: str
+        self, namespace: str, name: str, data: Mapping[str, str | None], version: str | None
     ) -> bool:
-        """Set keys of a Secret's ``data`` (base64 values) if it is still at
-        ``resource_version``; whether it was (False: someone else changed it first)."""
-        patch = {"metadata": {"resourceVersion": resource_version}, "data": data}
+        """Set keys of a Secret's ``data`` (base64 values, None removes one) if it is still at
+        resource ``version`` (None: any); whether it was (False: someone else changed it)."""
+        patch: dict[str, Any] = {"data": dict(data)}
+        if version is not None:
+            patch["metadata"] = {"resourceVersion": version}
         try:
             await self._transport.call_once(
                 "fill secret",

@@ -8,7 +8,6 @@ controller runs a pass (:meth:`PodReconciler.reconcile`) whenever it is woken.
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -34,6 +33,7 @@ from elasticjob.operator.api import (
 from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.health_gate import HealthGate
 from elasticjob.operator.job_events import JobEvents
+from elasticjob.operator.job_secret import PodCredentials
 from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.kube_errors import api_message, refused_for_now
 from elasticjob.operator.pod_blacklist import PodBlacklist
@@ -92,11 +92,15 @@ class PodReconciler:
         self._hosts: dict[str, int] = {}
         """The usable pods as last pushed to the driver."""
         self.driver: ElasticDriver | None = None
+        self.credentials: PodCredentials | None = None
+        """Where each new pod's credential is written (once the job's key is known)."""
         self.pods_created = 0
         self.pods_deleted = 0
 
-    def configure(self, spec: ElasticJobSpec) -> None:
-        """The job starts with ``spec``: its blacklist and slots follow it."""
+    def configure(self, spec: ElasticJobSpec, credentials: PodCredentials) -> None:
+        """The job starts with ``spec``: its blacklist and slots follow it; its pods'
+        credentials are written by ``credentials``."""
+        self.credentials = credentials
         scope, policy = spec.blacklist.scope, spec.blacklist.policy()
         self.blacklist = PodBlacklist(scope, policy, self._clock, self.ledger.node_of)
         self.events.scope = scope
@@ -295,20 +299,29 @@ class PodReconciler:
     async def _create_pods(
         self, body: Mapping[str, Any], spec: ElasticJobSpec, count: int, avoid: Iterable[str]
     ) -> None:
-        """Create ``count`` worker pods at once (one API round trip, not ``count``); the first
-        error is raised once every create has answered."""
-        if count == 0:
-            return  # most passes: no pod manifest to build
-        pod = podlib.worker_pod(
-            body,
-            spec.model_copy(update={"health_check": self._health_check}),
-            rendezvous_url=self._settings.rendezvous_url,
-            rendezvous_ca=self._settings.rendezvous_ca,
-            avoid_nodes=avoid,
-        )
+        """Create ``count`` worker pods at once (one API round trip, not ``count``), their
+        credentials written first; the first error is raised once every create has
+        answered."""
+        if self.credentials is None:  # the job has not started (a suspended job's passes)
+            assert count == 0, "a job makes pods once it runs"
+            return
+        names = [podlib.new_pod_name(self.name) for _ in range(count)]
+        # Also removes the credentials of the pods gone since.
+        await self.credentials.issue(names, self.ledger.pods.snapshot())
+        spec = spec.model_copy(update={"health_check": self._health_check})
+        pods = [
+            podlib.worker_pod(
+                body,
+                spec,
+                name,
+                rendezvous_url=self._settings.rendezvous_url,
+                rendezvous_ca=self._settings.rendezvous_ca,
+                avoid_nodes=avoid,
+            )
+            for name in names
+        ]
         answers = await asyncio.gather(
-            *(self._api.create_pod(self.namespace, copy.deepcopy(pod)) for _ in range(count)),
-            return_exceptions=True,
+            *(self._api.create_pod(self.namespace, pod) for pod in pods), return_exceptions=True
         )
         for created in answers:
             if not isinstance(created, BaseException):

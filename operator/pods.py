@@ -21,6 +21,7 @@ from elasticjob.operator.api import (
     worker_labels,
 )
 from elasticjob.operator.pod_launcher import driver_settings, job_recovery
+from elasticjob.rendezvous.job_credentials import JobKey
 from elasticjob.worker_contract import (
     SecretKey,
     WorkerSettings,
@@ -30,8 +31,17 @@ from elasticjob.worker_contract import (
     slots_command,
 )
 
-TOKEN_KEY = "token"
-"""Key of the job's rendezvous token in its Secret."""
+KEY_KEY = "key"
+"""Key of the job's rendezvous key in its Secret (``elasticjob.rendezvous.job_credentials``:
+every credential of the job derives from it; no pod reads it)."""
+READER_KEY = "reader"
+"""Key of the job's reader token in its Secret (reads the job's round, plan and notices;
+speaks for no worker): for people and tools. Each pod's own credential is under the pod's
+name (``pod_credentials``)."""
+POD_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+"""The letters of a pod name's random suffix (the API server's, for ``generateName``)."""
+POD_NAME_MAX = 63
+"""The longest pod name (a pod's host name is its name, a DNS label)."""
 
 
 def job_id(namespace: str, name: str) -> str:
@@ -44,14 +54,22 @@ def token_secret_name(job_name: str) -> str:
 
 
 def token_secret(job: Mapping[str, Any]) -> dict[str, Any]:
-    """A Secret holding a fresh rendezvous token, owned by the job."""
+    """A Secret holding a fresh rendezvous key and its reader token, owned by the job."""
+    key = secrets.token_urlsafe(32)
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": owned_metadata(job, token_secret_name(job["metadata"]["name"])),
         "type": "Opaque",
-        "stringData": {TOKEN_KEY: secrets.token_urlsafe(24)},
+        "stringData": {KEY_KEY: key, READER_KEY: JobKey(key).reader_token()},
     }
+
+
+def new_pod_name(job_name: str) -> str:
+    """A fresh name for a worker pod of ``job_name``, as ``generateName`` would make it: the
+    operator names its pods itself, to hand each its credential before it exists."""
+    prefix = f"{job_name}-worker-"[: POD_NAME_MAX - 5]
+    return prefix + "".join(secrets.choice(POD_NAME_ALPHABET) for _ in range(5))
 
 
 def owned_metadata(job: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -79,25 +97,26 @@ def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
 def worker_pod(
     job: Mapping[str, Any],
     spec: ElasticJobSpec,
+    pod_name: str,
     *,
     rendezvous_url: str,
     rendezvous_ca: str | None = None,
     avoid_nodes: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """The manifest of a new worker pod of ``job`` (named by the API server from a prefix).
+    """The manifest of a new worker pod of ``job`` named ``pod_name`` (:func:`new_pod_name`).
 
     The pod carries the job's labels and an owner reference, never restarts (the driver
     replaces failed workers), stays off ``avoid_nodes`` (blacklisted) by node affinity,
     prefers a node that holds no other pod of the job (unless the template says how to
     place them: a pod anti-affinity or topology spread constraints), and hands its worker
-    container the runtime's environment: the rendezvous URL, the job, the token from the
-    job's Secret, its own name as host name and its IP as bind address (and the CA
-    certificate to verify an ``https`` rendezvous URL with)."""
+    container the runtime's environment: the rendezvous URL, the job, its own credential
+    from the job's Secret (under its name), its own name as host name and its IP as bind
+    address (and the CA certificate to verify an ``https`` rendezvous URL with)."""
     name = job["metadata"]["name"]
     namespace = job["metadata"]["namespace"]
     template = spec.template.model_dump(by_alias=True, exclude_none=True)
     metadata = copy.deepcopy(template.get("metadata", {}))
-    metadata["generateName"] = f"{name}-worker-"
+    metadata["name"] = pod_name
     metadata["labels"] = {**metadata.get("labels", {}), **worker_labels(name)}
     if spec.health_check is not None:
         metadata["labels"][LABEL_HEALTH_CHECK] = HealthLabel.PENDING.value
@@ -129,7 +148,7 @@ def worker_pod(
             # (admission refuses a template that sets them at all).
             container["env"] = [
                 *container.get("env", []),
-                *_runtime_env(namespace, name, spec, rendezvous_url, rendezvous_ca),
+                *_runtime_env(namespace, name, pod_name, spec, rendezvous_url, rendezvous_ca),
             ]
             if spec.checkpoint is not None:
                 _mount_checkpoints(container, spec.checkpoint)
@@ -155,6 +174,7 @@ def _mount_checkpoints(container: dict[str, Any], checkpoint: CheckpointSpec) ->
 def _runtime_env(
     namespace: str,
     name: str,
+    pod_name: str,
     spec: ElasticJobSpec,
     rendezvous_url: str,
     rendezvous_ca: str | None,
@@ -175,7 +195,7 @@ def _runtime_env(
             "warm_start": spec.warm_start if spec.mode is JobMode.RESTART else None,
         }
     )
-    return pod_env(settings, token=SecretKey(token_secret_name(name), TOKEN_KEY))
+    return pod_env(settings, token=SecretKey(token_secret_name(name), pod_name))
 
 
 def _prefer_spreading(pod_spec: dict[str, Any], job_name: str) -> None:

@@ -29,6 +29,7 @@ from typing import Any, TextIO
 from elasticjob.driver.driver_types import DriverError, WorkerLauncher
 from elasticjob.launcher.output_files import RankOutputFiles
 from elasticjob.process_death import die_with
+from elasticjob.rendezvous.job_credentials import JobKey
 from elasticjob.script_env import planned_env
 from elasticjob.wire.messages import SlotInfo, WorkerId
 from elasticjob.worker_contract import (
@@ -99,12 +100,12 @@ def resolve_local_host(host: str) -> str:
 
 @dataclass(frozen=True)
 class WorkerEnvironment:
-    """What every worker of the job is told: the worker contract's settings and the job's
-    token, and the launcher's own variables (unbuffered output; the network interface of Gloo
-    and NCCL when ``--network-interface`` names one)."""
+    """What every worker of the job is told: the worker contract's settings and its host's
+    credential (from the job's key), and the launcher's own variables (unbuffered output;
+    the network interface of Gloo and NCCL when ``--network-interface`` names one)."""
 
     settings: WorkerSettings
-    token: str = field(repr=False)
+    key: JobKey = field(repr=False)
     network_interface: str | None = None
 
     def for_worker(self, worker: WorkerId, bind_address: str, planned: SlotInfo) -> dict[str, str]:
@@ -113,7 +114,7 @@ class WorkerEnvironment:
         as horovodrun sets them)."""
         config = WorkerConfig.of(
             self.settings,
-            token=self.token,
+            token=self.key.worker_credential(worker.hostname),
             hostname=worker.hostname,
             local_rank=worker.local_rank,
             bind_address=bind_address,

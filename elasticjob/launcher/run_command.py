@@ -38,6 +38,7 @@ from elasticjob.launcher.processes import (
     restart_mode_command,
 )
 from elasticjob.launcher.record_file import RecordFile
+from elasticjob.rendezvous.job_credentials import JobKey
 from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.worker_contract import WorkerSettings
@@ -70,7 +71,7 @@ async def run_job(args: argparse.Namespace) -> JobResult:
     command = restart_mode_command(args.command) if restart else list(args.command)
     service = RendezvousService()
     await service.start("127.0.0.1", 0)
-    token = secrets.token_urlsafe(24)
+    key = secrets.token_urlsafe(32)
     environment = WorkerEnvironment(
         WorkerSettings.model_validate(
             {
@@ -85,7 +86,7 @@ async def run_job(args: argparse.Namespace) -> JobResult:
                 "warm_start": args.warm_start if restart else None,
             }
         ),
-        token=token,
+        key=JobKey(key),
         network_interface=",".join(args.nics) if args.nics else None,
     )
 
@@ -104,7 +105,7 @@ async def run_job(args: argparse.Namespace) -> JobResult:
             make_launcher,
             lambda listener: service.add_job(
                 args.job_name,
-                token,
+                key,
                 listener,
                 max_workers=settings.max_np or DEFAULT_MAX_WORKERS,
                 heartbeat_interval_s=settings.heartbeat_interval_s,

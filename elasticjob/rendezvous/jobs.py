@@ -16,7 +16,7 @@ from typing import Final
 from elasticjob.rendezvous.admitted_workers import AdmittedWorkers
 from elasticjob.rendezvous.health_checks import HealthChecks, HealthListener
 from elasticjob.rendezvous.health_rule import HealthPolicy
-from elasticjob.rendezvous.job_token import JobToken, check_job_name
+from elasticjob.rendezvous.job_credentials import JobKey, Speaker, check_job_name
 from elasticjob.rendezvous.limits import (
     DEFAULT_MAX_WORKERS,
     InFlight,
@@ -59,22 +59,22 @@ _NO_SLOTS: Final[Mapping[WorkerId, SlotInfo]] = MappingProxyType({})
 class InMemoryJobRendezvous(JobRendezvous):
     """:class:`JobRendezvous` kept in memory, for one job on one event loop.
 
-    Raises :class:`ValueError` if ``job`` is not a valid job name or ``token`` is empty or not
-    printable ASCII without spaces (it travels in an ``Authorization: Bearer`` header).
+    Raises :class:`ValueError` if ``job`` is not a valid job name or ``key`` is empty or not
+    printable ASCII without spaces (its credentials travel in ``Authorization: Bearer``).
     ``limits`` bound what its workers can make it keep and hold (``clock``: for the rate).
     """
 
     def __init__(
         self,
         job: str,
-        token: str,
+        key: str,
         listener: RendezvousListener,
         *,
         limits: JobLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         check_job_name(job)
-        self._token = JobToken(token)
+        self.key = JobKey(key)
         self.job = job
         self.limits = limits or JobLimits.for_workers(DEFAULT_MAX_WORKERS)
         self._listener = listener
@@ -108,9 +108,9 @@ class InMemoryJobRendezvous(JobRendezvous):
         """How many long-polls of this job are waiting now."""
         return self._polls.held
 
-    def check_token(self, token: str) -> bool:
-        """Whether ``token`` is this job's token (compared in constant time)."""
-        return self._token.matches(token)
+    def speaker(self, bearer: str) -> Speaker | None:
+        """Who ``bearer`` speaks for (None: it is no credential of this job)."""
+        return self.key.speaker(bearer)
 
     @property
     def finished(self) -> bool:

@@ -7,14 +7,18 @@ the job is called, so a rejected request never changes any job's state:
 1. a bearer token (401 without one);
 2. its protocol version (:data:`~elasticjob.wire.protocol.PROTOCOL_HEADER`: 426, naming both
    versions, for none or one other than the service's; 400 for one that is not a number);
-3. the token (403 for an unknown job and for another job's token alike, so job names cannot
-   be probed; while the service takes its jobs back after a restart, 503 with ``Retry-After``
-   for both alike: a job not served yet may be one of them);
+3. the token, one of the job's credentials (``job_credentials.py``: 403 for an unknown job
+   and for another job's credential alike, so job names cannot be probed; while the service
+   takes its jobs back after a restart, 503 with ``Retry-After`` for both alike: a job not
+   served yet may be one of them);
 4. the job's rate (429 with ``Retry-After``, see ``limits.py``);
 5. its query or body (400 for malformed JSON, a repeated key or a body that ended early,
    408 for one not received in time, 413 for one too large, 422 for a value the strict wire
    model refuses, 429 beyond the job's bodies in flight: ``request_bodies.py``);
-6. what the job refuses (:class:`~elasticjob.rendezvous.rendezvous_types.RequestRefused`: 403
+6. who the credential speaks for (403 unless a request that changes state speaks for the
+   credential's own host, its body's ``hostname``; progress is the round's rank 0's only;
+   the reader token reads and speaks for no worker);
+7. what the job refuses (:class:`~elasticjob.rendezvous.rendezvous_types.RequestRefused`: 403
    for a worker its driver did not launch (503 with ``Retry-After`` before the job's first own
    round), 409 for a round not published yet, another store endpoint for the same round or a
    repeated result, 429 beyond the job's long-polls).
@@ -33,12 +37,13 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import Annotated, Final, TypeVar
+from typing import Annotated, Final, Protocol, TypeVar
 
 from aiohttp import hdrs, typedefs, web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from elasticjob.rendezvous.health_checks import HealthChecks
+from elasticjob.rendezvous.job_credentials import Speaker
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.rendezvous_types import Refusal, RequestRefused
 from elasticjob.rendezvous.request_bodies import (
@@ -157,16 +162,18 @@ class _Api:
         """The request's body as ``model`` (see ``request_bodies.parse_body``)."""
         return await parse_body(request, job.bodies, model, self._body_timeout)
 
-    def authorize(self, request: web.Request) -> InMemoryJobRendezvous:
-        """The job named in the path, if the request speaks the service's protocol, carries the
-        job's token and is within the job's rate. A request of another protocol is refused
-        (426); when it carries the job's token, the job hears of it: its workers run an image
-        of another release, and it cannot run."""
+    def authorize(self, request: web.Request) -> tuple[InMemoryJobRendezvous, Speaker]:
+        """The job named in the path and who the request's credential speaks for, if the
+        request speaks the service's protocol, carries one of the job's credentials and is
+        within the job's rate. A request of another protocol is refused (426); when it
+        carries a credential of the job, the job hears of it: its workers run an image of
+        another release, and it cannot run."""
         token = _bearer_token(request)
         refusal = protocol_refusal(request.headers.get(PROTOCOL_HEADER))
         name = request.match_info["job"]
         job = self._jobs.get(name)
-        if job is None or not job.check_token(token):
+        speaker = None if job is None else job.speaker(token)
+        if job is None or speaker is None:
             if self._adopting():  # the same answer for a job not served yet and a wrong token
                 raise ApiError(
                     503,
@@ -184,19 +191,19 @@ class _Api:
             raise ApiError(
                 429, f"job {name!r} sends more requests than its rate", headers=_retry_after(wait)
             )
-        return job
+        return job, speaker
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
     async def rendezvous(self, request: web.Request) -> web.Response:
-        job = self.authorize(request)
-        body = await self.body(request, job, RendezvousRequest)
+        job, speaker = self.authorize(request)
+        body = _spoken_for(speaker, await self.body(request, job, RendezvousRequest))
         request[_LONG_POLL] = body.wait_seconds > 0
         return json_response(await job.rendezvous(body))
 
     async def notices(self, request: web.Request) -> web.Response:
-        job = self.authorize(request)
+        job, _ = self.authorize(request)
         for key in request.query:
             if len(request.query.getall(key)) > 1:
                 raise ApiError(400, f"query parameter {key!r} is given more than once")
@@ -208,43 +215,67 @@ class _Api:
         return json_response(await job.notices(int(query.after), query.wait))
 
     async def results(self, request: web.Request) -> web.Response:
-        job = self.authorize(request)
-        job.report_result(await self.body(request, job, ResultRequest))
+        job, speaker = self.authorize(request)
+        job.report_result(_spoken_for(speaker, await self.body(request, job, ResultRequest)))
         return web.Response(status=204)
 
     async def progress(self, request: web.Request) -> web.Response:
-        job = self.authorize(request)
-        job.report_progress(await self.body(request, job, ProgressRequest))
+        job, speaker = self.authorize(request)
+        body = await self.body(request, job, ProgressRequest)
+        rank_zero = [w.hostname for w, slot in job.current_slots.items() if slot.rank == 0]
+        if not rank_zero or not speaker.speaks_for(rank_zero[0]):
+            raise ApiError(403, f"{speaker} does not speak for rank 0 of the round in force")
+        job.report_progress(body)
         return web.Response(status=204)
 
     async def heartbeat(self, request: web.Request) -> web.Response:
-        job = self.authorize(request)
-        job.report_heartbeat(await self.body(request, job, HeartbeatRequest))
+        job, speaker = self.authorize(request)
+        job.report_heartbeat(_spoken_for(speaker, await self.body(request, job, HeartbeatRequest)))
         return web.Response(status=204)
 
     async def round(self, request: web.Request) -> web.Response:
-        return json_response(self.authorize(request).round_info())
+        return json_response(self.authorize(request)[0].round_info())
 
     async def plan(self, request: web.Request) -> web.Response:
-        return json_response(self.authorize(request).planned_round())
+        return json_response(self.authorize(request)[0].planned_round())
 
-    def _health_checks(self, request: web.Request) -> tuple[InMemoryJobRendezvous, HealthChecks]:
-        job = self.authorize(request)
+    def _health_checks(
+        self, request: web.Request
+    ) -> tuple[InMemoryJobRendezvous, Speaker, HealthChecks]:
+        job, speaker = self.authorize(request)
         if job.health_checks is None:
             raise ApiError(404, f"job {job.job!r} runs no health checks")
-        return job, job.health_checks
+        return job, speaker, job.health_checks
 
     async def health_cohort(self, request: web.Request) -> web.Response:
-        job, checks = self._health_checks(request)
-        body = await self.body(request, job, CohortRequest)
+        job, speaker, checks = self._health_checks(request)
+        body = _spoken_for(speaker, await self.body(request, job, CohortRequest))
         request[_LONG_POLL] = body.wait_seconds > 0
         return json_response(await checks.join(body))
 
     async def health_report(self, request: web.Request) -> web.Response:
-        job, checks = self._health_checks(request)
-        body = await self.body(request, job, HealthReport)
+        job, speaker, checks = self._health_checks(request)
+        body = _spoken_for(speaker, await self.body(request, job, HealthReport))
         request[_LONG_POLL] = body.wait_seconds > 0
         return json_response(await checks.report(body))
+
+
+class _SpokenFor(Protocol):
+    """A request body that speaks for one host."""
+
+    @property
+    def hostname(self) -> str: ...
+
+
+_Spoken = TypeVar("_Spoken", bound=_SpokenFor)
+
+
+def _spoken_for(speaker: Speaker, body: _Spoken) -> _Spoken:
+    """``body``, if ``speaker`` may speak for its ``hostname`` (else 403: a credential speaks
+    only for its own host, the reader token for none)."""
+    if not speaker.speaks_for(body.hostname):
+        raise ApiError(403, f"{speaker} does not speak for {body.hostname!r}")
+    return body
 
 
 def _stats_and_errors(stats: RequestStats) -> typedefs.Middleware:

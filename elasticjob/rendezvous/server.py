@@ -91,23 +91,24 @@ class RendezvousService:
     def add_job(
         self,
         job: str,
-        token: str,
+        key: str,
         listener: RendezvousListener,
         *,
         max_workers: int = DEFAULT_MAX_WORKERS,
         heartbeat_interval_s: float | None = 1.0,
     ) -> InMemoryJobRendezvous:
-        """Serve a new job whose workers authenticate with ``token``; its bounds (rate,
-        long-polls, see ``limits.py``) are sized for at most ``max_workers`` workers beating
-        every ``heartbeat_interval_s`` (None: they do not beat).
+        """Serve a new job whose credentials derive from ``key`` (``job_credentials.py``);
+        its bounds (rate, long-polls, see ``limits.py``) are sized for at most
+        ``max_workers`` workers beating every ``heartbeat_interval_s`` (None: they do not
+        beat).
 
         Raises :class:`ValueError` if a job of that name is served already, the name is not a
-        valid job name, the token is not usable in a bearer header, or ``max_workers < 1``.
+        valid job name, the key is not printable ASCII without spaces, or ``max_workers < 1``.
         """
         if job in self._jobs:
             raise ValueError(f"job {job!r} already exists")
         limits = JobLimits.for_workers(max_workers, heartbeat_interval_s)
-        rendezvous = InMemoryJobRendezvous(job, token, listener, limits=limits, clock=self._clock)
+        rendezvous = InMemoryJobRendezvous(job, key, listener, limits=limits, clock=self._clock)
         self._jobs[job] = rendezvous
         self._expected.discard(job)
         logger.info("serving job %s", job)

@@ -11,10 +11,12 @@ API_PREFIX = "/v1"
 PROTOCOL_HEADER: Final = "X-Elasticjob-Protocol"
 """Header carrying the rendezvous protocol version: workers send theirs on every request and
 the service answers with its own."""
-PROTOCOL_VERSION: Final = 1
-"""The rendezvous protocol this release speaks, the first one released. Protocol 1 is the
-routes under :data:`API_PREFIX` with their messages (:mod:`elasticjob.wire.messages` and
-:mod:`elasticjob.wire.health`):
+PROTOCOL_VERSION: Final = 2
+"""The rendezvous protocol this release speaks. Protocol 2 is protocol 1 (the first) with a
+credential per worker: every request that changes state speaks for the host its bearer
+credential names (``elasticjob.rendezvous.job_credentials``), and only rank 0's host reports
+progress. Its routes under :data:`API_PREFIX`, with their messages
+(:mod:`elasticjob.wire.messages` and :mod:`elasticjob.wire.health`):
 
 - ``POST rendezvous``: a worker is ready for a round (:class:`RendezvousRequest`, with its
   store and probe listener ports, a rollback, a restart-mode script's exit, a suspension) and

@@ -55,7 +55,7 @@ JOB_GRANTS: Grants = {
     ("elasticjob.dev", "elasticjobs/status"): {"get", "list", "watch", "patch", "update"},
     ("elasticjob.dev", "elasticjobs/scale"): {"get", "list", "watch", "patch", "update"},
     ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
-    ("", "secrets"): {"get", "create"},
+    ("", "secrets"): {"get", "create", "patch"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
     ("policy", "poddisruptionbudgets"): {"create", "patch"},

@@ -70,7 +70,7 @@ def apply_refused(kube: Kube, manifest: dict[str, Any]) -> str:
                 env=[
                     {
                         "name": ENV_TOKEN,
-                        "valueFrom": {"secretKeyRef": {"name": "other-rendezvous", "key": "token"}},
+                        "valueFrom": {"secretKeyRef": {"name": "other-rendezvous", "key": "key"}},
                     }
                 ],
             ),
@@ -197,7 +197,7 @@ def test_a_planted_token_secret_fails_the_job_and_is_never_used(
         "kind": "Secret",
         "metadata": {"name": "mine-rendezvous"},
         "type": "Opaque",
-        "stringData": {"token": "known-to-the-planter"},
+        "stringData": {"key": "known-to-the-planter"},
     }
     kube.apply(planted)
     kube.apply(job_manifest("mine", tmp_path, tmp_path / "stop"))
@@ -206,7 +206,7 @@ def test_a_planted_token_secret_fails_the_job_and_is_never_used(
     assert f"Secret {kube.ns}/mine-rendezvous" in message, failed
     assert not kube.pods("elasticjob.dev/job-name=mine")
     secret = kube.get("secret", "mine-rendezvous") or {}
-    assert base64.b64decode(secret["data"]["token"]) == b"known-to-the-planter"
+    assert base64.b64decode(secret["data"]["key"]) == b"known-to-the-planter"
 
 
 def test_a_token_secret_left_by_an_earlier_job_of_the_name_is_waited_out(
@@ -229,7 +229,7 @@ def test_a_token_secret_left_by_an_earlier_job_of_the_name_is_waited_out(
                 }
             ],
         },
-        "stringData": {"token": "stale"},
+        "stringData": {"key": "stale"},
     }
     kube.apply(stale)
     log_dir = tmp_path / "events"
@@ -242,7 +242,7 @@ def test_a_token_secret_left_by_an_earlier_job_of_the_name_is_waited_out(
         secret = kube.get("secret", "again-rendezvous") or {}
         (owner,) = secret["metadata"]["ownerReferences"]
         assert owner["uid"] == job["metadata"]["uid"], secret
-        assert base64.b64decode(secret["data"]["token"]) != b"stale"
+        assert base64.b64decode(secret["data"]["key"]) != b"stale"
         (tmp_path / "stop").touch()
         wait_status(kube, "again", "success", lambda s: s.get("phase") == "Succeeded", 180)
     finally:

@@ -20,11 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from devcluster.cluster import Cluster
 from elasticjob.driver.job_record import EventKind, JobRecordData
 from elasticjob.operator.api import worker_labels
-from elasticjob.worker_contract import ENV_RENDEZVOUS_CA
+from elasticjob.worker_contract import ENV_RENDEZVOUS_CA, ENV_TOKEN
 from tests.support.elastic_jobs import (
     STARTUP_S,
     job_manifest,
-    secret_token,
+    reader_token,
+    secret_value,
     stop_workers,
     wait_status,
     worker_env,
@@ -238,12 +239,21 @@ def test_a_worker_token_opens_only_its_own_job(
         )
     for name in ("alpha", "beta"):
         wait_status(kube, name, "running", lambda s: s.get("phase") == "Running")
-    token = secret_token(kube, "alpha")
+    token = reader_token(kube, "alpha")
     ca = worker_env(kube, "alpha")[ENV_RENDEZVOUS_CA]
     base = "/v1/jobs"
     assert rendezvous_status(kube, f"{base}/{kube.ns}.alpha/round", token, ca) == 200
     assert rendezvous_status(kube, f"{base}/{kube.ns}.beta/round", token, ca) == 403
     assert rendezvous_status(kube, f"{base}/{kube.ns}.beta/round", "", ca) == 401
+    # Each pod reads its own credential, kept under its name in the job's Secret.
+    for pod in kube.pods("elasticjob.dev/job-name=alpha"):
+        name = pod["metadata"]["name"]
+        (ref,) = [e for e in pod["spec"]["containers"][0]["env"] if e["name"] == ENV_TOKEN]
+        assert ref["valueFrom"]["secretKeyRef"] == {"name": "alpha-rendezvous", "key": name}
+        own = secret_value(kube, "alpha", name)
+        assert own.startswith(f"{name}."), "it names the pod it speaks for"
+        assert rendezvous_status(kube, f"{base}/{kube.ns}.alpha/round", own, ca) == 200
+        assert rendezvous_status(kube, f"{base}/{kube.ns}.beta/round", own, ca) == 403
     with urllib.request.urlopen(f"http://{operator_ip(kube)}:8471/metrics", timeout=10) as response:
         metrics = response.read().decode()
     samples = {

@@ -25,7 +25,7 @@ from elasticjob.operator.certs import TLSMaterial, service_dns_names
 from elasticjob.worker_contract import ENV_RENDEZVOUS_CA, ENV_RENDEZVOUS_URL
 from tests.support.elastic_jobs import (
     job_manifest,
-    secret_token,
+    reader_token,
     stop_workers,
     wait_status,
     worker_env,
@@ -80,7 +80,7 @@ def test_a_job_trains_over_verified_tls_and_plain_http_gets_nothing(
         assert ca.startswith("-----BEGIN CERTIFICATE-----")
         assert ca == kept_ca(kube), "workers get the CA the operator keeps"
 
-        token = secret_token(kube, "tls")
+        token = reader_token(kube, "tls")
         path = f"/v1/jobs/{kube.ns}.tls/round"
         assert rendezvous_status(kube, path, token, ca) == 200
         for host in (RENDEZVOUS_HOST, f"{RENDEZVOUS_HOST}.cluster.local", RELEASE):
@@ -158,7 +158,7 @@ def test_a_provided_certificate_is_served_and_its_ca_handed_to_workers(
         ca = worker_env(kube, "provided")[ENV_RENDEZVOUS_CA]
         assert ca == material.ca_pem.decode()
         path = f"/v1/jobs/{kube.ns}.provided/round"
-        assert rendezvous_status(kube, path, secret_token(kube, "provided"), ca) == 200
+        assert rendezvous_status(kube, path, reader_token(kube, "provided"), ca) == 200
         stop_file.touch()
         wait_status(kube, "provided", "success", lambda s: s.get("phase") == "Succeeded", 180)
     finally:

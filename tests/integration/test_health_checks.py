@@ -21,7 +21,7 @@ from elasticjob.worker_contract import (
     WorkerSettings,
 )
 from tests.support.health_checks import RecordedVerdicts
-from tests.support.rendezvous_http import TOKEN_A, TOKEN_B, Cluster, started_cluster
+from tests.support.rendezvous_http import TOKEN_B, Cluster, credential, started_cluster
 
 DEADLINE = 120.0
 """Upper bound on a check process's life (torch's import included, on a busy machine)."""
@@ -110,7 +110,7 @@ async def run_check(cluster: Cluster, host: str) -> tuple[int, str]:
     output."""
     config = WorkerConfig.of(
         WorkerSettings(rendezvous_url=cluster.service.url, job="job-a"),
-        token=TOKEN_A,
+        token=credential(host),
         hostname=host,
         local_rank=0,
         bind_address="127.0.0.1",

@@ -41,9 +41,12 @@ from elasticjob.worker_runtime.link.progress import ProgressReporter
 from elasticjob.worker_runtime.link.rendezvous_client import RendezvousClient, RendezvousClientError
 from tests.support.clock import FakeClock
 from tests.support.rendezvous_http import (
+    KEY_A,
+    KEY_B,
     TOKEN_A,
     TOKEN_B,
     Cluster,
+    credential,
     rendezvous_body,
     snapshot,
     started_cluster,
@@ -101,7 +104,7 @@ async def test_an_unknown_worker_before_the_first_round_is_told_to_retry(
         cluster.service.url + "/v1/jobs/job-a/rendezvous",
         json=body,
         headers={
-            "Authorization": f"Bearer {TOKEN_A}",
+            "Authorization": f"Bearer {credential('planted')}",
             PROTOCOL_HEADER: str(PROTOCOL_VERSION),
         },
     ) as response:
@@ -133,8 +136,8 @@ async def test_a_changed_store_endpoint_is_409(cluster: Cluster) -> None:
 async def test_a_job_over_its_rate_gets_429_and_other_jobs_do_not() -> None:
     clock = FakeClock()
     service = RendezvousService(clock=clock)
-    small = service.add_job("job-a", TOKEN_A, RecordingListener(), max_workers=1)
-    service.add_job("job-b", TOKEN_B, RecordingListener(), max_workers=1)
+    small = service.add_job("job-a", KEY_A, RecordingListener(), max_workers=1)
+    service.add_job("job-b", KEY_B, RecordingListener(), max_workers=1)
     await service.start("127.0.0.1", 0)
     try:
         async with aiohttp.ClientSession() as session:
@@ -170,6 +173,8 @@ async def test_a_job_over_its_rate_gets_429_and_other_jobs_do_not() -> None:
 
 
 async def test_progress_leaves_at_most_once_a_second_the_newest_last(cluster: Cluster) -> None:
+    await cluster.rendezvous(W0)
+    cluster.job_a.publish_round(1, slots_for([W0]), sync=True)  # progress is rank 0's
     client = RendezvousClient(cluster.service.url, "job-a", TOKEN_A)
     reporter = ProgressReporter(client.report_progress)
     try:
@@ -302,7 +307,7 @@ async def test_a_serving_process_collects_garbage_less_often() -> None:
 async def test_tls_service_and_verifying_client(tmp_path: Path) -> None:
     context, ca_pem = server_context(tmp_path)
     service = RendezvousService()
-    job = service.add_job("job-a", TOKEN_A, RecordingListener())
+    job = service.add_job("job-a", KEY_A, RecordingListener())
     job.readmit([W0])
     await service.start("127.0.0.1", 0, ssl_context=context)
     try:

@@ -166,6 +166,8 @@ async def test_listener_told_once_per_worker_and_after_round(cluster: Cluster) -
 
 
 async def test_results_and_progress(cluster: Cluster) -> None:
+    await cluster.rendezvous(W0)
+    cluster.job_a.publish_round(1, slots_for([W0]), sync=True)  # progress is rank 0's
     for method, route, body in ROUTES[2:4]:
         status, answer = await cluster.call(method, f"/v1/jobs/job-a/{route}", json=body)
         assert (status, answer) == (204, None)
@@ -287,7 +289,9 @@ async def test_invalid_rendezvous_body_is_422_naming_the_field(
 ) -> None:
     before = snapshot(cluster.job_a, cluster.listener_a)
     body = rendezvous_body(W0) | change
-    status, answer = await cluster.call("POST", "/v1/jobs/job-a/rendezvous", json=body)
+    status, answer = await cluster.call(
+        "POST", "/v1/jobs/job-a/rendezvous", token=TOKEN_A, json=body
+    )
     assert status == 422 and field in answer["error"]
     assert [field] in [entry["loc"] for entry in answer["detail"]]
     assert snapshot(cluster.job_a, cluster.listener_a) == before

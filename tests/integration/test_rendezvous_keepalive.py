@@ -17,24 +17,25 @@ import pytest
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire.messages import HeartbeatRequest
 from elasticjob.worker_runtime.link.rendezvous_client import RendezvousClient, RendezvousClientError
-from tests.support.rendezvous_http import TOKEN_A
-from tests.support.rendezvous_jobs import W0, W1, RecordingListener
+from tests.support.rendezvous_http import KEY_A, TOKEN_A
+from tests.support.rendezvous_jobs import W0, W1, W2, RecordingListener
 from tests.support.tls import server_context
 
 DEADLINE = 10.0
 """Upper bound on any wait (a hang fails the test instead)."""
 BEATS = 20
 BEAT_0 = HeartbeatRequest(hostname=W0.hostname, local_rank=W0.local_rank)
-BEAT_1 = HeartbeatRequest(hostname=W1.hostname, local_rank=W1.local_rank)
+BEAT_1 = HeartbeatRequest(hostname=W2.hostname, local_rank=W2.local_rank)
+"""Two slots of one host: the client speaks for that host (its credential)."""
 
 
 class Served:
-    """A service serving ``job-a`` (workers W0 and W1 admitted), not started yet."""
+    """A service serving ``job-a`` (workers W0, W1 and W2 admitted), not started yet."""
 
     def __init__(self, header_timeout: float = 1.0) -> None:
         self.service = RendezvousService(header_timeout=header_timeout)
         self.listener = RecordingListener()
-        self.service.add_job("job-a", TOKEN_A, self.listener).readmit([W0, W1])
+        self.service.add_job("job-a", KEY_A, self.listener).readmit([W0, W1, W2])
 
     @property
     def beats_seen(self) -> int:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from elasticjob.rendezvous.job_credentials import JobKey
 from elasticjob.rendezvous.routes import RETRY_AFTER_S
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire.messages import (
@@ -26,7 +27,9 @@ from tests.support.clock import FakeClock
 from tests.support.rendezvous_jobs import RecordingListener
 
 DEADLINE = 10.0
-TOKEN = "token-of-the-job"
+KEY = "key-of-the-job"
+TOKEN = JobKey(KEY).worker_credential("pod-b")
+"""The credential of the jobs' pod ``pod-b`` (it reads their rounds and speaks for it)."""
 
 
 @pytest.fixture
@@ -67,10 +70,10 @@ async def test_a_job_expected_back_gets_503_with_retry_after_until_it_is_served(
     service.expect_jobs(["ns.a", "ns.b"], within_s=60)
     assert await get_round(service, "ns.a") == (503, str(RETRY_AFTER_S))
     assert await get_round(service, "ns.other") == (503, str(RETRY_AFTER_S))
-    service.add_job("ns.a", TOKEN, RecordingListener())
+    service.add_job("ns.a", KEY, RecordingListener())
     assert (await get_round(service, "ns.a"))[0] == 200
     assert (await get_round(service, "ns.b"))[0] == 503, "ns.b is not back yet"
-    service.add_job("ns.b", TOKEN, RecordingListener())
+    service.add_job("ns.b", KEY, RecordingListener())
     assert (await get_round(service, "ns.other"))[0] == 403, "every expected job is back"
 
 
@@ -79,7 +82,7 @@ async def test_while_jobs_are_taken_back_a_wrong_token_is_answered_as_an_unknown
 ) -> None:
     """Which jobs are served already does not leak: a served job asked with another token
     gets the very answer of a job that is not served (yet)."""
-    service.add_job("ns.a", TOKEN, RecordingListener())
+    service.add_job("ns.a", KEY, RecordingListener())
     service.expect_jobs(["ns.a", "ns.b"], within_s=60)
     served = await answer(service, "ns.a", token="a-guess")
     unknown = await answer(service, "ns.c", token="a-guess")
@@ -110,7 +113,7 @@ async def test_the_client_waits_for_its_job_to_come_back(
     started = time.monotonic()
     answer = asyncio.create_task(asyncio.to_thread(client.round_info))
     await asyncio.sleep(2.5 * RETRY_AFTER_S)  # the job comes back after a while
-    service.add_job("ns.late", TOKEN, RecordingListener())
+    service.add_job("ns.late", KEY, RecordingListener())
     info = await asyncio.wait_for(answer, DEADLINE)
     assert isinstance(info, RoundInfo)
     retries = [r for r in caplog.records if "answered 503" in r.getMessage()]
@@ -135,7 +138,7 @@ async def test_a_worker_asking_before_it_is_admitted_waits_as_long_as_it_waits_f
     """A pod can start and ask for its round before the driver plans it (admits it): the
     service refuses retryably, keeping nothing, and the worker keeps asking for as long as it
     is willing to wait for a round, well past the client's ordinary retry deadline."""
-    job = service.add_job("ns.job", TOKEN, RecordingListener())
+    job = service.add_job("ns.job", KEY, RecordingListener())
     early = WorkerId("pod-b", 0)
     client = RendezvousClient(service.url, "ns.job", TOKEN, retry_deadline_s=1.0)
     request = RendezvousRequest(
@@ -181,7 +184,7 @@ async def test_a_standby_answers_every_job_503_with_retry_after(
 async def test_a_released_job_answers_its_long_polls_now_and_its_workers_retry_elsewhere(
     service: RendezvousService,
 ) -> None:
-    service.add_job("ns.moving", TOKEN, RecordingListener())
+    service.add_job("ns.moving", KEY, RecordingListener())
     waiting = asyncio.create_task(get_notices(service, "ns.moving", wait_s=30))
     await asyncio.sleep(0.2)  # the long-poll is waiting at the service
     assert not waiting.done()
@@ -190,5 +193,5 @@ async def test_a_released_job_answers_its_long_polls_now_and_its_workers_retry_e
     assert await asyncio.wait_for(waiting, DEADLINE) == 200, "answered as if its wait ran out"
     assert await get_round(service, "ns.moving") == (503, str(RETRY_AFTER_S))
     service.lead(["ns.moving"], within_s=60)
-    service.add_job("ns.moving", TOKEN, RecordingListener())
+    service.add_job("ns.moving", KEY, RecordingListener())
     assert (await get_round(service, "ns.moving"))[0] == 200, "served again once it leads"

@@ -151,10 +151,17 @@ def stop_workers(kube: Kube, log_dir: Path) -> None:
     kube.kubectl("delete", "pods", "--all", "--grace-period=0", "--force", check=False)
 
 
-def secret_token(kube: Kube, job: str) -> str:
+def secret_value(kube: Kube, job: str, key: str) -> str:
+    """The value under ``key`` in the Secret of ``job`` (its reader token under ``reader``,
+    each pod's own credential under the pod's name)."""
     secret = kube.get("secret", f"{job}-rendezvous")
     assert secret is not None
-    return base64.b64decode(secret["data"]["token"]).decode()
+    return base64.b64decode(secret["data"][key]).decode()
+
+
+def reader_token(kube: Kube, job: str) -> str:
+    """The reader token of ``job``: reads its round, plan and notices."""
+    return secret_value(kube, job, "reader")
 
 
 def worker_env(kube: Kube, job: str) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """An in-memory Kubernetes API for the operator's unit tests: the calls of
 ``elasticjob.operator.kube.KubeApi`` a job's controller makes, over objects kept in memory with
-resourceVersions, names from ``generateName`` and uids as the API server gives them, and a
+resourceVersions and uids as the API server gives them, and a
 watch that pushes each pod change to the controllers subscribed to it (as kopf does).
 
 The test plays the rest of the cluster: the scheduler and the kubelets
@@ -18,6 +18,8 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from kubernetes.client.exceptions import ApiException
 
 from elasticjob.operator.kube import PodList
 
@@ -61,7 +63,6 @@ class FakeKube:
         self.created: list[str] = []
         """The names of the pods the operator created, in order."""
         self._versions = itertools.count(100)
-        self._names = itertools.count(1)
         self._watchers: list[PodWatcher] = []
         self._changed = asyncio.Condition()
 
@@ -148,9 +149,10 @@ class FakeKube:
     async def create_pod(self, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
         created = copy.deepcopy(pod)
         metadata = created["metadata"]
-        name = metadata.pop("generateName", "pod-") + str(next(self._names))
+        name = metadata["name"]
+        if name in self.pods:
+            raise ApiException(status=409, reason="AlreadyExists")
         metadata.update(
-            name=name,
             namespace=namespace,
             uid=f"uid-{name}",
             resourceVersion=str(next(self._versions)),
@@ -185,6 +187,20 @@ class FakeKube:
         stored["data"] = {k: _base64(v) for k, v in stored.pop("stringData", {}).items()}
         self.secrets[name] = stored
         return copy.deepcopy(stored)
+
+    async def fill_secret(
+        self, namespace: str, name: str, data: dict[str, str | None], version: str | None
+    ) -> bool:
+        stored = self.secrets[name]
+        if version is not None and version != stored["metadata"].get("resourceVersion"):
+            return False
+        for key, value in data.items():
+            if value is None:
+                stored["data"].pop(key, None)
+            else:
+                stored["data"][key] = value
+        self._notify()
+        return True
 
     async def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.config_maps.get(name))

@@ -15,7 +15,7 @@ from devcluster.cluster import Cluster
 from elasticjob.operator.api import LABEL_OPERATOR_LEADER
 from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
 from elasticjob.worker_contract import ENV_RENDEZVOUS_CA
-from tests.support.elastic_jobs import secret_token, worker_env
+from tests.support.elastic_jobs import reader_token, worker_env
 from tests.support.kube import Kube
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "elasticjob-operator"
@@ -201,7 +201,7 @@ def wait_handover(
 ) -> tuple[str, float]:
     """Wait until the rendezvous Service routes to one pod (other than ``old``, when given)
     and that pod answers ``job``'s round (200); that pod, and the seconds from ``since``."""
-    token, ca = secret_token(kube, job), worker_env(kube, job)[ENV_RENDEZVOUS_CA]
+    token, ca = reader_token(kube, job), worker_env(kube, job)[ENV_RENDEZVOUS_CA]
     path = f"/v1/jobs/{kube.ns}.{job}/round"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

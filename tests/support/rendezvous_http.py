@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 
+from elasticjob.rendezvous.job_credentials import JobKey
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.request_bodies import BODY_TIMEOUT_S
 from elasticjob.rendezvous.server import RendezvousService
@@ -17,8 +18,25 @@ from elasticjob.wire.messages import RendezvousResponse, WorkerId
 from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
 from tests.support.rendezvous_jobs import W0, W1, RecordingListener
 
-TOKEN_A = "token-of-job-a"
-TOKEN_B = "token-of-job-b"
+KEY_A = "key-of-job-a"
+KEY_B = "key-of-job-b"
+"""The jobs' keys (no credential: the service derives each credential from them)."""
+TOKEN_A = JobKey(KEY_A).worker_credential(W0.hostname)
+TOKEN_B = JobKey(KEY_B).worker_credential(W0.hostname)
+"""A credential of each job: its worker ``W0``'s (it reads the job and speaks for ``W0``)."""
+_SENDER: Final = "the sender's credential"
+"""The credential of the worker a request's body names (else ``W0``'s, rank 0 where a test
+forms a round)."""
+
+
+def credential(hostname: str, job: str = "job-a") -> str:
+    """The credential of the worker(s) on ``hostname`` of ``job`` (job-a or job-b)."""
+    return JobKey(KEY_A if job == "job-a" else KEY_B).worker_credential(hostname)
+
+
+def reader_token(job: str = "job-a") -> str:
+    """The reader token of ``job`` (job-a or job-b)."""
+    return JobKey(KEY_A if job == "job-a" else KEY_B).reader_token()
 
 
 @contextlib.asynccontextmanager
@@ -49,8 +67,8 @@ class Cluster:
         self.session = session
         self.listener_a = RecordingListener()
         self.listener_b = RecordingListener()
-        self.job_a = service.add_job("job-a", TOKEN_A, self.listener_a)
-        self.job_b = service.add_job("job-b", TOKEN_B, self.listener_b)
+        self.job_a = service.add_job("job-a", KEY_A, self.listener_a)
+        self.job_b = service.add_job("job-b", KEY_B, self.listener_b)
         for job in (self.job_a, self.job_b):
             job.readmit([W0, W1])  # as their drivers do before launching them
 
@@ -59,14 +77,19 @@ class Cluster:
         method: str,
         path: str,
         *,
-        token: str | None = TOKEN_A,
+        token: str | None = _SENDER,
         json: object = None,
         data: bytes | AsyncIterator[bytes] | None = None,
         headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
-        """Send a request as a worker of this release does (with its protocol version);
-        returns the status and the decoded JSON body (None if empty)."""
+        """Send a request as a worker of this release does (with its protocol version and,
+        unless ``token`` says otherwise, the credential of the worker its body names, else
+        ``W0``'s); returns the status and the decoded JSON body (None if empty)."""
         all_headers = {PROTOCOL_HEADER: str(PROTOCOL_VERSION)} | dict(headers or {})
+        if token == _SENDER:
+            job = "job-b" if path.startswith("/v1/jobs/job-b/") else "job-a"
+            sender = json.get("hostname", W0.hostname) if isinstance(json, dict) else W0.hostname
+            token = credential(str(sender), job)
         if token is not None:
             all_headers["Authorization"] = f"Bearer {token}"
         async with self.session.request(
@@ -81,7 +104,6 @@ class Cluster:
         status, body = await self.call(
             "POST",
             f"/v1/jobs/{job}/rendezvous",
-            token=TOKEN_A if job == "job-a" else TOKEN_B,
             json=rendezvous_body(worker, after_round=after_round, wait=wait),
         )
         assert status == 200, body

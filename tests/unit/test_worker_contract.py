@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from elasticjob.checkpoint_policy import CheckpointPolicy
 from elasticjob.launcher.processes import WorkerEnvironment
+from elasticjob.rendezvous.job_credentials import JobKey
 from elasticjob.script_env import HOROVOD_PLACE_ENV
 from elasticjob.wire.messages import WorkerId
 from elasticjob.worker_contract import (
@@ -124,12 +125,12 @@ def test_the_pod_and_the_launcher_write_the_same_variables() -> None:
     settings, every variable of the contract; what a pod states by value is what the
     launcher writes."""
     worker = WorkerId("h", 0)
-    environment = WorkerEnvironment(EVERY_SETTING, "t0ken")
+    environment = WorkerEnvironment(EVERY_SETTING, JobKey("k3y"))
     launched = environment.for_worker(worker, "10.0.0.1", slot_of(worker))
     launched.pop(ENV_PYTHONUNBUFFERED)
     for name in HOROVOD_PLACE_ENV:  # the place planned at start: a launcher's only
         launched.pop(name)
-    entries = pod_env(EVERY_SETTING, token=SecretKey("job-rendezvous", "token"))
+    entries = pod_env(EVERY_SETTING, token=SecretKey("job-rendezvous", "pod-a"))
     in_pod = {entry["name"]: entry for entry in entries}
     assert len(in_pod) == len(entries), "no variable is given twice"
     assert set(in_pod) == set(launched) == WORKER_CONTRACT_ENV
@@ -137,7 +138,7 @@ def test_the_pod_and_the_launcher_write_the_same_variables() -> None:
     assert by_value == {name: launched[name] for name in by_value}
     from_pod = {name: e["valueFrom"] for name, e in in_pod.items() if "valueFrom" in e}
     assert {name: launched[name] for name in from_pod} == {
-        "ELASTICJOB_TOKEN": "t0ken",
+        "ELASTICJOB_TOKEN": JobKey("k3y").worker_credential("h"),  # its host's own
         "ELASTICJOB_HOSTNAME": "h",
         "ELASTICJOB_NODE": "h",
         "ELASTICJOB_BIND_ADDRESS": "10.0.0.1",
@@ -153,7 +154,7 @@ def test_the_node_and_the_bind_address_are_the_host_unless_given() -> None:
     assert alone is not None and (alone.node, alone.bind_address) == ("pod-a", "pod-a")
     on_node = WorkerConfig.from_env(env | {"ELASTICJOB_NODE": "node-1"})
     assert on_node is not None and on_node.node == "node-1"
-    entries = pod_env(EVERY_SETTING, token=SecretKey("job-rendezvous", "token"))
+    entries = pod_env(EVERY_SETTING, token=SecretKey("job-rendezvous", "pod-a"))
     (node,) = (e for e in entries if e["name"] == "ELASTICJOB_NODE")
     assert node["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
 

@@ -11,6 +11,7 @@ import pytest
 from elasticjob.launcher.arguments import build_parser, checkpoint_policy, parse_arguments
 from elasticjob.launcher.job_settings import driver_settings
 from elasticjob.launcher.processes import WorkerEnvironment
+from elasticjob.rendezvous.job_credentials import JobKey
 from elasticjob.wire.messages import WorkerId
 from elasticjob.worker_contract import (
     ENV_CHECKPOINT_DIR,
@@ -37,7 +38,7 @@ def test_checkpoint_flags_reach_every_worker_and_turn_the_fallback_on(tmp_path: 
     _, settings, _ = driver_settings(args)
     assert settings.checkpoint_fallback
     settings = WorkerSettings(rendezvous_url="http://127.0.0.1:1", job="job", checkpoint=policy)
-    env = WorkerEnvironment(settings, "token").for_worker(
+    env = WorkerEnvironment(settings, JobKey("the-key")).for_worker(
         WorkerId("localhost", 1), "127.0.0.1", slot_of(WorkerId("localhost", 1))
     )
     assert env[ENV_CHECKPOINT_DIR] == str(folder.resolve())
@@ -62,7 +63,7 @@ def test_without_checkpoints_nothing_is_told_and_the_fallback_is_off() -> None:
     assert checkpoint_policy(args) is None
     assert not driver_settings(args)[1].checkpoint_fallback
     settings = WorkerSettings(rendezvous_url="http://127.0.0.1:1", job="job")
-    env = WorkerEnvironment(settings, "token").for_worker(
+    env = WorkerEnvironment(settings, JobKey("the-key")).for_worker(
         WorkerId("localhost", 0), "127.0.0.1", slot_of(WorkerId("localhost", 0))
     )
     assert not {k for k in env if k.startswith("ELASTICJOB_CHECKPOINT")}

@@ -6,6 +6,7 @@ import pytest
 
 from elasticjob.launcher.processes import WorkerEnvironment
 from elasticjob.launcher.run_command import main
+from elasticjob.rendezvous.job_credentials import JobKey
 from elasticjob.wire.messages import WorkerId
 from elasticjob.worker_contract import ENV_HEARTBEAT_INTERVAL, WorkerSettings
 from tests.support.rendezvous_jobs import slot_of
@@ -27,7 +28,7 @@ def test_workers_are_told_their_heartbeat_interval(
     settings = WorkerSettings.model_validate(
         {"rendezvous_url": "http://127.0.0.1:1", "job": "job", "heartbeat_interval_s": interval}
     )
-    environment = WorkerEnvironment(settings, "token")
+    environment = WorkerEnvironment(settings, JobKey("the-key"))
     env = environment.for_worker(
         WorkerId("127.0.0.1", 0), "127.0.0.1", slot_of(WorkerId("127.0.0.1", 0))
     )

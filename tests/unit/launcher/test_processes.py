@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from elasticjob.launcher.processes import LocalWorkerLauncher, WorkerEnvironment
+from elasticjob.rendezvous.job_credentials import JobKey
 from elasticjob.wire.messages import WorkerId
 from elasticjob.worker_contract import WorkerSettings
 from tests.support.rendezvous_jobs import slot_of
@@ -39,7 +40,9 @@ async def test_exit_is_reported_while_a_grandchild_holds_the_pipes() -> None:
     output = io.StringIO()
     launcher = LocalWorkerLauncher(
         COMMAND,
-        WorkerEnvironment(WorkerSettings(rendezvous_url="http://127.0.0.1:1", job="job"), "token"),
+        WorkerEnvironment(
+            WorkerSettings(rendezvous_url="http://127.0.0.1:1", job="job"), JobKey("the-key")
+        ),
         lambda worker, code: exits.put_nowait((worker, code)),
         lambda _worker: 0,
         output=output,

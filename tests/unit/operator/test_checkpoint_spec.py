@@ -160,7 +160,7 @@ def test_worker_pods_mount_the_volume_at_the_path_and_are_told_the_policy() -> N
     spec = parse_spec(
         with_checkpoint({"volume": "ckpt", "path": "/ckpt", "intervalSeconds": 30, "keep": 2})
     )
-    pod = worker_pod(JOB, spec, rendezvous_url="http://rdzv:8470")
+    pod = worker_pod(JOB, spec, "train-worker-b2c4d", rendezvous_url="http://rdzv:8470")
     (worker,) = pod["spec"]["containers"]
     assert worker["volumeMounts"] == [{"name": "ckpt", "mountPath": "/ckpt"}]
     assert pod["spec"]["volumes"] == [CLAIM]
@@ -176,14 +176,18 @@ def test_worker_pods_mount_the_volume_at_the_path_and_are_told_the_policy() -> N
 def test_a_mount_the_template_has_is_kept_as_it_is() -> None:
     mount = {"name": "ckpt", "mountPath": "/ckpt", "subPath": "jobs/train"}
     spec = parse_spec(with_checkpoint(mounts=[mount]))
-    (worker,) = worker_pod(JOB, spec, rendezvous_url="http://rdzv:8470")["spec"]["containers"]
+    (worker,) = worker_pod(JOB, spec, "train-worker-b2c4d", rendezvous_url="http://rdzv:8470")[
+        "spec"
+    ]["containers"]
     assert worker["volumeMounts"] == [mount]
     assert policy_env(worker)[ENV_CHECKPOINT_EVERY_COMMITS] == "10"
 
 
 def test_without_a_policy_nothing_is_mounted_and_the_fallback_is_off() -> None:
     spec = parse_spec(good_spec())
-    (worker,) = worker_pod(JOB, spec, rendezvous_url="http://rdzv:8470")["spec"]["containers"]
+    (worker,) = worker_pod(JOB, spec, "train-worker-b2c4d", rendezvous_url="http://rdzv:8470")[
+        "spec"
+    ]["containers"]
     assert "volumeMounts" not in worker and policy_env(worker) == {}
     assert not driver_settings(spec).checkpoint_fallback
 

@@ -23,10 +23,12 @@ from elasticjob.operator.api import parse_spec
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.controller_settings import ControllerSettings
 from elasticjob.operator.job_records import parse_record, record_config_map
-from elasticjob.operator.kube import KubeApi
+from elasticjob.operator.kube import KubeApi, secret_value
 from elasticjob.operator.supervisor import StopSignal
+from elasticjob.rendezvous.job_credentials import JobKey, Speaker
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire.messages import NoticeKind, RendezvousRequest, RendezvousStatus, WorkerId
+from elasticjob.worker_contract import ENV_TOKEN
 from tests.support.crd_model import with_changes
 from tests.support.fake_kube import Deletion, FakeKube
 
@@ -65,8 +67,9 @@ class Job:
             await asyncio.sleep(0)
 
     async def pods(self, count: int) -> list[str]:
+        """The job's pods once there are ``count``, in the order they were made."""
         await self.kube.wait_for(lambda: len(self.kube.pods) >= count)
-        return sorted(self.kube.pods)
+        return list(self.kube.pods)
 
     async def ask(self, pod: str, after_round: int = 0, *, rolled_back: bool = False) -> str:
         """The pod's worker asks for a round newer than ``after_round``, once the driver has
@@ -131,6 +134,17 @@ async def test_a_new_job_gets_its_token_its_pods_and_its_budget_then_a_created_e
         assert job.kube.budgets["train-workers"]["spec"]["minAvailable"] == 2
         assert all(p.startswith("train-worker-") for p in pods)
         assert job.driver.hosts.current_hosts == (), "none runs yet: no host"
+        # Each pod reads its own credential (under its name), written before it was made.
+        key = JobKey(secret_value(job.kube.secrets["train-rendezvous"], "key") or "")
+        for pod in pods:
+            (token,) = [
+                e
+                for e in job.kube.pods[pod]["spec"]["containers"][0]["env"]
+                if e["name"] == ENV_TOKEN
+            ]
+            assert token["valueFrom"]["secretKeyRef"] == {"name": "train-rendezvous", "key": pod}
+            credential = secret_value(job.kube.secrets["train-rendezvous"], pod) or ""
+            assert key.speaker(credential) == Speaker(pod)
 
 
 async def test_a_pod_that_starts_running_is_pushed_to_the_driver_at_once() -> None:
@@ -164,6 +178,10 @@ async def test_a_failed_pod_is_told_to_the_driver_announced_blacklisted_deleted_
         await job.until(lambda: job.driver.round == 2)
         assert job.controller.pods.blacklist.keys.strikes("n2") == 1
         assert job.kube.event_reasons().count("NodeBlacklisted") == 1
+        # The failed pod's credential is gone from the Secret, the others' kept.
+        data = job.kube.secrets["train-rendezvous"]["data"]
+        await job.kube.wait_for(lambda: b not in data)
+        assert {a, c, replacement} <= set(data)
 
 
 async def test_a_killed_worker_fails_its_pod_at_once_and_the_pod_is_deleted() -> None:

@@ -72,7 +72,7 @@ async def test_leading_serves_runs_and_routes_here_and_standing_down_undoes_it()
     assert service.adopting(), "the job it saw gets 503 until its controller serves it"
     await asyncio.wait_for(_until(lambda: labels.labelled == {"op-b"}), DEADLINE_S)
     assert ("op-b", "true") in labels.changes, "every other pod's label taken off"
-    service.add_job("ns.train", "token", cast(Any, None))
+    service.add_job("ns.train", "the-key", cast(Any, None))
     assert service.adopting(), "the listed job is expected back too"
     labels.changes.clear()
     await asyncio.wait_for(replica.stand_down(lost=False), DEADLINE_S)

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from elasticjob.operator.api import parse_spec
+from elasticjob.operator.api import ElasticJobSpec, parse_spec
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.controller_settings import ControllerSettings
+from elasticjob.operator.job_secret import JobSecret, PodCredentials
 from elasticjob.operator.kube import KubeApi
 from elasticjob.rendezvous.server import RendezvousService
 from tests.support.crd_model import with_changes
@@ -22,7 +23,16 @@ DEADLINE = 5.0
 JOB = {"metadata": {"name": "job", "namespace": "ns", "uid": "u1"}}
 
 
-class ConcurrentApi(KubeApi):
+class SecretWrites:
+    """The job's Secret takes every pod's credential."""
+
+    async def fill_secret(
+        self, namespace: str, name: str, data: dict[str, str | None], version: str | None
+    ) -> bool:
+        return True
+
+
+class ConcurrentApi(SecretWrites, KubeApi):
     """Answers creates only once ``expected`` of them are in flight; ``refuse`` fails one."""
 
     def __init__(self, expected: int, refuse: int | None = None) -> None:
@@ -43,10 +53,12 @@ class ConcurrentApi(KubeApi):
         return {**pod, "metadata": meta, "status": {"phase": "Pending"}}
 
 
-def controller(api: KubeApi) -> JobController:
-    return JobController(
+def controller(api: KubeApi, spec: ElasticJobSpec) -> JobController:
+    job = JobController(
         "ns", "job", api, RendezvousService(), ControllerSettings("http://r:1"), set()
     )
+    job.pods.configure(spec, PodCredentials(api, "ns", "job", JobSecret("the-key", frozenset())))
+    return job
 
 
 @pytest.mark.parametrize(
@@ -58,8 +70,8 @@ def controller(api: KubeApi) -> JobController:
 )
 async def test_the_missing_pods_are_created_at_once(refuse: int | None, created: list[str]) -> None:
     api = ConcurrentApi(4, refuse)
-    job = controller(api)
     spec = parse_spec(with_changes(replicas=4))
+    job = controller(api, spec)
     if refuse is None:
         await job.pods._create_pods(JOB, spec, 4, ())
     else:
@@ -69,7 +81,7 @@ async def test_the_missing_pods_are_created_at_once(refuse: int | None, created:
     assert job.pods_created == len(created)
 
 
-class QuotaApi(KubeApi):
+class QuotaApi(SecretWrites, KubeApi):
     """Refuses every create for an exceeded quota while ``full``."""
 
     def __init__(self) -> None:
@@ -92,8 +104,8 @@ async def test_creates_refused_for_a_quota_are_told_once_and_tried_again_at_the_
     """Not raised (the controller goes on with the pods it has); a FailedCreate event once until
     a create succeeds."""
     api = QuotaApi()
-    job = controller(api)
     spec = parse_spec(with_changes(replicas=2))
+    job = controller(api, spec)
     await job.pods._create_pods(JOB, spec, 2, ())
     await job.pods._create_pods(JOB, spec, 2, ())
     told = job.pods.events.take()

@@ -36,6 +36,8 @@ from elasticjob.worker_contract import (
 from tests.support.crd_model import with_changes
 
 JOB = {"metadata": {"name": "train", "namespace": "ml", "uid": "uid-1"}}
+POD = "train-worker-b2c4d"
+"""A worker pod's name, as the operator makes it (``new_pod_name``)."""
 AGENT = RESTART_AGENT_MODULE
 CHECK = HEALTH_CHECK_MODULE
 TRAIN = ["train", "--lr", "1"]
@@ -67,10 +69,10 @@ def test_worker_pod_carries_the_template_and_the_runtime_contract() -> None:
         },
         backend="gloo",
     )
-    pod = worker_pod(JOB, spec, rendezvous_url="http://rdzv:8470")
+    pod = worker_pod(JOB, spec, POD, rendezvous_url="http://rdzv:8470")
     meta, pod_spec = pod["metadata"], pod["spec"]
     assert (pod["apiVersion"], pod["kind"]) == ("v1", "Pod")
-    assert meta["generateName"] == "train-worker-"
+    assert meta["name"] == POD and "generateName" not in meta
     assert meta["labels"] == {
         "team": "a",
         "elasticjob.dev/job-name": "train",
@@ -98,7 +100,8 @@ def test_worker_pod_carries_the_template_and_the_runtime_contract() -> None:
     assert env == {
         ENV_RENDEZVOUS_URL: "http://rdzv:8470",
         ENV_JOB: "ml.train",
-        ENV_TOKEN: {"secretKeyRef": {"name": "train-rendezvous", "key": "token"}},
+        # the pod's own credential, under its name: never the job's key
+        ENV_TOKEN: {"secretKeyRef": {"name": "train-rendezvous", "key": POD}},
         ENV_HOSTNAME: {"fieldRef": {"fieldPath": "metadata.name"}},
         ENV_NODE: {"fieldRef": {"fieldPath": "spec.nodeName"}},
         ENV_BIND_ADDRESS: {"fieldRef": {"fieldPath": "status.podIP"}},
@@ -122,7 +125,7 @@ def test_the_operators_env_wins_over_a_template_that_sets_it() -> None:
     planted = {"name": ENV_TOKEN, "valueFrom": {"secretKeyRef": {"name": "other", "key": "t"}}}
     template = {"spec": {"containers": [{**WORKER, "env": [planted]}]}}
     spec = ElasticJobSpec.model_validate(with_changes(template=template))
-    (worker,) = worker_pod(JOB, spec, rendezvous_url="u")["spec"]["containers"]
+    (worker,) = worker_pod(JOB, spec, POD, rendezvous_url="u")["spec"]["containers"]
     last = {e["name"]: e for e in worker["env"]}
     assert last[ENV_TOKEN]["valueFrom"]["secretKeyRef"]["name"] == "train-rendezvous"
 
@@ -136,7 +139,7 @@ def test_every_variable_the_operator_sets_is_in_the_worker_contract() -> None:
         roundWaitSeconds=120,
         heartbeatTimeoutSeconds=5,
     )
-    (worker,) = worker_pod(JOB, spec, rendezvous_url="u")["spec"]["containers"]
+    (worker,) = worker_pod(JOB, spec, POD, rendezvous_url="u")["spec"]["containers"]
     names = {e["name"] for e in worker["env"]} - {"X"}
     assert names <= WORKER_CONTRACT_ENV
     assert all(is_worker_contract_env(name) for name in names)
@@ -157,7 +160,7 @@ def test_worker_timeouts_are_spec_fields_passed_to_the_workers(
     changes: dict[str, Any], expected: dict[str, str]
 ) -> None:
     spec = spec_with({"containers": [WORKER]}, **changes)
-    (worker,) = worker_pod(JOB, spec, rendezvous_url="u")["spec"]["containers"]
+    (worker,) = worker_pod(JOB, spec, POD, rendezvous_url="u")["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in worker["env"]}
     knobs = (ENV_COLLECTIVE_TIMEOUT, ENV_ROUND_WAIT)
     assert {k: v for k, v in env.items() if k in knobs} == expected
@@ -169,7 +172,9 @@ def test_worker_timeouts_are_spec_fields_passed_to_the_workers(
 def test_worker_pod_gets_the_rendezvous_ca_only_with_tls(ca: str | None) -> None:
     spec = spec_with({"containers": [WORKER]})
     url = "https://rdzv:8470" if ca else "http://rdzv:8470"
-    (worker,) = worker_pod(JOB, spec, rendezvous_url=url, rendezvous_ca=ca)["spec"]["containers"]
+    (worker,) = worker_pod(JOB, spec, POD, rendezvous_url=url, rendezvous_ca=ca)["spec"][
+        "containers"
+    ]
     env = {e["name"]: e.get("value") for e in worker["env"]}
     assert env[ENV_RENDEZVOUS_URL] == url
     assert env.get(ENV_RENDEZVOUS_CA) == ca
@@ -180,14 +185,14 @@ def test_worker_pod_beats_at_the_interval_of_the_heartbeat_timeout(
     timeout: int, interval: str | None
 ) -> None:
     spec = spec_with({"containers": [WORKER]}, heartbeatTimeoutSeconds=timeout)
-    (worker,) = worker_pod(JOB, spec, rendezvous_url="http://rdzv:8470")["spec"]["containers"]
+    (worker,) = worker_pod(JOB, spec, POD, rendezvous_url="http://rdzv:8470")["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in worker["env"]}
     assert env.get(ENV_HEARTBEAT_INTERVAL) == interval, "0: eviction off, no heartbeat"
 
 
 def test_worker_pod_runs_a_process_per_slot() -> None:
     spec = spec_with({"containers": [{**WORKER, "args": ["--lr", "1"]}]}, slotsPerWorker=2)
-    (worker,) = worker_pod(JOB, spec, rendezvous_url="u")["spec"]["containers"]
+    (worker,) = worker_pod(JOB, spec, POD, rendezvous_url="u")["spec"]["containers"]
     assert worker["command"] == [
         "python",
         "-m",
@@ -233,7 +238,7 @@ def test_a_restart_mode_pod_runs_the_script_under_its_agent(
         mode="restart",
         maxRestarts=max_restarts,
     )
-    (worker,) = worker_pod(JOB, spec, rendezvous_url="u")["spec"]["containers"]
+    (worker,) = worker_pod(JOB, spec, POD, rendezvous_url="u")["spec"]["containers"]
     assert worker["command"] == ["python", *command] and "args" not in worker
     env = {e["name"]: e.get("value") for e in worker["env"]}
     assert env[ENV_MAX_RESTARTS] == limit, "the script reads it as TORCHELASTIC_MAX_RESTARTS"
@@ -242,7 +247,7 @@ def test_a_restart_mode_pod_runs_the_script_under_its_agent(
 
 def test_an_elastic_pod_tells_no_restart_limit() -> None:
     spec = spec_with({"containers": [WORKER]}, maxRestarts=2, warmStart=False)
-    (worker,) = worker_pod(JOB, spec, rendezvous_url="u")["spec"]["containers"]
+    (worker,) = worker_pod(JOB, spec, POD, rendezvous_url="u")["spec"]["containers"]
     names = {e["name"] for e in worker["env"]}
     assert ENV_MAX_RESTARTS not in names and ENV_WARM_START not in names, "no agent reads them"
     assert driver_settings(spec).restart_limit == 2
@@ -268,7 +273,7 @@ def test_a_checked_pod_runs_its_health_check_first_and_is_labelled_pending(
     changes: dict[str, Any], command: list[str]
 ) -> None:
     spec = spec_with({"containers": [{**WORKER, "args": ["--lr", "1"]}]}, healthCheck={}, **changes)
-    pod = worker_pod(JOB, spec, rendezvous_url="u")
+    pod = worker_pod(JOB, spec, POD, rendezvous_url="u")
     (worker,) = pod["spec"]["containers"]
     assert worker["command"] == ["python", *command] and "args" not in worker
     assert pod["metadata"]["labels"][LABEL_HEALTH_CHECK] == "Pending"
@@ -279,7 +284,7 @@ def test_a_checked_pod_runs_its_health_check_first_and_is_labelled_pending(
 
 
 def test_an_unchecked_pod_carries_no_health_label() -> None:
-    pod = worker_pod(JOB, spec_with({"containers": [WORKER]}), rendezvous_url="u")
+    pod = worker_pod(JOB, spec_with({"containers": [WORKER]}), POD, rendezvous_url="u")
     assert LABEL_HEALTH_CHECK not in pod["metadata"]["labels"]
     assert pod["spec"]["containers"][0]["command"] == ["train"]
     assert not view(created(pod)).unchecked
@@ -297,7 +302,7 @@ def test_a_restart_mode_pod_tells_its_agent_whether_to_keep_a_spare(
 ) -> None:
     fields = {} if warm_start is None else {"warmStart": warm_start}
     spec = spec_with({"containers": [WORKER]}, mode="restart", **fields)
-    (worker,) = worker_pod(JOB, spec, rendezvous_url="u")["spec"]["containers"]
+    (worker,) = worker_pod(JOB, spec, POD, rendezvous_url="u")["spec"]["containers"]
     assert {e["name"]: e.get("value") for e in worker["env"]}[ENV_WARM_START] == value
 
 
@@ -355,7 +360,7 @@ def test_blacklisted_nodes_are_excluded_from_every_node_selector_term(
     if affinity is not None:
         pod_spec["affinity"] = affinity
     spec = spec_with(pod_spec)
-    pod = worker_pod(JOB, spec, rendezvous_url="u", avoid_nodes={"n2": 1.0, "n1": 2.0})
+    pod = worker_pod(JOB, spec, POD, rendezvous_url="u", avoid_nodes={"n2": 1.0, "n1": 2.0})
     node_affinity = pod["spec"]["affinity"]["nodeAffinity"]
     assert node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] == expected
     if affinity and "podAntiAffinity" in affinity:
@@ -397,7 +402,7 @@ def test_worker_pods_prefer_nodes_without_another_pod_of_the_job_unless_the_temp
     placement: dict[str, Any], anti_affinity: dict[str, Any] | None
 ) -> None:
     pod_spec = {"containers": [WORKER], **placement}
-    pod = worker_pod(JOB, spec_with(pod_spec), rendezvous_url="u")
+    pod = worker_pod(JOB, spec_with(pod_spec), POD, rendezvous_url="u")
     assert (pod["spec"].get("affinity") or {}).get("podAntiAffinity") == anti_affinity
     assert pod["spec"].get("topologySpreadConstraints") == placement.get(
         "topologySpreadConstraints"

@@ -235,6 +235,8 @@ def test_the_restart_example_is_admitted_and_runs_its_script_under_the_agent() -
     spec = parse_spec(job["spec"])
     assert (spec.mode, spec.max_restarts) == (JobMode.RESTART, 3)
     job["metadata"] |= {"namespace": "ml", "uid": "uid-1"}  # what the API server gives it
-    (worker,) = worker_pod(job, spec, rendezvous_url="http://r:1")["spec"]["containers"]
+    (worker,) = worker_pod(job, spec, "train-worker-b2c4d", rendezvous_url="http://r:1")["spec"][
+        "containers"
+    ]
     assert worker["command"][:4] == ["python", "-m", RESTART_AGENT_MODULE, "--"]
     assert worker["command"][4:6] == ["python", "examples/torchrun_digits/train.py"]

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from elasticjob.rendezvous.job_credentials import JobKey, Speaker
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.notice_log import MAX_NOTICES
 from elasticjob.rendezvous.rendezvous_types import RendezvousError
@@ -342,16 +343,16 @@ async def test_close_waits_answers_pending_long_polls(
     assert later.status is RendezvousStatus.PENDING
 
 
-def test_token_check_and_construction_errors(listener: RecordingListener) -> None:
-    job = InMemoryJobRendezvous("ns.job-1", "tok", listener)
-    assert job.check_token("tok")
-    assert not job.check_token("tok2") and not job.check_token("") and not job.check_token("tök")
+def test_credentials_and_construction_errors(listener: RecordingListener) -> None:
+    job = InMemoryJobRendezvous("ns.job-1", "key", listener)
+    assert job.speaker(JobKey("key").worker_credential("h0")) == Speaker("h0")
+    assert job.speaker("key") is None, "the key itself is no credential"
     for name in ["", "Upper", "-lead", "trail-", "a b"]:
         with pytest.raises(ValueError, match="invalid job name"):
-            InMemoryJobRendezvous(name, "tok", listener)
-    for token in ["", "has space", "tök", "tab\t"]:
-        with pytest.raises(ValueError, match="token"):
-            InMemoryJobRendezvous("job", token, listener)
+            InMemoryJobRendezvous(name, "key", listener)
+    for key in ["", "has space", "tök", "tab\t"]:
+        with pytest.raises(ValueError, match="key"):
+            InMemoryJobRendezvous("job", key, listener)
 
 
 async def test_a_planned_round_is_answered_until_a_round_is_published(

@@ -96,11 +96,12 @@ namespace is watched, else in a Role per watched namespace.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
-# A job's rendezvous token Secret: read, and created when missing (garbage-collected with the
+# A job's Secret (its rendezvous key, and each worker pod's own credential under the pod's
+# name): read, created when missing, patched as pods come and go (garbage-collected with the
 # job through its owner reference, so never deleted, listed or watched by the operator).
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "create"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
