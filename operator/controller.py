@@ -15,7 +15,7 @@ carries them out:
   deleted as the driver's effects say (``elasticjob.driver.worker_exits``);
 - after an operator restart (``adoption``): the round in force that the job's record holds is
   adopted and its blacklisting restored (the record, never the status, is what a driver
-  resumes from); pods and the token Secret are the job's by ownerReference only;
+  resumes from); pods and the job's Secret are the job's by ownerReference only;
 - objects the API server refuses for good (``kube_errors.permanent_error``) fail the job
   (InvalidSpec) once; the pods it made are deleted;
 - status (``status_observation`` and ``status_render``, from the driver's snapshot) and

@@ -5,7 +5,7 @@ stands down (it is no longer the leader: ``leader_election.py``).
 The operator runs its job controllers itself rather than as kopf daemons: a kopf daemon makes
 kopf put its finalizer on every ElasticJob, and once the operator is uninstalled nothing removes
 it, so the jobs could no longer be deleted. Nothing here needs a finalizer: a job's pods and
-token Secret are owned by the job and garbage-collected with it.
+Secret are owned by the job and garbage-collected with it.
 
 Like a kopf daemon, a job's task is started once per object (by uid), restarted after a backoff
 when it raises, never restarted once it returned (the job ended), and on deletion told to stop

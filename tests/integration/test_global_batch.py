@@ -135,7 +135,9 @@ def test_a_fixed_global_batch_trains_as_one_process_through_a_sigkill_and_a_scal
     steps = committed_steps(run)
     assert sorted(steps) == list(range(STEPS)), run.explain()
     assert {e["size"] for e in steps[7]} == {2}, "step 7 is retaken by the 2 survivors"
-    assert max(e["size"] for e in steps[STEPS - 1]) == 3, "a newcomer trains the last steps"
+    # A newcomer trains the last steps (and the killed host too, once its blacklisting has
+    # expired: on a loaded machine the run outlasts it).
+    assert max(e["size"] for e in steps[STEPS - 1]) >= 3, "a newcomer trains the last steps"
     assert {e["micro_batches"] for e in steps[7]} == {3} and {
         e["micro_batches"] for e in steps[0]
     } == {2}

@@ -136,6 +136,6 @@ def after_attempt(attempt: Attempt) -> NextStep:
 
 def script_environ(environ: Mapping[str, str], round_env: Mapping[str, str]) -> dict[str, str]:
     """The script's environment: the agent's, without the worker contract's variables (the
-    job's token among them: the script is no worker of the rendezvous), and the round's."""
+    pod's credential among them: the script is no worker of the rendezvous), and the round's."""
     kept = {k: v for k, v in environ.items() if not is_worker_contract_env(k)}
     return {**kept, **round_env}

@@ -1,10 +1,10 @@
-"""Keep the job's token out of the script's reach in restart mode: the restart agent holds it
+"""Keep the pod's credential out of the script's reach in restart mode: the restart agent holds it
 in its environment, and a process of the same user may read another's
 ``/proc/<pid>/environ`` (and attach a debugger to it) unless that process is not dumpable.
 
 :func:`make_undumpable` clears the agent's dumpable flag (``prctl(PR_SET_DUMPABLE, 0)``): its
 ``/proc`` files then belong to root, and the script it starts, run by ``execve`` with an
-environment without the token, is dumpable as usual (the kernel sets the flag again on
+environment without the credential, is dumpable as usual (the kernel sets the flag again on
 ``execve``), so the script's own debugging and core dumps are as they were."""
 
 from __future__ import annotations
