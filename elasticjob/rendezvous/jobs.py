@@ -16,7 +16,7 @@ from typing import Final
 from elasticjob.rendezvous.admitted_workers import AdmittedWorkers
 from elasticjob.rendezvous.health_checks import HealthChecks, HealthListener
 from elasticjob.rendezvous.health_rule import HealthPolicy
-from elasticjob.rendezvous.job_credentials import JobKey, Speaker, check_job_name
+from elasticjob.rendezvous.job_credentials import JobKey, check_job_name
 from elasticjob.rendezvous.limits import (
     DEFAULT_MAX_WORKERS,
     InFlight,
@@ -108,9 +108,10 @@ class InMemoryJobRendezvous(JobRendezvous):
         """How many long-polls of this job are waiting now."""
         return self._polls.held
 
-    def speaker(self, bearer: str) -> Speaker | None:
-        """Who ``bearer`` speaks for (None: it is no credential of this job)."""
-        return self.key.speaker(bearer)
+    @property
+    def rank_zero_host(self) -> str | None:
+        """The host of rank 0 in the round in force (None: no round yet)."""
+        return None if self._round is None else next(iter(self._round.hosts), None)
 
     @property
     def finished(self) -> bool:
@@ -238,8 +239,7 @@ class InMemoryJobRendezvous(JobRendezvous):
     @property
     def current_slots(self) -> Mapping[WorkerId, SlotInfo]:
         """See :attr:`JobRendezvous.current_slots`. A read-only view, not a copy: the driver
-        asks on every worker event, and copying 1,024 slots each time made a round's
-        registrations cost O(N^2)."""
+        asks on every worker event (copying 1,024 slots made registrations cost O(N^2))."""
         return _NO_SLOTS if self._round is None else MappingProxyType(self._round.slots)
 
     @property

@@ -172,7 +172,7 @@ class _Api:
         refusal = protocol_refusal(request.headers.get(PROTOCOL_HEADER))
         name = request.match_info["job"]
         job = self._jobs.get(name)
-        speaker = None if job is None else job.speaker(token)
+        speaker = None if job is None else job.key.speaker(token)
         if job is None or speaker is None:
             if self._adopting():  # the same answer for a job not served yet and a wrong token
                 raise ApiError(
@@ -222,8 +222,8 @@ class _Api:
     async def progress(self, request: web.Request) -> web.Response:
         job, speaker = self.authorize(request)
         body = await self.body(request, job, ProgressRequest)
-        rank_zero = [w.hostname for w, slot in job.current_slots.items() if slot.rank == 0]
-        if not rank_zero or not speaker.speaks_for(rank_zero[0]):
+        rank_zero = job.rank_zero_host
+        if rank_zero is None or not speaker.speaks_for(rank_zero):
             raise ApiError(403, f"{speaker} does not speak for rank 0 of the round in force")
         job.report_progress(body)
         return web.Response(status=204)

@@ -24,8 +24,8 @@ from elasticjob.worker_contract import ENV_RENDEZVOUS_CA, ENV_TOKEN
 from tests.support.elastic_jobs import (
     STARTUP_S,
     job_manifest,
+    job_secret_value,
     reader_token,
-    secret_value,
     stop_workers,
     wait_status,
     worker_env,
@@ -250,7 +250,7 @@ def test_a_worker_token_opens_only_its_own_job(
         name = pod["metadata"]["name"]
         (ref,) = [e for e in pod["spec"]["containers"][0]["env"] if e["name"] == ENV_TOKEN]
         assert ref["valueFrom"]["secretKeyRef"] == {"name": "alpha-rendezvous", "key": name}
-        own = secret_value(kube, "alpha", name)
+        own = job_secret_value(kube, "alpha", name)
         assert own.startswith(f"{name}."), "it names the pod it speaks for"
         assert rendezvous_status(kube, f"{base}/{kube.ns}.alpha/round", own, ca) == 200
         assert rendezvous_status(kube, f"{base}/{kube.ns}.beta/round", own, ca) == 403

@@ -4,13 +4,14 @@ what a test leaves running."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from elasticjob.operator.kube import secret_value
+from elasticjob.operator.pods import READER_KEY, token_secret_name
 from tests.support.job_runs import WORKER, JobRun, kill_leftovers, read_events
 from tests.support.kube import Kube
 
@@ -151,17 +152,18 @@ def stop_workers(kube: Kube, log_dir: Path) -> None:
     kube.kubectl("delete", "pods", "--all", "--grace-period=0", "--force", check=False)
 
 
-def secret_value(kube: Kube, job: str, key: str) -> str:
-    """The value under ``key`` in the Secret of ``job`` (its reader token under ``reader``,
-    each pod's own credential under the pod's name)."""
-    secret = kube.get("secret", f"{job}-rendezvous")
-    assert secret is not None
-    return base64.b64decode(secret["data"][key]).decode()
+def job_secret_value(kube: Kube, job: str, key: str) -> str:
+    """The value under ``key`` in the Secret of ``job`` (its reader token under
+    ``READER_KEY``, each pod's own credential under the pod's name)."""
+    secret = kube.get("secret", token_secret_name(job))
+    value = None if secret is None else secret_value(secret, key)
+    assert value is not None, f"the Secret of {job} holds no {key!r}"
+    return value
 
 
 def reader_token(kube: Kube, job: str) -> str:
     """The reader token of ``job``: reads its round, plan and notices."""
-    return secret_value(kube, job, "reader")
+    return job_secret_value(kube, job, READER_KEY)
 
 
 def worker_env(kube: Kube, job: str) -> dict[str, Any]:

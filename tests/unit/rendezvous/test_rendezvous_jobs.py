@@ -345,8 +345,8 @@ async def test_close_waits_answers_pending_long_polls(
 
 def test_credentials_and_construction_errors(listener: RecordingListener) -> None:
     job = InMemoryJobRendezvous("ns.job-1", "key", listener)
-    assert job.speaker(JobKey("key").worker_credential("h0")) == Speaker("h0")
-    assert job.speaker("key") is None, "the key itself is no credential"
+    assert job.key.speaker(JobKey("key").worker_credential("h0")) == Speaker("h0")
+    assert job.key.speaker("key") is None, "the key itself is no credential"
     for name in ["", "Upper", "-lead", "trail-", "a b"]:
         with pytest.raises(ValueError, match="invalid job name"):
             InMemoryJobRendezvous(name, "key", listener)
