@@ -112,8 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-warm-start",
         dest="warm_start",
         action="store_false",
-        help="restart mode: start the script cold every time (by default each agent keeps a "
-        "spare interpreter with torch imported for the next start)",
+        help="start every worker in a fresh interpreter (by default a worker command "
+        "`python SCRIPT` or `python -m MODULE` is forked from an interpreter with torch "
+        "imported; in restart mode each agent keeps a spare one for the script's next start)",
     )
     parser.add_argument(
         "--elastic-timeout",

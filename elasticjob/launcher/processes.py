@@ -6,9 +6,11 @@ Every output line of a worker is prefixed with its current rank and its stream
 (``[1]<stdout>:``, ``[1]<stderr>:``), as horovodrun does.
 
 Workers never outlive the launcher: each is started with ``PR_SET_PDEATHSIG`` (Linux), so the
-kernel kills it when the launcher dies, even by SIGKILL; and ``elasticjob-run`` tells each
-:data:`ORPHAN_TIMEOUT_S` (``ELASTICJOB_ORPHAN_TIMEOUT``), so a process the kernel does not
-cover (a worker command's own child) exits once the launcher's rendezvous stays unreachable.
+kernel kills it when the launcher dies, even by SIGKILL (a worker forked from the job's start
+server, ``warm_workers.py``, when the server dies, which dies with the launcher); and
+``elasticjob-run`` tells each :data:`ORPHAN_TIMEOUT_S` (``ELASTICJOB_ORPHAN_TIMEOUT``), so a
+process the kernel does not cover (a worker command's own child) exits once the launcher's
+rendezvous stays unreachable.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any, TextIO
 
 from elasticjob.driver.driver_types import DriverError, WorkerLauncher
 from elasticjob.launcher.output_files import RankOutputFiles
+from elasticjob.launcher.warm_workers import StartedWorker, StartServer
 from elasticjob.process_death import die_with
 from elasticjob.rendezvous.job_credentials import JobKey
 from elasticjob.script_env import planned_env
@@ -40,6 +43,7 @@ from elasticjob.worker_contract import (
     WorkerSettings,
     restart_agent_command,
 )
+from elasticjob.worker_runtime.agents.script_process import warm_start
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +163,8 @@ async def _spawn(
 
 
 class LocalWorkerLauncher(WorkerLauncher):
-    """Runs ``command`` once per worker as a local process.
+    """Runs ``command`` once per worker as a local process: forked from the job's start server
+    when ``warm`` and the command allows it (``warm_workers.py``), else started afresh.
 
     Raises :class:`DriverError` at once when ``command`` cannot be run (see
     :func:`check_command`), and from :meth:`start` when starting it fails anyway."""
@@ -171,6 +176,7 @@ class LocalWorkerLauncher(WorkerLauncher):
         on_exit: Callable[[WorkerId, int], object],
         rank_of: Callable[[WorkerId], int | None],
         *,
+        warm: bool = True,
         base_env: Mapping[str, str] | None = None,
         output: TextIO = sys.stdout,
         output_files: RankOutputFiles | None = None,
@@ -179,19 +185,48 @@ class LocalWorkerLauncher(WorkerLauncher):
         self._base_env = dict(os.environ if base_env is None else base_env)
         check_command(command, self._base_env.get("PATH", os.defpath))
         self._command = list(command)
+        self._warm = warm_start(command) if warm else None
+        self._server: StartServer | None = None
         self._environment = environment
         self._on_exit = on_exit
         self._rank_of = rank_of
         self._output = output
         self._output_files = output_files
         self._stop_grace_s = stop_grace_s
-        self._processes: dict[WorkerId, asyncio.subprocess.Process] = {}
-        self._exits: dict[WorkerId, asyncio.Future[int]] = {}
+        self._processes: dict[WorkerId, StartedWorker] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self, worker: WorkerId, planned: SlotInfo) -> None:
         bind_address = resolve_local_host(worker.hostname)
         env = self._base_env | self._environment.for_worker(worker, bind_address, planned)
+        process = await self._warm_start(env) or await self._cold_start(env)
+        self._processes[worker] = process
+        logger.debug("started worker %s (pid %d)", worker, process.pid)
+        task = asyncio.create_task(self._supervise(worker, process), name=f"worker {worker}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _warm_start(self, env: dict[str, str]) -> StartedWorker | None:
+        """The worker forked from the start server (started at the first warm start); None
+        when it is to start cold."""
+        if self._warm is None:
+            return None
+        if self._server is None:
+            try:
+                self._server = StartServer(self._warm, env)
+            except OSError as exc:
+                logger.warning("no start server (%s): every worker starts cold", exc)
+                self._warm = None
+                return None
+        if not self._server.serves(self._warm, env):
+            return None
+        try:
+            return await self._server.start(self._warm, env, os.getcwd())
+        except OSError as exc:
+            logger.warning("a worker starts cold: %s", exc)
+            return None
+
+    async def _cold_start(self, env: dict[str, str]) -> StartedWorker:
         try:
             process, protocol = await _spawn(
                 self._command,
@@ -207,29 +242,20 @@ class LocalWorkerLauncher(WorkerLauncher):
             raise DriverError(
                 f"worker command {self._command[0]!r} cannot be run: {reason}"
             ) from exc
-        self._processes[worker] = process
-        self._exits[worker] = protocol.exited
-        logger.debug("started worker %s (pid %d)", worker, process.pid)
-        supervise = self._supervise(worker, process, protocol.exited)
-        task = asyncio.create_task(supervise, name=f"worker {worker}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        assert process.stdout is not None and process.stderr is not None
+        return StartedWorker(process.pid, process.stdout, process.stderr, protocol.exited)
 
-    async def _supervise(
-        self, worker: WorkerId, process: asyncio.subprocess.Process, exited: asyncio.Future[int]
-    ) -> None:
+    async def _supervise(self, worker: WorkerId, process: StartedWorker) -> None:
         """Forward the worker's output; report its exit as soon as the process is gone (after
         the rest of its output, for at most :data:`OUTPUT_DRAIN_S`), then forward what a
         process it started still writes to the pipes it inherited."""
-        assert process.stdout is not None and process.stderr is not None
         output = asyncio.gather(
             self._forward(worker, process.stdout, "stdout"),
             self._forward(worker, process.stderr, "stderr"),
         )
-        code = await exited
+        code = await process.exited
         await asyncio.wait({output}, timeout=OUTPUT_DRAIN_S)
         self._processes.pop(worker, None)
-        self._exits.pop(worker, None)
         logger.debug("worker %s exited with %d", worker, code)
         self._on_exit(worker, code)
         await output
@@ -248,12 +274,12 @@ class LocalWorkerLauncher(WorkerLauncher):
 
     async def stop(self, worker: WorkerId) -> None:
         process = self._processes.get(worker)
-        if process is None or process.returncode is not None:
+        if process is None or process.exited.done():
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(self._exit_of(worker, process), self._stop_grace_s)
+            await asyncio.wait_for(asyncio.shield(process.exited), self._stop_grace_s)
         except TimeoutError:
             await self.kill(worker, "it did not stop within its grace period")
 
@@ -261,24 +287,21 @@ class LocalWorkerLauncher(WorkerLauncher):
         """SIGKILL the worker's process group (a stopped process cannot handle SIGTERM; the
         driver logged ``reason``)."""
         process = self._processes.get(worker)
-        if process is None or process.returncode is not None:
+        if process is None or process.exited.done():
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-        await self._exit_of(worker, process)
-
-    async def _exit_of(self, worker: WorkerId, process: asyncio.subprocess.Process) -> int:
-        """The process's exit code once it exited (not waiting for its pipes to close)."""
-        exited = self._exits.get(worker)
-        return await (process.wait() if exited is None else asyncio.shield(exited))
+        await asyncio.shield(process.exited)
 
     async def stop_all(self) -> None:
         """Give every process the grace period to exit on its own (the job's end reaches
-        workers through the rendezvous), then stop the rest."""
+        workers through the rendezvous), then stop the rest, and the start server."""
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self._stop_grace_s)
         await asyncio.gather(*(self.stop(w) for w in list(self._processes)))
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self._stop_grace_s)
+        if self._server is not None:
+            self._server.close()
         if self._output_files is not None:
             self._output_files.close()

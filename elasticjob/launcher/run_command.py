@@ -96,6 +96,7 @@ async def run_job(args: argparse.Namespace) -> JobResult:
             environment,
             driver.on_worker_exit,
             driver.rank_of,
+            warm=args.warm_start and not restart,
             output_files=output_files,
         )
 

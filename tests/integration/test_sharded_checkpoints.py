@@ -129,7 +129,11 @@ def test_a_suspended_sharded_job_resumes_its_last_commit_on_another_world(
     folder = tmp_path / "checkpoints"
     suspended = run_sharded(
         tmp_path,
-        ["-np", "3", "-H", THREE_HOSTS, "--checkpoint-dir", str(folder), *EVERY_1000_COMMITS],
+        # Rank 0 signals its parent, the launcher: started cold, not forked from the server.
+        [
+            *("-np", "3", "-H", THREE_HOSTS, "--no-warm-start"),
+            *("--checkpoint-dir", str(folder), *EVERY_1000_COMMITS),
+        ],
         *("--suspend-at", "1:1"),
     )
     assert suspended.returncode == EXIT_SUSPENDED, suspended.explain()

@@ -86,7 +86,9 @@ def run_and_kill(tmp_path: Path) -> KilledRun:
     """Run the example as a job of four, SIGKILL the worker on :data:`VICTIM_HOST` after
     rank 0 logs :data:`KILL_AT`, and wait for the job's end."""
     command = launcher(
-        *("-np", "4", "--min-np", "3", "-H", FOUR_HOSTS),
+        # Each worker a child of the launcher with its own command line and environment,
+        # which the test finds it by: started cold, not forked from the start server.
+        *("-np", "4", "--min-np", "3", "-H", FOUR_HOSTS, "--no-warm-start"),
         *(sys.executable, str(EXAMPLE), *TINY),
     )
     env = worker_env()

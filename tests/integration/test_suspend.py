@@ -39,6 +39,9 @@ def launch(tmp_path: Path, folder: Path | None) -> JobRun:
         launcher_args=[
             *("-np", str(WORKERS), "-H", f"127.0.1.1:{WORKERS}"),
             *checkpoints,
+            # Rank 0 signals its parent, the launcher: started cold (also the test of elastic
+            # mode's cold starts), not forked from the start server.
+            "--no-warm-start",
         ],
         # Steps slow enough that the job is still training when the notice arrives.
         worker_args=worker_args("--fail", f"{epoch}:{batch}:0:suspend", "--step-time", "0.05"),

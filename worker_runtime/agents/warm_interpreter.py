@@ -18,6 +18,17 @@ started with; nothing reads them at import. A start whose other variables differ
 sets ``OMP_NUM_THREADS`` itself before importing torch gets that many threads here too; other
 variables torch reads at import that a script sets itself (``TORCH_DISTRIBUTED_DEBUG``,
 ``TORCH_LOGS``) have no effect in a spare: such a script runs with ``warmStart: false``.
+
+Run as ``warm_interpreter.py --serve FD``, it is a *start server* that serves many starts
+(``elasticjob-run``'s workers: ``elasticjob/launcher/warm_workers.py``): it imports torch
+once, then reads starts from the ``SOCK_SEQPACKET`` socket ``FD``, each a JSON message (the
+fields above and an ``id``) carrying the start's standard input, output and error as
+descriptors, and forks a child per start that runs it as above, in a process session of its
+own, dying with the server (``PR_SET_PDEATHSIG``). It answers ``{"id", "pid"}`` once the child
+is forked (``{"id", "error"}`` when it cannot fork) and ``{"pid", "exit"}`` once the child
+ended (negative: the signal that ended it); the end of the socket's input ends it. A child
+starts as a fresh interpreter would, but for the string hash seed, which it shares with the
+server: Python's and NumPy's random generators are seeded anew.
 """
 
 import sys
@@ -27,12 +38,17 @@ import sys
 del sys.path[0]
 
 import contextlib  # noqa: E402
+import ctypes  # noqa: E402
 import importlib  # noqa: E402
 import importlib.machinery  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import runpy  # noqa: E402
+import select  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
 import types  # noqa: E402
+from typing import Any  # noqa: E402
 
 _MODULES = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
 """What a torch script imports (``torch._dynamo`` is imported by ``DistributedDataParallel``'s
@@ -79,17 +95,88 @@ def _run_script(path: str) -> None:
     exec(code, main.__dict__)
 
 
-def main() -> None:
-    _import_torch()
-    line = sys.stdin.buffer.readline()
-    if not line:
-        return  # discarded
-    with open(line.decode().rstrip("\n"), "rb") as source:
-        start = json.loads(source.read())
-    os.unlink(source.name)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)  # the script's standard input is no pipe of the agent's
-    os.close(null)
+_MESSAGE_BYTES = 1 << 20
+"""The largest start a server reads (its arguments and environment)."""
+_PR_SET_PDEATHSIG = 1
+
+
+def _serve(channel: socket.socket) -> dict[str, Any] | None:
+    """Fork a child per start read from ``channel``, and say its pid and its end; return the
+    start in the child, None in the server once ``channel`` ends."""
+    children: dict[int, int] = {}  # a child's pidfd -> its pid
+    poller = select.poll()
+    poller.register(channel, select.POLLIN)
+    while True:
+        for ready, _ in poller.poll():
+            if ready != channel.fileno():
+                poller.unregister(ready)
+                os.close(ready)
+                pid = children.pop(ready)
+                _, status = os.waitpid(pid, 0)
+                _send(channel, {"pid": pid, "exit": os.waitstatus_to_exitcode(status)})
+                continue
+            message, fds, _, _ = socket.recv_fds(channel, _MESSAGE_BYTES, 3)
+            if not message:
+                return None
+            start = json.loads(message)
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                _close(fds)
+                _send(channel, {"id": start["id"], "error": str(exc)})
+                continue
+            if pid == 0:
+                channel.close()
+                _close(list(children))
+                _become_start(fds)
+                return dict(start)
+            _close(fds)
+            pidfd = os.pidfd_open(pid)
+            children[pidfd] = pid
+            poller.register(pidfd, select.POLLIN)
+            _send(channel, {"id": start["id"], "pid": pid})
+
+
+def _send(channel: socket.socket, message: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):  # the launcher is gone: the socket's end follows
+        channel.send(json.dumps(message).encode())
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _become_start(stdio: list[int]) -> None:
+    """In a forked child: a session of its own, death with the server, the start's standard
+    streams, and what a fresh interpreter would have anew."""
+    server = os.getppid()
+    os.setsid()
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != server:
+        os._exit(126)  # the server died before prctl took effect
+    for target, fd in enumerate(stdio):
+        os.dup2(fd, target)
+    _close([fd for fd in stdio if fd > 2])
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:  # Python's own generator reseeds itself at fork
+        numpy_random.seed()
+
+
+def _script_traceback(
+    kind: type[BaseException], value: BaseException, tb: types.TracebackType | None
+) -> None:
+    """Print an uncaught exception from the script's first frame on, as ``python script.py``
+    prints it (not from this file's and ``runpy``'s frames)."""
+    while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__):
+        tb = tb.tb_next
+    sys.__excepthook__(kind, value.with_traceback(tb), tb)
+
+
+def _run(start: dict[str, Any]) -> None:
+    """Take the start's environment, directory and ``sys.argv``, and run its script or
+    module as ``__main__``."""
+    sys.excepthook = _script_traceback
     os.environ.clear()
     os.environ.update(start["env"])
     os.chdir(start["cwd"])
@@ -101,6 +188,25 @@ def main() -> None:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     else:
         _run_script(sys.argv[0])
+
+
+def main() -> None:
+    _import_torch()
+    if sys.argv[1:2] == ["--serve"]:
+        start = _serve(socket.socket(fileno=int(sys.argv[2])))
+        if start is not None:
+            _run(start)
+        return
+    line = sys.stdin.buffer.readline()
+    if not line:
+        return  # discarded
+    with open(line.decode().rstrip("\n"), "rb") as source:
+        start = json.loads(source.read())
+    os.unlink(source.name)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)  # the script's standard input is no pipe of the agent's
+    os.close(null)
+    _run(start)
 
 
 if __name__ == "__main__":
