@@ -142,16 +142,9 @@ PER_START_ENV: Final = (SCRIPT_ROUND_ENV - {ENV_TORCH_RUN_ID}) | {
 }
 """The variables of :func:`restart_env` that may differ between two starts of one slot's
 script: its place in the job (the round's variables but the job's id), the store, the
-restart count. Nothing reads them when torch is
-imported (``init_process_group`` reads them), so a spare interpreter started with one start's
-environment serves the next (``worker_runtime.warm_interpreter``)."""
-
-
-def serves_start(spare_env: Mapping[str, str], start_env: Mapping[str, str]) -> bool:
-    """Whether a spare interpreter started with ``spare_env`` may run a start whose
-    environment is ``start_env``: they differ in :data:`PER_START_ENV` only."""
-    keys = spare_env.keys() | start_env.keys()
-    return all(spare_env.get(k) == start_env.get(k) for k in keys - PER_START_ENV)
+restart count. Nothing reads them when torch is imported (``init_process_group`` reads
+them), so a start server started with one start's environment serves the next
+(``worker_runtime/agents/start_server.py``)."""
 
 
 def restart_env(

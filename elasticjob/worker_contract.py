@@ -195,8 +195,8 @@ class WorkerSettings(BaseModel):
     """Restart mode: the job's restart limit, which the script reads as
     ``TORCHELASTIC_MAX_RESTARTS`` (0, torchrun's default, when the job sets none)."""
     warm_start: Annotated[bool, Flag(ENV_WARM_START)] = True
-    """Restart mode: the agent keeps a spare interpreter with torch imported for the
-    script's next start; ``0``: every start is cold."""
+    """Restart mode: the agent forks its script's starts from a start server with torch
+    imported; ``0``: every start is cold."""
     checkpoint: Annotated[CheckpointPolicy | None, _Checkpoints(ENV_CHECKPOINT_DIR)] = None
     """The job's durable checkpoint policy (unset: none, no fallback): its folder, how often
     and how many are kept. Rank 0 writes the committed state there; a new rank 0 without a

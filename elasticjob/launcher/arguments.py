@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="start every worker in a fresh interpreter (by default a worker command "
         "`python SCRIPT` or `python -m MODULE` is forked from an interpreter with torch "
-        "imported; in restart mode each agent keeps a spare one for the script's next start)",
+        "imported; in restart mode, each agent's script)",
     )
     parser.add_argument(
         "--elastic-timeout",

@@ -30,7 +30,12 @@ from typing import Any, TextIO
 
 from elasticjob.driver.driver_types import DriverError, WorkerLauncher
 from elasticjob.launcher.output_files import RankOutputFiles
-from elasticjob.launcher.warm_workers import StartedWorker, StartServer
+from elasticjob.launcher.warm_workers import (
+    PER_WORKER_ENV,
+    StartedWorker,
+    server_env,
+    start_warm,
+)
 from elasticjob.process_death import die_with
 from elasticjob.rendezvous.job_credentials import JobKey
 from elasticjob.script_env import planned_env
@@ -43,7 +48,7 @@ from elasticjob.worker_contract import (
     WorkerSettings,
     restart_agent_command,
 )
-from elasticjob.worker_runtime.agents.script_process import warm_start
+from elasticjob.worker_runtime.agents.start_server import StartServer, serves, warm_start
 
 logger = logging.getLogger(__name__)
 
@@ -213,15 +218,15 @@ class LocalWorkerLauncher(WorkerLauncher):
             return None
         if self._server is None:
             try:
-                self._server = StartServer(self._warm, env)
+                self._server = StartServer(self._warm, server_env(env))
             except OSError as exc:
                 logger.warning("no start server (%s): every worker starts cold", exc)
                 self._warm = None
                 return None
-        if not self._server.serves(self._warm, env):
+        if not serves(self._server.env, env, PER_WORKER_ENV):
             return None
         try:
-            return await self._server.start(self._warm, env, os.getcwd())
+            return await start_warm(self._server, self._warm, env, os.getcwd())
         except OSError as exc:
             logger.warning("a worker starts cold: %s", exc)
             return None

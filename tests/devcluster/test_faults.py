@@ -48,11 +48,30 @@ def test_kill_fault_makes_the_container_restart(kube: Kube) -> None:
     assert last["exitCode"] == 137
 
 
+def group_states(pgid: int) -> list[tuple[int, str, str]]:
+    """Every process of the process group ``pgid``: its pid, state and command line."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rfind(")") + 2 :].split()
+            if entry.name.isdigit() and int(fields[2]) == pgid:
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                found.append((int(entry.name), fields[0], command))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
 def test_stop_and_cont_freeze_and_thaw_the_process(kube: Kube) -> None:
     kube.apply(pod_manifest("freezeme", SLEEPER, restart="Always"))
     kube.wait_phase("freezeme", "Running")
     [pid] = kube.cluster.faults.stop("freezeme", kube.ns)
-    kube.wait("the process to be stopped", lambda: read_proc_state(pid) == "T")
+    kube.wait(
+        "the process to be stopped",
+        lambda: read_proc_state(pid) == "T",
+        explain=lambda: f"its group's processes (pid, state, command): {group_states(pid)}",
+    )
     kube.cluster.faults.cont("freezeme", kube.ns)
     kube.wait("the process to run again", lambda: read_proc_state(pid) in "RS")
 

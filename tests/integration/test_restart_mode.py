@@ -53,9 +53,8 @@ def test_a_sigkilled_script_is_started_again_with_every_other_and_resumes(
 ) -> None:
     """Rank 1's script SIGKILLs itself at epoch 2 (3 s an epoch): both scripts start again in
     their slots, in a fresh store, as torchrun's next attempt, and resume from their
-    checkpoint. The kill comes once each agent has started the spare interpreter for the
-    next start (``SPARE_AFTER_S`` after the first), where the next start runs; with
-    ``--no-warm-start`` both starts are cold."""
+    checkpoint. Each start is forked from the agent's start server, where torch is imported
+    already; with ``--no-warm-start`` both starts are cold."""
     run = run_job(
         tmp_path,
         launcher_args=[
@@ -71,10 +70,10 @@ def test_a_sigkilled_script_is_started_again_with_every_other_and_resumes(
     assert run.returncode == 0, run.explain()
     assert_finished_together(run, 2)
     starts = starts_by_rank(run)
-    assert [[s["spare"] for s in starts[r]] for r in (0, 1)] == [[False, warm_start]] * 2
+    assert [[s["warm"] for s in starts[r]] for r in (0, 1)] == [[warm_start, warm_start]] * 2
     assert {(s["epoch"], s["step"]) for r in (0, 1) for s in starts[r][1:]} == {(2, 0)}
     assert all(s["argv"][0] == str(SCRIPT) for r in (0, 1) for s in starts[r])
-    assert ("the script starts in the spare interpreter" in run.stdout) is warm_start
+    assert ("the script starts forked from the start server" in run.stdout) is warm_start
     first, second = ([starts[r][k] for r in (0, 1)] for k in (0, 1))
     assert {s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in first} == {"0"}
     assert {s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in second} == {"1"}

@@ -122,8 +122,15 @@ class Kube:
         return items
 
     # ----- waits ---------------------------------------------------------
-    def wait(self, what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-        """Poll ``check`` until it returns something truthy; dump the namespace on timeout."""
+    def wait(
+        self,
+        what: str,
+        check: Callable[[], Any],
+        timeout: float = 30.0,
+        explain: Callable[[], str] | None = None,
+    ) -> Any:
+        """Poll ``check`` until it returns something truthy; dump the namespace (and what
+        ``explain`` says) on timeout."""
         deadline = time.monotonic() + timeout
         delay = 0.05
         while True:
@@ -131,8 +138,9 @@ class Kube:
             if value:
                 return value
             if time.monotonic() > deadline:
+                said = "" if explain is None else f"{explain()}\n"
                 raise WaitTimeout(
-                    f"timed out after {timeout:g} s waiting for {what}\n{self.dump()}"
+                    f"timed out after {timeout:g} s waiting for {what}\n{said}{self.dump()}"
                 )
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)

@@ -46,11 +46,10 @@ from pathlib import Path
 
 from torch.distributed import Store
 
-from elasticjob.script_env import restart_env, serves_start
+from elasticjob.script_env import PER_START_ENV, restart_env
 from elasticjob.wire.messages import Notice, ResultRequest, ScriptExit, WorkerState
 from elasticjob.worker_contract import RESTART_AGENT_MODULE, WorkerConfig
 from elasticjob.worker_runtime.agents.restart_decisions import (
-    SPARE_AFTER_S,
     Attempt,
     AwaitEvents,
     Running,
@@ -59,12 +58,9 @@ from elasticjob.worker_runtime.agents.restart_decisions import (
     stop_cause,
     while_running,
 )
-from elasticjob.worker_runtime.agents.script_process import (
-    ScriptProcess,
-    recorded_error,
-    warm_start,
-)
+from elasticjob.worker_runtime.agents.script_process import ScriptProcess, recorded_error
 from elasticjob.worker_runtime.agents.start_keys import EXIT_BARRIER_S, StartKeys
+from elasticjob.worker_runtime.agents.start_server import StartServer, serves, warm_start
 from elasticjob.worker_runtime.agents.undumpable import make_undumpable
 from elasticjob.worker_runtime.diagnostics.log import CONTEXT, get_logger
 from elasticjob.worker_runtime.exceptions import WorkerRemoved
@@ -129,8 +125,8 @@ class RestartAgent:
         self._last_store: Store | None = None
         """The store served for the last start (rank 0's agent: the store its scripts and
         agents used), kept until the next round is assigned."""
-        self._spare: tuple[ScriptProcess, dict[str, str]] | None = None
-        """The spare interpreter for the next start, and the environment it has."""
+        self._server: StartServer | None = None
+        """The start server the script's starts are forked from (started at the first)."""
         self.restart_count = 0
         """Restarts after a failure this agent took part in (torchrun's per-node count)."""
 
@@ -165,8 +161,8 @@ class RestartAgent:
                 script_exit, suspended = step.script_exit, step.suspended
             return 128 + signal.SIGTERM
         finally:
-            if self._spare is not None:
-                self._spare[0].discard()
+            if self._server is not None:
+                self._server.close()
             shutil.rmtree(self._error_file.parent, ignore_errors=True)
             self._notices.stop()
             self._liveness.stop()
@@ -231,7 +227,6 @@ class RestartAgent:
         self._error_file.unlink(missing_ok=True)  # a record is of this start only
         environ = script_environ(os.environ, env)
         script = self._start(environ)
-        spare_due = time.monotonic() + SPARE_AFTER_S if self._warm and not self._spare else None
         failed_since: float | None = None
         while True:
             self._wakeups.clear()
@@ -247,7 +242,6 @@ class RestartAgent:
                 failed_since,
                 restart_follows=keys is not None and keys.restart_follows,
                 terminated=self._terminated,
-                spare_due=spare_due,
             )
             action = while_running(running, now)
             if not isinstance(action, AwaitEvents):
@@ -257,36 +251,30 @@ class RestartAgent:
                 logger.info("stopping the script: %s", why)
                 script.stop(STOP_GRACE_S)
                 return Attempt(None, action.cause)
-            if action.start_spare:
-                spare_due = None
-                self._start_spare(environ)
             self._wakeups.wait(action.until)
 
-    def _start_spare(self, environ: dict[str, str]) -> None:
-        """Start the spare interpreter for the next start; if it cannot start (the pod's
-        process or memory limit), go on with cold starts."""
-        assert self._warm is not None
-        try:
-            self._spare = ScriptProcess.spare(self._warm, environ), environ
-        except OSError as exc:
-            logger.warning("no spare interpreter (%s): the next starts are cold", exc)
-            self._warm = None
-
     def _start(self, environ: dict[str, str]) -> ScriptProcess:
-        """Start the script with ``environ``: in the spare interpreter when it can serve this
-        start, else cold."""
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            process, spare_environ = spare
-            if (
-                self._warm is not None
-                and serves_start(spare_environ, environ)
-                and process.release(self._warm, environ, self._wakeups.set)
-            ):
-                logger.info("the script starts in the spare interpreter (torch imported)")
-                return process
-            process.discard()
-        return ScriptProcess(self._command, environ, self._wakeups.set)
+        """Start the script with ``environ``: forked from the start server (started at the
+        first start) when it can serve this start, else cold."""
+        if self._warm is not None and self._server is None:
+            try:
+                self._server = StartServer(self._warm, environ)
+            except OSError as exc:  # the pod's process or memory limit
+                logger.warning("no start server (%s): every start is cold", exc)
+                self._warm = None
+        if (
+            self._warm is not None
+            and self._server is not None
+            and serves(self._server.env, environ, PER_START_ENV)
+        ):
+            try:
+                script = ScriptProcess.forked(self._server, self._warm, environ, self._wakeups.set)
+            except OSError as exc:
+                logger.warning("the script starts cold: %s", exc)
+            else:
+                logger.info("the script starts forked from the start server (torch imported)")
+                return script
+        return ScriptProcess.cold(self._command, environ, self._wakeups.set)
 
     def _exit_barrier(self, assignment: Assignment, keys: StartKeys | None) -> None:
         """The script succeeded: count it in at the exit barrier; rank 0's agent keeps its

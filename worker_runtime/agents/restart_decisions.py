@@ -4,9 +4,8 @@ while the script runs (:func:`while_running`), what follows an attempt
 (:func:`after_attempt`), and the script's environment (:func:`script_environ`).
 
 While the script runs the agent waits for events only: the script's end, a notice, the
-other agents' word that a restart follows (``start_keys.py``), SIGTERM. The two deadlines
-are the spare interpreter's start and, after a member of the round failed, the grace in
-which the script may still fail on its own.
+other agents' word that a restart follows (``start_keys.py``), SIGTERM. Its one deadline:
+after a member of the round failed, the grace in which the script may still fail on its own.
 """
 
 from __future__ import annotations
@@ -28,9 +27,6 @@ FAILURE_GRACE_S: Final = 5.0
 collectives usually fail at once and it ends on its own, which tells the driver whether the
 script failed everywhere (the job fails) or was lost somewhere (the job restarts). Cut short
 once an agent of the round says a restart follows in any case (``start_keys.py``)."""
-SPARE_AFTER_S: Final = 3.0
-"""How long after a start the agent starts the spare interpreter for the next one (it would
-compete with the start for the CPU)."""
 
 
 def stop_cause(seen: Iterable[Notice], round_number: int, joined_seq: int) -> NoticeCause | None:
@@ -53,9 +49,6 @@ class Running:
     """Another agent of the round said that a restart follows whatever this script does."""
     terminated: bool = False
     """The agent got SIGTERM."""
-    spare_due: float | None = None
-    """When the spare interpreter for the next start is to be started (None: none to
-    start)."""
 
 
 @dataclass(frozen=True)
@@ -68,10 +61,9 @@ class StopScript:
 @dataclass(frozen=True)
 class AwaitEvents:
     """Wait for the next event, at the latest until ``until`` (``time.monotonic()``; None:
-    no deadline); ``start_spare``: first start the spare interpreter."""
+    no deadline)."""
 
     until: float | None
-    start_spare: bool = False
 
 
 def while_running(state: Running, now: float) -> StopScript | AwaitEvents:
@@ -83,10 +75,7 @@ def while_running(state: Running, now: float) -> StopScript | AwaitEvents:
         return StopScript(state.cause)
     if grace_ends is not None and now >= grace_ends:
         return StopScript(state.cause)
-    start_spare = state.spare_due is not None and now >= state.spare_due
-    deadlines = [grace_ends, None if start_spare else state.spare_due]
-    until = min((t for t in deadlines if t is not None), default=None)
-    return AwaitEvents(until, start_spare)
+    return AwaitEvents(grace_ends)
 
 
 @dataclass(frozen=True)

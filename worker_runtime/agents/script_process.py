@@ -5,9 +5,8 @@ started too (data loader workers), as torchrun stops its workers; it dies with i
 (``PR_SET_PDEATHSIG``). Its standard output is the agent's; its standard error passes through
 the agent, which keeps the last lines for the driver's account of a failure.
 
-A start may run in a spare interpreter that was started ahead with torch imported
-(``warm_interpreter.py``): :func:`warm_start` says whether the command allows it, a process
-started ``held`` waits for :meth:`ScriptProcess.release`.
+A start is started cold (:meth:`ScriptProcess.cold`) or forked from the agent's start server,
+where torch is imported already (:meth:`ScriptProcess.forked`, ``start_server.py``).
 """
 
 from __future__ import annotations
@@ -17,18 +16,16 @@ import contextlib
 import json
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from elasticjob.process_death import die_with
+from elasticjob.worker_runtime.agents.start_server import StartServer, WarmStart
 
 logger = logging.getLogger(__name__)
 
@@ -38,10 +35,6 @@ TAIL_CHARS = 4000
 """At most this many characters of them (the wire's limit is 4096)."""
 DRAIN_S = 1.0
 """How long the agent waits for the rest of an ended script's standard error."""
-WARM_INTERPRETER = str(Path(__file__).with_name("warm_interpreter.py"))
-"""The program a spare interpreter runs (by path: the script's interpreter may lack
-elasticjob)."""
-_PYTHON = re.compile(r"python[0-9.]*")
 
 
 def recorded_error(path: Path) -> str | None:
@@ -57,63 +50,46 @@ def recorded_error(path: Path) -> str | None:
     return str(text)[-TAIL_CHARS:] if text else None
 
 
-@dataclass(frozen=True)
-class WarmStart:
-    """How a spare interpreter runs a command."""
+class _Forked:
+    """A start forked from a start server: what the agent uses of :class:`subprocess.Popen`."""
 
-    interpreter: str
-    """The command's interpreter, which the spare is started with."""
-    argv: tuple[str, ...]
-    """The script's ``sys.argv`` (for ``-m``: the module's name first, which ``runpy``
-    replaces with its file, as ``python -m`` does)."""
-    module: str | None
-    """The module of ``python -m MODULE``; None: ``argv[0]`` is the script's path."""
+    def __init__(self, stderr: BinaryIO) -> None:
+        self.pid = 0
+        self.stderr: BinaryIO | None = stderr
+        self._returncode: int | None = None
+        self._ended = threading.Event()
 
+    def ended(self, returncode: int) -> None:
+        """The server said the start ended (called on the server client's thread)."""
+        self._returncode = returncode
+        self._ended.set()
 
-def warm_start(command: Sequence[str]) -> WarmStart | None:
-    """How a spare interpreter would run ``command``: ``python SCRIPT ARGS...`` or ``python
-    -m MODULE ARGS...`` (any ``python*`` interpreter, no other interpreter option). None for
-    anything else, which always starts cold (a shell, ``python -u``, ``python -c``)."""
-    if len(command) < 2 or not _PYTHON.fullmatch(os.path.basename(command[0])):
-        return None
-    if command[1] == "-m":
-        if len(command) < 3 or command[2].startswith("-"):
-            return None
-        return WarmStart(command[0], tuple(command[2:]), command[2])
-    if command[1].startswith("-"):
-        return None
-    return WarmStart(command[0], tuple(command[1:]), None)
+    def poll(self) -> int | None:
+        return self._returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+        assert self._returncode is not None
+        return self._returncode
 
 
 class ScriptProcess:
-    """One start of the script: ``command`` with ``env``; ``on_exit`` is called (on a thread
-    of this object) once the process has ended and its standard error is drained."""
+    """One start of the script; ``on_exit`` is called (on a thread of this object) once the
+    process has ended and its standard error is drained."""
 
     def __init__(
-        self,
-        command: Sequence[str],
-        env: Mapping[str, str],
-        on_exit: Callable[[], None],
-        *,
-        held: bool = False,
+        self, process: subprocess.Popen[bytes] | _Forked, on_exit: Callable[[], None]
     ) -> None:
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._on_exit = on_exit
         self.stopped = False
         """Whether :meth:`stop` was called: the script did not end on its own."""
-        self._process = subprocess.Popen(
-            list(command),
-            env=dict(env),
-            stdin=subprocess.PIPE if held else None,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            # Safe with threads: the hook makes one foreign call (prctl), which takes no lock.
-            preexec_fn=die_with(os.getpid()) if sys.platform == "linux" else None,  # noqa: PLW1509
-        )
-        assert self._process.stderr is not None
+        self._process = process
+        assert process.stderr is not None
         self._drain = threading.Thread(
             target=self._pass_stderr,
-            args=(self._process.stderr,),
+            args=(process.stderr,),
             name="elasticjob-script-stderr",
             daemon=True,
         )
@@ -121,42 +97,46 @@ class ScriptProcess:
         threading.Thread(target=self._await_exit, name="elasticjob-script", daemon=True).start()
 
     @classmethod
-    def spare(cls, start: WarmStart, env: Mapping[str, str]) -> ScriptProcess:
-        """A spare interpreter for ``start``'s interpreter, started with ``env``: it imports
-        torch and waits for :meth:`release`."""
-        return cls([start.interpreter, WARM_INTERPRETER], env, lambda: None, held=True)
+    def cold(
+        cls, command: Sequence[str], env: Mapping[str, str], on_exit: Callable[[], None]
+    ) -> ScriptProcess:
+        """``command`` started with ``env`` in a fresh process."""
+        process = subprocess.Popen(
+            list(command),
+            env=dict(env),
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            # Safe with threads: the hook makes one foreign call (prctl), which takes no lock.
+            preexec_fn=die_with(os.getpid()) if sys.platform == "linux" else None,  # noqa: PLW1509
+        )
+        return cls(process, on_exit)
+
+    @classmethod
+    def forked(
+        cls,
+        server: StartServer,
+        warm: WarmStart,
+        env: Mapping[str, str],
+        on_exit: Callable[[], None],
+    ) -> ScriptProcess:
+        """``warm`` forked from ``server`` with ``env``, in this directory, with this
+        process's standard input and output. Raises :class:`OSError` when the server cannot
+        start it."""
+        stderr_read, stderr_write = os.pipe()
+        process = _Forked(os.fdopen(stderr_read, "rb"))
+        try:
+            process.pid = server.start(warm, env, os.getcwd(), (0, 1, stderr_write), process.ended)
+        except BaseException:
+            assert process.stderr is not None
+            process.stderr.close()
+            raise
+        finally:
+            os.close(stderr_write)
+        return cls(process, on_exit)
 
     @property
     def pid(self) -> int:
         return self._process.pid
-
-    def release(
-        self, start: WarmStart, env: Mapping[str, str], on_exit: Callable[[], None]
-    ) -> bool:
-        """Run ``start`` with ``env`` (in this directory) in this spare interpreter;
-        ``on_exit`` is called once it ends. False: the spare had ended (start cold)."""
-        stdin = self._process.stdin
-        if stdin is None or self._process.poll() is not None:
-            return False
-        self._on_exit = on_exit
-        fields = {"argv": start.argv, "env": dict(env), "cwd": os.getcwd(), "module": start.module}
-        handle, path = tempfile.mkstemp(prefix="elasticjob-start-", suffix=".json")
-        with os.fdopen(handle, "w") as out:
-            json.dump(fields, out)
-        try:
-            stdin.write(path.encode() + b"\n")
-            stdin.close()
-        except OSError:  # it ended meanwhile
-            os.unlink(path)
-            return False
-        return True
-
-    def discard(self) -> None:
-        """End a spare interpreter that was not released."""
-        if self._process.stdin is not None:
-            with contextlib.suppress(OSError):
-                self._process.stdin.close()  # it reads the end of its input and ends
-        self.stop(DRAIN_S)
 
     @property
     def returncode(self) -> int | None:

@@ -1,34 +1,31 @@
-"""A spare Python interpreter for a restart-mode script's next start, with torch imported.
+"""A start server: a Python interpreter with torch imported that forks a start of a script
+per request (``start_server.py`` is its client and says why).
 
-Starting a torch script costs seconds before its first line runs (the interpreter, then
-``import torch``), and a restart pays them again on every rank. The restart agent therefore
-keeps one spare interpreter per slot, started with the script's own interpreter and
-environment while the script trains. It runs this file (by its path, so that it needs
-nothing but the standard library and, if it can import it, torch), imports torch and waits
-for one line on its standard input: the path of the start, a JSON file (``argv``, ``env``,
-``cwd``, and ``module`` for ``python -m``; a file, since an environment can outgrow a pipe's
-buffer), which it removes. It then takes that environment, directory and ``sys.argv`` and
-runs the script as ``python script.py`` or ``python -m module`` would, as ``__main__``. An
-empty standard input (the agent discarded the spare) ends it with status 0.
+    python warm_interpreter.py --serve FD
 
-Only the variables of a start's place in the job (``script_env.PER_START_ENV``: ranks,
-sizes, the store's port, the restart count) may differ from the environment the spare was
-started with; nothing reads them at import. A start whose other variables differ (such as
-``OMP_NUM_THREADS``, which the OpenMP runtime reads when torch loads) is cold. A script that
-sets ``OMP_NUM_THREADS`` itself before importing torch gets that many threads here too; other
-variables torch reads at import that a script sets itself (``TORCH_DISTRIBUTED_DEBUG``,
-``TORCH_LOGS``) have no effect in a spare: such a script runs with ``warmStart: false``.
+It runs by its path, so that it needs nothing but the standard library and, if it can
+import it, torch. It imports torch, then reads starts from the ``SOCK_SEQPACKET`` socket
+``FD``: each a JSON message ``{"id"}`` carrying four descriptors, the start's standard input,
+output and error, and a file of the start as JSON (``argv``, ``env``, ``cwd``, and ``module``
+for ``python -m``; a file, since an environment can outgrow a socket's buffer). Per start it forks
+a child, which takes a process session of its own, dies with the server
+(``PR_SET_PDEATHSIG``), takes the start's streams, environment, directory and ``sys.argv``,
+and runs the script as ``python script.py`` or ``python -m module`` would, as ``__main__``,
+an uncaught exception told from the script's first frame. The server answers ``{"id",
+"pid"}`` once the child is forked (``{"id", "error"}`` when it cannot fork) and ``{"pid",
+"exit"}`` once the child ended (negative: the signal that ended it); the end of the socket's
+input ends it.
 
-Run as ``warm_interpreter.py --serve FD``, it is a *start server* that serves many starts
-(``elasticjob-run``'s workers: ``elasticjob/launcher/warm_workers.py``): it imports torch
-once, then reads starts from the ``SOCK_SEQPACKET`` socket ``FD``, each a JSON message (the
-fields above and an ``id``) carrying the start's standard input, output and error as
-descriptors, and forks a child per start that runs it as above, in a process session of its
-own, dying with the server (``PR_SET_PDEATHSIG``). It answers ``{"id", "pid"}`` once the child
-is forked (``{"id", "error"}`` when it cannot fork) and ``{"pid", "exit"}`` once the child
-ended (negative: the signal that ended it); the end of the socket's input ends it. A child
-starts as a fresh interpreter would, but for the string hash seed, which it shares with the
-server: Python's and NumPy's random generators are seeded anew.
+A child starts as a fresh interpreter would but for what the server did before the fork: torch
+and ``torch._dynamo`` are imported, and the string hash seed is the server's (Python's and
+NumPy's random generators are seeded anew). The variables a start's environment may differ
+in from the server's are those nothing reads at import (the clients' rule: a worker's or a
+start's place in the job); a start whose other variables differ (such as
+``OMP_NUM_THREADS``, which the OpenMP runtime reads when torch loads) starts cold. A script
+that sets ``OMP_NUM_THREADS`` itself before importing torch gets that many threads here too;
+other variables torch reads at import that a script sets itself (``TORCH_DISTRIBUTED_DEBUG``,
+``TORCH_LOGS``) have no effect in a warm start: such a script starts cold (``elasticjob-run
+--no-warm-start``, ``warmStart: false``).
 """
 
 import sys
@@ -56,7 +53,7 @@ constructor and ``torch.compile``: a second of the start on its own)."""
 
 
 def _import_torch() -> None:
-    """Import what a torch script imports; a spare without torch still saves the
+    """Import what a torch script imports; a server without torch still saves the
     interpreter's start."""
     for name in _MODULES:
         try:
@@ -95,8 +92,8 @@ def _run_script(path: str) -> None:
     exec(code, main.__dict__)
 
 
-_MESSAGE_BYTES = 1 << 20
-"""The largest start a server reads (its arguments and environment)."""
+_MESSAGE_BYTES = 4096
+"""The largest message a server reads (a start's id; the start comes as a file)."""
 _PR_SET_PDEATHSIG = 1
 
 
@@ -115,10 +112,11 @@ def _serve(channel: socket.socket) -> dict[str, Any] | None:
                 _, status = os.waitpid(pid, 0)
                 _send(channel, {"pid": pid, "exit": os.waitstatus_to_exitcode(status)})
                 continue
-            message, fds, _, _ = socket.recv_fds(channel, _MESSAGE_BYTES, 3)
+            message, fds, _, _ = socket.recv_fds(channel, _MESSAGE_BYTES, 4)
             if not message:
                 return None
-            start = json.loads(message)
+            start = _read_start(fds.pop())
+            start["id"] = json.loads(message)["id"]
             try:
                 pid = os.fork()
             except OSError as exc:
@@ -135,6 +133,13 @@ def _serve(channel: socket.socket) -> dict[str, Any] | None:
             children[pidfd] = pid
             poller.register(pidfd, select.POLLIN)
             _send(channel, {"id": start["id"], "pid": pid})
+
+
+def _read_start(fd: int) -> dict[str, Any]:
+    """The start in the file ``fd``, which it closes."""
+    with os.fdopen(fd, "rb") as start:
+        start.seek(0)
+        return dict(json.loads(start.read()))
 
 
 def _send(channel: socket.socket, message: dict[str, Any]) -> None:
@@ -192,21 +197,9 @@ def _run(start: dict[str, Any]) -> None:
 
 def main() -> None:
     _import_torch()
-    if sys.argv[1:2] == ["--serve"]:
-        start = _serve(socket.socket(fileno=int(sys.argv[2])))
-        if start is not None:
-            _run(start)
-        return
-    line = sys.stdin.buffer.readline()
-    if not line:
-        return  # discarded
-    with open(line.decode().rstrip("\n"), "rb") as source:
-        start = json.loads(source.read())
-    os.unlink(source.name)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)  # the script's standard input is no pipe of the agent's
-    os.close(null)
-    _run(start)
+    start = _serve(socket.socket(fileno=int(sys.argv[2])))
+    if start is not None:
+        _run(start)
 
 
 if __name__ == "__main__":

@@ -242,8 +242,8 @@ class ElasticJobSpec(_Spec):
     status giving the failing worker's exception; a failure with a commit since the one
     before keeps the job going. 0: never."""
     warm_start: StrictBool = True
-    """Restart mode: each agent keeps a spare interpreter with torch imported for the
-    script's next start (``false``: every start is cold, as under torchrun)."""
+    """Restart mode: each agent forks its script's starts from a start server with torch
+    imported (``false``: every start is cold, as under torchrun)."""
     reset_limit: Annotated[StrictInt, Field(ge=0)] | None = None
     """The job fails after this many resets, counted as horovodrun's ``--reset-limit``
     counts them: every new round after the first, whether a failure or a change of hosts

@@ -110,9 +110,9 @@ def await_size(spec: str | None, epoch: int, size: int) -> None:
 
 @record
 def main() -> None:
-    # Started in the agent's spare interpreter: what DistributedDataParallel imports is there
+    # Forked from the agent's start server: what DistributedDataParallel imports is there
     # already (a cold start imports torch._dynamo only when it builds the model below).
-    spare = "torch._dynamo" in sys.modules
+    warm = "torch._dynamo" in sys.modules
     args = parse()
     log = Log(args.log_dir)
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -142,7 +142,7 @@ def main() -> None:
         device=str(device),
         host=os.environ.get("HOROVOD_HOSTNAME"),
         backend=dist.get_backend(),
-        spare=spare,
+        warm=warm,
         argv=sys.argv,
         env=dict(os.environ),
     )

@@ -16,14 +16,12 @@ from pathlib import Path
 import pytest
 
 from elasticjob.launcher.warm_workers import (
-    MAX_START_BYTES,
     PER_WORKER_ENV,
     StartedWorker,
-    StartServer,
-    serves_worker,
+    start_warm,
 )
 from elasticjob.worker_contract import ENV_PYTHONUNBUFFERED, ENV_TOKEN
-from elasticjob.worker_runtime.agents.script_process import WarmStart
+from elasticjob.worker_runtime.agents.start_server import StartServer, WarmStart, serves
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the server forks on Linux")
 
@@ -33,7 +31,7 @@ SERVER = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1", "ELASTICJOB_JOB": "j"}
 
 
 @pytest.mark.parametrize(
-    ("worker", "serves"),
+    ("worker", "expected"),
     [
         (SERVER, True),
         (
@@ -49,9 +47,9 @@ SERVER = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1", "ELASTICJOB_JOB": "j"}
     ],
 )
 def test_a_server_serves_workers_that_differ_in_their_own_variables_only(
-    worker: dict[str, str], serves: bool
+    worker: dict[str, str], expected: bool
 ) -> None:
-    assert serves_worker(SERVER, worker) is serves
+    assert serves(SERVER, worker, PER_WORKER_ENV) is expected
 
 
 def test_the_workers_own_variables_are_their_place_and_credential() -> None:
@@ -114,7 +112,7 @@ async def test_a_forked_worker_runs_as_python_script_py_with_its_own_seeds(
     try:
         seen = []
         for rank in (1, 2):
-            worker = await server.start(warm, env | {"HOROVOD_RANK": str(rank)}, str(project))
+            worker = await start_warm(server, warm, env | {"HOROVOD_RANK": str(rank)}, str(project))
             code, out, err = await ended(worker)
             assert (code, err) == (3, b"to stderr\n"), "its own exit status and stderr"
             seen.append(json.loads(out))
@@ -142,7 +140,7 @@ async def test_a_killed_worker_reports_its_signal_and_a_closed_server_takes_its_
     warm = WarmStart(sys.executable, ("proj/wait.py",), None)
     server = StartServer(warm, os.environ)
     try:
-        killed, left = [await server.start(warm, os.environ, str(project)) for _ in range(2)]
+        killed, left = [await start_warm(server, warm, os.environ, str(project)) for _ in range(2)]
         for worker in (killed, left):
             assert await asyncio.wait_for(worker.stdout.readline(), DEADLINE_S) == b"up\n"
         os.killpg(killed.pid, signal.SIGKILL)
@@ -152,7 +150,7 @@ async def test_a_killed_worker_reports_its_signal_and_a_closed_server_takes_its_
     assert await asyncio.wait_for(left.exited, DEADLINE_S) == -signal.SIGKILL
     assert await asyncio.wait_for(left.stdout.read(), DEADLINE_S) == b"", "its pipes closed"
     with pytest.raises(OSError, match="closed"):
-        await server.start(warm, os.environ, str(project))
+        await start_warm(server, warm, os.environ, str(project))
 
 
 async def test_an_uncaught_exception_is_told_from_the_scripts_first_frame(
@@ -164,7 +162,7 @@ async def test_an_uncaught_exception_is_told_from_the_scripts_first_frame(
     warm = WarmStart(sys.executable, ("proj/fail.py",), None)
     server = StartServer(warm, os.environ)
     try:
-        code, _, err = await ended(await server.start(warm, os.environ, str(project)))
+        code, _, err = await ended(await start_warm(server, warm, os.environ, str(project)))
     finally:
         server.close()
     lines = err.decode().splitlines()
@@ -177,11 +175,15 @@ async def test_an_uncaught_exception_is_told_from_the_scripts_first_frame(
     assert "warm_interpreter" not in err.decode()
 
 
-async def test_a_start_over_the_limit_is_refused_for_a_cold_start(project: Path) -> None:
-    warm = WarmStart(sys.executable, ("proj/train.py",), None)
+async def test_a_start_larger_than_a_socket_buffer_is_passed_whole(project: Path) -> None:
+    """An environment can be large (a pod gets a variable per service): the start goes as a
+    file, never as one message."""
+    (project / "proj" / "size.py").write_text("import os; print(len(os.environ['BIG']))")
+    warm = WarmStart(sys.executable, ("proj/size.py",), None)
     server = StartServer(warm, os.environ)
     try:
-        with pytest.raises(OSError, match="over the server's limit"):
-            await server.start(warm, {"BIG": "x" * MAX_START_BYTES}, str(project))
+        env = {**os.environ, "BIG": "x" * 3_000_000}
+        code, out, _ = await ended(await start_warm(server, warm, env, str(project)))
     finally:
         server.close()
+    assert (code, out) == (0, b"3000000\n")

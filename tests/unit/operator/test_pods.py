@@ -297,7 +297,7 @@ def created(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("warm_start", "value"), [(None, "1"), (True, "1"), (False, "0")])
-def test_a_restart_mode_pod_tells_its_agent_whether_to_keep_a_spare(
+def test_a_restart_mode_pod_tells_its_agent_whether_to_start_warm(
     warm_start: bool | None, value: str
 ) -> None:
     fields = {} if warm_start is None else {"warmStart": warm_start}

@@ -130,19 +130,6 @@ NOW = 100.0
         pytest.param(
             Running(FAILED, NOW - 1.0, terminated=True), StopScript(FAILED), id="sigterm-in-grace"
         ),
-        pytest.param(
-            Running(None, None, spare_due=NOW + 2.0), AwaitEvents(NOW + 2.0), id="spare-not-due"
-        ),
-        pytest.param(
-            Running(None, None, spare_due=NOW),
-            AwaitEvents(None, start_spare=True),
-            id="spare-due-starts",
-        ),
-        pytest.param(
-            Running(FAILED, NOW - 4.5, spare_due=NOW + 2.0),
-            AwaitEvents(NOW - 4.5 + FAILURE_GRACE_S),
-            id="the-nearer-deadline",
-        ),
     ],
 )
 def test_while_running(running: Running, expected: StopScript | AwaitEvents) -> None:
@@ -178,7 +165,7 @@ def test_the_script_gets_no_worker_contract_variable() -> None:
 
 def run_script(code: str) -> tuple[ScriptProcess, threading.Event]:
     ended = threading.Event()
-    script = ScriptProcess([sys.executable, "-c", code], dict(os.environ), ended.set)
+    script = ScriptProcess.cold([sys.executable, "-c", code], dict(os.environ), ended.set)
     return script, ended
 
 

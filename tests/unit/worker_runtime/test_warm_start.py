@@ -1,11 +1,13 @@
-"""Starting a restart-mode script in a spare interpreter (``warm_interpreter.py``): which
-commands may, which environments a spare serves, and that the script runs there as
-``python script.py`` or ``python -m module`` runs it (real processes)."""
+"""Starting a restart-mode script forked from the agent's start server (``start_server.py``,
+``warm_interpreter.py``): which commands may, which environments one server serves, and that
+the script runs there as ``python script.py`` or ``python -m module`` runs it (real
+processes)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -13,8 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from elasticjob.script_env import PER_START_ENV, serves_start
-from elasticjob.worker_runtime.agents.script_process import ScriptProcess, WarmStart, warm_start
+from elasticjob.script_env import PER_START_ENV
+from elasticjob.worker_runtime.agents.script_process import ScriptProcess
+from elasticjob.worker_runtime.agents.start_server import (
+    StartServer,
+    WarmStart,
+    serves,
+    warm_start,
+)
 
 DEADLINE_S = 60.0
 
@@ -49,7 +57,7 @@ BASE = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1", "RANK": "0", "MASTER_PORT": 
 
 
 @pytest.mark.parametrize(
-    ("start", "serves"),
+    ("start", "expected"),
     [
         (BASE, True),
         (BASE | {"RANK": "3", "WORLD_SIZE": "4", "MASTER_PORT": "2"}, True),
@@ -59,10 +67,10 @@ BASE = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1", "RANK": "0", "MASTER_PORT": 
         ({k: v for k, v in BASE.items() if k != "PATH"}, False),
     ],
 )
-def test_a_spare_serves_starts_that_differ_in_their_place_only(
-    start: dict[str, str], serves: bool
+def test_a_server_serves_starts_that_differ_in_their_place_only(
+    start: dict[str, str], expected: bool
 ) -> None:
-    assert serves_start(BASE, start) is serves
+    assert serves(BASE, start, PER_START_ENV) is expected
 
 
 def test_the_place_variables_are_torchruns() -> None:
@@ -77,25 +85,27 @@ import helper  # beside the script: its folder is on the module path
 import torch
 out = {"name": __name__, "file": __file__, "argv": sys.argv, "path0": sys.path[0],
        "cwd": os.getcwd(), "rank": os.environ.get("RANK"), "stdin": sys.stdin.read(),
-       "dynamo": "torch._dynamo" in sys.modules, "spare_var": os.environ.get("SPARE_ONLY"),
+       "dynamo": "torch._dynamo" in sys.modules, "server_var": os.environ.get("SERVER_ONLY"),
        "threads": torch.get_num_threads()}
 open(os.environ["OUT"], "w").write(json.dumps(out))
 sys.exit(int(os.environ.get("EXIT", "0")))
 """
 
 
-def run_in_spare(
+def run_forked(
     start: WarmStart, env: dict[str, str], cwd: Path, monkeypatch: pytest.MonkeyPatch
-) -> int:
-    """Start a spare with an environment of its own, release it with ``env`` from ``cwd``;
-    its return code."""
+) -> ScriptProcess:
+    """Start a server with an environment of its own, fork ``start`` from it with ``env``
+    from ``cwd``; the ended start."""
     ended = threading.Event()
-    spare = ScriptProcess.spare(start, {**os.environ, "SPARE_ONLY": "1"})
-    monkeypatch.chdir(cwd)
-    assert spare.release(start, env, ended.set)
-    assert ended.wait(DEADLINE_S), "the script never ended"
-    assert spare.returncode is not None
-    return spare.returncode
+    server = StartServer(start, {**os.environ, "SERVER_ONLY": "1"})
+    try:
+        monkeypatch.chdir(cwd)
+        script = ScriptProcess.forked(server, start, env, ended.set)
+        assert ended.wait(DEADLINE_S), "the script never ended"
+    finally:
+        server.close()
+    return script
 
 
 @pytest.fixture
@@ -107,12 +117,12 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_a_script_runs_in_the_spare_as_python_script_py(
+def test_a_script_runs_forked_as_python_script_py(
     project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same script started cold, then in a spare: it sees the same (its ``__file__``,
+    """The same script started cold, then forked: it sees the same (its ``__file__``,
     ``sys.argv``, module path, torch's threads after it set ``OMP_NUM_THREADS``...), but for
-    what the spare imported ahead."""
+    what the server imported ahead."""
     (project / "run" / "link").symlink_to(project / "proj")  # a mounted script's folder
     script = "link/train.py"  # relative to the working directory, through a link
     out = project / "out.json"
@@ -125,22 +135,20 @@ def test_a_script_runs_in_the_spare_as_python_script_py(
     assert cold.returncode == 3
     expected = json.loads(out.read_text())
     start = WarmStart(sys.executable, (script, "--lr", "1"), None)
-    assert run_in_spare(start, env, project / "run", monkeypatch) == 3, "its own exit status"
+    assert run_forked(start, env, project / "run", monkeypatch).returncode == 3, "its exit"
     seen = json.loads(out.read_text())
     assert expected["dynamo"] is False and seen["dynamo"] is True, "imported ahead"
     assert seen == expected | {"dynamo": True}
     assert seen["file"] == str(project / "run" / script) and seen["argv"][0] == script
     assert seen["path0"] == str(project / "proj"), "the script's real folder"
-    assert (seen["rank"], seen["stdin"], seen["spare_var"]) == ("5", "", None)
+    assert (seen["rank"], seen["stdin"], seen["server_var"]) == ("5", "", None)
 
 
-def test_a_module_runs_in_the_spare_as_python_m(
-    project: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_module_runs_forked_as_python_m(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = project / "out.json"
     env = {**os.environ, "OUT": str(out)}
     start = WarmStart(sys.executable, ("train", "-x"), "train")
-    assert run_in_spare(start, env, project / "proj", monkeypatch) == 0
+    assert run_forked(start, env, project / "proj", monkeypatch).returncode == 0
     seen = json.loads(out.read_text())
     assert seen["name"] == "__main__"
     assert seen["argv"] == [str(project / "proj" / "train.py"), "-x"]
@@ -153,31 +161,20 @@ def test_an_uncaught_exception_fails_the_start_as_it_would_cold(
     script = tmp_path / "fail.py"
     script.write_text("raise SystemError('on purpose')\n")
     start = WarmStart(sys.executable, (str(script),), None)
-    ended = threading.Event()
-    spare = ScriptProcess.spare(start, os.environ)
-    assert spare.release(start, dict(os.environ), ended.set)
-    assert ended.wait(DEADLINE_S)
-    assert spare.returncode == 1
-    assert "SystemError: on purpose" in spare.log_tail()
+    ended = run_forked(start, dict(os.environ), tmp_path, monkeypatch)
+    assert ended.returncode == 1
+    assert "SystemError: on purpose" in ended.log_tail()
 
 
-def test_a_discarded_spare_ends_and_cannot_be_released() -> None:
-    start = WarmStart(sys.executable, ("unused.py",), None)
-    spare = ScriptProcess.spare(start, os.environ)
-    spare.discard()
-    assert spare.returncode is not None
-    assert not spare.release(start, dict(os.environ), lambda: None)
-
-
-def test_a_start_larger_than_a_pipe_is_passed_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Pods get many service variables: the start goes through a file, never blocking the
-    agent on a full pipe while the spare still imports torch."""
-    script = tmp_path / "size.py"
-    script.write_text("import os; open(os.environ['OUT'], 'w').write(str(len(os.environ['BIG'])))")
-    out = tmp_path / "out.txt"
-    env = {**os.environ, "OUT": str(out), "BIG": "x" * 300_000}
+def test_a_closed_server_ends_its_starts_and_starts_no_more(tmp_path: Path) -> None:
+    script = tmp_path / "wait.py"
+    script.write_text("import time; time.sleep(60)")
     start = WarmStart(sys.executable, (str(script),), None)
-    assert run_in_spare(start, env, tmp_path, monkeypatch) == 0
-    assert out.read_text() == "300000"
+    ended = threading.Event()
+    server = StartServer(start, os.environ)
+    running = ScriptProcess.forked(server, start, dict(os.environ), ended.set)
+    server.close()
+    assert ended.wait(DEADLINE_S), "the start outlived its server"
+    assert running.returncode == -signal.SIGKILL
+    with pytest.raises(OSError, match="closed"):
+        ScriptProcess.forked(server, start, dict(os.environ), ended.set)
