@@ -45,7 +45,7 @@ busy_at_start=$(cpu_busy) all_at_start=$(cpu_all)
 # one, but not below the pods, whose containers share one cgroup (containerd's) that weighs as
 # much as one process of normal priority. Elsewhere nice alone.
 BATCH_CGROUP=/sys/fs/cgroup/cpu/elasticjob-batch-$$
-BATCH_WEIGHT=256
+BATCH_WEIGHT=512
 if [ -w /sys/fs/cgroup/cpu/cgroup.procs ] && mkdir "$BATCH_CGROUP" 2>/dev/null \
     && echo "$BATCH_WEIGHT" >"$BATCH_CGROUP/cpu.shares"; then
     trap 'rm -rf "$ELASTICJOB_QUIET_GATE"; while read -r pid; do echo "$pid" >/sys/fs/cgroup/cpu/cgroup.procs; done <"$BATCH_CGROUP/cgroup.procs" 2>/dev/null; rmdir "$BATCH_CGROUP"' EXIT

@@ -3,12 +3,16 @@ running the suites side by side, CPU is what one suite takes from the others.
 
 A test's CPU is that of the pytest process and of every process it started and waited for
 (their children too, once reaped): launchers and their workers, CLIs, builds; not pods, whose
-processes are the kubelets'. The session's most expensive tests are listed at its end."""
+processes are the kubelets'. The session's most expensive tests are listed at its end, and
+every test's CPU is written beside the JUnit XML of a session run with ``--junitxml FILE``
+(``FILE`` with the suffix ``.cpu.json``)."""
 
 from __future__ import annotations
 
+import json
 import resource
 from collections.abc import Generator
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +40,10 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not _COST:
         return
+    junit = terminalreporter.config.option.xmlpath
+    if junit:
+        costs = dict(sorted(_COST.items(), key=lambda kv: -kv[1]))
+        Path(junit).with_suffix(".cpu.json").write_text(json.dumps(costs, indent=1))
     total = sum(_COST.values())
     terminalreporter.write_sep("=", f"most CPU ({total:.0f} CPU-s in all tests)")
     for nodeid, seconds in sorted(_COST.items(), key=lambda kv: -kv[1])[:CPU_SHOWN]:
