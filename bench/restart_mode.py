@@ -3,8 +3,7 @@
 The same unchanged torchrun DDP script (``tests/integration/workers/restart_worker.py``:
 ``init_process_group("gloo")`` from the environment, resuming from its own checkpoint), two
 processes, Gloo over loopback; one of them SIGKILLs itself once both have trained two epochs
-(6 s: a failure rarely comes in a job's first seconds, and restart mode's spare interpreter
-for the next start is ready a few seconds after a start). The figure is the time from the
+(6 s: a failure rarely comes in a job's first seconds). The figure is the time from the
 kill to every worker at its first step again, the checkpoint load included:
 
 - ``elasticjob``: ``elasticjob-run --mode restart -np 2 -H 127.0.1.1:2``;

@@ -9,9 +9,8 @@
 #     own brought down after a crash) and the chart's template tests: mostly waiting on their
 #     clusters and builds; output in .logs/devcluster.log, printed when all is done;
 #   - the lint step (make lint): output in .logs/lint.log, printed when all is done.
-# All but the real-node suites run at a lower priority (nice, and a cgroup of low CPU weight
-# where one can be made), so that the real nodes' kubelets, operator and pods get the CPU when
-# they need it and the others fill the rest.
+# All but the real-node suites run at a lower priority (nice), so that the real nodes'
+# kubelets, operator and pods get the CPU when they need it and the others fill the rest.
 # A test marked quiet runs while the other sessions' tests wait (its checks depend on the
 # machine's load). Each pytest session tears its clusters down when it ends, prints its slowest
 # tests and writes every test's time to .logs/<suite>.xml (JUnit XML); the script fails if
@@ -40,38 +39,17 @@ cpu_busy() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9}' /proc/stat; }
 cpu_all() { awk '/^cpu /{print $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
 busy_at_start=$(cpu_busy) all_at_start=$(cpu_all)
 
-# The CPU-bound sessions run in a cgroup of low CPU weight where the machine has cgroup v1's
-# cpu controller writable (as root): nice alone ranks them below the other processes one by
-# one, but not below the pods, whose containers share one cgroup (containerd's) that weighs as
-# much as one process of normal priority. Elsewhere nice alone.
-BATCH_CGROUP=/sys/fs/cgroup/cpu/elasticjob-batch-$$
-BATCH_WEIGHT=512
-if [ -w /sys/fs/cgroup/cpu/cgroup.procs ] && mkdir "$BATCH_CGROUP" 2>/dev/null \
-    && echo "$BATCH_WEIGHT" >"$BATCH_CGROUP/cpu.shares"; then
-    trap 'rm -rf "$ELASTICJOB_QUIET_GATE"; while read -r pid; do echo "$pid" >/sys/fs/cgroup/cpu/cgroup.procs; done <"$BATCH_CGROUP/cgroup.procs" 2>/dev/null; rmdir "$BATCH_CGROUP"' EXIT
-else
-    BATCH_CGROUP=
-fi
-# Run a command at low priority (in the batch cgroup when there is one).
-batch() {
-    if [ -n "$BATCH_CGROUP" ]; then
-        sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$BATCH_CGROUP" nice -n 10 "$@"
-    else
-        nice -n 10 "$@"
-    fi
-}
-
 "$PY" -m pytest -q --durations=10 --junitxml=.logs/cluster-suites.xml \
     tests/devcluster/real_nodes tests/e2e --ignore=tests/e2e/test_helm_chart.py "$@" \
     >"$CLUSTER_LOG" 2>&1 &
 clusters=$!
-batch "$PY" -m pytest -q --durations=5 --junitxml=.logs/devcluster.xml \
+nice -n 10 "$PY" -m pytest -q --durations=5 --junitxml=.logs/devcluster.xml \
     "${REST_OF_DEVCLUSTER[@]}" "$@" >"$DEVCLUSTER_LOG" 2>&1 &
 devcluster_rest=$!
-batch make --no-print-directory lint >"$LINT_LOG" 2>&1 &
+nice -n 10 make --no-print-directory lint >"$LINT_LOG" 2>&1 &
 lint=$!
 
-batch "$PY" -m pytest -q --durations=10 --junitxml=.logs/unit-integration.xml \
+nice -n 10 "$PY" -m pytest -q --durations=10 --junitxml=.logs/unit-integration.xml \
     tests/unit tests/integration "$@"
 units=$?
 echo "==> unit and integration: exit $units after $(since)"
