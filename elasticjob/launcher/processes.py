@@ -226,7 +226,7 @@ class LocalWorkerLauncher(WorkerLauncher):
         if not serves(self._server.env, env, PER_WORKER_ENV):
             return None
         try:
-            return await start_warm(self._server, self._warm, env, os.getcwd())
+            return await start_warm(self._server, env, os.getcwd())
         except OSError as exc:
             logger.warning("a worker starts cold: %s", exc)
             return None

@@ -23,22 +23,26 @@ from typing import Final
 
 from elasticjob.script_env import HOROVOD_PLACE_ENV
 from elasticjob.worker_contract import (
-    ENV_BIND_ADDRESS,
-    ENV_HOSTNAME,
-    ENV_LOCAL_RANK,
-    ENV_NODE,
-    ENV_TOKEN,
     SCRIPT_LAUNCH_ENV,
+    WorkerConfig,
+    WorkerSettings,
+    variable_of,
 )
-from elasticjob.worker_runtime.agents.start_server import StartServer, WarmStart
+from elasticjob.worker_runtime.agents.start_server import StartServer
 
 PER_WORKER_ENV: Final = frozenset(
-    {ENV_TOKEN, ENV_HOSTNAME, ENV_NODE, ENV_LOCAL_RANK, ENV_BIND_ADDRESS}
-    | set(SCRIPT_LAUNCH_ENV)
+    {
+        name
+        for key, field in WorkerConfig.model_fields.items()
+        if key not in WorkerSettings.model_fields
+        for name in variable_of(field).names
+    }
+    | SCRIPT_LAUNCH_ENV
     | set(HOROVOD_PLACE_ENV)
 )
-"""The variables that differ between two workers of a job: the worker contract's own ones
-(its credential, host, slot, address) and the script's place. Nothing reads them when torch is
+"""The variables that differ between two workers of a job: the worker contract's variables of
+a process's own values (its credential, host, node, slot, address; the job's settings are
+the same for all) and the script's place. Nothing reads them when torch is
 imported, so a server started without them serves every worker."""
 
 
@@ -61,10 +65,8 @@ class StartedWorker:
     pipes are closed yet."""
 
 
-async def start_warm(
-    server: StartServer, warm: WarmStart, env: Mapping[str, str], cwd: str
-) -> StartedWorker:
-    """Fork a worker that runs ``warm`` with ``env`` in ``cwd`` from ``server`` (which
+async def start_warm(server: StartServer, env: Mapping[str, str], cwd: str) -> StartedWorker:
+    """Fork a worker of ``server``'s command with ``env`` in ``cwd`` (``server``
     ``serves`` it, :data:`PER_WORKER_ENV` varying). Raises :class:`OSError` when the server
     cannot start it (the caller starts it cold)."""
     loop = asyncio.get_running_loop()
@@ -80,7 +82,7 @@ async def start_warm(
     try:
         # The first start waits for the server's imports: off the event loop.
         pid = await asyncio.to_thread(
-            server.start, warm, env, cwd, (null, stdout_write, stderr_write), on_exit
+            server.start, env, cwd, (null, stdout_write, stderr_write), on_exit
         )
     except BaseException:
         os.close(stdout_read)

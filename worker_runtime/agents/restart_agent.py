@@ -262,13 +262,9 @@ class RestartAgent:
             except OSError as exc:  # the pod's process or memory limit
                 logger.warning("no start server (%s): every start is cold", exc)
                 self._warm = None
-        if (
-            self._warm is not None
-            and self._server is not None
-            and serves(self._server.env, environ, PER_START_ENV)
-        ):
+        if self._server is not None and serves(self._server.env, environ, PER_START_ENV):
             try:
-                script = ScriptProcess.forked(self._server, self._warm, environ, self._wakeups.set)
+                script = ScriptProcess.forked(self._server, environ, self._wakeups.set)
             except OSError as exc:
                 logger.warning("the script starts cold: %s", exc)
             else:

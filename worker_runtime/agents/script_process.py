@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from elasticjob.process_death import die_with
-from elasticjob.worker_runtime.agents.start_server import StartServer, WarmStart
+from elasticjob.worker_runtime.agents.start_server import StartServer
 
 logger = logging.getLogger(__name__)
 
@@ -115,17 +115,16 @@ class ScriptProcess:
     def forked(
         cls,
         server: StartServer,
-        warm: WarmStart,
         env: Mapping[str, str],
         on_exit: Callable[[], None],
     ) -> ScriptProcess:
-        """``warm`` forked from ``server`` with ``env``, in this directory, with this
+        """``server``'s command forked with ``env``, in this directory, with this
         process's standard input and output. Raises :class:`OSError` when the server cannot
         start it."""
         stderr_read, stderr_write = os.pipe()
         process = _Forked(os.fdopen(stderr_read, "rb"))
         try:
-            process.pid = server.start(warm, env, os.getcwd(), (0, 1, stderr_write), process.ended)
+            process.pid = server.start(env, os.getcwd(), (0, 1, stderr_write), process.ended)
         except BaseException:
             assert process.stderr is not None
             process.stderr.close()

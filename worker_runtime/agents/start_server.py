@@ -94,12 +94,12 @@ class _Fork:
 
 
 class StartServer:
-    """A start server for ``warm``'s interpreter, started with ``env`` (its starts may differ
+    """A start server for ``warm``'s command, started with ``env`` (its starts may differ
     from it only in what nothing reads at import: the caller's rule). It dies with this
     process (``PR_SET_PDEATHSIG``), and its starts die with it."""
 
     def __init__(self, warm: WarmStart, env: Mapping[str, str]) -> None:
-        self.interpreter = warm.interpreter
+        self._warm = warm
         self.env = dict(env)
         """The environment the server was started with."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -129,17 +129,17 @@ class StartServer:
 
     def start(
         self,
-        warm: WarmStart,
         env: Mapping[str, str],
         cwd: str,
         stdio: Sequence[int],
         on_exit: Callable[[int], object],
     ) -> int:
-        """Fork a start that runs ``warm`` with ``env`` in ``cwd``, its standard input, output
+        """Fork a start of the server's command with ``env`` in ``cwd``, its standard input, output
         and error the descriptors ``stdio`` (the caller closes its copies); return its pid.
         ``on_exit`` hears its exit code (negative: the signal that ended it; SIGKILL when the
         server died), on a thread of this object. Raises :class:`OSError` when the server
         cannot start it (start it cold)."""
+        warm = self._warm
         start = {"argv": warm.argv, "module": warm.module, "env": dict(env), "cwd": cwd}
         fork = _Fork(on_exit)
         with self._lock:

@@ -127,7 +127,7 @@ def _serve(channel: socket.socket) -> dict[str, Any] | None:
                 channel.close()
                 _close(list(children))
                 _become_start(fds)
-                return dict(start)
+                return start
             _close(fds)
             pidfd = os.pidfd_open(pid)
             children[pidfd] = pid

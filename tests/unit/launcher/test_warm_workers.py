@@ -112,7 +112,7 @@ async def test_a_forked_worker_runs_as_python_script_py_with_its_own_seeds(
     try:
         seen = []
         for rank in (1, 2):
-            worker = await start_warm(server, warm, env | {"HOROVOD_RANK": str(rank)}, str(project))
+            worker = await start_warm(server, env | {"HOROVOD_RANK": str(rank)}, str(project))
             code, out, err = await ended(worker)
             assert (code, err) == (3, b"to stderr\n"), "its own exit status and stderr"
             seen.append(json.loads(out))
@@ -140,7 +140,7 @@ async def test_a_killed_worker_reports_its_signal_and_a_closed_server_takes_its_
     warm = WarmStart(sys.executable, ("proj/wait.py",), None)
     server = StartServer(warm, os.environ)
     try:
-        killed, left = [await start_warm(server, warm, os.environ, str(project)) for _ in range(2)]
+        killed, left = [await start_warm(server, os.environ, str(project)) for _ in range(2)]
         for worker in (killed, left):
             assert await asyncio.wait_for(worker.stdout.readline(), DEADLINE_S) == b"up\n"
         os.killpg(killed.pid, signal.SIGKILL)
@@ -150,7 +150,7 @@ async def test_a_killed_worker_reports_its_signal_and_a_closed_server_takes_its_
     assert await asyncio.wait_for(left.exited, DEADLINE_S) == -signal.SIGKILL
     assert await asyncio.wait_for(left.stdout.read(), DEADLINE_S) == b"", "its pipes closed"
     with pytest.raises(OSError, match="closed"):
-        await start_warm(server, warm, os.environ, str(project))
+        await start_warm(server, os.environ, str(project))
 
 
 async def test_an_uncaught_exception_is_told_from_the_scripts_first_frame(
@@ -162,7 +162,7 @@ async def test_an_uncaught_exception_is_told_from_the_scripts_first_frame(
     warm = WarmStart(sys.executable, ("proj/fail.py",), None)
     server = StartServer(warm, os.environ)
     try:
-        code, _, err = await ended(await start_warm(server, warm, os.environ, str(project)))
+        code, _, err = await ended(await start_warm(server, os.environ, str(project)))
     finally:
         server.close()
     lines = err.decode().splitlines()
@@ -183,7 +183,7 @@ async def test_a_start_larger_than_a_socket_buffer_is_passed_whole(project: Path
     server = StartServer(warm, os.environ)
     try:
         env = {**os.environ, "BIG": "x" * 3_000_000}
-        code, out, _ = await ended(await start_warm(server, warm, env, str(project)))
+        code, out, _ = await ended(await start_warm(server, env, str(project)))
     finally:
         server.close()
     assert (code, out) == (0, b"3000000\n")

@@ -101,7 +101,7 @@ def run_forked(
     server = StartServer(start, {**os.environ, "SERVER_ONLY": "1"})
     try:
         monkeypatch.chdir(cwd)
-        script = ScriptProcess.forked(server, start, env, ended.set)
+        script = ScriptProcess.forked(server, env, ended.set)
         assert ended.wait(DEADLINE_S), "the script never ended"
     finally:
         server.close()
@@ -172,9 +172,9 @@ def test_a_closed_server_ends_its_starts_and_starts_no_more(tmp_path: Path) -> N
     start = WarmStart(sys.executable, (str(script),), None)
     ended = threading.Event()
     server = StartServer(start, os.environ)
-    running = ScriptProcess.forked(server, start, dict(os.environ), ended.set)
+    running = ScriptProcess.forked(server, dict(os.environ), ended.set)
     server.close()
     assert ended.wait(DEADLINE_S), "the start outlived its server"
     assert running.returncode == -signal.SIGKILL
     with pytest.raises(OSError, match="closed"):
-        ScriptProcess.forked(server, start, dict(os.environ), ended.set)
+        ScriptProcess.forked(server, dict(os.environ), ended.set)
