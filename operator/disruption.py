@@ -58,7 +58,7 @@ class DisruptionBudget:
         """Create or update the budget so that it keeps ``min_available`` pods."""
         if self._applied == min_available:
             return
-        version = await self._api.policy_version(POLICY_VERSIONS)
+        version = await self._api.served_version(POLICY_VERSIONS)
         if version is None:
             logger.warning("the API server serves no PodDisruptionBudget API: none is made")
             self._applied = min_available

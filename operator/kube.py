@@ -1,5 +1,6 @@
 """The Kubernetes API calls the operator makes: pods, Secrets, ConfigMaps, Events, the
-ElasticJob's status, PodDisruptionBudgets, webhook configurations and the jobs themselves.
+ElasticJob's status, PodDisruptionBudgets, webhook configurations and the jobs themselves
+(those of leading, the Lease and the rendezvous Service's EndpointSlice, in ``kube_leading.py``).
 
 Every call travels through a :class:`~elasticjob.operator.kube_transport.KubeTransport`
 (bounded, retried); an object is created or updated with
@@ -21,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from elasticjob.operator.api import GROUP, KIND, PLURAL, VERSION
 from elasticjob.operator.kube_errors import ApiOutcome, api_outcome
+from elasticjob.operator.kube_leading import LeadingCalls
 from elasticjob.operator.kube_transport import REQUEST_TIMEOUT_S, KubeTransport, upsert
 
 logger = logging.getLogger(__name__)
@@ -40,8 +42,8 @@ def secret_value(secret: dict[str, Any], key: str) -> str | None:
     return base64.b64decode(data[key]).decode() if key in data else None
 
 
-class KubeApi:
-    """The few API calls the operator makes."""
+class KubeApi(LeadingCalls):
+    """The few API calls the operator makes (those of leading: :class:`LeadingCalls`)."""
 
     def __init__(self, transport: KubeTransport | None = None) -> None:
         self._transport = transport or KubeTransport()
@@ -51,7 +53,7 @@ class KubeApi:
         self.rbac = kubernetes.client.RbacAuthorizationV1Api(client)
         self.admission = kubernetes.client.AdmissionregistrationV1Api(client)
         self.coordination = kubernetes.client.CoordinationV1Api(client)
-        self._policy_versions: frozenset[str] | None = None
+        self._served_versions: dict[str, frozenset[str]] = {}
 
     async def create_pod(self, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
         """Create ``pod``; the pod as created."""
@@ -135,47 +137,6 @@ class KubeApi:
                 {"data": config_map["data"]},
             ),
             update_first=True,
-        )
-
-    async def read_lease(
-        self, namespace: str, name: str, timeout_s: float
-    ) -> dict[str, Any] | None:
-        """The Lease (one try within ``timeout_s``), or None when there is none."""
-        try:
-            return await self._transport.call_once(
-                "read lease",
-                self.coordination.read_namespaced_lease,
-                name,
-                namespace,
-                timeout_s=timeout_s,
-            )
-        except ApiException as exc:
-            if api_outcome(exc) is ApiOutcome.NOT_FOUND:
-                return None
-            raise
-
-    async def write_lease(
-        self, namespace: str, lease: dict[str, Any], timeout_s: float
-    ) -> dict[str, Any]:
-        """Create ``lease`` (no ``metadata.resourceVersion``) or replace it at its
-        ``resourceVersion`` (one try within ``timeout_s``: a conflict raises, someone else
-        wrote first); the Lease as written."""
-        name = lease["metadata"]["name"]
-        if lease["metadata"].get("resourceVersion"):
-            return await self._transport.call_once(
-                "replace lease",
-                self.coordination.replace_namespaced_lease,
-                name,
-                namespace,
-                lease,
-                timeout_s=timeout_s,
-            )
-        return await self._transport.call_once(
-            "create lease",
-            self.coordination.create_namespaced_lease,
-            namespace,
-            lease,
-            timeout_s=timeout_s,
         )
 
     async def label_pod(
@@ -268,20 +229,22 @@ class KubeApi:
         """The API server's OpenAPI v2 document (``/openapi/v2``: several megabytes)."""
         return await self._transport.request("read the OpenAPI document", "GET", "/openapi/v2")
 
-    async def policy_version(self, candidates: tuple[str, ...]) -> str | None:
-        """The first of ``candidates`` (``group/version``) the API server serves (asked once)."""
-        if self._policy_versions is None:
+    async def served_version(self, candidates: tuple[str, ...]) -> str | None:
+        """The first of ``candidates`` (``group/version``, all of one group) the API server
+        serves (each group asked once)."""
+        name = candidates[0].split("/")[0]
+        if name not in self._served_versions:
             try:
                 group = await self._transport.request(
-                    "discover the policy API", "GET", "/apis/policy"
+                    f"discover the {name} API", "GET", f"/apis/{name}"
                 )
             except ApiException as exc:
                 if api_outcome(exc) is not ApiOutcome.NOT_FOUND:
                     raise
                 group = {}
             served = {v.get("groupVersion") for v in group.get("versions") or []}
-            self._policy_versions = frozenset(str(v) for v in served if v)
-        return next((v for v in candidates if v in self._policy_versions), None)
+            self._served_versions[name] = frozenset(str(v) for v in served if v)
+        return next((v for v in candidates if v in self._served_versions[name]), None)
 
     async def apply_owned(self, namespace: str, obj: dict[str, Any], plural: str) -> None:
         """Create ``obj``, an object of a named API group (``plural``: its resource, such as

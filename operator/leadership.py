@@ -4,17 +4,17 @@
 - **Lead.** Its rendezvous service serves jobs again (a job not served yet gets 503, retry,
   for the adoption window: those its watch saw, and those a list of the jobs finds), the job
   supervisor starts every job's controller (each adopts its recorded round, as after a
-  restart), and the replica routes the workers to itself: it puts the leader label on its pod
-  (the rendezvous Service selects it) and takes it off every other operator pod that has it,
-  and checks both again every :data:`ROUTE_CHECK_S` while it leads (a label taken off or put on
-  by anyone else, by hand or by a former leader that missed its stand-down, is put right
-  within that: the workers would otherwise reach a standby, or no operator).
+  restart), and the replica routes the workers to itself: it writes its pod's address into
+  the rendezvous Service's EndpointSlice (``service_route.py``; made if there is none), and
+  checks it again every :data:`ROUTE_CHECK_S` while it leads (a route changed by anyone
+  else, by hand or by a former leader that missed its stand-down, is put right within that:
+  the workers would otherwise reach a standby, or no operator).
 - **Stand down.** Its rendezvous service answers every job 503 (its workers retry and reach
   the leader), the controllers stop and hand their jobs over within the stop grace (nothing
-  ends, no pod is touched), and the label comes off its pod.
+  ends, no pod is touched), and it takes its pod out of the EndpointSlice if it still names it.
 
-A replica that starts takes the label off its own pod first: a container restarted in a pod
-that led is a standby until it wins the election again.
+A replica that starts takes its pod out of the EndpointSlice first: a container restarted in a
+pod that led is a standby until it wins the election again.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Final
 from kubernetes.client.exceptions import ApiException
 
 from elasticjob.operator import pods as podlib
-from elasticjob.operator.api import LABEL_OPERATOR_LEADER
 from elasticjob.operator.finished_jobs import ended
 from elasticjob.operator.kube import KubeApi
+from elasticjob.operator.service_route import SLICE_VERSIONS, ServiceRoute, unrouted
 from elasticjob.operator.supervisor import JobSupervisor
 from elasticjob.rendezvous.server import RendezvousService
 
@@ -39,13 +39,13 @@ ADOPTION_WINDOW_S: Final = 60.0
 """After it comes to lead, how long the rendezvous service answers 503 (retry) rather than 403
 for jobs that existed before and have not been taken back yet."""
 ROUTE_CHECK_S: Final = 5.0
-"""How often the leader checks that the leader label is on its pod and on no other."""
-LABEL_TIMEOUT_S: Final = 2.0
-"""One try of a label change on an operator pod."""
-LABEL_RETRY_S: Final = 0.5
-"""The pause before a label change that failed is tried again."""
-UNLABEL_TRIES: Final = 5
-"""Tries of taking the label off the replica's own pod (a leader takes it off any other)."""
+"""How often the leader checks that the rendezvous Service routes the workers to it alone."""
+ROUTE_TIMEOUT_S: Final = 2.0
+"""One read or write of the Service's EndpointSlice."""
+ROUTE_RETRY_S: Final = 0.5
+"""The pause before a read or write that failed is tried again."""
+UNROUTE_TRIES: Final = 5
+"""Tries of taking the replica's pod out of the Service's EndpointSlice when it stops leading."""
 
 
 class OperatorLeadership:
@@ -56,7 +56,7 @@ class OperatorLeadership:
         api: Callable[[], KubeApi],
         service: Callable[[], RendezvousService],
         jobs: JobSupervisor,
-        own_pod: tuple[str, str] | None,
+        route: ServiceRoute | None,
         *,
         namespaces: tuple[str, ...] = (),
         stop_grace_s: float | None = None,
@@ -66,7 +66,7 @@ class OperatorLeadership:
         self._api = api
         self._service = service
         self._jobs = jobs
-        self._own_pod = own_pod
+        self._route = route
         self._namespaces = namespaces
         self.stop_grace_s = stop_grace_s
         """How long the jobs' controllers get to stop when the replica stands down (None: the
@@ -78,10 +78,9 @@ class OperatorLeadership:
         self.leading = False
 
     async def start_standing_by(self) -> None:
-        """A standby from the start: no job is served, the label is off its pod."""
+        """A standby from the start: no job is served, no worker routed to its pod."""
         self._service().stand_by()
-        if self._own_pod is not None:
-            await self._relabel(self._own_pod[1], None, tries=UNLABEL_TRIES)
+        await self._unroute()
 
     async def lead(self, expected: Iterable[str] = ()) -> None:
         """It leads: serve, run and route (see the module docstring). The jobs its supervisor
@@ -103,44 +102,92 @@ class OperatorLeadership:
             self._routing = None
         await self._jobs.stand_down(at_once=lost, grace_s=self.stop_grace_s)
         self._on_change(False)
-        if self._own_pod is not None:
-            await self._relabel(self._own_pod[1], None, tries=UNLABEL_TRIES)
+        await self._unroute()
 
     async def _take_over(self) -> None:
         """Expect back the jobs a list finds (the watch may not have shown them all yet), and
         route the workers here, checking the route again every ``route_check_s``."""
         await self._expect_listed_jobs()
-        if self._own_pod is None:
+        if self._route is None:
             return
         await self._route_here(taking_over=True)
         logger.info(
-            "the rendezvous Service routes workers to this operator (pod %s)", self._own_pod[1]
+            "the rendezvous Service routes workers to this operator (pod %s)", self._route.pod
         )
         while True:
             await asyncio.sleep(self._route_check_s)
             await self._route_here(taking_over=False)
 
     async def _route_here(self, *, taking_over: bool) -> None:
-        """The leader label on its own pod (first) and on no other; a label found wrong is
-        logged, unless it is taking over (then it is not on its pod yet)."""
-        assert self._own_pod is not None
-        namespace, me = self._own_pod
+        """The Service's EndpointSlice names this replica's pod, and no other (made if there is
+        none); a route found wrong is logged, unless it is taking over (then it does not name
+        this pod yet)."""
+        route = self._route
+        assert route is not None
+        api = self._api()
         while True:
             try:
-                labelled = await self._api().list_pods(namespace, f"{LABEL_OPERATOR_LEADER}=true")
-                break
+                version = await self._slice_version()
+                if version is None:
+                    return
+                found = await api.read_endpoint_slice(
+                    route.namespace, route.service, version, ROUTE_TIMEOUT_S
+                )
+                if found is None:
+                    made = route.made(version)
+                    if await api.create_endpoint_slice(route.namespace, made, ROUTE_TIMEOUT_S):
+                        return
+                    continue  # made by someone else since it was read: read it
+                if route.routed_here(found):
+                    return
+                if not taking_over:
+                    logger.warning(
+                        "the rendezvous Service routed the workers elsewhere than to this "
+                        "operator's pod %s: put back",
+                        route.pod,
+                    )
+                here = route.routed(found)
+                if await api.replace_endpoint_slice(route.namespace, here, ROUTE_TIMEOUT_S):
+                    return
+                continue  # written by someone else since it was read: read it again
             except (ApiException, OSError) as exc:
-                logger.warning("could not list the operator pods labelled as leader: %s", exc)
-            await asyncio.sleep(LABEL_RETRY_S)
-        names = {p["metadata"]["name"] for p in labelled.items}
-        if me not in names:
-            if not taking_over:
-                logger.warning("the leader label was off this operator's pod %s: put back", me)
-            await self._relabel(me, "true")
-        others = sorted(names - {me})
-        if others and not taking_over:
-            logger.warning("the leader label was on other pods (%s): taken off", ", ".join(others))
-        await asyncio.gather(*(self._relabel(pod, None) for pod in others))
+                logger.warning("could not route the workers to this operator: %s", exc)
+            await asyncio.sleep(ROUTE_RETRY_S)
+
+    async def _unroute(self) -> None:
+        """Empty the Service's EndpointSlice if it still names this replica's pod (at the
+        version read: never what a new leader wrote since), trying :data:`UNROUTE_TRIES`
+        times."""
+        route = self._route
+        if route is None:
+            return
+        api = self._api()
+        for _ in range(UNROUTE_TRIES):
+            try:
+                version = await self._slice_version()
+                found = version and await api.read_endpoint_slice(
+                    route.namespace, route.service, version, ROUTE_TIMEOUT_S
+                )
+                if not found or not route.named_here(found):
+                    return
+                emptied = unrouted(found)
+                if await api.replace_endpoint_slice(route.namespace, emptied, ROUTE_TIMEOUT_S):
+                    return
+                continue  # written by someone else since it was read: read it again
+            except (ApiException, OSError) as exc:
+                logger.warning("could not take this operator out of the workers' route: %s", exc)
+            await asyncio.sleep(ROUTE_RETRY_S)
+
+    async def _slice_version(self) -> str | None:
+        """The EndpointSlice API version the cluster serves (None, logged: none)."""
+        version = await self._api().served_version(SLICE_VERSIONS)
+        if version is None:
+            logger.error(
+                "the API server serves no EndpointSlice API (%s): the workers cannot be routed "
+                "to this operator",
+                ", ".join(SLICE_VERSIONS),
+            )
+        return version
 
     async def _expect_listed_jobs(self) -> None:
         while True:
@@ -149,35 +196,9 @@ class OperatorLeadership:
                 break
             except (ApiException, OSError) as exc:
                 logger.warning("could not list the jobs to take over: %s", exc)
-            await asyncio.sleep(LABEL_RETRY_S)
+            await asyncio.sleep(ROUTE_RETRY_S)
         self._service().also_expect(
             podlib.job_id(job["metadata"]["namespace"], job["metadata"]["name"])
             for job in listed
             if not ended(job)
         )
-
-    async def _relabel(self, pod: str, value: str | None, *, tries: int | None = None) -> None:
-        """Put the leader label on ``pod`` (``value`` "true") or take it off (None), trying
-        until it is done, or ``tries`` times."""
-        assert self._own_pod is not None
-        namespace = self._own_pod[0]
-        tried = 0
-        while True:
-            try:
-                await self._api().label_pod(
-                    namespace, pod, {LABEL_OPERATOR_LEADER: value}, LABEL_TIMEOUT_S
-                )
-                return
-            except (ApiException, OSError) as exc:
-                logger.warning(
-                    "could not %s the leader label %s pod %s/%s: %s",
-                    "put" if value else "take",
-                    "on" if value else "off",
-                    namespace,
-                    pod,
-                    exc,
-                )
-            tried += 1
-            if tries is not None and tried >= tries:
-                return
-            await asyncio.sleep(LABEL_RETRY_S)

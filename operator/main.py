@@ -23,6 +23,7 @@ from elasticjob.operator.operator_config import (
     WebhookConfig,
 )
 from elasticjob.operator.operator_process import OperatorRuntime
+from elasticjob.operator.service_route import ServiceRoute
 from elasticjob.worker_contract import ENV_RENDEZVOUS_URL
 
 
@@ -169,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         namespaces=tuple(args.namespace),
         rendezvous_tls=tls,
         own_pod=_own_pod(os.environ),
+        service_route=service_route(os.environ, args.rendezvous_port),
         leader_election=election,
         worker_network_policy=args.worker_network_policy,
     )
@@ -247,6 +249,17 @@ def _own_pod(environ: Mapping[str, str]) -> tuple[str, str] | None:
     """The operator's pod, from the downward API (None outside a pod)."""
     name, namespace = environ.get("POD_NAME"), environ.get("POD_NAMESPACE")
     return (namespace, name) if name and namespace else None
+
+
+def service_route(environ: Mapping[str, str], port: int) -> ServiceRoute | None:
+    """The rendezvous Service the operator's pod routes the workers with, from the downward
+    API and the chart (None outside a pod, or when one of them is not given)."""
+    pod, namespace = environ.get("POD_NAME"), environ.get("POD_NAMESPACE")
+    uid, address = environ.get("POD_UID"), environ.get("POD_IP")
+    service = environ.get("ELASTICJOB_SERVICE_NAME")
+    if not (pod and namespace and uid and address and service):
+        return None
+    return ServiceRoute(namespace, service, pod, uid, address, port)
 
 
 def _given(args: argparse.Namespace, option: str) -> bool:

@@ -1,6 +1,7 @@
 """The operator process's configuration, as ``elasticjob-operator``'s options and environment
 give it: the rendezvous service's address and transport, the admission webhook, the namespaces
-watched, the operator's own pod and the leader election."""
+watched, the operator's own pod, the Service that routes workers to it and the leader
+election."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from elasticjob.operator.certs import ManagedCertificate, TLSMaterial
 from elasticjob.operator.leader_election import ElectionSettings
 from elasticjob.operator.leader_lease import LeaseRef
+from elasticjob.operator.service_route import ServiceRoute
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,9 @@ class OperatorConfig:
     own_pod: tuple[str, str] | None = None
     """The operator's own pod (namespace, name), which it follows (see ``ownpod.py``; None:
     it runs outside a pod, or is not told its name)."""
+    service_route: ServiceRoute | None = None
+    """The rendezvous Service whose EndpointSlice this replica writes while it leads, and its pod's
+    address (None: it runs outside a pod, or is not told them; nothing is routed)."""
     leader_election: LeaderElectionConfig | None = None
     """Lead only while holding this Lease (None: lead from the start, alone)."""
     worker_network_policy: bool = True

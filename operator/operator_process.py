@@ -94,7 +94,7 @@ class OperatorRuntime:
             lambda: self._election_api or self.api,
             lambda: self.service,
             self.jobs,
-            self.config.own_pod,
+            self.config.service_route,
             namespaces=self.config.namespaces,
             stop_grace_s=None if election is None else election.settings.renew_deadline_s / 2,
             on_change=self.metrics.set_leading,

@@ -38,7 +38,8 @@ LOGS = REPO / ".logs"
 """Where the set-up's tools write (building the images, the cluster, helm)."""
 NAMESPACE = "default"
 OPERATOR_NS = "elasticjob-system"
-LEADER = "elasticjob.dev/operator-leader=true"
+ROUTE = "{.endpoints[*].targetRef.name}"
+"""The operator pods the rendezvous Service routes workers to: the leader writes itself there."""
 
 
 def say(message: str) -> None:
@@ -100,10 +101,12 @@ class Demo:
     def leader(self) -> str:
         """The operator pod that leads ("" while none does)."""
         found = self.cluster.kubectl(
-            "-n", OPERATOR_NS, "get", "pods", "-l", LEADER, "-o", "name", timeout=60
+            *("-n", OPERATOR_NS, "get", "endpointslice", "elasticjob-operator"),
+            *("-o", f"jsonpath={ROUTE}"),
+            timeout=60,
         )
         names = found.stdout.split()
-        return names[0].removeprefix("pod/") if len(names) == 1 else ""
+        return names[0] if len(names) == 1 else ""
 
     def new_leader(self, old: str, timeout: float = 120) -> str:
         """Wait until an operator pod other than ``old`` leads; its name."""

@@ -17,8 +17,6 @@ LABEL_JOB_NAME = f"{GROUP}/job-name"
 LABEL_ROLE = f"{GROUP}/role"
 """Label on every pod of a job: its role (``worker``)."""
 ROLE_WORKER = "worker"
-LABEL_OPERATOR_LEADER = f"{GROUP}/operator-leader"
-"""Label (``"true"``) on the operator pod that leads: the rendezvous Service selects it."""
 LABEL_HEALTH_CHECK = f"{GROUP}/health-check"
 """Label on a pod of a job with ``spec.healthCheck``: ``Pending`` until it passed its check,
 then ``Passed`` (a pod that fails is deleted). Only a pod without it, or ``Passed``, joins."""

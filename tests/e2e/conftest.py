@@ -87,20 +87,36 @@ def pytest_runtest_makereport(
     kube, cluster = funcargs.get("kube"), funcargs.get("operator")
     if report.when != "call" or not report.failed or not isinstance(kube, Kube) or cluster is None:
         return report
-    pods = cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-o", "wide", check=False)
-    report.sections.append(("operator pods", pods.stdout + pods.stderr))
-    nodes = cluster.kubectl("get", "nodes", "-o", f"custom-columns={NODE_COLUMNS}", check=False)
-    report.sections.append(("nodes", nodes.stdout + nodes.stderr))
-    lines = [
-        line
-        for line in operator_logs(cluster, timeout=10).splitlines()
-        if (kube.ns in line and API_CLIENT_LOGGER not in line)
-        or any(logger in line for logger in OPERATOR_WIDE_LOGGERS)
-    ]
-    report.sections.append(
-        (f"operator log about {kube.ns}", "\n".join(lines[-OPERATOR_LINES_ON_FAILURE:]))
-    )
-    report.sections.append(("worker pods' logs", worker_logs(kube)[-WORKER_LOG_ON_FAILURE:]))
+
+    def pods() -> str:
+        found = cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-o", "wide", check=False)
+        return found.stdout + found.stderr
+
+    def nodes() -> str:
+        columns = f"custom-columns={NODE_COLUMNS}"
+        found = cluster.kubectl("get", "nodes", "-o", columns, check=False)
+        return found.stdout + found.stderr
+
+    def operator_log() -> str:
+        lines = [
+            line
+            for line in operator_logs(cluster, timeout=10).splitlines()
+            if (kube.ns in line and API_CLIENT_LOGGER not in line)
+            or any(logger in line for logger in OPERATOR_WIDE_LOGGERS)
+        ]
+        return "\n".join(lines[-OPERATOR_LINES_ON_FAILURE:])
+
+    for title, read in [
+        ("operator pods", pods),
+        ("nodes", nodes),
+        (f"operator log about {kube.ns}", operator_log),
+        ("worker pods' logs", lambda: worker_logs(kube)[-WORKER_LOG_ON_FAILURE:]),
+    ]:
+        try:
+            text = read()
+        except Exception as exc:  # a report that cannot be read must not end the session
+            text = f"(could not be read: {type(exc).__name__}: {exc})"
+        report.sections.append((title, text))
     return report
 
 

@@ -108,9 +108,9 @@ WEBHOOK_ARGS = [
     "--webhook-tls-secret",
     WEBHOOK_TLS_SECRET,
 ]
-LEADER_LABEL = {"elasticjob.dev/operator-leader": "true"}
 SELF_GRANTS: Grants = {
-    ("", "pods"): {"get", "list", "patch"},
+    ("", "pods"): {"get"},
+    ("discovery.k8s.io", "endpointslices"): {"create", "get", "update"},
     ("coordination.k8s.io", "leases"): {"create", "get", "update"},
     ("", "events"): {"create"},
 }
@@ -351,7 +351,7 @@ def test_every_object_carries_the_helm_labels_and_selectors_agree(helm: Helm) ->
     assert deployment["spec"]["selector"] == {"matchLabels": SELECTOR}
     assert deployment["spec"]["template"]["metadata"]["labels"].items() >= SELECTOR.items()
     rendezvous = named(objects, "Service", FULLNAME, NAMESPACE)
-    assert rendezvous["spec"]["selector"] == SELECTOR | LEADER_LABEL, "the leader alone"
+    assert "selector" not in rendezvous["spec"], "the leader writes its EndpointSlice"
     assert named(objects, "Service", REPLICAS_SERVICE, NAMESPACE)["spec"]["selector"] == SELECTOR
     budget = named(objects, "PodDisruptionBudget", FULLNAME, NAMESPACE)
     assert budget["spec"] == {"minAvailable": 1, "selector": {"matchLabels": SELECTOR}}
@@ -370,6 +370,7 @@ def test_container_matches_the_operator_contract(helm: Helm) -> None:
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
     assert env["ELASTICJOB_RENDEZVOUS_URL"] == RENDEZVOUS_URL
     assert env["ELASTICJOB_WEBHOOK_OWNER"] == f"{FULLNAME}-cluster"
     assert container_ports(c) == {
@@ -479,6 +480,9 @@ def test_services_expose_the_leaders_rendezvous_and_every_replicas_metrics_and_w
 ) -> None:
     objects = helm.template()
     assert service_ports(objects, FULLNAME) == {"rendezvous": (8470, 8470)}
+    # The leader routes the workers: it makes and writes the Service's EndpointSlice (a chart's
+    # slice would be claimed by Helm's server-side apply, and an upgrade would conflict).
+    assert not of_kind(objects, "EndpointSlice")
     assert service_ports(objects, REPLICAS_SERVICE) == {
         "metrics": (8471, 8471),
         "webhook": (443, 8443),
@@ -594,6 +598,10 @@ def test_cluster_wide_rbac_grants_exactly_what_the_operator_needs(helm: Helm) ->
     unrestricted = {v for r in lease_rules if "resourceNames" not in r for v in r["verbs"]}
     assert unrestricted == {"create"}, "a create cannot be limited by name"
     assert all(r["resourceNames"] == [LEASE] for r in lease_rules if "resourceNames" in r)
+    route_rules = [r for r in self_role["rules"] if "endpointslices" in r["resources"]]
+    unrestricted = {v for r in route_rules if "resourceNames" not in r for v in r["verbs"]}
+    assert unrestricted == {"create"}, "a create cannot be limited by name"
+    assert all(r["resourceNames"] == [FULLNAME] for r in route_rules if "resourceNames" in r)
     webhook_secret = named(objects, "Role", WEBHOOK_TLS_SECRET, NAMESPACE)
     assert webhook_secret["rules"] == [
         {

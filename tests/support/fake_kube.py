@@ -209,7 +209,7 @@ class FakeKube:
         self.config_maps[config_map["metadata"]["name"]] = copy.deepcopy(config_map)
         self._notify()
 
-    async def policy_version(self, candidates: tuple[str, ...]) -> str | None:
+    async def served_version(self, candidates: tuple[str, ...]) -> str | None:
         return candidates[0]
 
     async def apply_owned(self, namespace: str, obj: dict[str, Any], plural: str) -> None:

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from devcluster.cluster import Cluster
-from elasticjob.operator.api import LABEL_OPERATOR_LEADER
 from elasticjob.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
 from elasticjob.worker_contract import ENV_RENDEZVOUS_CA
 from tests.support.elastic_jobs import reader_token, worker_env
@@ -26,8 +25,6 @@ RENDEZVOUS_PORT = 8470
 OPERATOR_PODS = "app.kubernetes.io/name=elasticjob-operator"
 POLL_S = 0.05
 """How often :func:`wait_handover` looks (each look is a few kubectl round trips)."""
-LEADER_POD = f"{OPERATOR_PODS},{LABEL_OPERATOR_LEADER}=true"
-"""The operator pod that leads (the rendezvous Service selects it)."""
 
 
 WEBHOOK = f"{RELEASE}.{SYSTEM_NS}.svc"
@@ -116,23 +113,27 @@ def _exited(pod: dict[str, Any]) -> bool:
 
 
 def leader_pod(cluster: Cluster) -> dict[str, Any] | None:
-    """The operator pod labelled as the leader, not being deleted (None: there is none)."""
-    found = cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-l", LEADER_POD, "-o", "json")
+    """The operator pod the rendezvous Service routes to (the leader writes its address into
+    the Service's EndpointSlice), not being deleted (None: there is none, or more than one)."""
+    routed = serving_operator_pods(cluster)
     pods = [
-        p for p in json.loads(found.stdout)["items"] if not p["metadata"].get("deletionTimestamp")
+        p
+        for p in operator_pods(cluster)
+        if p["metadata"]["name"] in routed and not p["metadata"].get("deletionTimestamp")
     ]
-    return pods[0] if len(pods) == 1 else None
+    return pods[0] if len(routed) == 1 and len(pods) == 1 else None
 
 
 def serving_operator_pods(cluster: Cluster) -> set[str]:
-    """The operator pods behind its rendezvous Service: the leader, once it is ready."""
-    found = cluster.kubectl("-n", SYSTEM_NS, "get", "endpoints", RELEASE, "-o", "json")
-    subsets = json.loads(found.stdout).get("subsets") or []
+    """The operator pods behind its rendezvous Service: the leader, once it routes the workers
+    to itself (it writes its pod into the Service's EndpointSlice)."""
+    found = cluster.kubectl("-n", SYSTEM_NS, "get", "endpointslice", RELEASE, "-o", "json")
+    endpoints = json.loads(found.stdout).get("endpoints") or []
     return {
-        address["targetRef"]["name"]
-        for subset in subsets
-        for address in subset.get("addresses") or []
-        if address.get("targetRef")
+        endpoint["targetRef"]["name"]
+        for endpoint in endpoints
+        if endpoint.get("targetRef")
+        and (endpoint.get("conditions") or {}).get("ready") is not False
     }
 
 

@@ -30,7 +30,7 @@ class FakeApi:
         self.fail = fail
         self.applied: list[dict[str, Any]] = []
 
-    async def policy_version(self, candidates: tuple[str, ...]) -> str | None:
+    async def served_version(self, candidates: tuple[str, ...]) -> str | None:
         return next((v for v in candidates if v in self.served), None)
 
     async def apply_owned(self, namespace: str, obj: dict[str, Any], plural: str) -> None:

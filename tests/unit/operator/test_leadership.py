@@ -1,41 +1,89 @@
 """What a replica does when it comes to lead and when it stands down: its rendezvous service,
-its job supervisor and the leader label on the operator pods (on a recording API)."""
+its job supervisor and the rendezvous Service's EndpointSlice (on a recording API)."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Mapping
 from typing import Any, cast
 
-from elasticjob.operator.api import LABEL_OPERATOR_LEADER
-from elasticjob.operator.kube import KubeApi, PodList
+from elasticjob.operator.kube import KubeApi
 from elasticjob.operator.leadership import OperatorLeadership
+from elasticjob.operator.service_route import ServiceRoute, unrouted
 from elasticjob.operator.supervisor import JobSupervisor, StopSignal
 from elasticjob.rendezvous.server import RendezvousService
 
 DEADLINE_S = 5.0
+ROUTE = ServiceRoute("system", "elasticjob-operator", "op-b", "uid-b", "10.0.0.2", 8470)
+OTHER = ServiceRoute("system", "elasticjob-operator", "op-c", "uid-c", "10.0.0.3", 8470)
+VERSION = "discovery.k8s.io/v1beta1"
 
 
-class Labels:
-    """The operator pods' leader labels as the API server has them, the label changes the
-    replica asks for (pod, value; None: taken off), and the jobs a list finds."""
+class Slice:
+    """The rendezvous Service's EndpointSlice as the API server keeps it (None: there is none;
+    replaced only at the version read), every write the replica makes, and the jobs a list
+    finds."""
 
-    def __init__(self, labelled: set[str], jobs: list[dict[str, Any]]) -> None:
-        self.labelled = labelled
+    def __init__(self, routed: ServiceRoute | None, jobs: list[dict[str, Any]]) -> None:
+        self.stored: dict[str, Any] | None = None
+        if routed is not None:
+            self.stored = routed.made(VERSION) | {"metadata": {"resourceVersion": "1"}}
+            self.stored["metadata"]["name"] = ROUTE.service
         self.jobs = jobs
-        self.changes: list[tuple[str, str | None]] = []
+        self.writes: list[list[str]] = []
+        """The pods each write routed to."""
+        self.before_write: list[ServiceRoute] = []
+        """Routes that someone else writes just before the replica's next writes."""
 
-    async def label_pod(
-        self, namespace: str, name: str, labels: dict[str, str | None], timeout_s: float
-    ) -> None:
-        assert namespace == "system"
-        value = labels[LABEL_OPERATOR_LEADER]
-        self.changes.append((name, value))
-        (self.labelled.add if value else self.labelled.discard)(name)
+    def routes(self, route: ServiceRoute | None) -> None:
+        """Someone else writes the EndpointSlice: to ``route`` (None: to nobody)."""
+        assert self.stored is not None
+        self.stored = route.routed(self.stored) if route else unrouted(self.stored)
+        self.stored["metadata"]["resourceVersion"] += "1"
 
-    async def list_pods(self, namespace: str, selector: str) -> PodList:
-        assert (namespace, selector) == ("system", f"{LABEL_OPERATOR_LEADER}=true")
-        return PodList([{"metadata": {"name": name}} for name in sorted(self.labelled)], "1")
+    def routed(self) -> set[str]:
+        endpoints = self.stored["endpoints"] if self.stored else []
+        return {e["targetRef"]["name"] for e in endpoints}
+
+    async def served_version(self, candidates: tuple[str, ...]) -> str | None:
+        assert VERSION in candidates
+        return VERSION
+
+    async def read_endpoint_slice(
+        self, namespace: str, name: str, version: str, timeout_s: float
+    ) -> dict[str, Any] | None:
+        assert (namespace, name, version) == ("system", ROUTE.service, VERSION)
+        return copy.deepcopy(self.stored)
+
+    async def create_endpoint_slice(
+        self, namespace: str, endpoint_slice: dict[str, Any], timeout_s: float
+    ) -> bool:
+        assert namespace == "system" and endpoint_slice["metadata"]["name"] == ROUTE.service
+        if self.stored is not None:
+            return False
+        self.stored = copy.deepcopy(endpoint_slice)
+        self.stored["metadata"]["resourceVersion"] = "1"
+        self.writes.append(sorted(self.routed()))
+        return True
+
+    async def replace_endpoint_slice(
+        self, namespace: str, endpoint_slice: dict[str, Any], timeout_s: float
+    ) -> bool:
+        assert namespace == "system" and endpoint_slice["metadata"]["name"] == ROUTE.service
+        assert endpoint_slice["addressType"] == "IPv4", "the slice as read, with its endpoints"
+        assert self.stored is not None
+        if self.before_write:
+            self.routes(self.before_write.pop(0))
+        if (
+            endpoint_slice["metadata"]["resourceVersion"]
+            != self.stored["metadata"]["resourceVersion"]
+        ):
+            return False
+        self.stored = copy.deepcopy(endpoint_slice)
+        self.stored["metadata"]["resourceVersion"] += "1"
+        self.writes.append(sorted(self.routed()))
+        return True
 
     async def list_jobs(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
         return self.jobs
@@ -53,31 +101,26 @@ def job(uid: str) -> dict[str, Any]:
 
 async def test_leading_serves_runs_and_routes_here_and_standing_down_undoes_it() -> None:
     unseen = job("unseen")  # listed, though the watch has not shown it yet
-    labels, service = Labels({"op-a", "op-b", "op-c"}, [unseen]), RendezvousService()
+    api, service = Slice(ROUTE, [unseen]), RendezvousService()
     jobs = JobSupervisor(run_until_stopped, leading=False)
     told: list[bool] = []
     replica = OperatorLeadership(
-        lambda: cast(KubeApi, labels),
-        lambda: service,
-        jobs,
-        ("system", "op-b"),
-        on_change=told.append,
+        lambda: cast(KubeApi, api), lambda: service, jobs, ROUTE, on_change=told.append
     )
-    await replica.start_standing_by()
-    assert service.standing_by and labels.changes == [("op-b", None)]
+    await replica.start_standing_by()  # its container restarted in a pod that led
+    assert service.standing_by and api.routed() == set() and api.writes == [[]]
+    api.routes(OTHER)
     await jobs.observe(None, job("train"))
-    labels.changes.clear()
     await replica.lead()
     assert not service.standing_by and jobs.leading and told == [True]
     assert service.adopting(), "the job it saw gets 503 until its controller serves it"
-    await asyncio.wait_for(_until(lambda: labels.labelled == {"op-b"}), DEADLINE_S)
-    assert ("op-b", "true") in labels.changes, "every other pod's label taken off"
+    await asyncio.wait_for(_until(lambda: api.routed() == {"op-b"}), DEADLINE_S)
+    assert ROUTE.routed_here(api.stored), "its address and rendezvous port, alone"
     service.add_job("ns.train", "the-key", cast(Any, None))
     assert service.adopting(), "the listed job is expected back too"
-    labels.changes.clear()
     await asyncio.wait_for(replica.stand_down(lost=False), DEADLINE_S)
     assert service.standing_by and not jobs.leading and told == [True, False]
-    assert labels.changes == [("op-b", None)]
+    assert api.routed() == set()
     await jobs.stop_all()
 
 
@@ -86,26 +129,44 @@ async def _until(check: Any) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_the_leader_puts_the_route_right_when_someone_changes_the_labels() -> None:
-    """Its label taken off its pod and put on another by hand: within a check, the label is
-    on its pod again and on no other; a standby checks nothing."""
-    labels, service = Labels(set(), []), RendezvousService()
+async def test_the_leader_puts_the_route_right_when_someone_changes_it() -> None:
+    """No EndpointSlice yet: the leader makes it. Pointed at another pod by hand: within a
+    check, it names the leader's pod again, and it alone; a standby checks nothing."""
+    api, service = Slice(None, []), RendezvousService()
     jobs = JobSupervisor(run_until_stopped, leading=False)
     replica = OperatorLeadership(
-        lambda: cast(KubeApi, labels),
-        lambda: service,
-        jobs,
-        ("system", "op-b"),
-        route_check_s=0.01,
+        lambda: cast(KubeApi, api), lambda: service, jobs, ROUTE, route_check_s=0.01
     )
     await replica.lead()
-    await asyncio.wait_for(_until(lambda: labels.labelled == {"op-b"}), DEADLINE_S)
-    labels.labelled.clear()
-    labels.labelled.add("op-c")
-    await asyncio.wait_for(_until(lambda: labels.labelled == {"op-b"}), DEADLINE_S)
+    await asyncio.wait_for(_until(lambda: api.routed() == {"op-b"}), DEADLINE_S)
+    api.routes(OTHER)
+    await asyncio.wait_for(_until(lambda: api.routed() == {"op-b"}), DEADLINE_S)
     await asyncio.wait_for(replica.stand_down(lost=False), DEADLINE_S)
-    labels.labelled.add("op-c")
-    labels.changes.clear()
+    api.routes(OTHER)
+    writes = len(api.writes)
     await asyncio.sleep(0.05)  # several checks' worth: none runs once it stood down
-    assert labels.changes == [] and labels.labelled == {"op-c"}
+    assert len(api.writes) == writes and api.routed() == {"op-c"}
+    await jobs.stop_all()
+
+
+async def test_a_replica_that_stands_down_never_erases_a_new_leaders_route() -> None:
+    """The new leader writes between the old one's read and its write: the old one's write
+    conflicts, it reads again, finds another pod named and leaves the route as it is."""
+    api, service = Slice(ROUTE, []), RendezvousService()
+    jobs = JobSupervisor(run_until_stopped, leading=False)
+    replica = OperatorLeadership(lambda: cast(KubeApi, api), lambda: service, jobs, ROUTE)
+    api.before_write.append(OTHER)
+    await asyncio.wait_for(replica.start_standing_by(), DEADLINE_S)
+    assert api.routed() == {"op-c"} and api.writes == []
+    await jobs.stop_all()
+
+
+async def test_a_replica_outside_a_pod_routes_nothing() -> None:
+    api, service = Slice(OTHER, []), RendezvousService()
+    jobs = JobSupervisor(run_until_stopped, leading=False)
+    replica = OperatorLeadership(lambda: cast(KubeApi, api), lambda: service, jobs, None)
+    await replica.start_standing_by()
+    await replica.lead()
+    await asyncio.wait_for(replica.stand_down(lost=False), DEADLINE_S)
+    assert api.writes == [] and api.routed() == {"op-c"}
     await jobs.stop_all()

@@ -1,6 +1,6 @@
 """``elasticjob-operator``'s options for the rendezvous service's transport (the URL's scheme
-decides) and for the leader election; options that do not fit together are a usage error
-naming them."""
+decides), for the leader election and for the Service route the leader writes; options that do
+not fit together are a usage error naming them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,14 @@ import pytest
 from elasticjob.operator.certs import ManagedCertificate, TLSMaterial
 from elasticjob.operator.leader_election import ElectionSettings
 from elasticjob.operator.leader_lease import LeaseRef
-from elasticjob.operator.main import build_parser, leader_election, main, rendezvous_tls
+from elasticjob.operator.main import (
+    build_parser,
+    leader_election,
+    main,
+    rendezvous_tls,
+    service_route,
+)
+from elasticjob.operator.service_route import ServiceRoute
 
 NOW = datetime.datetime.now(datetime.UTC)
 ENV = {"ELASTICJOB_SERVICE_NAME": "ejo", "POD_NAMESPACE": "system"}
@@ -106,6 +113,15 @@ def test_a_bad_option_is_a_usage_error_not_a_traceback(
     code = main(["--rendezvous-url", HTTPS, "--rendezvous-tls-dir", str(tmp_path)])
     assert code == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_the_route_comes_from_the_downward_api_and_the_chart() -> None:
+    pod = ENV | {"POD_NAME": "ejo-1", "POD_UID": "u-1", "POD_IP": "10.0.0.2"}
+    route = ServiceRoute("system", "ejo", "ejo-1", "u-1", "10.0.0.2", 8470)
+    assert service_route(pod, 8470) == route
+    for missing in pod:
+        without = {k: v for k, v in pod.items() if k != missing}
+        assert service_route(without, 8470) is None, f"{missing} unset: nothing to route"
 
 
 def test_without_a_lease_the_operator_leads_alone() -> None:

@@ -32,7 +32,7 @@ class RecordingApi:
         self.applied: list[tuple[str, str]] = []
         self.fail_policy = fail_policy
 
-    async def policy_version(self, candidates: tuple[str, ...]) -> str | None:
+    async def served_version(self, candidates: tuple[str, ...]) -> str | None:
         return candidates[0]
 
     async def apply_owned(self, namespace: str, obj: dict[str, Any], plural: str) -> None:

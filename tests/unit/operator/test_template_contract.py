@@ -120,7 +120,7 @@ def test_template_metadata_the_operator_sets_is_refused(key: str) -> None:
         pytest.param({"team": "a", "app.kubernetes.io/name": "trainer"}, [], id="the user's"),
         pytest.param({"elasticjob.dev/job-name": "other"}, ["elasticjob.dev/job-name"], id="job"),
         pytest.param({"elasticjob.dev/health-check": "Passed"}, ["elasticjob.dev/health-check"]),
-        pytest.param({"elasticjob.dev/operator-leader": "x"}, ["elasticjob.dev/operator-leader"]),
+        pytest.param({"elasticjob.dev/anything": "x"}, ["elasticjob.dev/anything"], id="any"),
         pytest.param({"elasticjob.dev.io/x": "y", "my.elasticjob.dev/x": "y"}, [], id="lookalikes"),
     ],
 )
