@@ -77,33 +77,21 @@ class LeadingCalls:
                 return None
             raise
 
-    async def replace_endpoint_slice(
+    async def write_endpoint_slice(
         self, namespace: str, endpoint_slice: dict[str, Any], timeout_s: float
     ) -> bool:
-        """Replace an EndpointSlice at its ``metadata.resourceVersion`` (one try within
-        ``timeout_s``); whether it was still at that version (False: someone else wrote)."""
+        """Create ``endpoint_slice`` (no ``metadata.resourceVersion``) or replace it at its
+        ``resourceVersion`` (one try within ``timeout_s``); whether it was written (False:
+        someone else made or changed it first)."""
+        collection = f"/apis/{endpoint_slice['apiVersion']}/namespaces/{namespace}/endpointslices"
         name = endpoint_slice["metadata"]["name"]
-        path = f"/apis/{endpoint_slice['apiVersion']}/namespaces/{namespace}/endpointslices/{name}"
+        replace = bool(endpoint_slice["metadata"].get("resourceVersion"))
+        method, path = ("PUT", f"{collection}/{name}") if replace else ("POST", collection)
         try:
             async with asyncio.timeout(timeout_s):
-                await self._transport.request("replace endpoint slice", "PUT", path, endpoint_slice)
+                await self._transport.request("write endpoint slice", method, path, endpoint_slice)
         except ApiException as exc:
-            if api_outcome(exc) is ApiOutcome.CONFLICT:
-                return False
-            raise
-        return True
-
-    async def create_endpoint_slice(
-        self, namespace: str, endpoint_slice: dict[str, Any], timeout_s: float
-    ) -> bool:
-        """Create an EndpointSlice (one try within ``timeout_s``); whether it was created
-        (False: one of its name exists, someone else made it first)."""
-        path = f"/apis/{endpoint_slice['apiVersion']}/namespaces/{namespace}/endpointslices"
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._transport.request("create endpoint slice", "POST", path, endpoint_slice)
-        except ApiException as exc:
-            if api_outcome(exc) is ApiOutcome.ALREADY_EXISTS:
+            if api_outcome(exc) in (ApiOutcome.CONFLICT, ApiOutcome.ALREADY_EXISTS):
                 return False
             raise
         return True

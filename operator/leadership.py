@@ -135,7 +135,7 @@ class OperatorLeadership:
                 )
                 if found is None:
                     made = route.made(version)
-                    if await api.create_endpoint_slice(route.namespace, made, ROUTE_TIMEOUT_S):
+                    if await api.write_endpoint_slice(route.namespace, made, ROUTE_TIMEOUT_S):
                         return
                     continue  # made by someone else since it was read: read it
                 if route.routed_here(found):
@@ -147,7 +147,7 @@ class OperatorLeadership:
                         route.pod,
                     )
                 here = route.routed(found)
-                if await api.replace_endpoint_slice(route.namespace, here, ROUTE_TIMEOUT_S):
+                if await api.write_endpoint_slice(route.namespace, here, ROUTE_TIMEOUT_S):
                     return
                 continue  # written by someone else since it was read: read it again
             except (ApiException, OSError) as exc:
@@ -171,7 +171,7 @@ class OperatorLeadership:
                 if not found or not route.named_here(found):
                     return
                 emptied = unrouted(found)
-                if await api.replace_endpoint_slice(route.namespace, emptied, ROUTE_TIMEOUT_S):
+                if await api.write_endpoint_slice(route.namespace, emptied, ROUTE_TIMEOUT_S):
                     return
                 continue  # written by someone else since it was read: read it again
             except (ApiException, OSError) as exc:

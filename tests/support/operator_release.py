@@ -127,7 +127,11 @@ def leader_pod(cluster: Cluster) -> dict[str, Any] | None:
 def serving_operator_pods(cluster: Cluster) -> set[str]:
     """The operator pods behind its rendezvous Service: the leader, once it routes the workers
     to itself (it writes its pod into the Service's EndpointSlice)."""
-    found = cluster.kubectl("-n", SYSTEM_NS, "get", "endpointslice", RELEASE, "-o", "json")
+    found = cluster.kubectl(
+        "-n", SYSTEM_NS, "get", "endpointslice", RELEASE, "-o", "json", check=False
+    )
+    if found.returncode != 0:  # none yet: it goes with the leader's pod, the next one makes it
+        return set()
     endpoints = json.loads(found.stdout).get("endpoints") or []
     return {
         endpoint["targetRef"]["name"]

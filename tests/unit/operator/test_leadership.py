@@ -56,29 +56,23 @@ class Slice:
         assert (namespace, name, version) == ("system", ROUTE.service, VERSION)
         return copy.deepcopy(self.stored)
 
-    async def create_endpoint_slice(
-        self, namespace: str, endpoint_slice: dict[str, Any], timeout_s: float
-    ) -> bool:
-        assert namespace == "system" and endpoint_slice["metadata"]["name"] == ROUTE.service
-        if self.stored is not None:
-            return False
-        self.stored = copy.deepcopy(endpoint_slice)
-        self.stored["metadata"]["resourceVersion"] = "1"
-        self.writes.append(sorted(self.routed()))
-        return True
-
-    async def replace_endpoint_slice(
+    async def write_endpoint_slice(
         self, namespace: str, endpoint_slice: dict[str, Any], timeout_s: float
     ) -> bool:
         assert namespace == "system" and endpoint_slice["metadata"]["name"] == ROUTE.service
         assert endpoint_slice["addressType"] == "IPv4", "the slice as read, with its endpoints"
+        version = endpoint_slice["metadata"].get("resourceVersion")
+        if version is None:  # a create
+            if self.stored is not None:
+                return False
+            self.stored = copy.deepcopy(endpoint_slice)
+            self.stored["metadata"]["resourceVersion"] = "1"
+            self.writes.append(sorted(self.routed()))
+            return True
         assert self.stored is not None
         if self.before_write:
             self.routes(self.before_write.pop(0))
-        if (
-            endpoint_slice["metadata"]["resourceVersion"]
-            != self.stored["metadata"]["resourceVersion"]
-        ):
+        if version != self.stored["metadata"]["resourceVersion"]:
             return False
         self.stored = copy.deepcopy(endpoint_slice)
         self.stored["metadata"]["resourceVersion"] += "1"
