@@ -30,7 +30,7 @@ TRAIN = [
 ]
 """A tiny model, paced so that the job trains for about half a minute after it starts (the
 loss still falls to under half of its first value)."""
-RESHARDED = re.compile(r"resharded commit \d+ from a world of 3 onto [23]\b")
+RESHARDED = re.compile(r"resharded commit \d+ from 3 shards onto [23] shards in 1 replica")
 """Onto the two survivors; onto three when the replacement pod joined the survivors' round
 already (as when an operator that took the lead over found the killed pod gone)."""
 ROUND_LINE = re.compile(r"round (\d+): (\d+) workers, from epoch (\d+) step (\d+)")

@@ -136,7 +136,9 @@ def test_the_example_survives_a_sigkilled_worker_of_four(tmp_path: Path) -> None
     assert run.victim is not None, f"the kill step never came: {run.explain()}"
     assert run.returncode == 0, run.explain()
     # The survivors resharded the last commit onto three, and went on from it, not from 0.
-    assert re.search(r"resharded commit \d+ from a world of 4 onto 3", run.output), run.explain()
+    assert re.search(
+        r"resharded commit \d+ from 4 shards onto 3 shards in 1 replica", run.output
+    ), run.explain()
     rounds = [tuple(map(int, m.groups())) for m in ROUND_LINE.finditer(run.output)]
     assert rounds[0] == (1, 4, 0, 0), rounds
     after = [r for r in rounds if r[0] > 1]

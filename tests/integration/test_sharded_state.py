@@ -143,7 +143,7 @@ def test_shards_nobody_holds_fail_the_job_and_say_how_to_keep_more(tmp_path: Pat
         *("--redundancy", "0", "--fail", "1:1:3"),
     )
     assert run.returncode != 0, run.explain()
-    assert "the committed shards of ranks [3] of a world of 4 are lost" in run.stderr
+    assert "the committed shards [3] of 4 are lost" in run.stderr
     assert "ShardedState(redundancy=...)" in run.stderr
 
 

@@ -49,3 +49,17 @@ def resumed_from_last_commit(run: JobRun) -> list[dict[str, Any]]:
 def finished_alike(run: JobRun, size: int) -> None:
     done = run.of("done")
     assert len(done) == size and len({d["digest"] for d in done}) == 1, done
+
+
+def trained_once_in_identical_replicas(run: JobRun, epochs: int, replicas: int) -> None:
+    """Every sample trained once an epoch in the committed trajectory, and the ranks that
+    hold one shard in the ``replicas`` replicas hold it alike."""
+    done = run.of("done")
+    for d in done:
+        assert (d["seen_min"], d["seen_max"]) == (epochs, epochs), d
+        assert d["replicas"] == replicas, d
+    by_shard: dict[int, set[str]] = {}
+    for d in done:
+        by_shard.setdefault(d["shard"], set()).add(d["shard_digest"])
+    assert all(len(digests) == 1 for digests in by_shard.values()), by_shard
+    assert all(sum(d["shard"] == shard for d in done) == replicas for shard in by_shard), done

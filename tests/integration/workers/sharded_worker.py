@@ -42,6 +42,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--commit-every", type=int, default=2)
     parser.add_argument("--redundancy", type=int, default=1)
+    parser.add_argument("--hsdp", action="store_true", help="shard within a host, replicate across")
+    parser.add_argument(
+        "--shard-size", type=int, help="HSDP's shard size (default: a host's slots)"
+    )
     parser.add_argument("--mixed-precision", action="store_true", help="bf16 compute, fp32 reduce")
     parser.add_argument("--epoch-file", type=Path, help="rank 0 writes the epoch it starts here")
     parser.add_argument("--expect-sizes", default="", help="world size each epoch must end with")
@@ -85,10 +89,11 @@ def build(
             fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     model.to_empty(device="cpu")
+    shard_dim = mesh.ndim - 1  # HSDP's mesh: (replicate, shard)
     for param in model.parameters():
         assert isinstance(param, DTensor)
         local = param.to_local()
-        start = mesh.get_local_rank() * -(-param.shape[0] // mesh.size())
+        start = mesh.get_local_rank(shard_dim) * -(-param.shape[0] // mesh.size(shard_dim))
         rows = torch.arange(start, start + local.shape[0], dtype=torch.float32)
         columns = torch.arange(local[0].numel() if local.shape[0] else 0, dtype=torch.float32)
         with torch.no_grad():
@@ -110,6 +115,31 @@ def digest(state: hvd.elastic.ShardedState) -> str:
         else:
             found.update(repr(value).encode())
     return found.hexdigest()
+
+
+def shard_digest(state: hvd.elastic.ShardedState) -> str:
+    """This rank's own shards, parameters and optimizer state: the ranks holding one shard
+    in the replicas of HSDP must hold it alike."""
+    assert state.model is not None and state.optimizer is not None
+    found = hashlib.sha256()
+    for name, param in state.model.named_parameters():
+        found.update(name.encode() + param.to_local().detach().contiguous().numpy().tobytes())
+    for param_state in state.optimizer.state.values():
+        for key, value in sorted(param_state.items()):
+            local = value.to_local() if isinstance(value, DTensor) else value
+            found.update(key.encode() + local.detach().contiguous().numpy().tobytes())
+    return found.hexdigest()
+
+
+def count_seen(
+    state: hvd.elastic.ShardedState, idx: torch.Tensor, position: int, samples: int
+) -> None:
+    """Count the batch's samples (not the padding) as trained, over the whole world: the
+    count is committed and rolled back with the state."""
+    real = state.sampler.num_real_samples
+    mask = torch.arange(position, position + len(idx)) < real
+    counts = hvd.allreduce(torch.bincount(idx[mask], minlength=samples), op=hvd.Sum)
+    state.seen = [a + int(b) for a, b in zip(state.seen, counts, strict=True)]
 
 
 def log_commit(state: hvd.elastic.ShardedState, log: EventLog) -> None:
@@ -172,7 +202,7 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     features = torch.randn(args.samples, FEATURES, generator=generator)
     targets = torch.randn(args.samples, OUTPUTS, generator=generator)
-    dataset = TensorDataset(features, targets)
+    dataset = TensorDataset(features, targets, torch.arange(args.samples))
     sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=7)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
     policy = (
@@ -183,23 +213,28 @@ def main() -> None:
     state = hvd.elastic.ShardedState(
         functools.partial(build, policy=policy),
         redundancy=args.redundancy,
+        hsdp=args.hsdp,
+        shard_size=args.shard_size,
         sampler=sampler,
         epoch=0,
         batch=0,
+        seen=[0] * args.samples,
     )
 
     @hvd.elastic.run
     def train(state: hvd.elastic.ShardedState) -> None:
         resumed = digest(state)
         if hvd.rank() == 0:
+            assert state.last_sync is not None
             log.write("resumed", epoch=state.epoch, batch=state.batch, digest=resumed,
-                      round=hvd.current_round(), size=hvd.size())  # fmt: skip
+                      round=hvd.current_round(), size=hvd.size(),
+                      sent_bytes=state.last_sync.sent_bytes)  # fmt: skip
         while state.epoch < args.epochs:
             if hvd.rank() == 0 and args.epoch_file is not None:
                 partial = args.epoch_file.with_name(f"{args.epoch_file.name}.{os.getpid()}")
                 partial.write_text(str(state.epoch))
                 partial.replace(args.epoch_file)
-            for batch_idx, (x, y) in enumerate(loader):
+            for batch_idx, (x, y, idx) in enumerate(loader):
                 if f"{state.epoch}:{state.batch}:{hvd.rank()}" in args.fail:
                     marker = args.log_dir / f"fired-{state.epoch}-{state.batch}-{hvd.rank()}"
                     if not marker.exists():
@@ -217,6 +252,7 @@ def main() -> None:
                 torch.nn.utils.clip_grad_norm_(state.model.parameters(), 1.0)
                 state.optimizer.step()
                 state.optimizer.zero_grad()
+                count_seen(state, idx, batch_idx * args.batch_size, args.samples)
                 state.sampler.record_batch(batch_idx, args.batch_size)
                 state.batch += 1
                 if state.batch % args.commit_every == 0:
@@ -244,7 +280,11 @@ def main() -> None:
 
     train(state)
     final = digest(state)
-    log.write("done", rank=hvd.rank(), size=hvd.size(), round=hvd.current_round(), digest=final)
+    layout = state.layout
+    assert layout is not None
+    log.write("done", rank=hvd.rank(), size=hvd.size(), round=hvd.current_round(), digest=final,
+              seen_min=min(state.seen), seen_max=max(state.seen), replicas=layout.replicas,
+              shard=layout.shard_of(hvd.rank()), shard_digest=shard_digest(state))  # fmt: skip
     hvd.shutdown()
 
 

@@ -13,8 +13,8 @@ from elasticjob.worker_runtime.elastic.sharded.shard_commits import (
 )
 
 
-def info(number: int, *held: int, world: int = 4) -> CommitInfo:
-    return CommitInfo(number, world, held)
+def info(number: int, *held: int, shards: int = 4) -> CommitInfo:
+    return CommitInfo(number, shards, held)
 
 
 NEWCOMER = RankCommits()
@@ -50,8 +50,8 @@ ROWS = [
         id="confirmed by nobody: the one before, which everyone holds",
     ),
     pytest.param(
-        {0: RankCommits(info(7, 0, 1, world=2)), 1: RankCommits(info(3, 1, 0, world=2))},
-        (7, {0: info(7, 0, 1, world=2)}),
+        {0: RankCommits(info(7, 0, 1, shards=2)), 1: RankCommits(info(3, 1, 0, shards=2))},
+        (7, {0: info(7, 0, 1, shards=2)}),
         id="a stale member is left out",
     ),
 ]

@@ -14,6 +14,7 @@ import pytest
 from elasticjob.worker_runtime.elastic.sharded import shard_pipeline
 from elasticjob.worker_runtime.elastic.sharded.shard_copies import Outcome
 from elasticjob.worker_runtime.elastic.sharded.shard_exchange import Shards
+from elasticjob.worker_runtime.elastic.sharded.shard_layout import MeshLayout
 from elasticjob.worker_runtime.elastic.sharded.shard_pipeline import (
     SETTLE_TIMEOUT_S,
     CommitPipeline,
@@ -23,6 +24,7 @@ from elasticjob.worker_runtime.elastic.sharded.shard_snapshot import ShardSnapsh
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 
 COPY: Shards = {}
+FSDP_OF_TWO = MeshLayout(((0, 1),), hsdp=False)
 
 
 class ScriptedFlight:
@@ -34,6 +36,7 @@ class ScriptedFlight:
     def __init__(
         self,
         snapshot: ShardSnapshot,
+        layout: MeshLayout,
         holders: Mapping[int, Sequence[int]],
         group: Any,
         on_failure: Callable[[Any, str], None],
@@ -62,13 +65,13 @@ def runtime(step: int = 7) -> Any:
 
 
 def snapshot() -> ShardSnapshot:
-    return ShardSnapshot(world=2, rank=0)
+    return ShardSnapshot(shards=2, shard=0)
 
 
 def start(pipeline: CommitPipeline, resumed_from: int = 4, round_runtime: Any = None) -> Any:
     round_runtime = round_runtime or runtime()
     pipeline.resume(resumed_from, None)
-    pipeline.start_round(round_runtime, object(), ["node-a", "node-b"])
+    pipeline.start_round(round_runtime, object(), ["node-a", "node-b"], FSDP_OF_TWO)
     return round_runtime
 
 
@@ -93,6 +96,16 @@ def test_commits_count_from_the_one_the_round_resumed_from(pipeline: CommitPipel
     pipeline.commit(snapshot(), {})
     assert pipeline.wait() is not None and pipeline.confirmed is not None
     assert pipeline.confirmed.number == 6
+
+
+def test_with_two_replicas_a_commit_sends_no_copies(pipeline: CommitPipeline) -> None:
+    """HSDP's other replica holds every shard already: the commit is its snapshot and the
+    barrier that confirms it."""
+    pipeline.resume(0, None)
+    two_pods = MeshLayout(((0, 1), (2, 3)), hsdp=True)
+    pipeline.start_round(runtime(), object(), ["a", "a", "b", "b"], two_pods)
+    pipeline.commit(snapshot(), {})
+    assert ScriptedFlight.flights[-1].holders == {0: (), 1: (), 2: (), 3: ()}
 
 
 def test_a_round_ends_once_and_a_commit_not_confirmed_stays_pending(

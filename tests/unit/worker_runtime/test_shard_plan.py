@@ -7,13 +7,27 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from elasticjob.worker_runtime.elastic.sharded.shard_layout import MeshLayout
 from elasticjob.worker_runtime.elastic.sharded.shard_plan import (
     LostShards,
     RowLayout,
     Transfer,
     copy_holders,
+    extra_copies,
+    moved_bytes,
     plan_reshard,
 )
+
+KEY = ("model", "weight")
+
+
+def fsdp(world: int) -> MeshLayout:
+    """Every rank on a one-dimensional mesh, in rank order."""
+    return MeshLayout((tuple(range(world)),), hsdp=False)
+
+
+def hsdp(*replicas: tuple[int, ...]) -> MeshLayout:
+    return MeshLayout(tuple(replicas), hsdp=True)
 
 
 @pytest.mark.parametrize(
@@ -102,12 +116,65 @@ def test_plans_for_eight_rows(
     new_world: int,
     expected: tuple[Transfer, ...] | LostShards,
 ) -> None:
-    assert plan_reshard(8, old_world, holders, new_world) == expected
+    plans = plan_reshard({KEY: (8,)}, old_world, holders, fsdp(new_world))
+    assert (plans if isinstance(plans, LostShards) else plans[KEY]) == expected
 
 
 def test_an_empty_shard_is_never_lost() -> None:
-    transfers = plan_reshard(3, 4, {0: [0], 1: [1], 2: [2], 3: []}, 3)
+    transfers = plan_reshard({KEY: (3,)}, 4, {0: [0], 1: [1], 2: [2], 3: []}, fsdp(3))
     assert not isinstance(transfers, LostShards)
+
+
+@pytest.mark.parametrize(
+    ("replicas", "redundancy", "extra"),
+    [(1, 1, 1), (2, 1, 0), (3, 1, 0), (2, 2, 1), (1, 0, 0), (4, 2, 0)],
+)
+def test_replicas_are_copies_a_commit_need_not_send(
+    replicas: int, redundancy: int, extra: int
+) -> None:
+    assert extra_copies(redundancy, replicas) == extra
+
+
+# HSDP, two slots a pod: a shard of 8 rows of 2 float32 columns is 4 rows, 32 bytes.
+@pytest.mark.parametrize(
+    ("holders", "layout", "moved", "sources"),
+    [
+        pytest.param(
+            {0: [0, 2], 1: [1, 3]}, hsdp((0, 1), (2, 3)), 0, {}, id="unchanged-nothing-moves"
+        ),
+        pytest.param({0: [0], 1: [1]}, hsdp((0, 1)), 0, {}, id="a-lost-pod-moves-nothing"),
+        pytest.param(
+            {0: [0], 1: [1]},
+            hsdp((0, 1), (2, 3), (4, 5)),
+            128,
+            {2: 0, 3: 1, 4: 0, 5: 1},
+            id="two-new-pods-from-the-one-replica",
+        ),
+        pytest.param(
+            {0: [0, 2], 1: [1, 3]},
+            hsdp((0, 1), (2, 3), (4, 5), (6, 7)),
+            128,
+            {4: 0, 5: 1, 6: 2, 7: 3},
+            id="two-new-pods-from-two-replicas",
+        ),
+        pytest.param(
+            {0: [0, 2], 1: [1, 3]},
+            fsdp(4),
+            32,
+            {1: 2, 2: 3},
+            id="two-replicas-of-two-onto-four-shards-in-rank-order",
+        ),
+    ],
+)
+def test_hsdp_plans(
+    holders: dict[int, list[int]], layout: MeshLayout, moved: int, sources: dict[int, int]
+) -> None:
+    """Sources by target: each receives from one rank that holds its shard (least loaded
+    first, then nearest after it in ring order)."""
+    plans = plan_reshard({KEY: (8, 2)}, 2, holders, layout)
+    assert not isinstance(plans, LostShards)
+    assert moved_bytes(plans, {KEY: (8, 2)}, {KEY: 4}) == moved
+    assert {m.target: m.source for m in plans[KEY] if m.source != m.target} == sources
 
 
 @given(
@@ -125,14 +192,15 @@ def test_executing_a_plan_rebuilds_every_new_shard_exactly(
         r: data.draw(st.lists(st.integers(0, new_world - 1), min_size=1, max_size=3, unique=True))
         for r in range(old_world)
     }
-    plan = plan_reshard(rows, old_world, holders, new_world)
-    assert not isinstance(plan, LostShards)
+    plans = plan_reshard({KEY: (rows,)}, old_world, holders, fsdp(new_world))
+    assert not isinstance(plans, LostShards)
+    plan = plans[KEY]
     old, new = RowLayout(rows, old_world), RowLayout(rows, new_world)
     built = {r: [None] * (new.span(r)[1] - new.span(r)[0]) for r in range(new_world)}
     for move in plan:
-        assert move.source in holders[move.old_rank]
-        assert move.source == move.target or move.target not in holders[move.old_rank]
-        old_start = old.span(move.old_rank)[0]
+        assert move.source in holders[move.old_shard]
+        assert move.source == move.target or move.target not in holders[move.old_shard]
+        old_start = old.span(move.old_shard)[0]
         rows_moved = range(old_start + move.old_rows[0], old_start + move.old_rows[1])
         for offset, row in enumerate(rows_moved):
             slot = move.new_rows[0] + offset

@@ -29,10 +29,10 @@ class CommitInfo:
 
     number: int
     """The commit's number, the same on every member of the round that made it."""
-    world: int
-    """The size of the round that made it."""
+    shards: int
+    """How many shards the round that made it split the state into (in each replica)."""
     held: tuple[int, ...]
-    """The ranks of that round whose shards this rank holds: its own and its copies."""
+    """The shards this rank holds of it: its own and its copies."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class RankCommits:
 @dataclass(frozen=True)
 class Commit:
     """One commit on this rank: its number, this rank's shards (the snapshot), the copies it
-    keeps of other ranks' shards, the other attributes' state dicts and the step count."""
+    keeps of other shards (by shard), the other attributes' state dicts and the step count."""
 
     number: int
     snapshot: ShardSnapshot
@@ -55,8 +55,8 @@ class Commit:
     step: int
 
     def info(self) -> CommitInfo:
-        held = tuple(sorted({self.snapshot.rank, *self.copies}))
-        return CommitInfo(self.number, self.snapshot.world, held)
+        held = tuple(sorted({self.snapshot.shard, *self.copies}))
+        return CommitInfo(self.number, self.snapshot.shards, held)
 
 
 def choose_commit(ranks: Mapping[int, RankCommits]) -> tuple[int, dict[int, CommitInfo]] | None:

@@ -29,6 +29,7 @@ from elasticjob.worker_runtime.elastic.sharded.shard_exchange import (
     exchange_copies,
     wait_all,
 )
+from elasticjob.worker_runtime.elastic.sharded.shard_layout import MeshLayout
 from elasticjob.worker_runtime.elastic.sharded.shard_snapshot import ShardSnapshot
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 
@@ -49,18 +50,21 @@ class Outcome(enum.Enum):
 
 
 class CopiesInFlight:
-    """Sends ``snapshot``'s shards to their ``holders`` and receives the copies this rank
-    keeps, then passes a barrier, all on ``group`` and on a thread of its own; a failure is
-    told to ``on_failure(group, reason)``, on that thread."""
+    """Sends ``snapshot``'s shards to their ``holders`` (ranks of the round's ``layout``) and
+    receives the copies this rank keeps, then passes a barrier, all on ``group`` and on a
+    thread of its own; a failure is told to ``on_failure(group, reason)``, on that
+    thread."""
 
     def __init__(
         self,
         snapshot: ShardSnapshot,
+        layout: MeshLayout,
         holders: Mapping[int, Sequence[int]],
         group: dist.ProcessGroup,
         on_failure: Callable[[dist.ProcessGroup, str], None],
     ) -> None:
         self._snapshot = snapshot
+        self._layout = layout
         self._on_failure = on_failure
         self._holders = holders
         self._group: dist.ProcessGroup | None = group
@@ -80,9 +84,8 @@ class CopiesInFlight:
         snapshot = self._snapshot
         copies: dict[int, Shards] | None = None
         try:
-            copies = exchange_copies(
-                snapshot.sharded, snapshot.world, snapshot.rank, self._holders, group
-            )
+            rank = group.rank()  # the host group is the whole round, in its order
+            copies = exchange_copies(snapshot.sharded, self._layout, rank, self._holders, group)
             self._advance(Outcome.PENDING, copies)
             wait_all([dist.barrier(group=group, async_op=True)], "the commit's barrier")
             self._advance(Outcome.CONFIRMED, copies)

@@ -4,7 +4,7 @@
   copies of them (``shard_plan.copy_holders``) and receives the shards it keeps a copy of:
   one message per (rank, holder) and tensor, straight from the snapshot (on the commit's
   own thread: ``shard_copies.py``).
-- :func:`reshard`: after the world changed, each rank of the new world receives the rows of
+- :func:`reshard`: after the world changed, each rank of the new round receives the rows of
   its new shards from the ranks that hold them (``shard_plan.plan_reshard``), in one batch of
   sends and receives for every tensor at once.
 
@@ -18,13 +18,13 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from elasticjob.worker_runtime.elastic.sharded.shard_plan import RowLayout, Transfer
+from elasticjob.worker_runtime.elastic.sharded.shard_layout import MeshLayout
+from elasticjob.worker_runtime.elastic.sharded.shard_plan import Key, RowLayout, Transfer
 from elasticjob.worker_runtime.elastic.sharded.shard_snapshot import ShardedEntry
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 
-Key = tuple[str, str]
 Shards = dict[Key, torch.Tensor]
-"""One rank's committed shards by entry (its rows of each sharded tensor)."""
+"""One shard of a commit, by entry (its rows of each sharded tensor)."""
 
 
 def wait_all(works: Sequence[dist.Work], what: str = "a transfer of shards") -> None:
@@ -47,9 +47,9 @@ def host_group() -> dist.ProcessGroup:
     return group
 
 
-def shard_shape(entry: ShardedEntry, world: int, rank: int) -> tuple[int, ...]:
-    """The shape of ``rank``'s shard of ``entry``'s tensor in a world of ``world``."""
-    start, stop = RowLayout(entry.rows, world).span(rank)
+def shard_shape(entry: ShardedEntry, shards: int, shard: int) -> tuple[int, ...]:
+    """The shape of shard ``shard`` of ``shards`` of ``entry``'s tensor."""
+    start, stop = RowLayout(entry.rows, shards).span(shard)
     return (stop - start, *entry.shape[1:])
 
 
@@ -62,13 +62,13 @@ def _by_dtype(keys: Sequence[Key], entries: Mapping[Key, ShardedEntry]) -> dict[
 
 def exchange_copies(
     entries: Mapping[Key, ShardedEntry],
-    world: int,
+    layout: MeshLayout,
     rank: int,
     holders: Mapping[int, Sequence[int]],
     group: dist.ProcessGroup,
 ) -> dict[int, Shards]:
-    """Send this rank's shards (``entries``' locals) to its holders; return the shards of
-    the ranks whose copies this rank keeps, by their rank.
+    """Send this rank's shards (``entries``' locals) to its holders; return the shards this
+    rank keeps a copy of, by shard (of the round's ``layout``).
 
     Each shard goes as it is, one message per (holder, tensor) tagged by the tensor's place
     in the sorted entries, and arrives in a slice of one buffer per (owner, dtype): nothing
@@ -86,8 +86,9 @@ def exchange_copies(
     copies: dict[int, Shards] = {}
     for owner in sorted(r for r, kept_by in holders.items() if rank in kept_by and r != rank):
         shards: Shards = {}
+        owned = layout.shard_of(owner)
         for same_dtype in _by_dtype(keys, entries).values():
-            shapes = [shard_shape(entries[key], world, owner) for key in same_dtype]
+            shapes = [shard_shape(entries[key], layout.shards, owned) for key in same_dtype]
             counts = [int(torch.Size(shape).numel()) for shape in shapes]
             buffer = torch.empty(sum(counts), dtype=entries[same_dtype[0]].dtype)
             offset = 0
@@ -97,7 +98,7 @@ def exchange_copies(
                 offset += count
                 if count:
                     operations.append(dist.P2POp(dist.irecv, piece, owner, group, tags[key]))
-        copies[owner] = shards
+        copies[owned] = shards  # two replicas' copies of one shard are alike: one is kept
     if operations:
         wait_all(dist.batch_isend_irecv(operations))
     return copies
@@ -108,19 +109,19 @@ def reshard(
     shapes: Mapping[Key, tuple[int, ...]],
     dtypes: Mapping[Key, torch.dtype],
     held: Mapping[int, Shards],
-    new_world: int,
+    layout: MeshLayout,
     rank: int,
     group: dist.ProcessGroup,
 ) -> Shards:
     """Carry the transfers of every entry out (``plans``: ``shard_plan.plan_reshard``'s, by
-    entry); ``held``: the old shards this rank holds, by old rank. Return this rank's new
-    shards."""
+    entry) onto the new round's ``layout``; ``held``: the old shards this rank holds, by old
+    shard. Return this rank's new shards."""
     operations: list[dist.P2POp] = []
     arrivals: list[tuple[torch.Tensor, torch.Tensor]] = []
     new_shards: Shards = {}
     for key in sorted(plans):
         shape = shapes[key]
-        start, stop = RowLayout(shape[0], new_world).span(rank)
+        start, stop = RowLayout(shape[0], layout.shards).span(layout.shard_of(rank))
         target = torch.empty((stop - start, *shape[1:]), dtype=dtypes[key])
         new_shards[key] = target
         for move in plans[key]:
@@ -128,7 +129,7 @@ def reshard(
                 continue
             rows = slice(*move.new_rows)
             if move.source == rank:
-                piece = held[move.old_rank][key][slice(*move.old_rows)]
+                piece = held[move.old_shard][key][slice(*move.old_rows)]
                 if move.target == rank:
                     target[rows] = piece
                 else:

@@ -27,7 +27,8 @@ import torch.distributed as dist
 
 from elasticjob.worker_runtime.elastic.sharded.shard_commits import Commit, RankCommits
 from elasticjob.worker_runtime.elastic.sharded.shard_copies import CopiesInFlight, Outcome
-from elasticjob.worker_runtime.elastic.sharded.shard_plan import copy_holders
+from elasticjob.worker_runtime.elastic.sharded.shard_layout import MeshLayout
+from elasticjob.worker_runtime.elastic.sharded.shard_plan import copy_holders, extra_copies
 from elasticjob.worker_runtime.elastic.sharded.shard_snapshot import ShardSnapshot
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 
@@ -69,6 +70,12 @@ class CommitPipeline:
         self._host_group: dist.ProcessGroup | None = None
         """The round's Gloo group for host memory, until the round ends."""
         self._holders: dict[int, tuple[int, ...]] = {}
+        self._layout: MeshLayout | None = None
+
+    @property
+    def layout(self) -> MeshLayout | None:
+        """How the round the pipeline commits in is sharded (None: before the first)."""
+        return self._layout
 
     def holdings(self) -> RankCommits:
         """What this rank tells a new round it holds (a commit still in flight is settled
@@ -98,22 +105,28 @@ class CommitPipeline:
         self._number = number
 
     def start_round(
-        self, runtime: Runtime, host_group: dist.ProcessGroup, nodes: Sequence[str]
+        self,
+        runtime: Runtime,
+        host_group: dist.ProcessGroup,
+        nodes: Sequence[str],
+        layout: MeshLayout,
     ) -> None:
-        """Commit in the round of ``runtime`` from now on: copies go over ``host_group`` to
-        the ranks on other ``nodes`` first."""
-        self.runtime, self._host_group = runtime, host_group
-        self._holders = copy_holders(nodes, self.redundancy)
+        """Commit in the round of ``runtime``, sharded as ``layout`` says, from now on:
+        copies (those the replicas do not make) go over ``host_group`` to the ranks on other
+        ``nodes`` first."""
+        self.runtime, self._host_group, self._layout = runtime, host_group, layout
+        self._holders = copy_holders(nodes, extra_copies(self.redundancy, layout.replicas))
 
     def commit(self, snapshot: ShardSnapshot, extras: dict[str, Any]) -> None:
         """Make the next commit of ``snapshot`` and the other attributes' ``extras`` pending,
         at the runtime's step, and send its copies on a thread of their own (after
         :meth:`wait`: one commit is in flight at most)."""
         assert self._flight is None and self.runtime is not None and self._host_group is not None
+        assert self._layout is not None
         self._number += 1
         self.pending = Commit(self._number, snapshot, {}, extras, self.runtime.step)
         self._flight = CopiesInFlight(
-            snapshot, self._holders, self._host_group, self._copies_failed
+            snapshot, self._layout, self._holders, self._host_group, self._copies_failed
         )
 
     def wait(self) -> Commit | None:

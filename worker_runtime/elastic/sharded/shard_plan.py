@@ -2,27 +2,35 @@
 pure functions, no torch, no communication.
 
 FSDP2 (``torch.distributed.fsdp.fully_shard``) shards every parameter, and the optimizer
-state beside it, along dimension 0 as ``torch.chunk`` does: with ``n`` ranks, rank ``r``
-holds rows ``[r * c, (r + 1) * c)`` of a tensor of ``rows`` rows, ``c = ceil(rows / n)``,
-clipped to ``rows`` (the last ranks may hold fewer rows, or none): :class:`RowLayout`.
+state beside it, along dimension 0 as ``torch.chunk`` does: in ``n`` shards, shard ``s``
+holds rows ``[s * c, (s + 1) * c)`` of a tensor of ``rows`` rows, ``c = ceil(rows / n)``,
+clipped to ``rows`` (the last shards may hold fewer rows, or none): :class:`RowLayout`.
+Which rank holds which shard, in each replica, is the round's ``shard_layout.MeshLayout``.
 
-A commit keeps each rank's shards in its own host memory and ``redundancy`` copies on other
-ranks, on other machines (nodes) where the round has them (:func:`copy_holders`). After the world
-changes, :func:`plan_reshard` says who sends which rows of which old shard to whom, so that
-every rank of the new world gets exactly the rows of its new shard from a rank that holds
-them; nobody ever needs the whole tensor. When no rank holds an old shard any more,
-:class:`LostShards` names them.
+A commit keeps each rank's shards in its own host memory; every other replica holds the
+same shards, and :func:`extra_copies` more copies go to other ranks, on other machines
+(nodes) where the round has them (:func:`copy_holders`), so that each shard survives
+``redundancy`` lost ranks. After the world changes, :func:`plan_reshard` says who sends
+which rows of which old shard to whom, so that every rank of the new round gets exactly the
+rows of its new shard from a rank that holds them; nobody ever needs the whole tensor. When
+no rank holds an old shard any more, :class:`LostShards` names them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from elasticjob.worker_runtime.elastic.sharded.shard_layout import MeshLayout
+
+Key = tuple[str, str]
+"""An entry of a sharded state: ``("model" | "optimizer", its flat name)``."""
 
 
 @dataclass(frozen=True)
 class RowLayout:
-    """How ``rows`` rows of a tensor are split over ``world`` ranks (``torch.chunk``)."""
+    """How ``rows`` rows of a tensor are split in ``world`` shards (``torch.chunk``)."""
 
     rows: int
     world: int
@@ -37,11 +45,18 @@ class RowLayout:
         return -(-self.rows // self.world)
 
     def span(self, rank: int) -> tuple[int, int]:
-        """The rows ``[start, stop)`` rank ``rank`` holds (empty past the end)."""
+        """The rows ``[start, stop)`` of shard ``rank`` (empty past the end)."""
         if not 0 <= rank < self.world:
-            raise ValueError(f"rank {rank} is not in a world of {self.world}")
+            raise ValueError(f"shard {rank} is not one of {self.world}")
         start = min(rank * self.chunk, self.rows)
         return start, min(start + self.chunk, self.rows)
+
+
+def extra_copies(redundancy: int, replicas: int) -> int:
+    """How many copies of each rank's shards a commit sends to other ranks so that a shard
+    survives ``redundancy`` lost ranks, where ``replicas`` replicas hold it already (HSDP:
+    with two replicas or more, none for one lost rank)."""
+    return max(0, redundancy - (replicas - 1))
 
 
 def copy_holders(nodes: Sequence[str], redundancy: int) -> dict[int, tuple[int, ...]]:
@@ -75,8 +90,8 @@ class Transfer:
 
     source: int
     target: int
-    old_rank: int
-    """Whose shard of the old world the rows come from."""
+    old_shard: int
+    """Which shard of the commit the rows come from."""
     old_rows: tuple[int, int]
     """The rows, as ``[start, stop)`` within that old shard."""
     new_rows: tuple[int, int]
@@ -87,50 +102,81 @@ class Transfer:
 class LostShards:
     """Old shards that no rank of the new world holds: their committed rows are gone."""
 
-    old_ranks: tuple[int, ...]
+    old_shards: tuple[int, ...]
 
 
 def plan_reshard(
-    rows: int,
-    old_world: int,
+    shapes: Mapping[Key, tuple[int, ...]],
+    old_shards: int,
     holders: Mapping[int, Sequence[int]],
-    new_world: int,
-) -> tuple[Transfer, ...] | LostShards:
-    """The transfers that give every rank of ``new_world`` its new shard of a tensor of
-    ``rows`` rows sharded over ``old_world`` ranks before; ``holders``: for each old rank,
-    the ranks of the new world that hold its committed shard (its own process, if it
-    survived, and those that kept a copy).
+    layout: MeshLayout,
+) -> dict[Key, tuple[Transfer, ...]] | LostShards:
+    """The transfers that give every rank of the new round (``layout``) its new shard of
+    each tensor of global ``shapes``, sharded in ``old_shards`` shards in the commit;
+    ``holders``: for each old shard, the ranks of the new round that hold it (the ranks of
+    every replica that held it and are left, and those that kept a copy).
 
-    A rank that holds rows itself takes them from its own memory; otherwise the holder is
-    chosen by ring distance to the target, the same for every tensor, so that one pair of
-    ranks carries all of a shard's rows together. Old shards that hold rows the new world
-    needs and that nobody holds are :class:`LostShards` (empty shards are never lost)."""
-    old, new = RowLayout(rows, old_world), RowLayout(rows, new_world)
-    lost = sorted(
-        r for r in range(old_world) if old.span(r)[0] < old.span(r)[1] and not holders.get(r)
-    )
+    A rank that holds rows itself takes them from its own memory. Otherwise one holder
+    sends a target all it needs of one old shard, for every tensor alike: the least loaded
+    so far, then the nearest after the target in ring order, so that the ranks of a new
+    replica take their shards from several replicas where there are several. Old shards
+    that hold rows the new round needs and that nobody holds are :class:`LostShards`
+    (empty shards are never lost)."""
+    lost: set[int] = set()
+    for shape in shapes.values():
+        old = RowLayout(shape[0] if shape else 0, old_shards)
+        lost.update(r for r in range(old_shards) if old.span(r)[0] < old.span(r)[1])
+    lost = {r for r in lost if not holders.get(r)}
     if lost:
-        return LostShards(tuple(lost))
-    transfers = []
-    for target in range(new_world):
-        start, stop = new.span(target)
-        for old_rank in range(old_world):
-            old_start, old_stop = old.span(old_rank)
-            low, high = max(start, old_start), min(stop, old_stop)
-            if low >= high:
-                continue
-            candidates = holders[old_rank]
-            if target in candidates:
-                source = target
-            else:
-                source = min(candidates, key=lambda r: ((r - target) % new_world, r))
-            transfers.append(
-                Transfer(
-                    source,
-                    target,
-                    old_rank,
-                    (low - old_start, high - old_start),
-                    (low - start, high - start),
+        return LostShards(tuple(sorted(lost)))
+    sources: dict[tuple[int, int], int] = {}
+    loads = dict.fromkeys(range(layout.world), 0)
+    plans: dict[Key, tuple[Transfer, ...]] = {}
+    for key in sorted(shapes):
+        shape = shapes[key]
+        rows = shape[0] if shape else 0
+        row_size = math.prod(shape[1:])
+        old, new = RowLayout(rows, old_shards), RowLayout(rows, layout.shards)
+        transfers = []
+        for target in range(layout.world):
+            start, stop = new.span(layout.shard_of(target))
+            for old_shard in range(old_shards):
+                old_start, old_stop = old.span(old_shard)
+                low, high = max(start, old_start), min(stop, old_stop)
+                if low >= high:
+                    continue
+                candidates = holders[old_shard]
+                if target in candidates:
+                    source = target
+                else:
+                    source = sources.setdefault(
+                        (target, old_shard),
+                        min(candidates, key=lambda r: (loads[r], (r - target) % layout.world, r)),
+                    )
+                    loads[source] += (high - low) * row_size
+                transfers.append(
+                    Transfer(
+                        source,
+                        target,
+                        old_shard,
+                        (low - old_start, high - old_start),
+                        (low - start, high - start),
+                    )
                 )
-            )
-    return tuple(transfers)
+        plans[key] = tuple(transfers)
+    return plans
+
+
+def moved_bytes(
+    plans: Mapping[Key, Sequence[Transfer]],
+    shapes: Mapping[Key, tuple[int, ...]],
+    item_sizes: Mapping[Key, int],
+) -> int:
+    """How many bytes a plan sends from one rank to another (rows a rank takes from its own
+    memory do not count); ``item_sizes``: each entry's bytes per element."""
+    return sum(
+        (move.new_rows[1] - move.new_rows[0]) * math.prod(shapes[key][1:]) * item_sizes[key]
+        for key, moves in plans.items()
+        for move in moves
+        if move.source != move.target
+    )

@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 FLAT: Final = StateDictOptions(flatten_optimizer_state_dict=True)
 """State dicts by flat name (``state.<param>.exp_avg``), so every entry is one tensor."""
@@ -80,10 +80,11 @@ class ShardedEntry:
 
 @dataclass
 class ShardSnapshot:
-    """A commit of one rank: its shards and what every rank holds alike."""
+    """A commit of one rank: its shards (shard ``shard`` of ``shards`` of every sharded
+    tensor) and what every rank holds alike."""
 
-    world: int
-    rank: int
+    shards: int
+    shard: int
     sharded: dict[tuple[str, str], ShardedEntry] = field(default_factory=dict)
     replicated: dict[tuple[str, str], Any] = field(default_factory=dict)
 
@@ -92,18 +93,29 @@ class ShardSnapshot:
         return sum(e.local.numel() * e.local.element_size() for e in self.sharded.values())
 
 
+def placements(mesh: DeviceMesh) -> list[Shard | Replicate]:
+    """How FSDP2 places a tensor on ``mesh``: sharded by rows over its last dimension (the
+    shard dimension), replicated over the one before (HSDP's replicate dimension)."""
+    return [Replicate()] * (mesh.ndim - 1) + [Shard(0)]
+
+
 def _is_row_sharded(value: DTensor) -> bool:
-    placements = value.placements
-    return len(placements) == 1 and isinstance(placements[0], Shard) and placements[0].dim == 0
+    *replicated, sharded = value.placements
+    return (
+        isinstance(sharded, Shard)
+        and sharded.dim == 0
+        and all(isinstance(p, Replicate) for p in replicated)
+    )
 
 
 def take_snapshot(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, world: int, rank: int
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, shards: int, shard: int
 ) -> ShardSnapshot:
     """Copy ``model``'s and ``optimizer``'s live state to host memory (this rank's shards of
-    the sharded tensors; the rest as it is). Raises :class:`TypeError` for a tensor sharded
-    otherwise than FSDP2 shards (dimension 0 over one mesh dimension)."""
-    snapshot = ShardSnapshot(world, rank)
+    the sharded tensors, shard ``shard`` of ``shards``; the rest as it is). Raises
+    :class:`TypeError` for a tensor sharded otherwise than FSDP2 shards (dimension 0 over
+    the mesh's last dimension, replicated over the one before)."""
+    snapshot = ShardSnapshot(shards, shard)
     if optimizer_started(optimizer):
         model_state, optimizer_state = get_state_dict(model, optimizer, options=FLAT)
     else:
@@ -116,7 +128,8 @@ def take_snapshot(
                 if not _is_row_sharded(value):
                     raise TypeError(
                         f"{kind} entry {name} is placed {value.placements}: a sharded state "
-                        "holds FSDP2 shards (Shard(0) over a one-dimensional mesh)"
+                        "holds FSDP2 shards (Shard(0) over the mesh's last dimension, "
+                        "replicated over the one before)"
                     )
                 local = value.to_local().detach().to("cpu", copy=True)
                 snapshot.sharded[key] = ShardedEntry(tuple(value.shape), value.dtype, local)
@@ -147,7 +160,7 @@ def load_shards(
         shape = torch.Size(shapes[(kind, name)])
         stride = torch.empty(shape, device="meta").stride()
         states[kind][name] = DTensor.from_local(
-            local.to(device), mesh, [Shard(0)], run_check=False, shape=shape, stride=stride
+            local.to(device), mesh, placements(mesh), run_check=False, shape=shape, stride=stride
         )
     for (kind, name), value in replicated.items():
         states[kind][name] = value.clone() if isinstance(value, torch.Tensor) else value

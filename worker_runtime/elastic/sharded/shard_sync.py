@@ -3,9 +3,10 @@ of who sends which rows of it to whom, the transfers, and the load into the mode
 the new world.
 
 - :func:`agree_on_commit`: every member tells where it runs and which commits it holds; the
-  newest commit any member confirmed is the one (``shard_commits.choose_commit``).
-- :func:`load_commit`: the layout of that commit's shards comes from one member holding it;
-  ``shard_plan.plan_reshard`` plans each tensor (shards that no member holds any more are
+  newest commit any member confirmed is the one (``shard_commits.choose_commit``), and
+  which shard each member holds in the round (``shard_layout.plan_layout``).
+- :func:`load_commit`: the shapes of that commit's tensors come from one member holding it;
+  ``shard_plan.plan_reshard`` plans every tensor (shards that no member holds any more are
   :class:`ShardsLostError`), ``shard_exchange.reshard`` carries the plan out over the round's
   host group and ``shard_snapshot.load_shards`` loads this rank's new rows. No rank ever
   holds a whole tensor.
@@ -30,8 +31,15 @@ from elasticjob.worker_runtime.elastic.sharded.shard_commits import (
     RankCommits,
     choose_commit,
 )
-from elasticjob.worker_runtime.elastic.sharded.shard_exchange import Key, Shards, reshard
-from elasticjob.worker_runtime.elastic.sharded.shard_plan import LostShards, Transfer, plan_reshard
+from elasticjob.worker_runtime.elastic.sharded.shard_exchange import Shards, reshard
+from elasticjob.worker_runtime.elastic.sharded.shard_layout import MeshLayout, plan_layout
+from elasticjob.worker_runtime.elastic.sharded.shard_plan import (
+    Key,
+    LostShards,
+    Transfer,
+    moved_bytes,
+    plan_reshard,
+)
 from elasticjob.worker_runtime.elastic.sharded.shard_snapshot import load_shards
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 
@@ -45,8 +53,20 @@ Chosen = tuple[int, dict[int, CommitInfo]]
 
 
 @dataclass(frozen=True)
+class Loaded:
+    """How a commit was loaded in a round: the seconds of the transfers and of the load, and
+    the bytes the round's ranks sent one another (all of them together; 0 when nothing
+    moved, as when a lost replica leaves the others as they were)."""
+
+    reshard_s: float = 0.0
+    load_s: float = 0.0
+    sent_bytes: int = 0
+
+
+@dataclass(frozen=True)
 class SyncTimes:
-    """Where the last round's sync spent its time, in seconds."""
+    """Where the last round's sync spent its time, in seconds, and the bytes its reshard
+    sent between ranks."""
 
     exchange_s: float
     """Every rank telling which commit and which old shards it holds."""
@@ -58,6 +78,8 @@ class SyncTimes:
     """The new rows loaded into the model and optimizer (0 when nothing was loaded)."""
     commit_s: float
     """The new layout's snapshot (its copies move while training goes on)."""
+    sent_bytes: int = 0
+    """What the round's ranks sent one another to reshard, all of them together."""
 
 
 class ShardsLostError(RuntimeError):
@@ -67,89 +89,100 @@ class ShardsLostError(RuntimeError):
 
 @dataclass(frozen=True)
 class NewWorld:
-    """What a sync loads a commit into: the round's runtime, device mesh and host group, and
-    the model and optimizer built over the mesh."""
+    """What a sync loads a commit into: the round's runtime, layout, device mesh and host
+    group, and the model and optimizer built over the mesh."""
 
     runtime: Runtime
+    layout: MeshLayout
     mesh: DeviceMesh
     host_group: dist.ProcessGroup
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
 
 
-def agree_on_commit(runtime: Runtime, mine: RankCommits) -> tuple[list[str], Chosen | None]:
-    """Every member tells the machine it runs on and the commits it holds (a collective);
-    return each rank's machine and the commit the round resumes from (None: no member
-    confirmed any, the job's first round or no member of the last one left)."""
-    infos = allgather_object((runtime.node, mine))
-    nodes = [node for node, _ in infos]
-    return nodes, choose_commit({rank: commits for rank, (_, commits) in enumerate(infos)})
+@dataclass(frozen=True)
+class Agreed:
+    """What the members of a new round agreed on: each rank's machine, the commit the round
+    resumes from (None: no member confirmed any, the job's first round or no member of the
+    last one left) and the round's layout."""
+
+    nodes: list[str]
+    chosen: Chosen | None
+    layout: MeshLayout
+
+
+def agree_on_commit(
+    runtime: Runtime, mine: RankCommits, shard_size: int | None, hsdp: bool
+) -> Agreed:
+    """Every member tells the machine and the host (pod) it runs on and the commits it
+    holds (a collective); the round resumes from the newest commit any member confirmed,
+    laid out as ``shard_size`` and ``hsdp`` say (``shard_layout.plan_layout``)."""
+    infos = allgather_object((runtime.node, runtime.slot.hostname, mine))
+    chosen = choose_commit({rank: commits for rank, (_, _, commits) in enumerate(infos)})
+    layout = plan_layout([host for _, host, _ in infos], shard_size, hsdp)
+    return Agreed([node for node, _, _ in infos], chosen, layout)
 
 
 def plan_transfers(
     shapes: Mapping[Key, tuple[int, ...]],
     holding: Mapping[int, CommitInfo],
-    new_world: int,
+    layout: MeshLayout,
     redundancy: int,
 ) -> dict[Key, tuple[Transfer, ...]]:
     """The plan of every tensor of a commit whose shards the members ``holding`` hold, onto
-    ``new_world`` ranks. Raises :class:`ShardsLostError` naming the old ranks whose shards
+    the new round's ``layout``. Raises :class:`ShardsLostError` naming the old shards that
     no member holds."""
-    old_world = next(iter(holding.values())).world
+    old_shards = next(iter(holding.values())).shards
     holders = {
-        r: [rank for rank, info in holding.items() if r in info.held] for r in range(old_world)
+        s: [rank for rank, info in holding.items() if s in info.held] for s in range(old_shards)
     }
-    plans = {}
-    lost: set[int] = set()
-    for key, shape in shapes.items():
-        plan = plan_reshard(shape[0] if shape else 0, old_world, holders, new_world)
-        if isinstance(plan, LostShards):
-            lost.update(plan.old_ranks)
-        else:
-            plans[key] = plan
-    if lost:
+    plans = plan_reshard(shapes, old_shards, holders, layout)
+    if isinstance(plans, LostShards):
         raise ShardsLostError(
-            f"the committed shards of ranks {sorted(lost)} of a world of {old_world} are "
-            f"lost: no member of the new round holds them or a copy (redundancy "
-            f"{redundancy}); keep more copies with ShardedState(redundancy=...)"
+            f"the committed shards {list(plans.old_shards)} of {old_shards} are lost: no "
+            f"member of the new round holds them or a copy (redundancy {redundancy}); keep "
+            "more copies with ShardedState(redundancy=...)"
         )
     return plans
 
 
 def load_commit(
     world: NewWorld, holding: dict[int, CommitInfo], held: Commit | None, redundancy: int
-) -> tuple[float, float]:
+) -> Loaded:
     """Load the commit the members ``holding`` hold (``held``: this rank's, if it holds it)
-    into ``world``, resharded; return the seconds of the transfers and of the load."""
+    into ``world``, resharded."""
     slot = world.runtime.slot
     source = min(holding)
-    layout: tuple[dict[Key, tuple[int, ...]], dict[Key, torch.dtype], dict[Key, Any]] | None
-    layout = None
+    described: tuple[dict[Key, tuple[int, ...]], dict[Key, torch.dtype], dict[Key, Any]] | None
+    described = None
     if slot.rank == source and held is not None:
         sharded = held.snapshot.sharded
-        layout = (
+        described = (
             {key: entry.shape for key, entry in sharded.items()},
             {key: entry.dtype for key, entry in sharded.items()},
             held.snapshot.replicated,
         )
-    shapes, dtypes, replicated = broadcast_object(layout, root_rank=source)
-    plans = plan_transfers(shapes, holding, slot.size, redundancy)
+    shapes, dtypes, replicated = broadcast_object(described, root_rank=source)
+    plans = plan_transfers(shapes, holding, world.layout, redundancy)
     shards: dict[int, Shards] = {}
     if slot.rank in holding and held is not None:
         shards = dict(held.copies)
-        shards[held.snapshot.rank] = {k: e.local for k, e in held.snapshot.sharded.items()}
+        shards[held.snapshot.shard] = {k: e.local for k, e in held.snapshot.sharded.items()}
     started = time.monotonic()
     try:
-        new = reshard(plans, shapes, dtypes, shards, slot.size, slot.rank, world.host_group)
+        new = reshard(plans, shapes, dtypes, shards, world.layout, slot.rank, world.host_group)
     except HorovodInternalError as failed:
         world.runtime.group.abort(str(failed))
         raise
     resharded = time.monotonic()
     load_shards(world.model, world.optimizer, world.mesh, shapes, new, replicated)
+    sent = moved_bytes(plans, shapes, {key: dtype.itemsize for key, dtype in dtypes.items()})
     logger.info(
-        "resharded commit %d from a world of %d onto %d",
+        "resharded commit %d from %d shards onto %d shards in %d replica(s): %d bytes sent",
         holding[source].number,
-        holding[source].world,
-        slot.size,
+        holding[source].shards,
+        world.layout.shards,
+        world.layout.replicas,
+        sent,
     )
-    return resharded - started, time.monotonic() - resharded
+    return Loaded(resharded - started, time.monotonic() - resharded, sent)

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
 from elasticjob.worker_contract import checkpoint_from_env
 from elasticjob.worker_runtime.basics import current
@@ -40,10 +40,12 @@ from elasticjob.worker_runtime.diagnostics.log import get_logger
 from elasticjob.worker_runtime.elastic.sharded.shard_checkpoint import ShardCheckpointer
 from elasticjob.worker_runtime.elastic.sharded.shard_commits import Commit
 from elasticjob.worker_runtime.elastic.sharded.shard_exchange import host_group
+from elasticjob.worker_runtime.elastic.sharded.shard_layout import REPLICATE, SHARD, MeshLayout
 from elasticjob.worker_runtime.elastic.sharded.shard_pipeline import CommitPipeline
 from elasticjob.worker_runtime.elastic.sharded.shard_snapshot import release_group, take_snapshot
 from elasticjob.worker_runtime.elastic.sharded.shard_sync import (
     Chosen,
+    Loaded,
     NewWorld,
     ShardsLostError,
     SyncTimes,
@@ -81,16 +83,36 @@ class ShardedState(HandledAttributes, State):
     object with ``state_dict()`` and ``load_state_dict()``), made anew with it every round
     and given the committed schedule, ``state.scheduler``. ``redundancy``:
     how many other ranks keep a copy of each rank's committed shards (0: none; a rank's
-    failure then loses the job's state). Other keyword arguments are attributes kept as in
-    a ``TorchState``. ``state.model`` and ``state.optimizer`` exist once ``elastic.run``
-    started (every round makes new ones: read them through the state)."""
+    failure then loses the job's state). ``hsdp``: ``build`` gets a two-dimensional mesh,
+    (``"replicate"``, ``"shard"``), for HSDP (``fully_shard(..., mesh=mesh)`` shards over
+    the second dimension and replicates over the first): each pod's ranks (its slots) shard
+    the state and the pods replicate it, or each ``shard_size`` ranks where it is given
+    (every world size of the job must then be a multiple of it). With two replicas or more
+    every shard has a copy in another replica already: a commit sends no copies for
+    ``redundancy`` 1, a lost pod moves nothing, and a new pod gets one replica's shards.
+    Otherwise ``build`` gets a one-dimensional mesh of every rank (FSDP). Other keyword
+    arguments are attributes kept as in a ``TorchState``. ``state.model`` and
+    ``state.optimizer`` exist once ``elastic.run`` started (every round makes new ones: read
+    them through the state)."""
 
     rebuilt_every_round = True
 
-    def __init__(self, build: Build, *, redundancy: int = 1, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        build: Build,
+        *,
+        redundancy: int = 1,
+        hsdp: bool = False,
+        shard_size: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__()
         if redundancy < 0:
             raise ValueError(f"redundancy must be >= 0, got {redundancy}")
+        if shard_size is not None and (not hsdp or shard_size < 1):
+            raise ValueError(
+                f"shard_size={shard_size}: a shard size is HSDP's (hsdp=True) and at least 1"
+            )
         for name, value in kwargs.items():
             if name == SCHEDULER or isinstance(value, torch.optim.lr_scheduler.LRScheduler):
                 raise TypeError(
@@ -100,6 +122,8 @@ class ShardedState(HandledAttributes, State):
                 )
         self._build = build
         self.redundancy = redundancy
+        self.hsdp = hsdp
+        self.shard_size = shard_size
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.restoring = False
@@ -121,6 +145,12 @@ class ShardedState(HandledAttributes, State):
         self._mesh: DeviceMesh | None = None
 
     @property
+    def layout(self) -> MeshLayout | None:
+        """Which shard each rank of the round holds, in which replica (None: before
+        ``elastic.run`` started)."""
+        return self._pipeline.layout
+
+    @property
     def copy_seconds(self) -> float:
         """How long the last settled commit's copies and barrier took, beside training."""
         return self._pipeline.copy_seconds
@@ -132,12 +162,13 @@ class ShardedState(HandledAttributes, State):
         that keep them on a thread of their own, and a barrier confirms the commit there
         (``shard_pipeline.py``). The previous commit's are awaited first: one is in flight at
         most. Until it is confirmed a failure rolls back to the commit before."""
-        runtime = self._pipeline.runtime
-        if self.model is None or self.optimizer is None or runtime is None:
+        runtime, layout = self._pipeline.runtime, self._pipeline.layout
+        if self.model is None or self.optimizer is None or runtime is None or layout is None:
             raise RuntimeError("a ShardedState is committed inside elastic.run only")
         self._pipeline.wait()
         started = time.monotonic()
-        snapshot = take_snapshot(self.model, self.optimizer, runtime.slot.size, runtime.slot.rank)
+        shard = layout.shard_of(runtime.slot.rank)
+        snapshot = take_snapshot(self.model, self.optimizer, layout.shards, shard)
         self._pipeline.commit(snapshot, copy.deepcopy(self._attribute_states()))
         self.commit_seconds = time.monotonic() - started
 
@@ -183,14 +214,19 @@ class ShardedState(HandledAttributes, State):
         if not self._releases:
             runtime.group.on_destroy(self._release)
             self._releases = True
-        nodes, chosen = agree_on_commit(runtime, self._pipeline.holdings())
+        agreed = agree_on_commit(runtime, self._pipeline.holdings(), self.shard_size, self.hsdp)
+        chosen, layout = agreed.chosen, agreed.layout
         number = chosen[0] if chosen is not None else 0
         held = self._pipeline.held(number) if chosen is not None else None
         self._pipeline.resume(number, held)
         self._roll_back_to(runtime, held)  # forward, where the commit was pending here
-        mesh = self._mesh = init_device_mesh(runtime.device.type, (runtime.slot.size,))
+        mesh = self._mesh = DeviceMesh(
+            runtime.device.type,
+            layout.mesh_ranks(),
+            mesh_dim_names=(REPLICATE, SHARD) if layout.hsdp else (SHARD,),
+        )
         host = host_group()
-        self._pipeline.start_round(runtime, host, nodes)
+        self._pipeline.start_round(runtime, host, agreed.nodes, layout)
         checkpoints = (
             self._checkpointer.complete_checkpoints(runtime.slot.rank)
             if self._checkpointer is not None
@@ -206,8 +242,8 @@ class ShardedState(HandledAttributes, State):
         if scheduler:
             self._keep_scheduler(scheduler[0], held)
         built = time.monotonic()
-        world = NewWorld(runtime, mesh, host, model, optimizer)
-        reshard_s, load_s = self._load(world, chosen, held, checkpoints)
+        world = NewWorld(runtime, layout, mesh, host, model, optimizer)
+        loaded_commit = self._load(world, chosen, held, checkpoints)
         # Counted from here: loading a commit may step the fresh optimizer on zero
         # gradients (torch's way of giving it a state to load into), which is not training.
         optimizer.register_step_post_hook(lambda *_: runtime.count_step())
@@ -217,9 +253,10 @@ class ShardedState(HandledAttributes, State):
         self.last_sync = SyncTimes(
             exchange_s=exchanged - started,
             build_s=built - exchanged,
-            reshard_s=reshard_s,
-            load_s=load_s,
+            reshard_s=loaded_commit.reshard_s,
+            load_s=loaded_commit.load_s,
             commit_s=time.monotonic() - loaded,
+            sent_bytes=loaded_commit.sent_bytes,
         )
 
     def _keep_scheduler(self, scheduler: Any, held: Commit | None) -> None:
@@ -234,13 +271,13 @@ class ShardedState(HandledAttributes, State):
 
     def _load(
         self, world: NewWorld, chosen: Chosen | None, held: Commit | None, checkpoints: list[str]
-    ) -> tuple[float, float]:
+    ) -> Loaded:
         """Load the ``chosen`` commit (``held``: this rank's) into ``world``, or the newest of
-        the durable ``checkpoints`` where there is none or its shards are lost; return the
-        seconds of the transfers and of the load (0 for a checkpoint)."""
+        the durable ``checkpoints`` where there is none or its shards are lost (nothing is
+        timed then)."""
         if chosen is None:  # the job's first round, or no member of the last one is left
             self._load_checkpoint(world, checkpoints)
-            return 0.0, 0.0
+            return Loaded()
         try:
             return load_commit(world, chosen[1], held, self.redundancy)
         except ShardsLostError as lost:
@@ -250,7 +287,7 @@ class ShardedState(HandledAttributes, State):
                     + ("the job has none" if self._checkpointer is None else "it holds none")
                 ) from None
             logger.warning("%s: training goes on from the newest durable checkpoint", lost)
-            return 0.0, 0.0
+            return Loaded()
 
     def _load_checkpoint(self, world: NewWorld, checkpoints: list[str]) -> bool:
         """Load the newest of the durable ``checkpoints`` into the model, the optimizer and
