@@ -1,6 +1,6 @@
 """Elastic training API (Horovod's ``hvd.elastic``).
 
-``ShardedState`` and ``ShardsLostError`` are imported on first use: they need
+``ShardedState``, ``ShardsLostError`` and ``LayoutError`` are imported on first use: they need
 ``torch.distributed.checkpoint``, whose import a script that does not shard should not pay
 for (nor its effects: a worker dismissed from a job then ends with SIGABRT).
 """
@@ -27,6 +27,7 @@ from elasticjob.worker_runtime.elastic.state_handlers import (
 
 if TYPE_CHECKING:
     from elasticjob.worker_runtime.elastic.sharded.sharded_state import (
+        LayoutError,
         ShardedState,
         ShardsLostError,
     )
@@ -37,6 +38,7 @@ __all__ = [
     "DistributedDataParallelStateHandler",
     "ElasticSampler",
     "GlobalBatchSampler",
+    "LayoutError",
     "MicroBatch",
     "ModelStateHandler",
     "ObjectState",
@@ -55,7 +57,7 @@ __all__ = [
 ]
 
 
-_SHARDED = frozenset({"ShardedState", "ShardsLostError"})
+_SHARDED = frozenset({"LayoutError", "ShardedState", "ShardsLostError"})
 
 
 def __getattr__(name: str) -> object:

@@ -40,7 +40,12 @@ from elasticjob.worker_runtime.diagnostics.log import get_logger
 from elasticjob.worker_runtime.elastic.sharded.shard_checkpoint import ShardCheckpointer
 from elasticjob.worker_runtime.elastic.sharded.shard_commits import Commit
 from elasticjob.worker_runtime.elastic.sharded.shard_exchange import host_group
-from elasticjob.worker_runtime.elastic.sharded.shard_layout import REPLICATE, SHARD, MeshLayout
+from elasticjob.worker_runtime.elastic.sharded.shard_layout import (
+    REPLICATE,
+    SHARD,
+    LayoutError,
+    MeshLayout,
+)
 from elasticjob.worker_runtime.elastic.sharded.shard_pipeline import CommitPipeline
 from elasticjob.worker_runtime.elastic.sharded.shard_snapshot import release_group, take_snapshot
 from elasticjob.worker_runtime.elastic.sharded.shard_sync import (
@@ -58,7 +63,7 @@ from elasticjob.worker_runtime.elastic.state_handlers import HandledAttributes
 if TYPE_CHECKING:
     from elasticjob.worker_runtime.runtime import Runtime
 
-__all__ = ["Build", "ShardedState", "ShardsLostError", "SyncTimes"]
+__all__ = ["Build", "LayoutError", "ShardedState", "ShardsLostError", "SyncTimes"]
 
 logger = get_logger(__name__)
 
