@@ -11,6 +11,7 @@ freshly sharded over the new world. Nothing here ever gathers a whole tensor.
 from __future__ import annotations
 
 import copy
+import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -198,3 +199,21 @@ def release_group(model: torch.nn.Module, mesh: DeviceMesh | None) -> None:
     registry = getattr(mesh, "_pg_registry", None)
     if isinstance(registry, dict):
         registry.clear()
+
+
+def forget_meshes() -> None:
+    """Empty DTensor's caches of sharding decisions and redistribution plans, on the
+    training thread (Python's sharding decisions are cached per thread), before a round's
+    model is built. They hold the meshes they were made for and are looked up by mesh
+    *equality* (same ranks, shape and names): a round of an earlier round's shape would
+    otherwise shard its new model on that round's mesh (``to_empty`` goes through them),
+    whose groups no longer exist (torch fails with "Could not resolve the process group").
+    A version of torch without these caches is left as it is."""
+    debug = importlib.import_module("torch.distributed.tensor.debug")
+    redistribute = importlib.import_module("torch.distributed.tensor._redistribute")
+    for clear in (
+        getattr(debug, "_clear_sharding_prop_cache", None),  # the C++ one and Python's
+        getattr(redistribute, "clear_redistribute_planner_cache", None),
+    ):
+        if clear is not None:
+            clear()

@@ -47,7 +47,11 @@ from elasticjob.worker_runtime.elastic.sharded.shard_layout import (
     MeshLayout,
 )
 from elasticjob.worker_runtime.elastic.sharded.shard_pipeline import CommitPipeline
-from elasticjob.worker_runtime.elastic.sharded.shard_snapshot import release_group, take_snapshot
+from elasticjob.worker_runtime.elastic.sharded.shard_snapshot import (
+    forget_meshes,
+    release_group,
+    take_snapshot,
+)
 from elasticjob.worker_runtime.elastic.sharded.shard_sync import (
     Chosen,
     Loaded,
@@ -225,6 +229,7 @@ class ShardedState(HandledAttributes, State):
         held = self._pipeline.held(number) if chosen is not None else None
         self._pipeline.resume(number, held)
         self._roll_back_to(runtime, held)  # forward, where the commit was pending here
+        forget_meshes()
         mesh = self._mesh = DeviceMesh(
             runtime.device.type,
             layout.mesh_ranks(),
