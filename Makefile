@@ -3,7 +3,7 @@ PY := .venv/bin/python
 # The set-up runs as quiet stages: a line each on the terminal, the tools' output in .logs/.
 STAGE := python3 -m devcluster.stages
 
-.PHONY: venv prereqs demo demo-fast demo-local test lint unit integration devcluster-tests bench clean
+.PHONY: venv prereqs demo demo-fast demo-local test lint unit integration devcluster-tests bench gpu-check clean
 
 venv: .venv/.installed
 .venv/.installed: pyproject.toml scripts/setup-venv.sh
@@ -54,6 +54,10 @@ test: venv prereqs
 
 bench: venv
 	$(PY) bench/recovery.py
+
+# What one GPU can show (bench/gpu_check.py), within 10 minutes; a clear skip without CUDA.
+gpu-check: venv
+	$(PY) bench/gpu_check.py
 
 clean:
 	rm -rf .venv .mypy_cache .ruff_cache .pytest_cache .hypothesis

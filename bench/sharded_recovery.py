@@ -17,13 +17,20 @@ with AdamW, 4 ranks, Gloo on the CPU, one thread each (``sharded_recovery_worker
    - memory: each rank's resident high-water mark (VmHWM) right before the kill (steady state
      after commits: it includes the snapshot and the copies it keeps) and after the
      survivors' first step in the new round;
-2. restart, under ``torchrun --max-restarts 1`` on one host x 4 slots, plain
+2. HSDP, under ``elasticjob-run`` on 4 loopback hosts x 2 slots (8 ranks, each host's two
+   ranks shard the model, the hosts replicate it; no A/B blocks): rank 7 SIGKILLs itself 3
+   steps past a commit, its host goes, the 3 other replicas hold every shard: nothing moves;
+3. restart, under ``torchrun --max-restarts 1`` on one host x 4 slots, plain
    ``torch.distributed``: the job saves a ``torch.distributed.checkpoint`` (DCP) on local disk,
    rank 3 SIGKILLs itself, torchrun stops and restarts every process, which load the checkpoint
    into a freshly sharded model and step. From the kill to that step, broken down: processes
    restarted, ``import torch``, group init, model build, DCP load, first step.
 
-Usage: python bench/sharded_recovery.py [--params 100e6 | --dim 512 --layers 4] [--keep DIR]
+The goals are measured to *training resumed*: the moment the survivors' first step begins
+(every survivor's sync done; for the restart, every process's DCP load done).
+
+Usage: python bench/sharded_recovery.py [--params 100e6 | --dim 512 --layers 4]
+       [--paths elastic,hsdp,restart] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -47,15 +54,21 @@ from elasticjob.worker_contract import ENV_COLLECTIVE_TIMEOUT
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "sharded_recovery_worker.py"
 HOSTS = "127.0.1.1:2,127.0.1.2:2"
+HSDP_HOSTS = "127.0.1.1:2,127.0.1.2:2,127.0.1.3:2,127.0.1.4:2"
 GIB = 1024**3
 
 Events = list[dict[str, Any]]
 
 
 def run_elastic(
-    log_dir: Path, model: list[str], timeout_s: float, collective_timeout_s: float | None
+    log_dir: Path,
+    model: list[str],
+    timeout_s: float,
+    collective_timeout_s: float | None,
+    hosts: str = HOSTS,
 ) -> tuple[Events, Any]:
-    command = [sys.executable, "-c", LAUNCHER, "-np", "4", "--min-np", "2", "-H", HOSTS,
+    ranks = sum(int(host.split(":")[1]) for host in hosts.split(","))
+    command = [sys.executable, "-c", LAUNCHER, "-np", str(ranks), "--min-np", "2", "-H", hosts,
                sys.executable, str(WORKER), "--log-dir", str(log_dir), *model]  # fmt: skip
     output = (log_dir.parent / f"{log_dir.name}.out").open("w")
     env = dict(os.environ)
@@ -107,6 +120,7 @@ def elastic_kill(evs: Events) -> dict[str, float]:
     }
     parts["sync, rest"] = synced - joined - sum(list(parts.values())[3:])
     parts["first step"] = stepped - synced
+    parts["to training resumed"] = synced - kill
     parts["total"] = stepped - kill
     parts["total, less the wait past the notice"] = stepped - kill - (aborted - noticed)
     return parts
@@ -131,6 +145,7 @@ def restart_kill(evs: Events) -> dict[str, float]:
     parts, before = {}, kill
     for name, moment in moments.items():
         parts[name], before = moment - before, moment
+    parts["to training resumed"] = moments["DCP load"] - kill
     parts["total"] = moments["first step"] - kill
     return parts
 
@@ -186,58 +201,88 @@ def main() -> None:
         help="ELASTICJOB_COLLECTIVE_TIMEOUT of the elastic job (default 60 s)",
     )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per job")
+    parser.add_argument(
+        "--paths", default="elastic,hsdp,restart", help="which jobs to run (comma-separated)"
+    )
     parser.add_argument("--keep", type=Path, help="keep the jobs' output in this directory")
     args = parser.parse_args()
     flags, params = model_flags(args)
     began, load_before = time.monotonic(), os.getloadavg()
+    paths = set(args.paths.split(","))
+    runs: dict[str, Events] = {}
     with tempfile.TemporaryDirectory() as scratch:
         tmp = args.keep or Path(scratch)
         tmp.mkdir(parents=True, exist_ok=True)
-        elastic, _ = run_elastic(tmp / "elastic", flags, args.timeout, args.collective_timeout)
-        restart = run_restart(tmp / "restart", flags, args.timeout)
-    report(args, flags, params, elastic, restart, load_before, time.monotonic() - began)
+        if "elastic" in paths:
+            runs["elastic"], _ = run_elastic(
+                tmp / "elastic", flags, args.timeout, args.collective_timeout
+            )
+        if "hsdp" in paths:
+            hsdp_flags = [*flags[:4], "--batch-size", str(args.batch), "--hsdp", "--blocks",
+                          "0", "--commit-every", "5", "--kill-rank", "7"]  # fmt: skip
+            runs["hsdp"], _ = run_elastic(
+                tmp / "hsdp", hsdp_flags, args.timeout, args.collective_timeout, HSDP_HOSTS
+            )
+        if "restart" in paths:
+            runs["restart"] = run_restart(tmp / "restart", flags, args.timeout)
+    report(args, flags, params, runs, load_before, time.monotonic() - began)
 
 
 def report(
     args: argparse.Namespace,
     flags: list[str],
     params: int,
-    elastic: Events,
-    restart: Events,
+    runs: dict[str, Events],
     load_before: tuple[float, float, float],
     took_s: float,
 ) -> None:
     load_after = os.getloadavg()
     print(f"model: wide MLP, {' '.join(flags[:4])}: {params / 1e6:.1f} M parameters, AdamW, "
-          f"batch {args.batch}; 4 ranks, Gloo on the CPU, 1 thread each")  # fmt: skip
+          f"batch {args.batch}; Gloo on the CPU, 1 thread a rank")  # fmt: skip
     print(f"machine: {os.cpu_count()} cores, load average {load_before[0]:.2f} before, "
           f"{load_after[0]:.2f} after; torch {torch.__version__}; took {took_s:.0f} s")  # fmt: skip
-    a, b = elastic_kill(elastic), restart_kill(restart)
-    print("\na. elastic (ShardedState): kill 1 of 4 (its host goes: 4 -> 2 ranks) -> next step")
-    for name, seconds in a.items():
-        print(f"   {name:<34} {seconds:8.3f} s")
-    print("b. restart (torchrun, DCP on local disk): kill 1 of 4 -> restarted job's first step")
-    for name, seconds in b.items():
-        print(f"   {name:<34} {seconds:8.3f} s")
-    saves = [e["seconds"] for e in restart if e["ev"] == "saved"]
-    print(f"   (the DCP save took {max(saves):.3f} s)")
-    less = a["total, less the wait past the notice"]
-    print(f"   b / a: {b['total'] / a['total']:.2f}x (goal >= 10x); b / (a less the wait past "
-          f"the notice): {b['total'] / less:.1f}x")  # fmt: skip
-    c = commit_cost(elastic)
-    print("c. commit cost (4 ranks, alternating blocks)")
-    print(f"   step without commits {c['step_s_without_commits']:.3f} s, with a commit every "
-          f"10 steps {c['step_s_commit_every_10']:.3f} s: {c['overhead_pct']:+.1f} % "
-          f"(goal <= 5 %)")  # fmt: skip
-    print(f"   one commit holds training up: median {c['commit_s_median']:.3f} s, max "
-          f"{c['commit_s_max']:.3f} s; median / 10 steps without: "
-          f"{c['commit_over_10_steps_pct']:.1f} %; its copies take median "
-          f"{c['copies_s_median']:.3f} s beside training")  # fmt: skip
-    print("d. peak memory (VmHWM) of each survivor: steady (4 ranks, after commits, with the "
-          "snapshot and the copies) -> after recovery's first step (2 ranks)")  # fmt: skip
-    for rank, steady, recovered in peak_memory(elastic):
-        print(f"   rank {rank}: {steady:.2f} GiB -> {recovered:.2f} GiB: "
-              f"{recovered / steady:.2f}x (goal <= 2.5x)")  # fmt: skip
+    resumed: dict[str, float] = {}
+    titles = {
+        "elastic": "a. elastic (ShardedState, 4 ranks): kill 1 (its host goes: 4 -> 2 ranks)",
+        "hsdp": "b. HSDP (4 hosts x 2 slots): kill 1 (its host, a replica, goes: 8 -> 6 ranks)",
+    }
+    for path, title in titles.items():
+        if path in runs:
+            parts = elastic_kill(runs[path])
+            resumed[path] = parts["to training resumed"]
+            print(f"\n{title}")
+            for name, seconds in parts.items():
+                print(f"   {name:<38} {seconds:8.3f} s")
+    if "hsdp" in runs:
+        sent = max(e["sent_bytes"] for e in runs["hsdp"] if e["ev"] == "sync" and e["round"] == 2)
+        print(f"   bytes sent by the reshard: {sent} (goal: 0); to training resumed "
+              f"{resumed['hsdp']:.3f} s (goal <= 1 s)")  # fmt: skip
+    if "restart" in runs:
+        restart = restart_kill(runs["restart"])
+        print("\nc. restart (torchrun, DCP on local disk): kill 1 of 4 -> restarted job's step")
+        for name, seconds in restart.items():
+            print(f"   {name:<38} {seconds:8.3f} s")
+        saves = [e["seconds"] for e in runs["restart"] if e["ev"] == "saved"]
+        print(f"   (the DCP save took {max(saves):.3f} s)")
+        if "elastic" in resumed:
+            ratio = restart["to training resumed"] / resumed["elastic"]
+            print(f"   to training resumed, restart / elastic: {ratio:.2f}x (goal >= 5x)")
+    if "elastic" in runs:
+        elastic = runs["elastic"]
+        c = commit_cost(elastic)
+        print("\nd. commit cost (4 ranks, alternating blocks)")
+        print(f"   step without commits {c['step_s_without_commits']:.3f} s, with a commit every "
+              f"10 steps {c['step_s_commit_every_10']:.3f} s: {c['overhead_pct']:+.1f} % "
+              f"(goal <= 5 %)")  # fmt: skip
+        print(f"   one commit holds training up: median {c['commit_s_median']:.3f} s, max "
+              f"{c['commit_s_max']:.3f} s; median / 10 steps without: "
+              f"{c['commit_over_10_steps_pct']:.1f} %; its copies take median "
+              f"{c['copies_s_median']:.3f} s beside training")  # fmt: skip
+        print("e. peak memory (VmHWM) of each survivor: steady (4 ranks, after commits, with "
+              "the snapshot and the copies) -> after recovery's first step (2 ranks)")  # fmt: skip
+        for rank, steady, recovered in peak_memory(elastic):
+            print(f"   rank {rank}: {steady:.2f} GiB -> {recovered:.2f} GiB: "
+                  f"{recovered / steady:.2f}x (goal <= 2.5x)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 one timestamped event per completed step, block, commit, memory sample, sync and scripted kill
 in a JSON-lines file per process. Two modes:
 
-- elastic (under ``elasticjob-run``): ``hvd.elastic.ShardedState``; after ``--warmup`` steps,
+- elastic (under ``elasticjob-run``): ``hvd.elastic.ShardedState`` (HSDP with ``--hsdp``: each
+  host's ranks shard, the hosts replicate); after ``--warmup`` steps,
   alternating blocks of steps with ``state.commit()`` every ``--commit-every`` steps and
   without commits, then commits every ``--commit-every`` steps, ``--kill-rank`` SIGKILLs
   itself at ``--kill-at``; the survivors take ``--steps-after`` steps in the new round and
@@ -60,6 +61,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--kill-at", type=int, default=0, help="default: 3 steps past a commit")
     parser.add_argument("--kill-rank", type=int, default=3)
     parser.add_argument("--steps-after", type=int, default=3, help="steps in the new round")
+    parser.add_argument("--hsdp", action="store_true", help="HSDP: shard in a host, replicate")
     parser.add_argument("--restart", action="store_true", help="torchrun's restart path")
     parser.add_argument("--checkpoint", type=Path, help="the restart path's DCP folder")
     parser.add_argument("--save-at", type=int, default=2, help="the restart path saves here")
@@ -92,7 +94,7 @@ def build(
     fully_shard(model, mesh=mesh)
     model.to_empty(device="cpu")
     if initialize:
-        generator = torch.Generator().manual_seed(mesh.get_local_rank())
+        generator = torch.Generator().manual_seed(mesh.get_local_rank(mesh.ndim - 1))
         with torch.no_grad():
             for param in model.parameters():
                 assert isinstance(param, DTensor)
@@ -155,7 +157,7 @@ def elastic_path(args: argparse.Namespace, log: Log) -> None:
     def make(mesh: DeviceMesh) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         return build(mesh, args.dim, args.layers, initialize=not state.restoring)
 
-    state = hvd.elastic.ShardedState(make, redundancy=1, step=0)
+    state = hvd.elastic.ShardedState(make, redundancy=1, hsdp=args.hsdp, step=0)
 
     def commits_in_block(block: int) -> bool:
         """Blocks alternate C P, P C, C P ... so both kinds see the same machine load."""

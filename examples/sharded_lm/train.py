@@ -11,7 +11,8 @@ a plain FSDP2 loop (AdamW, gradient clipping across shards, optionally bfloat16 
   model and its optimizer for every round (each round has a new group); ``state.commit()``
   keeps this rank's shards in host memory with copies on other workers, so when a worker
   dies the survivors rebuild its shards from those copies and reshard onto the new world,
-  without a restart and without disk;
+  without a restart and without disk. With ``--hsdp`` the mesh is two-dimensional: each
+  pod's slots shard the model and the pods replicate it, so a lost pod moves nothing;
 - the loop lives in a function wrapped by ``hvd.elastic.run``;
 - ``hvd.elastic.ElasticSampler``: every sequence once per epoch, across failures and resizes.
 
@@ -65,6 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-grad-norm", type=float, default=1.0)
     parser.add_argument("--mixed-precision", action="store_true", help="bfloat16 compute")
     parser.add_argument("--redundancy", type=int, default=1, help="copies of every shard")
+    parser.add_argument(
+        "--hsdp", action="store_true", help="shard within a pod (its slots), replicate across"
+    )
     parser.add_argument("--commit-every", type=int, default=10, help="steps between commits")
     parser.add_argument("--log-every", type=int, default=10, help="steps between log lines")
     parser.add_argument("--pace", type=float, default=0.0, help="extra seconds per step, to watch")
@@ -120,10 +124,11 @@ class LanguageModel(nn.Module):
         return logits
 
 
-def init_weights(model: nn.Module, seed: int) -> None:
-    """Initialize this rank's shards in place (norms to 1 and 0, matrices normal with std
-    0.02): no rank ever holds a whole parameter."""
-    generator = torch.Generator().manual_seed(seed + 1000 * hvd.rank())
+def init_weights(model: nn.Module, seed: int, shard: int) -> None:
+    """Initialize this rank's shards, shard ``shard`` of each parameter, in place (norms to 1
+    and 0, matrices normal with std 0.02): no rank ever holds a whole parameter, and the
+    replicas of HSDP start alike."""
+    generator = torch.Generator().manual_seed(seed + 1000 * shard)
     with torch.no_grad():
         for name, param in model.named_parameters():
             local = param.to_local() if isinstance(param, DTensor) else param
@@ -167,7 +172,7 @@ def main() -> None:
         fully_shard(model, mesh=mesh, mp_policy=policy)
         model.to_empty(device=hvd.device())
         if not state.restoring:  # otherwise the committed state replaces the weights
-            init_weights(model, args.seed)
+            init_weights(model, args.seed, mesh.get_local_rank(mesh.ndim - 1))
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=args.lr, weight_decay=args.weight_decay
         )
@@ -176,6 +181,7 @@ def main() -> None:
     state = hvd.elastic.ShardedState(
         build,
         redundancy=args.redundancy,
+        hsdp=args.hsdp,
         sampler=sampler,
         epoch=0,
         batch=0,

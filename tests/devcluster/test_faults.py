@@ -66,6 +66,9 @@ def group_states(pgid: int) -> list[tuple[int, str, str]]:
 def test_stop_and_cont_freeze_and_thaw_the_process(kube: Kube) -> None:
     kube.apply(pod_manifest("freezeme", SLEEPER, restart="Always"))
     kube.wait_phase("freezeme", "Running")
+    # Stopped while the pod's shell still sets it up, the shell would wait for a stopped
+    # child in vfork (state D, not T) until the child is let go: stop the program itself.
+    kube.wait("the program to be up", lambda: "up" in kube.disk_log("freezeme"))
     [pid] = kube.cluster.faults.stop("freezeme", kube.ns)
     kube.wait(
         "the process to be stopped",
