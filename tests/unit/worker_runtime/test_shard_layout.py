@@ -58,4 +58,6 @@ def test_a_layout_is_a_full_grid_in_rank_order() -> None:
 def test_shard_positions() -> None:
     layout = MeshLayout(((0, 1), (2, 3)), hsdp=True)
     assert [layout.shard_of(r) for r in range(4)] == [0, 1, 0, 1]
-    assert (layout.mesh_shape(), layout.mesh_ranks()) == ((2, 2), [[0, 1], [2, 3]])
+    assert layout.mesh_ranks() == [[0, 1], [2, 3]]
+    assert layout.mesh_dim_names() == ("replicate", "shard")
+    assert MeshLayout(((0, 1),), hsdp=False).mesh_dim_names() == ("shard",)

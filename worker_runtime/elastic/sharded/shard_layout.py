@@ -72,8 +72,9 @@ class MeshLayout:
                 return row.index(rank)
         raise ValueError(f"rank {rank} is not in {self.grid}")
 
-    def mesh_shape(self) -> tuple[int, ...]:
-        return (self.replicas, self.shards) if self.hsdp else (self.shards,)
+    def mesh_dim_names(self) -> tuple[str, ...]:
+        """The names of the device mesh's dimensions."""
+        return (REPLICATE, SHARD) if self.hsdp else (SHARD,)
 
     def mesh_ranks(self) -> list[list[int]] | list[int]:
         """The ranks as a device mesh lays them out (``DeviceMesh(..., mesh=...)``)."""

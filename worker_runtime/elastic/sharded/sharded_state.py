@@ -40,12 +40,7 @@ from elasticjob.worker_runtime.diagnostics.log import get_logger
 from elasticjob.worker_runtime.elastic.sharded.shard_checkpoint import ShardCheckpointer
 from elasticjob.worker_runtime.elastic.sharded.shard_commits import Commit
 from elasticjob.worker_runtime.elastic.sharded.shard_exchange import host_group
-from elasticjob.worker_runtime.elastic.sharded.shard_layout import (
-    REPLICATE,
-    SHARD,
-    LayoutError,
-    MeshLayout,
-)
+from elasticjob.worker_runtime.elastic.sharded.shard_layout import LayoutError, MeshLayout
 from elasticjob.worker_runtime.elastic.sharded.shard_pipeline import CommitPipeline
 from elasticjob.worker_runtime.elastic.sharded.shard_snapshot import (
     forget_meshes,
@@ -233,7 +228,7 @@ class ShardedState(HandledAttributes, State):
         mesh = self._mesh = DeviceMesh(
             runtime.device.type,
             layout.mesh_ranks(),
-            mesh_dim_names=(REPLICATE, SHARD) if layout.hsdp else (SHARD,),
+            mesh_dim_names=layout.mesh_dim_names(),
         )
         host = host_group()
         self._pipeline.start_round(runtime, host, agreed.nodes, layout)
