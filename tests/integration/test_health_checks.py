@@ -44,9 +44,15 @@ of each other, and pass; one measured against a history 10^6 times faster still 
 the threshold lies is the rule's table test, tests/unit/rendezvous/test_health_rule.py)."""
 
 
+GATHER_S = DEADLINE
+"""How long a cohort gathers here: until every expected pod asked (it closes then), however
+long a check process takes to start on a loaded machine (the default, 5 s, let a cohort
+close before a slow process's first request)."""
+
+
 def checked(cluster: Cluster, timeout_s: float = 60.0) -> RecordedVerdicts:
     verdicts = RecordedVerdicts()
-    policy = HealthPolicy(min_relative=LENIENT, timeout_s=timeout_s)
+    policy = HealthPolicy(min_relative=LENIENT, timeout_s=timeout_s, gather_s=GATHER_S)
     verdicts.checks = cluster.job_a.check_health(policy, verdicts)
     return verdicts
 
