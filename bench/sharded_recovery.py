@@ -17,6 +17,8 @@ with AdamW, 4 ranks, Gloo on the CPU, one thread each (``sharded_recovery_worker
    - memory: each rank's resident high-water mark (VmHWM) right before the kill (steady state
      after commits: it includes the snapshot and the copies it keeps) and after the
      survivors' first step in the new round;
+   - the reshard's bandwidth: the bytes it sent over its time, against the survivors sending
+     one another as many bytes over plain Gloo right after it (same processes, same run);
 2. HSDP, under ``elasticjob-run`` on 4 loopback hosts x 2 slots (8 ranks, each host's two
    ranks shard the model, the hosts replicate it; no A/B blocks): rank 7 SIGKILLs itself 3
    steps past a commit, its host goes, the 3 other replicas hold every shard: nothing moves;
@@ -31,6 +33,8 @@ The goals are measured to *training resumed*: the moment the survivors' first st
 
 Usage: python bench/sharded_recovery.py [--params 100e6 | --dim 512 --layers 4]
        [--paths elastic,hsdp,restart] [--keep DIR]
+       python bench/sharded_recovery.py --sizes 10e6,30e6,100e6 [--plot FILE.svg]
+       (each path's time to training resumed against model size, as a table and a picture)
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from line_chart import line_chart
 from recovery import LAUNCHER, events, finish, first_time, worker_logs
 
 from elasticjob.worker_contract import ENV_COLLECTIVE_TIMEOUT
@@ -58,6 +63,7 @@ HSDP_HOSTS = "127.0.1.1:2,127.0.1.2:2,127.0.1.3:2,127.0.1.4:2"
 GIB = 1024**3
 
 Events = list[dict[str, Any]]
+Runs = dict[str, Events]
 
 
 def run_elastic(
@@ -150,6 +156,20 @@ def restart_kill(evs: Events) -> dict[str, float]:
     return parts
 
 
+def reshard_bandwidth(evs: Events) -> str:
+    """The reshard's bandwidth against a plain Gloo exchange of the same bytes between the
+    same processes (the survivors, right after it)."""
+    syncs = [e for e in evs if e["ev"] == "sync" and e["round"] == 2]
+    sent, reshard_s = max(e["sent_bytes"] for e in syncs), max(e["reshard_s"] for e in syncs)
+    baselines = [e["seconds"] for e in evs if e["ev"] == "baseline"]
+    if not sent or not baselines:
+        return "   the reshard sent nothing: no bandwidth to compare"
+    ours, plain = sent / reshard_s / 1e9, sent / max(baselines) / 1e9
+    return (f"   reshard: {sent / 1e9:.3f} GB sent in {reshard_s:.3f} s, {ours:.2f} GB/s; plain "
+            f"Gloo send/recv of the same bytes {plain:.2f} GB/s: {ours / plain:.0%} "
+            "(goal >= 50 %)")  # fmt: skip
+
+
 def commit_cost(evs: Events) -> dict[str, float]:
     blocks = [e for e in evs if e["ev"] == "block"]
     with_commits = statistics.mean(b["step_s"] for b in blocks if b["commits"])
@@ -205,27 +225,93 @@ def main() -> None:
         "--paths", default="elastic,hsdp,restart", help="which jobs to run (comma-separated)"
     )
     parser.add_argument("--keep", type=Path, help="keep the jobs' output in this directory")
+    parser.add_argument(
+        "--sizes",
+        help="model sizes (parameters, comma-separated, e.g. 10e6,30e6,100e6): each path's "
+        "time to training resumed at each size, as a table (no commit-cost blocks)",
+    )
+    parser.add_argument("--plot", type=Path, help="with --sizes: the picture, as SVG")
     args = parser.parse_args()
-    flags, params = model_flags(args)
     began, load_before = time.monotonic(), os.getloadavg()
     paths = set(args.paths.split(","))
-    runs: dict[str, Events] = {}
     with tempfile.TemporaryDirectory() as scratch:
         tmp = args.keep or Path(scratch)
-        tmp.mkdir(parents=True, exist_ok=True)
-        if "elastic" in paths:
-            runs["elastic"], _ = run_elastic(
-                tmp / "elastic", flags, args.timeout, args.collective_timeout
-            )
-        if "hsdp" in paths:
-            hsdp_flags = [*flags[:4], "--batch-size", str(args.batch), "--hsdp", "--blocks",
-                          "0", "--commit-every", "5", "--kill-rank", "7"]  # fmt: skip
-            runs["hsdp"], _ = run_elastic(
-                tmp / "hsdp", hsdp_flags, args.timeout, args.collective_timeout, HSDP_HOSTS
-            )
-        if "restart" in paths:
-            runs["restart"] = run_restart(tmp / "restart", flags, args.timeout)
+        if args.sizes:
+            args.blocks = 0
+            by_size = {}
+            for size in (float(s) for s in args.sizes.split(",")):
+                args.params = size
+                flags, params = model_flags(args)
+                runs = run_paths(args, flags, paths, tmp / f"{size:g}")
+                by_size[params] = resumed_by_path(runs)
+                print(f"{params / 1e6:.1f} M parameters: " + ", ".join(
+                    f"{path} {seconds:.2f} s" for path, seconds in by_size[params].items()
+                ), flush=True)  # fmt: skip
+            report_sizes(args, by_size, load_before, time.monotonic() - began)
+            return
+        flags, params = model_flags(args)
+        runs = run_paths(args, flags, paths, tmp)
     report(args, flags, params, runs, load_before, time.monotonic() - began)
+
+
+def run_paths(args: argparse.Namespace, flags: list[str], paths: set[str], tmp: Path) -> Runs:
+    """The jobs of ``paths`` for the model of ``flags``, their output under ``tmp``."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    runs: Runs = {}
+    if "elastic" in paths:
+        runs["elastic"], _ = run_elastic(
+            tmp / "elastic", flags, args.timeout, args.collective_timeout
+        )
+    if "hsdp" in paths:
+        hsdp_flags = [*flags[:4], "--batch-size", str(args.batch), "--hsdp", "--blocks",
+                      "0", "--commit-every", "5", "--kill-rank", "7"]  # fmt: skip
+        runs["hsdp"], _ = run_elastic(
+            tmp / "hsdp", hsdp_flags, args.timeout, args.collective_timeout, HSDP_HOSTS
+        )
+    if "restart" in paths:
+        runs["restart"] = run_restart(tmp / "restart", flags, args.timeout)
+    return runs
+
+
+PATH_NAMES = {
+    "elastic": "elastic (4 -> 2 ranks, reshard)",
+    "hsdp": "HSDP (4 x 2 -> 3 x 2, nothing moves)",
+    "restart": "torchrun restart + DCP reload",
+}
+
+
+def resumed_by_path(runs: Runs) -> dict[str, float]:
+    """Each path's kill -> training resumed, in seconds."""
+    return {
+        path: (restart_kill(evs) if path == "restart" else elastic_kill(evs))["to training resumed"]
+        for path, evs in runs.items()
+    }
+
+
+def report_sizes(
+    args: argparse.Namespace,
+    by_size: dict[int, dict[str, float]],
+    load_before: tuple[float, float, float],
+    took_s: float,
+) -> None:
+    load_after = os.getloadavg()[0]
+    print(f"\nkill -> training resumed (s), wide MLP of {args.layers} layers, AdamW, Gloo on "
+          f"the CPU; {os.cpu_count()} cores, load average {load_before[0]:.2f} before, "
+          f"{load_after:.2f} after; torch {torch.__version__}; took {took_s:.0f} s")  # fmt: skip
+    paths = list(next(iter(by_size.values())))
+    print("| parameters | " + " | ".join(PATH_NAMES[p] for p in paths) + " |")
+    print("|---:|" + "---:|" * len(paths))
+    for params, resumed in by_size.items():
+        cells = " | ".join(f"{resumed[p]:.2f}" for p in paths)
+        print(f"| {params / 1e6:.1f} M | {cells} |")
+    if args.plot:
+        series = {
+            PATH_NAMES[p]: [(params / 1e6, resumed[p]) for params, resumed in by_size.items()]
+            for p in paths
+        }
+        line_chart(args.plot, "Kill -> training resumed", "model parameters (millions)",
+                   "seconds", series)  # fmt: skip
+        print(f"picture: {args.plot}")
 
 
 def report(
@@ -253,6 +339,8 @@ def report(
             print(f"\n{title}")
             for name, seconds in parts.items():
                 print(f"   {name:<38} {seconds:8.3f} s")
+    if "elastic" in runs:
+        print(reshard_bandwidth(runs["elastic"]))
     if "hsdp" in runs:
         sent = max(e["sent_bytes"] for e in runs["hsdp"] if e["ev"] == "sync" and e["round"] == 2)
         print(f"   bytes sent by the reshard: {sent} (goal: 0); to training resumed "

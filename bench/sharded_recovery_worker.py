@@ -9,7 +9,8 @@ in a JSON-lines file per process. Two modes:
   without commits, then commits every ``--commit-every`` steps, ``--kill-rank`` SIGKILLs
   itself at ``--kill-at``; the survivors take ``--steps-after`` steps in the new round and
   stop. Every rank samples its memory right before the kill, the survivors again after
-  their first step in round 2;
+  their first step in round 2. Where the reshard sent bytes, the survivors then send one
+  another as many bytes over plain Gloo (``plain_exchange``, the baseline of its bandwidth);
 - restart (under ``torchrun --max-restarts 1``, ``--restart``): plain ``torch.distributed``;
   the first attempt saves a ``torch.distributed.checkpoint`` at ``--save-at`` and
   ``--kill-rank`` SIGKILLs itself at ``--kill-at``; torchrun restarts every process, which
@@ -168,6 +169,9 @@ def elastic_path(args: argparse.Namespace, log: Log) -> None:
         assert state.last_sync is not None
         round_number, rank = hvd.current_round(), hvd.rank()
         log("sync", round=round_number, rank=rank, **dataclasses.asdict(state.last_sync))
+        if round_number == 2 and state.last_sync.sent_bytes:
+            sent = state.last_sync.sent_bytes
+            log("baseline", rank=rank, bytes=sent, seconds=plain_exchange(sent))
         started_at = state.step
         block_started = 0.0
         while round_number == 1 or state.step < started_at + args.steps_after:
@@ -201,6 +205,24 @@ def elastic_path(args: argparse.Namespace, log: Log) -> None:
 
     train(state)
     hvd.shutdown()
+
+
+def plain_exchange(total_bytes: int) -> float:
+    """Seconds for the round's ranks to send one another ``total_bytes`` in all over Gloo,
+    each its share to the next rank in a ring, in one batch of sends and receives: what the
+    reshard moved, without its plan (the baseline of its bandwidth)."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    count = total_bytes // size // 4
+    outgoing, incoming = torch.ones(count), torch.empty(count)
+    dist.barrier()
+    started = time.perf_counter()
+    operations = [
+        dist.P2POp(dist.isend, outgoing, (rank + 1) % size),
+        dist.P2POp(dist.irecv, incoming, (rank - 1) % size),
+    ]
+    for work in dist.batch_isend_irecv(operations):
+        work.wait()
+    return time.perf_counter() - started
 
 
 def restart_path(args: argparse.Namespace, log: Log) -> None:

@@ -23,7 +23,7 @@ Obj = dict[str, Any]
 
 
 _POLLED = frozenset({"ej", "pod"})
-"""The kinds :meth:`Kube.get` reads in-process."""
+"""The kinds :meth:`Kube.get` reads in-process (as :meth:`Kube.pods` lists pods)."""
 
 
 @functools.cache
@@ -116,9 +116,11 @@ class Kube:
             raise
 
     def pods(self, selector: str) -> list[Obj]:
-        """Pods matching a label selector."""
-        out = self.kubectl("get", "pods", "-l", selector, "-o", "json")
-        items: list[Obj] = json.loads(out)["items"]
+        """Pods matching a label selector (read in-process: tests poll them)."""
+        client = _api_client(str(self.cluster.kubeconfig))
+        list_pods: Any = kubernetes.client.CoreV1Api(client).list_namespaced_pod
+        found = list_pods(self.ns, label_selector=selector, _preload_content=False)
+        items: list[Obj] = json.loads(found.data)["items"]
         return items
 
     # ----- waits ---------------------------------------------------------

@@ -95,9 +95,8 @@ class OperatorRelease:
 
 
 def operator_pods(cluster: Cluster) -> list[dict[str, Any]]:
-    found = cluster.kubectl("-n", SYSTEM_NS, "get", "pods", "-l", OPERATOR_PODS, "-o", "json")
-    pods: list[dict[str, Any]] = json.loads(found.stdout)["items"]
-    return pods
+    """The operator's pods (read in-process: tests poll them)."""
+    return Kube(cluster, SYSTEM_NS).pods(OPERATOR_PODS)
 
 
 def running_operator_pods(cluster: Cluster) -> set[str]:

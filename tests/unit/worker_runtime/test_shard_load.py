@@ -1,0 +1,132 @@
+"""``load_shards`` on a world of one (FSDP2 over a one-rank mesh, Gloo): a commit loaded into
+a freshly built model and optimizer gives them the committed state bit for bit, and they
+then train as the model the commit was taken from. The common case is loaded in place
+(``load_in_place``: no optimizer step on zero gradients, one copy); the others (buffers,
+an optimizer state torch would nest) go through torch's ``set_state_dict``, to the same
+result."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from elasticjob.worker_runtime.elastic.sharded.shard_snapshot import (
+    FLAT,
+    ShardSnapshot,
+    load_in_place,
+    load_shards,
+    take_snapshot,
+)
+
+Built = tuple[torch.nn.Module, torch.optim.Optimizer]
+
+
+@pytest.fixture
+def mesh() -> Iterator[DeviceMesh]:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def sharded(model: torch.nn.Module, mesh: DeviceMesh) -> torch.nn.Module:
+    torch.manual_seed(0)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def mlp_adamw(mesh: DeviceMesh) -> Built:
+    model = sharded(torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3)), mesh)
+    return model, torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+
+
+def mlp_sgd_two_groups(mesh: DeviceMesh) -> Built:
+    model = sharded(torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3)), mesh)
+    first, second = model[0], model[1]
+    groups = [{"params": first.parameters(), "lr": 0.1}, {"params": second.parameters()}]
+    return model, torch.optim.SGD(groups, lr=0.01, momentum=0.9)
+
+
+def with_buffers(mesh: DeviceMesh) -> Built:
+    layers = (torch.nn.Linear(6, 5), torch.nn.BatchNorm1d(5), torch.nn.Linear(5, 3))
+    model = sharded(torch.nn.Sequential(*layers), mesh)
+    return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+
+
+def train(built: Built, steps: int) -> None:
+    model, optimizer = built
+    for step in range(steps):
+        x = torch.arange(24.0).reshape(4, 6) / (10 + step)
+        optimizer.zero_grad()
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+
+
+def snapshot(built: Built) -> ShardSnapshot:
+    return take_snapshot(*built, shards=1, shard=0)
+
+
+def equal(a: ShardSnapshot, b: ShardSnapshot) -> bool:
+    def same(x: Any, y: Any) -> bool:
+        return torch.equal(x, y) if isinstance(x, torch.Tensor) else bool(x == y)
+
+    return (
+        a.sharded.keys() == b.sharded.keys()
+        and all(torch.equal(a.sharded[k].local, b.sharded[k].local) for k in a.sharded)
+        and a.replicated.keys() == b.replicated.keys()
+        and all(same(v, b.replicated[k]) for k, v in a.replicated.items())
+    )
+
+
+def flat_states(built: Built) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The flat state dicts a commit is loaded from (no optimizer state before its first
+    step: asking torch for it would step it)."""
+    model, optimizer = built
+    if not optimizer.state:
+        return get_model_state_dict(model, options=FLAT), {}
+    return get_state_dict(model, optimizer, options=FLAT)
+
+
+def load(commit: ShardSnapshot, built: Built, mesh: DeviceMesh) -> None:
+    shapes = {key: entry.shape for key, entry in commit.sharded.items()}
+    locals_ = {key: entry.local.clone() for key, entry in commit.sharded.items()}
+    load_shards(*built, mesh, shapes, locals_, commit.replicated)
+
+
+@pytest.mark.parametrize(
+    ("build", "steps", "in_place"),
+    [
+        (mlp_adamw, 2, True),
+        (mlp_sgd_two_groups, 2, True),
+        (mlp_adamw, 0, True),  # committed before the optimizer's first step
+        (with_buffers, 2, False),
+    ],
+    ids=["adamw", "sgd-two-groups", "not-started", "buffers"],
+)
+def test_a_loaded_commit_is_the_committed_state_and_trains_on_alike(
+    mesh: DeviceMesh, build: Callable[[DeviceMesh], Built], steps: int, in_place: bool
+) -> None:
+    trained = build(mesh)
+    train(trained, steps)
+    for group in trained[1].param_groups:
+        group["lr"] /= 2  # as a schedule would: the commit holds the new rates
+    commit = snapshot(trained)
+    fresh = build(mesh)
+    train(fresh, 1)  # a live state to overwrite, not only a fresh one
+    assert load_in_place(*build(mesh), *flat_states(trained)) is in_place
+    load(commit, fresh, mesh)
+    assert equal(snapshot(fresh), commit)
+    train(trained, 2)
+    train(fresh, 2)
+    assert equal(snapshot(fresh), snapshot(trained))
