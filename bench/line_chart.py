@@ -8,8 +8,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-WIDTH, HEIGHT = 640, 400
-LEFT, RIGHT, TOP, BOTTOM = 70, 170, 40, 60
+WIDTH, PLOT_HEIGHT = 640, 400
+LEFT, RIGHT, TOP, BOTTOM = 70, 30, 40, 60
+LEGEND_LINE = 20
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
 
 
@@ -29,19 +30,20 @@ def line_chart(
     series: Mapping[str, Sequence[tuple[float, float]]],
 ) -> None:
     """Write ``series`` (name: its ``(x, y)`` points) as lines with markers, both axes from
-    0, a legend on the right."""
+    0, the legend below."""
     points = [p for line in series.values() for p in line]
     x_ticks = _ticks(max(x for x, _ in points))
     y_ticks = _ticks(max(y for _, y in points))
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, PLOT_HEIGHT - TOP - BOTTOM
+    height = PLOT_HEIGHT + LEGEND_LINE * len(series)
 
     def at(x: float, y: float) -> tuple[float, float]:
         return LEFT + x / x_ticks[-1] * plot_w, TOP + plot_h - y / y_ticks[-1] * plot_h
 
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
         'font-family="sans-serif" font-size="12">',
-        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
+        f'<rect width="{WIDTH}" height="{height}" fill="white"/>',
         f'<text x="{WIDTH / 2}" y="22" text-anchor="middle" font-size="14">{escape(title)}</text>',
     ]
     for tick in x_ticks:
@@ -53,7 +55,7 @@ def line_chart(
         parts.append(f'<line x1="{LEFT}" y1="{y}" x2="{LEFT + plot_w}" y2="{y}" stroke="#ddd"/>')
         parts.append(f'<text x="{LEFT - 8}" y="{y + 4}" text-anchor="end">{tick:g}</text>')
     parts.append(
-        f'<text x="{LEFT + plot_w / 2}" y="{HEIGHT - 15}" text-anchor="middle">'
+        f'<text x="{LEFT + plot_w / 2}" y="{PLOT_HEIGHT - 20}" text-anchor="middle">'
         f"{escape(x_label)}</text>"
     )
     parts.append(
@@ -67,9 +69,9 @@ def line_chart(
         parts.append(f'<polyline points="{coords}" fill="none" stroke="{colour}" '
                      'stroke-width="2"/>')  # fmt: skip
         parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"/>' for x, y in placed]
-        legend_y = TOP + 20 * index + 10
-        parts.append(f'<line x1="{WIDTH - RIGHT + 15}" y1="{legend_y}" x2="{WIDTH - RIGHT + 35}" '
-                     f'y2="{legend_y}" stroke="{colour}" stroke-width="2"/>')  # fmt: skip
-        parts.append(f'<text x="{WIDTH - RIGHT + 40}" y="{legend_y + 4}">{escape(name)}</text>')
+        legend_y = PLOT_HEIGHT + LEGEND_LINE * index
+        parts.append(f'<line x1="{LEFT}" y1="{legend_y}" x2="{LEFT + 20}" y2="{legend_y}" '
+                     f'stroke="{colour}" stroke-width="2"/>')  # fmt: skip
+        parts.append(f'<text x="{LEFT + 26}" y="{legend_y + 4}">{escape(name)}</text>')
     parts.append("</svg>")
     path.write_text("\n".join(parts) + "\n")

@@ -247,6 +247,8 @@ def main() -> None:
                 print(f"{params / 1e6:.1f} M parameters: " + ", ".join(
                     f"{path} {seconds:.2f} s" for path, seconds in by_size[params].items()
                 ), flush=True)  # fmt: skip
+                if "elastic" in runs:
+                    print(reshard_bandwidth(runs["elastic"]), flush=True)
             report_sizes(args, by_size, load_before, time.monotonic() - began)
             return
         flags, params = model_flags(args)
