@@ -311,8 +311,8 @@ def report_sizes(
             PATH_NAMES[p]: [(params / 1e6, resumed[p]) for params, resumed in by_size.items()]
             for p in paths
         }
-        line_chart(args.plot, "Kill -> training resumed", "model parameters (millions)",
-                   "seconds", series)  # fmt: skip
+        title = f"Kill -> training resumed ({os.cpu_count()} cores for every rank)"
+        line_chart(args.plot, title, "model parameters (millions)", "seconds", series)
         print(f"picture: {args.plot}")
 
 

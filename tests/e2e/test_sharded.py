@@ -98,6 +98,24 @@ def containers(kube: Kube) -> dict[str, tuple[str, int]]:
     return found
 
 
+def trains_on(
+    status: dict[str, Any],
+    since: dict[str, Any],
+    counter: str,
+    keeps: str | None = None,
+    lost: str | None = None,
+) -> bool:
+    """Whether the job's ``status`` is Running, past ``since``'s ``counter`` (its round or
+    reset count), with the pod ``keeps`` among its workers and the pod ``lost`` not."""
+    pods = {w["pod"] for w in status.get("workers", [])}
+    return (
+        status.get(counter, 0) > since[counter]
+        and status.get("phase") == "Running"
+        and (keeps is None or keeps in pods)
+        and (lost is None or lost not in pods)
+    )
+
+
 @pytest.mark.timeout(900)
 def test_a_pod_of_an_hsdp_job_loses_a_process_and_the_job_scales_out(
     operator: Cluster, kube: Kube, tmp_path: Path
@@ -125,11 +143,7 @@ def test_a_pod_of_an_hsdp_job_loses_a_process_and_the_job_scales_out(
             kube,
             JOB,
             "the other pod training on after the SIGKILL",
-            lambda s: (
-                s.get("resetCount", 0) > training["resetCount"]
-                and s.get("phase") == "Running"
-                and survivor in {w["pod"] for w in s.get("workers", [])}
-            ),
+            lambda s: trains_on(s, training, "resetCount", keeps=survivor),
             timeout=180,
         )
         assert containers(kube)[survivor] == (before[survivor][0], 0)  # the same processes
@@ -145,11 +159,7 @@ def test_a_pod_of_an_hsdp_job_loses_a_process_and_the_job_scales_out(
             kube,
             JOB,
             "training on without the deleted pod",
-            lambda s: (
-                s.get("round", 0) > scaled["round"]
-                and s.get("phase") == "Running"
-                and leaving not in {w["pod"] for w in s.get("workers", [])}
-            ),
+            lambda s: trains_on(s, scaled, "round", lost=leaving),
             timeout=120,
         )
         done = wait_status(kube, JOB, "success", lambda s: s.get("phase") == "Succeeded", 300)
