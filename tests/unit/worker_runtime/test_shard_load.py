@@ -51,6 +51,12 @@ def mlp_adamw(mesh: DeviceMesh) -> Built:
     return model, torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
 
 
+def mlp_fused_adamw(mesh: DeviceMesh) -> Built:
+    """Its kernel reads the step count on the parameters' device (a GPU's, on a GPU)."""
+    model = sharded(torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3)), mesh)
+    return model, torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
+
+
 def mlp_sgd_two_groups(mesh: DeviceMesh) -> Built:
     model = sharded(torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3)), mesh)
     first, second = model[0], model[1]
@@ -108,11 +114,12 @@ def load(commit: ShardSnapshot, built: Built, mesh: DeviceMesh) -> None:
     ("build", "steps", "in_place"),
     [
         (mlp_adamw, 2, True),
+        (mlp_fused_adamw, 2, True),
         (mlp_sgd_two_groups, 2, True),
         (mlp_adamw, 0, True),  # committed before the optimizer's first step
         (with_buffers, 2, False),
     ],
-    ids=["adamw", "sgd-two-groups", "not-started", "buffers"],
+    ids=["adamw", "fused-adamw", "sgd-two-groups", "not-started", "buffers"],
 )
 def test_a_loaded_commit_is_the_committed_state_and_trains_on_alike(
     mesh: DeviceMesh, build: Callable[[DeviceMesh], Built], steps: int, in_place: bool

@@ -220,13 +220,32 @@ def load_in_place(
     for group in optimizer.param_groups:
         for param in group["params"]:
             group.update(copy.deepcopy(hyper[names[id(param)]]))
-            if per_param[names[id(param)]]:
-                optimizer.state[param] = dict(per_param[names[id(param)]])
+            entries = per_param[names[id(param)]]
+            if entries:
+                optimizer.state[param] = {
+                    entry: _placed(value, param, group, entry) for entry, value in entries.items()
+                }
     return True
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _placed(value: Any, param: torch.Tensor, group: Mapping[str, Any], entry: str) -> Any:
+    """An optimizer state entry as ``Optimizer.load_state_dict`` places it: the step count
+    as it is, but in float32 on the parameter's device for a fused or capturable optimizer
+    (their kernels read it there); every other tensor in the parameter's dtype (when that
+    is a floating-point one) on its device."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if entry == "step":
+        if group.get("fused") or group.get("capturable"):
+            return value.to(dtype=torch.float32, device=param.device)
+        return value
+    if param.is_floating_point():
+        return value.to(dtype=param.dtype, device=param.device)
+    return value.to(device=param.device)
 
 
 def release_group(model: torch.nn.Module, mesh: DeviceMesh | None) -> None:
