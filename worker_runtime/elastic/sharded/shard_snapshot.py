@@ -165,18 +165,17 @@ def load_shards(
         )
     for (kind, name), value in replicated.items():
         states[kind][name] = value.clone() if isinstance(value, torch.Tensor) else value
-    if load_in_place(model, optimizer, states[MODEL], states[OPTIMIZER]):
-        pass
-    elif groups is not None:
-        set_model_state_dict(model, states[MODEL], options=FLAT)
-    else:
-        set_state_dict(
-            model,
-            optimizer,
-            model_state_dict=states[MODEL],
-            optim_state_dict=states[OPTIMIZER],
-            options=FLAT,
-        )
+    if not load_in_place(model, optimizer, states[MODEL], states[OPTIMIZER]):
+        if groups is not None:
+            set_model_state_dict(model, states[MODEL], options=FLAT)
+        else:
+            set_state_dict(
+                model,
+                optimizer,
+                model_state_dict=states[MODEL],
+                optim_state_dict=states[OPTIMIZER],
+                options=FLAT,
+            )
     if groups is not None:
         set_optimizer_groups(optimizer, groups)
 
@@ -218,8 +217,9 @@ def load_in_place(
             _local(param).copy_(_local(value))
     optimizer.state.clear()
     for group in optimizer.param_groups:
+        if group["params"]:  # a group's parameters share its hyperparameters
+            group.update(copy.deepcopy(hyper[names[id(group["params"][0])]]))
         for param in group["params"]:
-            group.update(copy.deepcopy(hyper[names[id(param)]]))
             entries = per_param[names[id(param)]]
             if entries:
                 optimizer.state[param] = {
