@@ -308,6 +308,7 @@ class DriverEvents(RendezvousListener, abc.ABC):
             return NO_EFFECTS  # its end was heard already
         verdict = None
         if record is not None:
+            at_barrier = record.at_barrier  # while it still counts as running
             record.running = False
             verdict = classify_exit(
                 self.phase,
@@ -317,6 +318,7 @@ class DriverEvents(RendezvousListener, abc.ABC):
                 registered=record.registered,
                 stopped_after_success=record.stop_requested
                 and self.rendezvous.reported_result(worker) is WorkerState.SUCCESS,
+                at_barrier=at_barrier,
             )
             self._record_exit(worker, record, verdict, exit_code)
         effects = decide_exit(verdict, cause, exit_code, recovering=self._recovering)
@@ -347,6 +349,15 @@ class DriverEvents(RendezvousListener, abc.ABC):
                 failure = ScriptExit(exit_code=exit_code, log_tail=record.message)
                 self.registry.record_script_exit(worker, failure)
             self.journal.failed(worker.hostname, self.round, len(self.slots))
+        elif verdict is ExitVerdict.LEFT_MID_ROUND:
+            logger.warning(
+                "leaving worker %s ended before round %d released it (exit code %d): the "
+                "round fails",
+                worker,
+                self.round,
+                exit_code,
+            )
+            self.journal.failed(worker.hostname, self.round, len(self.slots), leaving=True)
         elif verdict is ExitVerdict.FAILED_OUTSIDE_ROUND:
             logger.warning("worker %s failed between rounds (exit code %d)", worker, exit_code)
             record.fail_outside_round(exit_code)

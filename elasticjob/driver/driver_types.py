@@ -99,13 +99,16 @@ class Departure(enum.Enum):
     registry and the rendezvous.
 
     A worker that *leaves*, one that is *dismissed* and one that *failed* are three different
-    things: only a failure breaks a round, costs a reset and gets a host blacklisted.
+    things: only a failure gets a host blacklisted; a failure, or a leaver that ends before
+    it was released, breaks a round and costs a reset.
     """
 
     LEAVING = "leaving"
     """Its host is going away (scale-in, preemption): announced with a ``HOSTS_REMOVED``
     notice, it reaches the barrier with the other members, keeps its live state, and is then
-    dismissed. Never a failure (see ``decisions.leaving_members``)."""
+    dismissed. Never its host's failure (see ``decisions.leaving_members``); but if it ends
+    before the round released it, the round's other members lose it in their collectives and
+    the round fails (``worker_exits.ExitVerdict.LEFT_MID_ROUND``)."""
     DISMISSED = "dismissed"
     """Told to exit: the rendezvous answers its requests ``REMOVED`` and it exits 0
     (``JobRendezvous.dismiss``): a leaving worker once the next round is published, or a

@@ -248,10 +248,18 @@ class JobJournal:
             self._unexplained = (round_number, world_size, reporter)
         self._stop(round_number, failed=True)
 
-    def failed(self, host: str, round_number: int, world_size: int) -> None:
-        """A member of the round on ``host`` failed (the record tells the first per round)."""
+    def failed(
+        self, host: str, round_number: int, world_size: int, *, leaving: bool = False
+    ) -> None:
+        """A member of the round on ``host`` failed (``leaving``: it was leaving, and ended
+        before the round released it); the record tells the first per round."""
         if self._failure_told < round_number:
-            self._record_failure(f"a worker on {host} failed", round_number, world_size)
+            message = (
+                f"a leaving worker on {host} ended before its round released it"
+                if leaving
+                else f"a worker on {host} failed"
+            )
+            self._record_failure(message, round_number, world_size)
         self._stop(round_number, failed=True)
 
     def _explain_failure(self) -> None:

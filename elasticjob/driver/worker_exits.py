@@ -38,6 +38,10 @@ class ExitVerdict(enum.Enum):
     """What the end of a worker process means to the round (see :func:`classify_exit`)."""
 
     DEPARTED = "departed"  # a leaving or dismissed worker ended: not a failure
+    LEFT_MID_ROUND = "left-mid-round"
+    """A leaving member ended (its grace ran out, it was killed) before the round released it:
+    its host is not to blame, but the other members wait for it in their collectives, so
+    the round fails."""
     ALREADY_FAILED = "already-failed"  # a worker counted as failed already (stopped) ended
     IGNORED = "ignored"  # the job has finished
     SUCCEEDED = "succeeded"  # a member of the running round exited 0: record SUCCESS
@@ -57,20 +61,26 @@ def classify_exit(
     exit_code: int,
     registered: bool = True,
     stopped_after_success: bool = False,
+    at_barrier: bool = False,
 ) -> ExitVerdict:
     """What it means that a worker's process ended with ``exit_code``; ``member``: it is a
     member of the round in force; ``departure``: how it was already on its way out;
     ``registered``: it ever asked for a round or was a member of one;
     ``stopped_after_success``: the driver stopped it because it did not end after reporting
-    success (see ``timeouts.overdue_endings``): its training finished, so it ended as 0."""
+    success (see ``timeouts.overdue_endings``): its training finished, so it ended as 0;
+    ``at_barrier``: it had stopped with the round's other members at their agreed check and
+    asked for the next round (they no longer wait for it in a collective)."""
     if departure is Departure.FAILED:
         return ExitVerdict.ALREADY_FAILED
+    in_running_round = member and phase is DriverPhase.RUNNING
+    if departure is Departure.LEAVING and in_running_round and not at_barrier and exit_code:
+        return ExitVerdict.LEFT_MID_ROUND
     if departure is not None:
         return ExitVerdict.DEPARTED
     if phase is DriverPhase.FINISHED:
         return ExitVerdict.IGNORED
     ended_well = exit_code == 0 or stopped_after_success
-    if member and phase is DriverPhase.RUNNING:
+    if in_running_round:
         return ExitVerdict.SUCCEEDED if ended_well else ExitVerdict.FAILED
     if not ended_well:
         return ExitVerdict.FAILED_OUTSIDE_ROUND
@@ -109,6 +119,8 @@ NO_EFFECTS: ExitEffects = ExitEffects()
 
 _STRUCK = frozenset({ExitVerdict.FAILED, ExitVerdict.FAILED_OUTSIDE_ROUND})
 """Verdicts of a failure that is the host's to answer for."""
+_BREAK_THE_ROUND = frozenset({ExitVerdict.FAILED, ExitVerdict.LEFT_MID_ROUND})
+"""Verdicts of an end that the running round's members cannot go on without."""
 
 
 def decide_exit(
@@ -123,13 +135,14 @@ def decide_exit(
       newcomer's, or one the driver never launched), not when it was leaving, dismissed,
       already counted as failed (and struck then), or the job had ended;
     - a member's failure fails the round once: the first failure of a round posts the notice;
+      so does the end of a leaving member that the round had not released yet;
     - a failed health check: struck and removed, not announced (its own event says why);
     - a worker that did not leave in time: removed, nothing else (it was leaving);
     - one that vanished: nothing (nothing is left of it, and its host is not to blame);
     - an end with exit code 0, or one the driver stopped after the worker reported success:
       nothing here (its verdict says what it means).
     """
-    fail_round = verdict is ExitVerdict.FAILED and not recovering
+    fail_round = verdict in _BREAK_THE_ROUND and not recovering
     if cause is ExitCause.UNHEALTHY:
         return ExitEffects(blacklist=True, replace=True)
     if cause is ExitCause.OVERDUE:

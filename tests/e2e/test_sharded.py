@@ -4,15 +4,18 @@
 model, the pods replicate it. One training process of a pod is SIGKILLed mid-training (its
 pod's other slot goes with it): the other pod keeps its processes (same container, no
 restart) and trains on from the last commit, its replica losing nothing and sending nothing;
-then the job is scaled to three pods, and each new pod is a replica that receives its shards.
-The job succeeds, every sequence trained exactly once per epoch and the loss falling. What
-happened is read from the pods' logs (rank 0's lines and the runtime's own).
+then the job is scaled to three pods, and each new pod is a replica that receives its shards;
+then a pod is deleted (its processes leave gracefully), and the replicas left train on,
+sending nothing but its replacement pod's shards. The job succeeds, every sequence trained
+exactly once per epoch and the loss falling. What happened is read from the pods' logs (rank
+0's lines and the runtime's own).
 
 The one-dimensional reshard (FSDP over every rank) of the same example is tested on four
 loopback hosts in ``tests/integration/test_sharded_example.py``."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -35,7 +38,8 @@ TRAIN = [
 """A tiny model, paced so that the job trains for about a minute after it starts (the loss
 still falls to under half of its first value)."""
 RESHARDED = re.compile(
-    r"resharded commit \d+ from 2 shards onto 2 shards in (\d) replica\(s\): (\d+) bytes sent"
+    r"round=(\d+) rank=\d+ step=\d+\] resharded commit \d+ from 2 shards onto 2 shards in "
+    r"(\d) replica\(s\): (\d+) bytes sent"
 )
 KILL_ONE_SLOT = (
     "import os, signal\n"
@@ -94,6 +98,24 @@ def containers(kube: Kube) -> dict[str, tuple[str, int]]:
     return found
 
 
+def trains_on(
+    status: dict[str, Any],
+    since: dict[str, Any],
+    counter: str,
+    keeps: str | None = None,
+    lost: str | None = None,
+) -> bool:
+    """Whether the job's ``status`` is Running, past ``since``'s ``counter`` (its round or
+    reset count), with the pod ``keeps`` among its workers and the pod ``lost`` not."""
+    pods = {w["pod"] for w in status.get("workers", [])}
+    return (
+        status.get(counter, 0) > since[counter]
+        and status.get("phase") == "Running"
+        and (keeps is None or keeps in pods)
+        and (lost is None or lost not in pods)
+    )
+
+
 @pytest.mark.timeout(900)
 def test_a_pod_of_an_hsdp_job_loses_a_process_and_the_job_scales_out(
     operator: Cluster, kube: Kube, tmp_path: Path
@@ -121,16 +143,25 @@ def test_a_pod_of_an_hsdp_job_loses_a_process_and_the_job_scales_out(
             kube,
             JOB,
             "the other pod training on after the SIGKILL",
-            lambda s: (
-                s.get("resetCount", 0) > training["resetCount"]
-                and s.get("phase") == "Running"
-                and survivor in {w["pod"] for w in s.get("workers", [])}
-            ),
+            lambda s: trains_on(s, training, "resetCount", keeps=survivor),
             timeout=180,
         )
         assert containers(kube)[survivor] == (before[survivor][0], 0)  # the same processes
         kube.kubectl("scale", f"elasticjob/{JOB}", "--replicas=3")
-        wait_status(kube, JOB, "3 pods of 2 slots", lambda s: s.get("worldSize") == 6, timeout=240)
+        scaled = wait_status(
+            kube, JOB, "3 pods of 2 slots", lambda s: s.get("worldSize") == 6, timeout=240
+        )
+        # A pod deleted: its processes leave gracefully, the others train on at once.
+        leaving = next(w["pod"] for w in scaled["workers"] if w["pod"] != survivor)
+        worker_logs(kube)  # its log, read before the pod goes
+        kube.kubectl("delete", "pod", leaving, "--wait=false")
+        wait_status(
+            kube,
+            JOB,
+            "training on without the deleted pod",
+            lambda s: trains_on(s, scaled, "round", lost=leaving),
+            timeout=120,
+        )
         done = wait_status(kube, JOB, "success", lambda s: s.get("phase") == "Succeeded", 300)
         logs = worker_logs(kube)
     finally:
@@ -142,11 +173,18 @@ def test_a_pod_of_an_hsdp_job_loses_a_process_and_the_job_scales_out(
     resumed = [r for r in rounds if r[0] > training["round"]]
     assert resumed and (resumed[0][2], resumed[0][3]) > (0, 0), rounds  # from the commit
     # Every rank's reshards (the logs of each pod in turn, not in time order).
-    reshards = {(int(replicas), int(sent)) for replicas, sent in RESHARDED.findall(logs)}
+    by_round = {int(n): (int(replicas), int(sent)) for n, replicas, sent in RESHARDED.findall(logs)}
+    reshards = set(by_round.values())
     # The lost replica: the other sends nothing (unless the replacement pod joined that
     # round already: then it is a new replica and receives one replica's shards).
     assert (1, 0) in reshards or any(replicas == 2 for replicas, _ in reshards), reshards
     assert any(replicas == 3 and sent > 0 for replicas, sent in reshards), reshards
+    # The deleted pod's replica: nothing moves, but for the shards of its replacement pod
+    # where that joined in the same round (a new replica: one replica's bytes, the greatest
+    # common divisor of what every round sent).
+    one_replica = math.gcd(*(sent for _, sent in by_round.values()))
+    after_delete = [by_round[n] for n in sorted(by_round) if n > scaled["round"]]
+    assert after_delete and all(sent <= one_replica for _, sent in after_delete), by_round
     # Every sequence exactly once per epoch (the last round's word for each), the loss falling.
     once = {int(epoch): word for epoch, word in EPOCH_LINE.findall(logs)}
     assert once == dict.fromkeys(range(EPOCHS), "True"), logs[-6000:]

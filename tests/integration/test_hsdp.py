@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from elasticjob.worker_contract import ENV_COLLECTIVE_TIMEOUT
 from tests.support.sharded_runs import (
     finished_alike,
     resumed_from_last_commit,
@@ -43,3 +44,31 @@ def test_pods_lost_from_each_replica_in_turn_then_two_new_pods(tmp_path: Path) -
     assert [r["sent_bytes"] for r in resumed] == [0, 0, 2 * ONE_REPLICA_BYTES], resumed
     finished_alike(run, 6)
     trained_once_in_identical_replicas(run, epochs=4, replicas=3)
+
+
+def test_a_pod_killed_while_leaving_in_the_middle_of_a_sync_fails_the_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2 pods x 2 slots, a third pod joins (3 x 2); its processes, syncing, are told their
+    pod leaves and die before the round releases them (a pod deleted with a short grace
+    period), while the others form the device mesh's groups with them. The round fails (the
+    leaver's host is not to blame) and the survivors, whose forming of a mesh group nothing
+    can interrupt, give up within the collective timeout, not torch's 30 minutes: the job
+    goes on as 2 x 2 from the last commit."""
+    monkeypatch.setenv(ENV_COLLECTIVE_TIMEOUT, "10")
+    two_pods = "127.0.1.1:2,127.0.1.2:2"
+    run = run_sharded(
+        tmp_path,
+        ["-np", "4", "--min-np", "2", "--max-np", "6", *KEEP_FAILED_HOSTS_OUT],
+        *("--hsdp", "--epochs", "3", "--leave-in-sync", "127.0.1.3:2"),
+        *("--hold-until-round", "1:3"),  # epoch 1 ends once the third pod came and went
+        schedule={0: two_pods, 1: f"{two_pods},127.0.1.3:2"},
+    )
+    assert run.returncode == 0, run.explain()
+    assert "leaving worker 127.0.1.3[0] ended before round 2 released it" in run.stderr, (
+        run.explain()
+    )
+    resumed = resumed_from_last_commit(run)
+    assert [(r["round"], r["size"]) for r in resumed] == [(3, 4)], resumed
+    finished_alike(run, 4)
+    trained_once_in_identical_replicas(run, epochs=3, replicas=2)

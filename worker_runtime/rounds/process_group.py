@@ -8,7 +8,9 @@ collective, which the next round must not wait for.
 Collectives are issued asynchronously and waited on here, so a group can be abandoned the
 moment the driver announces that a member failed (:meth:`RoundGroup.abort`, called from the
 notice thread): Gloo would otherwise block a survivor until its timeout when the dead peer is
-not its direct neighbour. A bounded timeout is the last resort.
+not its direct neighbour. A bounded timeout is the last resort, for every group made in the
+round (:func:`bound_new_groups`): collectives torch issues and waits on itself (FSDP2's, on
+a device mesh's groups) and the forming of a group cannot be interrupted otherwise.
 
 Every blocking operation on a round's group (a collective, forming the group) runs inside
 :meth:`RoundGroup.blocking`, so the heartbeat thread can tell how long the training thread
@@ -65,6 +67,18 @@ class _Pending:
     future: torch.futures.Future[object] | None = None
     """Set for :meth:`RoundGroup.future`: settled once, by the work or by an abort."""
     settled: bool = False
+
+
+def bound_new_groups(timeout: datetime.timedelta) -> None:
+    """Give every process group made from now on ``timeout`` unless its maker passes one:
+    this runtime's, a ``DeviceMesh``'s groups of its dimensions (FSDP2's HSDP), the script's
+    own ``new_group``. torch gives such a group 30 minutes, not its default group's timeout,
+    so a member that vanished mid-round (no reset reaches the others) would hold them for
+    half an hour in a collective that nothing else can interrupt, or in forming a group."""
+    c10d = dist.distributed_c10d
+    c10d.default_pg_timeout = timeout
+    if hasattr(c10d, "default_pg_nccl_timeout"):
+        c10d.default_pg_nccl_timeout = timeout
 
 
 class RoundGroup:
@@ -144,6 +158,7 @@ class RoundGroup:
         with self._lock:
             self._error = None
             self._aborted.clear()
+        bound_new_groups(timeout)
         kwargs: dict[str, object] = {}
         if self.backend == "nccl":
             kwargs["device_id"] = self.device

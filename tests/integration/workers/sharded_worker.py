@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import elasticjob.worker_runtime as hvd
 from elasticjob.worker_contract import ENV_HOSTNAME, ENV_LOCAL_RANK
-from elasticjob.worker_runtime.elastic.sharded import shard_copies
+from elasticjob.worker_runtime.elastic.sharded import shard_copies, sharded_state
+from elasticjob.worker_runtime.rounds.host_updates import HostUpdateAgreement
 
 FEATURES, HIDDEN, OUTPUTS = 8, 30, 3
 
@@ -49,6 +51,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--mixed-precision", action="store_true", help="bf16 compute, fp32 reduce")
     parser.add_argument("--epoch-file", type=Path, help="rank 0 writes the epoch it starts here")
     parser.add_argument("--expect-sizes", default="", help="world size each epoch must end with")
+    parser.add_argument(
+        "--hold-until-round", default="", help="EPOCH:ROUND: the epoch ends in round ROUND or later"
+    )
     parser.add_argument("--fail", action="append", default=[], help="EPOCH:BATCH:RANK (SIGKILL)")
     parser.add_argument(
         "--suspend-at", default="", help="EPOCH:BATCH: rank 0 sends the launcher SIGUSR1, once"
@@ -61,6 +66,12 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--slow-copies", type=float, default=0.0, help="seconds each commit's copies wait"
+    )
+    parser.add_argument(
+        "--leave-in-sync",
+        default="",
+        help="HOST:SLOTS: the processes of HOST, at their first sync, drop it from the "
+        "discovery schedule, and SIGKILL themselves once told that it leaves",
     )
     return parser.parse_args()
 
@@ -189,6 +200,39 @@ def slow_copies(seconds: float) -> None:
     shard_copies.exchange_copies = slow_exchange  # type: ignore[assignment]
 
 
+def leave_in_sync(host: str, schedule_file: Path) -> None:
+    """On ``host`` (``HOST:SLOTS``): at the first sync, as the round's device mesh is about to
+    be made, drop the host from the discovery schedule, wait until the notice that it leaves
+    arrives, and SIGKILL this process before the round releases it: a pod deleted with a
+    grace period too short to reach the next check, while the others form the mesh's groups."""
+    if os.environ.get(ENV_HOSTNAME) != host.split(":", maxsplit=1)[0]:
+        return
+    told = threading.Event()
+    saw_notice = HostUpdateAgreement.saw_notice
+
+    def saw_notice_and_tell(self: HostUpdateAgreement, seq: int, *, suspend: bool = False) -> None:
+        saw_notice(self, seq, suspend=suspend)
+        told.set()
+
+    def leave(*args: Any, **kwargs: Any) -> DeviceMesh:
+        told.clear()
+        schedule = json.loads(schedule_file.read_text())
+        dropped = {
+            epoch: ",".join(h for h in hosts.split(",") if h != host)
+            for epoch, hosts in schedule.items()
+        }
+        partial = schedule_file.with_name(f"{schedule_file.name}.{os.getpid()}")
+        partial.write_text(json.dumps(dropped))
+        partial.replace(schedule_file)
+        if not told.wait(60):
+            raise RuntimeError("never told to leave")
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
+
+    HostUpdateAgreement.saw_notice = saw_notice_and_tell  # type: ignore[method-assign]
+    sharded_state.DeviceMesh = leave  # type: ignore[attr-defined, assignment]
+
+
 def main() -> None:
     args = parse_args()
     log = EventLog(args.log_dir)
@@ -198,7 +242,17 @@ def main() -> None:
         fail_in_commit(args.fail_in_commit, args.log_dir)
     if args.slow_copies:
         slow_copies(args.slow_copies)
+    if args.leave_in_sync:
+        assert args.epoch_file is not None, "--leave-in-sync needs a discovery schedule"
+        leave_in_sync(args.leave_in_sync, args.epoch_file.with_name("schedule.json"))
     expected = [int(s) for s in args.expect_sizes.split(",") if s]
+    held = dict([map(int, args.hold_until_round.split(":"))]) if args.hold_until_round else {}
+
+    def may_end(epoch: int) -> bool:
+        """Whether the epoch may end: in the world size expected, in the round awaited."""
+        sized = epoch >= len(expected) or hvd.size() == expected[epoch]
+        return sized and hvd.current_round() >= held.get(epoch, 0)
+
     generator = torch.Generator().manual_seed(0)
     features = torch.randn(args.samples, FEATURES, generator=generator)
     targets = torch.randn(args.samples, OUTPUTS, generator=generator)
@@ -263,9 +317,12 @@ def main() -> None:
                         log.write("committed", returned_s=time.monotonic() - started,
                                   previous_copies_s=state.copy_seconds)  # fmt: skip
             deadline = time.monotonic() + 90
-            while state.epoch < len(expected) and hvd.size() != expected[state.epoch]:
+            while not may_end(state.epoch):
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"world size {hvd.size()} never became {expected}")
+                    raise RuntimeError(
+                        f"world size {hvd.size()} never became {expected}, or round "
+                        f"{hvd.current_round()} never {args.hold_until_round}"
+                    )
                 try:
                     state.check_host_updates()
                 except hvd.HostsUpdatedInterrupt:

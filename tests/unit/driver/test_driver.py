@@ -420,16 +420,37 @@ async def test_a_host_back_before_its_dismissed_worker_exited_gets_a_fresh_proce
     assert job.driver.round == 3 and set(job.driver.slots) == {A0, B0}
 
 
-async def test_leaving_member_that_exits_is_not_a_failure() -> None:
+async def test_leaving_member_that_leaves_at_the_barrier_is_not_a_failure() -> None:
     job = Job({"a": 1, "b": 1}, settings())
     await job.start_round_1(A0, B0)
     del job.discovery.hosts["b"]
     await job.discover()
+    await job.ask(B0, 1)  # it stopped with the others at their agreed check
     job.launcher.end(B0, 143)
     await job.ask(A0, 1)
     await job.step()
     assert job.driver.round == 2 and list(job.driver.slots) == [A0]
     assert [kind for kind, _ in (await job.notices())] == [NoticeKind.HOSTS_REMOVED]
+    assert not job.hosts.blacklist.active()
+
+
+async def test_leaving_member_that_ends_before_its_release_fails_the_round_not_its_host() -> None:
+    """Its grace ran out before the round's next check (a pod deleted with a short grace
+    period): the others wait for it in their collectives, so the round fails; its host is
+    not to blame."""
+    job = Job({"a": 1, "b": 1}, settings())
+    await job.start_round_1(A0, B0)
+    del job.discovery.hosts["b"]
+    await job.discover()
+    job.launcher.end(B0, 137)
+    await job.step()
+    assert [kind for kind, _ in (await job.notices())] == [
+        NoticeKind.HOSTS_REMOVED,
+        NoticeKind.ROUND_FAILED,
+    ]
+    await job.ask(A0, 1, rolled_back=True)
+    await job.step()
+    assert job.driver.round == 2 and list(job.driver.slots) == [A0]
     assert not job.hosts.blacklist.active()
 
 

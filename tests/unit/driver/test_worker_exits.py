@@ -29,7 +29,12 @@ LEAVING, DISMISSED, FAILED = Departure.LEAVING, Departure.DISMISSED, Departure.F
 @pytest.mark.parametrize(
     ("phase", "member", "departure", "code", "verdict"),
     [
-        pytest.param(RUNNING, True, LEAVING, 1, ExitVerdict.DEPARTED, id="leaving-fails"),
+        pytest.param(
+            RUNNING, True, LEAVING, 137, ExitVerdict.LEFT_MID_ROUND, id="leaving-member-killed"
+        ),
+        pytest.param(RUNNING, True, LEAVING, 0, ExitVerdict.DEPARTED, id="leaving-exits-0"),
+        pytest.param(FORMING, True, LEAVING, 137, ExitVerdict.DEPARTED, id="leaving-forming"),
+        pytest.param(RUNNING, False, LEAVING, 137, ExitVerdict.DEPARTED, id="leaving-no-member"),
         pytest.param(RUNNING, False, DISMISSED, 0, ExitVerdict.DEPARTED, id="dismissed-exits"),
         pytest.param(FORMING, False, FAILED, -15, ExitVerdict.ALREADY_FAILED, id="stopped"),
         pytest.param(FINISHED, True, None, 1, ExitVerdict.IGNORED, id="job-finished"),
@@ -50,6 +55,12 @@ def test_classify_exit(
     phase: DriverPhase, member: bool, departure: Departure | None, code: int, verdict: ExitVerdict
 ) -> None:
     assert classify_exit(phase, member=member, departure=departure, exit_code=code) is verdict
+
+
+def test_a_leaving_member_that_ends_at_the_barrier_departs() -> None:
+    """It stopped with the others at their agreed check: nobody waits for it any more."""
+    got = classify_exit(RUNNING, member=True, departure=LEAVING, exit_code=137, at_barrier=True)
+    assert got is ExitVerdict.DEPARTED
 
 
 @pytest.mark.parametrize(
@@ -137,6 +148,38 @@ ROUND_BROKEN = ExitEffects(blacklist=True, fail_round=True, announce=True, repla
             False,
             ExitEffects(announce=True, replace=True),
             id="leaving-fails",
+        ),
+        pytest.param(
+            ExitVerdict.LEFT_MID_ROUND,
+            EXITED,
+            137,
+            False,
+            ExitEffects(fail_round=True, announce=True, replace=True),
+            id="leaving-member-killed",
+        ),
+        pytest.param(
+            ExitVerdict.LEFT_MID_ROUND,
+            EXITED,
+            137,
+            True,
+            ExitEffects(announce=True, replace=True),
+            id="leaving-member-killed-in-a-failed-round",
+        ),
+        pytest.param(
+            ExitVerdict.LEFT_MID_ROUND,
+            VANISHED,
+            137,
+            False,
+            ExitEffects(fail_round=True),
+            id="leaving-member-vanishes",
+        ),
+        pytest.param(
+            ExitVerdict.LEFT_MID_ROUND,
+            OVERDUE,
+            137,
+            False,
+            ExitEffects(fail_round=True, replace=True),
+            id="leaving-member-overdue",
         ),
         pytest.param(
             ExitVerdict.ALREADY_FAILED,

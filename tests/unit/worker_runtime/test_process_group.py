@@ -203,3 +203,16 @@ def test_await_abort_tells_why_once_the_group_is_aborted() -> None:
         assert group.await_abort(5.0) == "a member of round 1 failed"
     finally:
         timer.join()
+
+
+def test_every_group_made_in_a_round_has_the_rounds_timeout(group: RoundGroup) -> None:
+    """torch gives a new group 30 minutes, not the default group's timeout: a collective of
+    FSDP2 on a device mesh's group would wait that long for a member that vanished."""
+    for seconds in (7, 11):  # each round's own
+        timeout = datetime.timedelta(seconds=seconds)
+        group.configure(HashStore(), f"round-{seconds}/", 0, 1, timeout)
+        made = [dist.new_group(), dist.new_group([0], backend="gloo")]
+        for made_group in made:
+            backend = made_group._get_backend(torch.device("cpu"))
+            assert backend.options._timeout == timeout  # type: ignore[attr-defined]
+    group.destroy()
