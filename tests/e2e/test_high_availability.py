@@ -1,8 +1,8 @@
 """The operator's high availability on devcluster's real nodes, with the chart's defaults (two
 replicas, the Lease's 3 s / 2 s / 0.5 s): when the leader is SIGKILLed or its node goes
-NotReady the standby leads and serves the jobs' rendezvous, no worker process restarts, a
-worker lost meanwhile is recovered from, and ``helm upgrade`` rolls both replicas while a job
-trains.
+NotReady the standby leads and serves the jobs' rendezvous, no worker process restarts, and a
+worker lost meanwhile is recovered from. (``helm upgrade`` rolling both replicas while a job
+trains is checked in ``test_transport.py``, which keeps its TLS certificate through it.)
 
 Each handover is timed (printed, and kept in the test's report): from just before the fault
 until the rendezvous Service routes to the new leader alone and it answers the job's round.
@@ -14,55 +14,32 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from devcluster.cluster import Cluster
 from tests.support.elastic_jobs import (
     STARTUP_S,
+    epoch_ended,
     job_manifest,
     stop_workers,
     wait_status,
+    worker_pods,
 )
-from tests.support.job_runs import read_events
 from tests.support.kube import Kube, node_ready_untainted, pod_log_files
 from tests.support.operator_release import (
-    CHART,
-    RELEASE,
     SYSTEM_NS,
+    about,
     both_replicas_ready,
     leader_pod,
-    operator_pods,
+    operator_log,
     ready_operator_pods,
     replicas_on_two_nodes,
-    running_operator_pods,
     wait_handover,
 )
 
 HANDOVER_BOUND_S = 15.0
 """The bound a test asserts on a handover (the figure itself is printed)."""
-
-
-def epoch_ended(log_dir: Path) -> int:
-    return max((e["epoch"] for e in read_events(log_dir) if e["ev"] == "epoch_end"), default=-1)
-
-
-def worker_pods(kube: Kube, job: str) -> dict[str, int]:
-    """The job's worker pods and their containers' restart counts."""
-    return {
-        p["metadata"]["name"]: sum(
-            c.get("restartCount", 0) for c in p.get("status", {}).get("containerStatuses") or []
-        )
-        for p in kube.pods(f"elasticjob.dev/job-name={job}")
-    }
-
-
-def operator_log(cluster: Cluster, pod: str, previous: bool = False) -> str:
-    args = ["-n", SYSTEM_NS, "logs", pod, *(["--previous"] if previous else [])]
-    return cluster.kubectl(*args, check=False).stdout
 
 
 def test_a_killed_leader_is_replaced_by_the_standby_and_a_worker_lost_meanwhile_is_recovered(
@@ -137,12 +114,6 @@ def test_a_killed_leader_is_replaced_by_the_standby_and_a_worker_lost_meanwhile_
         wait_status(kube, "ha", "success", lambda s: s.get("phase") == "Succeeded", 180)
     finally:
         stop_workers(kube, log_dir)
-
-
-def about(kube: Kube, log: str) -> str:
-    """The lines of an operator's ``log`` about the test's namespace (the session's operator
-    also logged the jobs of the tests before)."""
-    return "\n".join(line for line in log.splitlines() if kube.ns in line)
 
 
 def old_operator_log(cluster: Cluster, pod: str) -> str:
@@ -231,60 +202,3 @@ def test_a_leader_whose_node_goes_not_ready_steps_down_for_the_standby(
         stop_workers(kube, log_dir)
         operator.faults.node_ready(node)
         kube.wait("the node Ready again", lambda: node_ready_untainted(kube, node), timeout=120)
-
-
-@pytest.mark.timeout(900)
-def test_a_helm_upgrade_rolls_both_replicas_while_a_job_trains(
-    operator: Cluster, kube: Kube, tmp_path: Path
-) -> None:
-    log_dir, stop_file = tmp_path / "events", tmp_path / "stop"
-    kube.apply(job_manifest("rolling", log_dir, stop_file, replicas=2, minReplicas=2))
-    try:
-        running = wait_status(
-            kube,
-            "rolling",
-            "training with 2 workers",
-            lambda s: s.get("phase") == "Running" and s.get("worldSize") == 2,
-            STARTUP_S,
-        )
-        pods = worker_pods(kube, "rolling")
-        before = {p["metadata"]["name"] for p in operator_pods(operator)}
-        both_replicas_ready(kube)
-        operator.helm(
-            "upgrade",
-            RELEASE,
-            str(CHART),
-            "-n",
-            SYSTEM_NS,
-            "--reuse-values",
-            "--set-string",  # a hex string of digits only would be a number to --set
-            f"podAnnotations.rolled={uuid.uuid4().hex[:8]}",
-            "--wait",
-            "--timeout",
-            "600s",
-        )
-        kube.wait(
-            "both replicas replaced",
-            lambda: (
-                not before & running_operator_pods(operator)
-                and len(ready_operator_pods(operator)) == 2
-            ),
-            timeout=300,
-        )
-        leader = both_replicas_ready(kube)
-        at = epoch_ended(log_dir)
-        trained_on = wait_status(
-            kube,
-            "rolling",
-            "training on under the upgraded operator",
-            lambda s: (s.get("progress") or {}).get("epoch", -1) > at,
-            timeout=180,
-        )
-        assert trained_on["round"] == running["round"], "every leader adopted the round"
-        assert trained_on["resetCount"] == running["resetCount"], trained_on
-        assert worker_pods(kube, "rolling") == pods, "no worker pod or process restarted"
-        assert "resumed round" in about(kube, operator_log(operator, leader["metadata"]["name"]))
-        stop_file.touch()
-        wait_status(kube, "rolling", "success", lambda s: s.get("phase") == "Succeeded", 180)
-    finally:
-        stop_workers(kube, log_dir)

@@ -1,13 +1,15 @@
 """The operator end to end on devcluster: installed with helm, driven with kubectl.
 
 A job trains over Gloo between worker pods; it is scaled out, loses a worker to SIGKILL, loses
-one to `kubectl delete pod`, and finishes. The workers' event logs (a directory on this
+one to `kubectl delete pod`, keeps its blacklisted node and its Ready condition through an
+operator restart, and finishes. The workers' event logs (a directory on this
 machine, which devcluster's pods share) tell whether every sample was trained exactly once
 in the committed trajectory and whether all ranks ended with the same weights.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import urllib.request
 from pathlib import Path
@@ -23,6 +25,7 @@ from elasticjob.operator.api import worker_labels
 from elasticjob.worker_contract import ENV_RENDEZVOUS_CA, ENV_TOKEN
 from tests.support.elastic_jobs import (
     STARTUP_S,
+    condition,
     job_manifest,
     job_secret_value,
     reader_token,
@@ -51,6 +54,10 @@ def test_elastic_job_scales_survives_failures_and_finishes(
         run_lifecycle(kube, log_dir, stop_file)
     finally:
         stop_workers(kube, log_dir)
+
+
+def moment(stamp: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
 def run_lifecycle(kube: Kube, log_dir: Path, stop_file: Path) -> None:
@@ -144,7 +151,7 @@ def run_lifecycle(kube: Kube, log_dir: Path, stop_file: Path) -> None:
     assert not restarts, f"workers must not restart with the operator: {restarts}"
     rollbacks = worker_logs(kube).count("rolling back")
     kube.kubectl("scale", "ej/train", "--replicas=4")
-    wait_status(
+    scaled_in = wait_status(
         kube,
         "train",
         "world size 4 under the new operator",
@@ -157,6 +164,27 @@ def run_lifecycle(kube: Kube, log_dir: Path, stop_file: Path) -> None:
     )
 
     assert worker_logs(kube).count("rolling back") == rollbacks, "scale-in must keep live state"
+    # What the restarted operator carried over: the blacklisted node, until the same moment
+    # and with no pod placed on it since, the reset count, and Ready, which did not flap
+    # through the departure, the restart and the scale-in.
+    (entry,) = [b for b in recovered["blacklistedNodes"] if b["node"] == victim["node"]]
+    still = [b for b in scaled_in["blacklistedNodes"] if b["node"] == victim["node"]]
+    assert still, f"the restarted operator forgot blacklisted node {victim['node']}: {scaled_in}"
+    assert abs(moment(still[0]["until"]) - moment(entry["until"])) <= datetime.timedelta(
+        seconds=1
+    ), (entry, still)
+    placed = {
+        p["spec"].get("nodeName")
+        for p in kube.pods("elasticjob.dev/job-name=train")
+        if p["status"].get("phase") in ("Pending", "Running")
+    }
+    assert victim["node"] not in placed, f"a pod was placed on blacklisted {victim['node']}"
+    assert scaled_in["resetCount"] >= recovered["resetCount"], "the reset count went back"
+    ready = condition(scaled_in, "Ready")
+    assert ready["status"] == "True", scaled_in
+    assert ready["lastTransitionTime"] == condition(recovered, "Ready")["lastTransitionTime"], (
+        "Ready must not flap through a departure, an operator restart and a scale-in"
+    )
 
     # Finish: the job succeeds and running pods are cleaned up (cleanPodPolicy Running).
     stop_file.touch()
@@ -230,15 +258,43 @@ def test_bad_specs_are_refused_with_the_field_named(
     assert kube.get("ej", "bad") is None
 
 
-def test_a_worker_token_opens_only_its_own_job(
+def test_two_jobs_tokens_budget_policy_metrics_and_slots(
     operator: Cluster, kube: Kube, tmp_path: Path
 ) -> None:
-    for name in ("alpha", "beta"):
-        kube.apply(
-            job_manifest(name, tmp_path / name, tmp_path / "stop", replicas=2, minReplicas=2)
+    """Two jobs side by side, each checked for what is its own (independent checks, one pair
+    of jobs): a worker token opens only its own job's rendezvous, each pod reading its own
+    credential from the job's Secret; the operator's metrics count the job's pods; the job's
+    PodDisruptionBudget (owned by it, minAvailable = minReplicas) makes the Eviction API
+    refuse to take it below its minimum and follows minReplicas, and its NetworkPolicy
+    admits only its worker pods (devcluster's network enforces none: the object is
+    checked); ``slotsPerWorker: 2`` runs a process per slot, 4 in 2 pods, which end alike."""
+    stop = tmp_path / "stop"
+    kube.apply(job_manifest("alpha", tmp_path / "alpha", stop, replicas=2, minReplicas=2))
+    kube.apply(
+        job_manifest("beta", tmp_path / "beta", stop, replicas=2, minReplicas=2, slotsPerWorker=2)
+    )
+    try:
+        running = wait_status(kube, "alpha", "running", lambda s: s.get("worldSize") == 2)
+        slots = wait_status(
+            kube,
+            "beta",
+            "4 processes in 2 pods",
+            lambda s: s.get("phase") == "Running" and s.get("worldSize") == 4,
         )
-    for name in ("alpha", "beta"):
-        wait_status(kube, name, "running", lambda s: s.get("phase") == "Running")
+        assert sorted(len(w["ranks"]) for w in slots["workers"]) == [2, 2]
+        tokens_open_only_their_own_job(kube)
+        metrics_count_the_jobs_pods(kube)
+        budget_and_policy_keep_the_job(kube, running["workers"][0]["pod"])
+        stop.touch()
+        wait_status(kube, "beta", "success", lambda s: s.get("phase") == "Succeeded", 180)
+        finals = [e for e in read_events(tmp_path / "beta") if e["ev"] == "done"]
+        assert len(finals) == 4 and len({e["digest"] for e in finals}) == 1
+    finally:
+        stop.touch()
+        stop_workers(kube, tmp_path / "alpha")
+
+
+def tokens_open_only_their_own_job(kube: Kube) -> None:
     token = reader_token(kube, "alpha")
     ca = worker_env(kube, "alpha")[ENV_RENDEZVOUS_CA]
     base = "/v1/jobs"
@@ -254,6 +310,9 @@ def test_a_worker_token_opens_only_its_own_job(
         assert own.startswith(f"{name}."), "it names the pod it speaks for"
         assert rendezvous_status(kube, f"{base}/{kube.ns}.alpha/round", own, ca) == 200
         assert rendezvous_status(kube, f"{base}/{kube.ns}.beta/round", own, ca) == 403
+
+
+def metrics_count_the_jobs_pods(kube: Kube) -> None:
     with urllib.request.urlopen(f"http://{operator_ip(kube)}:8471/metrics", timeout=10) as response:
         metrics = response.read().decode()
     samples = {
@@ -266,83 +325,41 @@ def test_a_worker_token_opens_only_its_own_job(
     assert samples[("elasticjob_pods_created_total", job)] == 2
     assert samples[("elasticjob_world_size", job)] == 2
     assert samples[("elasticjob_round_formation_seconds_count", job)] >= 1
-    (tmp_path / "stop").touch()
 
 
-def test_voluntary_evictions_keep_the_job_at_its_minimum(
-    operator: Cluster, kube: Kube, tmp_path: Path
-) -> None:
-    """The job's PodDisruptionBudget (owned by it, minAvailable = minReplicas) makes the
-    Eviction API refuse to take a job at its minimum below it, and follows minReplicas; its
-    NetworkPolicy admits only its worker pods to them (devcluster's network enforces none:
-    the object is checked)."""
-    kube.apply(
-        job_manifest("pdb", tmp_path / "events", tmp_path / "stop", replicas=2, minReplicas=2)
+def budget_and_policy_keep_the_job(kube: Kube, pod: str) -> None:
+    """alpha's budget refuses to evict ``pod`` (the job is at its minimum) and follows
+    minReplicas; its network policy admits its own workers only."""
+    budget = kube.wait("the job's PodDisruptionBudget", lambda: kube.get("pdb", "alpha-workers"))
+    assert budget["spec"]["minAvailable"] == 2
+    assert budget["metadata"]["ownerReferences"][0]["name"] == "alpha"
+    policy = kube.wait("the job's NetworkPolicy", lambda: kube.get("netpol", "alpha-workers"))
+    workers = {"matchLabels": worker_labels("alpha")}
+    assert policy["spec"]["podSelector"] == workers
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": workers}]}]
+    assert policy["metadata"]["ownerReferences"][0]["name"] == "alpha"
+    eviction = {
+        "apiVersion": "policy/v1beta1",
+        "kind": "Eviction",
+        "metadata": {"name": pod, "namespace": kube.ns},
+    }
+    refused = kube.cluster.kubectl(
+        "create",
+        "--raw",
+        f"/api/v1/namespaces/{kube.ns}/pods/{pod}/eviction",
+        "-f",
+        "-",
+        input=json.dumps(eviction),
+        check=False,
     )
-    try:
-        running = wait_status(kube, "pdb", "running", lambda s: s.get("worldSize") == 2)
-        budget = kube.wait("the job's PodDisruptionBudget", lambda: kube.get("pdb", "pdb-workers"))
-        assert budget["spec"]["minAvailable"] == 2
-        assert budget["metadata"]["ownerReferences"][0]["name"] == "pdb"
-        policy = kube.wait("the job's NetworkPolicy", lambda: kube.get("netpol", "pdb-workers"))
-        workers = {"matchLabels": worker_labels("pdb")}
-        assert policy["spec"]["podSelector"] == workers
-        assert policy["spec"]["ingress"] == [{"from": [{"podSelector": workers}]}]
-        assert policy["metadata"]["ownerReferences"][0]["name"] == "pdb"
-        pod = running["workers"][0]["pod"]
-        eviction = {
-            "apiVersion": "policy/v1beta1",
-            "kind": "Eviction",
-            "metadata": {"name": pod, "namespace": kube.ns},
-        }
-        refused = kube.cluster.kubectl(
-            "create",
-            "--raw",
-            f"/api/v1/namespaces/{kube.ns}/pods/{pod}/eviction",
-            "-f",
-            "-",
-            input=json.dumps(eviction),
-            check=False,
-        )
-        assert refused.returncode != 0 and "disruption budget" in refused.stderr, refused
-        assert kube.get("pod", pod) is not None
-        kube.kubectl("patch", "ej", "pdb", "--type=merge", "-p", '{"spec": {"minReplicas": 1}}')
-        kube.wait(
-            "the budget following minReplicas",
-            lambda: (kube.get("pdb", "pdb-workers") or {}).get("spec", {}).get("minAvailable") == 1,
-            timeout=60,
-        )
-    finally:
-        (tmp_path / "stop").touch()
-
-
-def test_slots_per_worker_runs_a_process_per_slot(
-    operator: Cluster, kube: Kube, tmp_path: Path
-) -> None:
-    kube.apply(
-        job_manifest(
-            "slots",
-            tmp_path / "events",
-            tmp_path / "stop",
-            replicas=2,
-            minReplicas=2,
-            slotsPerWorker=2,
-        )
+    assert refused.returncode != 0 and "disruption budget" in refused.stderr, refused
+    assert kube.get("pod", pod) is not None
+    kube.kubectl("patch", "ej", "alpha", "--type=merge", "-p", '{"spec": {"minReplicas": 1}}')
+    kube.wait(
+        "the budget following minReplicas",
+        lambda: (kube.get("pdb", "alpha-workers") or {}).get("spec", {}).get("minAvailable") == 1,
+        timeout=60,
     )
-    try:
-        running = wait_status(
-            kube,
-            "slots",
-            "4 processes in 2 pods",
-            lambda s: s.get("phase") == "Running" and s.get("worldSize") == 4,
-        )
-        assert sorted(len(w["ranks"]) for w in running["workers"]) == [2, 2]
-        (tmp_path / "stop").touch()
-        wait_status(kube, "slots", "success", lambda s: s.get("phase") == "Succeeded", 180)
-        finals = [e for e in read_events(tmp_path / "events") if e["ev"] == "done"]
-        assert len(finals) == 4 and len({e["digest"] for e in finals}) == 1
-    finally:
-        stop_workers(kube, tmp_path / "events")
 
 
 def kill_then_scale_out(

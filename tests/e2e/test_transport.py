@@ -1,7 +1,8 @@
 """The rendezvous service's transport end to end on devcluster: with the chart's defaults the
 operator serves its rendezvous over TLS with a certificate it makes and keeps, workers verify it
 (host name included, resolved by the cluster's DNS) and train to the end, plain HTTP to the
-port gets nothing, and after an operator restart the same CA still verifies the new operator.
+port gets nothing, and after a ``helm upgrade`` that rolls both operator replicas while the job
+trains the same CA still verifies the new ones, which take the job's round over.
 A certificate the cluster admin provides (``rendezvous.tls.secretName``) is served instead.
 
 No CNI here enforces NetworkPolicy: the chart's policy is tested as rendered, in
@@ -24,11 +25,13 @@ from devcluster.cluster import Cluster
 from elasticjob.operator.certs import TLSMaterial, service_dns_names
 from elasticjob.worker_contract import ENV_RENDEZVOUS_CA, ENV_RENDEZVOUS_URL
 from tests.support.elastic_jobs import (
+    epoch_ended,
     job_manifest,
     reader_token,
     stop_workers,
     wait_status,
     worker_env,
+    worker_pods,
 )
 from tests.support.job_runs import read_events
 from tests.support.kube import Kube
@@ -38,10 +41,14 @@ from tests.support.operator_release import (
     RENDEZVOUS_HOST,
     RENDEZVOUS_PORT,
     SYSTEM_NS,
+    about,
     both_replicas_ready,
     operator_ip,
+    operator_log,
+    operator_pods,
+    ready_operator_pods,
     rendezvous_status,
-    restart_operator,
+    running_operator_pods,
 )
 
 TLS_SECRET = f"{RELEASE}-rendezvous-tls"
@@ -61,13 +68,17 @@ def another_ca() -> str:
     return other.ca_pem.decode()
 
 
-def test_a_job_trains_over_verified_tls_and_plain_http_gets_nothing(
+@pytest.mark.timeout(900)
+def test_a_job_trains_over_verified_tls_through_a_helm_upgrade_and_plain_http_gets_nothing(
     operator: Cluster, kube: Kube, tmp_path: Path
 ) -> None:
+    """A job trains over TLS; ``helm upgrade`` then rolls both operator replicas while it
+    trains: the new ones serve the kept certificate, take the round over (same round, no
+    reset, no worker pod or process restarted), and the job trains on to its end."""
     log_dir, stop_file = tmp_path / "events", tmp_path / "stop"
     kube.apply(job_manifest("tls", log_dir, stop_file, replicas=2, minReplicas=2))
     try:
-        wait_status(
+        running = wait_status(
             kube,
             "tls",
             "2 workers training over TLS",
@@ -93,35 +104,45 @@ def test_a_job_trains_over_verified_tls_and_plain_http_gets_nothing(
         with pytest.raises((OSError, http.client.HTTPException)):
             urllib.request.urlopen(f"http://{ip}:{RENDEZVOUS_PORT}{path}", timeout=10)
 
-        # A new operator serves the kept certificate: the workers' CA verifies it, and they
-        # report progress to it.
+        # `helm upgrade` keeps what the operator wrote into the chart's Secret: the new
+        # operator pods serve the kept certificate, the workers' CA verifies it, and they
+        # report progress to them.
         kube.wait(
             "an epoch trained",
             lambda: any(e["ev"] == "epoch_end" for e in read_events(log_dir)),
             timeout=120,
         )
         before = read_events(log_dir)
-        restart_operator(kube)
+        pods = worker_pods(kube, "tls")
+        old = {p["metadata"]["name"] for p in operator_pods(operator)}
         both_replicas_ready(kube)
+        upgrade(operator, "logLevel=info")  # a new pod template: both replicas roll
+        kube.wait(
+            "both replicas replaced",
+            lambda: (
+                not old & running_operator_pods(operator)
+                and len(ready_operator_pods(operator)) == 2
+            ),
+            timeout=300,
+        )
+        leader = both_replicas_ready(kube)
         assert kept_ca(kube) == ca
         assert rendezvous_status(kube, path, token, ca) == 200
-        wait_status(
+        at = epoch_ended(log_dir)
+        trained_on = wait_status(
             kube,
             "tls",
             "progress reported to the new operator",
-            lambda s: (
-                (s.get("progress") or {}).get("epoch", -1)
-                > max(e["epoch"] for e in before if e["ev"] == "epoch_end")
-            ),
+            lambda s: (s.get("progress") or {}).get("epoch", -1) > at,
         )
+        assert trained_on["round"] == running["round"], "every leader adopted the round"
+        assert trained_on["resetCount"] == running["resetCount"], trained_on
+        assert worker_pods(kube, "tls") == pods, "no worker pod or process restarted"
         restarts = [
             e for e in read_events(log_dir) if e["ev"] == "start" and e["time"] > before[-1]["time"]
         ]
         assert not restarts, "workers must not restart with the operator"
-        # `helm upgrade` keeps what the operator wrote into the chart's Secret.
-        upgrade(operator, "logLevel=info")
-        assert kept_ca(kube) == ca
-        assert rendezvous_status(kube, path, token, ca) == 200
+        assert "resumed round" in about(kube, operator_log(operator, leader["metadata"]["name"]))
 
         stop_file.touch()
         wait_status(kube, "tls", "success", lambda s: s.get("phase") == "Succeeded", 180)

@@ -249,3 +249,18 @@ def finish_trained_exactly_once(kube: Kube, name: str, log_dir: Path, stop_file:
         ev["reason"] for ev in json.loads(kube.kubectl("get", "events", "-o", "json"))["items"]
     }
     assert "RestoredFromCheckpoint" in reasons, reasons
+
+
+def epoch_ended(log_dir: Path) -> int:
+    """The last epoch any worker logged the end of (-1: none yet)."""
+    return max((e["epoch"] for e in read_events(log_dir) if e["ev"] == "epoch_end"), default=-1)
+
+
+def worker_pods(kube: Kube, job: str) -> dict[str, int]:
+    """The job's worker pods and their containers' restart counts."""
+    return {
+        p["metadata"]["name"]: sum(
+            c.get("restartCount", 0) for c in p.get("status", {}).get("containerStatuses") or []
+        )
+        for p in kube.pods(f"elasticjob.dev/job-name={job}")
+    }

@@ -310,3 +310,15 @@ def rendezvous_status(
 
 def delete_webhook(cluster: Cluster) -> None:
     cluster.kubectl("delete", "validatingwebhookconfiguration", WEBHOOK, check=False)
+
+
+def operator_log(cluster: Cluster, pod: str, previous: bool = False) -> str:
+    """The log of the operator's ``pod`` (``previous``: of its container's last run)."""
+    args = ["-n", SYSTEM_NS, "logs", pod, *(["--previous"] if previous else [])]
+    return cluster.kubectl(*args, check=False).stdout
+
+
+def about(kube: Kube, log: str) -> str:
+    """The lines of an operator's ``log`` about the test's namespace (the session's operator
+    also logged the jobs of the tests before)."""
+    return "\n".join(line for line in log.splitlines() if kube.ns in line)

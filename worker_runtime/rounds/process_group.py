@@ -43,6 +43,7 @@ from elasticjob.worker_runtime.collectives.negotiation import Negotiation
 from elasticjob.worker_runtime.diagnostics import timeline
 from elasticjob.worker_runtime.diagnostics.log import get_logger, stacks_if_stuck
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
+from elasticjob.worker_runtime.rounds.abortable_store import AbortableStore
 from elasticjob.worker_runtime.rounds.group_teardown import (
     destroy_default_group,
     tear_down_in_background,
@@ -100,6 +101,9 @@ class RoundGroup:
         self._negotiation: Negotiation | None = None
         self._subsets: list[Negotiation] = []
         self._formed: tuple[Store, str, int] | None = None
+        self._groups_store: AbortableStore | None = None
+        """The store the round's groups form on, kept as long as they live (see
+        ``abortable_store.py``)."""
         self.generation = 0
         """Counts the groups formed: a process set registered in one is void in the next."""
 
@@ -159,6 +163,12 @@ class RoundGroup:
             self._error = None
             self._aborted.clear()
         bound_new_groups(timeout)
+        groups_store: Store = PrefixStore(prefix, store)
+        if self.backend == "gloo":
+            # Every group of the round forms on this store: their forming ends with the
+            # round. (NCCL's own threads use the store too, and an abort of its
+            # communicators unblocks its waits.)
+            groups_store = self._groups_store = AbortableStore(groups_store, self._aborted.is_set)
         kwargs: dict[str, object] = {}
         if self.backend == "nccl":
             kwargs["device_id"] = self.device
@@ -166,7 +176,7 @@ class RoundGroup:
             with self.blocking():
                 dist.init_process_group(
                     self.backend,
-                    store=PrefixStore(prefix, store),
+                    store=groups_store,
                     rank=rank,
                     world_size=size,
                     timeout=timeout,
