@@ -25,24 +25,6 @@ from tests.support.job_runs import (
 pytestmark = pytest.mark.integration
 
 
-def test_steady_job_on_two_hosts(tmp_path: Path) -> None:
-    run = run_job(
-        tmp_path,
-        launcher_args=["-np", "4", "-H", "127.0.1.1:2,127.0.1.2:2"],
-        worker_args=worker_args(epochs=2),
-    )
-    assert run.returncode == 0, run.explain()
-    done = assert_trained_exactly_once(run, epochs=2)
-    assert {d["round"] for d in done} == {1}
-    assert ranks_by_host(done) == {
-        ("127.0.1.1", 0): 0,
-        ("127.0.1.1", 1): 1,
-        ("127.0.1.2", 0): 2,
-        ("127.0.1.2", 1): 3,
-    }
-    assert "[0]<stderr>:" in run.stdout and "[3]<stderr>:" in run.stdout
-
-
 def test_scale_out_newcomers_get_state_from_rank_0(tmp_path: Path) -> None:
     """Newcomers get rank 0's state and go last; no one rolls back. The script also makes a
     set of the even ranks at the top of its elastic function: every member (newcomers
@@ -148,12 +130,17 @@ def test_frozen_worker_is_evicted_and_survivors_re_form_within_10_s(tmp_path: Pa
     assert reformed_at - stopped_at <= 10.0, f"re-formed {reformed_at - stopped_at:.1f} s after"
 
 
-def test_slow_step_is_not_taken_for_a_frozen_worker(tmp_path: Path) -> None:
+def test_a_steady_job_keeps_its_ranks_and_a_slow_step_is_not_taken_for_a_frozen_worker(
+    tmp_path: Path,
+) -> None:
+    """Two hosts of two slots, one round from start to end: ranks by host and slot, the
+    launcher's output prefixed by rank; rank 0's step 2 of epoch 1 takes three heartbeat
+    timeouts, and nobody is taken for frozen."""
     slow_s = 3 * HEARTBEAT_TIMEOUT_S
     run = run_job(
         tmp_path,
         launcher_args=[
-            *("-np", "3", "-H", "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1"),
+            *("-np", "4", "-H", "127.0.1.1:2,127.0.1.2:2"),
             *("--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S)),
         ],
         worker_args=worker_args("--slow", f"1:2:0:{slow_s}", epochs=2),
@@ -161,6 +148,13 @@ def test_slow_step_is_not_taken_for_a_frozen_worker(tmp_path: Path) -> None:
     assert run.returncode == 0, run.explain()
     done = assert_trained_exactly_once(run, epochs=2)
     assert {d["round"] for d in done} == {1}
+    assert ranks_by_host(done) == {
+        ("127.0.1.1", 0): 0,
+        ("127.0.1.1", 1): 1,
+        ("127.0.1.2", 0): 2,
+        ("127.0.1.2", 1): 3,
+    }
+    assert "[0]<stderr>:" in run.stdout and "[3]<stderr>:" in run.stdout
     assert [e["rank"] for e in run.of("slow")] == [0]
     # The others waited in the collective for rank 0's whole slow step.
     slow_at = run.of("slow")[0]["time"]

@@ -47,20 +47,17 @@ def assert_finished_together(run: JobRun, size: int) -> None:
     assert len({d["digest"] for d in done}) == 1, f"ranks disagree: {done}"
 
 
-@pytest.mark.parametrize("warm_start", [True, False])
 def test_a_sigkilled_script_is_started_again_with_every_other_and_resumes(
-    tmp_path: Path, warm_start: bool
+    tmp_path: Path,
 ) -> None:
     """Rank 1's script SIGKILLs itself at epoch 2 (3 s an epoch): both scripts start again in
     their slots, in a fresh store, as torchrun's next attempt, and resume from their
     checkpoint. Each start is forked from the agent's start server, where torch is imported
-    already; with ``--no-warm-start`` both starts are cold."""
+    already (cold starts, with ``--no-warm-start``: the test of a script failing on every
+    rank)."""
     run = run_job(
         tmp_path,
-        launcher_args=[
-            *("--mode", "restart", *([] if warm_start else ["--no-warm-start"])),
-            *TWO_HOSTS,
-        ],
+        launcher_args=["--mode", "restart", *TWO_HOSTS],
         worker_args=[
             *("--checkpoint", str(tmp_path / "ckpt.pt"), "--epochs", "3", "--steps", "30"),
             *("--step-s", "0.1", "--fail-at", "2:0:1:sigkill"),
@@ -70,10 +67,10 @@ def test_a_sigkilled_script_is_started_again_with_every_other_and_resumes(
     assert run.returncode == 0, run.explain()
     assert_finished_together(run, 2)
     starts = starts_by_rank(run)
-    assert [[s["warm"] for s in starts[r]] for r in (0, 1)] == [[warm_start, warm_start]] * 2
+    assert [[s["warm"] for s in starts[r]] for r in (0, 1)] == [[True, True]] * 2
     assert {(s["epoch"], s["step"]) for r in (0, 1) for s in starts[r][1:]} == {(2, 0)}
     assert all(s["argv"][0] == str(SCRIPT) for r in (0, 1) for s in starts[r])
-    assert ("the script starts forked from the start server" in run.stdout) is warm_start
+    assert "the script starts forked from the start server" in run.stdout
     first, second = ([starts[r][k] for r in (0, 1)] for k in (0, 1))
     assert {s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in first} == {"0"}
     assert {s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in second} == {"1"}
@@ -109,9 +106,14 @@ def test_a_scale_out_starts_every_script_again_in_the_larger_world(tmp_path: Pat
 def test_a_script_failing_on_every_rank_fails_the_job_once_with_its_exit_code(
     tmp_path: Path,
 ) -> None:
-    run = run_restart_job(tmp_path, TWO_HOSTS, "--fail-at", "0:1:all:exit-3")
+    """Started cold (``--no-warm-start``): each script in a fresh interpreter."""
+    run = run_restart_job(tmp_path, ["--no-warm-start", *TWO_HOSTS], "--fail-at", "0:1:all:exit-3")
     assert run.returncode == 1, run.explain()
-    assert [len(s) for s in starts_by_rank(run).values()] == [1, 1], "no restart loop"
+    starts = starts_by_rank(run)
+    assert [len(s) for s in starts.values()] == [1, 1], "no restart loop"
+    assert not any(s["warm"] for r in starts for s in starts[r])
+    assert all(s["argv"][0] == str(SCRIPT) for r in starts for s in starts[r])
+    assert "the script starts forked from the start server" not in run.stdout
     assert "job failed: the script failed on every worker:" in run.stderr
     assert "exit code 3" in run.stderr and "failing on purpose at 0:1" in run.stderr
 

@@ -3,8 +3,8 @@ on four loopback hosts: one worker is SIGKILLed from outside in the middle of an
 three survivors rebuild its shards from their copies, reshard the commit onto three and train
 on; the job succeeds with the loss falling and every sequence trained exactly once per epoch.
 
-The example stays as a user would run it: the test finds the victim among the launcher's
-processes by the host the launcher gave its child (``ELASTICJOB_HOSTNAME``) and kills it when rank 0
+The example stays as a user would run it: the test learns the victim's pid from the
+launcher's own log (``--verbose``: "started worker HOST[0] (pid N)") and kills it when rank 0
 logs the step chosen for the kill.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticjob.worker_contract import ENV_COLLECTIVE_TIMEOUT, ENV_HOSTNAME
+from elasticjob.worker_contract import ENV_COLLECTIVE_TIMEOUT
 from tests.support.worker_scripts import launcher, worker_env
 
 pytestmark = pytest.mark.integration
@@ -49,6 +49,8 @@ COLLECTIVE_TIMEOUT_S = "900"
 """Beyond the job's deadline: no survivor may wait out the collective timeout inside one of
 FSDP2's own collectives (the state lets go of a broken group, which fails them at once)."""
 
+STARTED = re.compile(r"started worker (?P<host>[\d.]+)\[0\] \(pid (?P<pid>\d+)\)")
+"""The launcher's debug line for each worker it starts."""
 STEP_LINE = re.compile(r"\[0\]<stderr>:epoch (\d+) step (\d+): loss ([\d.]+)")
 ROUND_LINE = re.compile(r"\[0\]<stderr>:round (\d+): (\d+) workers, from epoch (\d+) step (\d+)")
 EPOCH_LINE = re.compile(r"\[0\]<stderr>:epoch (\d+) done: .* exactly once: (True|False)")
@@ -65,30 +67,11 @@ class KilledRun:
         return f"exit {self.returncode}, victim {self.victim}\n{self.output[-8000:]}"
 
 
-def worker_of(launcher_pid: int, host: str) -> int | None:
-    """The pid of the example's worker process on ``host``, a child of the launcher."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        ours = int(fields[1]) == launcher_pid and str(EXAMPLE).encode() in cmdline
-        if ours and f"{ENV_HOSTNAME}={host}".encode() in environ:
-            return int(entry.name)
-    return None
-
-
 def run_and_kill(tmp_path: Path) -> KilledRun:
     """Run the example as a job of four, SIGKILL the worker on :data:`VICTIM_HOST` after
     rank 0 logs :data:`KILL_AT`, and wait for the job's end."""
     command = launcher(
-        # Each worker a child of the launcher with its own command line and environment,
-        # which the test finds it by: started cold, not forked from the start server.
-        *("-np", "4", "--min-np", "3", "-H", FOUR_HOSTS, "--no-warm-start"),
+        *("-np", "4", "--min-np", "3", "-H", FOUR_HOSTS, "--verbose"),
         *(sys.executable, str(EXAMPLE), *TINY),
     )
     env = worker_env()
@@ -106,15 +89,17 @@ def run_and_kill(tmp_path: Path) -> KilledRun:
     lines: list[str] = []
     victim: list[int] = []
 
+    pids: dict[str, int] = {}
+
     def read() -> None:
         assert process.stdout is not None
         for line in process.stdout:
             lines.append(line)
-            if not victim and line.startswith(KILL_AT):
-                pid = worker_of(process.pid, VICTIM_HOST)
-                if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
-                    victim.append(pid)
+            if started := STARTED.search(line):
+                pids[started["host"]] = int(started["pid"])
+            if not victim and line.startswith(KILL_AT) and VICTIM_HOST in pids:
+                os.kill(pids[VICTIM_HOST], signal.SIGKILL)
+                victim.append(pids[VICTIM_HOST])
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()

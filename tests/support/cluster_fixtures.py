@@ -131,14 +131,14 @@ def _namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Kub
     base = "".join(ch if ch.isalnum() else "-" for ch in request.node.name.lower())
     ns = f"{base[:40].strip('-')}-{uuid.uuid4().hex[:5]}"
     kube = Kube(cluster, ns)
-    cluster.kubectl("create", "namespace", ns)
+    kube.create_namespace()
     kube.wait(
         f"the default ServiceAccount of {ns} with its token",
         lambda: (kube.get("serviceaccount", "default") or {}).get("secrets"),
         timeout=30,
     )
     yield kube
-    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    kube.delete_namespace()
 
 
 @pytest.fixture

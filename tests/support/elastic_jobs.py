@@ -133,7 +133,7 @@ def worker_logs(kube: Kube) -> str:
     through the API (each current pod's log is read now)."""
     for pod in kube.pods("elasticjob.dev/job-name"):
         name = pod["metadata"]["name"]
-        text = kube.kubectl("logs", name, "--all-containers", check=False)
+        text = kube.logs(pod)
         if len(text) >= len(_SEEN_LOGS.get((kube.ns, name), "")):
             _SEEN_LOGS[(kube.ns, name)] = text
     return "\n".join(text for (ns, _), text in _SEEN_LOGS.items() if ns == kube.ns)
@@ -148,8 +148,7 @@ def stop_workers(kube: Kube, log_dir: Path) -> None:
     if kube.cluster.config.runtime == "process":
         kill_leftovers(JobRun(0, "", "", read_events(log_dir)))
         return
-    kube.kubectl("delete", "ej", "--all", "--wait=false", check=False)
-    kube.kubectl("delete", "pods", "--all", "--grace-period=0", "--force", check=False)
+    kube.delete_jobs_and_pods()
 
 
 def job_secret_value(kube: Kube, job: str, key: str) -> str:

@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import kubernetes
 import yaml
@@ -22,8 +22,19 @@ from devcluster.config import REPO_ROOT
 Obj = dict[str, Any]
 
 
-_POLLED = frozenset({"ej", "pod"})
-"""The kinds :meth:`Kube.get` reads in-process (as :meth:`Kube.pods` lists pods)."""
+_READ_IN_PROCESS = {
+    "ej": "/apis/elasticjob.dev/v1alpha1/namespaces/{ns}/elasticjobs/{name}",
+    "pod": "/api/v1/namespaces/{ns}/pods/{name}",
+    "serviceaccount": "/api/v1/namespaces/{ns}/serviceaccounts/{name}",
+    "secret": "/api/v1/namespaces/{ns}/secrets/{name}",
+    "configmap": "/api/v1/namespaces/{ns}/configmaps/{name}",
+    "service": "/api/v1/namespaces/{ns}/services/{name}",
+    "pdb": "/apis/policy/v1beta1/namespaces/{ns}/poddisruptionbudgets/{name}",
+    "netpol": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{name}",
+}
+"""The kinds :meth:`Kube.get` reads in-process, and where (kubectl costs ~40 ms of CPU and a
+few hundred ms under load a call, the client a few ms): tests poll them, and every test's
+namespace waits for its ServiceAccount."""
 
 
 @functools.cache
@@ -86,9 +97,9 @@ class Kube:
         self.kubectl("apply", "-f", "-", input=text)
 
     def get(self, kind: str, name: str) -> Obj | None:
-        """The object, or None if it does not exist. ElasticJobs and pods, which tests poll,
-        are read in-process (kubectl costs ~40 ms of CPU a call, the client a few ms)."""
-        if kind in _POLLED:
+        """The object, or None if it does not exist (read in-process for the kinds of
+        :data:`_READ_IN_PROCESS`, with kubectl for the others)."""
+        if kind in _READ_IN_PROCESS:
             return self._read(kind, name)
         result = self.cluster.kubectl("-n", self.ns, "get", kind, name, "-o", "json", check=False)
         if result.returncode != 0:
@@ -100,20 +111,63 @@ class Kube:
 
     def _read(self, kind: str, name: str) -> Obj | None:
         client = _api_client(str(self.cluster.kubeconfig))
+        path = _READ_IN_PROCESS[kind].format(ns=self.ns, name=name)
+        request: Any = client.param_serialize("GET", path, auth_settings=["BearerToken"])
+        method, url, headers, body, post = request
+        response: Any = client.call_api(method, url, header_params=headers, body=body,
+                                        post_params=post)  # fmt: skip
+        data = response.read()
+        if response.status == 404:
+            return None
+        if response.status != 200:
+            raise AssertionError(f"GET {path}: {response.status} {data[:500]!r}")
+        obj: Obj = json.loads(data)
+        return obj
+
+    def logs(self, pod: Obj) -> str:
+        """The logs of every container of ``pod`` (``kubectl logs --all-containers``), read
+        in-process; a container with no log to read (not started, its pod gone) adds none."""
+        core: Any = kubernetes.client.CoreV1Api(_api_client(str(self.cluster.kubeconfig)))
+        spec = pod.get("spec", {})
+        texts = []
+        for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+            try:
+                found = core.read_namespaced_pod_log(
+                    pod["metadata"]["name"],
+                    self.ns,
+                    container=container["name"],
+                    _preload_content=False,
+                )
+            except ApiException:
+                continue
+            texts.append(found.data.decode(errors="replace"))
+        return "".join(texts)
+
+    def delete_jobs_and_pods(self) -> None:
+        """Delete every ElasticJob of the namespace (not waiting) and every pod at once, with
+        no grace period (``kubectl delete ... --all``, in-process)."""
+        client = _api_client(str(self.cluster.kubeconfig))
+        custom: Any = kubernetes.client.CustomObjectsApi(client)
+        core: Any = kubernetes.client.CoreV1Api(client)
+        custom.delete_collection_namespaced_custom_object(
+            "elasticjob.dev", "v1alpha1", self.ns, "elasticjobs"
+        )
+        core.delete_collection_namespaced_pod(self.ns, grace_period_seconds=0)
+
+    def create_namespace(self) -> None:
+        """Create this namespace (in-process)."""
+        core: Any = kubernetes.client.CoreV1Api(_api_client(str(self.cluster.kubeconfig)))
+        core.create_namespace({"metadata": {"name": self.ns}})
+
+    def delete_namespace(self) -> None:
+        """Delete this namespace without waiting for it to go (in-process); gone already is
+        fine."""
+        core: Any = kubernetes.client.CoreV1Api(_api_client(str(self.cluster.kubeconfig)))
         try:
-            if kind == "pod":
-                read: Any = kubernetes.client.CoreV1Api(client).read_namespaced_pod
-                pod: Obj = json.loads(read(name, self.ns, _preload_content=False).data)
-                return pod
-            custom = kubernetes.client.CustomObjectsApi(client)
-            job: Any = custom.get_namespaced_custom_object(
-                "elasticjob.dev", "v1alpha1", self.ns, "elasticjobs", name
-            )
-            return cast(Obj, job)
+            core.delete_namespace(self.ns)
         except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+            if exc.status != 404:
+                raise
 
     def pods(self, selector: str) -> list[Obj]:
         """Pods matching a label selector (read in-process: tests poll them)."""

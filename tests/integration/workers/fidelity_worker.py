@@ -18,7 +18,7 @@ every rank writes its parameters (its shards) and optimizer state to
 ``<log-dir>/elastic-rank-<rank>.pt``, or ``plain-<world>-from-<step>-rank-<rank>.pt``. An
 elastic run saves the commit of step ``--save-commit`` to ``<log-dir>/commit`` (and writes it
 as ``commit-rank-<rank>.pt``), and a plain run restarts from it with ``--resume-from`` (at
-``--start-step``), on a world of its own.
+``--start-step``), on a world of its own: its ``--ranks`` processes forked from one.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import faulthandler
 import json
 import os
 import signal
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -66,6 +67,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--start-step", type=int, default=0, help="plain: its step")
     parser.add_argument(
         "--stacks-after", type=float, help="plain: write every thread's stack after this long"
+    )
+    parser.add_argument(
+        "--ranks", type=int, default=1, help="plain: the world's ranks, forked from this process"
     )
     return parser.parse_args()
 
@@ -378,11 +382,43 @@ def by_model(
     return {n: getattr(m, "module", m) for n, m in models.items()}, optimizers
 
 
+def plain_world(args: argparse.Namespace) -> int:
+    """Run the plain loop as each of ``--ranks`` processes (``RANK`` and ``WORLD_SIZE`` set),
+    forked from this one once torch is imported: a world costs one interpreter's imports.
+    Returns 1 if any rank failed."""
+    children: dict[int, int] = {}
+    for rank in range(args.ranks):
+        pid = os.fork()
+        if pid == 0:
+            os.environ |= {"RANK": str(rank), "WORLD_SIZE": str(args.ranks)}
+            code = 1
+            try:
+                plain(args)
+                code = 0
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        children[pid] = rank
+    failed = []
+    while children:
+        pid, status = os.wait()
+        rank = children.pop(pid)
+        if os.waitstatus_to_exitcode(status) != 0:
+            failed.append(rank)
+    if failed:
+        print(f"plain ranks {sorted(failed)} failed", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
     args.log_dir.mkdir(parents=True, exist_ok=True)
-    (plain if args.mode == "plain" else elastic)(args)
+    if args.mode == "elastic":
+        elastic(args)
+    else:
+        sys.exit(plain_world(args))
 
 
 if __name__ == "__main__":
