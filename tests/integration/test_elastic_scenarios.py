@@ -25,16 +25,20 @@ from tests.support.job_runs import (
 pytestmark = pytest.mark.integration
 
 
-def test_scale_out_newcomers_get_state_from_rank_0(tmp_path: Path) -> None:
-    """Newcomers get rank 0's state and go last; no one rolls back. The script also makes a
-    set of the even ranks at the top of its elastic function: every member (newcomers
-    included) registers it in every round, and its reductions count the even ranks of the
-    round they run in."""
+def test_scale_out_newcomers_get_state_from_rank_0_and_a_scale_in_keeps_live_state(
+    tmp_path: Path,
+) -> None:
+    """Two hosts, then a third of two slots (epoch 1), then the third removed (epoch 2).
+    Newcomers get rank 0's state and go last; the leavers leave gracefully; no one rolls back
+    and no sample is lost. The script also makes a set of the even ranks at the top of its
+    elastic function: every member (newcomers included) registers it in every round, and its
+    reductions count the even ranks of the round they run in."""
+    two = "127.0.1.1:1,127.0.1.2:1"
     run = run_job(
         tmp_path,
         launcher_args=["-np", "2", "--min-np", "2", "--max-np", "8"],
-        worker_args=worker_args("--expect-sizes", "2,4,4", "--step-time", "0.02", "--process-set"),
-        schedule={0: "127.0.1.1:1,127.0.1.2:1", 1: "127.0.1.1:1,127.0.1.2:1,127.0.1.3:2"},
+        worker_args=worker_args("--expect-sizes", "2,4,2", "--step-time", "0.02", "--process-set"),
+        schedule={0: two, 1: f"{two},127.0.1.3:2", 2: two},
     )
     assert run.returncode == 0, run.explain()
     done = assert_trained_exactly_once(run)
@@ -42,16 +46,19 @@ def test_scale_out_newcomers_get_state_from_rank_0(tmp_path: Path) -> None:
     assert {(e["size"], e["members"]) for e in sums} == {(2, 1), (4, 2)}, sums
     assert {e["rank"] for e in sums if e["size"] == 4} == {0, 2}
     ends = run.epoch_ends()
-    assert [ends[e][0]["size"] for e in range(EPOCHS)] == [2, 4, 4]
+    assert [ends[e][0]["size"] for e in range(EPOCHS)] == [2, 4, 2]
     # Survivors keep their order (rank 0 stays on the oldest host), newcomers go last.
-    assert ranks_by_host(done) == {
+    assert ranks_by_host(ends[1]) == {
         ("127.0.1.1", 0): 0,
         ("127.0.1.2", 0): 1,
         ("127.0.1.3", 0): 2,
         ("127.0.1.3", 1): 3,
     }
-    assert {d["round"] for d in done} == {2}
+    assert ranks_by_host(done) == {("127.0.1.1", 0): 0, ("127.0.1.2", 0): 1}
+    assert {d["round"] for d in done} == {3}
     assert "rolling back" not in run.stdout, "a hosts-updated reset must keep live state"
+    assert "left the job (exit code 0)" in run.stderr, run.explain()
+    assert "failed" not in run.stderr.replace("job failed", ""), run.explain()
     # Every survivor was interrupted at the same step (the agreed host-update check).
     last_steps = {
         (e["epoch"], e["batch"]) for e in run.of("step") if e["round"] == 1 and e["size"] == 2
@@ -61,22 +68,6 @@ def test_scale_out_newcomers_get_state_from_rank_0(tmp_path: Path) -> None:
         for r in (0, 1)
     }
     assert len(survivors_last) == 1 and survivors_last <= last_steps
-
-
-def test_graceful_scale_in_keeps_live_state_and_loses_no_sample(tmp_path: Path) -> None:
-    run = run_job(
-        tmp_path,
-        launcher_args=["-np", "2", "--min-np", "2"],
-        worker_args=worker_args("--expect-sizes", "4,2,2", "--step-time", "0.02"),
-        schedule={0: "127.0.1.1:2,127.0.1.2:2", 1: "127.0.1.1:2"},
-    )
-    assert run.returncode == 0, run.explain()
-    done = assert_trained_exactly_once(run)
-    assert [run.epoch_ends()[e][0]["size"] for e in range(EPOCHS)] == [4, 2, 2]
-    assert ranks_by_host(done) == {("127.0.1.1", 0): 0, ("127.0.1.1", 1): 1}
-    assert "rolling back" not in run.stdout
-    assert "left the job (exit code 0)" in run.stderr, run.explain()
-    assert "failed" not in run.stderr.replace("job failed", ""), run.explain()
 
 
 @pytest.mark.parametrize("mode", ["sigkill", "exception"])

@@ -73,9 +73,11 @@ def test_hosts_added_and_removed(tmp_path: Path, slots: int) -> None:
     else:
         flags, schedule = [], {0: f"{A}:1", 1: f"{A}:1,{B}:1", 2: f"{B}:1"}
     np = str(slots)
+    # horovodrun's --reset-limit counts every reset, failures or not: this schedule's two
+    # (B added, then A removed) are within 2 (one fewer fails the job: the test below).
     job = run(
         tmp_path,
-        ["-np", np, "--min-np", np, "--max-np", str(2 * slots), *flags],
+        ["-np", np, "--min-np", np, "--max-np", str(2 * slots), "--reset-limit", "2", *flags],
         schedule=schedule,
     )
     assert job.returncode == 0, job.explain()
@@ -158,18 +160,14 @@ def test_every_host_blacklisted_fails_the_job(tmp_path: Path) -> None:
     assert "every discovered host is blacklisted" in job.stderr, job.explain()
 
 
-@pytest.mark.parametrize(("reset_limit", "succeeds"), [(1, False), (2, True)])
-def test_reset_limit_counts_every_reset(tmp_path: Path, reset_limit: int, succeeds: bool) -> None:
+def test_reset_limit_counts_every_reset(tmp_path: Path) -> None:
     """horovodrun's --reset-limit bounds how often the job scales up or down: the schedule
-    below resets the job twice (B added, then A removed), with no failure."""
+    below resets the job twice (B added, then A removed), with no failure, one more than 1
+    (2 is enough: ``test_hosts_added_and_removed``)."""
     job = run(
         tmp_path,
-        ["-np", "1", "--min-np", "1", "--max-np", "2", "--reset-limit", str(reset_limit)],
+        ["-np", "1", "--min-np", "1", "--max-np", "2", "--reset-limit", "1"],
         schedule={0: f"{A}:1", 1: f"{A}:1,{B}:1", 2: f"{B}:1"},
     )
-    if succeeds:
-        assert job.returncode == 0, job.explain()
-        assert [seen(line)[1] for line in results(job)] == [1, 2, 1]
-    else:
-        assert job.returncode == 1, job.explain()
-        assert f"reset limit {reset_limit} exceeded" in job.stderr, job.explain()
+    assert job.returncode == 1, job.explain()
+    assert "reset limit 1 exceeded" in job.stderr, job.explain()

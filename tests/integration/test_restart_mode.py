@@ -47,60 +47,50 @@ def assert_finished_together(run: JobRun, size: int) -> None:
     assert len({d["digest"] for d in done}) == 1, f"ranks disagree: {done}"
 
 
-def test_a_sigkilled_script_is_started_again_with_every_other_and_resumes(
+def test_a_sigkilled_script_is_started_again_with_every_other_and_a_scale_out_again(
     tmp_path: Path,
 ) -> None:
-    """Rank 1's script SIGKILLs itself at epoch 2 (3 s an epoch): both scripts start again in
+    """Rank 1's script SIGKILLs itself at epoch 1 (3 s an epoch): both scripts start again in
     their slots, in a fresh store, as torchrun's next attempt, and resume from their
-    checkpoint. Each start is forked from the agent's start server, where torch is imported
-    already (cold starts, with ``--no-warm-start``: the test of a script failing on every
-    rank)."""
+    checkpoint. At epoch 2 a third host comes, and the scripts, held there until the world
+    is 3, start again in it, the newcomer's host last. Each start is forked from the agent's
+    start server, where torch is imported already (cold starts, with ``--no-warm-start``:
+    the test of a script failing on every rank)."""
+    two = "127.0.1.1:1,127.0.1.2:1"
     run = run_job(
         tmp_path,
-        launcher_args=["--mode", "restart", *TWO_HOSTS],
+        launcher_args=["--mode", "restart", "-np", "2", "--min-np", "2", "--max-np", "3"],
         worker_args=[
             *("--checkpoint", str(tmp_path / "ckpt.pt"), "--epochs", "3", "--steps", "30"),
-            *("--step-s", "0.1", "--fail-at", "2:0:1:sigkill"),
+            *("--step-s", "0.1", "--fail-at", "1:0:1:sigkill", "--await-size", "2:3"),
         ],
         script=SCRIPT,
-    )
-    assert run.returncode == 0, run.explain()
-    assert_finished_together(run, 2)
-    starts = starts_by_rank(run)
-    assert [[s["warm"] for s in starts[r]] for r in (0, 1)] == [[True, True]] * 2
-    assert {(s["epoch"], s["step"]) for r in (0, 1) for s in starts[r][1:]} == {(2, 0)}
-    assert all(s["argv"][0] == str(SCRIPT) for r in (0, 1) for s in starts[r])
-    assert "the script starts forked from the start server" in run.stdout
-    first, second = ([starts[r][k] for r in (0, 1)] for k in (0, 1))
-    assert {s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in first} == {"0"}
-    assert {s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in second} == {"1"}
-    ports = {s["env"]["MASTER_PORT"] for s in first}, {s["env"]["MASTER_PORT"] for s in second}
-    assert len(ports[0]) == len(ports[1]) == 1 and ports[0] != ports[1], "a fresh store"
-    assert not any(name.startswith("ELASTICJOB_") for s in first for name in s["env"]), (
-        "the script is no worker of the rendezvous: it gets neither its token nor its address"
-    )
-    assert "the script of worker 127.0.1.2[0] failed (killed by SIGKILL)" in run.stderr
-    assert "succeeded after 2 rounds and 1 resets" in run.stderr
-
-
-def test_a_scale_out_starts_every_script_again_in_the_larger_world(tmp_path: Path) -> None:
-    run = run_restart_job(
-        tmp_path,
-        ["-np", "2", "--min-np", "2", "--max-np", "3"],
-        "--await-size",
-        "2:3",
-        schedule={0: "127.0.1.1:1,127.0.1.2:1", 1: "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1"},
+        schedule={0: two, 2: f"{two},127.0.1.3:1"},
     )
     assert run.returncode == 0, run.explain()
     assert_finished_together(run, 3)
     starts = starts_by_rank(run)
-    assert [len(starts[r]) for r in (0, 1, 2)] == [2, 2, 1]
-    final = [starts[r][-1] for r in (0, 1, 2)]
+    assert [len(starts[r]) for r in (0, 1, 2)] == [3, 3, 1]
+    assert all(s["warm"] for r in starts for s in starts[r])
+    assert "the script starts forked from the start server" in run.stdout
+    assert all(s["argv"][0] == str(SCRIPT) for r in starts for s in starts[r])
+    first, second, third = ([starts[r][k] for r in (0, 1)] for k in (0, 1, 2))
+    assert {(s["epoch"], s["step"]) for s in second} == {(1, 0)}, "from the checkpoint"
+    assert {s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in first} == {"0"}
+    assert {s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in second} == {"1"}
+    ports = [{s["env"]["MASTER_PORT"] for s in starts_of} for starts_of in (first, second)]
+    assert len(ports[0]) == len(ports[1]) == 1 and ports[0] != ports[1], "a fresh store"
+    assert not any(name.startswith("ELASTICJOB_") for s in first for name in s["env"]), (
+        "the script is no worker of the rendezvous: it gets neither its token nor its address"
+    )
+    final = [*third, starts[2][0]]
     assert {(s["size"], s["epoch"], s["step"]) for s in final} == {(3, 2, 0)}
     assert final[2]["env"]["GROUP_RANK"] == "2", "the newcomer's host goes last"
-    assert {s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in final} == {"0"}, (
+    assert [s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in final] == ["1", "1", "0"], (
         "adding a host is no failure restart, as under torchrun"
     )
+    assert "the script of worker 127.0.1.2[0] failed (killed by SIGKILL)" in run.stderr
+    assert "succeeded after 3 rounds and 2 resets" in run.stderr
 
 
 def test_a_script_failing_on_every_rank_fails_the_job_once_with_its_exit_code(
