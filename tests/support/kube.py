@@ -109,13 +109,22 @@ class Kube:
         obj: Obj = json.loads(result.stdout)
         return obj
 
+    def _client(self) -> kubernetes.client.ApiClient:
+        """The in-process API client of this cluster (one per kubeconfig)."""
+        return _api_client(str(self.cluster.kubeconfig))
+
+    def _core(self) -> Any:
+        """The core API (pods, namespaces, logs) through :meth:`_client`."""
+        return kubernetes.client.CoreV1Api(self._client())
+
     def _read(self, kind: str, name: str) -> Obj | None:
-        client = _api_client(str(self.cluster.kubeconfig))
+        client = self._client()
         path = _READ_IN_PROCESS[kind].format(ns=self.ns, name=name)
         request: Any = client.param_serialize("GET", path, auth_settings=["BearerToken"])
         method, url, headers, body, post = request
-        response: Any = client.call_api(method, url, header_params=headers, body=body,
-                                        post_params=post)  # fmt: skip
+        response: Any = client.call_api(
+            method, url, header_params=headers, body=body, post_params=post
+        )
         data = response.read()
         if response.status == 404:
             return None
@@ -127,7 +136,7 @@ class Kube:
     def logs(self, pod: Obj) -> str:
         """The logs of every container of ``pod`` (``kubectl logs --all-containers``), read
         in-process; a container with no log to read (not started, its pod gone) adds none."""
-        core: Any = kubernetes.client.CoreV1Api(_api_client(str(self.cluster.kubeconfig)))
+        core = self._core()
         spec = pod.get("spec", {})
         texts = []
         for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
@@ -146,34 +155,30 @@ class Kube:
     def delete_jobs_and_pods(self) -> None:
         """Delete every ElasticJob of the namespace (not waiting) and every pod at once, with
         no grace period (``kubectl delete ... --all``, in-process)."""
-        client = _api_client(str(self.cluster.kubeconfig))
-        custom: Any = kubernetes.client.CustomObjectsApi(client)
-        core: Any = kubernetes.client.CoreV1Api(client)
+        custom: Any = kubernetes.client.CustomObjectsApi(self._client())
         custom.delete_collection_namespaced_custom_object(
             "elasticjob.dev", "v1alpha1", self.ns, "elasticjobs"
         )
-        core.delete_collection_namespaced_pod(self.ns, grace_period_seconds=0)
+        self._core().delete_collection_namespaced_pod(self.ns, grace_period_seconds=0)
 
     def create_namespace(self) -> None:
         """Create this namespace (in-process)."""
-        core: Any = kubernetes.client.CoreV1Api(_api_client(str(self.cluster.kubeconfig)))
-        core.create_namespace({"metadata": {"name": self.ns}})
+        self._core().create_namespace({"metadata": {"name": self.ns}})
 
     def delete_namespace(self) -> None:
         """Delete this namespace without waiting for it to go (in-process); gone already is
         fine."""
-        core: Any = kubernetes.client.CoreV1Api(_api_client(str(self.cluster.kubeconfig)))
         try:
-            core.delete_namespace(self.ns)
+            self._core().delete_namespace(self.ns)
         except ApiException as exc:
             if exc.status != 404:
                 raise
 
     def pods(self, selector: str) -> list[Obj]:
         """Pods matching a label selector (read in-process: tests poll them)."""
-        client = _api_client(str(self.cluster.kubeconfig))
-        list_pods: Any = kubernetes.client.CoreV1Api(client).list_namespaced_pod
-        found = list_pods(self.ns, label_selector=selector, _preload_content=False)
+        found = self._core().list_namespaced_pod(
+            self.ns, label_selector=selector, _preload_content=False
+        )
         items: list[Obj] = json.loads(found.data)["items"]
         return items
 
