@@ -139,19 +139,21 @@ def test_unschedulable_worker_pods_are_named_with_the_schedulers_message(
 
 
 @pytest.mark.quiet
-@pytest.mark.parametrize("fault", ["freeze", "partition", "partition-from-peers"])
+@pytest.mark.parametrize("fault", ["partition", "partition-from-peers"])
 def test_a_silent_worker_is_killed_and_the_survivors_re_form(
     operator: Cluster, kube: Kube, tmp_path: Path, fault: str
 ) -> None:
-    """A worker that stops answering: frozen (SIGSTOP: alive, its process stopped, no
-    heartbeat), partitioned (alive and running, its pod's network cut off: no heartbeat), or
-    partitioned from its peers only (it still reaches the rendezvous through the operator's
-    Service and beats on; its peers' probe reports give it away). Its pod is deleted and
-    counted as failed, its node blacklisted, and the survivors re-form without it within 10 s
-    instead of waiting out the collective timeout. Four workers: with three, no survivor was
-    left blocked on the cut worker when the group was torn down, and a teardown that waited
-    for the abandoned collective went unseen."""
-    if fault.startswith("partition") and operator.config.runtime == "process":
+    """A worker that stops answering: partitioned (alive and running, its pod's network cut
+    off: no heartbeat), or partitioned from its peers only (it still reaches the rendezvous
+    through the operator's Service and beats on; its peers' probe reports give it away). Its
+    pod is deleted and counted as failed, its node blacklisted, and the survivors re-form
+    without it within 10 s instead of waiting out the collective timeout. Four workers: with
+    three, no survivor was left blocked on the cut worker when the group was torn down, and a
+    teardown that waited for the abandoned collective went unseen. (A frozen worker, SIGSTOPped,
+    takes the same way as a partitioned one, its heartbeats missing:
+    ``tests/integration/test_elastic_scenarios.py``; the freeze itself:
+    ``tests/devcluster/real_nodes/test_real_faults.py``.)"""
+    if operator.config.runtime == "process":
         pytest.skip("process nodes share the machine's network: nothing to partition")
     log_dir = tmp_path / "events"
     kube.apply(
@@ -174,11 +176,8 @@ def test_a_silent_worker_is_killed_and_the_survivors_re_form(
         )
         victim = next(w for w in first["workers"] if 0 not in w["ranks"])
         stopped_at = time.time()
-        if fault == "freeze":
-            assert operator.faults.stop(victim["pod"], kube.ns), "no process was frozen"
-        else:
-            mode = "peers" if fault == "partition-from-peers" else "all"
-            operator.faults.partition(victim["pod"], kube.ns, mode=mode)
+        mode = "peers" if fault == "partition-from-peers" else "all"
+        operator.faults.partition(victim["pod"], kube.ns, mode=mode)
         recovered = wait_status(
             kube,
             "frozen",
@@ -246,6 +245,11 @@ def step_rate(log_dir: Path, start: float, end: float) -> float:
     return len(steps) / (end - start)
 
 
+RATE_WINDOW_S = 6.0
+"""How long rank 0's pace is measured before the throttling and after the replacement (about
+120 steps of 0.05 s)."""
+
+
 @pytest.mark.quiet
 def test_a_straggler_is_found_replaced_and_the_job_speeds_up_again(
     operator: Cluster, kube: Kube, tmp_path: Path
@@ -265,7 +269,11 @@ def test_a_straggler_is_found_replaced_and_the_job_speeds_up_again(
             kube, "laggard", log_dir, "3 workers", lambda s: s.get("worldSize") == 3
         )
         started = time.time()
-        kube.wait("10 s of training", lambda: time.time() > started + 10, timeout=20)
+        kube.wait(
+            f"{RATE_WINDOW_S} s of training",
+            lambda: time.time() > started + RATE_WINDOW_S,
+            timeout=2 * RATE_WINDOW_S,
+        )
         before = step_rate(log_dir, started, time.time())
         slow = next(w for w in first["workers"] if 0 not in w["ranks"])
         slowed = time.time()
@@ -292,7 +300,11 @@ def test_a_straggler_is_found_replaced_and_the_job_speeds_up_again(
         reasons = event_reasons(kube)
         assert "StragglerDetected" in reasons and "WorkerFailed" not in reasons, reasons
         resumed = time.time()
-        kube.wait("10 s of training after", lambda: time.time() > resumed + 10, timeout=20)
+        kube.wait(
+            f"{RATE_WINDOW_S} s of training after",
+            lambda: time.time() > resumed + RATE_WINDOW_S,
+            timeout=2 * RATE_WINDOW_S,
+        )
         after = step_rate(log_dir, resumed, time.time())
         print(f"rank 0 steps/s: before {before:.1f}, slowed {during:.1f}, after {after:.1f}")
         assert during < 0.7 * before, (before, during)

@@ -402,54 +402,16 @@ def assert_every_rank_stayed_in_its_pod(starts: list[dict[str, Any]]) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_a_restart_mode_job_starts_every_script_again_in_its_own_pod(
-    operator: Cluster, kube: Kube, tmp_path: Path
-) -> None:
-    """An unchanged torchrun script (``restart_worker.py``) with ``mode: restart``: one rank's
-    script SIGKILLs itself, then the job is scaled from 2 pods to 3 (the script waits for 3 at
-    its last epoch). Every script starts again with its rank in the pod it ran in (no pod is
-    replaced), resumes from its checkpoint, and the job succeeds in a world of 3."""
-    log_dir = tmp_path / "events"
-    script = [
-        *("python", str(WORKERS / "restart_worker.py"), "--log-dir", str(log_dir)),
-        *("--checkpoint", str(tmp_path / "ckpt.pt"), "--epochs", "3", "--steps", "20"),
-        *("--step-s", "0.1", "--fail-at", "1:3:1:sigkill", "--await-size", "2:3"),
-    ]
-    done, events = kill_then_scale_out(kube, "torchrun", script, log_dir)
-    starts = [e for e in events if e["ev"] == "start"]
-    assert_every_rank_stayed_in_its_pod(starts)
-    last = {s["rank"]: s for s in starts}  # each rank's last start
-    assert {r: s["env"]["TORCHELASTIC_RESTART_COUNT"] for r, s in last.items()} == {
-        0: "1",
-        1: "1",
-        2: "0",  # a new pod starts at 0, as a new torchrun node does
-    }, "the kill counts as a restart, the scale-out does not"
-    # The scale-out may stop the scripts of the round after the kill before they train a step
-    # (then they all resume at the kill's step), or after (then at the last epoch).
-    assert {s["size"] for s in last.values()} == {3}
-    assert all((s["epoch"], s["step"]) >= (1, 3) for s in last.values()), last
-    again = [s for s in starts if s["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"]
-    assert {(s["rank"], s["epoch"], s["step"]) for s in again[:2]} == {(0, 1, 3), (1, 1, 3)}
-    assert done["resetCount"] >= 2, done  # the kill, then the scale-out
-    finals = [e for e in events if e["ev"] == "done"]
-    assert len(finals) == 3 and len({e["digest"] for e in finals}) == 1
-    kill = next(e["time"] for e in events if e["ev"] == "kill")
-    first = max(
-        min(e["time"] for e in events if e["ev"] == "step" and e["rank"] == r and e["time"] > kill)
-        for r in (0, 1)
-    )
-    print(f"restart mode on real nodes: every script at its first step {first - kill:.1f} s "
-          "after the kill")  # fmt: skip
-
-
-@pytest.mark.timeout(900)
 def test_a_lightning_script_in_restart_mode_survives_a_kill_and_a_scale_out(
     operator: Cluster, kube: Kube, tmp_path: Path
 ) -> None:
     """An unchanged PyTorch Lightning script (``lightning_worker.py``: ``Trainer(strategy=
-    "ddp")`` on torchrun's variables, resuming from its ``last.ckpt``): rank 1 SIGKILLs itself
-    at step 5, then the job is scaled from 2 pods to 3 (the script waits for 3 at step 10).
-    Every script starts again in its own pod and the job finishes in a world of 3."""
+    "ddp")`` on torchrun's variables, resuming from its ``last.ckpt``) with ``mode: restart``:
+    rank 1 SIGKILLs itself at step 5, then the job is scaled from 2 pods to 3 (the script waits
+    for 3 at step 10). Every script starts again with its rank in the pod it ran in (no pod is
+    replaced), resumes from its checkpoint, and the job finishes in a world of 3; the kill
+    counts as a restart, the scale-out does not. (A plain torchrun DDP script through the same
+    kill and scale-out under ``elasticjob-run``: ``tests/integration/test_restart_mode.py``.)"""
     log_dir = tmp_path / "events"
     script = [
         *("python", str(WORKERS / "lightning_worker.py"), "--log-dir", str(log_dir)),
@@ -464,11 +426,21 @@ def test_a_lightning_script_in_restart_mode_survives_a_kill_and_a_scale_out(
     assert {(s["rank"], s["step"]) for s in after_kill[:2]} == {(0, 5), (1, 5)}, (
         "both ranks resumed from the checkpoint of the step before the kill"
     )
-    last = {s["rank"]: s for s in starts}
+    last = {s["rank"]: s for s in starts}  # each rank's last start
     assert {(s["size"], s["env"]["GROUP_WORLD_SIZE"]) for s in last.values()} == {(3, "3")}
+    assert {r: s["env"]["TORCHELASTIC_RESTART_COUNT"] for r, s in last.items()} == {
+        0: "1",
+        1: "1",
+        2: "0",  # a new pod starts at 0, as a new torchrun node does
+    }, "the kill counts as a restart, the scale-out does not"
     assert done["resetCount"] >= 2, done  # the kill, then the scale-out
     finals = [e for e in events if e["ev"] == "done"]
     assert len(finals) == 3 and len({e["digest"] for e in finals}) == 1, finals
+    kill = next(e["time"] for e in events if e["ev"] == "kill")
+    again = [min(s["time"] for s in after_kill if s["rank"] == r) for r in (0, 1)]
+    print(
+        f"restart mode on real nodes: both scripts again {max(again) - kill:.1f} s after the kill"
+    )
 
 
 def test_preemption_and_a_not_ready_node_are_survived(

@@ -3,9 +3,9 @@ is SIGKILLed at once (no survivor), and a new launcher run on the same checkpoin
 resumes from the newest checkpoint: the samples trained after it are trained again, none is
 skipped (the accounting of ``test_elastic_scenarios``), and every rank ends identical.
 
-The first test sets the checkpoint variables by hand on the launcher (its workers inherit
-them) without the driver's fallback, so the first run fails and the second resumes; the
-second uses the launcher's checkpoint flags, whose driver resumes within the same run.
+The checkpoint variables are set by hand on the launcher (its workers inherit them) without
+the driver's fallback, so the first run fails and the second resumes. With the launcher's
+checkpoint flags its driver resumes within the same run: ``test_launcher_fallback.py``.
 """
 
 from __future__ import annotations
@@ -27,20 +27,6 @@ pytestmark = pytest.mark.integration
 
 KILL_AT = (1, 7)
 """(epoch, batch) at which both workers SIGKILL themselves."""
-
-
-def launch_with_flags(tmp_path: Path, folder: Path) -> JobRun:
-    epoch, batch = KILL_AT
-    return run_job(
-        tmp_path,
-        launcher_args=[
-            *("-np", "2", "-H", "127.0.1.1:2,127.0.1.2:2"),
-            *("--checkpoint-dir", str(folder), "--checkpoint-every-commits", "2"),
-        ],
-        worker_args=worker_args(
-            "--fail", f"{epoch}:{batch}:0:sigkill", "--fail", f"{epoch}:{batch}:1:sigkill"
-        ),
-    )
 
 
 def launch(tmp_path: Path, folder: Path) -> JobRun:
@@ -81,20 +67,5 @@ def test_every_worker_killed_resumes_from_the_newest_checkpoint(tmp_path: Path) 
     assert_trained_exactly_once(second)
     # The second run starts where a checkpoint left off: neither afresh nor at the kill.
     steps = [e for e in second.of("step") if e["time"] >= second_started]
-    resumed_at = (steps[0]["epoch"], steps[0]["batch"])
-    assert (0, 0) < resumed_at < KILL_AT, resumed_at
-
-
-def test_the_launchers_fallback_resumes_within_the_same_run(tmp_path: Path) -> None:
-    """With the launcher's checkpoint flags the driver itself starts fresh workers on the
-    other host when both are killed; their rank 0 loads the newest checkpoint."""
-    run = launch_with_flags(tmp_path, tmp_path / "checkpoints")
-    assert run.returncode == 0, run.explain()
-    assert {e["rank"] for e in run.of("fail")} == {0, 1}, run.explain()
-    assert re.search(r"loaded checkpoint ckpt-\S+", run.stdout), run.explain()
-    assert_trained_exactly_once(run)
-    fresh = {e["pid"] for e in run.of("done")}
-    assert not fresh & {e["pid"] for e in run.of("fail")}  # no survivor finished the job
-    steps = [e for e in run.of("step") if e["pid"] in fresh]
     resumed_at = (steps[0]["epoch"], steps[0]["batch"])
     assert (0, 0) < resumed_at < KILL_AT, resumed_at

@@ -57,6 +57,8 @@ def test_every_worker_killed_resumes_from_the_newest_checkpoint_in_the_same_run(
     assert steps, run.explain()
     assert (0, 0) < (steps[0]["epoch"], steps[0]["batch"]) < KILL_AT, steps[0]
     assert min(e["round"] for e in steps) == 2, "the fresh workers' round"
+    fresh = {e["pid"] for e in run.of("done")}
+    assert not fresh & {e["pid"] for e in killed}, "no survivor finished the job"
 
     data = JobRecordData.model_validate(json.loads(record.read_text()))
     kinds = [e.kind for e in data.events]

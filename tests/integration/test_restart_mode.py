@@ -1,7 +1,8 @@
 """Restart mode under ``elasticjob-run --mode restart``: an unchanged torchrun DDP script
 (``workers/restart_worker.py``, which resumes from its own checkpoint) survives a SIGKILL and
 a scale-out and finishes; a script that fails on every rank fails the job once, with its exit
-code and its last lines; the restart budget ends a job that keeps failing."""
+code and its last lines; the restart budget ends a job that keeps failing. (An unchanged
+PyTorch Lightning script through the same kill and scale-out: tests/e2e/test_operator.py.)"""
 
 from __future__ import annotations
 
@@ -77,6 +78,7 @@ def test_a_sigkilled_script_is_started_again_with_every_other_and_a_scale_out_ag
     first, second, third = ([starts[r][k] for r in (0, 1)] for k in (0, 1, 2))
     assert {(s["epoch"], s["step"]) for s in second} == {(1, 0)}, "from the checkpoint"
     assert {s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in first} == {"0"}
+    assert {s["env"]["TORCHELASTIC_RUN_ID"] for r in starts for s in starts[r]} == {"local"}
     assert {s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in second} == {"1"}
     ports = [{s["env"]["MASTER_PORT"] for s in starts_of} for starts_of in (first, second)]
     assert len(ports[0]) == len(ports[1]) == 1 and ports[0] != ports[1], "a fresh store"
@@ -134,49 +136,3 @@ def test_a_script_that_keeps_failing_spends_the_restart_budget(tmp_path: Path) -
     starts = starts_by_rank(run)
     assert [len(starts[r]) for r in (0, 1)] == [3, 3], "the first start and 2 restarts"
     assert [s["env"]["TORCHELASTIC_MAX_RESTARTS"] for s in starts[0]] == ["2"] * 3
-
-
-LIGHTNING = WORKERS / "lightning_worker.py"
-
-
-def run_lightning_job(
-    tmp_path: Path, launcher_args: list[str], *script_args: str, **schedule: dict[int, str]
-) -> JobRun:
-    return run_job(
-        tmp_path,
-        launcher_args=["--mode", "restart", *launcher_args],
-        worker_args=[
-            "--checkpoint",
-            str(tmp_path / "checkpoints"),
-            "--step-s",
-            "0.05",
-            *script_args,
-        ],
-        script=LIGHTNING,
-        timeout_s=300.0,
-        **schedule,
-    )
-
-
-def test_a_lightning_script_survives_a_sigkill_and_follows_a_scale_out(tmp_path: Path) -> None:
-    """Each epoch is 4 steps (64 samples, half on each rank, in batches of 8). Rank 1 is
-    SIGKILLed at step 5 (epoch 1): both scripts start again from ``last.ckpt``; a third host
-    comes at epoch 2, and the scripts, held at step 10 until the world is 3, start again in
-    it."""
-    run = run_lightning_job(
-        tmp_path,
-        ["-np", "2", "--min-np", "2", "--max-np", "3"],
-        *("--fail-at", "5:1", "--await-size", "10:3"),
-        schedule={0: "127.0.1.1:1,127.0.1.2:1", 2: "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1"},
-    )
-    assert run.returncode == 0, run.explain()
-    assert_finished_together(run, 3)
-    assert [(e["rank"], e["step"]) for e in run.of("kill")] == [(1, 5)], run.explain()
-    starts = starts_by_rank(run)
-    assert [len(starts[r]) for r in (0, 1, 2)] == [3, 3, 1], run.explain()
-    assert {(s["size"], s["step"]) for r in (0, 1) for s in starts[r][1:2]} == {(2, 5)}, (
-        "both resumed from last.ckpt"
-    )
-    final = [starts[r][-1] for r in (0, 1, 2)]
-    assert {(s["size"], s["env"]["GROUP_WORLD_SIZE"]) for s in final} == {(3, "3")}
-    assert {s["env"]["TORCHELASTIC_RUN_ID"] for r in (0, 1) for s in starts[r]} == {"local"}

@@ -62,7 +62,10 @@ class Events(Callback):
             out.write(json.dumps(record) + "\n")
 
     def on_train_start(self, trainer: L.Trainer, _module: L.LightningModule) -> None:
-        names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+        names = (
+            *("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_WORLD_SIZE", "TORCHELASTIC_RUN_ID"),
+            "TORCHELASTIC_RESTART_COUNT",
+        )
         env = {name: os.environ.get(name) for name in names}
         self.record("start", trainer, step=trainer.global_step, env=env)
 
