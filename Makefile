@@ -30,11 +30,16 @@ demo-fast: venv prereqs
 demo-local: venv
 	$(PY) examples/digits/demo.py
 
+# mypy's cache lives outside the checkout, as the Kubernetes build does: a fresh clone checks
+# only what changed (torch's stubs and the unchanged modules come from the cache; mypy compares
+# each file's hash before it trusts its entry). Cold, the check costs about 35 CPU-seconds.
+MYPY_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/elasticjob/mypy
+
 lint: venv
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
-	.venv/bin/mypy
-	.venv/bin/mypy devcluster
+	.venv/bin/mypy --cache-dir "$(MYPY_CACHE)"
+	.venv/bin/mypy --cache-dir "$(MYPY_CACHE)" devcluster
 	.venv/bin/lint-imports
 	$(PY) scripts/check_modules.py
 
