@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The README's test suites and the lint step, side by side (a 2-core machine; the longest
 # session sets the time, see docs/development.md):
-#   - the real-node suites (tests/devcluster/real_nodes, tests/e2e): one cluster of real nodes
-#     for the session, mostly waiting on kubelets, containers and pods; output in
+#   - the end-to-end suite (tests/e2e): the operator on one cluster of real nodes for the
+#     session, mostly waiting on kubelets, containers and pods; output in
 #     .logs/cluster-suites.log, printed when all is done;
 #   - unit and integration (tests/unit, tests/integration): CPU-bound, no cluster;
-#   - the rest of tests/devcluster (on process nodes, the images, a real-node cluster of its
-#     own brought down after a crash) and the chart's template tests: mostly waiting on their
-#     clusters and builds; output in .logs/devcluster.log, printed when all is done;
+#   - tests/devcluster (on process nodes, the images, then on a real-node cluster of its own,
+#     and one more brought down after a crash) and the chart's template tests: mostly waiting
+#     on their clusters and builds, done long before the others; output in
+#     .logs/devcluster.log, printed when all is done;
 #   - the lint step (make lint): output in .logs/lint.log, printed when all is done.
-# All but the real-node suites run at a lower priority (nice), so that the real nodes'
-# kubelets, operator and pods get the CPU when they need it and the others fill the rest.
+# All but the end-to-end suite run at a lower priority (nice), so that its kubelets, operator
+# and pods get the CPU when they need it and the others fill the rest.
 # A test marked quiet runs while the other sessions' tests wait (its checks depend on the
 # machine's load). Each pytest session tears its clusters down when it ends, prints its slowest
 # tests and writes every test's time to .logs/<suite>.xml (JUnit XML); the script fails if
@@ -27,25 +28,35 @@ mkdir -p .logs
 CLUSTER_LOG=.logs/cluster-suites.log
 LINT_LOG=.logs/lint.log
 DEVCLUSTER_LOG=.logs/devcluster.log
-REST_OF_DEVCLUSTER=(tests/devcluster --ignore=tests/devcluster/real_nodes tests/e2e/test_helm_chart.py)
+# The real-node tests last: by then the images are built (by either session) and the seed made.
+DEVCLUSTER=(tests/devcluster --ignore=tests/devcluster/real_nodes tests/e2e/test_helm_chart.py
+    tests/devcluster/real_nodes)
 started=$(date +%s)
 # Tests marked quiet run while the other session's tests wait (tests/support/quiet_gate.py).
 ELASTICJOB_QUIET_GATE=$(mktemp -d)
 export ELASTICJOB_QUIET_GATE
 trap 'rm -rf "$ELASTICJOB_QUIET_GATE"' EXIT
 since() { echo "$(( $(date +%s) - started )) s"; }
+# Run a session and write when it ended (seconds since the start) to .logs/<name>.ended.
+timed() {
+    local name=$1 status=0
+    shift
+    "$@" || status=$?
+    since >".logs/$name.ended"
+    return "$status"
+}
 # The machine's CPU time so far, busy and in all (jiffies of /proc/stat's first line).
 cpu_busy() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9}' /proc/stat; }
 cpu_all() { awk '/^cpu /{print $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
 busy_at_start=$(cpu_busy) all_at_start=$(cpu_all)
 
-"$PY" -m pytest -q --durations=10 --junitxml=.logs/cluster-suites.xml \
-    tests/devcluster/real_nodes tests/e2e --ignore=tests/e2e/test_helm_chart.py "$@" \
+timed cluster-suites "$PY" -m pytest -q --durations=10 --junitxml=.logs/cluster-suites.xml \
+    tests/e2e --ignore=tests/e2e/test_helm_chart.py "$@" \
     >"$CLUSTER_LOG" 2>&1 &
 clusters=$!
-nice -n 10 "$PY" -m pytest -q --durations=5 --junitxml=.logs/devcluster.xml \
-    "${REST_OF_DEVCLUSTER[@]}" "$@" >"$DEVCLUSTER_LOG" 2>&1 &
-devcluster_rest=$!
+timed devcluster nice -n 10 "$PY" -m pytest -q --durations=5 --junitxml=.logs/devcluster.xml \
+    "${DEVCLUSTER[@]}" "$@" >"$DEVCLUSTER_LOG" 2>&1 &
+devcluster=$!
 nice -n 10 make --no-print-directory lint >"$LINT_LOG" 2>&1 &
 lint=$!
 
@@ -59,16 +70,16 @@ lint_status=$?
 echo "==> lint ($LINT_LOG):"
 cat "$LINT_LOG"
 echo "==> lint: exit $lint_status"
-wait "$devcluster_rest"
+wait "$devcluster"
 devcluster_status=$?
-echo "==> the rest of tests/devcluster and the chart ($DEVCLUSTER_LOG):"
+echo "==> tests/devcluster and the chart ($DEVCLUSTER_LOG):"
 cat "$DEVCLUSTER_LOG"
-echo "==> the rest of tests/devcluster and the chart: exit $devcluster_status after $(since)"
+echo "==> tests/devcluster and the chart: exit $devcluster_status after $(cat .logs/devcluster.ended)"
 wait "$clusters"
 cluster_status=$?
-echo "==> the real-node suites (tests/devcluster/real_nodes, tests/e2e; $CLUSTER_LOG):"
+echo "==> the end-to-end suite (tests/e2e; $CLUSTER_LOG):"
 cat "$CLUSTER_LOG"
-echo "==> the real-node suites: exit $cluster_status after $(since)"
+echo "==> the end-to-end suite: exit $cluster_status after $(cat .logs/cluster-suites.ended)"
 echo "==> the machine's CPU: $(( ($(cpu_busy) - busy_at_start) / $(getconf CLK_TCK) )) s busy of" \
     "$(( ($(cpu_all) - all_at_start) / $(getconf CLK_TCK) )) s ($(nproc) cores)"
 [ "$units" -eq 0 ] && [ "$devcluster_status" -eq 0 ] && [ "$lint_status" -eq 0 ] \

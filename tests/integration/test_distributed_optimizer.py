@@ -3,8 +3,9 @@ backward runs, results equal to averaging at the step, Horovod's skip_synchroniz
 backward_passes_per_step, groups, step weights, None and sparse gradients, GradScaler with an
 inf on one rank, and the abort when a peer is SIGKILLed in the middle of a backward pass.
 
-One 3-process Gloo job (``optimizer_worker.py``) on the loopback hosts of
-``test_worker_api.py``; every rank writes what it observed, the tests assert on it.
+``optimizer_worker.py``'s ``run`` in the worker-API suite's 3-process Gloo job on the
+loopback hosts of ``test_worker_api.py``; every rank writes what it observed, the tests
+assert on it.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import pytest
 
 from tests.support.worker_scripts import (
     Result,
+    api_suite_part,
     run_abort_scenario,
-    run_worker_script,
     same_everywhere,
     section,
 )
@@ -33,7 +34,8 @@ EXACT = 1e-5
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> list[Result]:
-    return run_worker_script(WORKER, tmp_path_factory, launched=True)
+    """Every rank's results from the worker-API suite's 3-process job on two hosts."""
+    return api_suite_part("optimizer", 3, tmp_path_factory)
 
 
 def test_reductions_start_during_backward_and_step_adds_none(cluster: list[Result]) -> None:

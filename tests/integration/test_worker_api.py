@@ -1,7 +1,8 @@
 """The Horovod-compatible worker API across real processes.
 
-One launcher job (3 processes on the loopback "hosts" 127.0.1.1 with 2 slots and 127.0.1.2
-with 1, Gloo) and one standalone run of ``api_worker.py`` exercise the whole API; every rank
+``api_worker.py``'s ``run`` in the worker-API suite's launcher job (3 processes on the
+loopback "hosts" 127.0.1.1 with 2 slots and 127.0.1.2 with 1, Gloo, after the suite's other
+parts) and one standalone run of ``api_worker.py`` exercise the whole API; every rank
 writes what it observed to a JSON file and the tests below assert on those files. The
 collective inputs are simple functions of the rank (repeated here), so every expected value
 is computed for the world at hand: the same assertions hold in the world of one, where each
@@ -20,9 +21,10 @@ from tests.support.job_runs import run_to_end
 from tests.support.worker_scripts import (
     RUN_TIMEOUT_S,
     Result,
+    api_suite_part,
     launcher,
     run,
-    run_worker_script,
+    run_standalone,
     same_everywhere,
     section,
 )
@@ -36,14 +38,14 @@ UNINITIALIZED = "ValueError: elasticjob.worker_runtime.init() has not been calle
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> list[Result]:
-    """Every rank's results from one 3-process job on two hosts."""
-    return run_worker_script(WORKER, tmp_path_factory, launched=True)
+    """Every rank's results from the worker-API suite's 3-process job on two hosts."""
+    return api_suite_part("api", 3, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> list[Result]:
     """The results of the worker script run without a launcher."""
-    return run_worker_script(WORKER, tmp_path_factory, launched=False)
+    return run_standalone(WORKER, tmp_path_factory)
 
 
 @pytest.fixture(params=["cluster", "standalone"])

@@ -2,8 +2,9 @@
 alltoall, reducescatter, barrier, join, SyncBatchNorm, the global process set, build flags,
 the script's timeline, Adasum refused; and their abort when a peer dies.
 
-As in ``test_worker_api.py``: one 3-process Gloo job on the loopback hosts 127.0.1.1 (2 slots)
-and 127.0.1.2 (1 slot) and one standalone run of ``collectives_worker.py``; expected values
+As in ``test_worker_api.py``: the worker-API suite's 3-process Gloo job on the loopback hosts
+127.0.1.1 (2 slots) and 127.0.1.2 (1 slot) and one standalone run of ``collectives_worker.py``;
+expected values
 are computed for the world at hand. The abort test SIGKILLs rank 2 while rank 0 waits in a
 barrier and rank 1 on an async handle, with a long collective timeout.
 """
@@ -16,7 +17,13 @@ from typing import Any
 
 import pytest
 
-from tests.support.worker_scripts import Result, run_abort_scenario, run_worker_script, section
+from tests.support.worker_scripts import (
+    Result,
+    api_suite_part,
+    run_abort_scenario,
+    run_standalone,
+    section,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -29,12 +36,13 @@ PROMPT_S = 10.0
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> list[Result]:
-    return run_worker_script(WORKER, tmp_path_factory, launched=True)
+    """Every rank's results from the worker-API suite's 3-process job on two hosts."""
+    return api_suite_part("collectives", 3, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> list[Result]:
-    return run_worker_script(WORKER, tmp_path_factory, launched=False)
+    return run_standalone(WORKER, tmp_path_factory)
 
 
 @pytest.fixture(params=["cluster", "standalone"])

@@ -1,5 +1,6 @@
-"""Runs the worker API's test scripts as a 3-process launcher job on two loopback hosts or
-standalone (a world of one), and reads back the result file each rank writes."""
+"""Runs the worker API's test scripts as launcher jobs on loopback hosts (the worker-API
+suite's jobs of 2 and 3 processes, the abort scenarios) or standalone (a world of one), and
+reads back the result file each rank writes."""
 
 from __future__ import annotations
 
@@ -65,29 +66,25 @@ def launcher(*args: str) -> list[str]:
     return [sys.executable, "-m", "elasticjob.launcher.run_command", *args]
 
 
-def run_worker_script(
-    worker: Path, tmp_path_factory: pytest.TempPathFactory, *, launched: bool
-) -> list[Result]:
-    """Every rank's results from ``worker`` run as one 3-process job on two hosts
-    (``launched``) or without a launcher (a world of one); fails the test if the run failed."""
-    name, ranks = ("cluster", 3) if launched else ("standalone", 1)
-    out = tmp_path_factory.mktemp(name) / "results"
-    command = [sys.executable, str(worker), "--out", str(out)]
-    if launched:
-        command = launcher("-np", "3", "-H", HOSTS, *command)
-    job = run(command, out)
-    if job.returncode != 0 or len(job.results) != ranks:
-        what = "the 3-process job" if launched else "the standalone run"
-        pytest.fail(f"{what} failed\n{job.explain()}")
+def run_standalone(worker: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Result]:
+    """The results of ``worker`` run without a launcher (a world of one); fails the test if
+    the run failed."""
+    out = tmp_path_factory.mktemp("standalone") / "results"
+    job = run([sys.executable, str(worker), "--out", str(out)], out)
+    if job.returncode != 0 or len(job.results) != 1:
+        pytest.fail(f"the standalone run failed\n{job.explain()}")
     return job.results
 
 
-def run_on_ranks(worker: Path, size: int, tmp_path_factory: pytest.TempPathFactory) -> list[Result]:
-    """Every rank's results, in rank order, from ``worker`` run as one launcher job of
-    ``size`` processes (2: on one host; 3: on two); fails the test if the job failed."""
+def run_on_ranks(
+    worker: Path, size: int, tmp_path_factory: pytest.TempPathFactory, *args: str
+) -> list[Result]:
+    """Every rank's results, in rank order, from ``worker`` (given ``args``) run as one
+    launcher job of ``size`` processes (2: on one host; 3: on two, :data:`HOSTS`); fails the
+    test if the job failed."""
     out = tmp_path_factory.mktemp(f"{worker.stem}-{size}") / "results"
     hosts = "127.0.1.1:2" if size == 2 else HOSTS
-    command = [sys.executable, str(worker), "--out", str(out)]
+    command = [sys.executable, str(worker), "--out", str(out), *args]
     job = run(launcher("-np", str(size), "-H", hosts, *command), out)
     if job.returncode != 0 or len(job.results) != size:
         pytest.fail(f"the {size}-process job failed\n{job.explain()}")
@@ -96,15 +93,23 @@ def run_on_ranks(worker: Path, size: int, tmp_path_factory: pytest.TempPathFacto
 
 API_SUITE = Path(__file__).resolve().parents[1] / "integration" / "workers" / "api_suite_worker.py"
 """The worker-API scripts run as one job (``workers/api_suite_worker.py``)."""
+API_SUITE_PARTS: dict[int, tuple[str, ...]] = {
+    2: ("process_sets", "names", "dtypes", "autograd"),
+    3: ("process_sets", "names", "dtypes", "autograd", "api", "collectives", "optimizer"),
+}
+"""The parts each size's job runs, in order (``<part>_worker.py``'s ``run``)."""
 _api_suite_runs: dict[int, list[Result]] = {}
 
 
 def api_suite_part(part: str, size: int, tmp_path_factory: pytest.TempPathFactory) -> list[Result]:
-    """Every rank's results of one part of the worker-API suite (``names``, ``dtypes``,
-    ``autograd``, ``process_sets``), from the suite's one job of ``size`` processes in this
-    test session (run by the first module that asks)."""
+    """Every rank's results of one part of the worker-API suite (:data:`API_SUITE_PARTS`),
+    from the suite's one job of ``size`` processes in this test session (run by the first
+    module that asks)."""
+    if part not in API_SUITE_PARTS[size]:
+        raise ValueError(f"the {size}-process job of the worker-API suite runs no {part!r}")
     if size not in _api_suite_runs:
-        _api_suite_runs[size] = run_on_ranks(API_SUITE, size, tmp_path_factory)
+        parts = ",".join(API_SUITE_PARTS[size])
+        _api_suite_runs[size] = run_on_ranks(API_SUITE, size, tmp_path_factory, "--parts", parts)
     return [ranks[part] for ranks in _api_suite_runs[size]]
 
 

@@ -588,12 +588,9 @@ def elastic_ddp_checks(r: int, n: int) -> Json:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True, help="directory for the results")
-    args = parser.parse_args()
+def run() -> Json:
+    """This rank's results, from before init to after shutdown."""
     torch.set_num_threads(1)
-
     results: Json = {"before_init": before_init()}
     hvd.init()
     runtime = basics.current()
@@ -605,6 +602,7 @@ def main() -> None:
     }
     results["topology"] = topology()
     r, n = hvd.rank(), hvd.size()
+    results["rank"] = r
     results["allreduce"] = allreduce_checks(r)
     results["allgather"] = allgather_checks(r)
     results["broadcast"] = broadcast_checks(r, n)
@@ -620,8 +618,15 @@ def main() -> None:
     results["end_round"] = hvd.current_round()
     hvd.shutdown()
     results["after_shutdown"] = before_init()
+    return results
 
-    target = write_results(args.out, r, results)
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True, help="directory for the results")
+    args = parser.parse_args()
+    results = run()
+    target = write_results(args.out, results["rank"], results)
     print(f"wrote {target.name}")
 
 

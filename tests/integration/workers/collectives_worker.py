@@ -273,7 +273,9 @@ def timeline_checks(out: Path) -> Json:
     return {"path": str(path), "pid": os.getpid()}
 
 
-def values_run(out: Path) -> None:
+def run(out: Path) -> Json:
+    """This rank's results, from init to shutdown; its timeline goes to ``out``."""
+    torch.set_num_threads(1)
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     out.mkdir(parents=True, exist_ok=True)
@@ -293,7 +295,12 @@ def values_run(out: Path) -> None:
         "timeline": timeline_checks(out),
     }
     hvd.shutdown()
-    write_results(out, r, results)
+    return results
+
+
+def values_run(out: Path) -> None:
+    results = run(out)
+    write_results(out, results["rank"], results)
 
 
 def abort_run(out: Path) -> None:

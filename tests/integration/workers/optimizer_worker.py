@@ -388,7 +388,9 @@ def amp_checks(r: int) -> Json:
     return out
 
 
-def values_run(out: Path) -> None:
+def run() -> Json:
+    """This rank's results, from init to shutdown."""
+    torch.set_num_threads(1)
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     results: Json = {
@@ -404,7 +406,12 @@ def values_run(out: Path) -> None:
         "amp": amp_checks(r),
     }
     hvd.shutdown()
-    write_results(out, r, results)
+    return results
+
+
+def values_run(out: Path) -> None:
+    results = run()
+    write_results(out, results["rank"], results)
 
 
 # ---- abort -----------------------------------------------------------------------------
