@@ -11,7 +11,9 @@
 #     .logs/devcluster.log, printed when all is done;
 #   - the lint step (make lint): output in .logs/lint.log, printed when all is done.
 # All but the end-to-end suite run at a lower priority (nice), so that its kubelets, operator
-# and pods get the CPU when they need it and the others fill the rest.
+# and pods get the CPU when they need it and the others fill the rest: unit and integration,
+# which take the longest, at nice 5, the devcluster session and the lint step (done early) at
+# nice 10.
 # A test marked quiet runs while the other sessions' tests wait (its checks depend on the
 # machine's load). Each pytest session tears its clusters down when it ends, prints its slowest
 # tests and writes every test's time to .logs/<suite>.xml (JUnit XML); the script fails if
@@ -60,7 +62,7 @@ devcluster=$!
 nice -n 10 make --no-print-directory lint >"$LINT_LOG" 2>&1 &
 lint=$!
 
-nice -n 10 "$PY" -m pytest -q --durations=10 --junitxml=.logs/unit-integration.xml \
+nice -n 5 "$PY" -m pytest -q --durations=10 --junitxml=.logs/unit-integration.xml \
     tests/unit tests/integration "$@"
 units=$?
 echo "==> unit and integration: exit $units after $(since)"
