@@ -31,8 +31,12 @@ CLUSTER_LOG=.logs/cluster-suites.log
 LINT_LOG=.logs/lint.log
 DEVCLUSTER_LOG=.logs/devcluster.log
 # The real-node tests last: by then the images are built (by either session) and the seed made.
-DEVCLUSTER=(tests/devcluster --ignore=tests/devcluster/real_nodes tests/e2e/test_helm_chart.py
-    tests/devcluster/real_nodes)
+DEVCLUSTER=(tests/devcluster/test_*.py tests/e2e/test_helm_chart.py tests/devcluster/real_nodes)
+# The real-node clusters' address blocks (10.<16 + net>.x.y), one per session and a next one
+# for the devcluster session's cluster that is brought down after a crash
+# (tests/support/cluster_fixtures.py); from this script's PID, so that two runs on one machine
+# are unlikely to meet.
+E2E_REAL_NET=$(( 20 + $$ % 50 * 4 ))
 started=$(date +%s)
 # Tests marked quiet run while the other session's tests wait (tests/support/quiet_gate.py).
 ELASTICJOB_QUIET_GATE=$(mktemp -d)
@@ -52,11 +56,13 @@ cpu_busy() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9}' /proc/stat; }
 cpu_all() { awk '/^cpu /{print $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
 busy_at_start=$(cpu_busy) all_at_start=$(cpu_all)
 
-timed cluster-suites "$PY" -m pytest -q --durations=10 --junitxml=.logs/cluster-suites.xml \
+DEVCLUSTER_REAL_TEST_NET=$E2E_REAL_NET \
+    timed cluster-suites "$PY" -m pytest -q --durations=10 --junitxml=.logs/cluster-suites.xml \
     tests/e2e --ignore=tests/e2e/test_helm_chart.py "$@" \
     >"$CLUSTER_LOG" 2>&1 &
 clusters=$!
-timed devcluster nice -n 10 "$PY" -m pytest -q --durations=5 --junitxml=.logs/devcluster.xml \
+DEVCLUSTER_REAL_TEST_NET=$(( E2E_REAL_NET + 1 )) \
+    timed devcluster nice -n 10 "$PY" -m pytest -q --durations=5 --junitxml=.logs/devcluster.xml \
     "${DEVCLUSTER[@]}" "$@" >"$DEVCLUSTER_LOG" 2>&1 &
 devcluster=$!
 nice -n 10 make --no-print-directory lint >"$LINT_LOG" 2>&1 &

@@ -82,6 +82,15 @@ def process_cluster() -> Iterator[Cluster]:
     yield from _running(cfg, up_timeout=120)
 
 
+def _left_behind(run_dir: Path) -> bool:
+    """Whether the real-node cluster of ``run_dir`` was left by a session that ended: none of
+    its processes and not its owner (the session, which may still be starting it) alive."""
+    if procs.marked_pids(run_dir) or not (run_dir / "config.json").exists():
+        return False
+    owner = ClusterConfig.load(run_dir).owner_pid
+    return owner is None or not Path(f"/proc/{owner}").exists()
+
+
 def missing_real_prereqs() -> str | None:
     problem = _missing_prereqs()
     if problem:
@@ -111,8 +120,9 @@ def real_cluster() -> Iterator[Cluster]:
             pytest.fail(problem)
         pytest.skip(problem)
     for stale in Path(tempfile.gettempdir()).glob(f"{REAL_PREFIX}*"):
-        # Left by a session that was killed: stop what it left and remove its network.
-        if not procs.marked_pids(stale) and (stale / "config.json").exists():
+        # Left by a session that was killed: stop what it left and remove its network. (Not
+        # a cluster another session is starting, whose processes are not up yet.)
+        if _left_behind(stale):
             Cluster.from_run_dir(stale).down()
             shutil.rmtree(stale, ignore_errors=True)
     run_dir = Path(tempfile.mkdtemp(prefix=REAL_PREFIX))
