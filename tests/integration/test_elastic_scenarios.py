@@ -127,9 +127,9 @@ def test_a_steady_job_keeps_its_ranks_and_a_slow_step_is_not_taken_for_a_frozen_
     tmp_path: Path,
 ) -> None:
     """Two hosts of two slots, one round from start to end: ranks by host and slot, the
-    launcher's output prefixed by rank; rank 0's step 2 of epoch 1 takes three heartbeat
+    launcher's output prefixed by rank; rank 0's step 2 of epoch 1 takes two heartbeat
     timeouts, and nobody is taken for frozen."""
-    slow_s = 3 * HEARTBEAT_TIMEOUT_S
+    slow_s = 2 * HEARTBEAT_TIMEOUT_S
     run = run_job(
         tmp_path,
         launcher_args=[
