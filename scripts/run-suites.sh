@@ -4,11 +4,10 @@
 #   - the end-to-end suite (tests/e2e): the operator on one cluster of real nodes for the
 #     session, mostly waiting on kubelets, containers and pods; output in
 #     .logs/cluster-suites.log, printed when all is done;
-#   - unit and integration (tests/unit, tests/integration): CPU-bound, no cluster; but for
-#     the longest integration modules, which run first in the devcluster session below;
-#   - those integration modules, then tests/devcluster (on process nodes, the images, then on
-#     a real-node cluster of its own, and one more brought down after a crash) and the chart's
-#     template tests: mostly waiting on their clusters and builds; output in
+#   - unit and integration (tests/unit, tests/integration): CPU-bound, no cluster;
+#   - tests/devcluster (on process nodes, the images, then on a real-node cluster of its own,
+#     and one more brought down after a crash) and the chart's template tests: mostly waiting
+#     on their clusters and builds, done long before the others; output in
 #     .logs/devcluster.log, printed when all is done;
 #   - the lint step (make lint): output in .logs/lint.log, printed when all is done.
 # All but the end-to-end suite run at a lower priority (nice), so that its kubelets, operator
@@ -31,13 +30,8 @@ mkdir -p .logs
 CLUSTER_LOG=.logs/cluster-suites.log
 LINT_LOG=.logs/lint.log
 DEVCLUSTER_LOG=.logs/devcluster.log
-# Integration modules of long jobs, run beside the devcluster tests, which leave the CPU idle
-# much of the time, rather than at the end of the unit and integration session, the longest.
-BESIDE_DEVCLUSTER=(tests/integration/test_restart_mode.py tests/integration/test_fidelity.py
-    tests/integration/test_sharded_checkpoints.py tests/integration/test_broken_scripts.py)
 # The real-node tests last: by then the images are built (by either session) and the seed made.
-DEVCLUSTER=("${BESIDE_DEVCLUSTER[@]}" tests/devcluster/test_*.py tests/e2e/test_helm_chart.py
-    tests/devcluster/real_nodes)
+DEVCLUSTER=(tests/devcluster/test_*.py tests/e2e/test_helm_chart.py tests/devcluster/real_nodes)
 # The real-node clusters' address blocks (10.<16 + net>.x.y), one per session and a next one
 # for the devcluster session's cluster that is brought down after a crash
 # (tests/support/cluster_fixtures.py); from this script's PID, so that two runs on one machine
@@ -75,7 +69,7 @@ nice -n 10 make --no-print-directory lint >"$LINT_LOG" 2>&1 &
 lint=$!
 
 nice -n 5 "$PY" -m pytest -q --durations=10 --junitxml=.logs/unit-integration.xml \
-    tests/unit tests/integration "${BESIDE_DEVCLUSTER[@]/#/--ignore=}" "$@"
+    tests/unit tests/integration "$@"
 units=$?
 echo "==> unit and integration: exit $units after $(since)"
 
@@ -86,9 +80,9 @@ cat "$LINT_LOG"
 echo "==> lint: exit $lint_status"
 wait "$devcluster"
 devcluster_status=$?
-echo "==> long integration modules, tests/devcluster and the chart ($DEVCLUSTER_LOG):"
+echo "==> tests/devcluster and the chart ($DEVCLUSTER_LOG):"
 cat "$DEVCLUSTER_LOG"
-echo "==> long integration modules, tests/devcluster and the chart: exit $devcluster_status after $(cat .logs/devcluster.ended)"
+echo "==> tests/devcluster and the chart: exit $devcluster_status after $(cat .logs/devcluster.ended)"
 wait "$clusters"
 cluster_status=$?
 echo "==> the end-to-end suite (tests/e2e; $CLUSTER_LOG):"
