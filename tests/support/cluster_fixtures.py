@@ -88,7 +88,7 @@ def _left_behind(run_dir: Path) -> bool:
     if procs.marked_pids(run_dir) or not (run_dir / "config.json").exists():
         return False
     owner = ClusterConfig.load(run_dir).owner_pid
-    return owner is None or not Path(f"/proc/{owner}").exists()
+    return owner is None or not procs.alive(owner)
 
 
 def missing_real_prereqs() -> str | None:
