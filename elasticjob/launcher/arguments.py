@@ -33,6 +33,7 @@ from elasticjob.launcher.horovodrun_flags import (
     parse_hostfile,
 )
 from elasticjob.launcher.job_settings import fixed_hosts, min_np
+from elasticjob.launcher.warm_workers import START_SERVER_ENV
 from elasticjob.wire.messages import JobName
 
 
@@ -115,6 +116,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="start every worker in a fresh interpreter (by default a worker command "
         "`python SCRIPT` or `python -m MODULE` is forked from an interpreter with torch "
         "imported; in restart mode, each agent's script)",
+    )
+    parser.add_argument(
+        "--start-server",
+        metavar="SOCKET",
+        default=os.environ.get(START_SERVER_ENV) or None,
+        help="fork the workers from the shared start server listening at SOCKET "
+        "(`elasticjob start-server SOCKET`), where it runs the command's interpreter in the "
+        "job's environment; otherwise the job starts a server of its own "
+        f"(default: ${START_SERVER_ENV})",
+    )
+    parser.add_argument(
+        "--serve-starts",
+        metavar="SOCKET",
+        help="run a shared start server at SOCKET in the foreground, for the jobs of "
+        "`elasticjob-run --start-server SOCKET` that follow (with the interpreter given as "
+        "the command, else this one; in this environment); it imports torch once for them all",
     )
     parser.add_argument(
         "--elastic-timeout",
@@ -324,6 +341,10 @@ def parse_arguments(
     args = parser.parse_args(argv)
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
+    if args.serve_starts:
+        if len(args.command) > 1:
+            parser.error("--serve-starts takes an interpreter as its command, nothing more")
+        return args
     for problem in _argument_errors(args):
         parser.error(problem)
     if args.hostfile:

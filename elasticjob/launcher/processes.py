@@ -31,10 +31,11 @@ from typing import Any, TextIO
 from elasticjob.driver.driver_types import DriverError, WorkerLauncher
 from elasticjob.launcher.output_files import RankOutputFiles
 from elasticjob.launcher.warm_workers import (
-    PER_WORKER_ENV,
     StartedWorker,
     server_env,
+    shared_server,
     start_warm,
+    varying,
 )
 from elasticjob.process_death import die_with
 from elasticjob.rendezvous.job_credentials import JobKey
@@ -182,6 +183,7 @@ class LocalWorkerLauncher(WorkerLauncher):
         rank_of: Callable[[WorkerId], int | None],
         *,
         warm: bool = True,
+        start_server: str | None = None,
         base_env: Mapping[str, str] | None = None,
         output: TextIO = sys.stdout,
         output_files: RankOutputFiles | None = None,
@@ -191,6 +193,7 @@ class LocalWorkerLauncher(WorkerLauncher):
         check_command(command, self._base_env.get("PATH", os.defpath))
         self._command = list(command)
         self._warm = warm_start(command) if warm else None
+        self._start_server = start_server
         self._server: StartServer | None = None
         self._environment = environment
         self._on_exit = on_exit
@@ -216,6 +219,8 @@ class LocalWorkerLauncher(WorkerLauncher):
         when it is to start cold."""
         if self._warm is None:
             return None
+        if self._server is None and self._start_server is not None:
+            self._server = shared_server(self._start_server, self._warm, env)
         if self._server is None:
             try:
                 self._server = StartServer(self._warm, server_env(env))
@@ -223,7 +228,7 @@ class LocalWorkerLauncher(WorkerLauncher):
                 logger.warning("no start server (%s): every worker starts cold", exc)
                 self._warm = None
                 return None
-        if not serves(self._server.env, env, PER_WORKER_ENV):
+        if not serves(self._server.env, env, varying(self._server, env)):
             return None
         try:
             return await start_warm(self._server, env, os.getcwd())

@@ -38,6 +38,7 @@ from elasticjob.launcher.processes import (
     restart_mode_command,
 )
 from elasticjob.launcher.record_file import RecordFile
+from elasticjob.launcher.warm_workers import serve_starts
 from elasticjob.rendezvous.job_credentials import JobKey
 from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS
 from elasticjob.rendezvous.server import RendezvousService
@@ -97,6 +98,7 @@ async def run_job(args: argparse.Namespace) -> JobResult:
             driver.on_worker_exit,
             driver.rank_of,
             warm=args.warm_start and not restart,
+            start_server=args.start_server,
             output_files=output_files,
         )
 
@@ -162,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_arguments(build_parser(), argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
+    if args.serve_starts:
+        serve_starts(args.serve_starts, args.command[0] if args.command else sys.executable)
     level = logging.DEBUG if args.verbose else logging.INFO
     logging.basicConfig(
         level=python_log_level(args.log_level) if args.log_level else level,

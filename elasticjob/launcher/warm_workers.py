@@ -10,25 +10,36 @@ runs as ``python SCRIPT`` would (``warm_interpreter.py`` says what differs).
 The server is started with the first worker's environment less the worker's own variables
 (:data:`PER_WORKER_ENV`); a worker whose other variables differ starts cold, as does every
 worker once the server failed. ``--no-warm-start`` starts every worker cold.
+
+A *shared* start server (``elasticjob start-server SOCKET``, ``elasticjob-run --start-server
+SOCKET``) outlives the jobs it serves: jobs run one after another (a test suite, a
+notebook's runs) pay for torch's imports once. It serves a job whose workers' environments
+differ from its own in the job's variables too (:func:`shared_varying`); another job starts
+a server of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NoReturn
 
 from elasticjob.script_env import HOROVOD_PLACE_ENV
 from elasticjob.worker_contract import (
+    ENV_PYTHONUNBUFFERED,
     SCRIPT_LAUNCH_ENV,
     WorkerConfig,
     WorkerSettings,
     variable_of,
 )
-from elasticjob.worker_runtime.agents.start_server import StartServer
+from elasticjob.worker_runtime.agents.start_server import WARM_INTERPRETER, StartServer, WarmStart
+
+logger = logging.getLogger(__name__)
 
 PER_WORKER_ENV: Final = frozenset(
     {
@@ -44,6 +55,64 @@ PER_WORKER_ENV: Final = frozenset(
 a process's own values (its credential, host, node, slot, address; the job's settings are
 the same for all) and the script's place. Nothing reads them when torch is
 imported, so a server started without them serves every worker."""
+
+
+START_SERVER_ENV: Final = "ELASTICJOB_START_SERVER"
+"""The default of ``elasticjob-run --start-server``: the socket of a shared start server."""
+_JOB_PREFIX: Final = "ELASTICJOB_"
+_SHELL_BOOKKEEPING: Final = frozenset({"_", "SHLVL", "PWD", "OLDPWD"})
+"""What a shell sets for each command it runs (a server started from one shell serves jobs
+started from another)."""
+
+
+def shared_varying(
+    server_env: Mapping[str, str], worker_env: Mapping[str, str]
+) -> AbstractSet[str]:
+    """The variables a worker's environment may differ in from a shared server's: the
+    worker's own (:data:`PER_WORKER_ENV`), every ``ELASTICJOB_`` variable (the job's
+    settings, which the worker runtime reads at ``init``; torch reads none at import) and a
+    shell's bookkeeping."""
+    names = server_env.keys() | worker_env.keys()
+    job = {name for name in names if name.startswith(_JOB_PREFIX)}
+    return PER_WORKER_ENV | _SHELL_BOOKKEEPING | job
+
+
+def varying(server: StartServer, worker_env: Mapping[str, str]) -> AbstractSet[str]:
+    """The variables ``worker_env`` may differ in from ``server``'s environment."""
+    return shared_varying(server.env, worker_env) if server.shared else PER_WORKER_ENV
+
+
+def shared_server(path: str, warm: WarmStart, worker_env: Mapping[str, str]) -> StartServer | None:
+    """The shared start server at ``path`` where it serves ``warm``'s command and a worker
+    of ``worker_env``; None otherwise (said in a warning: the job starts its own)."""
+    try:
+        server = StartServer.connect(path, warm)
+    except (OSError, ValueError) as exc:
+        logger.warning("not the start server at %s: %s", path, exc)
+        return None
+    allowed = shared_varying(server.env, worker_env)
+    differ = sorted(
+        name
+        for name in server.env.keys() | worker_env.keys()
+        if name not in allowed and server.env.get(name) != worker_env.get(name)
+    )
+    if differ:
+        logger.warning(
+            "not the start server at %s: its environment differs from the job's in %s",
+            path,
+            ", ".join(differ),
+        )
+        server.close()
+        return None
+    logger.info("workers fork from the start server at %s", path)
+    return server
+
+
+def serve_starts(path: str, python: str) -> NoReturn:
+    """Become a shared start server listening at ``path``, run by ``python`` (found on the
+    path) in this environment; its workers' output unbuffered, as the launcher's workers'."""
+    env = {**os.environ, ENV_PYTHONUNBUFFERED: "1"}
+    os.execvpe(python, [python, WARM_INTERPRETER, "--listen", path], env)
 
 
 def server_env(worker_env: Mapping[str, str]) -> dict[str, str]:

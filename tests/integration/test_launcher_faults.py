@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.job_runs import WORKERS, run_to_end
+from tests.support.start_servers import launcher_env
 
 pytestmark = pytest.mark.integration
 
@@ -173,6 +174,7 @@ def launched(
     log = (tmp_path / "launcher.log").open("wb")
     launcher = subprocess.Popen(
         [*LAUNCHER, "-np", str(np), *worker, str(out)],
+        env=launcher_env(),
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,

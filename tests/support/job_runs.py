@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support.start_servers import launcher_env
+
 WORKERS = Path(__file__).resolve().parents[1] / "integration" / "workers"
 """The integration tests' worker scripts."""
 WORKER = WORKERS / "elastic_worker.py"
@@ -103,12 +105,14 @@ def run_job(
 def run_to_end(
     command: Sequence[str], cwd: Path, env: dict[str, str] | None, timeout_s: float
 ) -> tuple[int, str, str]:
-    """Run a launcher to its end; at ``timeout_s`` stop it (SIGTERM: it stops its workers),
-    then kill it. Returns the exit status, stdout and stderr."""
+    """Run a launcher to its end (in ``env``, this process's by default, less what the test
+    process gained as it ran: ``start_servers.launcher_env``); at ``timeout_s`` stop it
+    (SIGTERM: it stops its workers), then kill it. Returns the exit status, stdout and
+    stderr."""
     process = subprocess.Popen(
         command,
         cwd=cwd,
-        env=env,
+        env=launcher_env(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

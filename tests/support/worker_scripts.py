@@ -5,7 +5,6 @@ reads back the result file each rank writes."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from elasticjob.launcher.warm_workers import START_SERVER_ENV
 from elasticjob.worker_contract import ENV_COLLECTIVE_TIMEOUT
 from tests.support.job_runs import read_events, run_to_end
+from tests.support.start_servers import launcher_env
 
 HOSTS = "127.0.1.1:2,127.0.1.2:1"
 RUN_TIMEOUT_S = 180.0
@@ -48,8 +49,12 @@ class ScriptRun:
 
 def worker_env() -> dict[str, str]:
     """This environment without any launcher variables (a worker started from it runs
-    standalone), with a bounded collective timeout."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTICJOB_")}
+    standalone) but a shared start server's, with a bounded collective timeout."""
+    env = {
+        k: v
+        for k, v in launcher_env().items()
+        if not k.startswith("ELASTICJOB_") or k == START_SERVER_ENV
+    }
     env[ENV_COLLECTIVE_TIMEOUT] = COLLECTIVE_TIMEOUT_S
     return env
 

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -40,6 +41,8 @@ WARM_INTERPRETER: Final = str(Path(__file__).with_name("warm_interpreter.py"))
 """The program a start server runs (by path: the command's interpreter may lack
 elasticjob)."""
 _ANSWER_BYTES = 4096
+CONNECT_TIMEOUT_S: Final = 10.0
+"""How long connecting to a shared server waits for its greeting."""
 FORK_TIMEOUT_S: Final = 120.0
 """How long a start waits for the server to fork it (the first waits for its imports)."""
 _PYTHON = re.compile(r"python[0-9.]*")
@@ -73,6 +76,17 @@ def warm_start(command: Sequence[str]) -> WarmStart | None:
     return WarmStart(command[0], tuple(command[1:]), None)
 
 
+def same_interpreter(python: str, interpreter: str, path: str) -> bool:
+    """Whether ``python`` (an absolute path) runs as ``interpreter`` found on ``path``: the
+    same program in the same folder (a virtual environment's own ``python`` and ``python3``
+    are links to one program; another environment's are in another folder)."""
+    found = shutil.which(interpreter, path=path)
+    return found is not None and (
+        os.path.dirname(os.path.abspath(found)) == os.path.dirname(python)
+        and os.path.realpath(found) == os.path.realpath(python)
+    )
+
+
 def serves(
     server_env: Mapping[str, str], start_env: Mapping[str, str], varying: AbstractSet[str]
 ) -> bool:
@@ -96,17 +110,17 @@ class _Fork:
 class StartServer:
     """A start server for ``warm``'s command, started with ``env`` (its starts may differ
     from it only in what nothing reads at import: the caller's rule). It dies with this
-    process (``PR_SET_PDEATHSIG``), and its starts die with it."""
+    process (``PR_SET_PDEATHSIG``), and its starts die with it.
+
+    :meth:`connect` is the client of a *shared* server instead (``warm_interpreter.py
+    --listen``), one that outlives its clients: this process's starts die when it goes."""
 
     def __init__(self, warm: WarmStart, env: Mapping[str, str]) -> None:
-        self._warm = warm
-        self.env = dict(env)
-        """The environment the server was started with."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self._process = subprocess.Popen(
+            process: subprocess.Popen[bytes] | None = subprocess.Popen(
                 [warm.interpreter, WARM_INTERPRETER, "--serve", str(theirs.fileno())],
-                env=self.env,
+                env=dict(env),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 pass_fds=[theirs.fileno()],
@@ -119,7 +133,47 @@ class StartServer:
             raise
         finally:
             theirs.close()
-        self._channel = ours
+        self._follow(warm, env, ours, process)
+
+    @classmethod
+    def connect(cls, path: str, warm: WarmStart) -> StartServer:
+        """The client of the shared server listening at ``path``. Raises :class:`OSError`
+        when none answers there, or when it runs another interpreter than ``warm``'s."""
+        channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            channel.settimeout(CONNECT_TIMEOUT_S)
+            channel.connect(path)
+            hello, fds, _, _ = socket.recv_fds(channel, _ANSWER_BYTES, 1)
+            if not fds:
+                raise OSError(f"no start server at {path}")
+            with os.fdopen(fds[0], "rb") as env_file:
+                env_file.seek(0)
+                env = json.loads(env_file.read())
+            python = json.loads(hello)["python"]
+            if not same_interpreter(python, warm.interpreter, env.get("PATH", os.defpath)):
+                raise OSError(f"the start server at {path} runs {python}, not {warm.interpreter}")
+            channel.settimeout(None)
+        except BaseException:
+            channel.close()
+            raise
+        server = cls.__new__(cls)
+        server._follow(warm, env, channel, None)
+        return server
+
+    def _follow(
+        self,
+        warm: WarmStart,
+        env: Mapping[str, str],
+        channel: socket.socket,
+        process: subprocess.Popen[bytes] | None,
+    ) -> None:
+        self._warm = warm
+        self.env = dict(env)
+        """The environment the server was started with."""
+        self.shared = process is None
+        """Whether the server is shared (:meth:`connect`), not this process's own."""
+        self._channel = channel
+        self._process = process
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._forks: dict[int, _Fork] = {}
@@ -206,12 +260,13 @@ class StartServer:
             on_exit(-signal.SIGKILL)
 
     def close(self) -> None:
-        """End the server; a start still running ends with it."""
+        """End the server (a shared one: this client); a start still running ends with it."""
         with self._lock:
             if self._ended is None:
                 self._ended = "the start server was closed"
         with contextlib.suppress(OSError):
             self._channel.shutdown(socket.SHUT_RDWR)  # its reader sees the end
-        with contextlib.suppress(ProcessLookupError):
-            self._process.kill()
-        self._process.wait()
+        if self._process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._process.kill()
+            self._process.wait()

@@ -1,11 +1,12 @@
 """A start server: a Python interpreter with torch imported that forks a start of a script
 per request (``start_server.py`` is its client and says why).
 
-    python warm_interpreter.py --serve FD
+    python warm_interpreter.py --serve FD        # one client: the socket FD
+    python warm_interpreter.py --listen PATH     # shared: clients connect to PATH
 
 It runs by its path, so that it needs nothing but the standard library and, if it can
-import it, torch. It imports torch, then reads starts from the ``SOCK_SEQPACKET`` socket
-``FD``: each a JSON message ``{"id"}`` carrying four descriptors, the start's standard input,
+import it, torch. It imports torch, then reads starts from a client's ``SOCK_SEQPACKET``
+socket: each a JSON message ``{"id"}`` carrying four descriptors, the start's standard input,
 output and error, and a file of the start as JSON (``argv``, ``env``, ``cwd``, and ``module``
 for ``python -m``; a file, since an environment can outgrow a socket's buffer). Per start it forks
 a child, which takes a process session of its own, dies with the server
@@ -13,8 +14,14 @@ a child, which takes a process session of its own, dies with the server
 and runs the script as ``python script.py`` or ``python -m module`` would, as ``__main__``,
 an uncaught exception told from the script's first frame. The server answers ``{"id",
 "pid"}`` once the child is forked (``{"id", "error"}`` when it cannot fork) and ``{"pid",
-"exit"}`` once the child ended (negative: the signal that ended it); the end of the socket's
-input ends it.
+"exit"}`` once the child ended (negative: the signal that ended it).
+
+With ``--serve`` the end of the socket's input ends the server (and its children with it).
+With ``--listen`` the server outlives its clients: it listens on the Unix socket ``PATH``
+(readable by its own user only; a client of another user is refused), greets each client
+with ``{"python"}`` (its ``sys.executable``) carrying a file of its environment as JSON,
+and SIGKILLs a client's children when that client's socket ends, as a one-client server's
+end would; it ends on SIGTERM or SIGINT.
 
 A child starts as a fresh interpreter would but for what the server did before the fork: torch
 and ``torch._dynamo`` are imported, and the string hash seed is the server's (Python's and
@@ -44,9 +51,12 @@ import runpy  # noqa: E402
 import select  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
+import struct  # noqa: E402
 import types  # noqa: E402
 from typing import Any  # noqa: E402
 
+_ENVIRONMENT = dict(os.environ)
+"""The environment the server was started with (torch's imports may add to it)."""
 _MODULES = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
 """What a torch script imports (``torch._dynamo`` is imported by ``DistributedDataParallel``'s
 constructor and ``torch.compile``: a second of the start on its own)."""
@@ -97,49 +107,161 @@ _MESSAGE_BYTES = 4096
 _PR_SET_PDEATHSIG = 1
 
 
-def _serve(channel: socket.socket) -> dict[str, Any] | None:
-    """Fork a child per start read from ``channel``, and say its pid and its end; return the
-    start in the child, None in the server once ``channel`` ends."""
-    children: dict[int, int] = {}  # a child's pidfd -> its pid
+def _serve(channel: socket.socket | None, listener: socket.socket | None) -> dict[str, Any] | None:
+    """Fork a child per start read from a client's socket (``channel``, or each client that
+    connects to ``listener``), and tell that client its pid and its end; return the start in
+    the child, None in the server once its one client (``channel``) is gone."""
+    clients: dict[int, socket.socket] = {}
+    children: dict[int, tuple[int, socket.socket]] = {}  # a child's pidfd -> its pid, client
     poller = select.poll()
-    poller.register(channel, select.POLLIN)
+    if channel is not None:
+        clients[channel.fileno()] = channel
+        poller.register(channel, select.POLLIN)
+    if listener is not None:
+        poller.register(listener, select.POLLIN)
     while True:
         for ready, _ in poller.poll():
-            if ready != channel.fileno():
+            if listener is not None and ready == listener.fileno():
+                client = _accept(listener)
+                if client is not None:
+                    clients[client.fileno()] = client
+                    poller.register(client, select.POLLIN)
+            elif ready in children:
                 poller.unregister(ready)
                 os.close(ready)
-                pid = children.pop(ready)
+                pid, client = children.pop(ready)
                 _, status = os.waitpid(pid, 0)
-                _send(channel, {"pid": pid, "exit": os.waitstatus_to_exitcode(status)})
-                continue
-            message, fds, _, _ = socket.recv_fds(channel, _MESSAGE_BYTES, 4)
-            if not message:
-                return None
-            start = _read_start(fds.pop())
-            start["id"] = json.loads(message)["id"]
-            try:
-                pid = os.fork()
-            except OSError as exc:
+                if client.fileno() != -1:  # its client is still there
+                    _send(client, {"pid": pid, "exit": os.waitstatus_to_exitcode(status)})
+            elif ready in clients:
+                client = clients[ready]
+                received = _receive(client)
+                if received is None:  # the client is gone (or spoke out of turn)
+                    poller.unregister(ready)
+                    del clients[ready]
+                    if listener is None:
+                        return None
+                    _kill([pid for pid, of in children.values() if of is client])
+                    client.close()
+                    continue
+                start, fds = received
+                try:
+                    pid = _fork()
+                except OSError as exc:
+                    _close(fds)
+                    _send(client, {"id": start["id"], "error": str(exc)})
+                    continue
+                if pid == 0:
+                    for fd in [*clients, *children]:
+                        os.close(fd)
+                    if listener is not None:
+                        listener.close()
+                    _become_start(fds)
+                    return start
                 _close(fds)
-                _send(channel, {"id": start["id"], "error": str(exc)})
-                continue
-            if pid == 0:
-                channel.close()
-                _close(list(children))
-                _become_start(fds)
-                return start
-            _close(fds)
-            pidfd = os.pidfd_open(pid)
-            children[pidfd] = pid
-            poller.register(pidfd, select.POLLIN)
-            _send(channel, {"id": start["id"], "pid": pid})
+                pidfd = os.pidfd_open(pid)
+                children[pidfd] = (pid, client)
+                poller.register(pidfd, select.POLLIN)
+                _send(client, {"id": start["id"], "pid": pid})
 
 
-def _read_start(fd: int) -> dict[str, Any]:
-    """The start in the file ``fd``, which it closes."""
-    with os.fdopen(fd, "rb") as start:
-        start.seek(0)
-        return dict(json.loads(start.read()))
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_inherited_handlers: dict[int, Any] = {}
+"""A shared server's stop signals' handlers before it took them, which its children get
+back (empty for a one-client server, which takes none)."""
+
+
+class _Stopped(Exception):
+    """A shared server was told to stop (its children die with it)."""
+
+
+def _stop(_signum: int, _frame: object) -> None:
+    raise _Stopped
+
+
+def _fork() -> int:
+    """Fork a child that has the stop signals' handlers the server inherited (no stop
+    signal lost to the server's handler in between)."""
+    if not _inherited_handlers:
+        return os.fork()
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            for signum, handler in _inherited_handlers.items():
+                signal.signal(signum, handler)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    return pid
+
+
+def _accept(listener: socket.socket) -> socket.socket | None:
+    """A client that connected, greeted with this interpreter and its environment; None for
+    a client of another user (refused) or one gone already."""
+    try:
+        client, _ = listener.accept()
+    except OSError:
+        return None
+    credentials = client.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", credentials)
+    if uid != os.getuid():
+        client.close()
+        return None
+    environment = os.memfd_create("elasticjob-server-env", os.MFD_CLOEXEC)
+    try:
+        os.write(environment, json.dumps(_ENVIRONMENT).encode())
+        hello = json.dumps({"python": sys.executable}).encode()
+        socket.send_fds(client, [hello], [environment])
+    except OSError:
+        client.close()
+        return None
+    finally:
+        os.close(environment)
+    return client
+
+
+def _kill(pids: list[int]) -> None:
+    """SIGKILL children whose client is gone, and what they started in their sessions."""
+    for pid in pids:
+        for kill in (os.killpg, os.kill):  # a child forked a moment ago may not lead one yet
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(pid, signal.SIGKILL)
+
+
+def _listen(path: str) -> socket.socket:
+    """The listening socket at ``path`` (a socket left there by a server gone is replaced),
+    connectable by this user only."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    umask = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(umask)
+    listener.listen(64)
+    return listener
+
+
+def _receive(client: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+    """The next start from ``client`` and its standard streams; None at the client's end or
+    for what is not a start (whose descriptors it closes)."""
+    try:
+        message, fds, _, _ = socket.recv_fds(client, _MESSAGE_BYTES, 4)
+    except OSError:
+        return None
+    try:
+        if len(fds) != 4:
+            raise ValueError(f"{len(fds)} descriptors")
+        start_id = json.loads(message)["id"]
+        with os.fdopen(fds.pop(), "rb") as start_file:
+            start_file.seek(0)
+            start = dict(json.loads(start_file.read()))
+    except (ValueError, KeyError, TypeError, OSError):
+        _close(fds)
+        return None
+    start["id"] = start_id
+    return start, fds
 
 
 def _send(channel: socket.socket, message: dict[str, Any]) -> None:
@@ -197,9 +319,29 @@ def _run(start: dict[str, Any]) -> None:
 
 def main() -> None:
     _import_torch()
-    start = _serve(socket.socket(fileno=int(sys.argv[2])))
+    if sys.argv[1] == "--listen":
+        start = _serve_shared(sys.argv[2])
+    else:
+        start = _serve(socket.socket(fileno=int(sys.argv[2])), None)
     if start is not None:
         _run(start)
+
+
+def _serve_shared(path: str) -> dict[str, Any] | None:
+    """Serve every client that connects to ``path`` until a stop signal; return the start in
+    a child."""
+    server, listener = os.getpid(), _listen(path)
+    for signum in _STOP_SIGNALS:
+        _inherited_handlers[signum] = signal.signal(signum, _stop)
+    print(f"start server {os.getpid()} listening on {path}", flush=True)
+    try:
+        return _serve(None, listener)
+    except _Stopped:
+        return None
+    finally:
+        if os.getpid() == server:  # not in a child, which returns its start
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from elasticjob.driver.driver_types import DEFAULT_MAX_RESTARTS
 from elasticjob.launcher.arguments import build_parser, parse_arguments
 from elasticjob.launcher.job_settings import driver_settings
 from elasticjob.launcher.run_command import main
+from elasticjob.launcher.warm_workers import START_SERVER_ENV
 
 CLI_TIMEOUT_S = 60.0
 """Every case ends at once; a launcher still running after this is a failure."""
@@ -78,6 +79,10 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
         (["-np", "2"], "no worker command given"),
         (["-np", "2", "--"], "no worker command given"),
         (["--num-proc", "two", "true"], "argument -np/--num-proc: invalid int value: 'two'"),
+        (
+            ["--serve-starts", "starts.sock", "python", "train.py"],
+            "--serve-starts takes an interpreter as its command, nothing more",
+        ),
     ],
 )
 def test_a_bad_argument_is_a_usage_error(
@@ -180,3 +185,11 @@ def test_max_restarts_its_default_and_the_fallback_in_restart_mode(
     assert settings.checkpoint_fallback is (args.mode == "restart"), (
         "a restart-mode script resumes from its own checkpoint: losing every worker is no end"
     )
+
+
+def test_the_shared_start_server_defaults_to_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = ["-np", "1", "-H", "localhost:1", "true"]
+    monkeypatch.setenv(START_SERVER_ENV, "/run/starts.sock")
+    assert parse_arguments(build_parser(), args).start_server == "/run/starts.sock"
+    monkeypatch.delenv(START_SERVER_ENV)
+    assert parse_arguments(build_parser(), args).start_server is None
