@@ -6,14 +6,14 @@
 #     .logs/cluster-suites.log, printed when all is done;
 #   - unit and integration (tests/unit, tests/integration): CPU-bound, no cluster;
 #   - tests/devcluster (on process nodes, the images, then on a real-node cluster of its own,
-#     and one more brought down after a crash), the chart's template tests, then two
-#     end-to-end modules on its real-node cluster (E2E_BESIDE): mostly waiting on clusters,
-#     builds and pods; output in .logs/devcluster.log, printed when all is done;
+#     and one more brought down after a crash) and the chart's template tests: mostly waiting
+#     on their clusters and builds, done long before the others; output in
+#     .logs/devcluster.log, printed when all is done;
 #   - the lint step (make lint): output in .logs/lint.log, printed when all is done.
 # All but the end-to-end suite run at a lower priority (nice), so that its kubelets, operator
-# and pods get the CPU when they need it and the others fill the rest: unit and integration
-# and the devcluster session (whose end-to-end modules' pods must not starve) at nice 5, the
-# lint step (done early) at nice 10.
+# and pods get the CPU when they need it and the others fill the rest: unit and integration,
+# which take the longest, at nice 5, the devcluster session and the lint step (done early) at
+# nice 10.
 # A test marked quiet runs while the other sessions' tests wait (its checks depend on the
 # machine's load). Each pytest session tears its clusters down when it ends, prints its slowest
 # tests and writes every test's time to .logs/<suite>.xml (JUnit XML); the script fails if
@@ -30,14 +30,8 @@ mkdir -p .logs
 CLUSTER_LOG=.logs/cluster-suites.log
 LINT_LOG=.logs/lint.log
 DEVCLUSTER_LOG=.logs/devcluster.log
-# End-to-end modules the devcluster session runs on its real-node cluster once its own tests
-# are done (the operator installed there as in the end-to-end session): it ends long before
-# the others, and these tests mostly wait on pods and paced training.
-E2E_BESIDE=(tests/e2e/test_sharded.py tests/e2e/test_your_first_job.py)
 # The real-node tests last: by then the images are built (by either session) and the seed made.
-DEVCLUSTER=(tests/devcluster/test_*.py tests/e2e/test_helm_chart.py tests/devcluster/real_nodes
-    "${E2E_BESIDE[@]}")
-E2E_IGNORED=(--ignore=tests/e2e/test_helm_chart.py "${E2E_BESIDE[@]/#/--ignore=}")
+DEVCLUSTER=(tests/devcluster/test_*.py tests/e2e/test_helm_chart.py tests/devcluster/real_nodes)
 # The real-node clusters' address blocks (10.<16 + net>.x.y), one per session and a next one
 # for the devcluster session's cluster that is brought down after a crash
 # (tests/support/cluster_fixtures.py); from this script's PID, so that two runs on one machine
@@ -64,11 +58,11 @@ busy_at_start=$(cpu_busy) all_at_start=$(cpu_all)
 
 DEVCLUSTER_REAL_TEST_NET=$E2E_REAL_NET \
     timed cluster-suites "$PY" -m pytest -q --durations=10 --junitxml=.logs/cluster-suites.xml \
-    tests/e2e "${E2E_IGNORED[@]}" "$@" \
+    tests/e2e --ignore=tests/e2e/test_helm_chart.py "$@" \
     >"$CLUSTER_LOG" 2>&1 &
 clusters=$!
 DEVCLUSTER_REAL_TEST_NET=$(( E2E_REAL_NET + 1 )) \
-    timed devcluster nice -n 5 "$PY" -m pytest -q --durations=5 --junitxml=.logs/devcluster.xml \
+    timed devcluster nice -n 10 "$PY" -m pytest -q --durations=5 --junitxml=.logs/devcluster.xml \
     "${DEVCLUSTER[@]}" "$@" >"$DEVCLUSTER_LOG" 2>&1 &
 devcluster=$!
 nice -n 10 make --no-print-directory lint >"$LINT_LOG" 2>&1 &
