@@ -52,8 +52,8 @@ integration: venv
 devcluster-tests: venv prereqs
 	$(PY) -m pytest tests/devcluster -q
 
-# The lint step and two pytest sessions side by side (scripts/run-suites.sh): the real-node
-# suites, and unit with integration followed by the process-node suites.
+# The lint step and three pytest sessions side by side (scripts/run-suites.sh): the
+# end-to-end suite, unit with integration, and the devcluster session.
 test: venv prereqs
 	@PY=$(PY) bash scripts/run-suites.sh
 
