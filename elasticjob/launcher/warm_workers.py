@@ -87,7 +87,7 @@ def shared_server(path: str, warm: WarmStart, worker_env: Mapping[str, str]) -> 
     of ``worker_env``; None otherwise (said in a warning: the job starts its own)."""
     try:
         server = StartServer.connect(path, warm)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # none there, or no server
         logger.warning("not the start server at %s: %s", path, exc)
         return None
     allowed = shared_varying(server.env, worker_env)

@@ -5,9 +5,9 @@ A torch script spends seconds before its first line runs (the interpreter, ``imp
 ``torch._dynamo`` once it makes an optimizer). A start server pays them once: it is started
 with the command's interpreter and environment, imports torch, and forks every start of the
 command from itself, so a start runs its first line in milliseconds and shares the server's
-loaded pages. ``elasticjob-run`` keeps one per job for its workers
-(``elasticjob/launcher/warm_workers.py``), a restart-mode agent one for its script's starts
-(``restart_agent.py``).
+loaded pages. ``elasticjob-run`` keeps one per job for its workers, or uses a shared one that
+serves jobs one after another (``elasticjob/launcher/warm_workers.py``); a restart-mode agent
+keeps one for its script's starts (``restart_agent.py``).
 
 :func:`warm_start` says whether a command may start so; :class:`StartServer` is the client,
 safe to use from any thread: :meth:`StartServer.start` forks a start and returns its pid, and
