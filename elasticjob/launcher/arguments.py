@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SOCKET",
         default=os.environ.get(START_SERVER_ENV) or None,
         help="fork the workers from the shared start server listening at SOCKET "
-        "(`elasticjob start-server SOCKET`), where it runs the command's interpreter in the "
+        "(`elasticjob-run --serve-starts SOCKET`), where it runs the command's interpreter in the "
         "job's environment; otherwise the job starts a server of its own "
         f"(default: ${START_SERVER_ENV})",
     )

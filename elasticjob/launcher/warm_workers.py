@@ -11,8 +11,8 @@ The server is started with the first worker's environment less the worker's own 
 (:data:`PER_WORKER_ENV`); a worker whose other variables differ starts cold, as does every
 worker once the server failed. ``--no-warm-start`` starts every worker cold.
 
-A *shared* start server (``elasticjob start-server SOCKET``, ``elasticjob-run --start-server
-SOCKET``) outlives the jobs it serves: jobs run one after another (a test suite, a
+A *shared* start server (``elasticjob-run --serve-starts SOCKET``, used by ``elasticjob-run
+--start-server SOCKET``) outlives the jobs it serves: jobs run one after another (a test suite, a
 notebook's runs) pay for torch's imports once. It serves a job whose workers' environments
 differ from its own in the job's variables too (:func:`shared_varying`); another job starts
 a server of its own.
@@ -37,7 +37,12 @@ from elasticjob.worker_contract import (
     WorkerSettings,
     variable_of,
 )
-from elasticjob.worker_runtime.agents.start_server import WARM_INTERPRETER, StartServer, WarmStart
+from elasticjob.worker_runtime.agents.start_server import (
+    WARM_INTERPRETER,
+    StartServer,
+    WarmStart,
+    differing,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -90,12 +95,7 @@ def shared_server(path: str, warm: WarmStart, worker_env: Mapping[str, str]) -> 
     except (OSError, ValueError, KeyError, TypeError) as exc:  # none there, or no server
         logger.warning("not the start server at %s: %s", path, exc)
         return None
-    allowed = shared_varying(server.env, worker_env)
-    differ = sorted(
-        name
-        for name in server.env.keys() | worker_env.keys()
-        if name not in allowed and server.env.get(name) != worker_env.get(name)
-    )
+    differ = differing(server.env, worker_env, shared_varying(server.env, worker_env))
     if differ:
         logger.warning(
             "not the start server at %s: its environment differs from the job's in %s",

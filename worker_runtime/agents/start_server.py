@@ -93,8 +93,16 @@ def serves(
     """Whether a server started with ``server_env`` may fork a start whose environment is
     ``start_env``: they differ in the ``varying`` variables only, which nothing may read at
     import (a worker's or a start's place in the job)."""
+    return not differing(server_env, start_env, varying)
+
+
+def differing(
+    server_env: Mapping[str, str], start_env: Mapping[str, str], varying: AbstractSet[str]
+) -> list[str]:
+    """The variables other than ``varying`` in which ``start_env`` differs from
+    ``server_env``, sorted (none: the server :func:`serves` the start)."""
     keys = server_env.keys() | start_env.keys()
-    return all(server_env.get(k) == start_env.get(k) for k in keys - varying)
+    return sorted(k for k in keys - varying if server_env.get(k) != start_env.get(k))
 
 
 @dataclass

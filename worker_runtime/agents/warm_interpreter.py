@@ -333,7 +333,7 @@ def _serve_shared(path: str) -> dict[str, Any] | None:
     server, listener = os.getpid(), _listen(path)
     for signum in _STOP_SIGNALS:
         _inherited_handlers[signum] = signal.signal(signum, _stop)
-    print(f"start server {os.getpid()} listening on {path}", flush=True)
+    print(f"start server {server} listening on {path}", flush=True)
     try:
         return _serve(None, listener)
     except _Stopped:
