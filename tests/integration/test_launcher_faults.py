@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from devcluster.procs import alive
 from tests.support.job_runs import WORKERS, run_to_end
 from tests.support.start_servers import launcher_env
 
@@ -145,15 +146,6 @@ def test_a_command_that_never_joins_the_job_fails_it_and_points_at_the_recipe(
     assert "runs unchanged in restart mode (elasticjob-run --mode restart" in stderr, stderr
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie waiting for its parent does not)."""
-    try:
-        stat_line = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat_line.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def _wait_for(predicate: Callable[[], bool], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -204,11 +196,11 @@ def test_workers_die_with_a_launcher_killed_by_sigkill(tmp_path: Path) -> None:
     """The kernel kills them (PR_SET_PDEATHSIG) the moment the launcher dies."""
     with launched(tmp_path, [sys.executable, str(IDLE_WORKER)], np=2) as (launcher, out):
         pids = _worker_pids(out)
-        assert all(_alive(pid) for pid in pids)
+        assert all(alive(pid) for pid in pids)
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait()
-        gone = _wait_for(lambda: not any(_alive(pid) for pid in pids), 10.0)
-        assert gone, f"workers {[p for p in pids if _alive(p)]} outlived the launcher"
+        gone = _wait_for(lambda: not any(alive(pid) for pid in pids), 10.0)
+        assert gone, f"workers {[p for p in pids if alive(p)]} outlived the launcher"
 
 
 def test_workers_the_kernel_does_not_cover_exit_once_the_rendezvous_is_gone(
@@ -223,6 +215,6 @@ def test_workers_the_kernel_does_not_cover_exit_once_the_rendezvous_is_gone(
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait()
         killed = time.monotonic()
-        gone = _wait_for(lambda: not any(_alive(pid) for pid in pids), 60.0)
-        assert gone, f"orphaned workers {[p for p in pids if _alive(p)]} kept running"
+        gone = _wait_for(lambda: not any(alive(pid) for pid in pids), 60.0)
+        assert gone, f"orphaned workers {[p for p in pids if alive(p)]} kept running"
         assert time.monotonic() - killed >= 5.0, "they should have lived until the timeout"

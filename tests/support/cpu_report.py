@@ -40,7 +40,8 @@ def _cpu_s() -> float:
 
 def _counted_s() -> float:
     """The CPU of the processes :func:`count_process` registered and of their reaped children
-    (``/proc/PID/stat``'s utime, stime, cutime and cstime); 0 for one gone."""
+    (``/proc/PID/stat``'s utime, stime, cutime and cstime); 0 for one gone (once this
+    process reaped it, all of that is in its children's CPU)."""
     ticks = 0
     for pid in _COUNTED:
         try:
