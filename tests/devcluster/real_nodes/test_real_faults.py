@@ -115,15 +115,19 @@ def test_evict_sets_disruption_target_then_the_kubelet_terminates(real_kube: Kub
         "preempted",
         lambda p: condition(p, "DisruptionTarget") == "True",
         "DisruptionTarget",
-        timeout=10,
+        timeout=30,
     )
     assert pod["metadata"].get("deletionTimestamp")
+    # Deadlines, not expectations: in CI this session's cluster runs at a low priority beside
+    # the others (scripts/run-suites.sh), and a pod whose container had stopped was still
+    # Terminating 33 s after the kubelet's Killing event. The kubelet must remove it within
+    # the grace period (30 s) plus its own clean-up, however slowly that runs.
     real_kube.wait(
         "SIGTERM from the kubelet",
         lambda: "SIGTERM" in real_kube.kubectl("logs", "preempted", check=False),
-        timeout=20,
+        timeout=60,
     )
-    real_kube.wait_gone("pod", "preempted", timeout=30)
+    real_kube.wait_gone("pod", "preempted", timeout=120)
 
 
 def test_partition_cuts_peers_or_everything_and_heal_restores(real_kube: Kube) -> None:
