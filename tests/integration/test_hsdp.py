@@ -6,6 +6,7 @@ once an epoch, and the replicas end alike."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -65,9 +66,11 @@ def test_a_pod_killed_while_leaving_in_the_middle_of_a_sync_fails_the_round(
         schedule={0: two_pods, 1: f"{two_pods},127.0.1.3:2"},
     )
     assert run.returncode == 0, run.explain()
-    assert "leaving worker 127.0.1.3[0] ended before round 2 released it" in run.stderr, (
-        run.explain()
-    )
+    # Either of the pod's two processes may be the first to end (the driver blames the round
+    # on that one).
+    assert re.search(
+        r"leaving worker 127\.0\.1\.3\[[01]\] ended before round 2 released it", run.stderr
+    ), run.explain()
     resumed = resumed_from_last_commit(run)
     assert [(r["round"], r["size"]) for r in resumed] == [(3, 4)], resumed
     finished_alike(run, 4)
