@@ -8,7 +8,7 @@ process nodes instead: quicker to start, but no container, image or network of i
 from __future__ import annotations
 
 import os
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Final
 
@@ -48,7 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.import_plugin(CLUSTER_FIXTURES)
 
 
-LAST: Final = ("uninstalls_operator", "no_webhook", "no_operator")
+LAST: Final = ("uninstalls_operator", "no_operator")
 """What some tests do to the session's operator, in the order they run after all others."""
 
 
@@ -62,10 +62,10 @@ def _runs_after(item: pytest.Item) -> int:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the suite's tests; run the one that uninstalls the operator, then those that
-    remove its webhook (installing it once more), then those that want no operator, after
-    every other (a stable sort). Among the tests that leave the operator as they found it,
-    the quiet ones (``tests/support/quiet_gate.py``) come last: the other sessions' tests
-    wait while one runs, and by then those sessions have usually ended."""
+    want no operator, after every other (a stable sort). Among the tests that leave the
+    operator as they found it, the quiet ones (``tests/support/quiet_gate.py``) come last:
+    the other sessions' tests wait while one runs, and by then those sessions have usually
+    ended."""
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.fspath)).parents:
@@ -146,11 +146,10 @@ def operator(operator_release: OperatorRelease) -> Cluster:
 
 
 @pytest.fixture
-def no_webhook(operator: Cluster, operator_release: OperatorRelease) -> Cluster:
-    """The operator without its admission webhook: jobs reach it unchecked (such tests run
-    after every test that wants the webhook)."""
-    operator_release.remove_webhook()
-    return operator
+def no_webhook(operator: Cluster, operator_release: OperatorRelease) -> Iterator[Cluster]:
+    """The operator without its admission webhook for one test: jobs reach it unchecked."""
+    with operator_release.without_webhook():
+        yield operator
 
 
 @pytest.fixture

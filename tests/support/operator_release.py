@@ -8,6 +8,8 @@ import json
 import socket
 import ssl
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +36,12 @@ WEBHOOK = f"{RELEASE}.{SYSTEM_NS}.svc"
 class OperatorRelease:
     """The operator's helm release on the session's cluster, installed once for the tests that
     use it: each module finds it installed and serving, with its admission webhook, unless a
-    test removed the webhook or the release on purpose (the e2e conftest runs those last)."""
+    test uninstalled the release on purpose (the e2e conftest runs those last). A test that
+    wants no webhook has it removed for its duration only (:meth:`without_webhook`)."""
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.installed = False
-        self.webhook_removed = False
-        """A test deleted the webhook configuration and wants it gone."""
 
     def ensure(self) -> None:
         """Install the release, or wait until its operator serves; register the webhook again
@@ -53,7 +54,7 @@ class OperatorRelease:
                 timeout=300,
             )
             assert result.returncode == 0, f"helm install failed:\n{result.stdout}\n{result.stderr}"
-            self.installed, self.webhook_removed = True, False
+            self.installed = True
             return
         rollout = self.cluster.kubectl(
             *("-n", SYSTEM_NS, "rollout", "status", f"deployment/{RELEASE}", "--timeout=240s"),
@@ -61,7 +62,7 @@ class OperatorRelease:
             timeout=300,
         )
         assert rollout.returncode == 0, f"the operator is not ready:\n{rollout.stderr}"
-        if not self.webhook_removed and not self.has_webhook():
+        if not self.has_webhook():
             restart_operator(Kube(self.cluster, SYSTEM_NS))
             Kube(self.cluster, SYSTEM_NS).wait("the webhook registered", self.has_webhook, 120)
 
@@ -75,10 +76,25 @@ class OperatorRelease:
         )
         return found.returncode == 0 and bool(found.stdout.strip())
 
-    def remove_webhook(self) -> None:
-        """Delete the webhook configuration: jobs reach the operator unchecked from now on."""
-        self.webhook_removed = True
+    @contextmanager
+    def without_webhook(self) -> Iterator[None]:
+        """Jobs reach the operator unchecked while in this context: the webhook configuration
+        is deleted, then created again as the operator had registered it (its webhooks, CA
+        bundle and owner: uninstalling the release still garbage-collects it), which the
+        operator, still serving its webhook, needs no restart for. Where the operator
+        restarted meanwhile and registered it again itself, that one stays."""
+        saved = self.cluster.kubectl(
+            "get", "validatingwebhookconfiguration", WEBHOOK, "-o", "json"
+        ).stdout
         delete_webhook(self.cluster)
+        try:
+            yield
+        finally:
+            if not self.has_webhook():
+                # One left empty (an operator restarted, its webhooks not written yet) goes.
+                delete_webhook(self.cluster)
+                self.cluster.kubectl("create", "-f", "-", input=registered_again(saved))
+            assert self.has_webhook(), "the webhook configuration was not created again"
 
     def uninstalled(self) -> None:
         """A test uninstalled the release (the next :meth:`ensure` installs it again)."""
@@ -306,6 +322,18 @@ def rendezvous_status(
         return conn.getresponse().status
     finally:
         conn.close()
+
+
+SERVER_SET_METADATA = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields")
+"""What the API server sets in an object's metadata: left out of one created again."""
+
+
+def registered_again(saved: str) -> str:
+    """The object ``saved`` (JSON) as a create request: without what the API server set."""
+    body = json.loads(saved)
+    for key in SERVER_SET_METADATA:
+        body["metadata"].pop(key, None)
+    return json.dumps(body)
 
 
 def delete_webhook(cluster: Cluster) -> None:
