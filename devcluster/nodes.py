@@ -333,6 +333,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         if result.returncode != 0:
             raise RuntimeError(f"{self.name}: ctr images import {archive}: {result.stderr.strip()}")
 
+    def unpacked_layers(self) -> set[str]:
+        """The chain IDs of the image layers unpacked here (committed overlayfs snapshots:
+        an image whose layers these are needs none of their blobs)."""
+        listed = self._ctr_checked("snapshots", "--snapshotter", "overlayfs", "ls")
+        rows = [line.split() for line in listed.splitlines()[1:]]
+        return {row[0] for row in rows if row and row[-1] == "Committed"}
+
     def hold_images(self) -> None:
         """Give every image a second name (under :data:`HELD_PREFIX`), so that each layer
         stays referred to while imports move the first names to new images. Otherwise

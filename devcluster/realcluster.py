@@ -30,6 +30,7 @@ from devcluster.build import Binaries, NodeBinaries, find_node_binaries
 from devcluster.config import ClusterConfig
 from devcluster.faults import Faults
 from devcluster.imagebuild import PAUSE_IMAGE, BuiltImage, ensure_images
+from devcluster.imageload import thin_docker_archive
 from devcluster.noderuntime import NodeStart, ProcessHost
 from devcluster.nodes import RealNode, advertise_extended_resources, real_nodes
 from devcluster.nodeseed import NodeSeed
@@ -171,9 +172,14 @@ class _NodesStart:
             self._wait_containerd(node, left)
             if from_earlier:
                 node.hold_images()
+            held = node.unpacked_layers()
             for archive in seed.archives:
                 began = time.monotonic()
-                node.import_image(archive)
+                thin = node.dir / f"thin-{archive.name}"
+                try:
+                    node.import_image(thin if thin_docker_archive(archive, held, thin) else archive)
+                finally:
+                    thin.unlink(missing_ok=True)
                 logger.debug("imported %s in %.1f s", archive.name, time.monotonic() - began)
             if from_earlier:
                 began = time.monotonic()
