@@ -8,7 +8,6 @@ after a change to the project's code.)"""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import tarfile
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 
 from devcluster.buildah import ImageBuildError
 from devcluster.imageload import LAYER_MEDIA_TYPE, chain_ids, thin_archive, thin_docker_archive
+from tests.support.image_archives import docker_archive, layer_tar
 
 
 def put(layout: Path, content: bytes) -> str:
@@ -83,27 +83,14 @@ def test_chain_ids_follow_the_image_spec() -> None:
     assert chain_ids([]) == []
 
 
-def docker_archive(path: Path, name: str, layers: list[bytes]) -> tuple[list[str], bytes]:
-    """A docker-archive as ``buildah push`` writes one: layers named by their digests."""
-    diff_ids = [f"sha256:{hashlib.sha256(layer).hexdigest()}" for layer in layers]
-    config = json.dumps({"rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode()
-    files = {f"{hashlib.sha256(config).hexdigest()}.json": config}
-    files |= {f"{d.split(':')[1]}.tar": layer for d, layer in zip(diff_ids, layers, strict=True)}
-    manifest = [{"Config": next(iter(files)), "RepoTags": [name], "Layers": list(files)[1:]}]
-    files["manifest.json"] = json.dumps(manifest).encode()
-    with tarfile.open(path, "w") as tar:
-        for member, content in files.items():
-            info = tarfile.TarInfo(member)
-            info.size = len(content)
-            tar.addfile(info, io.BytesIO(content))
-    return diff_ids, config
-
-
 def test_a_docker_archive_becomes_an_oci_archive_of_what_the_node_lacks(tmp_path: Path) -> None:
     name = "docker.io/elasticjob/worker:0.1.0"
-    layers = [b"debian", b"torch", b"the project, changed"]
-    diff_ids, config = docker_archive(tmp_path / "worker.tar", name, layers)
+    layers = [layer_tar(name) for name in ("debian", "torch", "the project, changed")]
+    docker_archive(tmp_path / "worker.tar", name, layers)
+    diff_ids = [diff_id for diff_id, _ in layers]
     held = set(chain_ids(diff_ids[:2]))
+    with tarfile.open(tmp_path / "worker.tar") as tar:
+        config = tar.extractfile("config.json").read()  # type: ignore[union-attr]
 
     assert thin_docker_archive(tmp_path / "worker.tar", held, tmp_path / "thin.tar")
 
@@ -121,19 +108,20 @@ def test_a_docker_archive_becomes_an_oci_archive_of_what_the_node_lacks(tmp_path
         manifest = json.loads(manifest_bytes)
         assert [layer["digest"] for layer in manifest["layers"]] == diff_ids
         assert {layer["mediaType"] for layer in manifest["layers"]} == {LAYER_MEDIA_TYPE}
-        assert [layer["size"] for layer in manifest["layers"]] == [len(x) for x in layers]
+        assert [layer["size"] for layer in manifest["layers"]] == [len(b) for _, b in layers]
         config_digest = manifest["config"]["digest"]
         assert read(f"blobs/sha256/{config_digest.split(':')[1]}") == config
         blobs = {m for m in tar.getnames() if m.startswith("blobs/")}
     new_layer = f"blobs/sha256/{diff_ids[2].split(':')[1]}"
     assert new_layer in blobs and len(blobs) == 3  # the manifest, the config, the new layer
     with tarfile.open(tmp_path / "thin.tar") as tar:
-        assert tar.extractfile(new_layer).read() == layers[2]  # type: ignore[union-attr]
+        assert tar.extractfile(new_layer).read() == layers[2][1]  # type: ignore[union-attr]
 
 
 def test_a_node_holding_nothing_of_an_image_imports_the_archive_itself(tmp_path: Path) -> None:
-    diff_ids, _ = docker_archive(tmp_path / "worker.tar", "a:1", [b"one", b"two"])
-    held = {diff_ids[1]}  # the second layer, unpacked alone (not on the first)
+    one, two = layer_tar("one"), layer_tar("two")
+    docker_archive(tmp_path / "worker.tar", "a:1", [one, two])
+    held = {two[0]}  # the second layer, unpacked alone (not on the first)
 
     assert not thin_docker_archive(tmp_path / "worker.tar", held, tmp_path / "thin.tar")
     assert not (tmp_path / "thin.tar").exists()

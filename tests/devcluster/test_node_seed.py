@@ -4,11 +4,7 @@ test does."""
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import os
-import platform
 import shutil
 import subprocess
 import tarfile
@@ -20,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from devcluster.config import ClusterConfig
+from devcluster.imageload import chain_ids, thin_docker_archive
 from devcluster.nodes import RealNode
 from devcluster.nodeseed import IMAGE_FILES, NodeSeed
+from tests.support.image_archives import docker_archive, layer_tar
 
 BLOB = IMAGE_FILES[0] / "sha256" / "ab12"
 LAYER_FILE = IMAGE_FILES[1] / "1" / "fs" / "usr" / "lib" / "libtorch.so"
@@ -140,47 +138,6 @@ def test_a_new_seed_starts_from_the_newest_earlier_one(tmp_path: Path) -> None:
     assert (second.root / LAYER_FILE).read_text() == "code"
 
 
-def _layer(name: str) -> tuple[str, bytes]:
-    """A layer tar holding one file, and its diff id."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        data = name.encode()
-        info = tarfile.TarInfo(f"{name}.txt")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    blob = buffer.getvalue()
-    return f"sha256:{hashlib.sha256(blob).hexdigest()}", blob
-
-
-def _docker_archive(path: Path, tag: str, layers: list[tuple[str, bytes]]) -> Path:
-    """A ``docker save`` archive of an image made of ``layers``."""
-    config = json.dumps(
-        {
-            "architecture": {"x86_64": "amd64", "aarch64": "arm64"}[platform.machine()],
-            "os": "linux",
-            "rootfs": {"type": "layers", "diff_ids": [diff for diff, _ in layers]},
-            "config": {},
-        }
-    ).encode()
-    members = {f"{diff[7:]}/layer.tar": blob for diff, blob in layers}
-    members["config.json"] = config
-    manifest = [{"Config": "config.json", "RepoTags": [tag], "Layers": list(members)[:-1]}]
-    members["manifest.json"] = json.dumps(manifest).encode()
-    with tarfile.open(path, "w") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
-
-
-def _chain_ids(layers: list[tuple[str, bytes]]) -> list[str]:
-    chain = [layers[0][0]]
-    for diff, _ in layers[1:]:
-        chain.append(f"sha256:{hashlib.sha256(f'{chain[-1]} {diff}'.encode()).hexdigest()}")
-    return chain
-
-
 @pytest.fixture
 def containerd_node() -> Iterator[RealNode]:
     """A real containerd (no CRI) serving node-1 of a throwaway run directory."""
@@ -210,11 +167,6 @@ def containerd_node() -> Iterator[RealNode]:
         shutil.rmtree(run_dir)
 
 
-def _snapshots(node: RealNode) -> set[str]:
-    listed = node.ctr("snapshots", "--snapshotter", "overlayfs", "list")
-    return {line.split()[0] for line in listed.stdout.splitlines()[1:]}
-
-
 def _collect(node: RealNode) -> None:
     """containerd's garbage collection, now (as its scheduler may run it at any time)."""
     for argv in (
@@ -231,10 +183,11 @@ def test_held_images_keep_their_layers_while_imports_replace_them(
     containerd_node: RealNode, tmp_path: Path
 ) -> None:
     node = containerd_node
-    base, one, two = (_layer(name) for name in ("base", "one", "two"))
-    node.import_image(_docker_archive(tmp_path / "v1.tar", TAG, [base, one]))
-    v1_chain, v2_chain = _chain_ids([base, one]), _chain_ids([base, two])
-    assert set(v1_chain) <= _snapshots(node)
+    base, one, two = (layer_tar(name) for name in ("base", "one", "two"))
+    node.import_image(docker_archive(tmp_path / "v1.tar", TAG, [base, one]))
+    v1_chain = chain_ids([base[0], one[0]])
+    v2_chain = chain_ids([base[0], two[0]])
+    assert set(v1_chain) <= node.unpacked_layers()
 
     node.hold_images()
     # The import moves the name to the new image before it unpacks its layers; a collection
@@ -243,13 +196,35 @@ def test_held_images_keep_their_layers_while_imports_replace_them(
         "images",
         "import",
         "--no-unpack",
-        str(_docker_archive(tmp_path / "v2.tar", TAG, [base, two])),
+        str(docker_archive(tmp_path / "v2.tar", TAG, [base, two])),
     )
     assert moved.returncode == 0, moved.stderr
     _collect(node)
-    assert set(v1_chain) <= _snapshots(node)
+    assert set(v1_chain) <= node.unpacked_layers()
 
     node.import_image(tmp_path / "v2.tar")
     node.release_images()
-    assert _snapshots(node) == set(v2_chain)
+    assert node.unpacked_layers() == set(v2_chain)
+    assert node.ctr("images", "list", "--quiet").stdout.split() == [TAG]
+
+
+def test_a_thin_archive_unpacks_the_new_layers_on_those_the_node_holds(
+    containerd_node: RealNode, tmp_path: Path
+) -> None:
+    """What a seed made from an earlier one imports: only the layer the node lacks travels,
+    and the new image's chain stands on the base's snapshot."""
+    node = containerd_node
+    base, one, two = (layer_tar(name) for name in ("base", "one", "two"))
+    node.import_image(docker_archive(tmp_path / "v1.tar", TAG, [base, one]))
+    node.hold_images()
+    v2, thin = docker_archive(tmp_path / "v2.tar", TAG, [base, two]), tmp_path / "thin.tar"
+
+    assert thin_docker_archive(v2, node.unpacked_layers(), thin)
+
+    with tarfile.open(thin) as tar:
+        blobs = {name.rsplit("/", 1)[-1] for name in tar.getnames()}
+    assert two[0][7:] in blobs and base[0][7:] not in blobs and one[0][7:] not in blobs
+    node.import_image(thin)
+    node.release_images()
+    assert node.unpacked_layers() == set(chain_ids([base[0], two[0]]))
     assert node.ctr("images", "list", "--quiet").stdout.split() == [TAG]
