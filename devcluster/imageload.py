@@ -60,14 +60,17 @@ def _manifest(layout: Path, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     raise ImageBuildError(f"{layout} holds no image named {name}")
 
 
+def _digest(content: bytes) -> str:
+    return f"sha256:{hashlib.sha256(content).hexdigest()}"
+
+
 def chain_ids(diff_ids: list[str]) -> list[str]:
     """The chain ID of each layer of an image whose layers have the diff IDs ``diff_ids``
     (the OCI image spec's ChainID): the name containerd gives the snapshot of that layer
     unpacked on the layers below it."""
     chains: list[str] = []
     for diff_id in diff_ids:
-        below = f"{chains[-1]} {diff_id}".encode() if chains else None
-        chains.append(diff_id if below is None else f"sha256:{hashlib.sha256(below).hexdigest()}")
+        chains.append(_digest(f"{chains[-1]} {diff_id}".encode()) if chains else diff_id)
     return chains
 
 
@@ -86,7 +89,7 @@ def _write_oci_archive(
 ) -> None:
     """An OCI archive that ``ctr images import`` names ``name``: its manifest (``manifest``,
     of ``media_type``) and the blobs of ``blobs`` (digest, and how to open its content)."""
-    digest = f"sha256:{hashlib.sha256(manifest).hexdigest()}"
+    digest = _digest(manifest)
     descriptor = {"mediaType": media_type, "digest": digest, "size": len(manifest)}
     named = {**descriptor, "annotations": {_REF_NAME: name, _IMAGE_NAME: name}}
     index = {"schemaVersion": 2, "manifests": [named]}
@@ -103,10 +106,15 @@ def _write_oci_archive(
         add(f"blobs/sha256/{digest.split(':', 1)[1]}", len(manifest), io.BytesIO(manifest))
         for blob_digest, open_blob in blobs:
             with open_blob() as content:
-                content.seek(0, io.SEEK_END)
-                size = content.tell()
-                content.seek(0)
+                size = _size(content)
                 add(f"blobs/sha256/{blob_digest.split(':', 1)[1]}", size, content)
+
+
+def _size(content: IO[bytes]) -> int:
+    """The size of a seekable file, left at its start."""
+    size = content.seek(0, io.SEEK_END)
+    content.seek(0)
+    return size
 
 
 def _opener(path: Path) -> Callable[[], IO[bytes]]:
@@ -138,7 +146,7 @@ def thin_docker_archive(archive: Path, held: set[str], thin: Path) -> bool:
     with tarfile.open(archive) as tar:
 
         def opener(member: str) -> Callable[[], IO[bytes]]:
-            def open_member() -> IO[bytes]:
+            def open_member() -> IO[bytes]:  # a link's target where the member is a link
                 content = tar.extractfile(member)
                 if content is None:
                     raise ImageBuildError(f"{archive} has no file {member}")
@@ -147,26 +155,27 @@ def thin_docker_archive(archive: Path, held: set[str], thin: Path) -> bool:
             return open_member
 
         (entry,) = json.loads(opener("manifest.json")().read())
-        config_bytes = opener(entry["Config"])().read()
-        diff_ids: list[str] = json.loads(config_bytes)["rootfs"]["diff_ids"]
+        config = opener(entry["Config"])().read()
+        diff_ids: list[str] = json.loads(config)["rootfs"]["diff_ids"]
         lacking = _lacking(diff_ids, held)
         if all(lacking):
             return False
-        config_digest = f"sha256:{hashlib.sha256(config_bytes).hexdigest()}"
-        layers = list(zip(diff_ids, entry["Layers"], strict=True))
-        config = {"mediaType": CONFIG_MEDIA_TYPE, "digest": config_digest}
+        layers = []
+        for diff_id, file in zip(diff_ids, entry["Layers"], strict=True):
+            with opener(file)() as content:
+                size = _size(content)
+            layers.append({"mediaType": LAYER_MEDIA_TYPE, "digest": diff_id, "size": size})
+        described = {"mediaType": CONFIG_MEDIA_TYPE, "digest": _digest(config), "size": len(config)}
         manifest = {
             "schemaVersion": 2,
             "mediaType": MANIFEST_MEDIA_TYPE,
-            "config": {**config, "size": len(config_bytes)},
-            "layers": [
-                {"mediaType": LAYER_MEDIA_TYPE, "digest": diff_id, "size": tar.getmember(file).size}
-                for diff_id, file in layers
-            ],
+            "config": described,
+            "layers": layers,
         }
-        blobs = [(config_digest, opener(entry["Config"]))]
-        missing = [file for (_, file), lacks in zip(layers, lacking, strict=True) if lacks]
-        blobs += [(diff_id, opener(file)) for diff_id, file in layers if file in missing]
+        blobs = [(_digest(config), opener(entry["Config"]))]
+        for diff_id, file, lacks in zip(diff_ids, entry["Layers"], lacking, strict=True):
+            if lacks:
+                blobs.append((diff_id, opener(file)))
         (name,) = entry["RepoTags"]
         _write_oci_archive(thin, name, json.dumps(manifest).encode(), blobs)
     return True
