@@ -165,14 +165,15 @@ def thin_docker_archive(archive: Path, held: set[str], thin: Path) -> bool:
             with opener(file)() as content:
                 size = _size(content)
             layers.append({"mediaType": LAYER_MEDIA_TYPE, "digest": diff_id, "size": size})
-        described = {"mediaType": CONFIG_MEDIA_TYPE, "digest": _digest(config), "size": len(config)}
+        config_digest = _digest(config)
+        described = {"mediaType": CONFIG_MEDIA_TYPE, "digest": config_digest, "size": len(config)}
         manifest = {
             "schemaVersion": 2,
             "mediaType": MANIFEST_MEDIA_TYPE,
             "config": described,
             "layers": layers,
         }
-        blobs = [(_digest(config), opener(entry["Config"]))]
+        blobs = [(config_digest, opener(entry["Config"]))]
         for diff_id, file, lacks in zip(diff_ids, entry["Layers"], lacking, strict=True):
             if lacks:
                 blobs.append((diff_id, opener(file)))

@@ -172,9 +172,9 @@ class _NodesStart:
             self._wait_containerd(node, left)
             if from_earlier:
                 node.hold_images()
-            held = node.unpacked_layers()
             for archive in seed.archives:
                 began = time.monotonic()
+                held = node.unpacked_layers()  # with the layers of the images just imported
                 thin = node.dir / f"thin-{archive.name}"
                 try:
                     node.import_image(thin if thin_docker_archive(archive, held, thin) else archive)
