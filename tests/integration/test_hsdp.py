@@ -6,6 +6,8 @@ once an epoch, and the replicas end alike."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 from pathlib import Path
 
@@ -75,3 +77,42 @@ def test_a_pod_killed_while_leaving_in_the_middle_of_a_sync_fails_the_round(
     assert [(r["round"], r["size"]) for r in resumed] == [(3, 4)], resumed
     finished_alike(run, 4)
     trained_once_in_identical_replicas(run, epochs=3, replicas=2)
+
+
+def test_a_process_lost_inside_fsdp2s_collectives_costs_its_replica_not_the_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2 pods x 2 slots. A process of the second pod stops as on a lost node (every thread
+    stops; killed, no reset reaches its peers) as the others enter a step: they wait for it
+    inside FSDP2's all-gathers and all-reduces, which torch waits for itself. The driver
+    finds it silent, kills it and fails the round; the survivors' waits end with the round,
+    not at the collective timeout (beyond the job's deadline here), and the job goes on as
+    1 x 2 from the last commit."""
+    monkeypatch.setenv(ENV_COLLECTIVE_TIMEOUT, "900")
+    release = tmp_path / "release-frozen"
+    try:
+        run = run_sharded(
+            tmp_path,
+            ["-np", "4", "--min-np", "2", "-H", "127.0.1.1:2,127.0.1.2:2", *KEEP_FAILED_HOSTS_OUT],
+            *("--hsdp", "--epochs", "2", "--expect-sizes", "4,2"),
+            *("--freeze", "1:1:3", "--release-frozen", str(release)),
+        )
+    finally:
+        release_frozen(release)
+    assert run.returncode == 0, run.explain()
+    assert "worker 127.0.1.2[1] sent no heartbeat" in run.stderr, run.explain()
+    resumed = resumed_from_last_commit(run)
+    assert [(r["round"], r["size"]) for r in resumed] == [(2, 2)], resumed
+    # Its silence (5 s) is noticed, it is killed, the round re-forms and resumes.
+    frozen_at = run.of("freeze")[0]["time"]
+    resumed_after = resumed[0]["time"] - frozen_at
+    assert resumed_after < 30, f"resumed {resumed_after:.1f} s after"
+    finished_alike(run, 2)
+    trained_once_in_identical_replicas(run, epochs=2, replicas=1)
+
+
+def release_frozen(fifo: Path) -> None:
+    """Let the frozen process's sockets go (its holder reads the FIFO), if it still holds
+    them."""
+    with contextlib.suppress(OSError):  # nobody holds them: none, or gone
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))

@@ -8,9 +8,10 @@ collective, which the next round must not wait for.
 Collectives are issued asynchronously and waited on here, so a group can be abandoned the
 moment the driver announces that a member failed (:meth:`RoundGroup.abort`, called from the
 notice thread): Gloo would otherwise block a survivor until its timeout when the dead peer is
-not its direct neighbour. A bounded timeout is the last resort, for every group made in the
-round (:func:`bound_new_groups`): collectives torch issues and waits on itself (FSDP2's, on
-a device mesh's groups) and the forming of a group cannot be interrupted otherwise.
+not its direct neighbour. The groups of a sharded state's device mesh, on whose collectives
+torch waits itself (FSDP2's), wait through :meth:`RoundGroup.wait` too (``abortable_gloo.py``).
+A bounded timeout is the last resort, for every group made in the round
+(:func:`bound_new_groups`): a script's own groups, the forming of a group.
 
 Every blocking operation on a round's group (a collective, forming the group) runs inside
 :meth:`RoundGroup.blocking`, so the heartbeat thread can tell how long the training thread

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import json
 import os
+import select
 import signal
 import threading
 import time
@@ -55,6 +56,12 @@ def parse_args() -> argparse.Namespace:
         "--hold-until-round", default="", help="EPOCH:ROUND: the epoch ends in round ROUND or later"
     )
     parser.add_argument("--fail", action="append", default=[], help="EPOCH:BATCH:RANK (SIGKILL)")
+    parser.add_argument(
+        "--freeze", default="", help="EPOCH:BATCH:RANK: stop as on a lost node (no reset)"
+    )
+    parser.add_argument(
+        "--release-frozen", type=Path, help="a FIFO (made here): written to, --freeze ends"
+    )
     parser.add_argument(
         "--suspend-at", default="", help="EPOCH:BATCH: rank 0 sends the launcher SIGUSR1, once"
     )
@@ -200,6 +207,25 @@ def slow_copies(seconds: float) -> None:
     shard_copies.exchange_copies = slow_exchange  # type: ignore[assignment]
 
 
+FROZEN_AT_MOST_S = 90.0
+
+
+def freeze_as_a_lost_node(release: Path) -> None:
+    """Stop as a process on a lost node does: every thread stops, and when the launcher kills
+    it no reset reaches its peers (a child of another session holds its sockets open until
+    something is written to the FIFO ``release``, or for at most ``FROZEN_AT_MOST_S``)."""
+    os.mkfifo(release)
+    if os.fork() == 0:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for stdio in (0, 1, 2):  # the launcher reads the worker's output to its end
+            os.dup2(null, stdio)
+        fd = os.open(release, os.O_RDONLY | os.O_NONBLOCK)
+        select.select([fd], [], [], FROZEN_AT_MOST_S)
+        os._exit(0)
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
 def leave_in_sync(host: str, schedule_file: Path) -> None:
     """On ``host`` (``HOST:SLOTS``): at the first sync, as the round's device mesh is about to
     be made, drop the host from the discovery schedule, wait until the notice that it leaves
@@ -295,6 +321,13 @@ def main() -> None:
                         marker.touch()
                         state.wait_for_commit()  # the survivors resume from the last one
                         os.kill(os.getpid(), signal.SIGKILL)
+                if f"{state.epoch}:{state.batch}:{hvd.rank()}" == args.freeze:
+                    marker = args.log_dir / "fired-freeze"
+                    if not marker.exists():
+                        marker.touch()
+                        state.wait_for_commit()
+                        log.write("freeze", epoch=state.epoch, batch=state.batch)
+                        freeze_as_a_lost_node(args.release_frozen)
                 if hvd.rank() == 0 and args.suspend_at == f"{state.epoch}:{state.batch}":
                     marker = args.log_dir / "fired-suspend"
                     if not marker.exists():

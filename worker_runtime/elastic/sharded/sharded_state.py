@@ -58,6 +58,7 @@ from elasticjob.worker_runtime.elastic.sharded.shard_sync import (
 )
 from elasticjob.worker_runtime.elastic.state import State
 from elasticjob.worker_runtime.elastic.state_handlers import HandledAttributes
+from elasticjob.worker_runtime.rounds.abortable_gloo import mesh_backends
 
 if TYPE_CHECKING:
     from elasticjob.worker_runtime.runtime import Runtime
@@ -225,10 +226,12 @@ class ShardedState(HandledAttributes, State):
         self._pipeline.resume(number, held)
         self._roll_back_to(runtime, held)  # forward, where the commit was pending here
         forget_meshes()
+        names = layout.mesh_dim_names()
         mesh = self._mesh = DeviceMesh(
             runtime.device.type,
             layout.mesh_ranks(),
-            mesh_dim_names=layout.mesh_dim_names(),
+            mesh_dim_names=names,
+            backend_override=mesh_backends(runtime.group, len(names)),
         )
         host = host_group()
         self._pipeline.start_round(runtime, host, agreed.nodes, layout)
