@@ -66,7 +66,7 @@ class RoundWaits(Protocol):
 
     backend: str
 
-    def wait(self, work: _Waitable) -> None: ...
+    def wait(self, work: _Waitable, name: str | None = None) -> None: ...
 
     def errored(self) -> str | None: ...
 
@@ -134,15 +134,16 @@ class _GlooWork:
 class _RoundWork(dist.Work):
     """The work torch gets: waited for through the round's group."""
 
-    def __init__(self, work: dist.Work, round_group: RoundWaits) -> None:
+    def __init__(self, work: dist.Work, round_group: RoundWaits, operation: str) -> None:
         super().__init__()
         self._work = _GlooWork(work)
         self._round = round_group
+        self._operation = operation
         self._done = False
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
         if not self._done:
-            self._round.wait(self._work)
+            self._round.wait(self._work, self._operation)
             self._done = True
         return True
 
@@ -183,7 +184,7 @@ def _issuing(name: str) -> Callable[..., _RoundWork]:
         reason = self._round.errored()
         if reason is not None:
             raise HorovodInternalError(reason)
-        return _RoundWork(getattr(self._issuer, name)(*args), self._round)
+        return _RoundWork(getattr(self._issuer, name)(*args), self._round, name)
 
     issue.__name__ = name
     return issue

@@ -259,13 +259,14 @@ class RoundGroup:
         with self._lock:
             return self._abandoned
 
-    def wait(self, work: _Work) -> None:
-        """Wait for an asynchronous collective, or raise as soon as the group is aborted."""
+    def wait(self, work: _Work, name: str | None = None) -> None:
+        """Wait for an asynchronous collective, or raise as soon as the group is aborted;
+        ``name``: the collective's on the timeline (default: the public function waiting)."""
         started = timeline.now()
         if started is None:
             self._wait(work)
             return
-        name = timeline.collective_name()
+        name = name or timeline.collective_name()
         try:
             self._wait(work)
         except HorovodInternalError as exc:

@@ -4,14 +4,19 @@ groups in one process, one thread a rank."""
 from __future__ import annotations
 
 import datetime
+import importlib
+import json
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from elasticjob.worker_contract import ENV_TIMELINE_DIR
+from elasticjob.worker_runtime.diagnostics import timeline
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 from elasticjob.worker_runtime.rounds.abortable_gloo import (
     BACKEND,
@@ -101,6 +106,23 @@ def test_a_wait_for_a_member_that_never_comes_ends_when_the_round_is_aborted() -
         members[0].allreduce([torch.ones(1)])
     # Rank 1 comes after all: Gloo ends the collective rank 0 gave up on.
     dist.all_reduce(torch.ones(1), group=members[1])
+
+
+def test_the_timeline_names_each_collective_after_its_operation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_TIMELINE_DIR, str(tmp_path))
+    recording = importlib.reload(timeline)
+    try:
+        members = groups([RoundGroup("gloo", CPU), RoundGroup("gloo", CPU)])
+        on_threads(2, lambda rank: dist.all_reduce(torch.ones(1), group=members[rank]))
+        recording.flush()
+        lines = [line for part in tmp_path.iterdir() for line in part.read_text().splitlines()]
+        spans = [json.loads(line) for line in lines]
+    finally:
+        monkeypatch.delenv(ENV_TIMELINE_DIR)
+        importlib.reload(timeline)
+    assert [(s["name"], s["cat"]) for s in spans] == [("allreduce", "collective")] * 2
 
 
 @pytest.mark.parametrize(("backend", "override"), [("gloo", BACKEND), ("nccl", None)])
