@@ -19,18 +19,16 @@ Usage: nice -n 5 python bench/operator_handover.py [--repeat 3]
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.real_node_operator import operator_on_real_nodes  # noqa: E402
 from devcluster.cluster import Cluster  # noqa: E402
-from devcluster.config import ClusterConfig  # noqa: E402
 from tests.support.elastic_jobs import STARTUP_S, job_manifest, status  # noqa: E402
 from tests.support.kube import Kube  # noqa: E402
 from tests.support.operator_release import (  # noqa: E402
@@ -78,16 +76,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    run_dir = Path(tempfile.mkdtemp(prefix="elasticjob-bench-handover-"))
-    cluster = Cluster(ClusterConfig.private(run_dir, BENCH_NET, runtime="containerd"))
-    cluster.up(timeout=900)
-    try:
-        cluster.helm(
-            "install", RELEASE, str(CHART), "-n", SYSTEM_NS, "--create-namespace",
-            "--set", "logLevel=warning", "--wait", "--timeout", "300s", timeout=360,
-        )  # fmt: skip
-        cluster.kubectl("create", "namespace", "bench")
-        kube = Kube(cluster, "bench")
+    bench = operator_on_real_nodes("elasticjob-bench-handover-", BENCH_NET)
+    with bench as (cluster, kube, run_dir):
         work = run_dir / "job"
         work.mkdir()
         work.chmod(0o777)
@@ -109,9 +99,6 @@ def main() -> None:
             print(f"{what}: median {median:.2f} s")
         ratio = medians["standby"] / medians["one replica"]
         print(f"standby / one replica: {ratio:.3f} (goal: standby within 5 s)")
-    finally:
-        cluster.down()
-        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

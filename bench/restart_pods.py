@@ -20,10 +20,8 @@ Usage: nice -n 5 python bench/restart_pods.py [--repeat 2]
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,8 +30,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from devcluster.cluster import Cluster  # noqa: E402
-from devcluster.config import ClusterConfig  # noqa: E402
+from bench.real_node_operator import operator_on_real_nodes  # noqa: E402
 from tests.support.elastic_jobs import job_manifest  # noqa: E402
 from tests.support.job_runs import WORKERS, read_events  # noqa: E402
 from tests.support.kube import Kube  # noqa: E402
@@ -95,17 +92,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
-    run_dir = Path(tempfile.mkdtemp(prefix="elasticjob-bench-restart-"))
-    cluster = Cluster(ClusterConfig.private(run_dir, BENCH_NET, runtime="containerd"))
-    cluster.up(timeout=900)
-    try:
-        cluster.helm(
-            "install", "elasticjob-operator", str(REPO / "deploy/helm/elasticjob-operator"),
-            "-n", "elasticjob-system", "--create-namespace", "--set", "logLevel=warning",
-            "--wait", "--timeout", "300s", timeout=360,
-        )  # fmt: skip
-        cluster.kubectl("create", "namespace", "bench")
-        kube = Kube(cluster, "bench")
+    with operator_on_real_nodes("elasticjob-bench-restart-", BENCH_NET) as (_, kube, run_dir):
         results: dict[str, list[float]] = {"in place": [], "new pods": []}
         for k in range(args.repeat):
             for what, replace in (("in place", False), ("new pods", True)):
@@ -118,9 +105,6 @@ def main() -> None:
             print(f"{what}: median {median:.2f} s")
         ratio = medians["in place"] / medians["new pods"]
         print(f"in place / new pods: {ratio:.3f} (goal <= 0.3)")
-    finally:
-        cluster.down()
-        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,15 @@ from typing import Any
 import pytest
 
 from devcluster.cluster import Cluster
-from tests.support.elastic_jobs import STARTUP_S, status, stop_workers, wait_status, worker_logs
+from tests.support.elastic_jobs import (
+    KILL_ONE_SLOT,
+    STARTUP_S,
+    hsdp_job,
+    status,
+    stop_workers,
+    wait_status,
+    worker_logs,
+)
 from tests.support.kube import Kube
 
 JOB = "sharded-lm"
@@ -41,52 +49,25 @@ RESHARDED = re.compile(
     r"round=(\d+) rank=\d+ step=\d+\] resharded commit \d+ from 2 shards onto 2 shards in "
     r"(\d) replica\(s\): (\d+) bytes sent"
 )
-KILL_ONE_SLOT = (
-    "import os, signal\n"
-    "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
-    "    try:\n"
-    "        environ = open(f'/proc/{pid}/environ', 'rb').read()\n"
-    "    except OSError:\n"
-    "        continue\n"
-    "    if b'ELASTICJOB_LOCAL_RANK=1\\0' in environ and pid != str(os.getpid()):\n"
-    "        os.kill(int(pid), signal.SIGKILL)\n"
-    "        print(pid)\n"
-    "        break\n"
-)
-"""SIGKILLs the training process of a pod's second slot (run in the pod)."""
 ROUND_LINE = re.compile(r"round (\d+): (\d+) workers, from epoch (\d+) step (\d+)")
 EPOCH_LINE = re.compile(r"epoch (\d+) done: .* exactly once: (True|False)")
 STEP_LINE = re.compile(r"epoch \d+ step \d+: loss ([\d.]+)")
 
 
 def sharded_job() -> dict[str, Any]:
-    return {
-        "apiVersion": "elasticjob.dev/v1alpha1",
-        "kind": "ElasticJob",
-        "metadata": {"name": JOB},
-        "spec": {
-            "replicas": 2,
-            "minReplicas": 1,
-            "maxReplicas": 3,
-            "slotsPerWorker": 2,
-            "backend": "gloo",
-            # Only the killed pod is kept out: with the default (its node), a pod that shared
-            # the node would leave too.
-            "blacklist": {"scope": "Pod", "cooldownSeconds": {"min": 300, "max": 600}},
-            "cleanPodPolicy": "None",  # the pods and their logs stay for the checks
-            # A bound on any collective: none should reach it (the state lets go of a broken
-            # group, which fails the survivors' collectives at once).
-            "collectiveTimeoutSeconds": 20,
-            "template": {
-                "spec": {
-                    "terminationGracePeriodSeconds": 10,
-                    "containers": [
-                        {"name": "worker", "image": "elasticjob/worker:0.1.0", "command": TRAIN}
-                    ],
-                }
-            },
-        },
-    }
+    return hsdp_job(
+        JOB,
+        TRAIN,
+        grace_s=10,
+        maxReplicas=3,
+        # Only the killed pod is kept out: with the default (its node), a pod that shared
+        # the node would leave too.
+        blacklist={"scope": "Pod", "cooldownSeconds": {"min": 300, "max": 600}},
+        cleanPodPolicy="None",  # the pods and their logs stay for the checks
+        # A bound on any collective: none should reach it (the state lets go of a broken
+        # group, which fails the survivors' collectives at once).
+        collectiveTimeoutSeconds=20,
+    )
 
 
 def containers(kube: Kube) -> dict[str, tuple[str, int]]:

@@ -54,11 +54,9 @@ def job_manifest(
         str(step_time_s),
     ]
     mounts = {"tests": WORKER.parent, "scratch": scratch}
-    return {
-        "apiVersion": "elasticjob.dev/v1alpha1",
-        "kind": "ElasticJob",
-        "metadata": {"name": name},
-        "spec": {
+    return elastic_job(
+        name,
+        {
             "replicas": 3,
             "minReplicas": 2,
             "maxReplicas": 5,
@@ -88,7 +86,63 @@ def job_manifest(
             },
             **spec,
         },
+    )
+
+
+def hsdp_job(
+    name: str,
+    command: list[str],
+    *,
+    grace_s: int,
+    volumes: list[dict[str, Any]] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    """An ElasticJob of two pods of two slots on Gloo, for HSDP (each pod's processes shard
+    the state, the pods replicate it), running ``command`` in the worker image with
+    ``volumes``; ``spec`` adds fields or replaces these."""
+    pod: dict[str, Any] = {
+        "terminationGracePeriodSeconds": grace_s,
+        "containers": [{"name": "worker", "image": "elasticjob/worker:0.1.0", "command": command}],
     }
+    if volumes:
+        pod["volumes"] = volumes
+    return elastic_job(
+        name,
+        {
+            "replicas": 2,
+            "minReplicas": 1,
+            "slotsPerWorker": 2,
+            "backend": "gloo",
+            "template": {"spec": pod},
+            **spec,
+        },
+    )
+
+
+def elastic_job(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """The ElasticJob ``name`` of ``spec``."""
+    return {
+        "apiVersion": "elasticjob.dev/v1alpha1",
+        "kind": "ElasticJob",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+KILL_ONE_SLOT = (
+    "import os, signal\n"
+    "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+    "    try:\n"
+    "        environ = open(f'/proc/{pid}/environ', 'rb').read()\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    if b'ELASTICJOB_LOCAL_RANK=1\\0' in environ and pid != str(os.getpid()):\n"
+    "        os.kill(int(pid), signal.SIGKILL)\n"
+    "        print(pid)\n"
+    "        break\n"
+)
+"""SIGKILLs the training process of a pod's second slot (``python -c`` in the pod); prints
+its PID."""
 
 
 def status(kube: Kube, name: str) -> dict[str, Any]:
