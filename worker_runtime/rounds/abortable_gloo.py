@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import GroupName
 
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
+from elasticjob.worker_runtime.rounds.process_group import RoundGroup
 
 BACKEND: Final = "elasticgloo"
 """The backend's name (``torch.distributed.get_backend`` of a mesh's group)."""
@@ -61,16 +62,6 @@ COLLECTIVES: Final = (
 _CPU: Final = torch.device("cpu")
 
 
-class RoundWaits(Protocol):
-    """What these groups need of the round's group (``process_group.RoundGroup``)."""
-
-    backend: str
-
-    def wait(self, work: _Waitable, name: str | None = None) -> None: ...
-
-    def errored(self) -> str | None: ...
-
-
 class GroupOptions(Protocol):
     """What torch tells a backend's maker of the group to make (its
     ``_DistributedBackendOptions``)."""
@@ -82,12 +73,6 @@ class GroupOptions(Protocol):
     group_id: GroupName
 
 
-class _Waitable(Protocol):
-    def get_future(self) -> torch.futures.Future[object]: ...
-
-    def wait(self) -> bool: ...
-
-
 class _GlooWork:
     """A Gloo work as the round's group waits for one: through a future. Some of Gloo's
     works have none (they do their transfer inside ``wait``): a thread waits for those and
@@ -96,7 +81,6 @@ class _GlooWork:
     def __init__(self, work: dist.Work) -> None:
         self._work = work
         self._future: torch.futures.Future[object] | None = None
-        self._failure: BaseException | None = None
         self._threaded = False
         self._lock = threading.Lock()
 
@@ -118,7 +102,6 @@ class _GlooWork:
         try:
             self._work.wait()
         except (RuntimeError, dist.DistError) as exc:
-            self._failure = exc
             self._future.set_exception(exc)
             return
         self._future.set_result(None)
@@ -126,15 +109,15 @@ class _GlooWork:
     def wait(self) -> bool:
         if not self._threaded:
             return bool(self._work.wait())
-        if self._failure is not None:
-            raise self._failure
+        assert self._future is not None
+        self._future.wait()  # raises the work's failure
         return True
 
 
 class _RoundWork(dist.Work):
     """The work torch gets: waited for through the round's group."""
 
-    def __init__(self, work: dist.Work, round_group: RoundWaits, operation: str) -> None:
+    def __init__(self, work: dist.Work, round_group: RoundGroup, operation: str) -> None:
         super().__init__()
         self._work = _GlooWork(work)
         self._round = round_group
@@ -158,7 +141,7 @@ class RoundBoundGloo(dist.ProcessGroup):
     """A process group of the round whose collectives run on Gloo and whose waits end with
     the round (see the module's docstring)."""
 
-    def __init__(self, options: GroupOptions, round_group: RoundWaits) -> None:
+    def __init__(self, options: GroupOptions, round_group: RoundGroup) -> None:
         rank, size = options.group_rank, options.group_size
         # (rank, size): the constructor torch has for a group written in Python (its stubs
         # name only the one with a store).
@@ -195,7 +178,7 @@ for _name in COLLECTIVES:
         setattr(RoundBoundGloo, _name, _issuing(_name))
 
 _lock = threading.Lock()
-_round: RoundWaits | None = None
+_round: RoundGroup | None = None
 _registered = False
 
 
@@ -207,7 +190,7 @@ def _create(options: GroupOptions, _backend_options: object) -> RoundBoundGloo:
     return RoundBoundGloo(options, round_group)
 
 
-def mesh_backends(round_group: RoundWaits, dims: int) -> tuple[tuple[str | None, None], ...]:
+def mesh_backends(round_group: RoundGroup, dims: int) -> tuple[tuple[str | None, None], ...]:
     """The ``backend_override`` of a ``DeviceMesh`` of ``dims`` dimensions made in the round
     of ``round_group``: this module's backend on Gloo, the round's own otherwise (an NCCL
     group's abort already ends the waits on it)."""
