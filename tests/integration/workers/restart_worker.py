@@ -146,6 +146,9 @@ def main() -> None:
         argv=sys.argv,
         env=dict(os.environ),
     )
+    # Every rank has logged its start before any goes on to fail: a rank that kills itself
+    # at once must not take its peers down before they logged theirs.
+    dist.barrier()
     while epoch < args.epochs:
         if rank == 0 and args.epoch_file is not None:
             args.epoch_file.write_text(str(epoch))
