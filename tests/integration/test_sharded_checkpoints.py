@@ -81,6 +81,33 @@ def test_lost_shards_fall_back_to_the_newest_durable_checkpoint(tmp_path: Path) 
     assert counters(newest)["epoch"] == 2  # the last commit: after the last epoch
 
 
+def test_a_newcomer_writes_the_checkpoint_that_falls_due_with_the_others(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint every 10 commits. Two hosts commit 4 to 8 times before a third joins
+    (at one of epoch 1's commits); the newcomer takes rank 0's count at the round's sync, so
+    the checkpoint that falls due a few commits later is written by every rank together. A
+    newcomer counting from 0 would skip it, and the others would wait in the write's
+    collective until the timeout, then roll back."""
+    folder = tmp_path / "checkpoints"
+    two = "127.0.1.1:1,127.0.1.2:1"
+    run = run_sharded(
+        tmp_path,
+        [
+            *("-np", "2", "--min-np", "2", "--max-np", "3", "--checkpoint-dir", str(folder)),
+            *("--checkpoint-every-commits", "10", "--checkpoint-keep", "3"),
+        ],
+        *("--epochs", "4", "--expect-sizes", "2,3,3,3"),
+        schedule={0: two, 1: f"{two},127.0.1.3:1"},
+    )
+    assert run.returncode == 0, run.explain()
+    (scaled_out,) = resumed_from_last_commit(run)
+    assert scaled_out["size"] == 3, "one round after the first: nothing rolled back"
+    finished_alike(run, 3)
+    names = sorted(p.name for p in folder.iterdir())
+    assert names and counters(folder / names[-1])["round"] == 2, names
+
+
 def test_a_dcp_reload_of_the_same_commit_reaches_the_same_parameters(tmp_path: Path) -> None:
     """The survivors of a SIGKILL rebuild commit C from memory onto 3 ranks and train on; a
     fresh 3-rank job that loads C's DCP checkpoint trains the same steps: both end with the

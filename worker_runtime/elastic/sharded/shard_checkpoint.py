@@ -116,14 +116,19 @@ class ShardCheckpointer:
         self._last_at = clock()
         self._loaded: CheckpointReport | None = None
 
-    def complete_checkpoints(self, rank: int) -> list[str]:
-        """The folder's complete checkpoints, newest first, as rank 0 sees them (a
-        collective: a write's last rename is rank 0's)."""
-        names = None
+    def start_round(self, rank: int) -> list[str]:
+        """A round's sync starts (a collective): return the folder's complete checkpoints,
+        newest first, as rank 0 sees them (a write's last rename is rank 0's), and take rank
+        0's count of the commits since the last checkpoint. Every member then counts the
+        same commits, a newcomer too (its own count would start at 0): members that disagreed
+        on a checkpoint being due would wait in its collective until the timeout."""
+        told = None
         if rank == 0:
             names = complete_newest_first(os.listdir(self.folder)) if self.folder.is_dir() else []
-        listed: list[str] = broadcast_object(names, root_rank=0)
-        return listed
+            told = (names, self._commits_since)
+        listed: tuple[list[str], int] = broadcast_object(told, root_rank=0)
+        names, self._commits_since = listed
+        return names
 
     def after_commit(self, runtime: Runtime) -> None:
         """A commit was made: if the policy makes it due (rank 0 decides), every rank writes
@@ -135,7 +140,7 @@ class ShardCheckpointer:
         )
         if self._policy.interval_s > 0:  # by time: rank 0's clock decides for everyone
             due = broadcast_object(due, root_rank=0)
-        elif rank != 0:  # by count: every rank counts the same commits
+        elif rank != 0:  # by count: every rank counts the same commits (start_round)
             due = checkpoint_due(self._policy, self._commits_since, 0.0, False)
         if due:
             self._commits_since, self._last_at = 0, self._clock()
@@ -237,7 +242,7 @@ class ShardCheckpointer:
         extras: dict[str, Any],
     ) -> Loaded | None:
         """Load the newest of the complete checkpoints ``names`` (from
-        :meth:`complete_checkpoints`) into ``model`` and ``optimizer`` (sharded over the
+        :meth:`start_round`) into ``model`` and ``optimizer`` (sharded over the
         current world, whatever world wrote it) and return it, with ``extras`` (the
         attributes' current state dicts, as a template) as it holds them; rank 0 reports it
         (:meth:`take_loaded`). None: there is no checkpoint. A checkpoint that cannot be

@@ -236,7 +236,7 @@ class ShardedState(HandledAttributes, State):
         host = host_group()
         self._pipeline.start_round(runtime, host, agreed.nodes, layout)
         checkpoints = (
-            self._checkpointer.complete_checkpoints(runtime.slot.rank)
+            self._checkpointer.start_round(runtime.slot.rank)
             if self._checkpointer is not None
             else []
         )
