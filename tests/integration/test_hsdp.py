@@ -45,6 +45,7 @@ def test_pods_lost_from_each_replica_in_turn_then_two_new_pods(tmp_path: Path) -
     resumed = resumed_from_last_commit(run)
     assert [r["size"] for r in resumed] == [4, 2, 6], resumed
     assert [r["sent_bytes"] for r in resumed] == [0, 0, 2 * ONE_REPLICA_BYTES], resumed
+    assert all(r["kept"] for r in resumed), "rank 0 keeps its shard: its commit, no snapshot"
     finished_alike(run, 6)
     trained_once_in_identical_replicas(run, epochs=4, replicas=3)
 

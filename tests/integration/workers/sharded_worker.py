@@ -308,7 +308,8 @@ def main() -> None:
             assert state.last_sync is not None
             log.write("resumed", epoch=state.epoch, batch=state.batch, digest=resumed,
                       round=hvd.current_round(), size=hvd.size(),
-                      sent_bytes=state.last_sync.sent_bytes)  # fmt: skip
+                      sent_bytes=state.last_sync.sent_bytes,
+                      kept=state.last_sync.kept)  # fmt: skip
         while state.epoch < args.epochs:
             if hvd.rank() == 0 and args.epoch_file is not None:
                 partial = args.epoch_file.with_name(f"{args.epoch_file.name}.{os.getpid()}")

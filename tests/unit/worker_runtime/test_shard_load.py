@@ -137,3 +137,23 @@ def test_a_loaded_commit_is_the_committed_state_and_trains_on_alike(
     train(trained, 2)
     train(fresh, 2)
     assert equal(snapshot(fresh), snapshot(trained))
+
+
+@pytest.mark.parametrize("build", [mlp_adamw, with_buffers], ids=["in-place", "torch"])
+def test_a_commit_loaded_without_copies_stays_as_it_was_while_the_model_trains(
+    mesh: DeviceMesh, build: Callable[[DeviceMesh], Built]
+) -> None:
+    """A rank that keeps its shard loads its commit's own tensors (``borrowed``, not copied
+    by the reshard): the model and optimizer get copies of them, so the commit, committed
+    again in the new round, is still the state to roll back to after more steps."""
+    trained = build(mesh)
+    train(trained, 2)
+    commit, as_committed = snapshot(trained), snapshot(trained)
+    fresh = build(mesh)
+    shapes = {key: entry.shape for key, entry in commit.sharded.items()}
+    locals_ = {key: entry.local for key, entry in commit.sharded.items()}
+    load_shards(*fresh, mesh, shapes, locals_, commit.replicated, borrowed=commit.sharded.keys())
+    assert equal(snapshot(fresh), commit)
+    train(fresh, 2)
+    assert not equal(snapshot(fresh), commit), "the model trained on"
+    assert equal(commit, as_committed)

@@ -6,7 +6,7 @@
   own thread: ``shard_copies.py``).
 - :func:`reshard`: after the world changed, each rank of the new round receives the rows of
   its new shards from the ranks that hold them (``shard_plan.plan_reshard``), in one batch of
-  sends and receives for every tensor at once.
+  sends and receives for every tensor at once. A shard a rank keeps whole is not copied.
 
 Both move host memory over the round's host group (:func:`host_group`), a Gloo group.
 """
@@ -14,6 +14,7 @@ Both move host memory over the round's host group (:func:`host_group`), a Gloo g
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -104,6 +105,25 @@ def exchange_copies(
     return copies
 
 
+@dataclass(frozen=True)
+class NewShards:
+    """A rank's new shards after a reshard, by entry, and the entries that are the rank's own
+    old rows as they were (it keeps the same rows of them): those are not copied, so they
+    are the held commit's tensors, and whoever keeps them beyond the load must copy them."""
+
+    shards: Shards
+    borrowed: frozenset[Key]
+
+
+def _kept_whole(moves: Sequence[Transfer], rank: int, rows: int) -> Transfer | None:
+    """The one transfer of ``moves`` that gives ``rank`` all its ``rows`` new rows from its
+    own memory (None: its new shard is made of other rows, or comes from elsewhere)."""
+    mine = [move for move in moves if move.target == rank]
+    if len(mine) == 1 and mine[0].source == rank and mine[0].new_rows == (0, rows):
+        return mine[0]
+    return None
+
+
 def reshard(
     plans: Mapping[Key, Sequence[Transfer]],
     shapes: Mapping[Key, tuple[int, ...]],
@@ -112,20 +132,26 @@ def reshard(
     layout: MeshLayout,
     rank: int,
     group: dist.ProcessGroup,
-) -> Shards:
+) -> NewShards:
     """Carry the transfers of every entry out (``plans``: ``shard_plan.plan_reshard``'s, by
     entry) onto the new round's ``layout``; ``held``: the old shards this rank holds, by old
     shard. Return this rank's new shards."""
     operations: list[dist.P2POp] = []
     arrivals: list[tuple[torch.Tensor, torch.Tensor]] = []
     new_shards: Shards = {}
+    borrowed: set[Key] = set()
     for key in sorted(plans):
         shape = shapes[key]
         start, stop = RowLayout(shape[0], layout.shards).span(layout.shard_of(rank))
-        target = torch.empty((stop - start, *shape[1:]), dtype=dtypes[key])
-        new_shards[key] = target
+        kept = _kept_whole(plans[key], rank, stop - start)
+        if kept is not None:
+            new_shards[key] = held[kept.old_shard][key][slice(*kept.old_rows)]
+            borrowed.add(key)
+        else:
+            new_shards[key] = torch.empty((stop - start, *shape[1:]), dtype=dtypes[key])
+        target = new_shards[key]
         for move in plans[key]:
-            if rank not in (move.target, move.source):
+            if rank not in (move.target, move.source) or move is kept:
                 continue
             rows = slice(*move.new_rows)
             if move.source == rank:
@@ -144,4 +170,4 @@ def reshard(
         wait_all(dist.batch_isend_irecv(operations))
     for place, buffer in arrivals:
         place.copy_(buffer)
-    return new_shards
+    return NewShards(new_shards, frozenset(borrowed))

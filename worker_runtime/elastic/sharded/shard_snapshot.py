@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -148,11 +148,14 @@ def load_shards(
     shapes: Mapping[tuple[str, str], tuple[int, ...]],
     locals_: Mapping[tuple[str, str], torch.Tensor],
     replicated: Mapping[tuple[str, str], Any],
+    borrowed: Collection[tuple[str, str]] = frozenset(),
 ) -> None:
     """Load this rank's new shards ``locals_`` (of tensors of global ``shapes``) and the
     ``replicated`` entries into ``model`` and ``optimizer``, freshly sharded over ``mesh``.
     An optimizer committed before its first step is given its groups' hyperparameters and
-    no state."""
+    no state. The optimizer keeps the tensors of ``locals_`` as its state (no copy), except
+    the ``borrowed`` entries (a commit's own tensors, which training must not change): it
+    gets copies of those. The model's parameters are always copied into."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     replicated = dict(replicated)
     groups = replicated.pop(GROUPS, None)
@@ -160,8 +163,14 @@ def load_shards(
     for (kind, name), local in locals_.items():
         shape = torch.Size(shapes[(kind, name)])
         stride = torch.empty(shape, device="meta").stride()
+        copied = kind == OPTIMIZER and (kind, name) in borrowed
         states[kind][name] = DTensor.from_local(
-            local.to(device), mesh, placements(mesh), run_check=False, shape=shape, stride=stride
+            local.to(device, copy=copied),
+            mesh,
+            placements(mesh),
+            run_check=False,
+            shape=shape,
+            stride=stride,
         )
     for (kind, name), value in replicated.items():
         states[kind][name] = value.clone() if isinstance(value, torch.Tensor) else value

@@ -61,6 +61,10 @@ class Loaded:
     reshard_s: float = 0.0
     load_s: float = 0.0
     sent_bytes: int = 0
+    kept: bool = False
+    """Whether this rank's new shards are its own committed ones, whole (as when a lost
+    replica leaves the others as they were): the model then holds what its commit holds,
+    and the new round commits that snapshot again instead of taking another."""
 
 
 @dataclass(frozen=True)
@@ -77,9 +81,12 @@ class SyncTimes:
     load_s: float
     """The new rows loaded into the model and optimizer (0 when nothing was loaded)."""
     commit_s: float
-    """The new layout's snapshot (its copies move while training goes on)."""
+    """The new layout's snapshot (its copies move while training goes on); none is taken
+    where this rank kept its shard."""
     sent_bytes: int = 0
     """What the round's ranks sent one another to reshard, all of them together."""
+    kept: bool = False
+    """Whether this rank kept its committed shard whole and committed it again as it was."""
 
 
 class ShardsLostError(RuntimeError):
@@ -175,8 +182,14 @@ def load_commit(
         world.runtime.group.abort(str(failed))
         raise
     resharded = time.monotonic()
-    load_shards(world.model, world.optimizer, world.mesh, shapes, new, replicated)
+    load_shards(
+        world.model, world.optimizer, world.mesh, shapes, new.shards, replicated, new.borrowed
+    )
     sent = moved_bytes(plans, shapes, {key: dtype.itemsize for key, dtype in dtypes.items()})
+    kept = held is not None and (held.snapshot.shards, held.snapshot.shard) == (
+        world.layout.shards,
+        world.layout.shard_of(slot.rank),
+    )
     logger.info(
         "resharded commit %d from %d shards onto %d shards in %d replica(s): %d bytes sent",
         holding[source].number,
@@ -185,4 +198,4 @@ def load_commit(
         world.layout.replicas,
         sent,
     )
-    return Loaded(resharded - started, time.monotonic() - resharded, sent)
+    return Loaded(resharded - started, time.monotonic() - resharded, sent, kept)

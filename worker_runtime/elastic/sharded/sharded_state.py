@@ -43,6 +43,7 @@ from elasticjob.worker_runtime.elastic.sharded.shard_exchange import host_group
 from elasticjob.worker_runtime.elastic.sharded.shard_layout import LayoutError, MeshLayout
 from elasticjob.worker_runtime.elastic.sharded.shard_pipeline import CommitPipeline
 from elasticjob.worker_runtime.elastic.sharded.shard_snapshot import (
+    ShardSnapshot,
     forget_meshes,
     release_group,
     take_snapshot,
@@ -167,13 +168,19 @@ class ShardedState(HandledAttributes, State):
         that keep them on a thread of their own, and a barrier confirms the commit there
         (``shard_pipeline.py``). The previous commit's are awaited first: one is in flight at
         most. Until it is confirmed a failure rolls back to the commit before."""
+        self._commit(None)
+
+    def _commit(self, snapshot: ShardSnapshot | None) -> None:
+        """Commit ``snapshot``, a snapshot of the live state already taken, or (None) a new
+        one."""
         runtime, layout = self._pipeline.runtime, self._pipeline.layout
         if self.model is None or self.optimizer is None or runtime is None or layout is None:
             raise RuntimeError("a ShardedState is committed inside elastic.run only")
         self._pipeline.wait()
         started = time.monotonic()
-        shard = layout.shard_of(runtime.slot.rank)
-        snapshot = take_snapshot(self.model, self.optimizer, layout.shards, shard)
+        if snapshot is None:
+            shard = layout.shard_of(runtime.slot.rank)
+            snapshot = take_snapshot(self.model, self.optimizer, layout.shards, shard)
         self._pipeline.commit(snapshot, copy.deepcopy(self._attribute_states()))
         self.commit_seconds = time.monotonic() - started
 
@@ -213,7 +220,8 @@ class ShardedState(HandledAttributes, State):
 
     def sync(self) -> None:
         """Rebuild the model over the new round's group and give it the newest commit any
-        member holds, resharded; then commit it in the new layout."""
+        member holds, resharded; then commit it in the new layout (a rank that kept its
+        shard commits its snapshot again: no copy)."""
         runtime = current()
         started = time.monotonic()
         if not self._releases:
@@ -257,7 +265,9 @@ class ShardedState(HandledAttributes, State):
         optimizer.register_step_post_hook(lambda *_: runtime.count_step())
         self._sync_attributes()
         loaded = time.monotonic()
-        self.save()
+        # A rank that kept its shard holds its commit's state: that snapshot is committed in
+        # the new round as it is (no copy of the state).
+        self._commit(held.snapshot if loaded_commit.kept and held is not None else None)
         self.last_sync = SyncTimes(
             exchange_s=exchanged - started,
             build_s=built - exchanged,
@@ -265,6 +275,7 @@ class ShardedState(HandledAttributes, State):
             load_s=loaded_commit.load_s,
             commit_s=time.monotonic() - loaded,
             sent_bytes=loaded_commit.sent_bytes,
+            kept=loaded_commit.kept,
         )
 
     def _keep_scheduler(self, scheduler: Any, held: Commit | None) -> None:
