@@ -26,6 +26,8 @@ from elasticjob.operator.operator_process import OperatorRuntime
 from elasticjob.operator.service_route import ServiceRoute
 from elasticjob.worker_contract import ENV_RENDEZVOUS_URL
 
+logger = logging.getLogger(__name__)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="elasticjob-operator", description=__doc__)
@@ -176,17 +178,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     runtime = OperatorRuntime(config)
     memo = kopf.Memo(runtime=runtime)
-    asyncio.run(
-        kopf.operator(
-            registry=handlers.REGISTRY,
-            memo=memo,
-            standalone=True,
-            stop_flag=runtime.stop_flag,
-            clusterwide=not args.namespace,
-            namespaces=args.namespace,
-            liveness_endpoint=_liveness_endpoint(args.bind_address, args.liveness_port),
+    try:
+        asyncio.run(
+            kopf.operator(
+                registry=handlers.REGISTRY,
+                memo=memo,
+                standalone=True,
+                stop_flag=runtime.stop_flag,
+                clusterwide=not args.namespace,
+                namespaces=args.namespace,
+                liveness_endpoint=_liveness_endpoint(args.bind_address, args.liveness_port),
+            )
         )
-    )
+    except kopf.LoginError as exc:
+        if not runtime.stop_flag.is_set():
+            raise
+        # On its way out kopf patches the webhook configuration once more (a no-op for our
+        # persistent webhooks); after `helm uninstall` the operator's ServiceAccount is gone
+        # and the API refuses it. The operator had stopped: that is a clean end.
+        logger.warning(
+            "stopped; the API no longer accepts the operator's credentials (%s), as after "
+            "its ServiceAccount was deleted with the release",
+            exc,
+        )
     return 0
 
 

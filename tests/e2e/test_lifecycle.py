@@ -168,11 +168,15 @@ def test_after_uninstall_jobs_and_the_crd_can_be_deleted(
     configuration = f"{RELEASE}.{SYSTEM_NS}.svc"
     found = operator.kubectl("get", "validatingwebhookconfiguration", configuration, check=False)
     assert found.returncode == 0, found.stderr
+    exits = kube.pod_exits(SYSTEM_NS, OPERATOR_PODS)
     result = operator.helm(
         "uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", check=False, timeout=180
     )
     assert result.returncode == 0, result.stderr
     operator_release.uninstalled()
+    # Its ServiceAccount and RBAC went with the release: the operator still ends cleanly.
+    codes = exits.wait_gone(90)
+    assert codes and set(codes.values()) == {0}, codes
 
     def leftovers() -> list[str]:
         kinds = "validatingwebhookconfiguration,mutatingwebhookconfiguration"

@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from devcluster.cluster import Cluster
 from devcluster.config import REPO_ROOT
+from tests.support.pod_exits import PodExits
 
 Obj = dict[str, Any]
 
@@ -112,6 +113,10 @@ class Kube:
     def _client(self) -> kubernetes.client.ApiClient:
         """The in-process API client of this cluster (one per kubeconfig)."""
         return _api_client(str(self.cluster.kubeconfig))
+
+    def pod_exits(self, namespace: str, selector: str) -> PodExits:
+        """Start watching how the pods of ``selector`` in ``namespace`` end."""
+        return PodExits(self._core(), namespace, selector).start()
 
     def _core(self) -> Any:
         """The core API (pods, namespaces, logs) through :meth:`_client`."""
