@@ -26,7 +26,6 @@ import datetime
 import re
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -103,8 +102,8 @@ def one_run(kube: Kube, name: str, work: Path, args: argparse.Namespace, replace
         )
         victim = next(w["pod"] for w in training["workers"] if 0 not in w["ranks"])
         round_before = max(r for _, r in round_lines(kube, selector))
-        killed_at = time.time()
-        kube.kubectl("exec", victim, "--", "python", "-c", KILL_ONE_SLOT)
+        _, killed = kube.kubectl("exec", victim, "--", "python", "-c", KILL_ONE_SLOT).split()
+        killed_at = float(killed)  # the kill itself, not kubectl exec's start before it
         if replace:
             kube.kubectl("delete", "pods", "-l", selector, "--grace-period=0", "--force",
                          "--wait=false")  # fmt: skip

@@ -130,19 +130,20 @@ def elastic_job(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 KILL_ONE_SLOT = (
-    "import os, signal\n"
+    "import os, signal, time\n"
     "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
     "    try:\n"
     "        environ = open(f'/proc/{pid}/environ', 'rb').read()\n"
     "    except OSError:\n"
     "        continue\n"
     "    if b'ELASTICJOB_LOCAL_RANK=1\\0' in environ and pid != str(os.getpid()):\n"
+    "        killed_at = time.time()\n"
     "        os.kill(int(pid), signal.SIGKILL)\n"
-    "        print(pid)\n"
+    "        print(pid, killed_at)\n"
     "        break\n"
 )
 """SIGKILLs the training process of a pod's second slot (``python -c`` in the pod); prints
-its PID."""
+its PID and the time of the kill (the nodes share the host's clock)."""
 
 
 def status(kube: Kube, name: str) -> dict[str, Any]:
