@@ -19,7 +19,6 @@ Usage: nice -n 5 python bench/operator_handover.py [--repeat 3]
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.real_node_operator import operator_on_real_nodes  # noqa: E402
+from bench.real_node_operator import medians, operator_on_real_nodes  # noqa: E402
 from devcluster.cluster import Cluster  # noqa: E402
 from tests.support.elastic_jobs import STARTUP_S, job_manifest, status  # noqa: E402
 from tests.support.kube import Kube  # noqa: E402
@@ -94,10 +93,8 @@ def main() -> None:
                 figure = one_kill(cluster, kube, replicas)
                 results.setdefault(what, []).append(figure)
                 print(f"{what} run {k}: SIGKILL to serving the job {figure:.2f} s", flush=True)
-        medians = {what: statistics.median(figures) for what, figures in results.items()}
-        for what, median in medians.items():
-            print(f"{what}: median {median:.2f} s")
-        ratio = medians["standby"] / medians["one replica"]
+        found = medians(results)
+        ratio = found["standby"] / found["one replica"]
         print(f"standby / one replica: {ratio:.3f} (goal: standby within 5 s)")
 
 

@@ -1,12 +1,14 @@
 """The operator on a private real-node devcluster, for the benchmarks that run jobs on real
-nodes (``restart_pods.py``, ``sharded_pods.py``, ``operator_handover.py``)."""
+nodes (``restart_pods.py``, ``sharded_pods.py``, ``operator_handover.py``), and how they
+report their runs: each run's figure, then each way's median."""
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+import statistics
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from devcluster.cluster import Cluster
@@ -36,3 +38,26 @@ def operator_on_real_nodes(prefix: str, net: int) -> Iterator[tuple[Cluster, Kub
     finally:
         cluster.down()
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def in_place_and_new_pods(
+    repeat: int, run: Callable[[str, bool], float], figure: str
+) -> dict[str, float]:
+    """Run ``repeat`` pairs of jobs, each pair in place (the operator's way) then with new
+    pods (every pod replaced): ``run(name, replace_pods)`` returns a run's seconds, ``figure``
+    says what they measure. Prints each run, then returns the medians (printed too)."""
+    results: dict[str, list[float]] = {"in place": [], "new pods": []}
+    for k in range(repeat):
+        for what, replace in (("in place", False), ("new pods", True)):
+            seconds = run(f"{'newpods' if replace else 'inplace'}-{k}", replace)
+            results[what].append(seconds)
+            print(f"{what} run {k}: {figure} {seconds:.2f} s", flush=True)
+    return medians(results)
+
+
+def medians(results: dict[str, list[float]]) -> dict[str, float]:
+    """Each way's median of ``results`` (seconds by way), printed."""
+    found = {what: statistics.median(figures) for what, figures in results.items()}
+    for what, median in found.items():
+        print(f"{what}: median {median:.2f} s")
+    return found

@@ -20,7 +20,6 @@ Usage: nice -n 5 python bench/restart_pods.py [--repeat 2]
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.real_node_operator import operator_on_real_nodes  # noqa: E402
+from bench.real_node_operator import in_place_and_new_pods, operator_on_real_nodes  # noqa: E402
 from tests.support.elastic_jobs import job_manifest  # noqa: E402
 from tests.support.job_runs import WORKERS, read_events  # noqa: E402
 from tests.support.kube import Kube  # noqa: E402
@@ -93,17 +92,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
     with operator_on_real_nodes("elasticjob-bench-restart-", BENCH_NET) as (_, kube, run_dir):
-        results: dict[str, list[float]] = {"in place": [], "new pods": []}
-        for k in range(args.repeat):
-            for what, replace in (("in place", False), ("new pods", True)):
-                name = f"{'inplace' if not replace else 'newpods'}-{k}"
-                figure = one_run(kube, name, run_dir / name, replace)
-                results[what].append(figure)
-                print(f"{what} run {k}: kill to every rank's first step {figure:.2f} s", flush=True)
-        medians = {what: statistics.median(figures) for what, figures in results.items()}
-        for what, median in medians.items():
-            print(f"{what}: median {median:.2f} s")
-        ratio = medians["in place"] / medians["new pods"]
+        found = in_place_and_new_pods(
+            args.repeat,
+            lambda name, replace: one_run(kube, name, run_dir / name, replace),
+            "kill to every rank's first step",
+        )
+        ratio = found["in place"] / found["new pods"]
         print(f"in place / new pods: {ratio:.3f} (goal <= 0.3)")
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import re
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.real_node_operator import operator_on_real_nodes  # noqa: E402
+from bench.real_node_operator import in_place_and_new_pods, operator_on_real_nodes  # noqa: E402
 from tests.support.elastic_jobs import KILL_ONE_SLOT, STARTUP_S, hsdp_job, status  # noqa: E402
 from tests.support.kube import Kube  # noqa: E402
 
@@ -127,17 +126,12 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     args = parser.parse_args()
     with operator_on_real_nodes("elasticjob-bench-sharded-", BENCH_NET) as (_, kube, run_dir):
-        results: dict[str, list[float]] = {"in place": [], "new pods": []}
-        for k in range(args.repeat):
-            for what, replace in (("in place", False), ("new pods", True)):
-                name = f"{'inplace' if not replace else 'newpods'}-{k}"
-                figure = one_run(kube, name, run_dir / name, args, replace)
-                results[what].append(figure)
-                print(f"{what} run {k}: kill to training resumed {figure:.2f} s", flush=True)
-        medians = {what: statistics.median(figures) for what, figures in results.items()}
-        for what, median in medians.items():
-            print(f"{what}: median {median:.2f} s")
-        ratio = medians["new pods"] / medians["in place"]
+        found = in_place_and_new_pods(
+            args.repeat,
+            lambda name, replace: one_run(kube, name, run_dir / name, args, replace),
+            "kill to training resumed",
+        )
+        ratio = found["new pods"] / found["in place"]
         print(f"new pods / in place: {ratio:.1f}x (goal >= 10x)")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import kubernetes
@@ -41,7 +42,7 @@ class PodExits:
             self._watch.stop()
         return dict(self.codes)
 
-    def _wait(self, done: Any, timeout_s: float, what: str) -> None:
+    def _wait(self, done: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
         with self._changed:
             while not done():
