@@ -51,6 +51,7 @@ from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.rendezvous_types import ProbeReport
 from elasticjob.rendezvous.server import RendezvousService
 from elasticjob.wire.messages import (
+    HeldShards,
     NoticeKind,
     ProgressRequest,
     RendezvousRequest,
@@ -107,6 +108,7 @@ class Listener:
         rolled_back: bool,
         script_exit: ScriptExit | None = None,
         suspended: bool = False,
+        held_shards: HeldShards | None = None,
     ) -> None:
         self.calls["ready"] += 1
 

@@ -29,7 +29,7 @@ from typing import TypeVar
 import torch
 from torch.distributed import Store
 
-from elasticjob.wire.messages import Notice, SlotInfo
+from elasticjob.wire.messages import HeldShards, Notice, SlotInfo
 from elasticjob.worker_contract import WorkerConfig, standalone_backend
 from elasticjob.worker_runtime.collectives import lingering
 from elasticjob.worker_runtime.diagnostics import timeline
@@ -145,6 +145,12 @@ class Runtime:
             lambda: self._rounds.next(rolled_back=rolled_back, suspended=suspended)
         )
         return self._rounds.sync_required
+
+    def tell_held_shards(self, source: Callable[[], HeldShards | None]) -> None:
+        """Have each later request for a round say what ``source()`` returns then: what this
+        worker holds of a one-dimensional sharded state's last commit (that state calls it),
+        by which the driver places the next round's ranks."""
+        self._rounds.held_shards = source
 
     def _leaving_if_removed(self, join: Callable[[], _T]) -> _T:
         """Run ``join``; when it finds this worker removed from the job, shut down and set

@@ -47,6 +47,7 @@ from elasticjob.driver.worker_record import WorkerRecord, ended_without_joining
 from elasticjob.driver.workers import WorkerProcesses
 from elasticjob.rendezvous.rendezvous_types import JobRendezvous, ProbeReport, RendezvousListener
 from elasticjob.wire.messages import (
+    HeldShards,
     NoticeKind,
     ProgressRequest,
     ResultRequest,
@@ -231,6 +232,7 @@ class DriverEvents(RendezvousListener, abc.ABC):
         rolled_back: bool,
         script_exit: ScriptExit | None = None,
         suspended: bool = False,
+        held_shards: HeldShards | None = None,
     ) -> None:
         record = self._workers.get(worker)
         verdict = classify_ready(
@@ -247,6 +249,7 @@ class DriverEvents(RendezvousListener, abc.ABC):
             return
         record.waiting_after = max(record.waiting_after or 0, after_round)
         record.saved_for_suspension = suspended
+        record.held_shards = held_shards
         if verdict in (ReadyVerdict.READY, ReadyVerdict.ROLLED_BACK, ReadyVerdict.SCRIPT_FAILED):
             self.registry.record(worker, WorkerState.READY)
         if verdict is ReadyVerdict.SCRIPT_FAILED and script_exit is not None:

@@ -14,9 +14,10 @@ from typing import Final
 
 from elasticjob.driver.driver_types import Departure, DriverSettings
 from elasticjob.driver.host_manager import Capacity
-from elasticjob.driver.slot_assignment import assign_slots, missing_survivor
+from elasticjob.driver.rank_placement import place_hosts
+from elasticjob.driver.slot_assignment import assign_slots, missing_survivor, round_hosts
 from elasticjob.driver.worker_record import WorkerRecord
-from elasticjob.wire.messages import SlotInfo, WorkerId
+from elasticjob.wire.messages import HeldShards, SlotInfo, WorkerId
 
 
 class CapacityAction(enum.Enum):
@@ -87,6 +88,7 @@ def plan_round(
     survivors: Collection[WorkerId] | None,
     waiting_since: float | None,
     now: float,
+    held: Mapping[WorkerId, HeldShards] | None = None,
 ) -> NextRound:
     """The next round from the usable hosts. ``survivors``: the previous round's members
     whose processes live on with its state (None: no round to continue, a first round);
@@ -121,6 +123,9 @@ def plan_round(
         since = now if waiting_since is None else waiting_since
         return AwaitCapacity(since, f"{shortage}; waiting up to {timeout}{failing}")
     slots = assign_slots(capacity.hosts, min_np=settings.min_np, max_np=settings.max_np)
+    if held:
+        placed = place_hosts(round_hosts(slots), held)
+        slots = assign_slots(placed, min_np=settings.min_np, max_np=len(slots))
     problem = missing_survivor(survivors, list(slots))
     if problem is None:
         return FormRound(slots)

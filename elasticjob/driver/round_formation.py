@@ -26,7 +26,7 @@ from elasticjob.driver.planning import (
 )
 from elasticjob.driver.workers import WorkerProcesses
 from elasticjob.rendezvous.rendezvous_types import JobRendezvous
-from elasticjob.wire.messages import NoticeKind, SlotInfo, WorkerId
+from elasticjob.wire.messages import HeldShards, NoticeKind, SlotInfo, WorkerId
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +71,9 @@ class RoundFormation:
         """The round being formed starts from the newest checkpoint (no survivor)."""
         self._announced = False
         """The running round's newcomers were announced (HOSTS_ADDED)."""
-        self._scale_out_plan: tuple[Capacity, NextRound] | None = None
-        """The capacity a running round's scale-out was last planned for, and the plan."""
+        self._scale_out_plan: tuple[Capacity, dict[WorkerId, HeldShards], NextRound] | None = None
+        """The capacity and the members' shards a running round's scale-out was last planned
+        for, and the plan."""
 
     def round_ended(self) -> None:
         """The round in force ended: the wait for capacity starts afresh."""
@@ -96,6 +97,7 @@ class RoundFormation:
             survivors=survivors,
             waiting_since=self._waiting_since,
             now=self._clock(),
+            held=self._workers.held_shards(survivors or ()),
         )
         if isinstance(plan, EndJob):
             return plan
@@ -127,15 +129,22 @@ class RoundFormation:
     ) -> None:
         """While a round runs: launch workers for new hosts, announce them once registered."""
         capacity = self._hosts.capacity()
-        if self._scale_out_plan is None or self._scale_out_plan[0] != capacity:
-            # Without survivors or a wait, the plan depends on the capacity alone (only an
-            # AwaitCapacity, on which nothing scales out, holds the time): planned once per
-            # change of the hosts, not at every step of a running job.
+        held = self._workers.held_shards(members)
+        if self._scale_out_plan is None or self._scale_out_plan[:2] != (capacity, held):
+            # Without survivors or a wait, the plan depends on the capacity and on what the
+            # members hold alone (only an AwaitCapacity, on which nothing scales out, holds
+            # the time): planned once per change of those, not at every step of a running
+            # job.
             plan = plan_round(
-                capacity, self._settings, survivors=None, waiting_since=None, now=self._clock()
+                capacity,
+                self._settings,
+                survivors=None,
+                waiting_since=None,
+                now=self._clock(),
+                held=held,
             )
-            self._scale_out_plan = capacity, plan
-        plan = self._scale_out_plan[1]
+            self._scale_out_plan = capacity, held, plan
+        plan = self._scale_out_plan[2]
         decision = decide_scale_out(
             plan,
             members,

@@ -85,6 +85,14 @@ def _assign_slots(
     return MappingProxyType(assignment)
 
 
+def round_hosts(slots: Mapping[WorkerId, SlotInfo]) -> tuple[tuple[str, int], ...]:
+    """The hosts of a round's ``slots`` (in rank order) with the slots each got, in order."""
+    hosts: dict[str, int] = {}
+    for worker in slots:
+        hosts[worker.hostname] = hosts.get(worker.hostname, 0) + 1
+    return tuple(hosts.items())
+
+
 def missing_survivor(
     survivors: Collection[WorkerId] | None, slots: Sequence[WorkerId]
 ) -> str | None:

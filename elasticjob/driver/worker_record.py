@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from elasticjob.driver.driver_types import Departure
 from elasticjob.driver.partition import ReceivedReport
-from elasticjob.wire.messages import StepPace, WorkerId
+from elasticjob.wire.messages import HeldShards, StepPace, WorkerId
 
 _EXIT_CAUSES = {126: " (command not executable)", 127: " (command not found)"}
 """What a shell's exit status says about the command it could not run."""
@@ -55,6 +55,9 @@ class WorkerRecord:
 
     saved_for_suspension: bool = False
     """Its latest request for a round said it saved its state for a suspension."""
+    held_shards: HeldShards | None = None
+    """What its latest request for a round said it holds of a one-dimensional sharded
+    state (None: nothing)."""
     pace: StepPace | None = None
     """How busy its recent steps kept it, from its latest heartbeat (None: not reported)."""
     heard_from: bool = False

@@ -14,7 +14,7 @@ from elasticjob.driver.partition import ReceivedReport, partitioned_members
 from elasticjob.driver.timeouts import overdue_dismissals, overdue_endings, slow_starters
 from elasticjob.driver.worker_record import WorkerRecord
 from elasticjob.rendezvous.rendezvous_types import JobRendezvous, ProbeReport
-from elasticjob.wire.messages import SlotInfo, StepPace, WorkerId
+from elasticjob.wire.messages import HeldShards, SlotInfo, StepPace, WorkerId
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +143,12 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
                 grace_s,
             )
             await self.stop(worker)
+
+    def held_shards(self, workers: Iterable[WorkerId]) -> dict[WorkerId, HeldShards]:
+        """What ``workers`` said they hold of a one-dimensional sharded state in their latest
+        requests for a round (those that said nothing are left out)."""
+        records = ((w, self._records.get(w)) for w in workers)
+        return {w: r.held_shards for w, r in records if r is not None and r.held_shards}
 
     def survivors(self, members: Iterable[WorkerId]) -> set[WorkerId]:
         """The members whose processes live on with the round's state: running, neither

@@ -17,12 +17,7 @@ from elasticjob.rendezvous.admitted_workers import AdmittedWorkers
 from elasticjob.rendezvous.health_checks import HealthChecks, HealthListener
 from elasticjob.rendezvous.health_rule import HealthPolicy
 from elasticjob.rendezvous.job_credentials import JobKey, check_job_name
-from elasticjob.rendezvous.limits import (
-    DEFAULT_MAX_WORKERS,
-    InFlight,
-    JobLimits,
-    TokenBucket,
-)
+from elasticjob.rendezvous.limits import DEFAULT_MAX_WORKERS, InFlight, JobLimits, TokenBucket
 from elasticjob.rendezvous.notice_log import NoticeLog
 from elasticjob.rendezvous.probes import peer_endpoints, probe_report, probe_targets
 from elasticjob.rendezvous.published_rounds import Endpoint, PublishedRound, check_slots
@@ -300,6 +295,7 @@ class InMemoryJobRendezvous(JobRendezvous):
                 rolled_back=request.rolled_back,
                 script_exit=request.script_exit,
                 suspended=request.suspended,
+                held_shards=request.held_shards,
             ),
         )
 

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from elasticjob.wire.messages import (
     HeartbeatRequest,
+    HeldShards,
     Notice,
     NoticeKind,
     NoticesResponse,
@@ -102,12 +103,14 @@ class RendezvousListener(Protocol):
         rolled_back: bool,
         script_exit: ScriptExit | None = None,
         suspended: bool = False,
+        held_shards: HeldShards | None = None,
     ) -> None:
         """``worker`` waits for a round newer than ``after_round`` (called once per
         (worker, after_round): a long-poll that is retried does not call it again);
         ``rolled_back``: it rolled its state back after a collective failed on it;
         ``script_exit``: a restart-mode worker's script failed on its own, and how;
-        ``suspended``: it saved its state for a suspension."""
+        ``suspended``: it saved its state for a suspension; ``held_shards``: what it holds
+        of a one-dimensional sharded state's last commit."""
 
     def on_worker_result(self, request: ResultRequest) -> None:
         """The worker reported how its process ended."""

@@ -16,6 +16,7 @@ from typing import Annotated, NamedTuple
 from pydantic import Field, StrictBool, StringConstraints, model_validator
 
 from elasticjob.wire.protocol import (
+    MAX_HELD_COPIES,
     MAX_PROBE_TARGETS,
     MAX_REPORTED_CHECKPOINTS,
     MAX_REPORTED_COMMITS,
@@ -134,6 +135,33 @@ class ScriptExit(StrictModel):
             return f"killed by signal {-self.exit_code}"
 
 
+class HeldShards(StrictModel):
+    """What a worker holds of the last commit of a one-dimensional sharded state (FSDP over
+    every rank): of ``shards`` shards, its own, ``own`` (its rank in the round that made the
+    commit), and copies of ``copies``. The driver places the next round's newcomers among
+    the survivors so that the fewest rows move (``elasticjob.driver.rank_placement``)."""
+
+    shards: Annotated[int, Field(strict=True, ge=1, le=1 << 20)]
+    own: Annotated[int, Field(strict=True, ge=0)]
+    copies: Annotated[
+        tuple[Annotated[int, Field(strict=True, ge=0)], ...], Field(max_length=MAX_HELD_COPIES)
+    ] = ()
+
+    @model_validator(mode="after")
+    def _shards_exist(self) -> HeldShards:
+        held = [self.own, *self.copies]
+        if max(held) >= self.shards:
+            raise ValueError(f"shards {held} are not all among {self.shards} shards")
+        if len(set(held)) != len(held):
+            raise ValueError(f"shards {held} are named twice (own first, then copies)")
+        return self
+
+    @property
+    def held(self) -> tuple[int, ...]:
+        """Every shard it holds: its own and its copies."""
+        return (self.own, *self.copies)
+
+
 class RendezvousRequest(StrictModel):
     """A worker is READY for a round newer than ``after_round`` (0: it has never had one)."""
 
@@ -160,6 +188,9 @@ class RendezvousRequest(StrictModel):
     checkpoint where the job has a checkpoint folder, or its restart-mode script was stopped.
     A member that stops without it stopped for another notice, or failed to
     write: the driver lets the next round form and tells it again."""
+    held_shards: HeldShards | None = None
+    """What the worker holds of a one-dimensional sharded state's last commit (None: it
+    holds none, or its state is not sharded over every rank)."""
 
 
 class PeerEndpoint(StrictModel):

@@ -11,15 +11,18 @@ API_PREFIX = "/v1"
 PROTOCOL_HEADER: Final = "X-Elasticjob-Protocol"
 """Header carrying the rendezvous protocol version: workers send theirs on every request and
 the service answers with its own."""
-PROTOCOL_VERSION: Final = 2
+PROTOCOL_VERSION: Final = 3
 """The rendezvous protocol this release speaks. Protocol 2 is protocol 1 (the first) with a
 credential per worker: every request that changes state speaks for the host its bearer
 credential names (``elasticjob.rendezvous.job_credentials``), and only rank 0's host reports
-progress. Its routes under :data:`API_PREFIX`, with their messages
+progress. Protocol 3 adds what a worker holds of a one-dimensional sharded state to its
+request for a round (:class:`HeldShards`), which the driver places the round's ranks by.
+Its routes under :data:`API_PREFIX`, with their messages
 (:mod:`elasticjob.wire.messages` and :mod:`elasticjob.wire.health`):
 
 - ``POST rendezvous``: a worker is ready for a round (:class:`RendezvousRequest`, with its
-  store and probe listener ports, a rollback, a restart-mode script's exit, a suspension) and
+  store and probe listener ports, a rollback, a restart-mode script's exit, a suspension, the
+  shards it holds) and
   gets one (:class:`RendezvousResponse`, with the peers it probes);
 - ``GET notices``: the job's notices (hosts added or removed, a round failed, ``SUSPEND``);
 - ``POST heartbeat``: a worker is alive (:class:`HeartbeatRequest`, with its probe report
@@ -43,6 +46,9 @@ local rank across hosts (see ``elasticjob.rendezvous.probes``)."""
 
 MAX_REPORTED_COMMITS: Final = 64
 """Most commit durations one progress report carries (the newest ones)."""
+
+MAX_HELD_COPIES: Final = 64
+"""Most copies of other ranks' shards one worker says it holds (``HeldShards.copies``)."""
 
 MAX_REPORTED_CHECKPOINTS: Final = 16
 """Most checkpoint reports one progress report carries (the newest ones)."""

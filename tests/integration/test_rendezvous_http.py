@@ -27,6 +27,7 @@ from elasticjob.wire.messages import (
     CheckpointReport,
     ErrorResponse,
     HeartbeatRequest,
+    HeldShards,
     Notice,
     NoticeKind,
     NoticesResponse,
@@ -455,6 +456,7 @@ def test_openapi_document_lists_every_route_and_wire_model() -> None:
     schemas = document["components"]["schemas"]
     models: list[type[BaseModel]] = [
         RendezvousRequest,
+        HeldShards,
         RendezvousResponse,
         SlotInfo,
         Notice,

@@ -122,6 +122,31 @@ def test_a_scale_out_gives_the_newcomer_its_rows_and_a_scale_in_rolls_nothing_ba
     finished_alike(run, 3)
 
 
+MLP_BYTES = 3 * (8 * 30 + 30 + 30 * 3 + 3) * 4
+"""The worker's sharded state: its MLP's parameters and AdamW's two moments, float32."""
+
+
+def test_a_newcomer_is_placed_between_the_survivors_so_that_the_fewest_rows_move(
+    tmp_path: Path,
+) -> None:
+    """Two ranks, no copies, then a third host. Placed last, the newcomer would take the last
+    third from rank 1, and rank 1 a sixth from rank 0 (half of every tensor moved); the
+    survivors told the driver which shards they hold, and the newcomer goes between them:
+    each survivor keeps its new shard, the newcomer takes a sixth from each (a third)."""
+    two = "127.0.1.1:1,127.0.1.2:1"
+    run = run_sharded(
+        tmp_path,
+        ["-np", "2", "--min-np", "2", "--max-np", "3"],
+        *("--redundancy", "0", "--epochs", "2", "--expect-sizes", "2,3"),
+        schedule={0: two, 1: f"{two},127.0.1.3:1"},
+    )
+    assert run.returncode == 0, run.explain()
+    assert "round 2: 3 workers on 127.0.1.1,127.0.1.3,127.0.1.2" in run.stderr, run.explain()
+    (resumed,) = resumed_from_last_commit(run)
+    assert (resumed["size"], resumed["sent_bytes"]) == (3, MLP_BYTES // 3), resumed
+    finished_alike(run, 3)
+
+
 def test_shards_nobody_holds_fail_the_job_and_say_how_to_keep_more(tmp_path: Path) -> None:
     run = run_sharded(
         tmp_path,

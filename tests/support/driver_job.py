@@ -17,6 +17,7 @@ from elasticjob.driver.host_manager import HostManager
 from elasticjob.rendezvous.jobs import InMemoryJobRendezvous
 from elasticjob.rendezvous.rendezvous_types import RendezvousListener
 from elasticjob.wire.messages import (
+    HeldShards,
     NoticeKind,
     RendezvousRequest,
     RendezvousResponse,
@@ -127,10 +128,11 @@ class Job:
         rolled_back: bool = False,
         suspended: bool = False,
         script_exit: ScriptExit | None = None,
+        held_shards: HeldShards | None = None,
     ) -> RendezvousResponse:
         """The worker asks for a round newer than ``after_round`` (answered at once);
         ``suspended``: it saved its state for a suspension; ``script_exit``: its script failed
-        on its own (restart mode)."""
+        on its own (restart mode); ``held_shards``: what it holds of a sharded state."""
         request = RendezvousRequest(
             hostname=worker.hostname,
             local_rank=worker.local_rank,
@@ -141,6 +143,7 @@ class Job:
             rolled_back=rolled_back,
             suspended=suspended,
             script_exit=script_exit,
+            held_shards=held_shards,
         )
         return await bounded(self.job.rendezvous(request))
 

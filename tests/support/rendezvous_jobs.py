@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from elasticjob.rendezvous.rendezvous_types import ProbeReport
 from elasticjob.wire.messages import (
+    HeldShards,
     ProgressRequest,
     RendezvousRequest,
     ResultRequest,
@@ -48,6 +49,7 @@ class RecordingListener:
         rolled_back: bool,
         script_exit: ScriptExit | None = None,
         suspended: bool = False,
+        held_shards: HeldShards | None = None,
     ) -> None:
         self.ready.append((worker, after_round))
         if rolled_back:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from torch.distributed import Store, TCPStore
 
 from elasticjob.wire.messages import (
+    HeldShards,
     PeerEndpoint,
     RendezvousRequest,
     RendezvousResponse,
@@ -110,11 +111,13 @@ class Joiner:
         rolled_back: bool = False,
         script_exit: ScriptExit | None = None,
         suspended: bool = False,
+        held_shards: HeldShards | None = None,
         stopped: Callable[[], bool] = lambda: False,
     ) -> Assignment | None:
         """The round after ``after_round`` (None once ``stopped()``), for a worker serving its
         store on ``store_port``, that left ``after_round`` as the request says
-        (``RendezvousRequest``: ``rolled_back``, ``script_exit``, ``suspended``). Raises
+        (``RendezvousRequest``: ``rolled_back``, ``script_exit``, ``suspended``), holding
+        ``held_shards`` of a one-dimensional sharded state. Raises
         :class:`WorkerRemoved` when the worker is no longer part of the job or the job
         ended, and RuntimeError when ``deadline`` (``time.monotonic()``) passes first."""
         config = self._config
@@ -128,6 +131,7 @@ class Joiner:
             rolled_back=rolled_back,
             script_exit=script_exit,
             suspended=suspended,
+            held_shards=held_shards,
         )
         response = self._client.await_round(request, deadline=deadline, stopped=stopped)
         if response is None:

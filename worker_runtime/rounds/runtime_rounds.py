@@ -21,11 +21,12 @@ from __future__ import annotations
 import datetime
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from torch.distributed import HashStore, Store
 
-from elasticjob.wire.messages import SlotInfo
+from elasticjob.wire.messages import HeldShards, SlotInfo
 from elasticjob.worker_contract import WorkerConfig
 from elasticjob.worker_runtime.diagnostics import timeline
 from elasticjob.worker_runtime.diagnostics.log import CONTEXT, get_logger
@@ -53,6 +54,9 @@ class Rounds(Protocol):
     store: Store | None
     """The store the current round's group was formed on (None: a world of one)."""
     sync_required: bool
+    held_shards: Callable[[], HeldShards | None]
+    """What this worker holds of a one-dimensional sharded state, asked for at each request
+    for a round (set by that state; nothing by default)."""
 
     @property
     def visible(self) -> tuple[int, SlotInfo]:
@@ -94,6 +98,10 @@ def _first_slot(hostname: str, local_rank: int) -> SlotInfo:
     )
 
 
+def _nothing_held() -> HeldShards | None:
+    return None
+
+
 def _form_world_of_one(group: RoundGroup, prefix: str) -> None:
     group.configure(HashStore(), prefix, 0, 1, _WORLD_OF_ONE_TIMEOUT)
 
@@ -106,6 +114,7 @@ class StandaloneRounds(Rounds):
 
     def __init__(self, group: RoundGroup) -> None:
         self._group = group
+        self.held_shards = _nothing_held
         self.round = 0
         self.slot = _first_slot("localhost", 0)
 
@@ -152,6 +161,7 @@ class RendezvousRounds(Rounds):
         self._server = serve_store(config.bind_address, self._timeout)
         self._probe_listener = ProbeListener()
         self._joiner = Joiner(config, client, self._probe_listener.port)
+        self.held_shards = _nothing_held
         self._lock = threading.Lock()
         self._max_failed_round = 0
         self.round = 0
@@ -242,6 +252,7 @@ class RendezvousRounds(Rounds):
                 deadline=deadline,
                 rolled_back=rolled_back,
                 suspended=suspended,
+                held_shards=self.held_shards(),
             )
             assert assignment is not None  # never stopped
             after_round = assignment.round

@@ -34,7 +34,7 @@ from elasticjob.driver.planning import (
 from elasticjob.driver.registry import RoundRecords
 from elasticjob.driver.slot_assignment import assign_slots
 from elasticjob.driver.worker_record import WorkerRecord
-from elasticjob.wire.messages import ScriptExit, SlotInfo, WorkerId, WorkerState
+from elasticjob.wire.messages import HeldShards, ScriptExit, SlotInfo, WorkerId, WorkerState
 
 R, S, F = WorkerState.READY, WorkerState.SUCCESS, WorkerState.FAILURE
 A0, A1, B0, C0 = WorkerId("a", 0), WorkerId("a", 1), WorkerId("b", 0), WorkerId("c", 0)
@@ -640,6 +640,42 @@ def test_plan_round(
     else:
         assert isinstance(plan, AwaitCapacity) and isinstance(expected, AwaitCapacity)
         assert plan.since == expected.since and expected.message in plan.message, plan
+
+
+ONE_SLOT = DriverSettings(min_np=2, max_np=3, elastic_timeout_s=60.0)
+HALVES = {A0: HeldShards(shards=2, own=0), B0: HeldShards(shards=2, own=1)}
+
+
+@pytest.mark.parametrize(
+    ("hosts", "held", "order"),
+    [
+        pytest.param(
+            (("a", 1), ("b", 1), ("c", 1)), HALVES, ["a", "c", "b"], id="newcomer-between"
+        ),
+        pytest.param((("a", 1), ("b", 1), ("c", 1)), {}, ["a", "b", "c"], id="nothing-held"),
+        pytest.param(
+            (("a", 1), ("b", 1), ("c", 1), ("d", 1)),
+            HALVES,
+            ["a", "c", "b"],
+            id="the-hosts-max-np-leaves-out-stay-out",
+        ),
+        pytest.param(
+            (("a", 1), ("c", 2), ("b", 1)),
+            HALVES,
+            ["a", "c", "c"],
+            id="a-survivor-max-np-leaves-out-stays-out",
+        ),
+    ],
+)
+def test_plan_round_places_a_sharded_states_newcomers_between_the_survivors(
+    hosts: tuple[tuple[str, int], ...], held: dict[WorkerId, HeldShards], order: list[str]
+) -> None:
+    plan = plan_round(
+        Capacity(hosts), ONE_SLOT, survivors=(A0, B0), waiting_since=None, now=0.0, held=held
+    )
+    assert isinstance(plan, FormRound) and not plan.from_checkpoint, plan
+    assert [worker.hostname for worker in plan.slots] == order
+    assert [slot.rank for slot in plan.slots.values()] == list(range(len(order)))
 
 
 # ---- decide_formation ------------------------------------------------------------------

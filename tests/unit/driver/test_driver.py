@@ -15,6 +15,7 @@ from elasticjob.driver.job_record import EventKind
 from elasticjob.driver.worker_record import NOT_JOINED_HINT
 from elasticjob.wire.messages import (
     HeartbeatRequest,
+    HeldShards,
     NoticeKind,
     ProgressRequest,
     RendezvousRequest,
@@ -224,6 +225,25 @@ async def test_scale_out_announces_newcomers_once_registered() -> None:
     assert job.driver.round == 2 and len(job.driver.slots) == 3
     assert (await job.ask(A0, 1)).sync is True
     assert job.driver.rendezvous.planned_round().slots == (), "published: nothing planned"
+
+
+async def test_a_sharded_states_newcomer_is_placed_where_the_fewest_rows_move() -> None:
+    """The members say, asking for the round after the scale-out, which shards of a
+    one-dimensional sharded state they hold: the newcomer goes between them (each then
+    keeps two thirds of its new shard), not last (the second would keep one third)."""
+    job = Job({"a": 1, "b": 1}, settings())
+    await job.start_round_1(A0, B0)
+    job.discovery.hosts["c"] = 1
+    await job.discover()
+    await job.step()
+    await job.ask(C0)
+    await job.step()
+    assert (await job.notices()) == [(NoticeKind.HOSTS_ADDED, ("c",))]
+    await job.ask(A0, 1, held_shards=HeldShards(shards=2, own=0))
+    await job.ask(B0, 1, held_shards=HeldShards(shards=2, own=1))
+    await job.step()
+    assert job.driver.round == 2 and list(job.driver.slots) == [A0, C0, B0]
+    assert [job.driver.rank_of(w) for w in (A0, C0, B0)] == [0, 1, 2]
 
 
 async def test_blacklisted_host_rejoins_after_its_cooldown() -> None:

@@ -12,6 +12,7 @@ from elasticjob.rendezvous.notice_log import MAX_NOTICES
 from elasticjob.rendezvous.rendezvous_types import RendezvousError
 from elasticjob.wire.messages import (
     HeartbeatRequest,
+    HeldShards,
     NoticeKind,
     ProgressRequest,
     RendezvousStatus,
@@ -40,6 +41,7 @@ class FailingListener(RecordingListener):
         rolled_back: bool,
         script_exit: ScriptExit | None = None,
         suspended: bool = False,
+        held_shards: HeldShards | None = None,
     ) -> None:
         super().on_worker_ready(worker, after_round, rolled_back=rolled_back)
         raise RuntimeError("listener bug")

@@ -134,3 +134,29 @@ def test_a_response_carries_at_most_three_peers() -> None:
     parse_json(RendezvousResponse, json.dumps({"status": "ASSIGNED", "peers": [peer] * 3}))
     with pytest.raises(ValidationError, match="at most 3"):
         parse_json(RendezvousResponse, json.dumps({"status": "ASSIGNED", "peers": [peer] * 4}))
+
+
+@pytest.mark.parametrize(
+    ("held", "problem"),
+    [
+        ({"shards": 4, "own": 4}, "not all among 4 shards"),
+        ({"shards": 4, "own": 1, "copies": [0, 5]}, "not all among 4 shards"),
+        ({"shards": 4, "own": 1, "copies": [1]}, "named twice"),
+        ({"shards": 4, "own": 1, "copies": [2, 2]}, "named twice"),
+        ({"shards": 0, "own": 0}, "greater than or equal to 1"),
+        ({"shards": 4, "own": -1}, "greater than or equal to 0"),
+        ({"shards": 4, "own": "1"}, "valid integer"),
+        ({"shards": 99, "own": 0, "copies": list(range(1, 66))}, "at most 64"),
+        ({"shards": 4, "own": 0, "rows": 3}, "Extra inputs"),
+    ],
+)
+def test_malformed_held_shards_are_refused(held: dict[str, object], problem: str) -> None:
+    with pytest.raises(ValidationError, match=problem):
+        parse_json(RendezvousRequest, json.dumps(RENDEZVOUS | {"held_shards": held}))
+
+
+def test_a_request_says_what_it_holds_of_a_sharded_state() -> None:
+    assert parse_json(RendezvousRequest, json.dumps(RENDEZVOUS)).held_shards is None
+    body = RENDEZVOUS | {"held_shards": {"shards": 4, "own": 2, "copies": [1]}}
+    held = parse_json(RendezvousRequest, json.dumps(body)).held_shards
+    assert held is not None and held.held == (2, 1)

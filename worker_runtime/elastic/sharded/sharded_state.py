@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
+from elasticjob.wire.messages import HeldShards
 from elasticjob.worker_contract import checkpoint_from_env
 from elasticjob.worker_runtime.basics import current
 from elasticjob.worker_runtime.diagnostics.log import get_logger
@@ -216,6 +217,16 @@ class ShardedState(HandledAttributes, State):
         runtime.step = commit.step
         self._load_attributes(copy.deepcopy(commit.extras))
 
+    def _held_shards(self) -> HeldShards | None:
+        """What this rank holds of its newest commit, for the driver to place the next
+        round's ranks by (None: nothing, or HSDP, whose new replicas take a replica's shards
+        wherever they go)."""
+        commit = self._pipeline.pending or self._pipeline.confirmed
+        if commit is None or self.hsdp:
+            return None
+        snapshot = commit.snapshot
+        return HeldShards(shards=snapshot.shards, own=snapshot.shard, copies=tuple(commit.copies))
+
     # ---- a new round -------------------------------------------------------------------
 
     def sync(self) -> None:
@@ -226,6 +237,7 @@ class ShardedState(HandledAttributes, State):
         started = time.monotonic()
         if not self._releases:
             runtime.group.on_destroy(self._release)
+            runtime.tell_held_shards(self._held_shards)
             self._releases = True
         agreed = agree_on_commit(runtime, self._pipeline.holdings(), self.shard_size, self.hsdp)
         chosen, layout = agreed.chosen, agreed.layout
