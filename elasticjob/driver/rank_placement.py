@@ -65,19 +65,18 @@ def place_hosts(hosts: Sequence[tuple[str, int]], held: Mapping[WorkerId, HeldSh
     counts = {h.shards for h in held.values()}
     if len(counts) != 1:
         return order
-    survivors = [_Host(name, slots, _held_on(name, held)) for name, slots in order]
-    fresh = [host for host in survivors if not host.held]
-    kept = sorted((host for host in survivors if host.held), key=_first_shard)
+    by_host: dict[str, dict[int, HeldShards]] = {}
+    for worker, shards in held.items():
+        by_host.setdefault(worker.hostname, {})[worker.local_rank] = shards
+    every = [_Host(name, slots, by_host.get(name, {})) for name, slots in order]
+    fresh = [host for host in every if not host.held]
+    kept = sorted((host for host in every if host.held), key=_first_shard)
     if not kept or 0 not in kept[0].held:
         return order
     if not fresh:
         return tuple((host.name, host.slots) for host in kept)
     world = sum(slots for _, slots in order)
     return tuple((host.name, host.slots) for host in _interleave(kept, fresh, world))
-
-
-def _held_on(name: str, held: Mapping[WorkerId, HeldShards]) -> dict[int, HeldShards]:
-    return {worker.local_rank: h for worker, h in held.items() if worker.hostname == name}
 
 
 def _first_shard(host: _Host) -> int:
