@@ -285,6 +285,13 @@ class DriverEvents(RendezvousListener, abc.ABC):
                 record.message = request.script_exit.log_tail or record.message
             self.registry.record_script_exit(worker, request.script_exit)
 
+    def on_worker_exit_seen(self, worker: WorkerId, exit_code: int) -> None:
+        record = self._workers.get(worker)
+        if record is not None and record.running and record.exit_seen is None:
+            logger.warning("worker %s ended with %d (its pod saw it)", worker, exit_code)
+            record.exit_seen = exit_code
+            self._wake.set()
+
     def on_progress(self, progress: ProgressRequest) -> None:
         self.journal.progress(progress, self.round, len(self.slots))
 

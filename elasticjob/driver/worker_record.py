@@ -55,6 +55,9 @@ class WorkerRecord:
 
     saved_for_suspension: bool = False
     """Its latest request for a round said it saved its state for a suspension."""
+    exit_seen: int | None = None
+    """The exit code its pod's slot supervisor saw its process end with (None: none seen):
+    the driver kills it through its launcher, which reports its end as usual."""
     held_shards: HeldShards | None = None
     """What its latest request for a round said it holds of a one-dimensional sharded
     state (None: nothing)."""

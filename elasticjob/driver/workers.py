@@ -195,14 +195,22 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
         round_number: int,
         counts_from: float | None,
     ) -> None:
-        """Kill the processes that stopped beating (their silence counted no earlier than
-        ``counts_from``; None: not at all, see ``liveness.Reachability``), and the members of
-        the round in force that their peers cannot reach. Both need heartbeats, so both are
-        off without a heartbeat timeout (``timeout_s`` None); probe reports older than it no
-        longer count."""
+        """Kill the processes their pods saw end, those that stopped beating (their silence
+        counted no earlier than ``counts_from``; None: not at all, see
+        ``liveness.Reachability``), and the members of the round in force that their peers
+        cannot reach. The last two need heartbeats, so both are off without a heartbeat
+        timeout (``timeout_s`` None); probe reports older than it no longer count."""
+        await self.kill_seen_ended()
         await self.kill_hung(timeout_s, counts_from)
         if timeout_s is not None:
             await self.kill_partitioned(slots, round_number, timeout_s)
+
+    async def kill_seen_ended(self) -> None:
+        """Kill the processes their pods saw end (a slot supervisor's report): the launcher
+        then ends the pod and reports its end at once, not when the pod's status says so."""
+        for worker, record in sorted(self._records.items()):
+            if record.exit_seen is not None and record.running and not record.stop_requested:
+                await self.kill(worker, f"its pod saw it end with {record.exit_seen}")
 
     async def kill_hung(self, timeout_s: float | None, counts_from: float | None) -> None:
         """Kill the processes that sent no heartbeat for ``timeout_s`` (see

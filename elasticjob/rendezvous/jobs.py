@@ -30,6 +30,7 @@ from elasticjob.rendezvous.rendezvous_types import (
 )
 from elasticjob.rendezvous.wakeup import LongPolls, Wakeup
 from elasticjob.wire.messages import (
+    ExitReport,
     HeartbeatRequest,
     Notice,
     NoticeKind,
@@ -123,9 +124,8 @@ class InMemoryJobRendezvous(JobRendezvous):
             self.health_checks.close()
 
     def check_health(self, policy: HealthPolicy, listener: HealthListener) -> HealthChecks:
-        """Have the job's new pods checked before they join (``health_checks.py``): their
-        requests are served, bounded by the job's long-polls, and ``listener`` hears every
-        verdict."""
+        """Have the job's new pods checked before they join (``health_checks.py``), their
+        requests bounded by the job's long-polls; ``listener`` hears every verdict."""
         self.health_checks = HealthChecks(self.job, policy, listener, self._polls, self._clock)
         return self.health_checks
 
@@ -279,11 +279,9 @@ class InMemoryJobRendezvous(JobRendezvous):
 
     def _check_round(self, round_number: int) -> None:
         if round_number > self.current_round:
-            raise RequestRefused(
-                Refusal.FUTURE_ROUND,
-                f"round {round_number} is newer than round {self.current_round}, the newest "
-                f"job {self.job} has published",
-            )
+            newest = f"round {self.current_round}, the newest job {self.job} has published"
+            refusal = f"round {round_number} is newer than {newest}"
+            raise RequestRefused(Refusal.FUTURE_ROUND, refusal)
 
     def _announce(self, worker: WorkerId, request: RendezvousRequest) -> None:
         """Tell the listener that ``worker`` asks for the round after ``after_round``."""
@@ -348,6 +346,13 @@ class InMemoryJobRendezvous(JobRendezvous):
         logger.info("job %s: %s reported %s", self.job, worker, request.state)
         self._tell_listener("on_worker_result", lambda: self._listener.on_worker_result(request))
 
+    def report_exit(self, report: ExitReport) -> None:
+        """See :meth:`JobRendezvous.report_exit`."""
+        worker = WorkerId(report.hostname, report.local_rank)
+        self._check_worker(worker)
+        notify = self._listener.on_worker_exit_seen
+        self._tell_listener("on_worker_exit_seen", lambda: notify(worker, report.exit_code))
+
     def reported_result(self, worker: WorkerId) -> WorkerState | None:
         """See :meth:`JobRendezvous.reported_result`."""
         return self._workers.entry(worker).result
@@ -384,9 +389,8 @@ class InMemoryJobRendezvous(JobRendezvous):
 
     def refuse_incompatible(self, message: str) -> None:
         """A worker of the job was refused for its protocol version: the driver hears why."""
-        self._tell_listener(
-            "on_incompatible_worker", lambda: self._listener.on_incompatible_worker(message)
-        )
+        incompatible = self._listener.on_incompatible_worker
+        self._tell_listener("on_incompatible_worker", lambda: incompatible(message))
 
     def _tell_listener(self, what: str, call: Callable[[], None]) -> None:
         """Run one listener call; a failing listener is logged, never fails the request."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from elasticjob.wire.messages import (
+    ExitReport,
     HeartbeatRequest,
     HeldShards,
     Notice,
@@ -114,6 +115,9 @@ class RendezvousListener(Protocol):
 
     def on_worker_result(self, request: ResultRequest) -> None:
         """The worker reported how its process ended."""
+
+    def on_worker_exit_seen(self, worker: WorkerId, exit_code: int) -> None:
+        """``worker``'s pod (its slot supervisor) saw its process end with ``exit_code``."""
 
     def on_progress(self, progress: ProgressRequest) -> None:
         """Rank 0 reported training progress."""
@@ -222,6 +226,11 @@ class JobRendezvous(abc.ABC):
     def report_result(self, request: ResultRequest) -> None:
         """Record a worker's result and tell the listener. Raises :class:`RequestRefused` for
         a worker the driver did not launch or a second result of the same process."""
+
+    @abc.abstractmethod
+    def report_exit(self, report: ExitReport) -> None:
+        """Tell the listener that a worker's pod saw its process end. Raises
+        :class:`RequestRefused` for a worker the driver did not launch."""
 
     @abc.abstractmethod
     def reported_result(self, worker: WorkerId) -> WorkerState | None:

@@ -56,6 +56,7 @@ from elasticjob.rendezvous.request_bodies import (
 from elasticjob.rendezvous.stats import RequestStats
 from elasticjob.wire.health import CohortRequest, HealthReport
 from elasticjob.wire.messages import (
+    ExitReport,
     HeartbeatRequest,
     ProgressRequest,
     RendezvousRequest,
@@ -219,6 +220,11 @@ class _Api:
         job.report_result(_spoken_for(speaker, await self.body(request, job, ResultRequest)))
         return web.Response(status=204)
 
+    async def exits(self, request: web.Request) -> web.Response:
+        job, speaker = self.authorize(request)
+        job.report_exit(_spoken_for(speaker, await self.body(request, job, ExitReport)))
+        return web.Response(status=204)
+
     async def progress(self, request: web.Request) -> web.Response:
         job, speaker = self.authorize(request)
         body = await self.body(request, job, ProgressRequest)
@@ -338,6 +344,7 @@ def create_app(
     app.router.add_route("POST", f"{job_path}/rendezvous", api.rendezvous)
     app.router.add_route("POST", f"{job_path}/progress", api.progress)
     app.router.add_route("POST", f"{job_path}/results", api.results)
+    app.router.add_route("POST", f"{job_path}/exits", api.exits)
     app.router.add_route("GET", f"{job_path}/round", api.round)
     app.router.add_route("GET", f"{job_path}/plan", api.plan)
     app.router.add_route("POST", f"{job_path}/health/cohort", api.health_cohort)

@@ -245,6 +245,16 @@ class ResultRequest(StrictModel):
         return self
 
 
+class ExitReport(StrictModel):
+    """A pod's slot supervisor saw the process of one of its slots end, with ``exit_code``
+    (negative: the signal that killed it): the driver need not wait for the pod's status,
+    or for the process's peers to miss it, to fail its round."""
+
+    hostname: HostName
+    local_rank: LocalRank
+    exit_code: Annotated[int, Field(strict=True, ge=-255, le=255)]
+
+
 class ProbedPeer(StrictModel):
     """A peer a worker could not reach (see :class:`HeartbeatRequest`)."""
 

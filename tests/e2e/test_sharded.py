@@ -15,6 +15,7 @@ loopback hosts in ``tests/integration/test_sharded_example.py``."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -128,6 +129,10 @@ def test_a_pod_of_an_hsdp_job_loses_a_process_and_the_job_scales_out(
             timeout=180,
         )
         assert containers(kube)[survivor] == (before[survivor][0], 0)  # the same processes
+        # Its pod's slot supervisor told the operator at once (not the pod's status).
+        events = json.loads(kube.kubectl("get", "events", "-o", "json"))["items"]
+        failed = [e["message"] for e in events if e["reason"] == "WorkerFailed"]
+        assert any("its pod saw it end with -9" in message for message in failed), failed
         kube.kubectl("scale", f"elasticjob/{JOB}", "--replicas=3")
         scaled = wait_status(
             kube, JOB, "3 pods of 2 slots", lambda s: s.get("worldSize") == 6, timeout=240

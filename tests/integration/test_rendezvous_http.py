@@ -26,6 +26,7 @@ from elasticjob.wire.health import (
 from elasticjob.wire.messages import (
     CheckpointReport,
     ErrorResponse,
+    ExitReport,
     HeartbeatRequest,
     HeldShards,
     Notice,
@@ -75,6 +76,7 @@ ROUTES: list[tuple[str, str, object]] = [
     ("POST", "progress", {"round": 0, "epoch": 0, "step": 1}),
     ("GET", "round", None),
     ("POST", "heartbeat", {"hostname": "host-a", "local_rank": 0}),
+    ("POST", "exits", {"hostname": "host-a", "local_rank": 0, "exit_code": -9}),
 ]
 
 
@@ -176,6 +178,22 @@ async def test_results_and_progress(cluster: Cluster) -> None:
     assert cluster.listener_a.progress[0].step == 1
     status, info = await cluster.call("GET", "/v1/jobs/job-a/round")
     assert status == 200 and info["progress"]["step"] == 1
+
+
+async def test_a_pods_report_of_its_slots_exit_reaches_the_listener_for_its_own_slots_only(
+    cluster: Cluster,
+) -> None:
+    await cluster.rendezvous(W0)
+    await cluster.rendezvous(W1)
+    body = {"hostname": "host-a", "local_rank": 0, "exit_code": -9}
+    exits = "/v1/jobs/job-a/exits"
+    assert await cluster.call("POST", exits, token=TOKEN_A, json=body) == (204, None)
+    before = snapshot(cluster.job_a, cluster.listener_a)
+    other = {"hostname": "host-b", "local_rank": 0, "exit_code": -9}
+    status, answer = await cluster.call("POST", exits, token=TOKEN_A, json=other)
+    assert status == 403 and "host-b" in answer["error"]
+    assert snapshot(cluster.job_a, cluster.listener_a) == before
+    assert cluster.listener_a.exits == [(W0, -9)]
 
 
 async def test_heartbeats_reach_the_listener(cluster: Cluster) -> None:
@@ -313,6 +331,9 @@ async def test_invalid_rendezvous_body_is_422_naming_the_field(
         ("heartbeat", b'{"hostname": "bad host!", "local_rank": 0}', 422),
         ("heartbeat", b'{"hostname": "host-a", "local_rank": 0, "step": 3}', 422),
         ("heartbeat", b"{not json", 400),
+        ("exits", b'{"hostname": "host-a", "local_rank": 0, "exit_code": 300}', 422),
+        ("exits", b'{"hostname": "host-a", "local_rank": 0, "exit_code": "9"}', 422),
+        ("exits", b'{"hostname": "host-a", "local_rank": 0}', 422),
     ],
 )
 async def test_malformed_body_is_4xx_and_changes_nothing(
@@ -457,6 +478,7 @@ def test_openapi_document_lists_every_route_and_wire_model() -> None:
     models: list[type[BaseModel]] = [
         RendezvousRequest,
         HeldShards,
+        ExitReport,
         RendezvousResponse,
         SlotInfo,
         Notice,

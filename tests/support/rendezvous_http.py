@@ -130,6 +130,7 @@ def snapshot(job: InMemoryJobRendezvous, listener: RecordingListener) -> object:
         job.finished,
         list(listener.ready),
         list(listener.results),
+        list(listener.exits),
         list(listener.progress),
         list(listener.heartbeats),
         list(listener.incompatible),

@@ -29,6 +29,7 @@ class RecordingListener:
         self.ready: list[tuple[WorkerId, int]] = []
         self.rolled_back: list[tuple[WorkerId, int]] = []
         self.results: list[ResultRequest] = []
+        self.exits: list[tuple[WorkerId, int]] = []
         self.progress: list[ProgressRequest] = []
         self.heartbeats: list[WorkerId] = []
         self.reports: list[tuple[WorkerId, ProbeReport | None]] = []
@@ -55,6 +56,9 @@ class RecordingListener:
         if rolled_back:
             self.rolled_back.append((worker, after_round))
         self.ready_event.set()
+
+    def on_worker_exit_seen(self, worker: WorkerId, exit_code: int) -> None:
+        self.exits.append((worker, exit_code))
 
     def on_worker_result(self, request: ResultRequest) -> None:
         self.results.append(request)

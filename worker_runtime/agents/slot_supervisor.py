@@ -3,7 +3,9 @@ process per slot of a pod (``ELASTICJOB_LOCAL_RANK``, ``HOROVOD_LOCAL_RANK`` and
 ``LOCAL_RANK`` 0..N-1), as the operator does for ``slotsPerWorker > 1``.
 
 Signals are forwarded to every slot. The first slot that fails takes the others down and its
-exit status becomes the pod's; the pod succeeds when every slot does.
+exit status becomes the pod's; the pod succeeds when every slot does. A failed slot is
+reported to the job's rendezvous service at once (``POST exits``), so that the driver fails
+its round without waiting for the pod's status, or for the slot's peers to miss it.
 """
 
 from __future__ import annotations
@@ -12,21 +14,33 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from elasticjob.worker_contract import ENV_HOSTNAME, ENV_LOCAL_RANK, SLOTS_MODULE, launch_env
+from elasticjob.wire.messages import ExitReport
+from elasticjob.worker_contract import (
+    ENV_HOSTNAME,
+    ENV_LOCAL_RANK,
+    SLOTS_MODULE,
+    WorkerConfig,
+    launch_env,
+)
+from elasticjob.worker_runtime.link.rendezvous_client import (
+    RendezvousClient,
+    RendezvousClientError,
+)
+
+REPORT_FOR_S = 2.0
+"""How long a failed slot's report is retried: the pod's status tells the driver later."""
 
 
 def run_slots(slots: int, command: Sequence[str]) -> int:
     """Run ``command`` once per slot and return the pod's exit status."""
     hostname = os.environ.get(ENV_HOSTNAME, "localhost")
-    alive = {
-        subprocess.Popen(
-            command,
-            env={**os.environ, ENV_LOCAL_RANK: str(slot), **launch_env(hostname, slot)},
-        ).pid
+    envs = [
+        {**os.environ, ENV_LOCAL_RANK: str(slot), **launch_env(hostname, slot)}
         for slot in range(slots)
-    }
+    ]
+    alive = {subprocess.Popen(command, env=env).pid: slot for slot, env in enumerate(envs)}
 
     def forward(signum: int, _frame: object) -> None:
         for pid in alive:
@@ -36,13 +50,28 @@ def run_slots(slots: int, command: Sequence[str]) -> int:
         signal.signal(signum, forward)
     while alive:
         pid, status = os.wait()
-        alive.discard(pid)
+        slot = alive.pop(pid)
         code = os.waitstatus_to_exitcode(status)
         if code != 0:
             for other in alive:
                 os.kill(other, signal.SIGKILL)
+            report_exit(envs[slot], code)
             return 128 - code if code < 0 else code
     return 0
+
+
+def report_exit(env: Mapping[str, str], code: int) -> None:
+    """Tell the job's rendezvous service that the slot run with ``env`` ended with ``code``
+    (nothing without a service: a pod run by hand); a report that does not arrive is said on
+    standard error only."""
+    try:
+        config = WorkerConfig.from_env(env)
+        if config is None:
+            return
+        report = ExitReport(hostname=config.hostname, local_rank=config.local_rank, exit_code=code)
+        RendezvousClient.for_worker(config).report_exit(report, retry_for_s=REPORT_FOR_S)
+    except (RendezvousClientError, OSError, RuntimeError, ValueError) as failed:
+        print(f"{SLOTS_MODULE}: could not report the slot's exit: {failed}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

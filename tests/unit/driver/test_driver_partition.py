@@ -1,6 +1,7 @@
-"""The driver, step by step, with a member its peers cannot reach: probe reports come with
-heartbeats through the real in-memory rendezvous, the driver kills the member, the
-survivors are told and re-form without its host (see ``test_driver.py`` for the fakes)."""
+"""The driver, step by step, with a member its peers cannot reach, or whose pod saw it end:
+probe reports come with heartbeats, and a pod's reports of its slots' ends, through the real
+in-memory rendezvous; the driver kills the member, the survivors are told and re-form without
+its host (see ``test_driver.py`` for the fakes)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ import pytest
 
 from elasticjob.driver.liveness import REACH_GRACE_S
 from elasticjob.driver.slot_assignment import assign_slots
-from elasticjob.wire.messages import HeartbeatRequest, NoticeKind, ProbedPeer, WorkerId
+from elasticjob.rendezvous.rendezvous_types import RequestRefused
+from elasticjob.wire.messages import (
+    ExitReport,
+    HeartbeatRequest,
+    NoticeKind,
+    ProbedPeer,
+    WorkerId,
+)
 from tests.support.driver_job import A0, B0, C0, Job, settings
 
 HEARTBEAT_TIMEOUT_S = 5.0
@@ -169,3 +177,36 @@ async def test_a_fresh_process_on_a_dead_members_slot_is_not_the_one_its_peers_r
     await job.ask(A0, 1)
     await job.step()
     assert job.driver.round == 2 and list(job.driver.slots) == [A0, B0]
+
+
+async def test_a_member_its_pod_saw_end_is_killed_at_once_and_the_round_re_forms(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A pod's slot supervisor reports that the process of one of its slots ended: the driver
+    does not wait for its heartbeat to stop or its peers to miss it (no heartbeat timeout
+    here at all), it kills the worker through its launcher, whose report of the end fails the
+    round."""
+    job = Job({"a": 1, "b": 1, "c": 1}, settings())
+    await job.start_round_1(A0, B0, C0)
+    with caplog.at_level(logging.WARNING):
+        job.job.report_exit(ExitReport(hostname="b", local_rank=0, exit_code=-9))
+        job.job.report_exit(ExitReport(hostname="b", local_rank=0, exit_code=-9))
+        await job.step()
+        await job.step()
+    assert job.launcher.stopped == [B0], "killed once (the fake launcher's kill is its stop)"
+    assert caplog.text.count("worker b[0] ended with -9 (its pod saw it)") == 1
+    job.launcher.end(B0, 1)
+    assert (await job.notices()) == [(NoticeKind.ROUND_FAILED, ("b",))]
+    await job.ask(A0, 1)
+    await job.ask(C0, 1)
+    await job.step()
+    assert job.driver.round == 2 and list(job.driver.slots) == [A0, C0]
+
+
+async def test_a_pods_report_for_a_worker_it_does_not_hold_is_refused() -> None:
+    job = Job({"a": 1}, settings())
+    await job.start_round_1(A0)
+    with pytest.raises(RequestRefused):
+        job.job.report_exit(ExitReport(hostname="z", local_rank=0, exit_code=1))
+    await job.step()
+    assert job.launcher.stopped == [] and job.driver.round == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -27,6 +28,8 @@ from elasticjob.worker_contract import (
     ENV_TOKEN,
     ENV_TORCH_LOCAL_RANK,
 )
+from tests.support.rendezvous_http import TOKEN_A, started_cluster
+from tests.support.rendezvous_jobs import W2
 
 SLOTS = [sys.executable, "-m", "elasticjob.worker_runtime.agents.slot_supervisor"]
 
@@ -168,3 +171,26 @@ def test_nccl_slots_each_get_their_own_gpu(tmp_path: Path) -> None:
     # One slot more than the pod's GPUs: that slot fails at init and takes the pod down.
     done = run_pod(tmp_path, slots + 1, pod_env("nccl"))
     assert done.returncode != 0 and f"slot {slots} has no GPU of its own" in done.stderr
+
+
+async def test_a_failed_slot_is_reported_to_the_jobs_rendezvous_at_once() -> None:
+    """The pod's credential speaks for its slots: the service hears which slot ended and how,
+    while the supervisor takes the pod down."""
+    async with started_cluster() as cluster:
+        cluster.job_a.readmit([W2])  # host-a's slot 1, as its driver does before launching it
+        env = pod_env("gloo") | {
+            ENV_RENDEZVOUS_URL: cluster.service.url,
+            ENV_JOB: "job-a",
+            ENV_TOKEN: TOKEN_A,
+            ENV_HOSTNAME: W2.hostname,
+        }
+        script = (
+            "import os, time\n"
+            f"if os.environ['{ENV_LOCAL_RANK}'] == '1': os.kill(os.getpid(), 9)\n"
+            "time.sleep(600)\n"
+        )
+        pod = await asyncio.create_subprocess_exec(
+            *SLOTS, "2", "--", sys.executable, "-c", script, env=env
+        )
+        assert await asyncio.wait_for(pod.wait(), 120) == 128 + 9
+        assert cluster.listener_a.exits == [(W2, -9)]
