@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from elasticjob.wire.messages import ExitReport
 from elasticjob.worker_contract import (
@@ -40,6 +40,7 @@ def run_slots(slots: int, command: Sequence[str]) -> int:
         {**os.environ, ENV_LOCAL_RANK: str(slot), **launch_env(hostname, slot)}
         for slot in range(slots)
     ]
+    report = exit_reporter(envs[0])
     alive = {subprocess.Popen(command, env=env).pid: slot for slot, env in enumerate(envs)}
 
     def forward(signum: int, _frame: object) -> None:
@@ -55,23 +56,33 @@ def run_slots(slots: int, command: Sequence[str]) -> int:
         if code != 0:
             for other in alive:
                 os.kill(other, signal.SIGKILL)
-            report_exit(envs[slot], code)
+            report(slot, code)
             return 128 - code if code < 0 else code
     return 0
 
 
-def report_exit(env: Mapping[str, str], code: int) -> None:
-    """Tell the job's rendezvous service that the slot run with ``env`` ended with ``code``
-    (nothing without a service: a pod run by hand); a report that does not arrive is said on
-    standard error only."""
+def exit_reporter(env: Mapping[str, str]) -> Callable[[int, int], None]:
+    """What tells the job's rendezvous service that a slot of the pod run with ``env`` ended
+    with a code (made before the slots start, so that a report waits for nothing but its
+    request; nothing without a service: a pod run by hand). A report that does not arrive is
+    said on standard error only."""
     try:
         config = WorkerConfig.from_env(env)
-        if config is None:
-            return
-        report = ExitReport(hostname=config.hostname, local_rank=config.local_rank, exit_code=code)
-        RendezvousClient.for_worker(config).report_exit(report, retry_for_s=REPORT_FOR_S)
-    except (RendezvousClientError, OSError, RuntimeError, ValueError) as failed:
-        print(f"{SLOTS_MODULE}: could not report the slot's exit: {failed}", file=sys.stderr)
+    except (RuntimeError, ValueError) as unusable:
+        print(f"{SLOTS_MODULE}: slot exits go unreported: {unusable}", file=sys.stderr)
+        config = None
+    if config is None:
+        return lambda _slot, _code: None
+    client = RendezvousClient.for_worker(config)
+
+    def report(slot: int, code: int) -> None:
+        exit_report = ExitReport(hostname=config.hostname, local_rank=slot, exit_code=code)
+        try:
+            client.report_exit(exit_report, retry_for_s=REPORT_FOR_S)
+        except (RendezvousClientError, OSError) as failed:
+            print(f"{SLOTS_MODULE}: could not report slot {slot}'s exit: {failed}", file=sys.stderr)
+
+    return report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
