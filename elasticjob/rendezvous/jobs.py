@@ -286,8 +286,7 @@ class InMemoryJobRendezvous(JobRendezvous):
     def _announce(self, worker: WorkerId, request: RendezvousRequest) -> None:
         """Tell the listener that ``worker`` asks for the round after ``after_round``."""
         self._tell_listener(
-            "on_worker_ready",
-            lambda: self._listener.on_worker_ready(
+            lambda listener: listener.on_worker_ready(
                 worker,
                 request.after_round,
                 rolled_back=request.rolled_back,
@@ -344,14 +343,13 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._check_worker(worker)
         self._workers.report_result(worker, request.state)
         logger.info("job %s: %s reported %s", self.job, worker, request.state)
-        self._tell_listener("on_worker_result", lambda: self._listener.on_worker_result(request))
+        self._tell_listener(lambda listener: listener.on_worker_result(request))
 
     def report_exit(self, report: ExitReport) -> None:
         """See :meth:`JobRendezvous.report_exit`."""
         worker = WorkerId(report.hostname, report.local_rank)
         self._check_worker(worker)
-        notify = self._listener.on_worker_exit_seen
-        self._tell_listener("on_worker_exit_seen", lambda: notify(worker, report.exit_code))
+        self._tell_listener(lambda listener: listener.on_worker_exit_seen(worker, report.exit_code))
 
     def reported_result(self, worker: WorkerId) -> WorkerState | None:
         """See :meth:`JobRendezvous.reported_result`."""
@@ -361,7 +359,7 @@ class InMemoryJobRendezvous(JobRendezvous):
         """See :meth:`JobRendezvous.report_progress`."""
         self._check_round(request.round)
         self._progress = request
-        self._tell_listener("on_progress", lambda: self._listener.on_progress(request))
+        self._tell_listener(lambda listener: listener.on_progress(request))
 
     def report_heartbeat(self, request: HeartbeatRequest) -> None:
         """See :meth:`JobRendezvous.report_heartbeat`."""
@@ -369,8 +367,7 @@ class InMemoryJobRendezvous(JobRendezvous):
         self._check_worker(worker)
         report = probe_report(self._round, worker, request)
         self._tell_listener(
-            "on_worker_heartbeat",
-            lambda: self._listener.on_worker_heartbeat(worker, report, request.pace),
+            lambda listener: listener.on_worker_heartbeat(worker, report, request.pace)
         )
 
     def round_info(self) -> RoundInfo:
@@ -389,12 +386,12 @@ class InMemoryJobRendezvous(JobRendezvous):
 
     def refuse_incompatible(self, message: str) -> None:
         """A worker of the job was refused for its protocol version: the driver hears why."""
-        incompatible = self._listener.on_incompatible_worker
-        self._tell_listener("on_incompatible_worker", lambda: incompatible(message))
+        self._tell_listener(lambda listener: listener.on_incompatible_worker(message))
 
-    def _tell_listener(self, what: str, call: Callable[[], None]) -> None:
-        """Run one listener call; a failing listener is logged, never fails the request."""
+    def _tell_listener(self, call: Callable[[RendezvousListener], None]) -> None:
+        """Make one call of the listener; a failing listener (its traceback says which call)
+        is logged, and never fails the request."""
         try:
-            call()
+            call(self._listener)
         except Exception:
-            logger.exception("job %s: listener %s failed", self.job, what)
+            logger.exception("job %s: a call of its listener failed", self.job)
