@@ -98,19 +98,20 @@ class HealthGate:
     def observe(self, views: Mapping[str, PodView], now: float) -> dict[str, PodView]:
         """Take a pass's view of the pods: a pod that passed and was labelled is checked
         (whatever the label in ``views`` says yet); tell the service which pods await their
-        check; return the views. Pods that are gone are forgotten."""
+        check, and which will once they run; return the views. Pods that are gone are forgotten."""
         admitted = self._passed - self._to_label
         views = {
             name: dataclasses.replace(view, unchecked=False) if name in admitted else view
             for name, view in views.items()
         }
         awaiting = [n for n, v in views.items() if v.unchecked and v.state is PodState.RUNNING]
+        coming = [n for n, v in views.items() if v.unchecked and v.state is PodState.PENDING]
         for name in awaiting:
             self._running_since.setdefault(name, now)
         self._forget(set(views))
         self._running_since = {n: t for n, t in self._running_since.items() if n in awaiting}
         if self.checks is not None:
-            self.checks.expect(awaiting)
+            self.checks.expect(awaiting, coming)
         return views
 
     def overdue(self, views: Mapping[str, PodView], now: float, timeout_s: float) -> list[str]:

@@ -89,6 +89,9 @@ class HealthChecks:
         self._changed = Wakeup()
         self._expected: set[str] = set()
         """The pods that await their check (as the front end last said)."""
+        self._coming: set[str] = set()
+        """The pods whose check is to come: created, not running yet (as the front end last
+        said): a cohort being gathered waits for them too."""
         self._gathering: dict[str, tuple[str, int]] = {}
         """The pods gathered into the next cohort, with their store endpoints (in order)."""
         self._opened_at = 0.0
@@ -111,11 +114,14 @@ class HealthChecks:
 
     # ---- the front end -----------------------------------------------------------------
 
-    def expect(self, hosts: Iterable[str]) -> None:
-        """The pods that await their check now: a cohort closes once all of them asked, and
-        a member of a cohort that is no longer awaited (its pod failed or is gone) counts as
-        not reporting."""
+    def expect(self, hosts: Iterable[str], coming: Iterable[str] = ()) -> None:
+        """The pods that await their check now, and those whose check is to come (their
+        pods not running yet): a cohort closes once all of them asked, or after gathering
+        for the policy's ``gather_s``, so that pods started together are checked together
+        (and compared) though one runs a little later; a member of a cohort that is no longer
+        awaited (its pod failed or is gone) counts as not reporting."""
         self._expected = set(hosts)
+        self._coming = set(coming) - self._expected
         for host in [h for h in self._gathering if h not in self._expected]:
             del self._gathering[host]
         for kept in (self._attempts, self._retries):
@@ -149,7 +155,8 @@ class HealthChecks:
             return
         now = self._clock()
         if self._gathering:
-            still = self._expected - self._gathering.keys() - self._verdicts.keys()
+            waiting = self._expected | self._coming
+            still = waiting - self._gathering.keys() - self._verdicts.keys()
             still -= {h for h in still if h in self._cohort_of}
             if decide_gather(len(still), self._opened_at, now, self.policy.gather_s) is None:
                 self._close(now)

@@ -267,3 +267,30 @@ async def test_an_outlier_of_a_cohort_passes_but_later_pods_meet_the_others_figu
     verdict = await checks.report(measured("y", 2, compute=40.0))
     assert verdict.status is VerdictStatus.PASSED, verdict.reason
     assert verdict.reason.startswith("compute 0.80x, copy 1.00x of its 2 peers' median")
+
+
+async def test_a_cohort_waits_for_a_pod_that_is_not_running_yet(
+    checks: HealthChecks, clock: FakeClock
+) -> None:
+    """Two pods started together, the second slower to run: the first one's cohort waits for
+    it (up to the gathering time), so that the two are checked together and compared."""
+    checks.expect(["a"], coming=["b"])
+    assert (await checks.join(asking("a"))).cohort == 0, "still gathering: b is coming"
+    clock.now += 2.0
+    checks.expect(["a", "b"])
+    together = await checks.join(asking("b"))
+    assert (together.cohort, together.size) == (1, 2)
+    checks.expect(["c"], coming=[])
+    alone = await checks.join(asking("c"))
+    assert (alone.cohort, alone.size) == (2, 1), "nothing else coming: it closes at once"
+
+
+async def test_a_pod_that_never_runs_holds_a_cohort_for_the_gathering_time_only(
+    checks: HealthChecks, clock: FakeClock
+) -> None:
+    checks.expect(["a"], coming=["b"])
+    assert (await checks.join(asking("a"))).cohort == 0
+    clock.now += 5.0
+    checks.tick()
+    answer = await checks.join(asking("a"))
+    assert (answer.cohort, answer.size) == (1, 1)
