@@ -237,8 +237,8 @@ class ShardedState(HandledAttributes, State):
         started = time.monotonic()
         if not self._releases:
             runtime.group.on_destroy(self._release)
-            runtime.tell_held_shards(self._held_shards)
             self._releases = True
+        runtime.tell_held_shards(self._held_shards)
         agreed = agree_on_commit(runtime, self._pipeline.holdings(), self.shard_size, self.hsdp)
         chosen, layout = agreed.chosen, agreed.layout
         number = chosen[0] if chosen is not None else 0
