@@ -119,7 +119,11 @@ class Listener:
         self.calls["progress"] += 1
 
     def on_worker_heartbeat(
-        self, worker: WorkerId, report: ProbeReport | None, pace: StepPace | None
+        self,
+        worker: WorkerId,
+        report: ProbeReport | None,
+        pace: StepPace | None,
+        held_shards: HeldShards | None = None,
     ) -> None:
         self.calls["heartbeat"] += 1
 

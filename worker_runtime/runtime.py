@@ -112,7 +112,13 @@ class Runtime:
         self.group = RoundGroup(backend, self.device)
         self._pace = StepPaceMeter(self.group.blocked_total)
         client = RendezvousClient.for_worker(config)
-        self._liveness = liveness_for(config, client, self.group.blocked_for, self._pace.pace)
+        self._liveness = liveness_for(
+            config,
+            client,
+            self.group.blocked_for,
+            self._pace.pace,
+            self._held_shards,
+        )
         rounds = RendezvousRounds(config, client, self.group, self._liveness, self._host_updates)
         self._rounds = rounds
         self._notices = NoticeWatcher(client, _notice_handler(rounds, self._host_updates))
@@ -147,10 +153,20 @@ class Runtime:
         return self._rounds.sync_required
 
     def tell_held_shards(self, source: Callable[[], HeldShards | None]) -> None:
-        """Have each later request for a round say what ``source()`` returns then: what this
-        worker holds of a one-dimensional sharded state's last commit (that state calls it),
-        by which the driver places the next round's ranks."""
+        """Have each later request for a round, and each heartbeat, say what ``source()``
+        returns then: what this worker holds of a sharded state's last confirmed commit (that state
+        calls it), by which the driver places the next round's ranks and plans what follows
+        a lost slot (``elasticjob.driver.rank_placement`` and ``slot_loss``)."""
         self._rounds.held_shards = source
+
+    def _held_shards(self) -> HeldShards | None:
+        """What the source told to :meth:`tell_held_shards` returns now (a heartbeat's)."""
+        return self._rounds.held_shards()
+
+    def held_shards_changed(self) -> None:
+        """What the source told to :meth:`tell_held_shards` returns changed: the driver hears
+        it with a heartbeat sent at once."""
+        self._liveness.beat_now()
 
     def _leaving_if_removed(self, join: Callable[[], _T]) -> _T:
         """Run ``join``; when it finds this worker removed from the job, shut down and set

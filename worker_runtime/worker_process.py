@@ -25,7 +25,7 @@ from typing import NoReturn, Protocol
 
 import torch
 
-from elasticjob.wire.messages import PeerEndpoint, StepPace
+from elasticjob.wire.messages import HeldShards, PeerEndpoint, StepPace
 from elasticjob.worker_contract import ENV_CUDA_VISIBLE_DEVICES, WorkerConfig
 from elasticjob.worker_runtime.diagnostics.log import get_logger
 from elasticjob.worker_runtime.link.heartbeat import Heartbeat
@@ -130,6 +130,9 @@ class Liveness(Protocol):
     def collective_failed(self, round_number: int) -> None:
         """A collective of ``round_number`` failed here: probe its peers and beat now."""
 
+    def beat_now(self) -> None:
+        """Send the next beat at once (what it carries changed). Thread-safe."""
+
     def stop(self) -> None:
         """Send no more beats (the driver has this process's result). Thread-safe."""
 
@@ -151,6 +154,9 @@ class Heartbeating(Liveness):
         self._prober.collective_failed(round_number)
         self._heartbeat.beat_now()
 
+    def beat_now(self) -> None:
+        self._heartbeat.beat_now()
+
     def stop(self) -> None:
         self._heartbeat.stop()
 
@@ -167,6 +173,9 @@ class NoHeartbeat(Liveness):
     def collective_failed(self, round_number: int) -> None:
         pass
 
+    def beat_now(self) -> None:
+        pass
+
     def stop(self) -> None:
         pass
 
@@ -176,12 +185,13 @@ def liveness_for(
     client: RendezvousClient,
     blocked_for: Callable[[], float | None],
     pace: Callable[[], StepPace | None] = lambda: None,
+    held: Callable[[], HeldShards | None] = lambda: None,
 ) -> Liveness:
     """The liveness of a worker started by a launcher: beats at the driver's heartbeat
     interval, or without one only to notice being orphaned (at a quarter of the orphan
     timeout); peers probed once the round's group has been ``blocked_for`` the probe delay,
     only for a driver that asked for beats (the one that kills silent workers); each beat
-    carries the worker's step ``pace``."""
+    carries the worker's step ``pace`` and the sharded state's shards it ``held`` then."""
     if config.heartbeat_interval_s <= 0 and config.orphan_timeout_s <= 0:
         return NoHeartbeat()
     interval = config.heartbeat_interval_s or config.orphan_timeout_s / 4
@@ -196,5 +206,6 @@ def liveness_for(
         on_orphaned=exit_orphaned,
         probe=prober.probe,
         pace=pace,
+        held=held,
     )
     return Heartbeating(heartbeat, prober)

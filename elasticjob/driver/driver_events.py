@@ -47,6 +47,7 @@ from elasticjob.driver.worker_record import WorkerRecord, ended_without_joining
 from elasticjob.driver.workers import WorkerProcesses
 from elasticjob.rendezvous.rendezvous_types import JobRendezvous, ProbeReport, RendezvousListener
 from elasticjob.wire.messages import (
+    ExitAnswer,
     HeldShards,
     NoticeKind,
     ProgressRequest,
@@ -285,12 +286,22 @@ class DriverEvents(RendezvousListener, abc.ABC):
                 record.message = request.script_exit.log_tail or record.message
             self.registry.record_script_exit(worker, request.script_exit)
 
-    def on_worker_exit_seen(self, worker: WorkerId, exit_code: int) -> None:
+    def on_worker_exit_seen(self, worker: WorkerId, exit_code: int) -> ExitAnswer:
         record = self._workers.get(worker)
-        if record is not None and record.running and record.exit_seen is None:
-            logger.warning("worker %s ended with %d (its pod saw it)", worker, exit_code)
-            record.exit_seen = exit_code
-            self._wake.set()
+        if record is None or not record.running or record.exit_seen is not None:
+            return ExitAnswer(restart=False)
+        logger.warning("worker %s ended with %d (its pod saw it)", worker, exit_code)
+        loss = self._workers.slot_loss(worker, self.slots)
+        failed = exit_code != 0 and record.departure is None and self.phase is DriverPhase.RUNNING
+        restarted = failed and loss.restarts  # a failed member (see classify_exit)
+        if restarted and self.on_worker_exit(worker, exit_code, ExitCause.SLOT_ENDED).restart:
+            told = f"slot {worker.local_rank} ended with {exit_code}, restarts in place"
+            self.note(EventKind.WORKER_FAILED, f"{worker.hostname}: {told} ({loss.reason})",
+                      host=worker.hostname, warning=True)  # fmt: skip
+            return ExitAnswer(restart=True, reason=loss.reason)
+        record.exit_seen = exit_code
+        self._wake.set()
+        return ExitAnswer(restart=False)
 
     def on_progress(self, progress: ProgressRequest) -> None:
         self.journal.progress(progress, self.round, len(self.slots))
@@ -299,9 +310,13 @@ class DriverEvents(RendezvousListener, abc.ABC):
         self._finish(False, f"a worker runs an image of another elasticjob release: {message}")
 
     def on_worker_heartbeat(
-        self, worker: WorkerId, report: ProbeReport | None, pace: StepPace | None
+        self,
+        worker: WorkerId,
+        report: ProbeReport | None,
+        pace: StepPace | None,
+        held_shards: HeldShards | None = None,
     ) -> None:
-        if self._workers.beat(worker, report, pace):
+        if self._workers.beat(worker, report, pace, held_shards):
             self._wake.set()  # a member reports a peer it cannot reach: judge at once
 
     def on_worker_exit(
@@ -331,7 +346,15 @@ class DriverEvents(RendezvousListener, abc.ABC):
                 at_barrier=at_barrier,
             )
             self._record_exit(worker, record, verdict, exit_code)
-        effects = decide_exit(verdict, cause, exit_code, recovering=self._recovering)
+        effects = decide_exit(
+            verdict,
+            cause,
+            exit_code,
+            recovering=self._recovering,
+            restart_slot=cause is ExitCause.SLOT_ENDED
+            and verdict is ExitVerdict.FAILED
+            and self._workers.restart_in_place(worker, self.slots),
+        )
         if effects.blacklist:
             self._blacklist({worker.hostname})
         if effects.fail_round:

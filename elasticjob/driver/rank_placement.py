@@ -59,11 +59,12 @@ def place_hosts(hosts: Sequence[tuple[str, int]], held: Mapping[WorkerId, HeldSh
     """The round's ``hosts`` (``(host, slots)``, oldest first, each with the slots it gets)
     in the rank order that keeps the most rows where they are, given what the survivors hold
     of the previous round's commit (``held``). The hosts as they are where there is nothing
-    to place: no survivor holds shards, they disagree on the shard count, or no survivor's
-    host has its first slot left to be rank 0."""
+    to place: no survivor holds shards, they disagree on the shard count, the state is HSDP
+    (a new replica takes a replica's shards wherever it goes), or no survivor's host has its
+    first slot left to be rank 0."""
     order = tuple((name, slots) for name, slots in hosts)
     counts = {h.shards for h in held.values()}
-    if len(counts) != 1:
+    if len(counts) != 1 or any(h.hsdp for h in held.values()):
         return order
     by_host: dict[str, dict[int, HeldShards]] = {}
     for worker, shards in held.items():

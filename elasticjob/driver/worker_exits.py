@@ -22,6 +22,11 @@ class ExitCause(enum.Enum):
     EXITED = "exited"
     """It ended on its own: its process exited (under the operator: its container terminated,
     its pod's phase is Failed, or its node is not ready)."""
+    SLOT_ENDED = "slot-ended"
+    """It ended on its own, and what runs its host's processes saw it and lives on: a pod's
+    slot supervisor reported it, or ``elasticjob-run``'s launcher saw it exit. Its host's
+    other processes may live on, and its slot may start again in place
+    (``slot_loss.py``)."""
     KILLED = "killed"
     """The driver had it killed: it sent no heartbeat, or its peers could not reach it."""
     VANISHED = "vanished"
@@ -103,6 +108,9 @@ class ExitEffects:
     replace: bool = False
     """The front end removes what is left of it at once, so that a fresh one can take its
     place (under the operator: its pod is deleted without a grace period)."""
+    restart: bool = False
+    """Its host lives on and starts a fresh process in its slot (``slot_loss.py``): the host
+    is not struck, and its other processes stay."""
 
     @classmethod
     def of_all(cls, effects: Iterable[ExitEffects]) -> ExitEffects:
@@ -124,7 +132,12 @@ _BREAK_THE_ROUND = frozenset({ExitVerdict.FAILED, ExitVerdict.LEFT_MID_ROUND})
 
 
 def decide_exit(
-    verdict: ExitVerdict | None, cause: ExitCause, exit_code: int, *, recovering: bool
+    verdict: ExitVerdict | None,
+    cause: ExitCause,
+    exit_code: int,
+    *,
+    recovering: bool,
+    restart_slot: bool = False,
 ) -> ExitEffects:
     """What follows a worker's end (``verdict`` None: the driver never launched it, e.g. a
     pod that failed before it ran, or one whose health check failed; ``recovering``: the
@@ -136,6 +149,9 @@ def decide_exit(
       already counted as failed (and struck then), or the job had ended;
     - a member's failure fails the round once: the first failure of a round posts the notice;
       so does the end of a leaving member that the round had not released yet;
+    - a member's failure whose slot restarts in place (``restart_slot``, the plan of
+      ``slot_loss.py`` for a host that lives on): announced and the round failed, nothing
+      struck or removed;
     - a failed health check: struck and removed, not announced (its own event says why);
     - a worker that did not leave in time: removed, nothing else (it was leaving);
     - one that vanished: nothing (nothing is left of it, and its host is not to blame);
@@ -149,6 +165,8 @@ def decide_exit(
         return ExitEffects(fail_round=fail_round, replace=True)
     if cause is ExitCause.VANISHED or exit_code == 0 or verdict is ExitVerdict.SUCCEEDED:
         return ExitEffects(fail_round=fail_round)
+    if restart_slot and cause is ExitCause.SLOT_ENDED and verdict is ExitVerdict.FAILED:
+        return ExitEffects(fail_round=fail_round, announce=True, restart=True)
     return ExitEffects(
         blacklist=verdict is None or verdict in _STRUCK,
         fail_round=fail_round,

@@ -59,8 +59,8 @@ class WorkerRecord:
     """The exit code its pod's slot supervisor saw its process end with (None: none seen):
     the driver kills it through its launcher, which reports its end as usual."""
     held_shards: HeldShards | None = None
-    """What its latest request for a round said it holds of a one-dimensional sharded
-    state (None: nothing)."""
+    """What its latest request for a round or heartbeat said it holds of a sharded state
+    (None: nothing)."""
     pace: StepPace | None = None
     """How busy its recent steps kept it, from its latest heartbeat (None: not reported)."""
     heard_from: bool = False

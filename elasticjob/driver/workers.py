@@ -6,11 +6,13 @@ long. Whether to make a move is decided in ``decisions.py``, ``timeouts.py``,
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 
 from elasticjob.driver.driver_types import Clock, Departure, WorkerLauncher
 from elasticjob.driver.liveness import hung_workers
 from elasticjob.driver.partition import ReceivedReport, partitioned_members
+from elasticjob.driver.slot_loss import SlotLoss, decide_slot_loss
 from elasticjob.driver.timeouts import overdue_dismissals, overdue_endings, slow_starters
 from elasticjob.driver.worker_record import WorkerRecord
 from elasticjob.rendezvous.rendezvous_types import JobRendezvous, ProbeReport
@@ -27,6 +29,8 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
         self._launcher = launcher
         self._rendezvous = rendezvous
         self._clock = clock
+        self._slot_restarts: Counter[str] = Counter()
+        """How many slots of each host were restarted in place."""
 
     def __getitem__(self, worker: WorkerId) -> WorkerRecord:
         return self._records[worker]
@@ -145,10 +149,35 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
             await self.stop(worker)
 
     def held_shards(self, workers: Iterable[WorkerId]) -> dict[WorkerId, HeldShards]:
-        """What ``workers`` said they hold of a one-dimensional sharded state in their latest
-        requests for a round (those that said nothing are left out)."""
+        """What ``workers`` said they hold of a sharded state in their latest requests for a
+        round or heartbeats (those that said nothing are left out)."""
         records = ((w, self._records.get(w)) for w in workers)
         return {w: r.held_shards for w, r in records if r is not None and r.held_shards}
+
+    def slot_loss(self, lost: WorkerId, members: Mapping[WorkerId, SlotInfo]) -> SlotLoss:
+        """What follows the failure of ``lost``, a process of a host that lives on, in the
+        round of ``members`` (``slot_loss.decide_slot_loss``)."""
+        ranked = sorted(members, key=lambda w: members[w].rank)
+        return decide_slot_loss(
+            lost,
+            ranked,
+            alive={w for w in ranked if w != lost and w in self._records and self[w].running},
+            held=self.held_shards(ranked),
+            host_restarts=self._slot_restarts[lost.hostname],
+        )
+
+    def restart_in_place(self, lost: WorkerId, members: Mapping[WorkerId, SlotInfo]) -> bool:
+        """Whether the slot of ``lost``, a failed member whose host lives on, starts again in
+        place (the plan of :meth:`slot_loss`, said in the log); if so, its host's restarts
+        count one more, and a fresh process is launched with the next round's missing
+        workers (a pod's slot supervisor starts it itself)."""
+        loss = self.slot_loss(lost, members)
+        if loss.restarts:
+            self._slot_restarts[lost.hostname] += 1
+            logger.warning("worker %s restarts in its slot: %s", lost, loss.reason)
+        elif loss.drop_moves is not None or loss.restart_moves is not None:
+            logger.info("worker %s's host is dropped: %s", lost, loss.reason)
+        return loss.restarts
 
     def survivors(self, members: Iterable[WorkerId]) -> set[WorkerId]:
         """The members whose processes live on with the round's state: running, neither
@@ -172,10 +201,16 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
             if r.running and not r.ending and r.departure is None
         }
 
-    def beat(self, worker: WorkerId, report: ProbeReport | None, pace: StepPace | None) -> bool:
+    def beat(
+        self,
+        worker: WorkerId,
+        report: ProbeReport | None,
+        pace: StepPace | None,
+        held: HeldShards | None = None,
+    ) -> bool:
         """Record a heartbeat of the worker's process, the probe report it carried (a beat
-        without one clears the previous) and its pace (kept until a newer one); return
-        whether the report names a peer."""
+        without one clears the previous), its pace (kept until a newer one) and what it holds
+        of a sharded state now; return whether the report names a peer."""
         record = self._records.get(worker)
         if record is None or not record.running:
             return False
@@ -183,6 +218,7 @@ class WorkerProcesses(Mapping[WorkerId, WorkerRecord]):
         record.last_heartbeat = now
         record.heard_from = True
         record.pace = pace or record.pace
+        record.held_shards = held
         record.probe_report = (
             None if report is None else ReceivedReport(report.round, report.unreachable, now)
         )

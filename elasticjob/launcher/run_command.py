@@ -27,6 +27,7 @@ from elasticjob.driver.driver import ElasticDriver
 from elasticjob.driver.driver_types import DriverError, JobMode, JobResult
 from elasticjob.driver.host_manager import HostManager
 from elasticjob.driver.record_saving import RecordSaver
+from elasticjob.driver.worker_exits import ExitCause
 from elasticjob.launcher.arguments import build_parser, checkpoint_policy, parse_arguments
 from elasticjob.launcher.horovodrun_flags import python_log_level
 from elasticjob.launcher.job_settings import driver_settings, job_recovery
@@ -95,7 +96,7 @@ async def run_job(args: argparse.Namespace) -> JobResult:
         return LocalWorkerLauncher(
             command,
             environment,
-            driver.on_worker_exit,
+            lambda worker, code: driver.on_worker_exit(worker, code, ExitCause.SLOT_ENDED),
             driver.rank_of,
             warm=args.warm_start and not restart,
             start_server=args.start_server,

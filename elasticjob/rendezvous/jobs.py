@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Final
+from typing import Final, TypeVar
 
 from elasticjob.rendezvous.admitted_workers import AdmittedWorkers
 from elasticjob.rendezvous.health_checks import HealthChecks, HealthListener
@@ -30,6 +30,7 @@ from elasticjob.rendezvous.rendezvous_types import (
 )
 from elasticjob.rendezvous.wakeup import LongPolls, Wakeup
 from elasticjob.wire.messages import (
+    ExitAnswer,
     ExitReport,
     HeartbeatRequest,
     Notice,
@@ -48,6 +49,7 @@ from elasticjob.wire.messages import (
 )
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _NO_SLOTS: Final[Mapping[WorkerId, SlotInfo]] = MappingProxyType({})
 
@@ -345,11 +347,12 @@ class InMemoryJobRendezvous(JobRendezvous):
         logger.info("job %s: %s reported %s", self.job, worker, request.state)
         self._tell_listener(lambda listener: listener.on_worker_result(request))
 
-    def report_exit(self, report: ExitReport) -> None:
+    def report_exit(self, report: ExitReport) -> ExitAnswer:
         """See :meth:`JobRendezvous.report_exit`."""
         worker = WorkerId(report.hostname, report.local_rank)
         self._check_worker(worker)
-        self._tell_listener(lambda listener: listener.on_worker_exit_seen(worker, report.exit_code))
+        seen = self._tell_listener(lambda it: it.on_worker_exit_seen(worker, report.exit_code))
+        return seen or ExitAnswer(restart=False)
 
     def reported_result(self, worker: WorkerId) -> WorkerState | None:
         """See :meth:`JobRendezvous.reported_result`."""
@@ -365,10 +368,8 @@ class InMemoryJobRendezvous(JobRendezvous):
         """See :meth:`JobRendezvous.report_heartbeat`."""
         worker = WorkerId(request.hostname, request.local_rank)
         self._check_worker(worker)
-        report = probe_report(self._round, worker, request)
-        self._tell_listener(
-            lambda listener: listener.on_worker_heartbeat(worker, report, request.pace)
-        )
+        beat = probe_report(self._round, worker, request), request.pace, request.held_shards
+        self._tell_listener(lambda listener: listener.on_worker_heartbeat(worker, *beat))
 
     def round_info(self) -> RoundInfo:
         """See :meth:`JobRendezvous.round_info`."""
@@ -388,10 +389,11 @@ class InMemoryJobRendezvous(JobRendezvous):
         """A worker of the job was refused for its protocol version: the driver hears why."""
         self._tell_listener(lambda listener: listener.on_incompatible_worker(message))
 
-    def _tell_listener(self, call: Callable[[RendezvousListener], None]) -> None:
-        """Make one call of the listener; a failing listener (its traceback says which call)
-        is logged, and never fails the request."""
+    def _tell_listener(self, call: Callable[[RendezvousListener], T]) -> T | None:
+        """Make one call of the listener, return its answer; a failing one (its traceback
+        says which call) is logged, answers None, and never fails the request."""
         try:
-            call(self._listener)
+            return call(self._listener)
         except Exception:
             logger.exception("job %s: a call of its listener failed", self.job)
+            return None

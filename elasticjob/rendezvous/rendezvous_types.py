@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from elasticjob.wire.messages import (
+    ExitAnswer,
     ExitReport,
     HeartbeatRequest,
     HeldShards,
@@ -111,13 +112,14 @@ class RendezvousListener(Protocol):
         ``rolled_back``: it rolled its state back after a collective failed on it;
         ``script_exit``: a restart-mode worker's script failed on its own, and how;
         ``suspended``: it saved its state for a suspension; ``held_shards``: what it holds
-        of a one-dimensional sharded state's last commit."""
+        of a sharded state's last confirmed commit."""
 
     def on_worker_result(self, request: ResultRequest) -> None:
         """The worker reported how its process ended."""
 
-    def on_worker_exit_seen(self, worker: WorkerId, exit_code: int) -> None:
-        """``worker``'s pod (its slot supervisor) saw its process end with ``exit_code``."""
+    def on_worker_exit_seen(self, worker: WorkerId, exit_code: int) -> ExitAnswer:
+        """``worker``'s pod (its slot supervisor) saw its process end with ``exit_code``;
+        the answer says whether the pod restarts that slot and keeps its others."""
 
     def on_progress(self, progress: ProgressRequest) -> None:
         """Rank 0 reported training progress."""
@@ -127,12 +129,17 @@ class RendezvousListener(Protocol):
         image is another release's, and the job cannot run as it is (``message`` says so)."""
 
     def on_worker_heartbeat(
-        self, worker: WorkerId, report: ProbeReport | None, pace: StepPace | None
+        self,
+        worker: WorkerId,
+        report: ProbeReport | None,
+        pace: StepPace | None,
+        held_shards: HeldShards | None,
     ) -> None:
         """The worker's process is alive (it beats every heartbeat interval). ``report``:
         what it found probing its peers of the current round while a collective blocked
         (validated against the round), or None (no report, or one of an older round).
-        ``pace``: how busy its recent steps kept it (None: none measured in its round)."""
+        ``pace``: how busy its recent steps kept it (None: none measured in its round).
+        ``held_shards``: what it holds of its sharded state's last confirmed commit now."""
 
 
 class JobRendezvous(abc.ABC):
@@ -228,8 +235,9 @@ class JobRendezvous(abc.ABC):
         a worker the driver did not launch or a second result of the same process."""
 
     @abc.abstractmethod
-    def report_exit(self, report: ExitReport) -> None:
-        """Tell the listener that a worker's pod saw its process end. Raises
+    def report_exit(self, report: ExitReport) -> ExitAnswer:
+        """Tell the listener that a worker's pod saw its process end, and return what the pod
+        is to do (without a listener's answer: take the pod down). Raises
         :class:`RequestRefused` for a worker the driver did not launch."""
 
     @abc.abstractmethod

@@ -222,8 +222,8 @@ class _Api:
 
     async def exits(self, request: web.Request) -> web.Response:
         job, speaker = self.authorize(request)
-        job.report_exit(_spoken_for(speaker, await self.body(request, job, ExitReport)))
-        return web.Response(status=204)
+        answer = job.report_exit(_spoken_for(speaker, await self.body(request, job, ExitReport)))
+        return json_response(answer)
 
     async def progress(self, request: web.Request) -> web.Response:
         job, speaker = self.authorize(request)

@@ -136,16 +136,20 @@ class ScriptExit(StrictModel):
 
 
 class HeldShards(StrictModel):
-    """What a worker holds of the last commit of a one-dimensional sharded state (FSDP over
-    every rank): of ``shards`` shards, its own, ``own`` (its rank in the round that made the
-    commit), and copies of ``copies``. The driver places the next round's newcomers among
-    the survivors so that the fewest rows move (``elasticjob.driver.rank_placement``)."""
+    """What a worker holds of the last confirmed commit of a sharded state: of ``shards`` shards (in
+    each replica), its own, ``own``, and copies of ``copies``. With ``hsdp``, the state is
+    HSDP, whose replicas each hold every shard; otherwise FSDP over every rank, where ``own``
+    is the worker's rank in the round that made the commit. The driver places a
+    one-dimensional state's newcomers among the survivors so that the fewest rows move
+    (``elasticjob.driver.rank_placement``), and plans what follows a lost slot of a host
+    that lives on (``elasticjob.driver.slot_loss``)."""
 
     shards: Annotated[int, Field(strict=True, ge=1, le=1 << 20)]
     own: Annotated[int, Field(strict=True, ge=0)]
     copies: Annotated[
         tuple[Annotated[int, Field(strict=True, ge=0)], ...], Field(max_length=MAX_HELD_COPIES)
     ] = ()
+    hsdp: Annotated[bool, Field(strict=True)] = False
 
     @model_validator(mode="after")
     def _shards_exist(self) -> HeldShards:
@@ -255,6 +259,16 @@ class ExitReport(StrictModel):
     exit_code: Annotated[int, Field(strict=True, ge=-255, le=255)]
 
 
+class ExitAnswer(StrictModel):
+    """What the pod does about its slot's end (:class:`ExitReport`): with ``restart``, the
+    driver keeps the pod and its other slots, and the supervisor starts a fresh process in
+    the slot (``elasticjob.driver.slot_loss``); otherwise the supervisor takes the other
+    slots down and the pod fails, as it does when nobody answers."""
+
+    restart: bool
+    reason: Annotated[str, StringConstraints(max_length=512)] = ""
+
+
 class ProbedPeer(StrictModel):
     """A peer a worker could not reach (see :class:`HeartbeatRequest`)."""
 
@@ -293,6 +307,9 @@ class HeartbeatRequest(StrictModel):
     """The probed peers that did not answer; given only with ``round``."""
     pace: StepPace | None = None
     """Its recent steps' pace (None: it has measured no step of its round yet)."""
+    held_shards: HeldShards | None = None
+    """What it holds of its sharded state's last confirmed commit now (None: nothing, or no sharded
+    state)."""
 
     @model_validator(mode="after")
     def _report_names_its_round(self) -> HeartbeatRequest:

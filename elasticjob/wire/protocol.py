@@ -11,26 +11,28 @@ API_PREFIX = "/v1"
 PROTOCOL_HEADER: Final = "X-Elasticjob-Protocol"
 """Header carrying the rendezvous protocol version: workers send theirs on every request and
 the service answers with its own."""
-PROTOCOL_VERSION: Final = 3
+PROTOCOL_VERSION: Final = 4
 """The rendezvous protocol this release speaks. Protocol 2 is protocol 1 (the first) with a
 credential per worker: every request that changes state speaks for the host its bearer
 credential names (``elasticjob.rendezvous.job_credentials``), and only rank 0's host reports
 progress. Protocol 3 adds what a worker holds of a one-dimensional sharded state to its
 request for a round (:class:`HeldShards`), which the driver places the round's ranks by, and
-``POST exits``. Its routes under :data:`API_PREFIX`, with their messages
-(:mod:`elasticjob.wire.messages` and :mod:`elasticjob.wire.health`):
+``POST exits``. Protocol 4 says whether the held shards are HSDP's, sends them with every
+heartbeat too, and answers ``POST exits`` with what the pod does (:class:`ExitAnswer`: the
+driver may keep the pod and have its slot restarted). Its routes under :data:`API_PREFIX`,
+with their messages (:mod:`elasticjob.wire.messages` and :mod:`elasticjob.wire.health`):
 
 - ``POST rendezvous``: a worker is ready for a round (:class:`RendezvousRequest`, with its
   store and probe listener ports, a rollback, a restart-mode script's exit, a suspension, the
   shards it holds) and gets one (:class:`RendezvousResponse`, with the peers it probes);
 - ``GET notices``: the job's notices (hosts added or removed, a round failed, ``SUSPEND``);
-- ``POST heartbeat``: a worker is alive (:class:`HeartbeatRequest`, with its probe report
-  and its step pace);
+- ``POST heartbeat``: a worker is alive (:class:`HeartbeatRequest`, with its probe report,
+  its step pace and the shards it holds);
 - ``POST progress``: rank 0's progress (:class:`ProgressRequest`, with its commit durations,
   durable checkpoints written or loaded, and its committed step);
 - ``POST results``: how a worker's process ends (:class:`ResultRequest`);
 - ``POST exits``: a pod's slot supervisor saw one of its slots' processes end
-  (:class:`ExitReport`);
+  (:class:`ExitReport`), and is told whether to restart it (:class:`ExitAnswer`);
 - ``GET round`` and ``GET plan``: the round in force (:class:`RoundInfo`) and the round the
   driver plans with the workers it adds (:class:`PlannedRound`);
 - ``POST health/cohort`` and ``POST health/report``: a new pod's health check.

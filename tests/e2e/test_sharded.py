@@ -55,19 +55,23 @@ EPOCH_LINE = re.compile(r"epoch (\d+) done: .* exactly once: (True|False)")
 STEP_LINE = re.compile(r"epoch \d+ step \d+: loss ([\d.]+)")
 
 
-def sharded_job() -> dict[str, Any]:
+def sharded_job(**spec: Any) -> dict[str, Any]:
+    """The job, of two pods (up to three) unless ``spec`` says otherwise."""
     return hsdp_job(
         JOB,
         TRAIN,
         grace_s=10,
-        maxReplicas=3,
-        # Only the killed pod is kept out: with the default (its node), a pod that shared
-        # the node would leave too.
-        blacklist={"scope": "Pod", "cooldownSeconds": {"min": 300, "max": 600}},
-        cleanPodPolicy="None",  # the pods and their logs stay for the checks
-        # A bound on any collective: none should reach it (the state lets go of a broken
-        # group, which fails the survivors' collectives at once).
-        collectiveTimeoutSeconds=20,
+        **{
+            "maxReplicas": 3,
+            # Only the killed pod is kept out: with the default (its node), a pod that
+            # shared the node would leave too.
+            "blacklist": {"scope": "Pod", "cooldownSeconds": {"min": 300, "max": 600}},
+            "cleanPodPolicy": "None",  # the pods and their logs stay for the checks
+            # A bound on any collective: none should reach it (the state lets go of a
+            # broken group, which fails the survivors' collectives at once).
+            "collectiveTimeoutSeconds": 20,
+            **spec,
+        },
     )
 
 
@@ -181,3 +185,59 @@ def test_a_pod_of_an_hsdp_job_loses_a_process_and_the_job_scales_out(
     assert losses[-1] < 0.8 * losses[0], losses
     print(f"rounds (round, workers, from epoch, step): {rounds}; reshards (replicas, bytes "
           f"sent): {reshards}; loss {losses[0]:.3f} -> {losses[-1]:.3f}")  # fmt: skip
+
+
+@pytest.mark.timeout(600)
+def test_a_process_lost_inside_the_one_replica_of_an_hsdp_job_restarts_in_its_pod(
+    operator: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    """One pod of two slots: HSDP down to one replica, which the copies of ``redundancy``
+    protect. Its slot 1's process is SIGKILLed: dropping the pod would leave nobody, so the
+    driver answers the pod's report with a restart (``slot_loss.py``). The pod keeps its
+    container, slot 0 its process and shard, and a fresh process in slot 1 takes its shard
+    from the copy slot 0 keeps; the job trains on at the same size and succeeds, every
+    sequence trained exactly once per epoch."""
+    kube.apply(sharded_job(replicas=1, maxReplicas=1))
+    try:
+        training = wait_status(
+            kube,
+            JOB,
+            "training with 1 pod of 2 slots",
+            lambda s: (
+                s.get("phase") == "Running"
+                and s.get("worldSize") == 2
+                and s.get("progress") is not None
+                and (s["progress"]["epoch"], s["progress"]["step"]) >= (0, 10)
+            ),
+            STARTUP_S,
+        )
+        (pod,) = (w["pod"] for w in training["workers"])
+        before = containers(kube)
+        killed = kube.kubectl("exec", pod, "--", "python", "-c", KILL_ONE_SLOT)
+        assert killed.strip(), "no process of the pod's second slot"
+        recovered = wait_status(
+            kube,
+            JOB,
+            "the pod training on at the same size after the SIGKILL",
+            lambda s: trains_on(s, training, "resetCount", keeps=pod) and s["worldSize"] == 2,
+            timeout=180,
+        )
+        assert containers(kube) == before, "the same container, never restarted"
+        events = json.loads(kube.kubectl("get", "events", "-o", "json"))["items"]
+        failed = [e["message"] for e in events if e["reason"] == "WorkerFailed"]
+        assert failed == [f"pod {pod}: slot 1 ended with -9, restarts in place (its slot's "
+                          "restart moves 1/2 of a replica; dropping its host cannot keep "
+                          "every shard)"], failed  # fmt: skip
+        done = wait_status(kube, JOB, "success", lambda s: s.get("phase") == "Succeeded", 300)
+        logs = worker_logs(kube)
+    finally:
+        final = status(kube, JOB)
+        stop_workers(kube, tmp_path)
+    assert done["completionTime"], final
+    assert "slot 1 ended with -9 and starts again: its slot's restart moves 1/2" in logs, logs
+    by_round = {int(n): (int(replicas), int(sent)) for n, replicas, sent in RESHARDED.findall(logs)}
+    restarted = [by_round[n] for n in sorted(by_round) if n > training["round"]]
+    assert restarted and restarted[0][0] == 1 and restarted[0][1] > 0, by_round
+    assert recovered["resetCount"] == training["resetCount"] + 1, recovered
+    once = {int(epoch): word for epoch, word in EPOCH_LINE.findall(logs)}
+    assert once == dict.fromkeys(range(EPOCHS), "True"), logs[-6000:]

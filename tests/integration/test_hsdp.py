@@ -18,6 +18,7 @@ from tests.support.sharded_runs import (
     finished_alike,
     resumed_from_last_commit,
     run_sharded,
+    shard_bytes,
     trained_once_in_identical_replicas,
 )
 
@@ -48,6 +49,35 @@ def test_pods_lost_from_each_replica_in_turn_then_two_new_pods(tmp_path: Path) -
     assert all(r["kept"] for r in resumed), "rank 0 keeps its shard: its commit, no snapshot"
     finished_alike(run, 6)
     trained_once_in_identical_replicas(run, epochs=4, replicas=3)
+
+
+def test_down_to_one_replica_a_rank_lost_inside_its_pod_restarts_in_its_slot(
+    tmp_path: Path,
+) -> None:
+    """2 pods x 2 slots. A process of the second pod fails: the other pod is a whole replica,
+    so its pod goes and nothing moves (1 x 2). Then a process of the one replica left fails:
+    dropping its pod would leave nobody, so its slot restarts in place, its sibling keeping
+    its process and shard, and the fresh process takes its shard from the copy the sibling
+    keeps (the copies of ``redundancy`` protect a single replica). A new pod then brings the
+    job back to two replicas (2 x 2)."""
+    two = "127.0.1.1:2,127.0.1.2:2"
+    run = run_sharded(
+        tmp_path,
+        ["-np", "4", "--min-np", "2", "--max-np", "4", *KEEP_FAILED_HOSTS_OUT],
+        *("--hsdp", "--epochs", "4", "--fail", "1:1:3", "--fail", "2:1:1"),
+        *("--expect-sizes", "4,2,2,4"),
+        schedule={0: two, 3: f"{two},127.0.1.3:2"},
+    )
+    assert run.returncode == 0, run.explain()
+    assert "worker 127.0.1.1[1] restarts in its slot" in run.stderr, run.explain()
+    assert "127.0.1.1[0] of round" not in run.stderr, "the sibling never failed"
+    resumed = resumed_from_last_commit(run)
+    assert [r["size"] for r in resumed] == [2, 2, 4], resumed
+    sent = [r["sent_bytes"] for r in resumed]
+    assert sent == [0, shard_bytes(2, 1), ONE_REPLICA_BYTES], resumed
+    assert all(r["kept"] for r in resumed), "rank 0 keeps its shard throughout"
+    finished_alike(run, 4)
+    trained_once_in_identical_replicas(run, epochs=4, replicas=2)
 
 
 def test_a_pod_killed_while_leaving_in_the_middle_of_a_sync_fails_the_round(

@@ -26,6 +26,7 @@ from elasticjob.wire.health import (
 from elasticjob.wire.messages import (
     CheckpointReport,
     ErrorResponse,
+    ExitAnswer,
     ExitReport,
     HeartbeatRequest,
     HeldShards,
@@ -187,22 +188,29 @@ async def test_a_pods_report_of_its_slots_exit_reaches_the_listener_for_its_own_
     await cluster.rendezvous(W1)
     body = {"hostname": "host-a", "local_rank": 0, "exit_code": -9}
     exits = "/v1/jobs/job-a/exits"
-    assert await cluster.call("POST", exits, token=TOKEN_A, json=body) == (204, None)
+    told = {"restart": False, "reason": ""}
+    assert await cluster.call("POST", exits, token=TOKEN_A, json=body) == (200, told)
+    cluster.listener_a.exit_answer = ExitAnswer(restart=True, reason="a sibling lives on")
+    told = {"restart": True, "reason": "a sibling lives on"}
+    assert await cluster.call("POST", exits, token=TOKEN_A, json=body) == (200, told)
     before = snapshot(cluster.job_a, cluster.listener_a)
     other = {"hostname": "host-b", "local_rank": 0, "exit_code": -9}
     status, answer = await cluster.call("POST", exits, token=TOKEN_A, json=other)
     assert status == 403 and "host-b" in answer["error"]
     assert snapshot(cluster.job_a, cluster.listener_a) == before
-    assert cluster.listener_a.exits == [(W0, -9)]
+    assert cluster.listener_a.exits == [(W0, -9), (W0, -9)]
 
 
 async def test_heartbeats_reach_the_listener(cluster: Cluster) -> None:
-    for worker in (W0, W1, W0):
+    held = {"shards": 2, "own": 1, "copies": [0], "hsdp": True}
+    for worker, holds in ((W0, None), (W1, held), (W0, None)):
         body = {"hostname": worker.hostname, "local_rank": worker.local_rank}
+        body |= {"held_shards": holds} if holds else {}
         status, answer = await cluster.call("POST", "/v1/jobs/job-a/heartbeat", json=body)
         assert (status, answer) == (204, None)
     assert cluster.listener_a.heartbeats == [W0, W1, W0]
     assert cluster.listener_b.heartbeats == []
+    assert cluster.listener_a.held_shards[1] == (W1, HeldShards.model_validate(held))
 
 
 # ---- notices ---------------------------------------------------------------------------
@@ -331,6 +339,17 @@ async def test_invalid_rendezvous_body_is_422_naming_the_field(
         ("heartbeat", b'{"hostname": "bad host!", "local_rank": 0}', 422),
         ("heartbeat", b'{"hostname": "host-a", "local_rank": 0, "step": 3}', 422),
         ("heartbeat", b"{not json", 400),
+        (
+            "heartbeat",
+            b'{"hostname": "host-a", "local_rank": 0, "held_shards": {"shards": 2, "own": 2}}',
+            422,
+        ),
+        (
+            "heartbeat",
+            b'{"hostname": "host-a", "local_rank": 0, '
+            b'"held_shards": {"shards": 2, "own": 0, "hsdp": "yes"}}',
+            422,
+        ),
         ("exits", b'{"hostname": "host-a", "local_rank": 0, "exit_code": 300}', 422),
         ("exits", b'{"hostname": "host-a", "local_rank": 0, "exit_code": "9"}', 422),
         ("exits", b'{"hostname": "host-a", "local_rank": 0}', 422),
@@ -479,6 +498,7 @@ def test_openapi_document_lists_every_route_and_wire_model() -> None:
         RendezvousRequest,
         HeldShards,
         ExitReport,
+        ExitAnswer,
         RendezvousResponse,
         SlotInfo,
         Notice,

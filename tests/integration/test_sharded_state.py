@@ -19,6 +19,7 @@ from tests.support.sharded_runs import (
     finished_alike,
     resumed_from_last_commit,
     run_sharded,
+    shard_bytes,
 )
 
 pytestmark = pytest.mark.integration
@@ -45,15 +46,39 @@ def test_a_sigkilled_rank_of_four_is_rebuilt_from_its_copy_bit_for_bit_in_mixed_
 
 
 def test_a_lost_host_is_rebuilt_from_the_copies_on_the_other_host(tmp_path: Path) -> None:
-    """Two ranks on each of two hosts: a failure blacklists its host, both of its ranks go,
-    and their shards come from the copies the other host keeps."""
+    """Two ranks on each of two hosts: both ranks of one host fail (the host is lost, not
+    one process), its host is blacklisted, and their shards come from the copies the other
+    host keeps."""
     run = run_sharded(
-        tmp_path, ["-np", "4", "--min-np", "2", "-H", "127.0.1.1:2,127.0.1.2:2"], "--fail", "1:1:3"
+        tmp_path,
+        ["-np", "4", "--min-np", "2", "-H", "127.0.1.1:2,127.0.1.2:2"],
+        *("--fail", "1:1:2", "--fail", "1:1:3"),
     )
     assert run.returncode == 0, run.explain()
     (resumed,) = resumed_from_last_commit(run)
     assert resumed["size"] == 2
     finished_alike(run, 2)
+
+
+def test_a_rank_lost_inside_a_host_restarts_in_its_slot_and_only_its_shard_moves(
+    tmp_path: Path,
+) -> None:
+    """Two ranks on each of two hosts, one copy each: rank 3 fails, its sibling lives on.
+    Without its host the two ranks left would reshard half of the state; a fresh process in
+    its slot takes a quarter, its shard, from the copy on the other host (the driver's plan,
+    ``slot_loss.py``). The world keeps its four ranks, the host is not struck, and the three
+    survivors keep their shards."""
+    run = run_sharded(
+        tmp_path,
+        ["-np", "4", "--min-np", "2", "-H", "127.0.1.1:2,127.0.1.2:2"],
+        *("--fail", "1:1:3", "--expect-sizes", "4,4"),
+    )
+    assert run.returncode == 0, run.explain()
+    assert "worker 127.0.1.2[1] restarts in its slot: its slot's restart moves 1/4" in run.stderr
+    (resumed,) = resumed_from_last_commit(run)
+    assert (resumed["size"], resumed["sent_bytes"]) == (4, shard_bytes(4, 3)), resumed
+    assert resumed["kept"], "rank 0 keeps its shard"
+    finished_alike(run, 4)
 
 
 def test_copies_live_on_another_node_than_their_rank(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from elasticjob.rendezvous.rendezvous_types import ProbeReport
 from elasticjob.wire.messages import (
+    ExitAnswer,
     HeldShards,
     ProgressRequest,
     RendezvousRequest,
@@ -30,8 +31,11 @@ class RecordingListener:
         self.rolled_back: list[tuple[WorkerId, int]] = []
         self.results: list[ResultRequest] = []
         self.exits: list[tuple[WorkerId, int]] = []
+        self.exit_answer = ExitAnswer(restart=False)
+        """What a pod's report of a slot's end is answered."""
         self.progress: list[ProgressRequest] = []
         self.heartbeats: list[WorkerId] = []
+        self.held_shards: list[tuple[WorkerId, HeldShards | None]] = []
         self.reports: list[tuple[WorkerId, ProbeReport | None]] = []
         self.paces: list[tuple[WorkerId, StepPace | None]] = []
         self.incompatible: list[str] = []
@@ -57,8 +61,9 @@ class RecordingListener:
             self.rolled_back.append((worker, after_round))
         self.ready_event.set()
 
-    def on_worker_exit_seen(self, worker: WorkerId, exit_code: int) -> None:
+    def on_worker_exit_seen(self, worker: WorkerId, exit_code: int) -> ExitAnswer:
         self.exits.append((worker, exit_code))
+        return self.exit_answer
 
     def on_worker_result(self, request: ResultRequest) -> None:
         self.results.append(request)
@@ -70,11 +75,16 @@ class RecordingListener:
         self.incompatible.append(message)
 
     def on_worker_heartbeat(
-        self, worker: WorkerId, report: ProbeReport | None, pace: StepPace | None
+        self,
+        worker: WorkerId,
+        report: ProbeReport | None,
+        pace: StepPace | None,
+        held_shards: HeldShards | None = None,
     ) -> None:
         self.heartbeats.append(worker)
         self.reports.append((worker, report))
         self.paces.append((worker, pace))
+        self.held_shards.append((worker, held_shards))
 
 
 W0 = WorkerId("host-a", 0)

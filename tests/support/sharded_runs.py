@@ -4,14 +4,27 @@ bit, and every rank ended with the same state."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from elasticjob.worker_runtime.elastic.sharded.shard_plan import RowLayout
 from tests.support.job_runs import WORKERS, JobRun, run_job
 
 SHARDED_WORKER = WORKERS / "sharded_worker.py"
 FOUR_HOSTS = "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1,127.0.1.4:1"
+MLP_SHAPES = ((30, 8), (30,), (3, 30), (3,))
+"""The shapes of the worker's MLP's parameters (8 features, 30 hidden, 3 outputs)."""
+
+
+def shard_bytes(shards: int, shard: int) -> int:
+    """The bytes of shard ``shard`` of ``shards`` of the worker's sharded state: its MLP's
+    parameters and AdamW's two moments, float32, split as FSDP2 splits them."""
+    rows = (RowLayout(shape[0], shards).span(shard) for shape in MLP_SHAPES)
+    sizes = (math.prod(shape[1:]) for shape in MLP_SHAPES)
+    spans = zip(rows, sizes, strict=True)
+    return 3 * 4 * sum((stop - start) * size for (start, stop), size in spans)
 
 
 def run_sharded(

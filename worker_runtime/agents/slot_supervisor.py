@@ -2,10 +2,12 @@
 process per slot of a pod (``ELASTICJOB_LOCAL_RANK``, ``HOROVOD_LOCAL_RANK`` and
 ``LOCAL_RANK`` 0..N-1), as the operator does for ``slotsPerWorker > 1``.
 
-Signals are forwarded to every slot. The first slot that fails takes the others down and its
-exit status becomes the pod's; the pod succeeds when every slot does. A failed slot is
-reported to the job's rendezvous service at once (``POST exits``), so that the driver fails
-its round without waiting for the pod's status, or for the slot's peers to miss it.
+Signals are forwarded to every slot. A failed slot is reported to the job's rendezvous
+service at once (``POST exits``), so that the driver fails its round without waiting for the
+pod's status, or for the slot's peers to miss it. The driver answers what the pod does
+(``elasticjob.driver.slot_loss``): start a fresh process in the slot, the others going on;
+or, as when nobody answers, take the others down, the failed slot's exit status becoming the
+pod's. The pod succeeds when every slot does.
 """
 
 from __future__ import annotations
@@ -41,7 +43,11 @@ def run_slots(slots: int, command: Sequence[str]) -> int:
         for slot in range(slots)
     ]
     report = exit_reporter(envs[0])
-    alive = {subprocess.Popen(command, env=env).pid: slot for slot, env in enumerate(envs)}
+
+    def start(slot: int) -> int:
+        return subprocess.Popen(command, env=envs[slot]).pid
+
+    alive = {start(slot): slot for slot in range(slots)}
 
     def forward(signum: int, _frame: object) -> None:
         for pid in alive:
@@ -54,33 +60,41 @@ def run_slots(slots: int, command: Sequence[str]) -> int:
         slot = alive.pop(pid)
         code = os.waitstatus_to_exitcode(status)
         if code != 0:
+            if report(slot, code):
+                alive[start(slot)] = slot
+                continue
             for other in alive:
                 os.kill(other, signal.SIGKILL)
-            report(slot, code)
             return 128 - code if code < 0 else code
     return 0
 
 
-def exit_reporter(env: Mapping[str, str]) -> Callable[[int, int], None]:
+def exit_reporter(env: Mapping[str, str]) -> Callable[[int, int], bool]:
     """What tells the job's rendezvous service that a slot of the pod run with ``env`` ended
-    with a code (made before the slots start, so that a report waits for nothing but its
-    request; nothing without a service: a pod run by hand). A report that does not arrive is
-    said on standard error only."""
+    with a code, and returns whether the driver has the slot restarted (made before the slots
+    start, so that a report waits for nothing but its request; False without a service: a
+    pod run by hand). A report that does not arrive is said on standard error, and answers
+    False."""
     try:
         config = WorkerConfig.from_env(env)
     except (RuntimeError, ValueError) as unusable:
         print(f"{SLOTS_MODULE}: slot exits go unreported: {unusable}", file=sys.stderr)
         config = None
     if config is None:
-        return lambda _slot, _code: None
+        return lambda _slot, _code: False
     client = RendezvousClient.for_worker(config)
 
-    def report(slot: int, code: int) -> None:
+    def report(slot: int, code: int) -> bool:
         exit_report = ExitReport(hostname=config.hostname, local_rank=slot, exit_code=code)
         try:
-            client.report_exit(exit_report, retry_for_s=REPORT_FOR_S)
+            answer = client.report_exit(exit_report, retry_for_s=REPORT_FOR_S)
         except (RendezvousClientError, OSError) as failed:
             print(f"{SLOTS_MODULE}: could not report slot {slot}'s exit: {failed}", file=sys.stderr)
+            return False
+        if answer.restart:
+            restart = f"slot {slot} ended with {code} and starts again: {answer.reason}"
+            print(f"{SLOTS_MODULE}: {restart}", file=sys.stderr)
+        return answer.restart
 
     return report
 

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from elasticjob.wire.messages import HeartbeatRequest, ProbedPeer, StepPace
+from elasticjob.wire.messages import HeartbeatRequest, HeldShards, ProbedPeer, StepPace
 from elasticjob.worker_runtime.diagnostics.log import get_logger
 from elasticjob.worker_runtime.link.rendezvous_client import RendezvousClient, RendezvousClientError
 
@@ -39,7 +39,8 @@ class Heartbeat:
     ``on_orphaned`` (on the heartbeat thread) once no beat arrived for ``orphan_timeout_s``
     (0: never). Before each beat it calls ``probe`` (on the heartbeat thread; it must take
     less than the interval) and sends its result with the beat (None: nothing to report),
-    with the worker's step ``pace`` (``step_pace.py``)."""
+    with the worker's step ``pace`` (``step_pace.py``) and what it ``held`` of a sharded
+    state's last confirmed commit then."""
 
     def __init__(
         self,
@@ -52,6 +53,7 @@ class Heartbeat:
         on_orphaned: Callable[[float], None] | None = None,
         probe: Callable[[], ProbeResult | None] = lambda: None,
         pace: Callable[[], StepPace | None] = lambda: None,
+        held: Callable[[], HeldShards | None] = lambda: None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"heartbeat interval must be > 0, got {interval_s}")
@@ -59,6 +61,7 @@ class Heartbeat:
         self._request = HeartbeatRequest(hostname=hostname, local_rank=local_rank)
         self._probe = probe
         self._pace = pace
+        self._held = held
         self._interval_s = interval_s
         self._orphan_timeout_s = orphan_timeout_s
         self._on_orphaned = on_orphaned
@@ -83,7 +86,9 @@ class Heartbeat:
         failing = False
         next_beat = last_arrived = time.monotonic()
         while not self._stopped.is_set():
-            request = self._request.model_copy(update={"pace": self._pace()})
+            request = self._request.model_copy(
+                update={"pace": self._pace(), "held_shards": self._held()}
+            )
             if (found := self._probe()) is not None:
                 request = request.model_copy(update={"round": found[0], "unreachable": found[1]})
             try:

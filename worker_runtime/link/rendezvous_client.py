@@ -37,6 +37,7 @@ from pydantic import BaseModel
 from elasticjob.backoff import Backoff
 from elasticjob.wire.health import CohortRequest, CohortResponse, HealthReport, HealthVerdict
 from elasticjob.wire.messages import (
+    ExitAnswer,
     ExitReport,
     HeartbeatRequest,
     NoticesResponse,
@@ -157,10 +158,11 @@ class RendezvousClient:
         client's retry deadline)."""
         self._request("POST", "/results", request, retry_for_s=retry_for_s)
 
-    def report_exit(self, report: ExitReport, *, retry_for_s: float) -> None:
+    def report_exit(self, report: ExitReport, *, retry_for_s: float) -> ExitAnswer:
         """Say, for a pod's slot supervisor, that one of its slots' processes ended, retrying
-        for ``retry_for_s``."""
-        self._request("POST", "/exits", report, retry_for_s=retry_for_s)
+        for ``retry_for_s``; return what the pod is to do about it."""
+        answer = self._request("POST", "/exits", report, retry_for_s=retry_for_s)
+        return parse_json(ExitAnswer, answer)
 
     def report_progress(self, request: ProgressRequest) -> None:
         """Send rank 0's progress once, without retrying: the next report is the retry (see

@@ -240,3 +240,50 @@ def test_the_effects_of_a_pods_workers_together_are_each_that_any_has() -> None:
         blacklist=True, fail_round=True, replace=True
     )
     assert ExitEffects.of_all([]) == NO_EFFECTS
+
+
+SLOT_ENDED = ExitCause.SLOT_ENDED
+RESTARTED = ExitEffects(fail_round=True, announce=True, restart=True)
+
+
+@pytest.mark.parametrize(
+    ("verdict", "cause", "code", "recovering", "restart_slot", "effects"),
+    [
+        pytest.param(
+            ExitVerdict.FAILED, SLOT_ENDED, 137, False, True, RESTARTED, id="its-slot-restarts"
+        ),
+        pytest.param(
+            ExitVerdict.FAILED,
+            SLOT_ENDED,
+            1,
+            True,
+            True,
+            ExitEffects(announce=True, restart=True),
+            id="its-slot-restarts-in-a-failed-round",
+        ),
+        pytest.param(
+            ExitVerdict.FAILED, SLOT_ENDED, 137, False, False, ROUND_BROKEN, id="its-host-dropped"
+        ),
+        pytest.param(
+            ExitVerdict.FAILED, EXITED, 137, False, True, ROUND_BROKEN, id="only-a-living-host"
+        ),
+        pytest.param(
+            ExitVerdict.FAILED_OUTSIDE_ROUND, SLOT_ENDED, 1, False, True, STRUCK, id="no-member"
+        ),
+        pytest.param(
+            ExitVerdict.SUCCEEDED, SLOT_ENDED, 0, False, True, NO_EFFECTS, id="member-succeeds"
+        ),
+    ],
+)
+def test_decide_exit_of_a_slot_whose_host_lives_on(
+    verdict: ExitVerdict,
+    cause: ExitCause,
+    code: int,
+    recovering: bool,
+    restart_slot: bool,
+    effects: ExitEffects,
+) -> None:
+    """A failed member's slot restarts in place only where its host lives on and the plan of
+    ``slot_loss.py`` says so: nothing struck or removed, the round failed once."""
+    got = decide_exit(verdict, cause, code, recovering=recovering, restart_slot=restart_slot)
+    assert got == effects

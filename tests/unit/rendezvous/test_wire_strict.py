@@ -8,6 +8,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from elasticjob.wire.messages import (
+    ExitAnswer,
     HeartbeatRequest,
     ProbedPeer,
     ProgressRequest,
@@ -148,6 +149,8 @@ def test_a_response_carries_at_most_three_peers() -> None:
         ({"shards": 4, "own": "1"}, "valid integer"),
         ({"shards": 99, "own": 0, "copies": list(range(1, 66))}, "at most 64"),
         ({"shards": 4, "own": 0, "rows": 3}, "Extra inputs"),
+        ({"shards": 4, "own": 0, "hsdp": "true"}, "valid boolean"),
+        ({"shards": 4, "own": 0, "hsdp": 1}, "valid boolean"),
     ],
 )
 def test_malformed_held_shards_are_refused(held: dict[str, object], problem: str) -> None:
@@ -159,4 +162,12 @@ def test_a_request_says_what_it_holds_of_a_sharded_state() -> None:
     assert parse_json(RendezvousRequest, json.dumps(RENDEZVOUS)).held_shards is None
     body = RENDEZVOUS | {"held_shards": {"shards": 4, "own": 2, "copies": [1]}}
     held = parse_json(RendezvousRequest, json.dumps(body)).held_shards
-    assert held is not None and held.held == (2, 1)
+    assert held is not None and held.held == (2, 1) and not held.hsdp
+
+
+def test_an_answer_to_a_pods_report_says_whether_to_restart_its_slot() -> None:
+    answer = parse_json(ExitAnswer, json.dumps({"restart": True, "reason": "why"}))
+    assert answer.restart and answer.reason == "why"
+    for bad, problem in (({}, "Field required"), ({"restart": "no"}, "valid boolean")):
+        with pytest.raises(ValidationError, match=problem):
+            parse_json(ExitAnswer, json.dumps(bad))

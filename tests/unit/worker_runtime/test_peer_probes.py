@@ -273,7 +273,14 @@ def test_heartbeats_carry_the_probe_report() -> None:
         heartbeat.stop()
         server.shutdown()
         server.server_close()
-    quiet = {"hostname": "a", "local_rank": 0, "round": None, "unreachable": [], "pace": None}
+    quiet = {
+        "hostname": "a",
+        "local_rank": 0,
+        "round": None,
+        "unreachable": [],
+        "pace": None,
+        "held_shards": None,
+    }
     assert _Recording.bodies[:3] == [
         quiet,
         {**quiet, "round": 3, "unreachable": [{"hostname": "b", "local_rank": 1}]},

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from elasticjob.wire.messages import ExitAnswer
 from elasticjob.worker_contract import (
     ENV_BACKEND,
     ENV_BIND_ADDRESS,
@@ -194,3 +195,40 @@ async def test_a_failed_slot_is_reported_to_the_jobs_rendezvous_at_once() -> Non
         )
         assert await asyncio.wait_for(pod.wait(), 120) == 128 + 9
         assert cluster.listener_a.exits == [(W2, -9)]
+
+
+async def test_a_failed_slot_the_driver_restarts_starts_again_beside_the_others(
+    tmp_path: Path,
+) -> None:
+    """The driver answers the report with a restart (``slot_loss.py``): the supervisor starts
+    a fresh process in the slot, leaves the other slot running, and the pod succeeds once
+    every slot has."""
+    async with started_cluster() as cluster:
+        cluster.job_a.readmit([W2])
+        cluster.listener_a.exit_answer = ExitAnswer(restart=True, reason="told to")
+        env = pod_env("gloo") | {
+            ENV_RENDEZVOUS_URL: cluster.service.url,
+            ENV_JOB: "job-a",
+            ENV_TOKEN: TOKEN_A,
+            ENV_HOSTNAME: W2.hostname,
+        }
+        script = (
+            "import os, pathlib, time\n"
+            f"slot = os.environ['{ENV_LOCAL_RANK}']\n"
+            f"runs = pathlib.Path(r'{tmp_path}') / slot\n"
+            "first = not runs.exists()\n"
+            "with runs.open('a') as log: log.write(str(os.getpid()) + '\\n')\n"
+            "if slot == '1' and first: os.kill(os.getpid(), 9)\n"
+            "other = runs.parent / '1'\n"
+            "while slot == '0' and (not other.exists() or len(other.read_text().split()) < 2):\n"
+            "    time.sleep(0.05)  # slot 0 lives on until the restarted slot 1 ran\n"
+        )
+        pod = await asyncio.create_subprocess_exec(
+            *SLOTS, "2", "--", sys.executable, "-c", script, env=env, stderr=subprocess.PIPE
+        )
+        _, stderr = await asyncio.wait_for(pod.communicate(), 120)
+        assert pod.returncode == 0, stderr.decode()
+        assert cluster.listener_a.exits == [(W2, -9)]
+        runs = {slot: (tmp_path / slot).read_text().split() for slot in ("0", "1")}
+        assert (len(runs["0"]), len(runs["1"])) == (1, 2), runs
+        assert "slot 1 ended with -9 and starts again: told to" in stderr.decode()

@@ -177,7 +177,10 @@ class ShardedState(HandledAttributes, State):
         runtime, layout = self._pipeline.runtime, self._pipeline.layout
         if self.model is None or self.optimizer is None or runtime is None or layout is None:
             raise RuntimeError("a ShardedState is committed inside elastic.run only")
+        told = self._held_shards()
         self._pipeline.wait()
+        if self._held_shards() != told:  # the round's first commit is confirmed
+            runtime.held_shards_changed()
         started = time.monotonic()
         if snapshot is None:
             shard = layout.shard_of(runtime.slot.rank)
@@ -218,14 +221,15 @@ class ShardedState(HandledAttributes, State):
         self._load_attributes(copy.deepcopy(commit.extras))
 
     def _held_shards(self) -> HeldShards | None:
-        """What this rank holds of its newest commit, for the driver to place the next
-        round's ranks by (None: nothing, or HSDP, whose new replicas take a replica's shards
-        wherever they go)."""
-        commit = self._pipeline.pending or self._pipeline.confirmed
-        if commit is None or self.hsdp:
+        """What this rank holds of its last confirmed commit, copies included (None:
+        nothing), for the driver to place the next round's ranks by and to plan what follows
+        a lost slot."""
+        commit = self._pipeline.confirmed
+        if commit is None:
             return None
-        snapshot = commit.snapshot
-        return HeldShards(shards=snapshot.shards, own=snapshot.shard, copies=tuple(commit.copies))
+        own = commit.snapshot.shard
+        copies = tuple(s for s in commit.copies if s != own)  # HSDP: a counterpart's copy
+        return HeldShards(shards=commit.snapshot.shards, own=own, copies=copies, hsdp=self.hsdp)
 
     # ---- a new round -------------------------------------------------------------------
 
