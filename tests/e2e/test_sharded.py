@@ -75,6 +75,34 @@ def sharded_job(**spec: Any) -> dict[str, Any]:
     )
 
 
+def wait_training(kube: Kube, pods: int) -> dict[str, Any]:
+    """The job's status once it trains with ``pods`` pods of 2 slots, 10 steps in."""
+    return wait_status(
+        kube,
+        JOB,
+        f"training with {pods} pod(s) of 2 slots",
+        lambda s: (
+            s.get("phase") == "Running"
+            and s.get("worldSize") == 2 * pods
+            and s.get("progress") is not None
+            and (s["progress"]["epoch"], s["progress"]["step"]) >= (0, 10)
+        ),
+        STARTUP_S,
+    )
+
+
+def succeeded(kube: Kube) -> tuple[dict[str, Any], str]:
+    """The job's status once it succeeded, and its workers' logs then."""
+    done = wait_status(kube, JOB, "success", lambda s: s.get("phase") == "Succeeded", 300)
+    return done, worker_logs(kube)
+
+
+def worker_failed(kube: Kube) -> list[str]:
+    """The messages of the ``WorkerFailed`` events so far."""
+    events = json.loads(kube.kubectl("get", "events", "-o", "json"))["items"]
+    return [e["message"] for e in events if e["reason"] == "WorkerFailed"]
+
+
 def containers(kube: Kube) -> dict[str, tuple[str, int]]:
     """Each worker pod's container: its ID and restart count, by pod name."""
     found = {}
@@ -108,18 +136,7 @@ def test_a_pod_of_an_hsdp_job_loses_a_process_and_the_job_scales_out(
 ) -> None:
     kube.apply(sharded_job())
     try:
-        training = wait_status(
-            kube,
-            JOB,
-            "training with 2 pods of 2 slots",
-            lambda s: (
-                s.get("phase") == "Running"
-                and s.get("worldSize") == 4
-                and s.get("progress") is not None
-                and (s["progress"]["epoch"], s["progress"]["step"]) >= (0, 10)
-            ),
-            STARTUP_S,
-        )
+        training = wait_training(kube, pods=2)
         victim = next(w for w in training["workers"] if 0 not in w["ranks"])
         survivor = next(w["pod"] for w in training["workers"] if 0 in w["ranks"])
         before = containers(kube)
@@ -136,8 +153,7 @@ def test_a_pod_of_an_hsdp_job_loses_a_process_and_the_job_scales_out(
         # The driver heard of it before the pod's status said so: from the pod's slot
         # supervisor, or from the survivors whose collective with it broke, whichever came
         # first (both are early; the kubelet's report would name the container's exit code).
-        events = json.loads(kube.kubectl("get", "events", "-o", "json"))["items"]
-        failed = [e["message"] for e in events if e["reason"] == "WorkerFailed"]
+        failed = worker_failed(kube)
         early = ("its pod saw it end with -9", "could not reach it")
         assert failed and all(any(e in m for e in early) for m in failed), failed
         kube.kubectl("scale", f"elasticjob/{JOB}", "--replicas=3")
@@ -155,8 +171,7 @@ def test_a_pod_of_an_hsdp_job_loses_a_process_and_the_job_scales_out(
             lambda s: trains_on(s, scaled, "round", lost=leaving),
             timeout=120,
         )
-        done = wait_status(kube, JOB, "success", lambda s: s.get("phase") == "Succeeded", 300)
-        logs = worker_logs(kube)
+        done, logs = succeeded(kube)
     finally:
         final = status(kube, JOB)
         stop_workers(kube, tmp_path)
@@ -199,18 +214,7 @@ def test_a_process_lost_inside_the_one_replica_of_an_hsdp_job_restarts_in_its_po
     sequence trained exactly once per epoch."""
     kube.apply(sharded_job(replicas=1, maxReplicas=1))
     try:
-        training = wait_status(
-            kube,
-            JOB,
-            "training with 1 pod of 2 slots",
-            lambda s: (
-                s.get("phase") == "Running"
-                and s.get("worldSize") == 2
-                and s.get("progress") is not None
-                and (s["progress"]["epoch"], s["progress"]["step"]) >= (0, 10)
-            ),
-            STARTUP_S,
-        )
+        training = wait_training(kube, pods=1)
         (pod,) = (w["pod"] for w in training["workers"])
         before = containers(kube)
         killed = kube.kubectl("exec", pod, "--", "python", "-c", KILL_ONE_SLOT)
@@ -223,13 +227,11 @@ def test_a_process_lost_inside_the_one_replica_of_an_hsdp_job_restarts_in_its_po
             timeout=180,
         )
         assert containers(kube) == before, "the same container, never restarted"
-        events = json.loads(kube.kubectl("get", "events", "-o", "json"))["items"]
-        failed = [e["message"] for e in events if e["reason"] == "WorkerFailed"]
+        failed = worker_failed(kube)
         assert failed == [f"pod {pod}: slot 1 ended with -9, restarts in place (its slot's "
                           "restart moves 1/2 of a replica; dropping its host cannot keep "
                           "every shard)"], failed  # fmt: skip
-        done = wait_status(kube, JOB, "success", lambda s: s.get("phase") == "Succeeded", 300)
-        logs = worker_logs(kube)
+        done, logs = succeeded(kube)
     finally:
         final = status(kube, JOB)
         stop_workers(kube, tmp_path)

@@ -29,7 +29,7 @@ from elasticjob.worker_contract import (
     ENV_TOKEN,
     ENV_TORCH_LOCAL_RANK,
 )
-from tests.support.rendezvous_http import TOKEN_A, started_cluster
+from tests.support.rendezvous_http import TOKEN_A, Cluster, started_cluster
 from tests.support.rendezvous_jobs import W2
 
 SLOTS = [sys.executable, "-m", "elasticjob.worker_runtime.agents.slot_supervisor"]
@@ -174,17 +174,22 @@ def test_nccl_slots_each_get_their_own_gpu(tmp_path: Path) -> None:
     assert done.returncode != 0 and f"slot {slots} has no GPU of its own" in done.stderr
 
 
+def reporting_env(cluster: Cluster) -> dict[str, str]:
+    """The environment of host-a's pod of job-a, whose supervisor reports to ``cluster``."""
+    return pod_env("gloo") | {
+        ENV_RENDEZVOUS_URL: cluster.service.url,
+        ENV_JOB: "job-a",
+        ENV_TOKEN: TOKEN_A,
+        ENV_HOSTNAME: W2.hostname,
+    }
+
+
 async def test_a_failed_slot_is_reported_to_the_jobs_rendezvous_at_once() -> None:
     """The pod's credential speaks for its slots: the service hears which slot ended and how,
     while the supervisor takes the pod down."""
     async with started_cluster() as cluster:
         cluster.job_a.readmit([W2])  # host-a's slot 1, as its driver does before launching it
-        env = pod_env("gloo") | {
-            ENV_RENDEZVOUS_URL: cluster.service.url,
-            ENV_JOB: "job-a",
-            ENV_TOKEN: TOKEN_A,
-            ENV_HOSTNAME: W2.hostname,
-        }
+        env = reporting_env(cluster)
         script = (
             "import os, time\n"
             f"if os.environ['{ENV_LOCAL_RANK}'] == '1': os.kill(os.getpid(), 9)\n"
@@ -206,12 +211,7 @@ async def test_a_failed_slot_the_driver_restarts_starts_again_beside_the_others(
     async with started_cluster() as cluster:
         cluster.job_a.readmit([W2])
         cluster.listener_a.exit_answer = ExitAnswer(restart=True, reason="told to")
-        env = pod_env("gloo") | {
-            ENV_RENDEZVOUS_URL: cluster.service.url,
-            ENV_JOB: "job-a",
-            ENV_TOKEN: TOKEN_A,
-            ENV_HOSTNAME: W2.hostname,
-        }
+        env = reporting_env(cluster)
         script = (
             "import os, pathlib, time\n"
             f"slot = os.environ['{ENV_LOCAL_RANK}']\n"
