@@ -11,12 +11,15 @@ it logs once the round's sync is done), read from the pods' log timestamps:
 
 - ``in place``: what the operator does: the other pod keeps its processes and memory and
   trains on from the last in-memory commit (its replica holds every shard: nothing moves);
+  with ``--pods 1`` (one replica), the killed slot restarts in its pod, whose other process
+  keeps its memory, and takes its shard from that process's copy
+  (``elasticjob/driver/slot_loss.py``);
 - ``new pods``: what a controller that restarts a job by replacing its pods does (a
   PyTorchJob's restart policy, a JobSet's recreate): at the kill every pod of the job is
   deleted, and the pods the operator creates in their place start from the newest durable
   checkpoint on the volume (``torch.distributed.checkpoint``).
 
-Usage: nice -n 5 python bench/sharded_pods.py [--repeat 2] [--dim 256] [--layers 4]
+Usage: nice -n 5 python bench/sharded_pods.py [--repeat 2] [--dim 256] [--layers 4] [--pods 2]
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ def manifest(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
         train,
         grace_s=5,
         volumes=[checkpoints],
-        maxReplicas=2,
+        replicas=args.pods,
+        maxReplicas=args.pods,
         blacklist={"scope": "Pod"},
         checkpoint={"volume": "checkpoints", "path": CHECKPOINTS, "everyCommits": 2},
     )
@@ -90,16 +94,17 @@ def one_run(kube: Kube, name: str, work: Path, args: argparse.Namespace, replace
     kube.apply(manifest(name, work, args))
     try:
         training = kube.wait(
-            "the job past its first checkpoint, with 2 pods of 2 slots",
+            f"the job past its first checkpoint, with {args.pods} pod(s) of 2 slots",
             lambda: (
-                (s := status(kube, name)).get("worldSize") == 4
+                (s := status(kube, name)).get("worldSize") == 2 * args.pods
                 and s.get("phase") == "Running"
                 and any(COMPLETE.fullmatch(found.name) for found in work.rglob("ckpt-*"))
                 and s
             ),
             timeout=STARTUP_S,
         )
-        victim = next(w["pod"] for w in training["workers"] if 0 not in w["ranks"])
+        pods = sorted(training["workers"], key=lambda w: 0 in w["ranks"])
+        victim = pods[0]["pod"]  # one without rank 0, where there is one
         round_before = max(r for _, r in round_lines(kube, selector))
         _, killed = kube.kubectl("exec", victim, "--", "python", "-c", KILL_ONE_SLOT).split()
         killed_at = float(killed)  # the kill itself, not kubectl exec's start before it
@@ -124,6 +129,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--pods", type=int, default=2, help="pods of 2 slots (replicas)")
     args = parser.parse_args()
     with operator_on_real_nodes("elasticjob-bench-sharded-", BENCH_NET) as (_, kube, run_dir):
         found = in_place_and_new_pods(
