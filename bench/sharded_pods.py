@@ -35,7 +35,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.real_node_operator import in_place_and_new_pods, operator_on_real_nodes  # noqa: E402
-from tests.support.elastic_jobs import KILL_ONE_SLOT, STARTUP_S, hsdp_job, status  # noqa: E402
+from tests.support.elastic_jobs import (  # noqa: E402
+    KILL_ONE_SLOT,
+    START_SERVER_RUNS,
+    STARTUP_S,
+    hsdp_job,
+    status,
+)
 from tests.support.kube import Kube  # noqa: E402
 
 BENCH_NET = 93
@@ -105,6 +111,11 @@ def one_run(kube: Kube, name: str, work: Path, args: argparse.Namespace, replace
         )
         pods = sorted(training["workers"], key=lambda w: 0 in w["ranks"])
         victim = pods[0]["pod"]  # one without rank 0, where there is one
+        kube.wait(  # a slot restarted in place is forked from it
+            "the pod's start server",
+            lambda: "True" in kube.kubectl("exec", victim, "--", "python", "-c", START_SERVER_RUNS),
+            timeout=60,
+        )
         round_before = max(r for _, r in round_lines(kube, selector))
         _, killed = kube.kubectl("exec", victim, "--", "python", "-c", KILL_ONE_SLOT).split()
         killed_at = float(killed)  # the kill itself, not kubectl exec's start before it

@@ -63,6 +63,7 @@ ENV_CHECKPOINT_INTERVAL: Final = "ELASTICJOB_CHECKPOINT_INTERVAL"
 ENV_CHECKPOINT_KEEP: Final = "ELASTICJOB_CHECKPOINT_KEEP"
 ENV_MAX_RESTARTS: Final = "ELASTICJOB_MAX_RESTARTS"
 ENV_WARM_START: Final = "ELASTICJOB_WARM_START"
+ENV_START_SERVER_AFTER: Final = "ELASTICJOB_START_SERVER_AFTER"
 
 # The training script's launch-time variables (horovodrun's and torchrun's): its host and
 # slot, known when the process starts (``elasticjob.script_env`` writes the others each round).
@@ -195,8 +196,10 @@ class WorkerSettings(BaseModel):
     """Restart mode: the job's restart limit, which the script reads as
     ``TORCHELASTIC_MAX_RESTARTS`` (0, torchrun's default, when the job sets none)."""
     warm_start: Annotated[bool, Flag(ENV_WARM_START)] = True
-    """Restart mode: the agent forks its script's starts from a start server with torch
-    imported; ``0``: every start is cold."""
+    """Whether starts fork from a start server with torch imported (``0``: cold): a restart-mode
+    agent's script's, and a pod's slot that its supervisor restarts in place."""
+    start_server_after_s: Annotated[float, Seconds(ENV_START_SERVER_AFTER)] = 10.0
+    """When a pod's start server starts after its slots (not to slow their own imports)."""
     checkpoint: Annotated[CheckpointPolicy | None, _Checkpoints(ENV_CHECKPOINT_DIR)] = None
     """The job's durable checkpoint policy (unset: none, no fallback): its folder, how often
     and how many are kept. Rank 0 writes the committed state there; a new rank 0 without a
@@ -282,11 +285,8 @@ class WorkerConfig(WorkerSettings):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> WorkerConfig | None:
-        """Read the contract, or None when the process was not started by a launcher (no
-        rendezvous URL).
-
-        Raises :class:`RuntimeError` naming the variables that are missing, :class:`ValueError`
-        naming one that is malformed."""
+        """Read the contract (None: not started by a launcher, no rendezvous URL). Raises
+        :class:`RuntimeError` naming the missing variables, :class:`ValueError` a malformed one."""
         if not environ.get(ENV_RENDEZVOUS_URL):
             return None
         given = cls._from_environ(environ)

@@ -192,7 +192,11 @@ def _runtime_env(
             "heartbeat_interval_s": driver_settings(spec).heartbeat_interval_s,
             "checkpoint": spec.checkpoint.policy() if spec.checkpoint is not None else None,
             "max_restarts": job_recovery(spec).script_max_restarts,
-            "warm_start": spec.warm_start if spec.mode is JobMode.RESTART else None,
+            "warm_start": (
+                spec.warm_start
+                if spec.mode is JobMode.RESTART or spec.slots_per_worker > 1
+                else None
+            ),
         }
     )
     return pod_env(settings, token=SecretKey(token_secret_name(name), pod_name))

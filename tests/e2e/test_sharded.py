@@ -26,6 +26,7 @@ import pytest
 from devcluster.cluster import Cluster
 from tests.support.elastic_jobs import (
     KILL_ONE_SLOT,
+    START_SERVER_RUNS,
     STARTUP_S,
     hsdp_job,
     status,
@@ -209,13 +210,18 @@ def test_a_process_lost_inside_the_one_replica_of_an_hsdp_job_restarts_in_its_po
     """One pod of two slots: HSDP down to one replica, which the copies of ``redundancy``
     protect. Its slot 1's process is SIGKILLed: dropping the pod would leave nobody, so the
     driver answers the pod's report with a restart (``slot_loss.py``). The pod keeps its
-    container, slot 0 its process and shard, and a fresh process in slot 1 takes its shard
-    from the copy slot 0 keeps; the job trains on at the same size and succeeds, every
-    sequence trained exactly once per epoch."""
+    container, slot 0 its process and shard, and a fresh process in slot 1 (forked from the
+    pod's start server, torch imported) takes its shard from the copy slot 0 keeps; the job
+    trains on at the same size and succeeds, every sequence trained exactly once per epoch."""
     kube.apply(sharded_job(replicas=1, maxReplicas=1))
     try:
         training = wait_training(kube, pods=1)
         (pod,) = (w["pod"] for w in training["workers"])
+        kube.wait(
+            "the pod's start server",
+            lambda: "True" in kube.kubectl("exec", pod, "--", "python", "-c", START_SERVER_RUNS),
+            timeout=60,
+        )
         before = containers(kube)
         killed = kube.kubectl("exec", pod, "--", "python", "-c", KILL_ONE_SLOT)
         assert killed.strip(), "no process of the pod's second slot"
@@ -237,6 +243,8 @@ def test_a_process_lost_inside_the_one_replica_of_an_hsdp_job_restarts_in_its_po
         stop_workers(kube, tmp_path)
     assert done["completionTime"], final
     assert "slot 1 ended with -9 and starts again: its slot's restart moves 1/2" in logs, logs
+    assert "slot 1 starts forked from the start server (torch imported)" in logs, logs
+    assert "slot 1 starts forked from the start server (torch imported)" in logs, logs
     by_round = {int(n): (int(replicas), int(sent)) for n, replicas, sent in RESHARDED.findall(logs)}
     restarted = [by_round[n] for n in sorted(by_round) if n > training["round"]]
     assert restarted and restarted[0][0] == 1 and restarted[0][1] > 0, by_round

@@ -49,6 +49,7 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "timeline_dir": TEXT,
     "max_restarts": st.integers(min_value=0, max_value=10**9),
     "warm_start": st.booleans(),
+    "start_server_after_s": SECONDS,
     "checkpoint": POLICIES,
     "token": TEXT,
     "hostname": TEXT,
@@ -77,6 +78,7 @@ EVERY_SETTING = WorkerSettings(
     timeline_dir="/tmp/timeline",
     max_restarts=3,
     warm_start=False,
+    start_server_after_s=5,
     checkpoint=CheckpointPolicy("/ckpt", every_commits=10, keep=2),
 )
 

@@ -243,7 +243,9 @@ class ElasticJobSpec(_Spec):
     before keeps the job going. 0: never."""
     warm_start: StrictBool = True
     """Restart mode: each agent forks its script's starts from a start server with torch
-    imported (``false``: every start is cold, as under torchrun)."""
+    imported (``false``: every start is cold, as under torchrun). Elastic mode, with
+    ``slotsPerWorker`` above 1: each pod keeps a start server, and a slot's process restarted
+    in place is forked from it (``false``: it starts cold)."""
     reset_limit: Annotated[StrictInt, Field(ge=0)] | None = None
     """The job fails after this many resets, counted as horovodrun's ``--reset-limit``
     counts them: every new round after the first, whether a failure or a change of hosts

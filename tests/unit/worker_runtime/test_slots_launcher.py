@@ -26,9 +26,14 @@ from elasticjob.worker_contract import (
     ENV_LOCAL_RANK,
     ENV_NCCL_SOCKET_IFNAME,
     ENV_RENDEZVOUS_URL,
+    ENV_START_SERVER_AFTER,
     ENV_TOKEN,
     ENV_TORCH_LOCAL_RANK,
+    ENV_WARM_START,
+    RESTART_AGENT_MODULE,
+    WorkerConfig,
 )
+from elasticjob.worker_runtime.agents import slot_supervisor
 from tests.support.rendezvous_http import TOKEN_A, Cluster, started_cluster
 from tests.support.rendezvous_jobs import W2
 
@@ -202,33 +207,92 @@ async def test_a_failed_slot_is_reported_to_the_jobs_rendezvous_at_once() -> Non
         assert cluster.listener_a.exits == [(W2, -9)]
 
 
+@pytest.mark.parametrize(
+    ("as_file", "warm"),
+    [
+        pytest.param(True, "torch", id="forked-from-the-pods-start-server"),
+        pytest.param(False, "cold", id="a-command-that-cannot-start-warm"),
+    ],
+)
 async def test_a_failed_slot_the_driver_restarts_starts_again_beside_the_others(
-    tmp_path: Path,
+    tmp_path: Path, as_file: bool, warm: str
 ) -> None:
     """The driver answers the report with a restart (``slot_loss.py``): the supervisor starts
     a fresh process in the slot, leaves the other slot running, and the pod succeeds once
-    every slot has."""
+    every slot has. A command of a script file restarts forked from the pod's start server:
+    torch is imported before its first line; another restarts cold."""
     async with started_cluster() as cluster:
         cluster.job_a.readmit([W2])
         cluster.listener_a.exit_answer = ExitAnswer(restart=True, reason="told to")
-        env = reporting_env(cluster)
+        env = reporting_env(cluster) | {ENV_START_SERVER_AFTER: "0"}
         script = (
-            "import os, pathlib, time\n"
+            "import os, pathlib, sys, time\n"
             f"slot = os.environ['{ENV_LOCAL_RANK}']\n"
             f"runs = pathlib.Path(r'{tmp_path}') / slot\n"
             "first = not runs.exists()\n"
-            "with runs.open('a') as log: log.write(str(os.getpid()) + '\\n')\n"
+            "warm = 'torch' if 'torch' in sys.modules else 'cold'\n"
+            "with runs.open('a') as log: log.write(warm + '\\n')\n"
+            # A slot that restarts warm fails once the pod's start server (its supervisor's
+            # other child) runs.
+            "def server_runs():\n"
+            "    for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+            "        try:\n"
+            "            status = open(f'/proc/{pid}/status').read()\n"
+            "            command = open(f'/proc/{pid}/cmdline', 'rb').read()\n"
+            "        except OSError:\n"
+            "            continue  # it ended meanwhile\n"
+            "        if f'PPid:\\t{os.getppid()}\\n' in status and b'warm_interp' in command:\n"
+            "            return True\n"
+            "    return False\n"
+            f"while {as_file} and slot == '1' and first and not server_runs():\n"
+            "    time.sleep(0.05)\n"
             "if slot == '1' and first: os.kill(os.getpid(), 9)\n"
             "other = runs.parent / '1'\n"
             "while slot == '0' and (not other.exists() or len(other.read_text().split()) < 2):\n"
             "    time.sleep(0.05)  # slot 0 lives on until the restarted slot 1 ran\n"
         )
+        program = tmp_path / "slot.py"
+        program.write_text(script)
+        command = [str(program)] if as_file else ["-c", script]
         pod = await asyncio.create_subprocess_exec(
-            *SLOTS, "2", "--", sys.executable, "-c", script, env=env, stderr=subprocess.PIPE
+            *SLOTS, "2", "--", sys.executable, *command, env=env, stderr=subprocess.PIPE
         )
         _, stderr = await asyncio.wait_for(pod.communicate(), 120)
         assert pod.returncode == 0, stderr.decode()
         assert cluster.listener_a.exits == [(W2, -9)]
         runs = {slot: (tmp_path / slot).read_text().split() for slot in ("0", "1")}
-        assert (len(runs["0"]), len(runs["1"])) == (1, 2), runs
+        assert runs == {"0": ["cold"], "1": ["cold", warm]}, (runs, stderr.decode())
         assert "slot 1 ended with -9 and starts again: told to" in stderr.decode()
+        forked = "slot 1 starts forked from the start server" in stderr.decode()
+        assert forked is (warm == "torch"), stderr.decode()
+
+
+@pytest.mark.parametrize(
+    ("command", "warm", "forked"),
+    [
+        pytest.param(["python", "train.py", "--x"], "1", True, id="a-script"),
+        pytest.param(["python", "-m", "trainer"], "1", True, id="a-module"),
+        pytest.param(["python", "train.py"], "0", False, id="warm-start-off"),
+        pytest.param(["python", "-c", "pass"], "1", False, id="a-command-line"),
+        pytest.param(["bash", "run.sh"], "1", False, id="not-python"),
+        pytest.param(
+            ["python", "-m", RESTART_AGENT_MODULE, "--", "python", "t.py"],
+            "1",
+            False,
+            id="a-restart-mode-agent-keeps-its-own",
+        ),
+    ],
+)
+def test_which_restarted_slots_fork_from_the_pods_start_server(
+    command: list[str], warm: str, forked: bool
+) -> None:
+    env = pod_env("gloo") | {
+        ENV_RENDEZVOUS_URL: "http://127.0.0.1:1",
+        ENV_JOB: "job-a",
+        ENV_TOKEN: TOKEN_A,
+        ENV_HOSTNAME: "host-a",
+        ENV_WARM_START: warm,
+    }
+    config = WorkerConfig.from_env(env)
+    assert (slot_supervisor.warm_restarts(command, config) is not None) is forked
+    assert slot_supervisor.warm_restarts(command, None) is None, "no service: none restarts"
