@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 from bench.real_node_operator import in_place_and_new_pods, operator_on_real_nodes  # noqa: E402
 from tests.support.elastic_jobs import (  # noqa: E402
     KILL_ONE_SLOT,
-    START_SERVER_RUNS,
+    START_SERVER_READY,
     STARTUP_S,
     hsdp_job,
     status,
@@ -113,7 +113,7 @@ def one_run(kube: Kube, name: str, work: Path, args: argparse.Namespace, replace
         victim = pods[0]["pod"]  # one without rank 0, where there is one
         kube.wait(  # a slot restarted in place is forked from it
             "the pod's start server",
-            lambda: "True" in kube.kubectl("exec", victim, "--", "python", "-c", START_SERVER_RUNS),
+            lambda: START_SERVER_READY in kube.kubectl("logs", victim),
             timeout=60,
         )
         round_before = max(r for _, r in round_lines(kube, selector))

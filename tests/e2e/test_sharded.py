@@ -26,7 +26,7 @@ import pytest
 from devcluster.cluster import Cluster
 from tests.support.elastic_jobs import (
     KILL_ONE_SLOT,
-    START_SERVER_RUNS,
+    START_SERVER_READY,
     STARTUP_S,
     hsdp_job,
     status,
@@ -219,7 +219,7 @@ def test_a_process_lost_inside_the_one_replica_of_an_hsdp_job_restarts_in_its_po
         (pod,) = (w["pod"] for w in training["workers"])
         kube.wait(
             "the pod's start server",
-            lambda: "True" in kube.kubectl("exec", pod, "--", "python", "-c", START_SERVER_RUNS),
+            lambda: START_SERVER_READY in kube.kubectl("logs", pod),
             timeout=60,
         )
         before = containers(kube)

@@ -129,18 +129,9 @@ def elastic_job(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-START_SERVER_RUNS = (
-    "import os\n"
-    "def command(pid):\n"
-    "    try:\n"
-    "        return open(f'/proc/{pid}/cmdline', 'rb').read()\n"
-    "    except OSError:\n"
-    "        return b''  # it ended meanwhile\n"
-    "pids = filter(str.isdigit, os.listdir('/proc'))\n"
-    "print(any(b'warm_interpreter' in command(pid) for pid in pids))\n"
-)
-"""Run in a pod of several slots: prints whether its start server runs yet (a slot restarted
-in place is forked from it once it does)."""
+START_SERVER_READY = "the start server is ready (torch imported)"
+"""What a pod of several slots logs once a slot restarted in place forks from its start
+server (``worker_runtime/agents/slot_processes.py``)."""
 
 KILL_ONE_SLOT = (
     "import os, signal, time\n"

@@ -62,13 +62,17 @@ class SlotProcesses:
     def _start_server(self) -> None:
         assert self._warm is not None
         try:
-            self._server = StartServer(self._warm, self._envs[0])
+            self._server = StartServer(self._warm, self._envs[0], self._server_ready)
         except OSError as exc:  # the pod's process or memory limit
             logger.warning("no start server (%s): a restarted slot starts cold", exc)
 
     def __bool__(self) -> bool:
         """Whether a slot's process still runs."""
         return bool(self._running)
+
+    @staticmethod
+    def _server_ready() -> None:
+        logger.info("the start server is ready (torch imported)")
 
     def start(self, slot: int, *, restart: bool = False) -> None:
         """Start ``slot``'s process: a ``restart`` forked from the start server where there is

@@ -123,7 +123,14 @@ class StartServer:
     :meth:`connect` is the client of a *shared* server instead (``warm_interpreter.py
     --listen``), one that outlives its clients: this process's starts die when it goes."""
 
-    def __init__(self, warm: WarmStart, env: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        warm: WarmStart,
+        env: Mapping[str, str],
+        on_ready: Callable[[], object] = lambda: None,
+    ) -> None:
+        """``on_ready`` is called (on a thread of this object) once the server has imported
+        torch and serves."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             process: subprocess.Popen[bytes] | None = subprocess.Popen(
@@ -141,7 +148,7 @@ class StartServer:
             raise
         finally:
             theirs.close()
-        self._follow(warm, env, ours, process)
+        self._follow(warm, env, ours, process, on_ready)
 
     @classmethod
     def connect(cls, path: str, warm: WarmStart) -> StartServer:
@@ -165,7 +172,7 @@ class StartServer:
             channel.close()
             raise
         server = cls.__new__(cls)
-        server._follow(warm, env, channel, None)
+        server._follow(warm, env, channel, None, lambda: None)  # it greeted: ready
         return server
 
     def _follow(
@@ -174,8 +181,10 @@ class StartServer:
         env: Mapping[str, str],
         channel: socket.socket,
         process: subprocess.Popen[bytes] | None,
+        on_ready: Callable[[], object],
     ) -> None:
         self._warm = warm
+        self._on_ready = on_ready
         self.env = dict(env)
         """The environment the server was started with."""
         self.shared = process is None
@@ -239,6 +248,9 @@ class StartServer:
             self._answer(json.loads(message))
 
     def _answer(self, answer: dict[str, Any]) -> None:
+        if answer.get("ready"):
+            self._on_ready()
+            return
         with self._lock:
             if "exit" in answer:
                 on_exit = self._exits.pop(answer["pid"], None)

@@ -8,7 +8,8 @@ It runs by its path, so that it needs nothing but the standard library and, if i
 import it, torch. It imports torch, then reads starts from a client's ``SOCK_SEQPACKET``
 socket: each a JSON message ``{"id"}`` carrying four descriptors, the start's standard input,
 output and error, and a file of the start as JSON (``argv``, ``env``, ``cwd``, and ``module``
-for ``python -m``; a file, since an environment can outgrow a socket's buffer). Per start it forks
+for ``python -m``; a file, since an environment can outgrow a socket's buffer); with
+``--serve`` it says ``{"ready": true}`` first, once torch is imported. Per start it forks
 a child, which takes a process session of its own, dies with the server
 (``PR_SET_PDEATHSIG``), takes the start's streams, environment, directory and ``sys.argv``,
 and runs the script as ``python script.py`` or ``python -m module`` would, as ``__main__``,
@@ -322,7 +323,9 @@ def main() -> None:
     if sys.argv[1] == "--listen":
         start = _serve_shared(sys.argv[2])
     else:
-        start = _serve(socket.socket(fileno=int(sys.argv[2])), None)
+        channel = socket.socket(fileno=int(sys.argv[2]))
+        _send(channel, {"ready": True})
+        start = _serve(channel, None)
     if start is not None:
         _run(start)
 
