@@ -58,6 +58,7 @@ from elasticjob.wire.messages import (
     WorkerId,
     WorkerState,
 )
+from elasticjob.wire.protocol import MAX_EXIT_REASON_CHARS
 
 logger = logging.getLogger(__name__)
 
@@ -298,7 +299,7 @@ class DriverEvents(RendezvousListener, abc.ABC):
             told = f"slot {worker.local_rank} ended with {exit_code}, restarts in place"
             self.note(EventKind.WORKER_FAILED, f"{worker.hostname}: {told} ({loss.reason})",
                       host=worker.hostname, warning=True)  # fmt: skip
-            return ExitAnswer(restart=True, reason=loss.reason)
+            return ExitAnswer(restart=True, reason=loss.reason[:MAX_EXIT_REASON_CHARS])
         record.exit_seen = exit_code
         self._wake.set()
         return ExitAnswer(restart=False)

@@ -16,6 +16,7 @@ from typing import Annotated, NamedTuple
 from pydantic import Field, StrictBool, StringConstraints, model_validator
 
 from elasticjob.wire.protocol import (
+    MAX_EXIT_REASON_CHARS,
     MAX_HELD_COPIES,
     MAX_PROBE_TARGETS,
     MAX_REPORTED_CHECKPOINTS,
@@ -266,7 +267,7 @@ class ExitAnswer(StrictModel):
     slots down and the pod fails, as it does when nobody answers."""
 
     restart: bool
-    reason: Annotated[str, StringConstraints(max_length=512)] = ""
+    reason: Annotated[str, StringConstraints(max_length=MAX_EXIT_REASON_CHARS)] = ""
 
 
 class ProbedPeer(StrictModel):

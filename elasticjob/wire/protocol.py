@@ -53,5 +53,8 @@ MAX_REPORTED_COMMITS: Final = 64
 MAX_HELD_COPIES: Final = 64
 """Most copies of other ranks' shards one worker says it holds (``HeldShards.copies``)."""
 
+MAX_EXIT_REASON_CHARS: Final = 512
+"""Most characters of the reason an answer to ``POST exits`` gives (``ExitAnswer.reason``)."""
+
 MAX_REPORTED_CHECKPOINTS: Final = 16
 """Most checkpoint reports one progress report carries (the newest ones)."""
