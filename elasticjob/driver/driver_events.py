@@ -40,7 +40,7 @@ from elasticjob.driver.worker_exits import (
     ExitCause,
     ExitEffects,
     ExitVerdict,
-    classify_exit,
+    classify_end,
     decide_exit,
 )
 from elasticjob.driver.worker_record import WorkerRecord, ended_without_joining
@@ -293,9 +293,8 @@ class DriverEvents(RendezvousListener, abc.ABC):
             return ExitAnswer(restart=False)
         logger.warning("worker %s ended with %d (its pod saw it)", worker, exit_code)
         loss = self._workers.slot_loss(worker, self.slots)
-        failed = exit_code != 0 and record.departure is None and self.phase is DriverPhase.RUNNING
-        restarted = failed and loss.restarts  # a failed member (see classify_exit)
-        if restarted and self.on_worker_exit(worker, exit_code, ExitCause.SLOT_ENDED).restart:
+        restarts = loss.restarts and self._verdict(worker, record, exit_code) is ExitVerdict.FAILED
+        if restarts and self.on_worker_exit(worker, exit_code, ExitCause.SLOT_ENDED).restart:
             told = f"slot {worker.local_rank} ended with {exit_code}, restarts in place"
             self.note(EventKind.WORKER_FAILED, f"{worker.hostname}: {told} ({loss.reason})",
                       host=worker.hostname, warning=True)  # fmt: skip
@@ -334,18 +333,8 @@ class DriverEvents(RendezvousListener, abc.ABC):
             return NO_EFFECTS  # its end was heard already
         verdict = None
         if record is not None:
-            at_barrier = record.at_barrier  # while it still counts as running
+            verdict = self._verdict(worker, record, exit_code)  # while it counts as running
             record.running = False
-            verdict = classify_exit(
-                self.phase,
-                member=worker in self.slots,
-                departure=record.departure,
-                exit_code=exit_code,
-                registered=record.registered,
-                stopped_after_success=record.stop_requested
-                and self.rendezvous.reported_result(worker) is WorkerState.SUCCESS,
-                at_barrier=at_barrier,
-            )
             self._record_exit(worker, record, verdict, exit_code)
         effects = decide_exit(
             verdict,
@@ -362,6 +351,17 @@ class DriverEvents(RendezvousListener, abc.ABC):
             self._fail_round(worker.hostname)
         self._wake.set()
         return effects
+
+    def _verdict(self, worker: WorkerId, record: WorkerRecord, exit_code: int) -> ExitVerdict:
+        """What the end of ``worker``'s process with ``exit_code`` means now (its record
+        still counting it as running)."""
+        return classify_end(
+            self.phase,
+            record,
+            exit_code,
+            member=worker in self.slots,
+            reported=self.rendezvous.reported_result(worker),
+        )
 
     def _record_exit(
         self, worker: WorkerId, record: WorkerRecord, verdict: ExitVerdict, exit_code: int

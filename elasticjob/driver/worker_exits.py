@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from elasticjob.driver.driver_types import Departure, DriverPhase
+from elasticjob.driver.worker_record import WorkerRecord
+from elasticjob.wire.messages import WorkerState
 
 
 class ExitCause(enum.Enum):
@@ -90,6 +92,27 @@ def classify_exit(
     if not ended_well:
         return ExitVerdict.FAILED_OUTSIDE_ROUND
     return ExitVerdict.ENDED_OUTSIDE_ROUND if registered else ExitVerdict.ENDED_WITHOUT_JOINING
+
+
+def classify_end(
+    phase: DriverPhase,
+    record: WorkerRecord,
+    exit_code: int,
+    *,
+    member: bool,
+    reported: WorkerState | None,
+) -> ExitVerdict:
+    """:func:`classify_exit` for the process ``record`` describes, asked while it still
+    counts as running; ``reported``: the state it reported with its result, if any."""
+    return classify_exit(
+        phase,
+        member=member,
+        departure=record.departure,
+        exit_code=exit_code,
+        registered=record.registered,
+        stopped_after_success=record.stop_requested and reported is WorkerState.SUCCESS,
+        at_barrier=record.at_barrier,
+    )
 
 
 @dataclass(frozen=True)
