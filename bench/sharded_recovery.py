@@ -82,6 +82,9 @@ def run_elastic(
         env[ENV_COLLECTIVE_TIMEOUT] = str(collective_timeout_s)
     job = subprocess.Popen(command, stdout=output, stderr=subprocess.PIPE, text=True, env=env)
     launcher = finish(job, timeout_s)
+    (log_dir.parent / f"{log_dir.name}.launcher").write_text(
+        "".join(f"{t:.6f} {text}\n" for t, text in launcher)
+    )
     return events(log_dir), launcher
 
 

@@ -3,7 +3,9 @@ a freshly built model and optimizer gives them the committed state bit for bit, 
 then train as the model the commit was taken from. The common case is loaded in place
 (``load_in_place``: no optimizer step on zero gradients, one copy); the others (buffers,
 an optimizer state torch would nest) go through torch's ``set_state_dict``, to the same
-result."""
+result. Memory is written once: the parameters and the optimizer take the rows a reshard
+made as they are, and a commit's own rows are copied into the memory of the round before
+where it fits."""
 
 from __future__ import annotations
 
@@ -17,11 +19,14 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_st
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from elasticjob.worker_runtime.elastic.sharded.shard_load import (
+    load_in_place,
+    load_shards,
+    round_memory,
+)
 from elasticjob.worker_runtime.elastic.sharded.shard_snapshot import (
     FLAT,
     ShardSnapshot,
-    load_in_place,
-    load_shards,
     take_snapshot,
 )
 
@@ -48,6 +53,12 @@ def sharded(model: torch.nn.Module, mesh: DeviceMesh) -> torch.nn.Module:
 
 def mlp_adamw(mesh: DeviceMesh) -> Built:
     model = sharded(torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3)), mesh)
+    return model, torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+
+
+def mlp_adamw_of_width(mesh: DeviceMesh, width: int) -> Built:
+    layers = (torch.nn.Linear(6, width), torch.nn.Linear(width, 3))
+    model = sharded(torch.nn.Sequential(*layers), mesh)
     return model, torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
 
 
@@ -156,4 +167,57 @@ def test_a_commit_loaded_without_copies_stays_as_it_was_while_the_model_trains(
     assert equal(snapshot(fresh), commit)
     train(fresh, 2)
     assert not equal(snapshot(fresh), commit), "the model trained on"
+    assert equal(commit, as_committed)
+
+
+def pointers(built: Built) -> dict[tuple[str, str], int]:
+    """Where the model's shards and its optimizer's state live, by snapshot entry."""
+    return {key: tensor.data_ptr() for key, tensor in round_memory(*built).items()}
+
+
+def test_the_parameters_and_the_optimizer_take_the_rows_made_for_them(mesh: DeviceMesh) -> None:
+    """Rows a reshard assembled for this rank are nobody else's: no copy of them is made,
+    and FSDP2 gathers the parameters from them (the model trains on as the one the commit
+    was taken from)."""
+    trained = mlp_adamw(mesh)
+    train(trained, 2)
+    commit = snapshot(trained)
+    fresh = mlp_adamw(mesh)
+    shapes = {key: entry.shape for key, entry in commit.sharded.items()}
+    locals_ = {key: entry.local.clone() for key, entry in commit.sharded.items()}
+    load_shards(*fresh, mesh, shapes, locals_, commit.replicated)
+    assert pointers(fresh) == {key: local.data_ptr() for key, local in locals_.items()}
+    train(trained, 2)
+    train(fresh, 2)
+    assert equal(snapshot(fresh), snapshot(trained))
+
+
+@pytest.mark.parametrize("width", [5, 4], ids=["same-shards", "other-shapes"])
+def test_a_commit_kept_by_its_rank_is_copied_into_the_memory_of_the_round_before(
+    mesh: DeviceMesh, width: int
+) -> None:
+    """A rank that keeps its shard copies its commit (borrowed: the commit's own tensors)
+    into its model's and optimizer's memory of the round before, which went on past the
+    commit; memory of another shape is not used. Either way the model holds the commit,
+    trains on as a model loaded from copies of it, and the commit stays as it was."""
+    trained = mlp_adamw(mesh)
+    train(trained, 2)
+    commit, as_committed = snapshot(trained), snapshot(trained)
+    before = trained if width == 5 else mlp_adamw_of_width(mesh, width)
+    train(before, 1)
+    spare = round_memory(*before)
+    fresh = mlp_adamw(mesh)
+    shapes = {key: entry.shape for key, entry in commit.sharded.items()}
+    locals_ = {key: entry.local for key, entry in commit.sharded.items()}
+    load_shards(*fresh, mesh, shapes, locals_, commit.replicated, commit.sharded.keys(), spare)
+    reused = {key for key, at in pointers(fresh).items() if at == spare[key].data_ptr()}
+    fitting = {key for key, e in commit.sharded.items() if spare[key].shape == e.local.shape}
+    assert reused == fitting
+    assert len(fitting) == (12 if width == 5 else 3)  # else only the last bias and its state
+    assert equal(snapshot(fresh), commit)
+    reference = mlp_adamw(mesh)
+    load(commit, reference, mesh)
+    train(fresh, 2)
+    train(reference, 2)
+    assert equal(snapshot(fresh), snapshot(reference))
     assert equal(commit, as_committed)

@@ -3,16 +3,14 @@ model's parameters and of its optimizer's state, flattened by name (``torch.dist
 checkpoint.state_dict``), and the entries every rank holds alike (the optimizer's step count
 and its hyperparameters).
 
-:func:`take_snapshot` copies the live shards to host memory; :func:`load_shards` builds the
-new world's state dicts from rows of the old shards and loads them into a model and optimizer
-freshly sharded over the new world. Nothing here ever gathers a whole tensor.
+:func:`take_snapshot` copies the live shards to host memory (``shard_load.py`` loads new
+shards back into a model sharded over a new world). Nothing here ever gathers a whole tensor.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib
-from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -22,8 +20,6 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -139,122 +135,6 @@ def take_snapshot(
             else:
                 snapshot.replicated[key] = value
     return snapshot
-
-
-def load_shards(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    mesh: DeviceMesh,
-    shapes: Mapping[tuple[str, str], tuple[int, ...]],
-    locals_: Mapping[tuple[str, str], torch.Tensor],
-    replicated: Mapping[tuple[str, str], Any],
-    borrowed: Collection[tuple[str, str]] = frozenset(),
-) -> None:
-    """Load this rank's new shards ``locals_`` (of tensors of global ``shapes``) and the
-    ``replicated`` entries into ``model`` and ``optimizer``, freshly sharded over ``mesh``.
-    An optimizer committed before its first step is given its groups' hyperparameters and
-    no state. The optimizer keeps the tensors of ``locals_`` as its state (no copy), except
-    the ``borrowed`` entries (a commit's own tensors, which training must not change): it
-    gets copies of those. The model's parameters are always copied into."""
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    replicated = dict(replicated)
-    groups = replicated.pop(GROUPS, None)
-    states: dict[str, dict[str, Any]] = {MODEL: {}, OPTIMIZER: {}}
-    for (kind, name), local in locals_.items():
-        shape = torch.Size(shapes[(kind, name)])
-        stride = torch.empty(shape, device="meta").stride()
-        copied = kind == OPTIMIZER and (kind, name) in borrowed
-        states[kind][name] = DTensor.from_local(
-            local.to(device, copy=copied),
-            mesh,
-            placements(mesh),
-            run_check=False,
-            shape=shape,
-            stride=stride,
-        )
-    for (kind, name), value in replicated.items():
-        states[kind][name] = value.clone() if isinstance(value, torch.Tensor) else value
-    if not load_in_place(model, optimizer, states[MODEL], states[OPTIMIZER]):
-        if groups is not None:
-            set_model_state_dict(model, states[MODEL], options=FLAT)
-        else:
-            set_state_dict(
-                model,
-                optimizer,
-                model_state_dict=states[MODEL],
-                optim_state_dict=states[OPTIMIZER],
-                options=FLAT,
-            )
-    if groups is not None:
-        set_optimizer_groups(optimizer, groups)
-
-
-def load_in_place(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    model_state: Mapping[str, Any],
-    optimizer_state: Mapping[str, Any],
-) -> bool:
-    """Load flat state dicts (:data:`FLAT`, the new shards as DTensors over the model's mesh)
-    straight into the model's parameters and the optimizer's state, when they are what the
-    common case gives: the model's entries are its parameters, by name, and the optimizer's
-    are ``state.<parameter>.<entry>`` and ``param_groups.<parameter>.<hyperparameter>``.
-    Returns False, having changed nothing, for anything else (buffers, nested optimizer
-    state, renamed parameters), which torch's ``set_state_dict`` loads.
-
-    torch's loader first steps an optimizer without state on zero gradients, to make its
-    state, then copies every entry into it: a whole optimizer step and a second copy of the
-    state, several seconds for a model of 100M parameters on a few cores. Here the
-    parameters' rows are copied once and the optimizer keeps the new shards as its state."""
-    params = dict(model.named_parameters())
-    if model_state.keys() != params.keys():
-        return False
-    per_param: dict[str, dict[str, Any]] = {name: {} for name in params}
-    hyper: dict[str, dict[str, Any]] = {name: {} for name in params}
-    for key, value in optimizer_state.items():
-        section, _, rest = key.partition(".")
-        name, _, entry = rest.rpartition(".")
-        if name not in params or section not in ("state", "param_groups"):
-            return False
-        (per_param if section == "state" else hyper)[name][entry] = value
-    names = {id(param): name for name, param in params.items()}
-    if any(id(p) not in names for group in optimizer.param_groups for p in group["params"]):
-        return False
-    with torch.no_grad():
-        for name, param in params.items():
-            value = model_state[name]
-            _local(param).copy_(_local(value))
-    optimizer.state.clear()
-    for group in optimizer.param_groups:
-        if group["params"]:  # a group's parameters share its hyperparameters
-            group.update(copy.deepcopy(hyper[names[id(group["params"][0])]]))
-        for param in group["params"]:
-            entries = per_param[names[id(param)]]
-            if entries:
-                optimizer.state[param] = {
-                    entry: _placed(value, param, group, entry) for entry, value in entries.items()
-                }
-    return True
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
-def _placed(value: Any, param: torch.Tensor, group: Mapping[str, Any], entry: str) -> Any:
-    """An optimizer state entry as ``Optimizer.load_state_dict`` places it: the step count
-    as it is, but in float32 on the parameter's device for a fused or capturable optimizer
-    (their kernels read it there); every other tensor in the parameter's dtype (when that
-    is a floating-point one) on its device."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    if entry == "step":
-        if group.get("fused") or group.get("capturable"):
-            return value.to(dtype=torch.float32, device=param.device)
-        return value
-    if param.is_floating_point():
-        return value.to(dtype=param.dtype, device=param.device)
-    return value.to(device=param.device)
 
 
 def release_group(model: torch.nn.Module, mesh: DeviceMesh | None) -> None:

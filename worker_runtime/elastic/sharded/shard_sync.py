@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,6 +33,7 @@ from elasticjob.worker_runtime.elastic.sharded.shard_commits import (
 )
 from elasticjob.worker_runtime.elastic.sharded.shard_exchange import Shards, reshard
 from elasticjob.worker_runtime.elastic.sharded.shard_layout import MeshLayout, plan_layout
+from elasticjob.worker_runtime.elastic.sharded.shard_load import load_shards
 from elasticjob.worker_runtime.elastic.sharded.shard_plan import (
     Key,
     LostShards,
@@ -40,7 +41,6 @@ from elasticjob.worker_runtime.elastic.sharded.shard_plan import (
     moved_bytes,
     plan_reshard,
 )
-from elasticjob.worker_runtime.elastic.sharded.shard_snapshot import load_shards
 from elasticjob.worker_runtime.exceptions import HorovodInternalError
 
 if TYPE_CHECKING:
@@ -105,6 +105,18 @@ class NewWorld:
     host_group: dist.ProcessGroup
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
+    spare: Mapping[Key, torch.Tensor] = field(default_factory=dict)
+    """The memory of this rank's model and optimizer in the round before, to copy its
+    commit's own shards into (``shard_load.round_memory``); empty where it does not keep
+    its shard."""
+
+
+def keeps_shard(held: Commit | None, layout: MeshLayout, rank: int) -> bool:
+    """Whether ``rank`` holds in ``layout`` the shard of its commit ``held``, whole."""
+    return held is not None and (held.snapshot.shards, held.snapshot.shard) == (
+        layout.shards,
+        layout.shard_of(rank),
+    )
 
 
 @dataclass(frozen=True)
@@ -183,13 +195,17 @@ def load_commit(
         raise
     resharded = time.monotonic()
     load_shards(
-        world.model, world.optimizer, world.mesh, shapes, new.shards, replicated, new.borrowed
+        world.model,
+        world.optimizer,
+        world.mesh,
+        shapes,
+        new.shards,
+        replicated,
+        new.borrowed,
+        world.spare,
     )
     sent = moved_bytes(plans, shapes, {key: dtype.itemsize for key, dtype in dtypes.items()})
-    kept = held is not None and (held.snapshot.shards, held.snapshot.shard) == (
-        world.layout.shards,
-        world.layout.shard_of(slot.rank),
-    )
+    kept = keeps_shard(held, world.layout, slot.rank)
     logger.info(
         "resharded commit %d from %d shards onto %d shards in %d replica(s): %d bytes sent",
         holding[source].number,

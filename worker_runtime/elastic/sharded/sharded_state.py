@@ -42,7 +42,9 @@ from elasticjob.worker_runtime.elastic.sharded.shard_checkpoint import ShardChec
 from elasticjob.worker_runtime.elastic.sharded.shard_commits import Commit
 from elasticjob.worker_runtime.elastic.sharded.shard_exchange import host_group
 from elasticjob.worker_runtime.elastic.sharded.shard_layout import LayoutError, MeshLayout
+from elasticjob.worker_runtime.elastic.sharded.shard_load import round_memory
 from elasticjob.worker_runtime.elastic.sharded.shard_pipeline import CommitPipeline
+from elasticjob.worker_runtime.elastic.sharded.shard_plan import Key
 from elasticjob.worker_runtime.elastic.sharded.shard_snapshot import (
     ShardSnapshot,
     forget_meshes,
@@ -56,6 +58,7 @@ from elasticjob.worker_runtime.elastic.sharded.shard_sync import (
     ShardsLostError,
     SyncTimes,
     agree_on_commit,
+    keeps_shard,
     load_commit,
 )
 from elasticjob.worker_runtime.elastic.state import State
@@ -150,6 +153,9 @@ class ShardedState(HandledAttributes, State):
         self._releases = False
         """Whether the round's group drops this state's model when it is destroyed."""
         self._mesh: DeviceMesh | None = None
+        self._spare: dict[Key, torch.Tensor] = {}
+        """The memory of the round that ended (its model's shards and its optimizer's
+        state), until the next sync loads a commit into it."""
 
     @property
     def layout(self) -> MeshLayout | None:
@@ -249,6 +255,9 @@ class ShardedState(HandledAttributes, State):
         held = self._pipeline.held(number) if chosen is not None else None
         self._pipeline.resume(number, held)
         self._roll_back_to(runtime, held)  # forward, where the commit was pending here
+        spare, self._spare = self._spare, {}
+        if not keeps_shard(held, layout, runtime.slot.rank):
+            spare = {}  # other shapes: let the memory go before the new model takes its own
         forget_meshes()
         names = layout.mesh_dim_names()
         mesh = self._mesh = DeviceMesh(
@@ -274,7 +283,7 @@ class ShardedState(HandledAttributes, State):
         if scheduler:
             self._keep_scheduler(scheduler[0], held)
         built = time.monotonic()
-        world = NewWorld(runtime, layout, mesh, host, model, optimizer)
+        world = NewWorld(runtime, layout, mesh, host, model, optimizer, spare)
         loaded_commit = self._load(world, chosen, held, checkpoints)
         # Counted from here: loading a commit may step the fresh optimizer on zero
         # gradients (torch's way of giving it a state to load into), which is not training.
@@ -354,4 +363,6 @@ class ShardedState(HandledAttributes, State):
         self._pipeline.end_round(broken=broken)
         if self.model is not None:
             release_group(self.model, self._mesh)
+            if self.optimizer is not None:
+                self._spare = round_memory(self.model, self.optimizer)
         self.model = self.optimizer = self._mesh = None
