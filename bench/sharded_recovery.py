@@ -8,12 +8,15 @@ with AdamW, 4 ranks, Gloo on the CPU, one thread each (``sharded_recovery_worker
    ``redundancy=1`` (copies on the other host):
    - commit cost: alternating blocks of steps with ``state.commit()`` every 10 steps and
      without commits (as ``recovery.py``'s steady mode), and each commit's time;
-   - kill: rank 3 SIGKILLs itself 3 steps past a commit; its host is blacklisted, its
-     host-mate leaves, the 2 survivors rebuild the lost shards from their copies, reshard
-     onto 2 ranks and step. From the kill to their first completed step, broken down:
-     detect (the survivors abort), re-form (the new round's group), rebuild (``build``),
-     reshard (exchange, transfers and load), re-commit (the new layout's snapshot; its copies
-     move during the first step), first step;
+   - kill: rank 3 SIGKILLs itself 3 steps past a commit. The driver's plan for a lost slot
+     (``elasticjob.driver.slot_loss``) now restarts it in place, which moves a quarter of a
+     replica: a fresh process takes the slot and receives its shard from the copy. Before
+     that plan its host was blacklisted, its host-mate left, and the 2 survivors rebuilt the
+     lost shards from their copies and resharded onto 2 ranks (the figures in the docs).
+     From the kill to the survivors' first completed step, broken down: detect (the
+     survivors abort), re-form (the new round's group), rebuild (``build``), reshard
+     (exchange, transfers and load), re-commit (the new layout's snapshot; its copies move
+     during the first step), first step;
    - memory: each rank's resident high-water mark (VmHWM) right before the kill (steady state
      after commits: it includes the snapshot and the copies it keeps) and after the
      survivors' first step in the new round;
@@ -29,10 +32,17 @@ with AdamW, 4 ranks, Gloo on the CPU, one thread each (``sharded_recovery_worker
    restarted, ``import torch``, group init, model build, DCP load, first step.
 
 The goals are measured to *training resumed*: the moment the survivors' first step begins
-(every survivor's sync done; for the restart, every process's DCP load done).
+(every survivor's sync done; for the restart, every process's DCP load done). A survivor that
+keeps its shard copies its commit's optimizer state beside its first forward and backward
+pass; how long its optimizer step then waited for those copies is printed with the first step.
+
+``--huge-pages`` runs every process of every path with ``THP_MEM_ALLOC_ENABLE=1``: torch's
+CPU allocator then puts each tensor of 2 MB or more on transparent huge pages, so that the
+kernel faults in, zeroes and frees a tensor's memory 2 MB at a time instead of 4 KB (a killed
+process of a few GB is gone in a tenth of the time).
 
 Usage: python bench/sharded_recovery.py [--params 100e6 | --dim 512 --layers 4]
-       [--paths elastic,hsdp,restart] [--keep DIR]
+       [--paths elastic,hsdp,restart] [--keep DIR] [--huge-pages]
        python bench/sharded_recovery.py --sizes 10e6,30e6,100e6 [--plot FILE.svg]
        (each path's time to training resumed against model size, as a table and a picture)
 """
@@ -61,6 +71,8 @@ WORKER = HERE / "sharded_recovery_worker.py"
 HOSTS = "127.0.1.1:2,127.0.1.2:2"
 HSDP_HOSTS = "127.0.1.1:2,127.0.1.2:2,127.0.1.3:2,127.0.1.4:2"
 GIB = 1024**3
+HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"
+"""torch's switch for transparent huge pages under its CPU allocations of 2 MB and more."""
 
 Events = list[dict[str, Any]]
 Runs = dict[str, Events]
@@ -103,12 +115,22 @@ def run_restart(log_dir: Path, model: list[str], timeout_s: float) -> Events:
     return events(log_dir)
 
 
+def learned_of_failure(lines: list[tuple[float, str]]) -> float:
+    """When a survivor learned that its round failed: the driver's notice, or one of its own
+    collectives failing first (the notice then comes once it has left the round)."""
+    found = [t for t, text in lines if "aborting the group" in text or "collective failed" in text]
+    if not found:
+        raise SystemExit("a survivor never logged that its round failed")
+    return min(found)
+
+
 def elastic_kill(evs: Events) -> dict[str, float]:
     """The kill -> the survivors' first completed step of round 2, in segments (seconds)."""
     kill = next(e["t"] for e in evs if e["ev"] == "kill")
-    survivors = {e["pid"] for e in evs if e["ev"] == "step" and e["round"] == 2}
+    before = {e["pid"] for e in evs if e["ev"] == "step" and e["round"] == 1}
+    survivors = {e["pid"] for e in evs if e["ev"] == "step" and e["round"] == 2} & before
     logs = {pid: worker_logs(evs, pid) for pid in survivors}
-    noticed = max(first_time(lines, "failed; aborting the group") for lines in logs.values())
+    noticed = max(learned_of_failure(lines) for lines in logs.values())
     aborted = max(first_time(lines, "rolling back") for lines in logs.values())
     joined = max(first_time(lines, "joined round 2") for lines in logs.values())
     syncs = [e for e in evs if e["ev"] == "sync" and e["round"] == 2]
@@ -118,7 +140,7 @@ def elastic_kill(evs: Events) -> dict[str, float]:
         for pid in survivors
     )
     parts = {
-        "notice (every survivor has it)": noticed - kill,
+        "notice (every survivor has it, or failed a collective)": noticed - kill,
         "detect (every survivor aborted)": aborted - kill,
         "re-form (to the new group)": joined - aborted,
         "rebuild (build_s)": max(e["build_s"] for e in syncs),
@@ -129,6 +151,9 @@ def elastic_kill(evs: Events) -> dict[str, float]:
     }
     parts["sync, rest"] = synced - joined - sum(list(parts.values())[3:])
     parts["first step"] = stepped - synced
+    parts["  of which waited for the optimizer state's copies"] = max(
+        e.get("state_copy_wait_s", 0.0) for e in evs if e["ev"] == "step" and e["round"] == 2
+    )
     parts["to training resumed"] = synced - kill
     parts["total"] = stepped - kill
     parts["total, less the wait past the notice"] = stepped - kill - (aborted - noticed)
@@ -234,7 +259,15 @@ def main() -> None:
         "time to training resumed at each size, as a table (no commit-cost blocks)",
     )
     parser.add_argument("--plot", type=Path, help="with --sizes: the picture, as SVG")
+    parser.add_argument(
+        "--huge-pages",
+        action="store_true",
+        help=f"{HUGE_PAGES}=1 for every process of every path (torch's CPU tensors of 2 MB "
+        "and more on transparent huge pages)",
+    )
     args = parser.parse_args()
+    if args.huge_pages:
+        os.environ[HUGE_PAGES] = "1"
     began, load_before = time.monotonic(), os.getloadavg()
     paths = set(args.paths.split(","))
     with tempfile.TemporaryDirectory() as scratch:
@@ -302,7 +335,8 @@ def report_sizes(
     load_after = os.getloadavg()[0]
     print(f"\nkill -> training resumed (s), wide MLP of {args.layers} layers, AdamW, Gloo on "
           f"the CPU; {os.cpu_count()} cores, load average {load_before[0]:.2f} before, "
-          f"{load_after:.2f} after; torch {torch.__version__}; took {took_s:.0f} s")  # fmt: skip
+          f"{load_after:.2f} after; torch {torch.__version__}; took {took_s:.0f} s; "
+          f"huge pages {'on' if os.environ.get(HUGE_PAGES) == '1' else 'off'}")  # fmt: skip
     paths = list(next(iter(by_size.values())))
     print("| parameters | " + " | ".join(PATH_NAMES[p] for p in paths) + " |")
     print("|---:|" + "---:|" * len(paths))
@@ -331,7 +365,8 @@ def report(
     print(f"model: wide MLP, {' '.join(flags[:4])}: {params / 1e6:.1f} M parameters, AdamW, "
           f"batch {args.batch}; Gloo on the CPU, 1 thread a rank")  # fmt: skip
     print(f"machine: {os.cpu_count()} cores, load average {load_before[0]:.2f} before, "
-          f"{load_after[0]:.2f} after; torch {torch.__version__}; took {took_s:.0f} s")  # fmt: skip
+          f"{load_after[0]:.2f} after; torch {torch.__version__}; took {took_s:.0f} s; "
+          f"huge pages {'on' if os.environ.get(HUGE_PAGES) == '1' else 'off'}")  # fmt: skip
     resumed: dict[str, float] = {}
     titles = {
         "elastic": "a. elastic (ShardedState, 4 ranks): kill 1 (its host goes: 4 -> 2 ranks)",

@@ -188,7 +188,14 @@ def elastic_path(args: argparse.Namespace, log: Log) -> None:
             assert state.model is not None and state.optimizer is not None
             step(state.model, state.optimizer)
             state.step += 1
-            log("step", step=state.step, rank=rank, size=hvd.size(), round=round_number)
+            log(
+                "step",
+                step=state.step,
+                rank=rank,
+                size=hvd.size(),
+                round=round_number,
+                state_copy_wait_s=state.state_copy_wait_s,
+            )
             if round_number > 1 and state.step == started_at + 1:
                 log("memory", when="recovered", rank=rank, **memory())
             due = round_number == 1 and (state.step - args.warmup) % args.commit_every == 0

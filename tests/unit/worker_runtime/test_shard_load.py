@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from elasticjob.worker_runtime.elastic.sharded.shard_load import (
+    StateCopies,
     load_in_place,
     load_shards,
     round_memory,
@@ -155,15 +156,20 @@ def test_a_commit_loaded_without_copies_stays_as_it_was_while_the_model_trains(
     mesh: DeviceMesh, build: Callable[[DeviceMesh], Built]
 ) -> None:
     """A rank that keeps its shard loads its commit's own tensors (``borrowed``, not copied
-    by the reshard): the model and optimizer get copies of them, so the commit, committed
-    again in the new round, is still the state to roll back to after more steps."""
+    by the reshard): the model and optimizer get copies of them (the optimizer's on a thread
+    of their own once started, which the state waits for before the optimizer steps), so the commit,
+    committed again in the new round, is still the state to roll back to after more
+    steps."""
     trained = build(mesh)
     train(trained, 2)
     commit, as_committed = snapshot(trained), snapshot(trained)
     fresh = build(mesh)
     shapes = {key: entry.shape for key, entry in commit.sharded.items()}
     locals_ = {key: entry.local for key, entry in commit.sharded.items()}
-    load_shards(*fresh, mesh, shapes, locals_, commit.replicated, borrowed=commit.sharded.keys())
+    copies = load_shards(
+        *fresh, mesh, shapes, locals_, commit.replicated, borrowed=commit.sharded.keys()
+    )
+    copies.wait()
     assert equal(snapshot(fresh), commit)
     train(fresh, 2)
     assert not equal(snapshot(fresh), commit), "the model trained on"
@@ -209,7 +215,9 @@ def test_a_commit_kept_by_its_rank_is_copied_into_the_memory_of_the_round_before
     fresh = mlp_adamw(mesh)
     shapes = {key: entry.shape for key, entry in commit.sharded.items()}
     locals_ = {key: entry.local for key, entry in commit.sharded.items()}
-    load_shards(*fresh, mesh, shapes, locals_, commit.replicated, commit.sharded.keys(), spare)
+    load_shards(
+        *fresh, mesh, shapes, locals_, commit.replicated, commit.sharded.keys(), spare
+    ).wait()
     reused = {key for key, at in pointers(fresh).items() if at == spare[key].data_ptr()}
     fitting = {key for key, e in commit.sharded.items() if spare[key].shape == e.local.shape}
     assert reused == fitting
@@ -221,3 +229,20 @@ def test_a_commit_kept_by_its_rank_is_copied_into_the_memory_of_the_round_before
     train(reference, 2)
     assert equal(snapshot(fresh), snapshot(reference))
     assert equal(commit, as_committed)
+
+
+def test_state_copies_are_made_on_their_thread_or_by_wait_and_a_failure_is_raised_by_wait() -> None:
+    into, source = torch.zeros(3), torch.arange(3.0)
+    started = StateCopies([(into, source)])
+    started.start()
+    started.wait()
+    assert torch.equal(into, source)
+    started.wait()  # again: nothing left to wait for
+
+    inline, later = torch.zeros(3), torch.zeros(3)
+    StateCopies([(inline, source)]).wait()  # not started: made by wait
+    assert torch.equal(inline, source)
+    failing = StateCopies([(later, source), (torch.zeros(2), source)])
+    failing.start()
+    with pytest.raises(RuntimeError, match="copying the committed optimizer state failed"):
+        failing.wait()

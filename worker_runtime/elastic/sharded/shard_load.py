@@ -13,8 +13,10 @@ writes them, most of a load's time where several ranks share a few cores.
 from __future__ import annotations
 
 import copy
-from collections.abc import Collection, Mapping
-from typing import Any
+import threading
+import time
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, TypeGuard
 
 import torch
 from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
@@ -44,28 +46,37 @@ def load_shards(
     replicated: Mapping[Key, Any],
     borrowed: Collection[Key] = frozenset(),
     spare: Mapping[Key, torch.Tensor] | None = None,
-) -> None:
+) -> StateCopies:
     """Load this rank's new shards ``locals_`` (of tensors of global ``shapes``) and the
     ``replicated`` entries into ``model`` and ``optimizer``, freshly sharded over ``mesh``.
     An optimizer committed before its first step is given its groups' hyperparameters and
     no state. The parameters and the optimizer's state take the tensors of ``locals_`` as
     they are (no copy), except the ``borrowed`` entries (a commit's own tensors, which
     training must not change): those are copied, into the ``spare`` tensor of the same key
-    (:func:`round_memory`) where it has their shape, dtype and device."""
+    (:func:`round_memory`) where it has their shape, dtype and device: the parameters' now,
+    the optimizer's once the caller starts the :class:`StateCopies` returned (on a thread of
+    their own, beside training)."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     replicated = dict(replicated)
     groups = replicated.pop(GROUPS, None)
     states: dict[str, dict[str, Any]] = {MODEL: {}, OPTIMIZER: {}}
     spare = spare or {}
+    params = dict(model.named_parameters())
     taken: set[str] = set()
     """The parameters that take their new tensor as it is."""
+    later: list[tuple[torch.Tensor, torch.Tensor]] = []
+    """The optimizer state copied beside the first step: (into, from)."""
     for key, local in locals_.items():
         kind, name = key
+        into = spare.get(key)
         own = key not in borrowed  # rows the reshard assembled for this rank
         if own:
             data = local.to(device)
-        elif kind == OPTIMIZER or _fits(spare.get(key), local, device):
-            data, own = _copy(local, device, spare.get(key)), True
+        elif kind == OPTIMIZER and _stays_as_placed(params, name, local):
+            data = into if _fits(into, local, device) else torch.empty_like(local, device=device)
+            later.append((data, local))
+        elif kind == OPTIMIZER or _fits(into, local, device):
+            data, own = _copy(local, device, into), True
         else:
             data = local  # a commit's rows of a parameter: copied into the parameter
         if kind == MODEL and own:
@@ -81,7 +92,9 @@ def load_shards(
         )
     for (kind, name), value in replicated.items():
         states[kind][name] = value.clone() if isinstance(value, torch.Tensor) else value
+    copies = StateCopies(later)
     if not load_in_place(model, optimizer, states[MODEL], states[OPTIMIZER], taken):
+        copies.wait()  # torch's loader reads every entry now
         if groups is not None:
             set_model_state_dict(model, states[MODEL], options=FLAT)
         else:
@@ -94,6 +107,63 @@ def load_shards(
             )
     if groups is not None:
         set_optimizer_groups(optimizer, groups)
+    return copies
+
+
+class StateCopies:
+    """Copies of a commit's optimizer state into the optimizer that loaded it, made on a
+    thread of their own: an optimizer reads its state only when it steps, after the first
+    forward and backward pass, which run meanwhile (a parameter is needed at once: its rows
+    are copied before). :meth:`wait` before anything reads that state: the optimizer's step,
+    a snapshot, the end of the round."""
+
+    def __init__(self, copies: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self._copies = list(copies)
+        self._thread: threading.Thread | None = None
+        self._failed: BaseException | None = None
+        self.waited_s = 0.0
+        """How long :meth:`wait` blocked, in all."""
+
+    def start(self) -> None:
+        """Make the copies on their thread."""
+        if self._copies:
+            self._thread = threading.Thread(
+                target=self._copy_all, name="elasticjob-state-copies", daemon=True
+            )
+            self._thread.start()
+
+    def wait(self) -> None:
+        """Return once every copy is made (made here, where they were not started); raise
+        what made one fail."""
+        started = time.monotonic()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        elif self._copies:
+            self._copy_all()
+        self.waited_s += time.monotonic() - started
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise RuntimeError(
+                f"copying the committed optimizer state failed: {failed}"
+            ) from failed
+
+    def _copy_all(self) -> None:
+        copies, self._copies = self._copies, []
+        try:
+            with torch.no_grad():
+                for into, source in copies:
+                    into.copy_(source)
+        except Exception as exc:  # raised by wait(), on the training thread
+            self._failed = exc
+
+
+def _stays_as_placed(params: Mapping[str, torch.Tensor], entry: str, local: torch.Tensor) -> bool:
+    """Whether the optimizer state ``entry`` (``state.<parameter>.<name>``) of rows ``local``
+    is kept as it is when loaded (``_placed``: its parameter's dtype), so that it may be
+    copied into after the load."""
+    param = params.get(entry.partition(".")[2].rpartition(".")[0])
+    return param is not None and param.dtype == local.dtype
 
 
 def load_in_place(
@@ -215,7 +285,9 @@ def round_memory(
     return found
 
 
-def _fits(into: torch.Tensor | None, local: torch.Tensor, device: torch.device) -> bool:
+def _fits(
+    into: torch.Tensor | None, local: torch.Tensor, device: torch.device
+) -> TypeGuard[torch.Tensor]:
     """Whether ``local`` can be copied into ``into`` as it is (same shape, dtype, device)."""
     return (
         into is not None
@@ -228,6 +300,6 @@ def _fits(into: torch.Tensor | None, local: torch.Tensor, device: torch.device) 
 
 def _copy(local: torch.Tensor, device: torch.device, into: torch.Tensor | None) -> torch.Tensor:
     """A copy of ``local`` on ``device``: ``into``, written over, where it fits; else new."""
-    if into is not None and _fits(into, local, device):
+    if _fits(into, local, device):
         return into.copy_(local)
     return local.to(device, copy=True)

@@ -33,7 +33,7 @@ from elasticjob.worker_runtime.elastic.sharded.shard_commits import (
 )
 from elasticjob.worker_runtime.elastic.sharded.shard_exchange import Shards, reshard
 from elasticjob.worker_runtime.elastic.sharded.shard_layout import MeshLayout, plan_layout
-from elasticjob.worker_runtime.elastic.sharded.shard_load import load_shards
+from elasticjob.worker_runtime.elastic.sharded.shard_load import StateCopies, load_shards
 from elasticjob.worker_runtime.elastic.sharded.shard_plan import (
     Key,
     LostShards,
@@ -65,6 +65,8 @@ class Loaded:
     """Whether this rank's new shards are its own committed ones, whole (as when a lost
     replica leaves the others as they were): the model then holds what its commit holds,
     and the new round commits that snapshot again instead of taking another."""
+    copies: StateCopies = field(default_factory=lambda: StateCopies(()))
+    """The copies of the commit's optimizer state still being made beside training."""
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,7 @@ def load_commit(
         world.runtime.group.abort(str(failed))
         raise
     resharded = time.monotonic()
-    load_shards(
+    copies = load_shards(
         world.model,
         world.optimizer,
         world.mesh,
@@ -214,4 +216,4 @@ def load_commit(
         world.layout.replicas,
         sent,
     )
-    return Loaded(resharded - started, time.monotonic() - resharded, sent, kept)
+    return Loaded(resharded - started, time.monotonic() - resharded, sent, kept, copies)

@@ -42,7 +42,7 @@ from elasticjob.worker_runtime.elastic.sharded.shard_checkpoint import ShardChec
 from elasticjob.worker_runtime.elastic.sharded.shard_commits import Commit
 from elasticjob.worker_runtime.elastic.sharded.shard_exchange import host_group
 from elasticjob.worker_runtime.elastic.sharded.shard_layout import LayoutError, MeshLayout
-from elasticjob.worker_runtime.elastic.sharded.shard_load import round_memory
+from elasticjob.worker_runtime.elastic.sharded.shard_load import StateCopies, round_memory
 from elasticjob.worker_runtime.elastic.sharded.shard_pipeline import CommitPipeline
 from elasticjob.worker_runtime.elastic.sharded.shard_plan import Key
 from elasticjob.worker_runtime.elastic.sharded.shard_snapshot import (
@@ -103,7 +103,10 @@ class ShardedState(HandledAttributes, State):
     Otherwise ``build`` gets a one-dimensional mesh of every rank (FSDP). Other keyword
     arguments are attributes kept as in a ``TorchState``. ``state.model`` and
     ``state.optimizer`` exist once ``elastic.run`` started (every round makes new ones: read
-    them through the state)."""
+    them through the state). A rank that keeps its shard in a new round copies its commit's
+    optimizer state on a thread beside the round's first forward and backward pass; the
+    optimizer's step, a commit and the round's end wait for it (read the optimizer's state
+    yourself only after its first step in the round)."""
 
     rebuilt_every_round = True
 
@@ -153,6 +156,8 @@ class ShardedState(HandledAttributes, State):
         self._releases = False
         """Whether the round's group drops this state's model when it is destroyed."""
         self._mesh: DeviceMesh | None = None
+        self._copies = StateCopies(())
+        """The last load's copies of its commit's optimizer state, made beside training."""
         self._spare: dict[Key, torch.Tensor] = {}
         """The memory of the round that ended (its model's shards and its optimizer's
         state), until the next sync loads a commit into it."""
@@ -162,6 +167,13 @@ class ShardedState(HandledAttributes, State):
         """Which shard each rank of the round holds, in which replica (None: before
         ``elastic.run`` started)."""
         return self._pipeline.layout
+
+    @property
+    def state_copy_wait_s(self) -> float:
+        """How long training waited for the last load's copies of its commit's optimizer
+        state, made beside the round's first forward and backward pass (a rank that kept
+        its shard copies them; 0 until the optimizer first stepped)."""
+        return self._copies.waited_s
 
     @property
     def copy_seconds(self) -> float:
@@ -189,6 +201,7 @@ class ShardedState(HandledAttributes, State):
             runtime.held_shards_changed()
         started = time.monotonic()
         if snapshot is None:
+            self._copies.wait()
             shard = layout.shard_of(runtime.slot.rank)
             snapshot = take_snapshot(self.model, self.optimizer, layout.shards, shard)
         self._pipeline.commit(snapshot, copy.deepcopy(self._attribute_states()))
@@ -209,6 +222,7 @@ class ShardedState(HandledAttributes, State):
             raise RuntimeError("a ShardedState is checkpointed inside elastic.run only")
         commit = self._pipeline.wait()
         assert commit is not None
+        self._copies.wait()
         return self.model, self.optimizer, commit
 
     def restore(self) -> None:
@@ -288,11 +302,15 @@ class ShardedState(HandledAttributes, State):
         # Counted from here: loading a commit may step the fresh optimizer on zero
         # gradients (torch's way of giving it a state to load into), which is not training.
         optimizer.register_step_post_hook(lambda *_: runtime.count_step())
+        self._copies = loaded_commit.copies
+        optimizer.register_step_pre_hook(lambda *_: self._copies.wait())
         self._sync_attributes()
         loaded = time.monotonic()
         # A rank that kept its shard holds its commit's state: that snapshot is committed in
         # the new round as it is (no copy of the state).
         self._commit(held.snapshot if loaded_commit.kept and held is not None else None)
+        # Started once the sync is done: earlier, they would slow the other ranks' loads.
+        self._copies.start()
         self.last_sync = SyncTimes(
             exchange_s=exchanged - started,
             build_s=built - exchanged,
@@ -361,6 +379,7 @@ class ShardedState(HandledAttributes, State):
         runtime: Runtime | None = self._pipeline.runtime
         broken = runtime is None or runtime.group.errored() is not None
         self._pipeline.end_round(broken=broken)
+        self._copies.wait()
         if self.model is not None:
             release_group(self.model, self._mesh)
             if self.optimizer is not None:
