@@ -7,7 +7,8 @@ a parameter and the optimizer take the tensors a reshard assembled as they are, 
 tensors of a commit (which training must not change) are copied, into the memory of the
 round before where this rank kept its shard (:func:`round_memory`): its pages are in
 memory already, where a new tensor's are faulted in and zeroed one by one as the copy first
-writes them, most of a load's time where several ranks share a few cores.
+writes them, most of a load's time where several ranks share a few cores. The optimizer's
+copies are made beside the first forward and backward pass (:class:`StateCopies`).
 """
 
 from __future__ import annotations
