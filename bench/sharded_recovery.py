@@ -13,6 +13,8 @@ with AdamW, 4 ranks, Gloo on the CPU, one thread each (``sharded_recovery_worker
      replica: a fresh process takes the slot and receives its shard from the copy. Before
      that plan its host was blacklisted, its host-mate left, and the 2 survivors rebuilt the
      lost shards from their copies and resharded onto 2 ranks (the figures in the docs).
+     ``--one-slot-hosts`` runs it on 4 hosts of one slot: the killed rank's host goes, and
+     the 3 survivors rebuild its shard from their copies and reshard onto 3 ranks.
      From the kill to the survivors' first completed step, broken down: detect (the
      survivors abort), re-form (the new round's group), rebuild (``build``), reshard
      (exchange, transfers and load), re-commit (the new layout's snapshot; its copies move
@@ -42,7 +44,7 @@ kernel faults in, zeroes and frees a tensor's memory 2 MB at a time instead of 4
 process of a few GB is gone in a tenth of the time).
 
 Usage: python bench/sharded_recovery.py [--params 100e6 | --dim 512 --layers 4]
-       [--paths elastic,hsdp,restart] [--keep DIR] [--huge-pages]
+       [--paths elastic,hsdp,restart] [--keep DIR] [--huge-pages] [--one-slot-hosts]
        python bench/sharded_recovery.py --sizes 10e6,30e6,100e6 [--plot FILE.svg]
        (each path's time to training resumed against model size, as a table and a picture)
 """
@@ -70,6 +72,8 @@ HERE = Path(__file__).resolve().parent
 WORKER = HERE / "sharded_recovery_worker.py"
 HOSTS = "127.0.1.1:2,127.0.1.2:2"
 HSDP_HOSTS = "127.0.1.1:2,127.0.1.2:2,127.0.1.3:2,127.0.1.4:2"
+ONE_SLOT_HOSTS = "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1,127.0.1.4:1"
+"""``--one-slot-hosts``: the killed rank's host has no other process, so it goes (a reshard)."""
 GIB = 1024**3
 HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"
 """torch's switch for transparent huge pages under its CPU allocations of 2 MB and more."""
@@ -261,6 +265,12 @@ def main() -> None:
     )
     parser.add_argument("--plot", type=Path, help="with --sizes: the picture, as SVG")
     parser.add_argument(
+        "--one-slot-hosts",
+        action="store_true",
+        help="the elastic path on 4 hosts of one slot: the killed rank's host goes and the 3 "
+        "others reshard (on 2 hosts x 2 slots its slot restarts in place)",
+    )
+    parser.add_argument(
         "--huge-pages",
         action="store_true",
         help=f"{HUGE_PAGES}=1 for every process of every path (torch's CPU tensors of 2 MB "
@@ -298,8 +308,9 @@ def run_paths(args: argparse.Namespace, flags: list[str], paths: set[str], tmp: 
     tmp.mkdir(parents=True, exist_ok=True)
     runs: Runs = {}
     if "elastic" in paths:
+        hosts = ONE_SLOT_HOSTS if args.one_slot_hosts else HOSTS
         runs["elastic"], _ = run_elastic(
-            tmp / "elastic", flags, args.timeout, args.collective_timeout
+            tmp / "elastic", flags, args.timeout, args.collective_timeout, hosts
         )
     if "hsdp" in paths:
         hsdp_flags = [*flags[:4], "--batch-size", str(args.batch), "--hsdp", "--blocks",
@@ -313,7 +324,7 @@ def run_paths(args: argparse.Namespace, flags: list[str], paths: set[str], tmp: 
 
 
 PATH_NAMES = {
-    "elastic": "elastic (4 -> 2 ranks, reshard)",
+    "elastic": "elastic (rank 3 of 4 killed)",
     "hsdp": "HSDP (4 x 2 -> 3 x 2, nothing moves)",
     "restart": "torchrun restart + DCP reload",
 }
@@ -370,8 +381,8 @@ def report(
           f"huge pages {'on' if os.environ.get(HUGE_PAGES) == '1' else 'off'}")  # fmt: skip
     resumed: dict[str, float] = {}
     titles = {
-        "elastic": "a. elastic (ShardedState, 2 hosts x 2 slots): kill rank 3 (its slot "
-        "restarts in place)",
+        "elastic": "a. elastic (ShardedState, 4 ranks): kill rank 3 (2 hosts x 2 slots: its "
+        "slot restarts in place; --one-slot-hosts: its host goes, 4 -> 3 ranks)",
         "hsdp": "b. HSDP (4 hosts x 2 slots): kill 1 (its host, a replica, goes: 8 -> 6 ranks)",
     }
     for path, title in titles.items():
