@@ -74,10 +74,10 @@ def load_shards(
         if own:
             data = local.to(device)
         elif kind == OPTIMIZER and _stays_as_placed(params, name, local):
-            data = into if _fits(into, local, device) else torch.empty_like(local, device=device)
+            data = _memory_for(local, device, into)
             later.append((data, local))
         elif kind == OPTIMIZER or _fits(into, local, device):
-            data, own = _copy(local, device, into), True
+            data, own = _memory_for(local, device, into).copy_(local), True
         else:
             data = local  # a commit's rows of a parameter: copied into the parameter
         if kind == MODEL and own:
@@ -163,8 +163,16 @@ def _stays_as_placed(params: Mapping[str, torch.Tensor], entry: str, local: torc
     """Whether the optimizer state ``entry`` (``state.<parameter>.<name>``) of rows ``local``
     is kept as it is when loaded (``_placed``: its parameter's dtype), so that it may be
     copied into after the load."""
-    param = params.get(entry.partition(".")[2].rpartition(".")[0])
+    param = params.get(_flat_parts(entry)[1])
     return param is not None and param.dtype == local.dtype
+
+
+def _flat_parts(key: str) -> tuple[str, str, str]:
+    """A flat optimizer entry's section, parameter and name: ``state.<parameter>.<name>``
+    or ``param_groups.<parameter>.<hyperparameter>``."""
+    section, _, rest = key.partition(".")
+    parameter, _, name = rest.rpartition(".")
+    return section, parameter, name
 
 
 def load_in_place(
@@ -192,8 +200,7 @@ def load_in_place(
     per_param: dict[str, dict[str, Any]] = {name: {} for name in params}
     hyper: dict[str, dict[str, Any]] = {name: {} for name in params}
     for key, value in optimizer_state.items():
-        section, _, rest = key.partition(".")
-        name, _, entry = rest.rpartition(".")
+        section, name, entry = _flat_parts(key)
         if name not in params or section not in ("state", "param_groups"):
             return False
         (per_param if section == "state" else hyper)[name][entry] = value
@@ -299,8 +306,9 @@ def _fits(
     )
 
 
-def _copy(local: torch.Tensor, device: torch.device, into: torch.Tensor | None) -> torch.Tensor:
-    """A copy of ``local`` on ``device``: ``into``, written over, where it fits; else new."""
-    if _fits(into, local, device):
-        return into.copy_(local)
-    return local.to(device, copy=True)
+def _memory_for(
+    local: torch.Tensor, device: torch.device, into: torch.Tensor | None
+) -> torch.Tensor:
+    """Where a copy of ``local`` on ``device`` goes: ``into`` where it fits, else a new
+    tensor (not written yet)."""
+    return into if _fits(into, local, device) else torch.empty_like(local, device=device)
