@@ -38,13 +38,16 @@ The goals are measured to *training resumed*: the moment the survivors' first st
 keeps its shard copies its commit's optimizer state beside its first forward and backward
 pass; how long its optimizer step then waited for those copies is printed with the first step.
 
-``--huge-pages`` runs every process of every path with ``THP_MEM_ALLOC_ENABLE=1``: torch's
-CPU allocator then puts each tensor of 2 MB or more on transparent huge pages, so that the
-kernel faults in, zeroes and frees a tensor's memory 2 MB at a time instead of 4 KB (a killed
-process of a few GB is gone in a tenth of the time).
+Every process of every path runs with ``THP_MEM_ALLOC_ENABLE=1``, which ``elasticjob-run``
+and the operator give every worker by default (``elasticjob/library_env.py``); the benchmark
+gives it to the restart's processes too: torch's CPU allocator then puts each tensor of 2 MB
+or more on transparent huge pages, so that the kernel faults in, zeroes and frees a tensor's
+memory 2 MB at a time instead of 4 KB (a killed process of a few GB is gone in a tenth of the time).
+``--no-huge-pages`` sets it to 0 for every path (as does ``THP_MEM_ALLOC_ENABLE=0`` in the
+benchmark's environment).
 
 Usage: python bench/sharded_recovery.py [--params 100e6 | --dim 512 --layers 4]
-       [--paths elastic,hsdp,restart] [--keep DIR] [--huge-pages] [--one-slot-hosts]
+       [--paths elastic,hsdp,restart] [--keep DIR] [--no-huge-pages] [--one-slot-hosts]
        python bench/sharded_recovery.py --sizes 10e6,30e6,100e6 [--plot FILE.svg]
        (each path's time to training resumed against model size, as a table and a picture)
 """
@@ -66,6 +69,8 @@ import torch
 from line_chart import line_chart
 from recovery import LAUNCHER, events, finish, first_time, worker_logs
 
+from elasticjob.library_env import ENV_TORCH_HUGE_PAGES as HUGE_PAGES
+from elasticjob.library_env import with_worker_defaults
 from elasticjob.worker_contract import ENV_COLLECTIVE_TIMEOUT
 
 HERE = Path(__file__).resolve().parent
@@ -75,8 +80,6 @@ HSDP_HOSTS = "127.0.1.1:2,127.0.1.2:2,127.0.1.3:2,127.0.1.4:2"
 ONE_SLOT_HOSTS = "127.0.1.1:1,127.0.1.2:1,127.0.1.3:1,127.0.1.4:1"
 """``--one-slot-hosts``: the killed rank's host has no other process, so it goes (a reshard)."""
 GIB = 1024**3
-HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"
-"""torch's switch for transparent huge pages under its CPU allocations of 2 MB and more."""
 
 Events = list[dict[str, Any]]
 Runs = dict[str, Events]
@@ -111,12 +114,17 @@ def run_restart(log_dir: Path, model: list[str], timeout_s: float) -> Events:
                str(WORKER), "--restart", "--log-dir", str(log_dir), "--checkpoint",
                str(checkpoint), "--save-at", "2", "--kill-at", "4", *model]  # fmt: skip
     output = (log_dir.parent / f"{log_dir.name}.out").open("w")
-    job = subprocess.run(
-        command, stdout=output, stderr=subprocess.PIPE, text=True, timeout=timeout_s, check=False
-    )
+    env = with_worker_defaults(os.environ)  # as elasticjob-run gives its workers
+    job = subprocess.run(command, stdout=output, stderr=subprocess.PIPE, text=True,
+                         timeout=timeout_s, check=False, env=env)  # fmt: skip
     if job.returncode != 0:
         raise SystemExit(f"the restart job failed ({job.returncode}):\n{job.stderr[-3000:]}")
     return events(log_dir)
+
+
+def huge_pages() -> str:
+    """Whether the workers run with torch's huge pages (``on`` unless the environment says 0)."""
+    return "on" if with_worker_defaults(os.environ)[HUGE_PAGES] == "1" else "off"
 
 
 def learned_of_failure(lines: list[tuple[float, str]]) -> float:
@@ -271,14 +279,14 @@ def main() -> None:
         "others reshard (on 2 hosts x 2 slots its slot restarts in place)",
     )
     parser.add_argument(
-        "--huge-pages",
+        "--no-huge-pages",
         action="store_true",
-        help=f"{HUGE_PAGES}=1 for every process of every path (torch's CPU tensors of 2 MB "
-        "and more on transparent huge pages)",
+        help=f"{HUGE_PAGES}=0 for every process of every path (by default 1, as elasticjob "
+        "gives its workers: torch's CPU tensors of 2 MB and more on transparent huge pages)",
     )
     args = parser.parse_args()
-    if args.huge_pages:
-        os.environ[HUGE_PAGES] = "1"
+    if args.no_huge_pages:
+        os.environ[HUGE_PAGES] = "0"
     began, load_before = time.monotonic(), os.getloadavg()
     paths = set(args.paths.split(","))
     with tempfile.TemporaryDirectory() as scratch:
@@ -348,7 +356,7 @@ def report_sizes(
     print(f"\nkill -> training resumed (s), wide MLP of {args.layers} layers, AdamW, Gloo on "
           f"the CPU; {os.cpu_count()} cores, load average {load_before[0]:.2f} before, "
           f"{load_after:.2f} after; torch {torch.__version__}; took {took_s:.0f} s; "
-          f"huge pages {'on' if os.environ.get(HUGE_PAGES) == '1' else 'off'}")  # fmt: skip
+          f"huge pages {huge_pages()}")  # fmt: skip
     paths = list(next(iter(by_size.values())))
     print("| parameters | " + " | ".join(PATH_NAMES[p] for p in paths) + " |")
     print("|---:|" + "---:|" * len(paths))
@@ -378,7 +386,7 @@ def report(
           f"batch {args.batch}; Gloo on the CPU, 1 thread a rank")  # fmt: skip
     print(f"machine: {os.cpu_count()} cores, load average {load_before[0]:.2f} before, "
           f"{load_after[0]:.2f} after; torch {torch.__version__}; took {took_s:.0f} s; "
-          f"huge pages {'on' if os.environ.get(HUGE_PAGES) == '1' else 'off'}")  # fmt: skip
+          f"huge pages {huge_pages()}")  # fmt: skip
     resumed: dict[str, float] = {}
     titles = {
         "elastic": "a. elastic (ShardedState, 4 ranks): kill rank 3 (2 hosts x 2 slots: its "

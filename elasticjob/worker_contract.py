@@ -71,16 +71,6 @@ ENV_HOROVOD_HOSTNAME: Final = "HOROVOD_HOSTNAME"
 ENV_HOROVOD_LOCAL_RANK: Final = "HOROVOD_LOCAL_RANK"
 ENV_TORCH_LOCAL_RANK: Final = "LOCAL_RANK"
 
-# Variables of the libraries underneath.
-ENV_PYTHONUNBUFFERED: Final = "PYTHONUNBUFFERED"
-"""Set by ``elasticjob-run``: worker output reaches the launcher line by line."""
-ENV_GLOO_SOCKET_IFNAME: Final = "GLOO_SOCKET_IFNAME"
-ENV_NCCL_SOCKET_IFNAME: Final = "NCCL_SOCKET_IFNAME"
-"""The network interface of Gloo's and NCCL's traffic: set by ``elasticjob-run
---network-interface``, else by the worker runtime (``worker_runtime/rounds/interfaces.py``)."""
-ENV_CUDA_VISIBLE_DEVICES: Final = "CUDA_VISIBLE_DEVICES"
-"""Read, never set: the devices a worker process sees (see ``worker_runtime/rounds/devices.py``)."""
-
 _Value = TypeVar("_Value")
 
 

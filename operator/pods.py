@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elasticjob.driver.driver_types import JobMode
+from elasticjob.library_env import WORKER_DEFAULTS
 from elasticjob.operator.api import (
     API_VERSION,
     KIND,
@@ -111,7 +112,8 @@ def worker_pod(
     place them: a pod anti-affinity or topology spread constraints), and hands its worker
     container the runtime's environment: the rendezvous URL, the job, its own credential
     from the job's Secret (under its name), its own name as host name and its IP as bind
-    address (and the CA certificate to verify an ``https`` rendezvous URL with)."""
+    address (and the CA certificate to verify an ``https`` rendezvous URL with), and the
+    worker defaults of ``library_env`` its ``env`` does not name (torch's huge pages)."""
     name = job["metadata"]["name"]
     namespace = job["metadata"]["namespace"]
     template = spec.template.model_dump(by_alias=True, exclude_none=True)
@@ -144,10 +146,18 @@ def worker_pod(
                 "python", [*container.get("command", []), *container.pop("args", [])]
             )
         if container["name"] == worker.name:
-            # The operator's variables last: in Kubernetes the later of two entries wins
-            # (admission refuses a template that sets them at all).
+            # The template's, the worker defaults it does not name, the operator's last: in
+            # Kubernetes the later of two entries wins (admission refuses a template that
+            # sets the operator's).
+            env = container.get("env", [])
+            named = {entry["name"] for entry in env}
             container["env"] = [
-                *container.get("env", []),
+                *env,
+                *(
+                    {"name": d.variable, "value": d.value}
+                    for d in WORKER_DEFAULTS
+                    if d.variable not in named
+                ),
                 *_runtime_env(namespace, name, pod_name, spec, rendezvous_url, rendezvous_ca),
             ]
             if spec.checkpoint is not None:

@@ -25,8 +25,9 @@ from typing import NoReturn, Protocol
 
 import torch
 
+from elasticjob.library_env import ENV_CUDA_VISIBLE_DEVICES
 from elasticjob.wire.messages import HeldShards, PeerEndpoint, StepPace
-from elasticjob.worker_contract import ENV_CUDA_VISIBLE_DEVICES, WorkerConfig
+from elasticjob.worker_contract import WorkerConfig
 from elasticjob.worker_runtime.diagnostics.log import get_logger
 from elasticjob.worker_runtime.link.heartbeat import Heartbeat
 from elasticjob.worker_runtime.link.reachability import PROBE_TIMEOUT_S, PeerProber

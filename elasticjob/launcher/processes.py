@@ -37,18 +37,17 @@ from elasticjob.launcher.warm_workers import (
     start_warm,
     varying,
 )
+from elasticjob.library_env import (
+    ENV_GLOO_SOCKET_IFNAME,
+    ENV_NCCL_SOCKET_IFNAME,
+    ENV_PYTHONUNBUFFERED,
+    with_worker_defaults,
+)
 from elasticjob.process_death import die_with
 from elasticjob.rendezvous.job_credentials import JobKey
 from elasticjob.script_env import planned_env
 from elasticjob.wire.messages import SlotInfo, WorkerId
-from elasticjob.worker_contract import (
-    ENV_GLOO_SOCKET_IFNAME,
-    ENV_NCCL_SOCKET_IFNAME,
-    ENV_PYTHONUNBUFFERED,
-    WorkerConfig,
-    WorkerSettings,
-    restart_agent_command,
-)
+from elasticjob.worker_contract import WorkerConfig, WorkerSettings, restart_agent_command
 from elasticjob.worker_runtime.agents.start_server import StartServer, serves, warm_start
 
 logger = logging.getLogger(__name__)
@@ -170,7 +169,9 @@ async def _spawn(
 
 class LocalWorkerLauncher(WorkerLauncher):
     """Runs ``command`` once per worker as a local process: forked from the job's start server
-    when ``warm`` and the command allows it (``warm_workers.py``), else started afresh.
+    when ``warm`` and the command allows it (``warm_workers.py``), else started afresh. Its
+    environment: ``base_env`` (the launcher's own by default) with the worker defaults it does
+    not name (``library_env``), then ``environment``'s variables for the worker.
 
     Raises :class:`DriverError` at once when ``command`` cannot be run (see
     :func:`check_command`), and from :meth:`start` when starting it fails anyway."""
@@ -206,7 +207,9 @@ class LocalWorkerLauncher(WorkerLauncher):
 
     async def start(self, worker: WorkerId, planned: SlotInfo) -> None:
         bind_address = resolve_local_host(worker.hostname)
-        env = self._base_env | self._environment.for_worker(worker, bind_address, planned)
+        env = with_worker_defaults(self._base_env) | self._environment.for_worker(
+            worker, bind_address, planned
+        )
         process = await self._warm_start(env) or await self._cold_start(env)
         self._processes[worker] = process
         logger.debug("started worker %s (pid %d)", worker, process.pid)

@@ -29,14 +29,9 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Final, NoReturn
 
+from elasticjob.library_env import ENV_PYTHONUNBUFFERED, with_worker_defaults
 from elasticjob.script_env import HOROVOD_PLACE_ENV
-from elasticjob.worker_contract import (
-    ENV_PYTHONUNBUFFERED,
-    SCRIPT_LAUNCH_ENV,
-    WorkerConfig,
-    WorkerSettings,
-    variable_of,
-)
+from elasticjob.worker_contract import SCRIPT_LAUNCH_ENV, WorkerConfig, WorkerSettings, variable_of
 from elasticjob.worker_runtime.agents.start_server import (
     WARM_INTERPRETER,
     StartServer,
@@ -110,8 +105,9 @@ def shared_server(path: str, warm: WarmStart, worker_env: Mapping[str, str]) -> 
 
 def serve_starts(path: str, python: str) -> NoReturn:
     """Become a shared start server listening at ``path``, run by ``python`` (found on the
-    path) in this environment; its workers' output unbuffered, as the launcher's workers'."""
-    env = {**os.environ, ENV_PYTHONUNBUFFERED: "1"}
+    path) in this environment with the worker defaults (``library_env``); its workers'
+    output unbuffered, as the launcher's workers'."""
+    env = {**with_worker_defaults(os.environ), ENV_PYTHONUNBUFFERED: "1"}
     os.execvpe(python, [python, WARM_INTERPRETER, "--listen", path], env)
 
 

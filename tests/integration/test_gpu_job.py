@@ -11,11 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from elasticjob.worker_contract import (
-    ENV_GLOO_SOCKET_IFNAME,
-    ENV_NCCL_SOCKET_IFNAME,
-    ENV_TORCH_LOCAL_RANK,
-)
+from elasticjob.library_env import ENV_GLOO_SOCKET_IFNAME, ENV_NCCL_SOCKET_IFNAME
+from elasticjob.worker_contract import ENV_TORCH_LOCAL_RANK
 from tests.support.job_runs import WORKERS, run_job
 from tests.support.worker_scripts import launcher, run
 

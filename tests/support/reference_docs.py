@@ -1,7 +1,8 @@
 """The reference tables of the docs, made from the code they describe: the worker contract's
-``ELASTICJOB_*`` variables (``docs/worker-runtime.md``), the metrics the operator serves
-(``docs/metrics.md``) and the chart's RBAC rules (the chart's README). Each table sits in its
-page between two markers; tests fail when a page's table differs from what the code makes.
+``ELASTICJOB_*`` variables and the worker defaults (``docs/worker-runtime.md``), the metrics
+the operator serves (``docs/metrics.md``) and the chart's RBAC rules (the chart's README).
+Each table sits in its page between two markers; tests fail when a page's table differs from
+what the code makes.
 
     python -m tests.support.write_reference_docs     # rewrite the tables after a change
 """
@@ -18,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic_core import PydanticUndefined
 
 from elasticjob.env_values import Flag, Seconds, seconds_text
+from elasticjob.library_env import WORKER_DEFAULTS
 from elasticjob.operator.controller import JobController
 from elasticjob.operator.metrics import OperatorMetrics
 from elasticjob.rendezvous.stats import RequestStats
@@ -100,6 +102,11 @@ def env_table() -> str:
     return "\n".join(["| variable | default | meaning |", "| --- | --- | --- |", *rows])
 
 
+def worker_defaults_table() -> str:
+    rows = [f"| `{d.variable}` | `{d.value}` | {d.meaning} |" for d in WORKER_DEFAULTS]
+    return "\n".join(["| variable | value | meaning |", "| --- | --- | --- |", *rows])
+
+
 def _rules(objects: Iterable[Manifest]) -> dict[tuple[str, str, str], set[str]]:
     """(role, resource, names) -> verbs, over the rendered Roles and ClusterRoles."""
     found: dict[tuple[str, str, str], set[str]] = {}
@@ -161,6 +168,7 @@ def write_table(page: Path, name: str, table: str) -> None:
 
 TABLES: Final[Mapping[str, tuple[Path, Callable[[], str]]]] = {
     "worker-env": (REPO / "docs" / "worker-runtime.md", env_table),
+    "worker-defaults": (REPO / "docs" / "worker-runtime.md", worker_defaults_table),
     "metrics": (REPO / "docs" / "metrics.md", metrics_table),
 }
 """The tables made without tools, by marker name: their page and their maker."""

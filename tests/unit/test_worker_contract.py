@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 from elasticjob.checkpoint_policy import CheckpointPolicy
 from elasticjob.launcher.processes import WorkerEnvironment
+from elasticjob.library_env import ENV_PYTHONUNBUFFERED
 from elasticjob.rendezvous.job_credentials import JobKey
 from elasticjob.script_env import HOROVOD_PLACE_ENV
 from elasticjob.wire.messages import WorkerId
 from elasticjob.worker_contract import (
-    ENV_PYTHONUNBUFFERED,
     WORKER_CONTRACT_ENV,
     SecretKey,
     WorkerConfig,

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from elasticjob.worker_contract import ENV_GLOO_SOCKET_IFNAME, ENV_NCCL_SOCKET_IFNAME
+from elasticjob.library_env import ENV_GLOO_SOCKET_IFNAME, ENV_NCCL_SOCKET_IFNAME
 
 _SIOCGIFADDR = 0x8915
 _SIOCGIFNETMASK = 0x891B

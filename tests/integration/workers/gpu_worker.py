@@ -12,12 +12,12 @@ from pathlib import Path
 import torch
 
 import elasticjob.worker_runtime as hvd
-from elasticjob.worker_contract import (
+from elasticjob.library_env import (
     ENV_CUDA_VISIBLE_DEVICES,
     ENV_GLOO_SOCKET_IFNAME,
     ENV_NCCL_SOCKET_IFNAME,
-    ENV_TORCH_LOCAL_RANK,
 )
+from elasticjob.worker_contract import ENV_TORCH_LOCAL_RANK
 
 STEPS = 3
 

@@ -27,7 +27,7 @@ from elasticjob.launcher.warm_workers import (
     shared_varying,
     start_warm,
 )
-from elasticjob.worker_contract import ENV_PYTHONUNBUFFERED
+from elasticjob.library_env import ENV_PYTHONUNBUFFERED, with_worker_defaults
 from elasticjob.worker_runtime.agents.start_server import StartServer, WarmStart, serves
 from tests.support.start_servers import launcher_env, shared_start_server
 
@@ -94,7 +94,8 @@ def socket_of(folder: Path) -> str:
 
 
 def env_of(job: str) -> dict[str, str]:
-    return launcher_env() | {ENV_PYTHONUNBUFFERED: "1", "ELASTICJOB_JOB": job}
+    """A worker's environment as ``elasticjob-run`` makes it (the server's and the job's)."""
+    return with_worker_defaults(launcher_env()) | {ENV_PYTHONUNBUFFERED: "1", "ELASTICJOB_JOB": job}
 
 
 def gone(pid: int) -> bool:
@@ -124,7 +125,8 @@ async def test_jobs_one_after_another_fork_from_one_server(
         client = StartServer.connect(socket_of(folder), warm)
         try:
             assert client.shared
-            assert client.env == launcher_env() | {ENV_PYTHONUNBUFFERED: "1"}
+            # with the worker defaults, as the launcher's workers
+            assert client.env == with_worker_defaults(launcher_env()) | {ENV_PYTHONUNBUFFERED: "1"}
             worker = await start_warm(client, env_of(job), str(folder))
             line = await asyncio.wait_for(worker.stdout.readline(), DEADLINE_S)
             assert await asyncio.wait_for(worker.exited, DEADLINE_S) == 0

@@ -20,7 +20,8 @@ from elasticjob.launcher.warm_workers import (
     StartedWorker,
     start_warm,
 )
-from elasticjob.worker_contract import ENV_PYTHONUNBUFFERED, ENV_TOKEN
+from elasticjob.library_env import ENV_PYTHONUNBUFFERED
+from elasticjob.worker_contract import ENV_TOKEN
 from elasticjob.worker_runtime.agents.start_server import StartServer, WarmStart, serves
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the server forks on Linux")

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from elasticjob.library_env import ENV_TORCH_HUGE_PAGES, WORKER_DEFAULTS
 from elasticjob.operator.api import LABEL_HEALTH_CHECK, ElasticJobSpec, parse_spec
 from elasticjob.operator.pod_launcher import driver_settings
 from elasticjob.operator.pods import PodState, PodView, newest_first, view, worker_pod
@@ -112,11 +113,26 @@ def test_worker_pod_carries_the_template_and_the_runtime_contract() -> None:
         ENV_BACKEND: "gloo",
         ENV_DEFER_SIGTERM: "1",
         ENV_HEARTBEAT_INTERVAL: "1",
+        ENV_TORCH_HUGE_PAGES: "1",  # a worker default
         "X": "1",
     }
-    # The operator's variables come last: in Kubernetes the later of two entries wins.
-    assert worker["env"][0] == {"name": "X", "value": "1"}
-    assert all(is_worker_contract_env(e["name"]) for e in worker["env"][1:])
+    # The template's, the worker defaults, the operator's variables last: in Kubernetes the
+    # later of two entries wins.
+    assert worker["env"][:2] == [
+        {"name": "X", "value": "1"},
+        {"name": ENV_TORCH_HUGE_PAGES, "value": "1"},
+    ]
+    assert all(is_worker_contract_env(e["name"]) for e in worker["env"][2:])
+
+
+@pytest.mark.parametrize("value", ["0", "1"])
+def test_a_template_that_names_a_worker_default_keeps_its_value(value: str) -> None:
+    """``THP_MEM_ALLOC_ENABLE=0`` in the template turns torch's huge pages off: the
+    operator does not add its default beside it."""
+    mine = {"name": ENV_TORCH_HUGE_PAGES, "value": value}
+    spec = spec_with({"containers": [{**WORKER, "env": [mine]}]})
+    (worker,) = worker_pod(JOB, spec, POD, rendezvous_url="u")["spec"]["containers"]
+    assert [e for e in worker["env"] if e["name"] == ENV_TORCH_HUGE_PAGES] == [mine]
 
 
 def test_the_operators_env_wins_over_a_template_that_sets_it() -> None:
@@ -140,7 +156,7 @@ def test_every_variable_the_operator_sets_is_in_the_worker_contract() -> None:
         heartbeatTimeoutSeconds=5,
     )
     (worker,) = worker_pod(JOB, spec, POD, rendezvous_url="u")["spec"]["containers"]
-    names = {e["name"] for e in worker["env"]} - {"X"}
+    names = {e["name"] for e in worker["env"]} - {"X"} - {d.variable for d in WORKER_DEFAULTS}
     assert names <= WORKER_CONTRACT_ENV
     assert all(is_worker_contract_env(name) for name in names)
 

@@ -11,17 +11,11 @@ import pytest
 import yaml
 
 from elasticjob.driver.driver_types import JobMode
+from elasticjob.library_env import ENV_GLOO_SOCKET_IFNAME, ENV_NCCL_SOCKET_IFNAME
 from elasticjob.operator.api import FieldError, parse_spec, validate
 from elasticjob.operator.api.validation import name_errors, namespace_errors
 from elasticjob.operator.pods import worker_pod
-from elasticjob.worker_contract import (
-    ENV_GLOO_SOCKET_IFNAME,
-    ENV_JOB,
-    ENV_NCCL_SOCKET_IFNAME,
-    ENV_TOKEN,
-    RESTART_AGENT_MODULE,
-    WORKER_CONTRACT_ENV,
-)
+from elasticjob.worker_contract import ENV_JOB, ENV_TOKEN, RESTART_AGENT_MODULE, WORKER_CONTRACT_ENV
 from tests.support.crd_model import with_changes
 
 REPO = Path(__file__).resolve().parents[3]

@@ -7,7 +7,7 @@ import ipaddress
 
 import pytest
 
-from elasticjob.worker_contract import ENV_GLOO_SOCKET_IFNAME, ENV_NCCL_SOCKET_IFNAME
+from elasticjob.library_env import ENV_GLOO_SOCKET_IFNAME, ENV_NCCL_SOCKET_IFNAME
 from elasticjob.worker_runtime.rounds.interfaces import (
     InterfaceAddress,
     interface_for_address,

@@ -13,18 +13,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from elasticjob.library_env import (
+    ENV_CUDA_VISIBLE_DEVICES,
+    ENV_GLOO_SOCKET_IFNAME,
+    ENV_NCCL_SOCKET_IFNAME,
+)
 from elasticjob.wire.messages import ExitAnswer
 from elasticjob.worker_contract import (
     ENV_BACKEND,
     ENV_BIND_ADDRESS,
-    ENV_CUDA_VISIBLE_DEVICES,
-    ENV_GLOO_SOCKET_IFNAME,
     ENV_HOROVOD_HOSTNAME,
     ENV_HOROVOD_LOCAL_RANK,
     ENV_HOSTNAME,
     ENV_JOB,
     ENV_LOCAL_RANK,
-    ENV_NCCL_SOCKET_IFNAME,
     ENV_RENDEZVOUS_URL,
     ENV_START_SERVER_AFTER,
     ENV_TOKEN,
