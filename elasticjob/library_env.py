@@ -39,9 +39,10 @@ WORKER_DEFAULTS: Final = (
         "1",
         "torch's CPU allocator puts each tensor of 2 MB and more on transparent huge pages "
         "(read at the process's first allocation: set it where the process starts). The kernel "
-        "then faults in, zeroes and frees that memory 2 MB at a time instead of 4 KB: a sharded "
-        "state's load after a change of the world takes half the time, and a killed worker of a "
-        "few GB is gone (its exit seen by its launcher and its peers) in a tenth of the time. It "
+        "then faults in, zeroes and frees that memory 2 MB at a time instead of 4 KB: a killed "
+        "worker of a few GB is gone (its exit seen by its launcher and its peers) in a tenth of "
+        "the time, and an HSDP job of 100 M parameters on 2 cores resumed 0.65-0.67 s after a "
+        "pod's loss, against 0.96-1.22 s without. It "
         "needs the kernel's `transparent_hugepage` at `madvise` or `always` (at `never` it changes "
         "nothing); a tensor just over a multiple of 2 MB may hold up to 2 MB more resident "
         "memory. `0` turns it off.",
