@@ -207,7 +207,7 @@ def load_in_place(
     names = {id(param): name for name, param in params.items()}
     if any(id(p) not in names for group in optimizer.param_groups for p in group["params"]):
         return False
-    copied = params.keys() - _take(model, {name: model_state[name] for name in taken})
+    copied = params.keys() - _take(model, params, {name: model_state[name] for name in taken})
     with torch.no_grad():
         for name in copied:
             _local(params[name]).copy_(_local(model_state[name]))
@@ -244,16 +244,18 @@ def _placed(value: Any, param: torch.Tensor, group: Mapping[str, Any], entry: st
     return value.to(device=param.device)
 
 
-def _take(model: torch.nn.Module, state: Mapping[str, DTensor]) -> Collection[str]:
-    """Make the parameters of ``model`` named in ``state`` hold its tensors (their shards,
-    placed as they are) instead of copying them in; return the names of those that do.
+def _take(
+    model: torch.nn.Module, params: Mapping[str, torch.Tensor], state: Mapping[str, DTensor]
+) -> Collection[str]:
+    """Make the parameters of ``model`` (``params``, by name) named in ``state`` hold its
+    tensors (their shards, placed as they are) instead of copying them in; return the names
+    of those that do.
 
     This is ``load_state_dict(assign=True)`` with torch's swap of tensors
     (``torch.__future__.set_swap_module_params_on_conversion``), which keeps each parameter
     object (the optimizer holds them), and which FSDP2 follows: its hook after a load points
     its sharded storage at the new local tensor. A parameter whose tensor differs in dtype,
     device or contiguity is not taken, nor any where torch refuses the swap."""
-    params = dict(model.named_parameters())
     fitting = {
         name: value
         for name, value in state.items()
