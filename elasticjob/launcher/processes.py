@@ -190,7 +190,7 @@ class LocalWorkerLauncher(WorkerLauncher):
         output_files: RankOutputFiles | None = None,
         stop_grace_s: float = 10.0,
     ) -> None:
-        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._base_env = with_worker_defaults(os.environ if base_env is None else base_env)
         check_command(command, self._base_env.get("PATH", os.defpath))
         self._command = list(command)
         self._warm = warm_start(command) if warm else None
@@ -207,9 +207,7 @@ class LocalWorkerLauncher(WorkerLauncher):
 
     async def start(self, worker: WorkerId, planned: SlotInfo) -> None:
         bind_address = resolve_local_host(worker.hostname)
-        env = with_worker_defaults(self._base_env) | self._environment.for_worker(
-            worker, bind_address, planned
-        )
+        env = self._base_env | self._environment.for_worker(worker, bind_address, planned)
         process = await self._warm_start(env) or await self._cold_start(env)
         self._processes[worker] = process
         logger.debug("started worker %s (pid %d)", worker, process.pid)
